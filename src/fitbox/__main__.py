@@ -1,0 +1,3 @@
+from fitbox.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The runtime: residents, the placement lock, applying plans, leases for calls."""

@@ -1,0 +1,317 @@
+"""The box: residents, the placement lock, applying plans, leases for calls.
+
+The lock covers the decision only. A decision that evicts marks its victims ``stopping``
+and registers the new resident as ``starting`` (its bytes are then reserved), all under the
+lock; stopping the victims and loading the child happen after the lock is released, in a
+task owned by the new resident. Calls wait on the resident's ``ready`` future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from fitbox.config import Config
+from fitbox.core import plan, sizing
+from fitbox.core.types import Ask, Device, DeviceKind, Place, Refuse, ResidentState, Snapshot
+from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
+from fitbox.engines.llama_server import (
+    EngineInfo,
+    EngineNotFound,
+    LaunchIntent,
+    build_argv,
+    find_binary,
+    inspect,
+)
+from fitbox.errors import DoesNotFit, EngineFailed, ModelBusy, ShuttingDown
+from fitbox.models.catalog import Artifact, Catalog
+from fitbox.probe.gpus import GpuProbe
+from fitbox.probe.host import read_host
+from fitbox.units import format_bytes
+
+from .resident import Resident
+
+log = logging.getLogger(__name__)
+ALL_LAYERS = 999
+
+
+@dataclass
+class Lease:
+    """A call's hold on a ready resident. ``release()`` once the call is done."""
+
+    resident: Resident
+    box: Box
+    evicted: list[str] = field(default_factory=list)
+    loaded: bool = False
+    _released: bool = False
+
+    @property
+    def base_url(self) -> str:
+        assert self.resident.child is not None
+        return self.resident.child.base_url
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.box._release(self.resident)
+
+
+class Box:
+    def __init__(self, config: Config, catalog: Catalog, gpus: GpuProbe) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.gpus = gpus
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=10.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        self._residents: dict[str, Resident] = {}
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._engine: EngineInfo | None = None
+        self._closing = False
+        self.evictions = 0
+
+    # -- reading -----------------------------------------------------------------
+
+    def residents(self) -> list[Resident]:
+        return list(self._residents.values())
+
+    def is_resident(self, artifact: Artifact) -> bool:
+        return artifact.key in self._residents
+
+    def devices(self) -> list[Device]:
+        """What each pool can hold now: live free memory plus what our own residents hold."""
+        held: dict[str, int] = {}
+        for r in self._residents.values():
+            held[r.device] = held.get(r.device, 0) + r.footprint.total
+        devices = []
+        for gpu in self.gpus.read():
+            device_id = f"gpu{gpu.index}"
+            capacity = (
+                gpu.total if gpu.simulated else min(gpu.total, gpu.free + held.get(device_id, 0))
+            )
+            devices.append(Device(device_id, DeviceKind.GPU, capacity, gpu.simulated))
+        host = read_host()
+        capacity = host.mem_available + held.get("host", 0)
+        if self.config.ram_max is not None:
+            capacity = min(capacity, self.config.ram_max)
+        devices.append(Device("host", DeviceKind.HOST, capacity))
+        return devices
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            devices=tuple(self.devices()),
+            residents=tuple(r.view() for r in self._residents.values()),
+        )
+
+    def engine(self) -> EngineInfo:
+        if self._engine is None:
+            try:
+                candidate = find_binary(self.config.engine_dir)
+            except EngineNotFound as exc:
+                raise EngineFailed(str(exc)) from None
+            self._engine = inspect(candidate.path)
+        return self._engine
+
+    # -- leasing -----------------------------------------------------------------
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _release(self, resident: Resident) -> None:
+        resident.calls -= 1
+        resident.last_used = time.monotonic()
+        self._notify()
+
+    async def acquire(self, name: str) -> Lease:
+        """Find or load the model ``name`` and hold it for one call."""
+        if self._closing:
+            raise ShuttingDown("fitbox is shutting down; retry against the restarted service")
+        artifact = self.catalog.resolve(name)
+        deadline = time.monotonic() + self.config.wait_timeout
+        lease: Lease | None = None
+        while lease is None:
+            async with self._lock:
+                lease, blockers = self._decide(artifact)
+                changed = self._changed
+            if lease is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ModelBusy(
+                        f"'{name}' needs room held by models serving calls "
+                        f"({', '.join(blockers)}); they did not finish within "
+                        f"{self.config.wait_timeout:.0f} s",
+                        blockers=blockers,
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=remaining)
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(lease.resident.ready), timeout=self.config.load_timeout + 30
+            )
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+
+    def _decide(self, artifact: Artifact) -> tuple[Lease | None, list[str]]:
+        """Under the lock: join a resident, place a new one, or say who blocks."""
+        existing = self._residents.get(artifact.key)
+        if existing is not None:
+            if existing.state is ResidentState.STOPPING:
+                return None, [artifact.name]
+            existing.calls += 1
+            existing.last_used = time.monotonic()
+            return Lease(existing, self), []
+
+        shape = artifact.facts.shape
+        window = sizing.effective_window(shape, self.config.ctx)
+        footprint = sizing.footprint(shape, window, self.config.parallel)
+        decision = plan.decide(self.snapshot(), Ask(artifact.key, footprint))
+        if isinstance(decision, Refuse):
+            raise DoesNotFit(
+                f"'{artifact.name}' needs {format_bytes(decision.needed)} at a {window}-token "
+                f"window, but the largest place on this box holds "
+                f"{format_bytes(decision.available)} (raise --ram-max, or use a smaller "
+                f"quant or window)",
+                param="model",
+                needed_bytes=decision.needed,
+                available_bytes=decision.available,
+            )
+        if not isinstance(decision, Place):
+            names = [
+                self._residents[k].artifact.name for k in decision.blockers if k in self._residents
+            ]
+            return None, names
+
+        victims = [self._residents[v.key] for v in decision.victims]
+        for victim in victims:
+            victim.state = ResidentState.STOPPING
+        device = next(d for d in self.devices() if d.id == decision.device)
+        resident = Resident(
+            artifact=artifact,
+            device=decision.device,
+            footprint=footprint,
+            window=window,
+            parallel=self.config.parallel,
+            simulated=device.simulated,
+            calls=1,
+        )
+        self._residents[artifact.key] = resident
+        self._spawn(self._bring_up(resident, victims))
+        lease = Lease(resident, self, evicted=[v.artifact.name for v in victims], loaded=True)
+        return lease, []
+
+    def _spawn(self, coro: object) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- applying ----------------------------------------------------------------
+
+    async def _bring_up(self, resident: Resident, victims: Iterable[Resident]) -> None:
+        try:
+            for victim in victims:
+                log.info(
+                    "evicting %s (idle) to make room for %s",
+                    victim.artifact.name,
+                    resident.artifact.name,
+                )
+                self.evictions += 1
+                await self._stop(victim)
+            engine = self.engine()
+            port = free_port()
+            intent = LaunchIntent(
+                model_path=resident.artifact.path,
+                alias=resident.artifact.name,
+                window=resident.window,
+                parallel=resident.parallel,
+                embedding=resident.artifact.facts.is_embedding,
+                gpu_layers=0 if resident.device == "host" else ALL_LAYERS,
+                port=port,
+            )
+            child = Child(build_argv(engine, intent), port, self._log_path(resident, port))
+            resident.child = child
+            resident.load_started_at = time.time()
+            await child.start()
+            resident.load_seconds = await child.wait_ready(self.http, self.config.load_timeout)
+            resident.ready_at = time.time()
+            resident.state = ResidentState.READY
+            log.info(
+                "%s ready on port %d in %.2f s", resident.artifact.name, port, resident.load_seconds
+            )
+            resident.ready.set_result(None)
+            self._spawn(self._watch(resident))
+        except Exception as exc:
+            await self._fail(resident, exc)
+        finally:
+            self._notify()
+
+    async def _fail(self, resident: Resident, exc: Exception) -> None:
+        if isinstance(exc, EngineFailed):
+            error = exc
+        else:
+            tail = exc.tail if isinstance(exc, ChildExited | ChildTimeout) else []
+            error = EngineFailed(
+                f"llama-server could not load '{resident.artifact.name}': {exc}",
+                log_tail=tail,
+            )
+        log.error("%s failed to load: %s", resident.artifact.name, error.message)
+        if resident.child is not None:
+            await resident.child.stop(self.config.stop_grace)
+        if self._residents.get(resident.key) is resident:
+            del self._residents[resident.key]
+        if not resident.ready.done():
+            resident.ready.set_exception(error)
+
+    async def _watch(self, resident: Resident) -> None:
+        """A ready child that exits on its own is dropped, so the next call reloads it."""
+        assert resident.child is not None and resident.child.proc is not None
+        code = await resident.child.proc.wait()
+        if resident.state is ResidentState.READY and self._residents.get(resident.key) is resident:
+            log.error("%s exited unexpectedly with code %s", resident.artifact.name, code)
+            del self._residents[resident.key]
+            self._notify()
+
+    async def _stop(self, resident: Resident) -> None:
+        resident.state = ResidentState.STOPPING
+        if resident.child is not None:
+            await resident.child.stop(self.config.stop_grace)
+        if self._residents.get(resident.key) is resident:
+            del self._residents[resident.key]
+        if not resident.ready.done():  # stopped while loading: wake whoever waits for it
+            resident.ready.set_exception(
+                ShuttingDown(f"'{resident.artifact.name}' was stopped while it loaded")
+            )
+        self._notify()
+
+    def _log_path(self, resident: Resident, port: int) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", resident.artifact.name)
+        return self.config.log_dir / f"{safe}-{port}.log"
+
+    async def close(self) -> None:
+        """Stop every child (bounded by the stop ladder) and the HTTP pool."""
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(
+            *(self._stop(r) for r in list(self._residents.values())), return_exceptions=True
+        )
+        await self.http.aclose()
+
+    def kill_all_now(self) -> None:
+        for resident in self._residents.values():
+            if resident.child is not None:
+                resident.child.kill_now()

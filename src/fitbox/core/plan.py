@@ -1,0 +1,76 @@
+"""decide(): where a model goes, and who must leave for it. Pure; see FORMULAS.md §Fit.
+
+Stages, each with a named outcome:
+1. feasibility: a device whose capacity is below the need is out (``Refuse`` if all are);
+2. fit without eviction: the first device (GPUs in order, then host) with room wins;
+3. fit by eviction: idle ready residents leave least-recently-used first; among devices
+   where that makes room, the fewest evicted bytes win, then device order;
+4. otherwise the room is held by calls in flight: ``Wait`` for them, naming them.
+"""
+
+from __future__ import annotations
+
+from fitbox.core.types import (
+    Ask,
+    Decision,
+    Device,
+    DeviceKind,
+    Place,
+    Refuse,
+    RefuseReason,
+    ResidentState,
+    ResidentView,
+    Snapshot,
+    Victim,
+    VictimReason,
+    Wait,
+    WaitReason,
+)
+
+
+def _device_order(device: Device) -> tuple[int, str]:
+    return (0 if device.kind is DeviceKind.GPU else 1, device.id)
+
+
+def _evictable(resident: ResidentView) -> bool:
+    return resident.state is ResidentState.READY and resident.calls == 0
+
+
+def decide(snapshot: Snapshot, ask: Ask) -> Decision:
+    need = ask.footprint.total
+    devices = sorted((d for d in snapshot.devices if d.kind in ask.kinds), key=_device_order)
+    feasible = [d for d in devices if d.capacity >= need]
+    if not feasible:
+        largest = max((d.capacity for d in devices), default=0)
+        return Refuse(RefuseReason.LARGER_THAN_BOX, needed=need, available=largest)
+
+    options: list[tuple[int, int, Place]] = []
+    blockers: set[str] = set()
+    best_available = 0
+    for order, device in enumerate(feasible):
+        on_device = [r for r in snapshot.residents if r.device == device.id]
+        free = device.capacity - sum(r.bytes for r in on_device)
+        if need <= free:
+            return Place(device=device.id, victims=())
+        idle = sorted((r for r in on_device if _evictable(r)), key=lambda r: (r.last_used, r.key))
+        victims: list[Victim] = []
+        for resident in idle:
+            if free >= need:
+                break
+            victims.append(Victim(resident.key, resident.bytes, VictimReason.LEAST_RECENTLY_USED))
+            free += resident.bytes
+        best_available = max(best_available, free)
+        if free >= need:
+            evicted = sum(v.bytes for v in victims)
+            options.append((evicted, order, Place(device=device.id, victims=tuple(victims))))
+        else:
+            blockers.update(r.key for r in on_device if not _evictable(r))
+
+    if options:
+        return min(options, key=lambda option: (option[0], option[1]))[2]
+    return Wait(
+        WaitReason.BUSY_RESIDENTS,
+        blockers=tuple(sorted(blockers)),
+        needed=need,
+        available=best_available,
+    )

@@ -1,0 +1,1 @@
+"""Engine children: argv from intents, launch, readiness, the stop ladder."""

@@ -1,0 +1,138 @@
+"""One engine child process: launch in its own process group, readiness, the stop ladder.
+
+The child dies with fitbox: it runs in its own session (so a signal reaches its whole
+group) and asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG on Linux).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import httpx
+
+READY_POLL_S = 0.02  # readiness is seen within ~20 ms of /health turning 200
+TAIL_LINES = 30
+
+
+class ChildExited(RuntimeError):
+    def __init__(self, returncode: int | None, tail: list[str]) -> None:
+        super().__init__(f"engine exited with code {returncode}")
+        self.returncode = returncode
+        self.tail = tail
+
+
+class ChildTimeout(RuntimeError):
+    def __init__(self, seconds: float, tail: list[str]) -> None:
+        super().__init__(f"engine not ready after {seconds:.0f} s")
+        self.tail = tail
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
+def read_tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return list(deque((ln for ln in text.splitlines() if ln.strip()), maxlen=lines))
+
+
+class Child:
+    def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
+        self.argv = argv
+        self.port = port
+        self.log_path = log_path
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.proc: asyncio.subprocess.Process | None = None
+        self.started_at = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    def tail(self, lines: int = TAIL_LINES) -> list[str]:
+        return read_tail(self.log_path, lines)
+
+    async def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log_file:
+            log_file.write(f"$ {' '.join(self.argv)}\n".encode())
+            log_file.flush()
+            self.started_at = time.monotonic()
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # only calls prctl
+            )
+
+    async def wait_ready(self, http: httpx.AsyncClient, limit_s: float) -> float:
+        """Poll /health until 200; returns seconds from launch. Raises if the child dies."""
+        assert self.proc is not None
+        deadline = time.monotonic() + limit_s
+        while True:
+            if self.proc.returncode is not None:
+                raise ChildExited(self.proc.returncode, self.tail())
+            with contextlib.suppress(httpx.TransportError):
+                response = await http.get(f"{self.base_url}/health", timeout=1.0)
+                if response.status_code == 200:
+                    return time.monotonic() - self.started_at
+            if time.monotonic() > deadline:
+                raise ChildTimeout(limit_s, self.tail())
+            await asyncio.sleep(READY_POLL_S)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    async def stop(self, grace: float) -> int | None:
+        """SIGTERM the group, wait ``grace``, SIGKILL the group, reap. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout=grace)
+            except TimeoutError:
+                self._signal_group(signal.SIGKILL)
+                await self.proc.wait()
+        # the leader is gone; make sure nothing it forked lingers in the group
+        self._signal_group(signal.SIGKILL)
+        return self.proc.returncode
+
+    def kill_now(self) -> None:
+        """Last resort at interpreter exit: no awaiting, just SIGKILL the group."""
+        if self.proc is not None and self.proc.returncode is None:
+            self._signal_group(signal.SIGKILL)

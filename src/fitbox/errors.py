@@ -1,0 +1,80 @@
+"""Failures a client can see. Each carries its HTTP status, OpenAI error type and code.
+
+The server turns any of these into ``{"error": {"message", "type", "code", "param"}}``;
+nothing reaches a client as a bare 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FitboxError(Exception):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+    retry = False  # tells OpenAI SDKs (x-should-retry) whether retrying can help
+
+    def __init__(self, message: str, *, param: str | None = None, **detail: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.detail = detail
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {
+            "message": self.message,
+            "type": self.type,
+            "code": self.code,
+            "param": self.param,
+        }
+        error.update(self.detail)
+        return {"error": error}
+
+
+class InvalidRequest(FitboxError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class ModelNotFound(FitboxError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class RouteNotFound(FitboxError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class DoesNotFit(FitboxError):
+    """Even an empty box could not hold the model: retrying will not help."""
+
+    status = 507
+    type = "insufficient_capacity_error"
+    code = "does_not_fit"
+
+
+class ModelBusy(FitboxError):
+    """Room exists only once calls in flight finish, and they did not finish in time."""
+
+    status = 503
+    type = "server_error"
+    code = "model_busy"
+    retry = True
+
+
+class EngineFailed(FitboxError):
+    status = 502
+    type = "server_error"
+    code = "engine_failed"
+
+
+class ShuttingDown(FitboxError):
+    status = 503
+    type = "server_error"
+    code = "shutting_down"
+    retry = True

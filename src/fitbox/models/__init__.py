@@ -1,0 +1,1 @@
+"""What a model is: GGUF facts from headers, discovery, names, pulling."""

@@ -1,0 +1,142 @@
+"""The catalog: GGUF models found under the model roots, by name, plus aliases.
+
+A file is a model if it starts with the GGUF magic, whatever its name, and is not a
+projector (mmproj). Its name is the file stem; ``aliases.toml`` adds other names:
+
+    [aliases]
+    smol = "SmolLM2-135M-Instruct.Q4_1"
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from fitbox.errors import ModelNotFound
+from fitbox.models.gguf_facts import GGUFFacts, read_facts
+from fitbox.models.gguf_header import NotGGUF, has_gguf_magic
+
+log = logging.getLogger(__name__)
+
+_SHARD = re.compile(r"^(?P<base>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})$")
+_SKIP_SUFFIXES = (".part", ".tmp", ".partial", ".download")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One weight file fitbox can launch."""
+
+    name: str
+    path: Path
+    facts: GGUFFacts
+
+    @property
+    def key(self) -> str:
+        return str(self.path)
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in seen:  # a symlink loop
+            dirnames.clear()
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for filename in sorted(filenames):
+            if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES):
+                continue
+            yield Path(dirpath) / filename
+
+
+def _model_name(path: Path) -> str | None:
+    """File stem; for split GGUFs only the first shard names the model."""
+    stem = path.name[:-5] if path.name.lower().endswith(".gguf") else path.name
+    shard = _SHARD.match(stem)
+    if shard:
+        return shard.group("base") if int(shard.group("index")) == 1 else None
+    return stem
+
+
+def discover(roots: Iterable[Path]) -> list[Artifact]:
+    found: dict[str, Artifact] = {}
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for path in _walk(root):
+            name = _model_name(path)
+            if name is None or not has_gguf_magic(path):
+                continue
+            try:
+                facts = read_facts(path)
+            except (NotGGUF, OSError) as exc:
+                log.warning("skipping %s: %s", path, exc)
+                continue
+            if facts.is_projector:
+                continue
+            if name in found:
+                log.warning("%s: name %r already taken by %s", path, name, found[name].path)
+                continue
+            found[name] = Artifact(name=name, path=path, facts=facts)
+    return sorted(found.values(), key=lambda a: a.name)
+
+
+def read_aliases(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
+        log.warning("ignoring aliases file %s: %s", path, exc)
+        return {}
+    table = data.get("aliases", {})
+    return {str(k): str(v) for k, v in table.items() if isinstance(v, str)}
+
+
+class Catalog:
+    """Names to artifacts. Rescans the roots when a name is not known yet."""
+
+    def __init__(self, roots: tuple[Path, ...], aliases_file: Path) -> None:
+        self.roots = roots
+        self.aliases_file = aliases_file
+        self._by_name: dict[str, Artifact] = {}
+        self._aliases: dict[str, str] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        self._by_name = {a.name: a for a in discover(self.roots)}
+        self._aliases = read_aliases(self.aliases_file)
+
+    def artifacts(self) -> list[Artifact]:
+        return list(self._by_name.values())
+
+    def aliases_of(self, name: str) -> list[str]:
+        return sorted(alias for alias, target in self._aliases.items() if target == name)
+
+    def _lookup(self, name: str) -> Artifact | None:
+        target = self._aliases.get(name, name)
+        return self._by_name.get(target)
+
+    def resolve(self, name: str) -> Artifact:
+        artifact = self._lookup(name)
+        if artifact is None:
+            self.refresh()
+            artifact = self._lookup(name)
+        if artifact is None:
+            known = ", ".join(sorted(self._by_name)[:10]) or "none"
+            raise ModelNotFound(
+                f"The model '{name}' does not exist on this box. Known models: {known}. "
+                f"Put its GGUF under {os.pathsep.join(map(str, self.roots))} or run "
+                f"'fitbox pull'.",
+                param="model",
+            )
+        return artifact

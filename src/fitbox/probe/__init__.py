@@ -1,0 +1,1 @@
+"""What the box has: host memory and cores, GPUs (NVML or a declared simulated inventory)."""

@@ -1,0 +1,57 @@
+"""The Starlette application: builds the store, catalog and box, and wires the routes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
+
+from fitbox.box.box import Box
+from fitbox.config import Config
+from fitbox.errors import FitboxError
+from fitbox.models.catalog import Catalog
+from fitbox.probe.gpus import open_gpu_probe
+from fitbox.server import errors, openai
+from fitbox.store.db import Store
+
+log = logging.getLogger(__name__)
+
+
+def create_app(config: Config) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        store = Store(config.store_path)
+        catalog = Catalog(config.models, config.aliases)
+        gpus = open_gpu_probe(config.simulated_gpus)
+        for gpu in gpus.read():
+            label = " (SIMULATED)" if gpu.simulated else ""
+            log.info("GPU %d: %s, %d MiB%s", gpu.index, gpu.name, gpu.total >> 20, label)
+        box = Box(config, catalog, gpus)
+        app.state.config, app.state.store, app.state.box = config, store, box
+        log.info("%d models under %s", len(catalog.artifacts()), ", ".join(map(str, config.models)))
+        try:
+            yield
+        finally:
+            await box.close()
+            store.close()
+
+    routes = [
+        Route("/health", openai.health, methods=["GET"]),
+        Route("/v1/models", openai.list_models, methods=["GET"]),
+        Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
+        Route("/v1/completions", openai.completions, methods=["POST"]),
+        Route("/v1/embeddings", openai.embeddings, methods=["POST"]),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            FitboxError: errors.on_fitbox_error,
+            HTTPException: errors.on_http_exception,
+            Exception: errors.on_unexpected,
+        },
+    )
