@@ -105,6 +105,7 @@ def serve(config: settings.Config, log_level: str) -> int:
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied call is noise
     config.home.mkdir(parents=True, exist_ok=True)
     try:
         sock = _listen_socket(config.host, config.port)

@@ -29,7 +29,7 @@ def _port(text: str) -> int | None:
 
 
 def _paths(text: str) -> tuple[Path, ...]:
-    return tuple(Path(p).expanduser() for p in text.split(os.pathsep) if p)
+    return tuple(Path(p).expanduser().absolute() for p in text.split(os.pathsep) if p)
 
 
 def _optional_size(text: str) -> int | None:
@@ -179,7 +179,7 @@ def load(
             raise ConfigError(
                 f"Setting '{setting.name}' ({setting.env}) has value {raw!r}. {exc}"
             ) from None
-    home = Path(values["home"]).expanduser() if values["home"] else default_home()
+    home = Path(values["home"]).expanduser().absolute() if values["home"] else default_home()
     values["home"] = home
     values["models"] = values["models"] or (home / "models",)
     values["aliases"] = (

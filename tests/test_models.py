@@ -1,0 +1,97 @@
+"""GGUF headers, facts and discovery, on files the tests write with the gguf package."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from gguf import GGUFReader
+
+from fitbox.errors import ModelNotFound
+from fitbox.models.catalog import Catalog, discover
+from fitbox.models.gguf_facts import read_facts
+from fitbox.models.gguf_header import NotGGUF, read_header
+
+from .ggufs import write_projector, write_tiny_llama
+
+
+def test_header_matches_the_gguf_package(tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "m.gguf", extra_vocab=5000)
+    ours = read_header(path)
+    theirs = GGUFReader(str(path))
+    assert sum(t.n_bytes for t in ours.tensors) == sum(int(t.n_bytes) for t in theirs.tensors)
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    assert ours.get("llama.block_count") == 2
+    n_tokens = len(theirs.fields["tokenizer.ggml.tokens"].data)
+    assert ours.get("tokenizer.ggml.tokens").length == n_tokens > 5000  # a length only
+
+
+def test_facts_give_the_shape(tmp_path: Path) -> None:
+    facts = read_facts(write_tiny_llama(tmp_path / "m.gguf", n_head=4, n_head_kv=2))
+    shape = facts.shape
+    assert (facts.architecture, shape.n_layer, shape.n_ctx_train) == ("llama", 2, 512)
+    assert shape.kv_heads == (2, 2) and shape.key_length == 16
+    assert not facts.is_projector and not facts.is_embedding
+
+
+@pytest.mark.parametrize("content", [b"", b"GGUF", b"not a gguf file at all", b"GGUF\x03\x00"])
+def test_broken_files_are_refused_clearly(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(content)
+    with pytest.raises(NotGGUF):
+        read_header(path)
+
+
+def test_truncated_header_is_refused(tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "m.gguf")
+    data = path.read_bytes()
+    path.write_bytes(data[:200])
+    with pytest.raises(NotGGUF):
+        read_header(path)
+
+
+def test_discovery_goes_by_magic_not_name(tmp_path: Path) -> None:
+    write_tiny_llama(tmp_path / "renamed.bin")
+    (tmp_path / "fake.gguf").write_text("this is not a model")
+    write_projector(tmp_path / "vision-proj.gguf")
+    (tmp_path / "sub").mkdir()
+    write_tiny_llama(tmp_path / "sub" / "nested.gguf")
+    write_tiny_llama(tmp_path / "half.gguf.part")
+    names = [a.name for a in discover([tmp_path])]
+    assert names == ["nested", "renamed.bin"]
+
+
+def test_split_models_are_listed_once_by_their_first_shard(tmp_path: Path) -> None:
+    write_tiny_llama(tmp_path / "big-00001-of-00002.gguf")
+    write_tiny_llama(tmp_path / "big-00002-of-00002.gguf")
+    assert [a.name for a in discover([tmp_path])] == ["big"]
+
+
+def test_catalog_resolves_aliases_and_sees_new_files(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    write_tiny_llama(root / "tiny.gguf")
+    aliases = tmp_path / "aliases.toml"
+    aliases.write_text('[aliases]\nsmall = "tiny"\n')
+    catalog = Catalog((root,), aliases)
+    assert catalog.resolve("small").name == "tiny"
+    assert catalog.aliases_of("tiny") == ["small"]
+    shutil.copy(root / "tiny.gguf", root / "later.gguf")
+    assert catalog.resolve("later").name == "later"  # a miss rescans the roots
+    with pytest.raises(ModelNotFound, match="Known models: later, tiny"):
+        catalog.resolve("nope")
+
+
+def test_a_hundred_files_are_read_quickly(tmp_path: Path) -> None:
+    source = write_tiny_llama(tmp_path / "src.gguf", extra_vocab=2000)
+    root = tmp_path / "many"
+    root.mkdir()
+    for i in range(100):
+        shutil.copy(source, root / f"m{i:03d}.gguf")
+    started = time.perf_counter()
+    found = discover([root])
+    assert len(found) == 100
+    # not a timing assertion: the figure goes to bench/, this only shows it was measured
+    print(f"discovered 100 files in {time.perf_counter() - started:.3f} s")

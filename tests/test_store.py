@@ -1,0 +1,81 @@
+"""The store's first cut: migrations recorded, calls written, crashes closed as interrupted."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from fitbox.store.db import CallStart, Store, connect
+from fitbox.store.migrations import Migration, SchemaTooNew, load_migrations, migrate
+
+
+def test_migrations_are_recorded_and_applied_once(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "s.sqlite3")
+    first = migrate(conn, load_migrations())
+    assert first == [1]
+    assert migrate(conn, load_migrations()) == []
+    versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations")]
+    assert versions == [1]
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "s.sqlite3")
+    migrate(conn, load_migrations() + [Migration(9999, "future", "CREATE TABLE f (x);")])
+    with pytest.raises(SchemaTooNew, match="9999"):
+        migrate(conn, load_migrations())
+
+
+def test_a_failing_migration_leaves_nothing_half_done(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "s.sqlite3")
+    bad = Migration(2, "bad", "CREATE TABLE ok (x);\nINSERT INTO missing VALUES (1);")
+    with pytest.raises(sqlite3.OperationalError):
+        migrate(conn, load_migrations() + [bad])
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "ok" not in tables and "call_log" in tables
+
+
+def test_calls_are_written_and_pending_rows_closed_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+
+    async def write() -> None:
+        store = Store(path)
+        done = await store.call_started(CallStart("r1", "/v1/chat/completions", "m", False, 1.0))
+        await store.call_updated(done, outcome="ok", prompt_tokens=3, completion_tokens=4)
+        await store.call_started(CallStart("r2", "/v1/chat/completions", "m", True, 2.0))
+        store._executor.shutdown(wait=True)  # simulate a crash: no close(), r2 left pending
+
+    asyncio.run(write())
+    store = Store(path)
+    rows = asyncio.run(store.recent_calls())
+    store.close()
+    by_id = {r["request_id"]: r for r in rows}
+    assert by_id["r1"]["outcome"] == "ok" and by_id["r1"]["completion_tokens"] == 4
+    assert by_id["r2"]["outcome"] == "interrupted"
+
+
+def test_a_failed_write_is_counted_not_raised(tmp_path: Path) -> None:
+    async def run() -> int:
+        store = Store(tmp_path / "s.sqlite3")
+        store._conn.execute("DROP TABLE call_log")  # any sqlite error stands in for disk full
+        assert await store.call_started(CallStart("r", "/x", "m", False, 0.0)) is None
+        failures = store.write_failures
+        store._executor.shutdown(wait=True)
+        return failures
+
+    assert asyncio.run(run()) == 1
+
+
+def test_unknown_columns_are_refused(tmp_path: Path) -> None:
+    async def run() -> None:
+        store = Store(tmp_path / "s.sqlite3")
+        try:
+            with pytest.raises(ValueError, match="not call_log columns"):
+                await store.call_updated(1, **{"outcome = 'x'; --": 1})
+        finally:
+            store.close()
+
+    asyncio.run(run())
