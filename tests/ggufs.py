@@ -14,9 +14,15 @@ import numpy as np
 from gguf import GGUFWriter, TokenType
 
 SPECIALS = ["<unk>", "<s>", "</s>"]
-WORDS = list(string.ascii_lowercase + string.ascii_uppercase + string.digits) + [
-    "\u2581" + w for w in ("the", "a", "is", "of", "and", "to", "in", "hi", "ok", "yes", "no")
-] + ["\u2581", ".", ",", "!", "?", "<|im_start|>", "<|im_end|>"]
+CONTROL = {"<s>", "</s>", "<|im_start|>", "<|im_end|>"}  # never sampled back as text
+# Every printable ASCII character is a token: SPM falls back to <0xXX> byte tokens for a
+# character it lacks, and this vocabulary has none, so tokenizing it would throw.
+CHARS = [c for c in string.printable if c not in string.whitespace or c == "\n"]
+WORDS = (
+    [*CHARS, "\u2581"]
+    + ["\u2581" + w for w in ("the", "a", "is", "of", "and", "to", "in", "hi", "ok", "yes", "no")]
+    + ["<|im_start|>", "<|im_end|>"]
+)
 
 
 def write_tiny_llama(
@@ -55,8 +61,14 @@ def write_tiny_llama(
         writer.add_token_list(tokens)
         writer.add_token_scores([0.0] * 3 + [-float(i) for i in range(n_vocab - 3)])
         writer.add_token_types(
-            [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
-            + [TokenType.NORMAL] * (n_vocab - 3)
+            [
+                TokenType.UNKNOWN
+                if i == 0
+                else TokenType.CONTROL
+                if t in CONTROL
+                else TokenType.NORMAL
+                for i, t in enumerate(tokens)
+            ]
         )
         writer.add_unk_token_id(0)
         writer.add_bos_token_id(1)

@@ -52,21 +52,26 @@ def test_models_lists_the_catalog(client: TestClient) -> None:
 
 
 def test_malformed_json_is_a_400(client: TestClient) -> None:
-    response = client.post("/v1/chat/completions", content=b"{not json",
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     error = assert_error(response, 400, "invalid_request")
     assert error["type"] == "invalid_request_error"
     assert "not valid JSON" in str(error["message"])
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ({"messages": []}, "model"),
-    ({"model": "tiny"}, "messages"),
-    ({"model": 3, "messages": []}, "model"),
-    ({"model": "", "messages": []}, "model"),
-])
-def test_missing_or_wrong_fields_name_the_param(client: TestClient, body: dict[str, object],
-                                                param: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": []}, "model"),
+        ({"model": "tiny"}, "messages"),
+        ({"model": 3, "messages": []}, "model"),
+        ({"model": "", "messages": []}, "model"),
+    ],
+)
+def test_missing_or_wrong_fields_name_the_param(
+    client: TestClient, body: dict[str, object], param: str
+) -> None:
     error = assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request")
     assert error["param"] == param
 
@@ -76,15 +81,19 @@ def test_a_json_array_is_not_a_request(client: TestClient) -> None:
 
 
 def test_unknown_model_is_404_model_not_found(client: TestClient) -> None:
-    response = client.post("/v1/chat/completions",
-                           json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    response = client.post(
+        "/v1/chat/completions",
+        json={"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+    )
     error = assert_error(response, 404, "model_not_found")
     assert "tiny" in str(error["message"])  # says what does exist
 
 
 def test_too_big_for_the_budget_is_refused_with_the_numbers(client: TestClient) -> None:
-    response = client.post("/v1/chat/completions",
-                           json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+    response = client.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
+    )
     error = assert_error(response, 507, "does_not_fit")
     assert int(str(error["needed_bytes"])) > int(str(error["available_bytes"])) == 1 << 20
     assert response.headers["x-should-retry"] == "false"

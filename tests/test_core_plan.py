@@ -27,8 +27,15 @@ def fp(total: int) -> Footprint:
     return Footprint(weights=total, kv=0, compute=0, output=0)
 
 
-def resident(key: str, size: int, *, calls: int = 0, last_used: float = 0.0,
-             state: ResidentState = ResidentState.READY, device: str = "host") -> ResidentView:
+def resident(
+    key: str,
+    size: int,
+    *,
+    calls: int = 0,
+    last_used: float = 0.0,
+    state: ResidentState = ResidentState.READY,
+    device: str = "host",
+) -> ResidentView:
     return ResidentView(key, device, size, state, calls, last_used)
 
 
@@ -41,10 +48,13 @@ def test_fits_without_eviction() -> None:
 
 
 def test_evicts_least_recently_used_first() -> None:
-    snap = Snapshot((HOST,), (
-        resident("old", 4 * GiB, last_used=1.0),
-        resident("new", 4 * GiB, last_used=2.0),
-    ))
+    snap = Snapshot(
+        (HOST,),
+        (
+            resident("old", 4 * GiB, last_used=1.0),
+            resident("new", 4 * GiB, last_used=2.0),
+        ),
+    )
     decision = decide(snap, Ask("c", fp(5 * GiB)))
     assert isinstance(decision, Place)
     assert [v.key for v in decision.victims] == ["old"]
@@ -78,10 +88,13 @@ def test_prefers_a_gpu_then_the_host() -> None:
 def test_evicts_where_the_fewest_bytes_leave() -> None:
     gpu0 = Device("gpu0", DeviceKind.GPU, 10 * GiB)
     gpu1 = Device("gpu1", DeviceKind.GPU, 10 * GiB)
-    snap = Snapshot((gpu0, gpu1), (
-        resident("a", 8 * GiB, device="gpu0", last_used=0.0),
-        resident("b", 5 * GiB, device="gpu1", last_used=5.0),
-    ))
+    snap = Snapshot(
+        (gpu0, gpu1),
+        (
+            resident("a", 8 * GiB, device="gpu0", last_used=0.0),
+            resident("b", 5 * GiB, device="gpu1", last_used=5.0),
+        ),
+    )
     decision = decide(snap, Ask("m", fp(6 * GiB)))
     assert isinstance(decision, Place)
     assert decision.device == "gpu1" and [v.key for v in decision.victims] == ["b"]
@@ -101,8 +114,9 @@ residents_strategy = st.lists(
 )
 
 
-@given(residents=residents_strategy, need=st.integers(1, 16 * GiB),
-       capacity=st.integers(1, 16 * GiB))
+@given(
+    residents=residents_strategy, need=st.integers(1, 16 * GiB), capacity=st.integers(1, 16 * GiB)
+)
 def test_invariants(residents: list[ResidentView], need: int, capacity: int) -> None:
     host = Device("host", DeviceKind.HOST, capacity)
     snap = Snapshot((host,), tuple(residents))
@@ -123,8 +137,7 @@ def test_invariants(residents: list[ResidentView], need: int, capacity: int) -> 
             assert staying + last.bytes + need > capacity
     else:
         assert need <= capacity
-        idle = sum(r.bytes for r in residents
-                   if r.calls == 0 and r.state is ResidentState.READY)
+        idle = sum(r.bytes for r in residents if r.calls == 0 and r.state is ResidentState.READY)
         held = sum(r.bytes for r in residents)
         assert held - idle + need > capacity  # evicting every idle one would not be enough
     assert decide(snap, Ask("new", fp(need))) == decision  # same input, same output

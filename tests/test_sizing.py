@@ -5,8 +5,17 @@ from __future__ import annotations
 from fitbox.core import sizing
 from fitbox.core.sizing import ModelShape
 
-TINY = ModelShape(weights_bytes=433_920, n_layer=2, n_ctx_train=512, n_embd=64, n_vocab=103,
-                  n_head=4, kv_heads=(2, 2), key_length=16, value_length=16)
+TINY = ModelShape(
+    weights_bytes=433_920,
+    n_layer=2,
+    n_ctx_train=512,
+    n_embd=64,
+    n_vocab=103,
+    n_head=4,
+    kv_heads=(2, 2),
+    key_length=16,
+    value_length=16,
+)
 
 
 def test_kv_matches_the_engine_log_for_two_slots() -> None:

@@ -24,7 +24,7 @@ def test_migrations_are_recorded_and_applied_once(tmp_path: Path) -> None:
 
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     conn = connect(tmp_path / "s.sqlite3")
-    migrate(conn, load_migrations() + [Migration(9999, "future", "CREATE TABLE f (x);")])
+    migrate(conn, [*load_migrations(), Migration(9999, "future", "CREATE TABLE f (x);")])
     with pytest.raises(SchemaTooNew, match="9999"):
         migrate(conn, load_migrations())
 
@@ -33,7 +33,7 @@ def test_a_failing_migration_leaves_nothing_half_done(tmp_path: Path) -> None:
     conn = connect(tmp_path / "s.sqlite3")
     bad = Migration(2, "bad", "CREATE TABLE ok (x);\nINSERT INTO missing VALUES (1);")
     with pytest.raises(sqlite3.OperationalError):
-        migrate(conn, load_migrations() + [bad])
+        migrate(conn, [*load_migrations(), bad])
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "ok" not in tables and "call_log" in tables
 

@@ -5,10 +5,16 @@ import pytest
 from fitbox.units import format_bytes, parse_size
 
 
-@pytest.mark.parametrize(("text", "value"), [
-    ("24GiB", 24 << 30), ("512MiB", 512 << 20), ("1.5G", 1_500_000_000), ("100", 100),
-    ("8 gib", 8 << 30),
-])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("24GiB", 24 << 30),
+        ("512MiB", 512 << 20),
+        ("1.5G", 1_500_000_000),
+        ("100", 100),
+        ("8 gib", 8 << 30),
+    ],
+)
 def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value
 

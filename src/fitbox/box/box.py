@@ -71,7 +71,10 @@ class Box:
         self.gpus = gpus
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=10.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            # expire idle connections before llama-server's own 5 s keep-alive timeout does
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0
+            ),
         )
         self._residents: dict[str, Resident] = {}
         self._lock = asyncio.Lock()

@@ -58,6 +58,15 @@ def _engine_failed(lease: Lease, exc: Exception) -> EngineFailed:
     )
 
 
+async def _send(http: httpx.AsyncClient, upstream: httpx.Request) -> httpx.Response:
+    """Send once more if a pooled connection was closed before any response came back:
+    llama-server (cpp-httplib) drops idle keep-alive connections on its own schedule."""
+    try:
+        return await http.send(upstream, stream=True)
+    except (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError):
+        return await http.send(upstream, stream=True)
+
+
 def _sse_error(error: FitboxError) -> bytes:
     return b"data: " + json.dumps(error.body()).encode() + b"\n\ndata: [DONE]\n\n"
 
@@ -113,7 +122,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
         },
     )
     try:
-        response = await box.http.send(upstream, stream=True)
+        response = await _send(box.http, upstream)
     except httpx.HTTPError as exc:
         lease.release()
         error = _engine_failed(lease, exc)

@@ -1,0 +1,202 @@
+"""Proxy overhead: the same requests to llama-server directly and through fitbox, one run.
+
+Both paths hit the *same* llama-server child (the one fitbox launched), interleaved, so the
+engine, model, cache state and machine load are shared and only the proxy differs.
+
+    python bench/proxy_overhead.py [--requests 200] [--streams 8] [--stream-tokens 256]
+
+Prints p50/p95 added latency for short non-streaming completions, time-to-first-byte added
+for streams, and the streamed tokens/s ratio (fitbox / direct). Targets: < 2 ms added p50,
+>= 98 % of direct streaming throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from fitbox.models.pull import pull
+
+REPO = Path(__file__).resolve().parents[1]
+PROXY = [""]  # fitbox's URL once started
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def start_fitbox(home: Path, models: Path) -> tuple[subprocess.Popen[bytes], str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "fitbox",
+        "serve",
+        "--port",
+        "auto",
+        "--home",
+        str(home),
+        "--models",
+        str(models),
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = home / "endpoint.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if endpoint.exists():
+            url = str(json.loads(endpoint.read_text())["url"])
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    return proc, url
+            except httpx.TransportError:
+                pass
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("fitbox did not start")
+
+
+def child_url(fitbox_pid: int) -> str:
+    for child in psutil.Process(fitbox_pid).children(recursive=True):
+        argv = child.cmdline()
+        if "--port" in argv:
+            return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+    raise SystemExit("no llama-server child found")
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+RETRIES = {"direct": 0, "fitbox": 0}
+
+
+def short_call(client: httpx.Client, base: str) -> float:
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    started = time.perf_counter()
+    try:
+        response = client.post(f"{base}/v1/completions", json=body)
+    except httpx.RemoteProtocolError:
+        # llama-server drops some keep-alive connections after a stream without saying
+        # so; fitbox resends once in that case, and the direct path gets the same help
+        RETRIES["direct" if base != PROXY[0] else "fitbox"] += 1
+        started = time.perf_counter()
+        response = client.post(f"{base}/v1/completions", json=body)
+    elapsed = time.perf_counter() - started
+    response.raise_for_status()
+    return elapsed
+
+
+def stream_call(client: httpx.Client, base: str, tokens: int) -> tuple[float, float, int]:
+    """(time to first byte, tokens/s between first and last byte, tokens)."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell a story."}],
+        "max_tokens": tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    try:
+        return _stream_once(client, base, body)
+    except httpx.RemoteProtocolError:
+        RETRIES["direct" if base != PROXY[0] else "fitbox"] += 1
+        return _stream_once(client, base, body)
+
+
+def _stream_once(
+    client: httpx.Client, base: str, body: dict[str, object]
+) -> tuple[float, float, int]:
+    started = time.perf_counter()
+    first = last = 0.0
+    usage = 0
+    with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            now = time.perf_counter()
+            if not first:
+                first = now
+            last = now
+            if line.startswith("data: {") and '"usage"' in line:
+                usage = json.loads(line[6:])["usage"]["completion_tokens"]
+    return first - started, usage / (last - first), usage
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--stream-tokens", type=int, default=256)
+    args = parser.parse_args()
+
+    model_path = pull(
+        "smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, proxy = start_fitbox(Path(tmp), model_path.parent)
+        PROXY[0] = proxy
+        try:
+            limits = httpx.Limits(keepalive_expiry=2.0)  # under llama-server's own 5 s
+            with httpx.Client(timeout=120, limits=limits) as client:
+                short_call(client, proxy)  # loads the model
+                direct = child_url(proc.pid)
+                for _ in range(20):  # warm both paths
+                    short_call(client, direct)
+                    short_call(client, proxy)
+                lat = {"direct": [], "fitbox": []}  # type: dict[str, list[float]]
+                for i in range(args.requests):
+                    order = [("direct", direct), ("fitbox", proxy)]
+                    for name, base in order if i % 2 else reversed(order):
+                        lat[name].append(short_call(client, base))
+                streams = {"direct": [], "fitbox": []}  # type: dict[str, list[tuple[float, float, int]]]
+                for i in range(args.streams):
+                    order = [("direct", direct), ("fitbox", proxy)]
+                    for name, base in order if i % 2 else reversed(order):
+                        try:
+                            streams[name].append(stream_call(client, base, args.stream_tokens))
+                        except httpx.HTTPError as exc:
+                            raise SystemExit(f"stream {i} via {name} failed: {exc!r}") from exc
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+
+    ms = 1000.0
+    d50, f50 = percentile(lat["direct"], 50) * ms, percentile(lat["fitbox"], 50) * ms
+    d95, f95 = percentile(lat["direct"], 95) * ms, percentile(lat["fitbox"], 95) * ms
+    d_ttfb = statistics.median(s[0] for s in streams["direct"]) * ms
+    f_ttfb = statistics.median(s[0] for s in streams["fitbox"]) * ms
+    d_tps = statistics.median(s[1] for s in streams["direct"])
+    f_tps = statistics.median(s[1] for s in streams["fitbox"])
+    print(f"short completions ({args.requests} each, max_tokens=1, interleaved)")
+    print(
+        f"  p50  direct {d50:7.2f} ms   fitbox {f50:7.2f} ms   added {f50 - d50:+6.2f} ms "
+        f"  ratio {f50 / d50:.3f}"
+    )
+    print(
+        f"  p95  direct {d95:7.2f} ms   fitbox {f95:7.2f} ms   added {f95 - d95:+6.2f} ms "
+        f"  ratio {f95 / d95:.3f}"
+    )
+    print(f"streams ({args.streams} each, {args.stream_tokens} tokens, ignore_eos)")
+    print(
+        f"  TTFB median  direct {d_ttfb:7.2f} ms   fitbox {f_ttfb:7.2f} ms   added "
+        f"{f_ttfb - d_ttfb:+6.2f} ms"
+    )
+    print(
+        f"  tokens/s     direct {d_tps:7.1f}      fitbox {f_tps:7.1f}      ratio "
+        f"{f_tps / d_tps:.3f}"
+    )
+    print(f"client resends after a dropped keep-alive connection: {RETRIES}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,285 @@
+"""fitbox as users run it: a real `fitbox serve` process, real llama-server children, real
+GGUF files, and the official openai client."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from fitbox.core import sizing
+from fitbox.models.gguf_facts import read_facts
+
+from .conftest import FitboxProcess, running_fitbox, start_fitbox, stop_fitbox
+from .ggufs import write_tiny_llama
+
+pytestmark = pytest.mark.engine
+SMOL = "SmolLM2-135M-Instruct.Q4_1"
+HELLO: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Say hello in one short sentence."}
+]
+
+
+def footprint(path: Path, window: int = 4096, parallel: int = 1) -> int:
+    shape = read_facts(path).shape
+    return sizing.footprint(shape, sizing.effective_window(shape, window), parallel).total
+
+
+def client_for(box: FitboxProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def smol_box(
+    tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path
+) -> Iterator[FitboxProcess]:
+    with running_fitbox(tmp_path_factory.mktemp("home"), [smollm2.parent]) as box:
+        yield box
+
+
+def test_openai_client_chats(smol_box: FitboxProcess) -> None:
+    reply = client_for(smol_box).chat.completions.create(
+        model=SMOL,
+        messages=HELLO,
+        max_tokens=24,
+    )
+    assert reply.choices[0].message.content
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+    assert smol_box.models()[SMOL]["resident"] is True
+
+
+def test_openai_client_streams_in_several_chunks_as_they_are_made(
+    smol_box: FitboxProcess,
+) -> None:
+    stream = client_for(smol_box).chat.completions.create(
+        model=SMOL,
+        messages=HELLO,
+        max_tokens=48,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    arrivals, text, usage = [], "", None
+    for chunk in stream:
+        arrivals.append(time.perf_counter())
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+        if chunk.usage:
+            usage = chunk.usage
+    assert text
+    assert len(arrivals) >= 10
+    assert usage is not None and usage.completion_tokens == 48
+    # the first chunk reached the client well before generation ended (48 tokens on CPU)
+    assert arrivals[-1] - arrivals[0] > 0.05
+
+
+def test_unknown_model_is_a_typed_404(smol_box: FitboxProcess) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client_for(smol_box).chat.completions.create(
+            model="no-such-model",
+            messages=HELLO,
+        )
+    assert caught.value.code == "model_not_found"
+    assert isinstance(caught.value.body, dict) and SMOL in caught.value.body["message"]
+
+
+def test_bad_requests_are_typed_400s(smol_box: FitboxProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client_for(smol_box).chat.completions.create(
+            model=SMOL,
+            messages=None,
+        )
+    assert caught.value.code == "invalid_request"
+    response = httpx.post(
+        f"{smol_box.url}/v1/chat/completions",
+        content=b'{"model": ',
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_every_call_has_a_row(smol_box: FitboxProcess) -> None:
+    rows = smol_box.calls()
+    served = [r for r in rows if r["outcome"] == "ok"]
+    assert served and all(r["prompt_tokens"] and r["completion_tokens"] for r in served)
+    assert all(r["received_at"] <= r["admitted_at"] <= r["last_byte_at"] for r in served)
+    assert any(r["error_code"] == "model_not_found" for r in rows)
+
+
+@pytest.fixture
+def two_models(tmp_path: Path, smollm2: Path, llama_server_bin: Path) -> tuple[Path, int]:
+    """SmolLM2 and a tiny llama in one root, and a RAM cap that holds either but not both."""
+    root = tmp_path / "models"
+    root.mkdir()
+    try:
+        os.link(smollm2, root / smollm2.name)
+    except OSError:  # another filesystem
+        shutil.copy(smollm2, root / smollm2.name)
+    write_tiny_llama(root / "tiny.gguf", extra_vocab=2000)
+    a, b = footprint(root / smollm2.name), footprint(root / "tiny.gguf")
+    return root, max(a, b) + min(a, b) // 2
+
+
+def test_evict_to_fit_alternates_two_models_within_the_cap(
+    tmp_path: Path, two_models: tuple[Path, int]
+) -> None:
+    root, cap = two_models
+    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
+        client = client_for(box)
+        for model in [SMOL, "tiny", SMOL, "tiny"]:
+            reply = client.chat.completions.create(
+                model=model,
+                messages=HELLO,
+                max_tokens=8,
+            )
+            assert reply.choices[0].message.content is not None
+            resident = [m for m in box.models().values() if m["resident"]]
+            assert [m["id"] for m in resident] == [model]
+            assert sum(int(str(m["footprint_bytes"])) for m in resident) <= cap
+        evicted = [json.loads(str(r["evicted"])) for r in box.calls() if r["evicted"]]
+        assert [SMOL] in evicted and ["tiny"] in evicted
+
+
+def test_a_streaming_call_finishes_before_its_model_is_evicted(
+    tmp_path: Path, two_models: tuple[Path, int]
+) -> None:
+    root, cap = two_models
+    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
+        client = client_for(box)
+        stream = client.chat.completions.create(
+            model=SMOL,
+            messages=HELLO,
+            max_tokens=128,
+            stream=True,
+            extra_body={"ignore_eos": True},
+            stream_options={"include_usage": True},
+        )
+        other: dict[str, object] = {}
+
+        def ask_other_model() -> None:
+            try:
+                other["reply"] = client.chat.completions.create(
+                    model="tiny",
+                    messages=HELLO,
+                    max_tokens=4,
+                )
+            except Exception as exc:
+                other["error"] = exc
+
+        thread = threading.Thread(target=ask_other_model)
+        finish, usage = None, None
+        for index, chunk in enumerate(stream):
+            if index == 1:
+                thread.start()  # B asks while A is mid-stream
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+            if chunk.usage:
+                usage = chunk.usage
+        thread.join(timeout=120)
+        assert finish == "length" and usage is not None and usage.completion_tokens == 128
+        assert "error" not in other and "reply" in other
+        rows = {r["model_asked"]: r for r in box.calls()}
+        a, b = rows[SMOL], rows["tiny"]
+        assert json.loads(str(b["evicted"])) == [SMOL]
+        assert float(str(b["load_start_at"])) >= float(str(a["last_byte_at"]))
+
+
+def test_a_model_too_big_for_the_box_is_refused_and_nothing_is_evicted(
+    tmp_path: Path, two_models: tuple[Path, int]
+) -> None:
+    root, _ = two_models
+    cap = footprint(root / "tiny.gguf") + (1 << 20)
+    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
+        client = client_for(box)
+        client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2)
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.chat.completions.create(model=SMOL, messages=HELLO)
+        assert caught.value.status_code == 507
+        body = caught.value.body
+        assert isinstance(body, dict) and body["code"] == "does_not_fit"
+        assert body["needed_bytes"] == footprint(root / f"{SMOL}.gguf")
+        assert body["available_bytes"] == cap
+        assert box.models()["tiny"]["resident"] is True
+
+
+def test_an_engine_that_cannot_load_is_engine_failed_with_its_log(
+    tmp_path: Path, llama_server_bin: Path
+) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    write_tiny_llama(root / "no-vocab.gguf", with_tokenizer=False)
+    with running_fitbox(tmp_path / "home", [root]) as box:
+        response = httpx.post(
+            f"{box.url}/v1/chat/completions",
+            timeout=120,
+            json={"model": "no-vocab", "messages": HELLO},
+        )
+        assert response.status_code == 502
+        error = response.json()["error"]
+        assert error["code"] == "engine_failed"
+        assert any("vocab" in line or "tokenizer" in line for line in error["log_tail"])
+        assert box.models()["no-vocab"]["resident"] is False
+
+
+def _children(box: FitboxProcess) -> list[psutil.Process]:
+    return psutil.Process(box.proc.pid).children(recursive=True)
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _group_gone(group: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_children_do_not_outlive_fitbox(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path, sig: signal.Signals
+) -> None:
+    box = start_fitbox(tmp_path / "home", [smollm2.parent])
+    try:
+        client_for(box).chat.completions.create(
+            model=SMOL,
+            messages=HELLO,
+            max_tokens=2,
+        )
+        children = _children(box)
+        assert children, "a resident model should have a llama-server child"
+        group = os.getpgid(children[0].pid)
+        assert group != os.getpgid(box.proc.pid)  # the child leads its own process group
+        started = time.monotonic()
+        box.proc.send_signal(sig)
+        box.proc.wait(timeout=20)
+        assert all(_gone(c.pid, 15 - (time.monotonic() - started)) for c in children)
+        assert _group_gone(group, 15 - (time.monotonic() - started))
+    finally:
+        stop_fitbox(box)
