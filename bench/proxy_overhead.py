@@ -74,7 +74,7 @@ def child_url(fitbox_pid: int) -> str:
 
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 RETRIES = {"direct": 0, "fitbox": 0}

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -56,7 +57,7 @@ class FitboxProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def calls(self) -> list[dict[str, object]]:
+    def calls(self) -> list[dict[str, Any]]:
         import sqlite3
 
         with contextlib.closing(sqlite3.connect(self.home / "fitbox.sqlite3")) as conn:

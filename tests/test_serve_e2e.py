@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import openai
@@ -36,8 +37,20 @@ def footprint(path: Path, window: int = 4096, parallel: int = 1) -> int:
     return sizing.footprint(shape, sizing.effective_window(shape, window), parallel).total
 
 
+_clients: list[openai.OpenAI] = []
+
+
 def client_for(box: FitboxProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", max_retries=0)
+    _clients.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _clients:  # an unclosed socket would warn later, inside some other test
+        _clients.pop().close()
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +112,7 @@ def test_bad_requests_are_typed_400s(smol_box: FitboxProcess) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client_for(smol_box).chat.completions.create(
             model=SMOL,
-            messages=None,
+            messages=cast(Any, None),
         )
     assert caught.value.code == "invalid_request"
     response = httpx.post(

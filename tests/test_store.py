@@ -41,14 +41,11 @@ def test_a_failing_migration_leaves_nothing_half_done(tmp_path: Path) -> None:
 def test_calls_are_written_and_pending_rows_closed_at_start(tmp_path: Path) -> None:
     path = tmp_path / "s.sqlite3"
 
-    async def write() -> None:
-        store = Store(path)
-        done = await store.call_started(CallStart("r1", "/v1/chat/completions", "m", False, 1.0))
-        await store.call_updated(done, outcome="ok", prompt_tokens=3, completion_tokens=4)
-        await store.call_started(CallStart("r2", "/v1/chat/completions", "m", True, 2.0))
-        store._executor.shutdown(wait=True)  # simulate a crash: no close(), r2 left pending
-
-    asyncio.run(write())
+    crashed = Store(path)
+    done = crashed.call_started(CallStart("r1", "/v1/chat/completions", "m", False, 1.0))
+    crashed.call_updated(done, outcome="ok", prompt_tokens=3, completion_tokens=4)
+    crashed.call_started(CallStart("r2", "/v1/chat/completions", "m", True, 2.0))
+    crashed.flush()  # written, but never closed: r2 is left pending as a crash would leave it
     store = Store(path)
     rows = asyncio.run(store.recent_calls())
     store.close()
@@ -58,24 +55,32 @@ def test_calls_are_written_and_pending_rows_closed_at_start(tmp_path: Path) -> N
 
 
 def test_a_failed_write_is_counted_not_raised(tmp_path: Path) -> None:
-    async def run() -> int:
-        store = Store(tmp_path / "s.sqlite3")
-        store._conn.execute("DROP TABLE call_log")  # any sqlite error stands in for disk full
-        assert await store.call_started(CallStart("r", "/x", "m", False, 0.0)) is None
-        failures = store.write_failures
-        store._executor.shutdown(wait=True)
-        return failures
+    store = Store(tmp_path / "s.sqlite3")
+    first = store.call_started(CallStart("r1", "/x", "m", False, 0.0))
+    store.flush()
+    store._submit(lambda conn: conn.execute("DROP TABLE call_log"))  # stands in for disk full
+    store.call_started(CallStart("r2", "/x", "m", False, 0.0))
+    store.call_updated(first, outcome="ok")
+    store.flush()
+    assert store.write_failures == 2
+    store.close()
 
-    assert asyncio.run(run()) == 1
+
+def test_writes_are_grouped_and_kept_in_order(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite3")
+    ids = [store.call_started(CallStart(f"r{i}", "/x", "m", False, float(i))) for i in range(300)]
+    for call_id in ids:
+        store.call_updated(call_id, outcome="ok", completion_tokens=call_id)
+    rows = asyncio.run(store.recent_calls(limit=1000))
+    store.close()
+    assert len(rows) == 300 and ids == sorted(ids)
+    assert all(r["outcome"] == "ok" and r["completion_tokens"] == r["id"] for r in rows)
 
 
 def test_unknown_columns_are_refused(tmp_path: Path) -> None:
-    async def run() -> None:
-        store = Store(tmp_path / "s.sqlite3")
-        try:
-            with pytest.raises(ValueError, match="not call_log columns"):
-                await store.call_updated(1, **{"outcome = 'x'; --": 1})
-        finally:
-            store.close()
-
-    asyncio.run(run())
+    store = Store(tmp_path / "s.sqlite3")
+    try:
+        with pytest.raises(ValueError, match="not call_log columns"):
+            store.call_updated(1, **{"outcome = 'x'; --": 1})
+    finally:
+        store.close()

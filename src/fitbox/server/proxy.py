@@ -7,7 +7,6 @@ kept to read the usage counts for the call log.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -27,7 +26,6 @@ from fitbox.store.db import CallStart, Store
 log = logging.getLogger(__name__)
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 _KEEP_TAIL = 16 * 1024
-_pending: set[asyncio.Task[None]] = set()
 
 
 def _usage(tail: bytes) -> dict[str, Any]:
@@ -41,11 +39,9 @@ def _usage(tail: bytes) -> dict[str, Any]:
     return usage if isinstance(usage, dict) else {}
 
 
-def _record(store: Store, call_id: int | None, **values: Any) -> None:
-    """Write without making the client wait; the task outlives a disconnected client."""
-    task = asyncio.get_running_loop().create_task(store.call_updated(call_id, **values))
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
+def _record(store: Store, call_id: int, **values: Any) -> None:
+    """Queue the update; the client never waits for the store."""
+    store.call_updated(call_id, **values)
 
 
 def _engine_failed(lease: Lease, exc: Exception) -> EngineFailed:
@@ -75,7 +71,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     box: Box = request.app.state.box
     store: Store = request.app.state.store
     stream = bool(body.get("stream"))
-    call_id = await store.call_started(
+    call_id = store.call_started(
         CallStart(
             request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,
             endpoint=path,
@@ -186,7 +182,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
 
 
 async def _pass_through(
-    response: httpx.Response, lease: Lease, store: Store, call_id: int | None
+    response: httpx.Response, lease: Lease, store: Store, call_id: int
 ) -> AsyncIterator[bytes]:
     first_byte_at: float | None = None
     tail = b""

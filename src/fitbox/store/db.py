@@ -1,7 +1,10 @@
 """The store: one SQLite file, one writer thread that owns the connection.
 
-Callers on the event loop enqueue work and await it. A failed write (disk full, a damaged
-file) is counted and logged; it never fails the call that caused it.
+Callers never wait for a write: they enqueue it and go on. The writer drains the queue in
+batches and commits each batch as one transaction (group commit), so a busy box pays one
+commit for many call-log updates. Reads go through the same thread and are awaited.
+A failed write (disk full, a damaged file) is counted and logged; it never fails the call
+that caused it.
 """
 
 from __future__ import annotations
@@ -9,37 +12,28 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from fitbox.store.migrations import load_migrations, migrate
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+BATCH_MAX = 512
 
 _CALL_COLUMNS = frozenset(
     {
-        "artifact",
-        "outcome",
-        "http_status",
-        "error_code",
-        "device",
-        "window",
-        "evicted",
-        "admitted_at",
-        "load_start_at",
-        "load_ready_at",
-        "first_byte_at",
-        "last_byte_at",
-        "prompt_tokens",
-        "completion_tokens",
+        "artifact", "outcome", "http_status", "error_code", "device", "window", "evicted",
+        "admitted_at", "load_start_at", "load_ready_at", "first_byte_at", "last_byte_at",
+        "prompt_tokens", "completion_tokens",
     }
-)
+)  # fmt: skip
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -64,85 +58,140 @@ class CallStart:
     received_at: float
 
 
+Job = Callable[[sqlite3.Connection], Any]
+
+
+@dataclass
+class _Queued:
+    job: Job
+    future: Future[Any] | None = None
+
+
+_STOP = _Queued(lambda conn: None)
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.write_failures = 0
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fitbox-store")
-        self._conn = self._executor.submit(self._open).result()
-
-    def _open(self) -> sqlite3.Connection:
-        conn = connect(self.path)
-        migrate(conn, load_migrations())
-        closed = conn.execute(
+        self._conn = connect(path)
+        migrate(self._conn, load_migrations())
+        closed = self._conn.execute(
             "UPDATE call_log SET outcome = 'interrupted' WHERE outcome = 'pending'"
         ).rowcount
         if closed:
             log.warning("closed %d call rows left pending by an earlier run", closed)
-        return conn
+        row = self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM call_log").fetchone()
+        self._next_call_id = int(row[0]) + 1
+        self._queue: queue.SimpleQueue[_Queued] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._write_loop, name="fitbox-store", daemon=True)
+        self._thread.start()
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T | None:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, fn, self._conn)
-        except sqlite3.Error as exc:
-            self.write_failures += 1
-            log.error("store write failed (%d so far): %s", self.write_failures, exc)
-            return None
+    # -- the writer thread -------------------------------------------------------
 
-    async def call_started(self, start: CallStart) -> int | None:
-        def insert(conn: sqlite3.Connection) -> int:
-            cur = conn.execute(
-                "INSERT INTO call_log (request_id, endpoint, model_asked, stream, received_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (
-                    start.request_id,
-                    start.endpoint,
-                    start.model_asked,
-                    int(start.stream),
-                    start.received_at,
-                ),
-            )
-            return int(cur.lastrowid or 0)
+    def _write_loop(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < BATCH_MAX:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(item is _STOP for item in batch)
+            self._apply([item for item in batch if item is not _STOP])
+            if stop:
+                return
 
-        return await self._run(insert)
-
-    async def call_updated(self, call_id: int | None, **values: Any) -> None:
-        if call_id is None:
+    def _apply(self, batch: list[_Queued]) -> None:
+        if not batch:
             return
+        results: list[tuple[_Queued, Any, BaseException | None]] = []
+        try:
+            self._conn.execute("BEGIN")
+            for item in batch:
+                try:
+                    results.append((item, item.job(self._conn), None))
+                except sqlite3.Error as exc:
+                    self._failed(exc)
+                    results.append((item, None, exc))
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:  # the commit itself failed: nothing in it landed
+            self._failed(exc, count=len(batch))
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            results = [(item, None, exc) for item in batch]
+        for item, value, error in results:
+            if item.future is not None:
+                if error is None:
+                    item.future.set_result(value)
+                else:
+                    item.future.set_exception(error)
+
+    def _failed(self, exc: BaseException, count: int = 1) -> None:
+        self.write_failures += count
+        log.error("store write failed (%d so far): %s", self.write_failures, exc)
+
+    def _submit(self, job: Job, wait: bool = False) -> Future[Any] | None:
+        future: Future[Any] | None = Future() if wait else None
+        self._queue.put(_Queued(job, future))
+        return future
+
+    # -- the call log ------------------------------------------------------------
+
+    def call_started(self, start: CallStart) -> int:
+        """Queue the call's row; returns its id at once (ids are handed out here)."""
+        call_id = self._next_call_id
+        self._next_call_id += 1
+        self._submit(
+            lambda conn: conn.execute(
+                "INSERT INTO call_log (id, request_id, endpoint, model_asked, stream, "
+                "received_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (call_id, start.request_id, start.endpoint, start.model_asked,
+                 int(start.stream), start.received_at),
+            )
+        )  # fmt: skip
+        return call_id
+
+    def call_updated(self, call_id: int, **values: Any) -> None:
         unknown = set(values) - _CALL_COLUMNS
         if unknown:
             raise ValueError(f"not call_log columns: {sorted(unknown)}")
         if "evicted" in values and not isinstance(values["evicted"], str | None):
             values["evicted"] = json.dumps(values["evicted"])
         assignments = ", ".join(f"{column} = ?" for column in values)
-
-        def update(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                f"UPDATE call_log SET {assignments} WHERE id = ?",  # noqa: S608 - whitelisted
-                (*values.values(), call_id),
-            )
-
-        await self._run(update)
+        sql = f"UPDATE call_log SET {assignments} WHERE id = ?"  # noqa: S608 - whitelisted
+        params = (*values.values(), call_id)
+        self._submit(lambda conn: conn.execute(sql, params))
 
     async def recent_calls(self, limit: int = 100) -> list[dict[str, Any]]:
         def select(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             rows = conn.execute("SELECT * FROM call_log ORDER BY id DESC LIMIT ?", (limit,))
             return [dict(row) for row in rows]
 
-        return await self._run(select) or []
+        future = self._submit(select, wait=True)
+        assert future is not None
+        try:
+            result: list[dict[str, Any]] = await asyncio.wrap_future(future)
+        except sqlite3.Error:
+            return []
+        return result
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until everything queued so far is written (or has failed)."""
+        future = self._submit(lambda conn: None, wait=True)
+        assert future is not None
+        future.result(timeout=timeout)
 
     def close(self) -> None:
-        def shut(conn: sqlite3.Connection) -> None:
-            conn.execute(
+        """Close rows still pending as interrupted, drain the queue, stop the writer."""
+        now = time.time()
+        self._submit(
+            lambda conn: conn.execute(
                 "UPDATE call_log SET outcome = 'interrupted', last_byte_at = ?"
                 " WHERE outcome = 'pending'",
-                (time.time(),),
+                (now,),
             )
-            conn.close()
-
-        try:
-            self._executor.submit(shut, self._conn).result(timeout=10)
-        except Exception as exc:
-            log.error("closing the store: %s", exc)
-        self._executor.shutdown(wait=True)
+        )
+        self._queue.put(_STOP)
+        self._thread.join(timeout=30)
+        self._conn.close()
