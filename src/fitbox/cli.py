@@ -177,7 +177,7 @@ def list_models(config: settings.Config, as_json: bool) -> int:
 def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from fitbox.models.pull import DEFAULT_MODEL, PullError, pull
+    from fitbox.models.pull import DEFAULT_MODEL, PullError, is_verified, pull
 
     dest = Path(args.to).expanduser() if args.to else config.models[0]
     last = [-1]
@@ -189,12 +189,14 @@ def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
                 last[0] = percent
                 print(f"\r{percent:3d}% of {format_bytes(total)}", end="", file=sys.stderr)
 
+    spec = args.source or DEFAULT_MODEL
     try:
-        path = pull(args.source or DEFAULT_MODEL, dest, sha256=args.sha256, progress=progress)
+        path = pull(spec, dest, sha256=args.sha256, progress=progress)
     except PullError as exc:
         print(f"\nfitbox pull: {exc}", file=sys.stderr)
         return 1
     if last[0] >= 0:
         print(file=sys.stderr)
-    print(f"{path} ({format_bytes(path.stat().st_size)}, sha256 verified)")
+    check = "sha256 verified" if is_verified(spec, args.sha256) else "no --sha256: not verified"
+    print(f"{path} ({format_bytes(path.stat().st_size)}, {check})")
     return 0

@@ -113,14 +113,19 @@ class Catalog:
         self.refresh()
 
     def refresh(self) -> None:
+        from fitbox.models.pull import builtin_aliases
+
         self._by_name = {a.name: a for a in discover(self.roots)}
-        self._aliases = read_aliases(self.aliases_file)
+        # what `fitbox pull NAME` fetched answers to NAME; the aliases file may override
+        self._aliases = {**builtin_aliases(), **read_aliases(self.aliases_file)}
 
     def artifacts(self) -> list[Artifact]:
         return list(self._by_name.values())
 
     def aliases_of(self, name: str) -> list[str]:
-        return sorted(alias for alias, target in self._aliases.items() if target == name)
+        return sorted(
+            alias for alias, target in self._aliases.items() if target == name and alias != name
+        )
 
     def _lookup(self, name: str) -> Artifact | None:
         target = self._aliases.get(name, name)

