@@ -57,12 +57,18 @@ class FitboxProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def calls(self) -> list[dict[str, Any]]:
+    def calls(self, settle: float = 5.0) -> list[dict[str, Any]]:
+        """The call log, once no row is pending (the store writes a moment after a reply)."""
         import sqlite3
 
-        with contextlib.closing(sqlite3.connect(self.home / "fitbox.sqlite3")) as conn:
-            conn.row_factory = sqlite3.Row
-            return [dict(r) for r in conn.execute("SELECT * FROM call_log ORDER BY id")]
+        deadline = time.monotonic() + settle
+        while True:
+            with contextlib.closing(sqlite3.connect(self.home / "fitbox.sqlite3")) as conn:
+                conn.row_factory = sqlite3.Row
+                rows = [dict(r) for r in conn.execute("SELECT * FROM call_log ORDER BY id")]
+            if time.monotonic() > deadline or all(r["outcome"] != "pending" for r in rows):
+                return rows
+            time.sleep(0.02)
 
     def models(self) -> dict[str, dict[str, object]]:
         data = httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"]

@@ -1,0 +1,137 @@
+"""Faults a user will meet, injected into a real fitbox: an engine that dies mid-stream, an
+engine that hangs at load, room that stays busy past the wait bound, simulated GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from fitbox.core import sizing
+from fitbox.models.gguf_facts import read_facts
+
+from .conftest import FitboxProcess, running_fitbox
+from .ggufs import write_tiny_llama
+
+pytestmark = pytest.mark.engine
+SMOL = "SmolLM2-135M-Instruct.Q4_1"
+HANGING = Path(__file__).parent / "fakes" / "hanging-llama-server"
+
+
+def chat(model: str, **extra: object) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": "Tell me a story."}], **extra}
+
+
+def engine_pids(box: FitboxProcess) -> list[int]:
+    return [p.pid for p in psutil.Process(box.proc.pid).children(recursive=True)]
+
+
+def test_an_engine_dying_mid_stream_ends_the_stream_with_an_error_event(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    with running_fitbox(tmp_path / "home", [smollm2.parent]) as box:
+        body = chat(SMOL, max_tokens=2000, stream=True, ignore_eos=True)
+        events: list[str] = []
+        with httpx.stream(
+            "POST", f"{box.url}/v1/chat/completions", json=body, timeout=60
+        ) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if len(events) == 5:
+                    for pid in engine_pids(box):
+                        os.kill(pid, signal.SIGKILL)
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "engine_failed" and "failed mid-call" in error["message"]
+        row = box.calls()[-1]
+        assert (row["outcome"], row["error_code"]) == ("error", "engine_failed")
+        # the dead resident is dropped and the next call loads the model again
+        again = httpx.post(
+            f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=4), timeout=60
+        )
+        assert again.status_code == 200, again.text
+
+
+def test_an_engine_that_hangs_at_load_is_killed_and_reported(
+    tmp_path: Path, tiny_gguf: Path
+) -> None:
+    env = {"LLAMA_SERVER_BIN": str(HANGING), "FITBOX_LOAD_TIMEOUT": "2", "FITBOX_STOP_GRACE": "1"}
+    with running_fitbox(tmp_path / "home", [tiny_gguf.parent], env=env) as box:
+        started = time.monotonic()
+        response = httpx.post(f"{box.url}/v1/chat/completions", json=chat("tiny-llama"), timeout=60)
+        waited = time.monotonic() - started
+        assert response.status_code == 502
+        error = response.json()["error"]
+        assert error["code"] == "engine_failed" and "not ready after 2 s" in error["message"]
+        assert any("never finishing" in line for line in error["log_tail"])
+        assert waited < 15  # load bound + SIGTERM grace + SIGKILL, not a hang
+        assert engine_pids(box) == []  # the fake ignored SIGTERM; the group got SIGKILL
+
+
+def test_a_call_that_cannot_get_room_in_time_is_a_503_and_the_busy_model_serves_on(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    shutil.copy(smollm2, root / smollm2.name)
+    write_tiny_llama(root / "tiny.gguf")
+    shapes = [read_facts(p).shape for p in sorted(root.iterdir())]
+    sizes = [sizing.footprint(s, sizing.effective_window(s, 4096), 1).total for s in shapes]
+    cap = max(sizes) + min(sizes) // 2
+    env = {"FITBOX_WAIT_TIMEOUT": "1"}
+    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap), env=env) as box:
+        result: dict[str, httpx.Response] = {}
+        streaming = threading.Event()
+
+        def ask_tiny() -> None:
+            streaming.wait(30)
+            result["tiny"] = httpx.post(
+                f"{box.url}/v1/chat/completions", timeout=60, json=chat("tiny", max_tokens=2)
+            )
+
+        thread = threading.Thread(target=ask_tiny)
+        thread.start()
+        body = chat(SMOL, max_tokens=400, stream=True, ignore_eos=True)
+        with httpx.stream(
+            "POST", f"{box.url}/v1/chat/completions", json=body, timeout=60
+        ) as response:
+            lines = []
+            for line in response.iter_lines():
+                lines.append(line)
+                if len(lines) == 3:
+                    streaming.set()
+        thread.join(30)
+        busy = result["tiny"]
+        assert busy.status_code == 503 and busy.json()["error"]["code"] == "model_busy"
+        assert SMOL in busy.json()["error"]["message"]
+        assert lines[-2] == "data: [DONE]" or lines[-1] == "data: [DONE]"
+
+
+def test_a_simulated_gpu_is_labelled_and_used(
+    tmp_path: Path, tiny_gguf: Path, llama_server_bin: Path
+) -> None:
+    env = {"FITBOX_SIMULATED_GPUS": "1GiB"}
+    with running_fitbox(tmp_path / "home", [tiny_gguf.parent], env=env) as box:
+        gpus = httpx.get(f"{box.url}/health").json()["gpus"]
+        assert gpus == [
+            {"index": 0, "name": "simulated GPU 0", "total_bytes": 1 << 30, "simulated": True}
+        ]
+        response = httpx.post(
+            f"{box.url}/v1/chat/completions", json=chat("tiny-llama", max_tokens=2), timeout=60
+        )
+        assert response.status_code == 200
+        assert response.headers["x-fitbox-device"] == "gpu0"
+        model = box.models()["tiny-llama"]
+        assert model["device"] == "gpu0" and model["simulated"] is True
+        assert "SIMULATED" in box.log()
