@@ -17,12 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from fitbox.config import Config
 from fitbox.core import plan, sizing
 from fitbox.core.types import Ask, Device, DeviceKind, Place, Refuse, ResidentState, Snapshot
 from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
+from fitbox.engines.http1 import EnginePool
 from fitbox.engines.llama_server import (
     EngineInfo,
     EngineNotFound,
@@ -54,9 +53,9 @@ class Lease:
     _released: bool = False
 
     @property
-    def base_url(self) -> str:
+    def engine(self) -> EnginePool:
         assert self.resident.child is not None
-        return self.resident.child.base_url
+        return self.resident.child.pool
 
     def release(self) -> None:
         if not self._released:
@@ -69,13 +68,6 @@ class Box:
         self.config = config
         self.catalog = catalog
         self.gpus = gpus
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=10.0),
-            # expire idle connections before llama-server's own 5 s keep-alive timeout does
-            limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0
-            ),
-        )
         self._residents: dict[str, Resident] = {}
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
@@ -248,7 +240,7 @@ class Box:
             resident.child = child
             resident.load_started_at = time.time()
             await child.start()
-            resident.load_seconds = await child.wait_ready(self.http, self.config.load_timeout)
+            resident.load_seconds = await child.wait_ready(self.config.load_timeout)
             resident.ready_at = time.time()
             resident.state = ResidentState.READY
             log.info(
@@ -304,7 +296,7 @@ class Box:
         return self.config.log_dir / f"{safe}-{port}.log"
 
     async def close(self) -> None:
-        """Stop every child (bounded by the stop ladder) and the HTTP pool."""
+        """Stop every child, each bounded by the stop ladder."""
         self._closing = True
         for task in list(self._tasks):
             task.cancel()
@@ -312,7 +304,6 @@ class Box:
         await asyncio.gather(
             *(self._stop(r) for r in list(self._residents.values())), return_exceptions=True
         )
-        await self.http.aclose()
 
     def kill_all_now(self) -> None:
         for resident in self._residents.values():

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-import httpx
+from fitbox.engines.http1 import EngineConnectionError, EnginePool
 
 READY_POLL_S = 0.02  # readiness is seen within ~20 ms of /health turning 200
 TAIL_LINES = 30
@@ -68,6 +68,7 @@ class Child:
         self.port = port
         self.log_path = log_path
         self.base_url = f"http://127.0.0.1:{port}"
+        self.pool = EnginePool("127.0.0.1", port)
         self.proc: asyncio.subprocess.Process | None = None
         self.started_at = 0.0
 
@@ -97,16 +98,16 @@ class Child:
                 preexec_fn=_die_with_parent,  # only calls prctl
             )
 
-    async def wait_ready(self, http: httpx.AsyncClient, limit_s: float) -> float:
+    async def wait_ready(self, limit_s: float) -> float:
         """Poll /health until 200; returns seconds from launch. Raises if the child dies."""
         assert self.proc is not None
         deadline = time.monotonic() + limit_s
         while True:
             if self.proc.returncode is not None:
                 raise ChildExited(self.proc.returncode, self.tail())
-            with contextlib.suppress(httpx.TransportError):
-                response = await http.get(f"{self.base_url}/health", timeout=1.0)
-                if response.status_code == 200:
+            with contextlib.suppress(EngineConnectionError, TimeoutError):
+                status, _ = await asyncio.wait_for(self.pool.get("/health"), 1.0)
+                if status == 200:
                     return time.monotonic() - self.started_at
             if time.monotonic() > deadline:
                 raise ChildTimeout(limit_s, self.tail())
@@ -130,6 +131,7 @@ class Child:
                 await self.proc.wait()
         # the leader is gone; make sure nothing it forked lingers in the group
         self._signal_group(signal.SIGKILL)
+        await self.pool.aclose()
         return self.proc.returncode
 
     def kill_now(self) -> None:

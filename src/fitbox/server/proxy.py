@@ -1,8 +1,9 @@
 """Forward one call to its engine child and record it. Streams pass through chunk by chunk.
 
 The request body is forwarded as the client sent it (no re-encoding). A stream is never
-buffered: each chunk the engine writes is yielded as it arrives; only the last few KiB are
-kept to read the usage counts for the call log.
+buffered: each piece the engine writes is yielded as it arrives; only the last few KiB are
+kept to read the usage counts for the call log. An engine's own error body is reshaped
+into the OpenAI error envelope, so clients see one shape whoever failed.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fitbox.box.box import Box, Lease
+from fitbox.engines.http1 import EngineConnectionError, EngineResponse
 from fitbox.errors import EngineFailed, FitboxError
 from fitbox.store.db import CallStart, Store
 
@@ -39,32 +40,38 @@ def _usage(tail: bytes) -> dict[str, Any]:
     return usage if isinstance(usage, dict) else {}
 
 
-def _record(store: Store, call_id: int, **values: Any) -> None:
-    """Queue the update; the client never waits for the store."""
-    store.call_updated(call_id, **values)
-
-
 def _engine_failed(lease: Lease, exc: Exception) -> EngineFailed:
     child = lease.resident.child
-    tail = child.tail() if child else []
     return EngineFailed(
-        f"llama-server serving '{lease.resident.artifact.name}' failed mid-call "
-        f"({type(exc).__name__}: {exc})",
-        log_tail=tail,
+        f"llama-server serving '{lease.resident.artifact.name}' failed mid-call ({exc})",
+        log_tail=child.tail() if child else [],
     )
-
-
-async def _send(http: httpx.AsyncClient, upstream: httpx.Request) -> httpx.Response:
-    """Send once more if a pooled connection was closed before any response came back:
-    llama-server (cpp-httplib) drops idle keep-alive connections on its own schedule."""
-    try:
-        return await http.send(upstream, stream=True)
-    except (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError):
-        return await http.send(upstream, stream=True)
 
 
 def _sse_error(error: FitboxError) -> bytes:
     return b"data: " + json.dumps(error.body()).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def engine_error_body(status: int, content: bytes, model: str) -> dict[str, Any]:
+    """An engine's error, in the OpenAI envelope: its message kept, a string code added."""
+    message, kind = "", ""
+    try:
+        parsed = json.loads(content)
+        error = parsed.get("error", parsed) if isinstance(parsed, dict) else {}
+        if isinstance(error, dict):
+            message, kind = str(error.get("message", "")), str(error.get("type", ""))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        message = content[:500].decode("utf-8", errors="replace")
+    if status == 501 and "embedding" in message.lower():
+        message = f"'{model}' is not an embeddings model on this box (engine: {message})"
+    return {
+        "error": {
+            "message": message or f"the engine answered HTTP {status}",
+            "type": "invalid_request_error" if status < 500 else "server_error",
+            "code": kind or f"engine_http_{status}",
+            "param": None,
+        }
+    }
 
 
 async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any]) -> Response:
@@ -83,8 +90,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     try:
         lease = await box.acquire(body["model"])
     except FitboxError as exc:
-        _record(
-            store,
+        store.call_updated(
             call_id,
             outcome="error",
             http_status=exc.status,
@@ -93,37 +99,25 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
         )
         raise
     except BaseException:
-        _record(store, call_id, outcome="interrupted", last_byte_at=time.time())
+        store.call_updated(call_id, outcome="interrupted", last_byte_at=time.time())
         raise
 
     resident = lease.resident
-    _record(
-        store,
-        call_id,
-        artifact=str(resident.artifact.path),
-        admitted_at=time.time(),
-        device=resident.device,
-        window=resident.window,
-        evicted=lease.evicted,
+    store.call_updated(
+        call_id, artifact=str(resident.artifact.path), admitted_at=time.time(),
+        device=resident.device, window=resident.window, evicted=lease.evicted,
         load_start_at=resident.load_started_at if lease.loaded else None,
         load_ready_at=resident.ready_at if lease.loaded else None,
-    )
-    upstream = box.http.build_request(
-        "POST",
-        lease.base_url + path,
-        content=raw,
-        headers={
-            "content-type": "application/json",
-            "accept": request.headers.get("accept", "*/*"),
-        },
-    )
+    )  # fmt: skip
     try:
-        response = await _send(box.http, upstream)
-    except httpx.HTTPError as exc:
+        response = await lease.engine.request(
+            "POST", path, raw, {"Content-Type": "application/json",
+                                "Accept": request.headers.get("accept", "*/*")},
+        )  # fmt: skip
+    except EngineConnectionError as exc:
         lease.release()
         error = _engine_failed(lease, exc)
-        _record(
-            store,
+        store.call_updated(
             call_id,
             outcome="error",
             http_status=error.status,
@@ -133,67 +127,77 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
         raise error from None
     except BaseException:
         lease.release()
-        _record(store, call_id, outcome="interrupted", last_byte_at=time.time())
+        store.call_updated(call_id, outcome="interrupted", last_byte_at=time.time())
         raise
 
     headers = {"x-fitbox-model": resident.artifact.name, "x-fitbox-device": resident.device}
-    if not stream:
-        try:
-            content = await response.aread()
-        except httpx.HTTPError as exc:
-            error = _engine_failed(lease, exc)
-            _record(
-                store,
-                call_id,
-                outcome="error",
-                http_status=error.status,
-                error_code=error.code,
-                last_byte_at=time.time(),
-            )
-            raise error from None
-        finally:
-            await response.aclose()
-            lease.release()
-        done = time.time()
-        usage = _usage(content[-_KEEP_TAIL:]) or _usage(content)
-        _record(
-            store,
+    if stream and response.status < 400:
+        return StreamingResponse(
+            _pass_through(response, lease, store, call_id),
+            status_code=response.status,
+            headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
+            media_type=response.headers.get("content-type", "text/event-stream"),
+        )
+    return await _whole(response, lease, store, call_id, headers)
+
+
+async def _whole(
+    response: EngineResponse, lease: Lease, store: Store, call_id: int, headers: dict[str, str]
+) -> Response:
+    try:
+        content = await response.read()
+    except EngineConnectionError as exc:
+        error = _engine_failed(lease, exc)
+        store.call_updated(
             call_id,
-            outcome="ok" if response.status_code < 400 else "error",
-            http_status=response.status_code,
+            outcome="error",
+            http_status=error.status,
+            error_code=error.code,
+            last_byte_at=time.time(),
+        )
+        raise error from None
+    finally:
+        response.close()
+        lease.release()
+    done = time.time()
+    if response.status >= 400:
+        body = engine_error_body(response.status, content, lease.resident.artifact.name)
+        store.call_updated(
+            call_id,
+            outcome="error",
+            http_status=response.status,
+            error_code=body["error"]["code"],
             first_byte_at=done,
             last_byte_at=done,
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"),
         )
-        return Response(
-            content,
-            status_code=response.status_code,
-            headers=headers,
-            media_type=response.headers.get("content-type", "application/json"),
-        )
-
-    return StreamingResponse(
-        _pass_through(response, lease, store, call_id),
-        status_code=response.status_code,
-        headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
-        media_type=response.headers.get("content-type", "text/event-stream"),
+        return JSONResponse(body, status_code=response.status, headers=headers)
+    usage = _usage(content[-_KEEP_TAIL:]) or _usage(content)
+    store.call_updated(
+        call_id, outcome="ok", http_status=response.status, first_byte_at=done,
+        last_byte_at=done, prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+    )  # fmt: skip
+    return Response(
+        content,
+        status_code=response.status,
+        headers=headers,
+        media_type=response.headers.get("content-type", "application/json"),
     )
 
 
 async def _pass_through(
-    response: httpx.Response, lease: Lease, store: Store, call_id: int
+    response: EngineResponse, lease: Lease, store: Store, call_id: int
 ) -> AsyncIterator[bytes]:
     first_byte_at: float | None = None
     tail = b""
-    outcome, error_code, status = "ok", None, response.status_code
+    outcome, error_code, status = "ok", None, response.status
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in response.iter_bytes():
             if first_byte_at is None:
                 first_byte_at = time.time()
             tail = (tail + chunk)[-_KEEP_TAIL:]
             yield chunk
-    except httpx.HTTPError as exc:
+    except EngineConnectionError as exc:
         error = _engine_failed(lease, exc)
         outcome, error_code, status = "error", error.code, error.status
         log.error("%s", error.message)
@@ -202,17 +206,12 @@ async def _pass_through(
         outcome = "interrupted"
         raise
     finally:
-        await response.aclose()
+        response.close()
         lease.release()
         usage = _usage(tail)
-        _record(
-            store,
-            call_id,
-            outcome=outcome if status < 400 or outcome != "ok" else "error",
-            http_status=status,
-            error_code=error_code,
-            first_byte_at=first_byte_at,
-            last_byte_at=time.time(),
+        store.call_updated(
+            call_id, outcome=outcome, http_status=status, error_code=error_code,
+            first_byte_at=first_byte_at, last_byte_at=time.time(),
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
-        )
+        )  # fmt: skip
