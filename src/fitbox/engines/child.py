@@ -20,7 +20,9 @@ from pathlib import Path
 
 from fitbox.engines.http1 import EngineConnectionError, EnginePool
 
-READY_POLL_S = 0.02  # readiness is seen within ~20 ms of /health turning 200
+READY_POLL_S = (
+    0.01  # readiness is seen within ~10 ms of /health turning 200 (bench/load_to_ready.py)
+)
 TAIL_LINES = 30
 
 

@@ -6,6 +6,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
@@ -31,6 +32,8 @@ def create_app(config: Config) -> Starlette:
             label = " (SIMULATED)" if gpu.simulated else ""
             log.info("GPU %d: %s, %d MiB%s", gpu.index, gpu.name, gpu.total >> 20, label)
         box = Box(config, catalog, gpus)
+        async with anyio.create_task_group():
+            pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
         app.state.config, app.state.store, app.state.box = config, store, box
         log.info("%d models under %s", len(catalog.artifacts()), ", ".join(map(str, config.models)))
         try:
