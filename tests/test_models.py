@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 import time
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 from gguf import GGUFReader
 
 from fitbox.errors import ModelNotFound
-from fitbox.models.catalog import Catalog, discover
+from fitbox.models import catalog as catalog_module
+from fitbox.models.catalog import Artifact, Catalog, discover
 from fitbox.models.gguf_facts import read_facts
 from fitbox.models.gguf_header import NotGGUF, read_header
 
@@ -69,7 +71,10 @@ def test_split_models_are_listed_once_by_their_first_shard(tmp_path: Path) -> No
     assert [a.name for a in discover([tmp_path])] == ["big"]
 
 
-def test_catalog_resolves_aliases_and_sees_new_files(tmp_path: Path) -> None:
+def test_catalog_resolves_aliases_and_sees_new_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(catalog_module, "RESCAN_AT_MOST_EVERY_S", 0.0)
     root = tmp_path / "models"
     root.mkdir()
     write_tiny_llama(root / "tiny.gguf")
@@ -95,3 +100,22 @@ def test_a_hundred_files_are_read_quickly(tmp_path: Path) -> None:
     assert len(found) == 100
     # not a timing assertion: the figure goes to bench/, this only shows it was measured
     print(f"discovered 100 files in {time.perf_counter() - started:.3f} s")
+
+
+def test_misses_rescan_at_most_once_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_tiny_llama(tmp_path / "tiny.gguf")
+    catalog = Catalog((tmp_path,), tmp_path / "aliases.toml")
+    scans: list[int] = []
+    real = catalog_module.discover
+
+    def counting(roots: Iterable[Path]) -> list[Artifact]:
+        scans.append(1)
+        return real(roots)
+
+    monkeypatch.setattr(catalog_module, "discover", counting)
+    for _ in range(50):
+        with pytest.raises(ModelNotFound):
+            catalog.resolve("nope")
+    assert len(scans) <= 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 _SHARD = re.compile(r"^(?P<base>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})$")
 _SKIP_SUFFIXES = (".part", ".tmp", ".partial", ".download")
+RESCAN_AT_MOST_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -110,11 +112,18 @@ class Catalog:
         self.aliases_file = aliases_file
         self._by_name: dict[str, Artifact] = {}
         self._aliases: dict[str, str] = {}
+        self._scanned_at = float("-inf")
         self.refresh()
 
-    def refresh(self) -> None:
+    def refresh(self, max_age: float = 0.0) -> None:
+        """Rescan the roots, unless the last scan is younger than ``max_age`` seconds (so a
+        flood of calls naming unknown models cannot turn into a flood of directory walks)."""
         from fitbox.models.pull import builtin_aliases
 
+        now = time.monotonic()
+        if now - self._scanned_at < max_age:
+            return
+        self._scanned_at = now
         self._by_name = {a.name: a for a in discover(self.roots)}
         # what `fitbox pull NAME` fetched answers to NAME; the aliases file may override
         self._aliases = {**builtin_aliases(), **read_aliases(self.aliases_file)}
@@ -134,7 +143,7 @@ class Catalog:
     def resolve(self, name: str) -> Artifact:
         artifact = self._lookup(name)
         if artifact is None:
-            self.refresh()
+            self.refresh(max_age=RESCAN_AT_MOST_EVERY_S)
             artifact = self._lookup(name)
         if artifact is None:
             known = ", ".join(sorted(self._by_name)[:10]) or "none"

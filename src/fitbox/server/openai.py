@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 import fitbox
 from fitbox.box.box import Box
 from fitbox.errors import InvalidRequest
+from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S
 from fitbox.server.proxy import forward
 
 
@@ -27,7 +28,7 @@ async def health(request: Request) -> Response:
 
 async def list_models(request: Request) -> Response:
     box: Box = request.app.state.box
-    box.catalog.refresh()
+    box.catalog.refresh(max_age=RESCAN_AT_MOST_EVERY_S)
     resident = {r.key: r for r in box.residents()}
     data = []
     for artifact in box.catalog.artifacts():

@@ -1,0 +1,62 @@
+"""The command line as a user runs it: a real `python -m fitbox` process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from .ggufs import write_projector, write_tiny_llama
+
+
+def fitbox(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fitbox", *args], capture_output=True, text=True, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "FITBOX_HOME": str(home)},
+    )  # fmt: skip
+
+
+def test_models_lists_the_catalog_as_text_and_json(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    write_tiny_llama(root / "tiny.gguf")
+    write_projector(root / "mmproj-tiny.gguf")
+    (tmp_path / "aliases.toml").write_text('[aliases]\nsmall = "tiny"\n')
+    text = fitbox("models", "--models", str(root), home=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "tiny (aka small)  llama" in text.stdout and "mmproj" not in text.stdout
+    rows = json.loads(fitbox("models", "--json", "--models", str(root), home=tmp_path).stdout)
+    assert [(r["name"], r["aliases"], r["context_length"]) for r in rows] == [
+        ("tiny", ["small"], 512)
+    ]
+
+
+def test_models_reads_the_default_root_under_the_home(tmp_path: Path) -> None:
+    empty = fitbox("models", home=tmp_path)
+    assert empty.returncode == 0 and "run 'fitbox pull'" in empty.stdout
+    (tmp_path / "models").mkdir()
+    write_tiny_llama(tmp_path / "models" / "here.gguf")
+    assert "here" in fitbox("models", home=tmp_path).stdout
+
+
+def test_a_bad_setting_names_itself_and_exits_2(tmp_path: Path) -> None:
+    result = fitbox("serve", "--ram-max", "lots", home=tmp_path)
+    assert result.returncode == 2
+    assert "Setting 'ram_max' (FITBOX_RAM_MAX) has value 'lots'" in result.stderr
+
+
+def test_pull_refuses_a_source_it_cannot_check(tmp_path: Path) -> None:
+    result = fitbox("pull", "http://127.0.0.1:9/x.gguf", home=tmp_path)
+    assert result.returncode == 1 and "--sha256" in result.stderr
+
+
+def test_serve_refuses_a_port_in_use(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = fitbox("serve", "--port", port, home=tmp_path)
+    assert result.returncode == 1 and "cannot listen" in result.stderr
