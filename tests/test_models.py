@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
