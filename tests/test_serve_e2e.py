@@ -124,6 +124,20 @@ def test_bad_requests_are_typed_400s(smol_box: FitboxProcess) -> None:
     assert response.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_engine_errors_arrive_in_the_openai_envelope(smol_box: FitboxProcess) -> None:
+    response = httpx.post(
+        f"{smol_box.url}/v1/embeddings", json={"model": SMOL, "input": "hi"}, timeout=60
+    )
+    error = response.json()["error"]
+    assert response.status_code >= 400 and set(error) == {"message", "type", "code", "param"}
+    assert isinstance(error["code"], str) and error["message"]
+    too_long = {"model": SMOL, "prompt": "word " * 6000, "max_tokens": 1}
+    response = httpx.post(f"{smol_box.url}/v1/completions", json=too_long, timeout=60)
+    error = response.json()["error"]
+    assert response.status_code == 400 and isinstance(error["code"], str)
+    assert "context" in error["message"]
+
+
 def test_every_call_has_a_row(smol_box: FitboxProcess) -> None:
     rows = smol_box.calls()
     served = [r for r in rows if r["outcome"] == "ok"]

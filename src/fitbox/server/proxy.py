@@ -67,7 +67,7 @@ def engine_error_body(status: int, content: bytes, model: str) -> dict[str, Any]
     return {
         "error": {
             "message": message or f"the engine answered HTTP {status}",
-            "type": "invalid_request_error" if status < 500 else "server_error",
+            "type": "invalid_request_error" if status < 500 or status == 501 else "server_error",
             "code": kind or f"engine_http_{status}",
             "param": None,
         }
