@@ -48,6 +48,11 @@ def _engine_failed(lease: Lease, exc: Exception) -> EngineFailed:
     )
 
 
+def _failed(store: Store, call_id: int, error: FitboxError) -> None:
+    store.call_updated(call_id, outcome="error", http_status=error.status,
+                       error_code=error.code, last_byte_at=time.time())  # fmt: skip
+
+
 def _sse_error(error: FitboxError) -> bytes:
     return b"data: " + json.dumps(error.body()).encode() + b"\n\ndata: [DONE]\n\n"
 
@@ -90,13 +95,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     try:
         lease = await box.acquire(body["model"])
     except FitboxError as exc:
-        store.call_updated(
-            call_id,
-            outcome="error",
-            http_status=exc.status,
-            error_code=exc.code,
-            last_byte_at=time.time(),
-        )
+        _failed(store, call_id, exc)
         raise
     except BaseException:
         store.call_updated(call_id, outcome="interrupted", last_byte_at=time.time())
@@ -117,13 +116,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     except EngineConnectionError as exc:
         lease.release()
         error = _engine_failed(lease, exc)
-        store.call_updated(
-            call_id,
-            outcome="error",
-            http_status=error.status,
-            error_code=error.code,
-            last_byte_at=time.time(),
-        )
+        _failed(store, call_id, error)
         raise error from None
     except BaseException:
         lease.release()
@@ -148,13 +141,7 @@ async def _whole(
         content = await response.read()
     except EngineConnectionError as exc:
         error = _engine_failed(lease, exc)
-        store.call_updated(
-            call_id,
-            outcome="error",
-            http_status=error.status,
-            error_code=error.code,
-            last_byte_at=time.time(),
-        )
+        _failed(store, call_id, error)
         raise error from None
     finally:
         response.close()
