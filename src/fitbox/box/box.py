@@ -96,8 +96,15 @@ class Box:
                 gpu.total if gpu.simulated else min(gpu.total, gpu.free + held.get(device_id, 0))
             )
             devices.append(Device(device_id, DeviceKind.GPU, capacity, gpu.simulated))
+        # Weights are mmap'd: their pages sit in the page cache, which MemAvailable already
+        # counts as available. Only the anonymous parts (KV, compute, output) are added back.
+        anonymous = sum(
+            r.footprint.total - r.footprint.weights
+            for r in self._residents.values()
+            if r.device == "host"
+        )
         host = read_host()
-        capacity = host.mem_available + held.get("host", 0)
+        capacity = min(host.mem_available + anonymous, host.mem_total)
         if self.config.ram_max is not None:
             capacity = min(capacity, self.config.ram_max)
         devices.append(Device("host", DeviceKind.HOST, capacity))
