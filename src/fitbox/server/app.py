@@ -35,7 +35,11 @@ def create_app(config: Config) -> Starlette:
         async with anyio.create_task_group():
             pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
         app.state.config, app.state.store, app.state.box = config, store, box
-        log.info("%d models under %s", len(catalog.artifacts()), ", ".join(map(str, config.models)))
+        roots = ", ".join(map(str, config.models))
+        if catalog.artifacts():
+            log.info("%d models under %s", len(catalog.artifacts()), roots)
+        else:
+            log.warning("no models under %s yet: run 'fitbox pull' or add GGUF files", roots)
         try:
             yield
         finally:
