@@ -16,6 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import settings
+
+# Property tests must not fail for being slow: CI shares two cores with llama-server children.
+settings.register_profile("fitbox", deadline=None, print_blob=True)
+settings.load_profile("fitbox")
 
 from fitbox.engines.llama_server import EngineNotFound, find_binary
 from fitbox.models.pull import pull
