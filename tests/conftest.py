@@ -18,14 +18,14 @@ import httpx
 import pytest
 from hypothesis import settings
 
-# Property tests must not fail for being slow: CI shares two cores with llama-server children.
-settings.register_profile("fitbox", deadline=None, print_blob=True)
-settings.load_profile("fitbox")
-
 from fitbox.engines.llama_server import EngineNotFound, find_binary
 from fitbox.models.pull import pull
 
 from .ggufs import write_tiny_llama
+
+# Property tests must not fail for being slow: CI shares two cores with llama-server children.
+settings.register_profile("fitbox", deadline=None, print_blob=True)
+settings.load_profile("fitbox")
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))
