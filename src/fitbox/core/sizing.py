@@ -5,15 +5,29 @@ Every term is written down, with the llama.cpp source it mirrors, in FORMULAS.md
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fitbox.core.types import Footprint
 
-KV_PAD = 256  # llama-context.cpp: n_ctx = GGML_PAD(n_ctx, 256)
+KV_PAD = 256  # llama-context.cpp: n_ctx = GGML_PAD(n_ctx, 256); the SWA cache is padded too
 DEFAULT_UBATCH = 512  # common.h: n_ubatch default
 F16_BYTES = 2
 F32_BYTES = 4
 ACTIVATION_BYTES_PER_EMBD = 64  # fitted to measured CPU compute buffers, FORMULAS.md
+
+# Every cache type llama-server accepts (-ctk/-ctv): (block size, bytes per block), from
+# ggml/src/ggml-common.h block structs and ggml.c type_traits.
+KV_TYPES: dict[str, tuple[int, int]] = {
+    "f32": (1, 4),
+    "f16": (1, 2),
+    "bf16": (1, 2),
+    "q8_0": (32, 34),
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "iq4_nl": (32, 18),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+}
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,42 @@ class ModelShape:
     kv_heads: tuple[int, ...]  # per layer; 0 means the layer keeps no KV
     key_length: int
     value_length: int
+    # sliding-window attention: which layers, how wide, and their head dims
+    n_swa: int = 0
+    swa_layers: tuple[bool, ...] = ()
+    key_length_swa: int = 0  # 0: same as key_length
+    value_length_swa: int = 0
+    is_mla: bool = False  # MLA caches K only (llama-kv-cache.cpp: has_v = !is_mla)
+    has_kv_cache: bool = True  # encoder-only models (bert, ...) build none
+    recurrent_layers: tuple[bool, ...] = ()
+    n_embd_r: int = 0  # per recurrent layer and sequence, f32 elements (llama-hparams.cpp)
+    n_embd_s: int = 0
+    weights_by_kind: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+
+    def is_swa(self, il: int) -> bool:
+        return self.n_swa > 0 and il < len(self.swa_layers) and self.swa_layers[il]
+
+    def is_recurrent(self, il: int) -> bool:
+        return il < len(self.recurrent_layers) and self.recurrent_layers[il]
+
+    def head_dims(self, il: int) -> tuple[int, int]:
+        if self.is_swa(il):
+            return (self.key_length_swa or self.key_length, self.value_length_swa or
+                    self.value_length)  # fmt: skip
+        return self.key_length, self.value_length
+
+
+@dataclass(frozen=True)
+class KVBytes:
+    k: int
+    v: int
+    full_cells: int  # cells per stream of the full-attention cache
+    swa_cells: int  # cells per stream of the SWA cache (0: none)
+    streams: int
+
+    @property
+    def total(self) -> int:
+        return self.k + self.v
 
 
 def pad(n: int, multiple: int = KV_PAD) -> int:
@@ -50,13 +100,64 @@ def kv_cells(window: int, parallel: int, unified: bool) -> tuple[int, int]:
     return pad(n_ctx // parallel), parallel
 
 
-def kv_bytes(shape: ModelShape, window: int, parallel: int, unified: bool = False) -> int:
-    """f16 K and V for every layer that keeps KV (llama-kv-cache.cpp, FORMULAS.md §KV)."""
+def row_bytes(kv_type: str, n_elements: int) -> int:
+    """ggml_row_size: whole blocks of the type."""
+    block, size = KV_TYPES[kv_type]
+    return n_elements // block * size
+
+
+def kv_type_problem(shape: ModelShape, type_k: str, type_v: str, flash_attn: bool) -> str | None:
+    """Why llama-server would refuse these cache types for this model, or None."""
+    for name, kind in (("K", type_k), ("V", type_v)):
+        if kind not in KV_TYPES:
+            return f"{name} cache type {kind!r} is not one of {', '.join(KV_TYPES)}"
+    if KV_TYPES[type_v][0] > 1 and not flash_attn:
+        return "a quantized V cache needs flash attention (llama-context.cpp)"
+    for il in range(shape.n_layer):
+        k_dim, v_dim = shape.head_dims(il)
+        for name, kind, dim in (("K", type_k, k_dim), ("V", type_v, v_dim)):
+            block = KV_TYPES[kind][0]
+            if dim and dim % block:
+                return (f"{name} cache type {kind} has block size {block}, which does not "
+                        f"divide the head dim {dim}")  # fmt: skip
+    return None
+
+
+def kv_bytes(
+    shape: ModelShape,
+    window: int,
+    parallel: int,
+    *,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    unified: bool = False,
+    swa_full: bool = False,
+    n_ubatch: int = DEFAULT_UBATCH,
+) -> KVBytes:
+    """K and V for every layer that keeps KV (llama-kv-cache.cpp, -iswa.cpp; FORMULAS §KV)."""
     cells, streams = kv_cells(window, parallel, unified)
-    per_cell = sum(
-        heads * (shape.key_length + shape.value_length) * F16_BYTES for heads in shape.kv_heads
-    )
-    return per_cell * cells * streams
+    swa_cells = 0
+    if shape.n_swa > 0 and any(shape.is_swa(il) for il in range(shape.n_layer)):
+        seqs = parallel if unified else 1
+        swa_cells = cells if swa_full else pad(min(cells, shape.n_swa * seqs + n_ubatch))
+    k = v = 0
+    if shape.has_kv_cache:
+        for il, heads in enumerate(shape.kv_heads):
+            if heads == 0 or shape.is_recurrent(il):
+                continue
+            k_dim, v_dim = shape.head_dims(il)
+            layer_cells = swa_cells if shape.is_swa(il) else cells
+            k += row_bytes(type_k, k_dim * heads) * layer_cells * streams
+            if not shape.is_mla:
+                v += row_bytes(type_v, v_dim * heads) * layer_cells * streams
+    return KVBytes(k=k, v=v, full_cells=cells, swa_cells=swa_cells, streams=streams)
+
+
+def recurrent_bytes(shape: ModelShape, parallel: int) -> int:
+    """R and S state per recurrent layer, always f32 (llama-memory-recurrent.cpp)."""
+    layers = sum(1 for il in range(shape.n_layer) if shape.is_recurrent(il))
+    rows = max(1, parallel)
+    return layers * (shape.n_embd_r + shape.n_embd_s) * F32_BYTES * rows
 
 
 def output_bytes(shape: ModelShape, parallel: int) -> int:
@@ -64,18 +165,27 @@ def output_bytes(shape: ModelShape, parallel: int) -> int:
     return shape.n_vocab * F32_BYTES * max(parallel, 1)
 
 
-def compute_bytes(shape: ModelShape, window: int, parallel: int) -> int:
+def compute_bytes(shape: ModelShape, window: int, parallel: int, unified: bool = False) -> int:
     """First-cut allowance for the compute buffer (FORMULAS.md §Compute): per ubatch token,
     the f16 KQ mask over the KV cells plus an activation allowance of 64 bytes per n_embd."""
-    cells, _ = kv_cells(window, parallel, unified=False)
+    cells, _ = kv_cells(window, parallel, unified)
     return DEFAULT_UBATCH * (F16_BYTES * cells + ACTIVATION_BYTES_PER_EMBD * shape.n_embd)
 
 
-def footprint(shape: ModelShape, window: int, parallel: int) -> Footprint:
+def footprint(
+    shape: ModelShape,
+    window: int,
+    parallel: int,
+    *,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    unified: bool = False,
+) -> Footprint:
     window = effective_window(shape, window)
+    kv = kv_bytes(shape, window, parallel, type_k=type_k, type_v=type_v, unified=unified)
     return Footprint(
         weights=shape.weights_bytes,
-        kv=kv_bytes(shape, window, parallel),
-        compute=compute_bytes(shape, window, parallel),
+        kv=kv.total + recurrent_bytes(shape, parallel),
+        compute=compute_bytes(shape, window, parallel, unified),
         output=output_bytes(shape, parallel),
     )

@@ -1,20 +1,51 @@
-"""What a GGUF model is, as placement needs it: its shape, from the header alone."""
+"""What a GGUF model is, as placement needs it: its shape, from the header alone.
+
+The per-architecture rules (which layers are sliding-window, which are recurrent) mirror
+llama.cpp's ``src/models/<arch>.cpp`` loaders in the build fitbox runs; FORMULAS.md cites
+each one.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
+
+from gguf.constants import GGMLQuantizationType, LlamaFileType
 
 from fitbox.core.sizing import ModelShape
-from fitbox.models.gguf_header import ArrayLength, GGUFHeader, read_header
+from fitbox.models.gguf_header import ArrayLength, GGUFHeader, TensorInfo, read_header
 
 # Architectures whose GGUF files are projectors (vision/audio encoders), never models.
 PROJECTOR_ARCHES = frozenset({"clip", "mmproj"})
 # Encoder architectures served through /v1/embeddings (llama-server --embeddings).
-EMBEDDING_ARCHES = frozenset(
-    {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "modern-bert", "neo-bert", "t5encoder"}
-)
+EMBEDDING_ARCHES = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2",
+                              "jina-bert-v3", "modern-bert", "neo-bert", "eurobert",
+                              "gemma-embedding", "t5encoder"})  # fmt: skip
+# Models llama.cpp builds no KV cache for (llama-model.cpp create_memory: res = nullptr).
+NO_KV_ARCHES = EMBEDDING_ARCHES - {"t5encoder"}
+
+# load_swa_pattern(ml, period, dense_first) defaults per architecture; a GGUF's own
+# %arch.attention.sliding_window_pattern (period or per-layer bools) wins.
+SWA_DEFAULTS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False), "gemma3": (6, False), "gemma3n": (5, False),
+    "gemma-embedding": (6, False), "cohere2": (4, False), "cohere2moe": (4, True),
+    "gpt-oss": (2, False), "llama4": (4, False), "exaone4": (4, False),
+    "exaone-moe": (4, False), "olmo2": (4, False), "afmoe": (4, False),
+    "modern-bert": (3, True), "smallthinker": (4, True), "plamo3": (8, False),
+    "mellum": (4, False), "muse-glimmer": (4, False), "laguna": (4, True),
+}  # fmt: skip
+PURE_RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+RECURRENT_WHERE_NO_KV = frozenset({"jamba", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h",
+                                   "nemotron_h_moe"})  # fmt: skip
+RECURRENT_BY_INTERVAL = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+ALL_LAYERS_BOTH = frozenset({"falcon-h1"})  # attention and SSM side by side in every layer
+
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+_ROUTED = re.compile(r"\.ffn_(gate|up|down|gate_up)_(ch)?exps\b")  # common.h: --cpu-moe
+_SHARED = re.compile(r"\.ffn_(gate|up|down)_shexp\b")
 
 
 @dataclass(frozen=True)
@@ -23,9 +54,14 @@ class GGUFFacts:
     architecture: str
     name: str
     file_type: int | None
+    quant: str  # "Q4_K_M", "F16", ... from general.file_type, else the dominant tensor type
     is_projector: bool
     is_embedding: bool
     shape: ModelShape
+    expert_count: int = 0
+    expert_used_count: int = 0
+    bytes_by_layer: tuple[int, ...] = field(default=(), compare=False)
+    unknown_architecture: bool = False
 
 
 def _int(header: GGUFHeader, key: str, default: int = 0) -> int:
@@ -36,10 +72,104 @@ def _int(header: GGUFHeader, key: str, default: int = 0) -> int:
 def _per_layer(header: GGUFHeader, key: str, n_layer: int, default: int) -> tuple[int, ...]:
     value = header.get(key)
     if isinstance(value, list):
-        return tuple(int(v) for v in value[:n_layer])
-    if isinstance(value, int):
-        return (value,) * n_layer
+        values = [int(v) for v in value[:n_layer]]
+        return tuple(values + [default] * (n_layer - len(values)))
+    if isinstance(value, int | float):
+        return (int(value),) * n_layer
     return (default,) * n_layer
+
+
+def swa_layers(header: GGUFHeader, arch: str, n_layer: int) -> tuple[bool, ...]:
+    """llama_hparams::set_swa_pattern, or the GGUF's own per-layer array."""
+    if _int(header, f"{arch}.attention.sliding_window") <= 0:
+        return (False,) * n_layer
+    pattern = header.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        flags = [bool(v) for v in pattern[:n_layer]]
+        return tuple(flags + [False] * (n_layer - len(flags)))
+    period, dense_first = SWA_DEFAULTS.get(arch, (-1, False))
+    if isinstance(pattern, int):
+        period = pattern
+    if period < 0:  # the architecture's loader never reads a pattern: no SWA layers
+        return (False,) * n_layer
+    if dense_first:
+        return tuple(period == 0 or il % period != 0 for il in range(n_layer))
+    return tuple(period == 0 or il % period < period - 1 for il in range(n_layer))
+
+
+def recurrent_layers(header: GGUFHeader, arch: str, kv_heads: tuple[int, ...]) -> tuple[bool, ...]:
+    n_layer = len(kv_heads)
+    if arch in PURE_RECURRENT or arch in ALL_LAYERS_BOTH:
+        return (True,) * n_layer
+    if arch in RECURRENT_WHERE_NO_KV:
+        return tuple(h == 0 for h in kv_heads)
+    if arch in RECURRENT_BY_INTERVAL:
+        listed = header.get(f"{arch}.attention.recurrent_layers")
+        if isinstance(listed, list):
+            return tuple(bool(v) for v in listed[:n_layer])
+        interval = _int(header, f"{arch}.full_attention_interval", 4) or 4
+        return tuple((il + 1) % interval != 0 for il in range(n_layer))
+    return (False,) * n_layer
+
+
+def recurrent_widths(header: GGUFHeader, arch: str, n_embd: int) -> tuple[int, int]:
+    """(n_embd_r, n_embd_s): llama_hparams::n_embd_r / n_embd_s for the families fitbox knows."""
+    wkv = _int(header, f"{arch}.wkv.head_size")
+    if wkv:  # RWKV
+        return _int(header, f"{arch}.token_shift_count", 2) * n_embd, n_embd * wkv
+    l_cache = _int(header, f"{arch}.shortconv.l_cache")
+    if l_cache:  # LFM2 short convolutions
+        return n_embd * (l_cache - 1), 0
+    d_conv = _int(header, f"{arch}.ssm.conv_kernel")
+    d_inner = _int(header, f"{arch}.ssm.inner_size")
+    d_state = _int(header, f"{arch}.ssm.state_size")
+    n_group = _int(header, f"{arch}.ssm.group_count")
+    n_conv = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
+    return n_conv, d_state * d_inner
+
+
+def tensor_kind(name: str) -> str:
+    if _ROUTED.search(name):
+        return "routed_experts"
+    if _SHARED.search(name):
+        return "shared_experts"
+    if name.startswith("token_embd"):
+        return "embeddings"
+    if name.startswith("output.") or name == "output":
+        return "output"
+    if ".attn_" in name or ".ssm_" in name or ".time_mix" in name:
+        return "attention"
+    if ".ffn_" in name:
+        return "dense_ffn"
+    return "other"
+
+
+def _bytes_by(
+    tensors: tuple[TensorInfo, ...], n_layer: int
+) -> tuple[dict[str, int], tuple[int, ...]]:
+    kinds: dict[str, int] = {}
+    layers = [0] * n_layer
+    for t in tensors:
+        kind = tensor_kind(t.name)
+        kinds[kind] = kinds.get(kind, 0) + t.n_bytes
+        match = _LAYER.match(t.name)
+        if match and int(match.group(1)) < n_layer:
+            layers[int(match.group(1))] += t.n_bytes
+    return kinds, tuple(layers)
+
+
+def quant_name(file_type: Any, tensors: tuple[TensorInfo, ...]) -> str:
+    if isinstance(file_type, int):
+        try:
+            return LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+        except ValueError:
+            pass
+    by_type: dict[int, int] = {}
+    for t in tensors:
+        by_type[t.type] = by_type.get(t.type, 0) + t.n_bytes
+    if not by_type:
+        return "unknown"
+    return GGMLQuantizationType(max(by_type, key=lambda k: by_type[k])).name
 
 
 def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
@@ -48,16 +178,17 @@ def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
     n_embd = _int(header, f"{arch}.embedding_length")
     heads = _per_layer(header, f"{arch}.attention.head_count", n_layer, 0)
     n_head = max(heads, default=0)
-    kv_heads = (
-        _per_layer(header, f"{arch}.attention.head_count_kv", n_layer, 0)
-        if f"{arch}.attention.head_count_kv" in header.fields
-        else heads
-    )
+    kv_key = f"{arch}.attention.head_count_kv"
+    kv_heads = _per_layer(header, kv_key, n_layer, 0) if kv_key in header.fields else heads
     head_dim = n_embd // n_head if n_head else 0
     tokens = header.get("tokenizer.ggml.tokens")
     n_vocab = _int(header, f"{arch}.vocab_size") or (
         tokens.length if isinstance(tokens, ArrayLength) else len(tokens or [])
     )
+    n_embd_r, n_embd_s = recurrent_widths(header, arch, n_embd)
+    kinds, per_layer = _bytes_by(header.tensors, n_layer)
+    key_length = _int(header, f"{arch}.attention.key_length", head_dim)
+    value_length = _int(header, f"{arch}.attention.value_length", head_dim)
     shape = ModelShape(
         weights_bytes=sum(t.n_bytes for t in header.tensors),
         n_layer=n_layer,
@@ -66,18 +197,34 @@ def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
         n_vocab=n_vocab,
         n_head=n_head,
         kv_heads=kv_heads,
-        key_length=_int(header, f"{arch}.attention.key_length", head_dim),
-        value_length=_int(header, f"{arch}.attention.value_length", head_dim),
-    )
+        key_length=key_length,
+        value_length=value_length,
+        n_swa=_int(header, f"{arch}.attention.sliding_window"),
+        swa_layers=swa_layers(header, arch, n_layer),
+        key_length_swa=_int(header, f"{arch}.attention.key_length_swa", key_length),
+        value_length_swa=_int(header, f"{arch}.attention.value_length_swa", value_length),
+        is_mla=bool(_int(header, f"{arch}.attention.key_length_mla")
+                    and _int(header, f"{arch}.attention.value_length_mla")),
+        has_kv_cache=arch not in NO_KV_ARCHES,
+        recurrent_layers=recurrent_layers(header, arch, kv_heads),
+        n_embd_r=n_embd_r,
+        n_embd_s=n_embd_s,
+        weights_by_kind=kinds,
+    )  # fmt: skip
     file_type = header.get("general.file_type")
     return GGUFFacts(
         path=path,
         architecture=arch,
         name=str(header.get("general.name", path.stem)),
         file_type=int(file_type) if isinstance(file_type, int) else None,
+        quant=quant_name(file_type, header.tensors),
         is_projector=arch in PROJECTOR_ARCHES,
         is_embedding=arch in EMBEDDING_ARCHES or f"{arch}.pooling_type" in header.fields,
         shape=shape,
+        expert_count=_int(header, f"{arch}.expert_count"),
+        expert_used_count=_int(header, f"{arch}.expert_used_count"),
+        bytes_by_layer=per_layer,
+        unknown_architecture=n_layer == 0,
     )
 
 
