@@ -24,6 +24,9 @@ READY_POLL_S = (
     0.01  # readiness is seen within ~10 ms of /health turning 200 (bench/load_to_ready.py)
 )
 TAIL_LINES = 30
+READ_CHUNK = 64 * 1024
+MAX_LOG_BYTES = 16 * 1024 * 1024  # per child log file; one rotated copy is kept
+MAX_LOAD_SECTION = 4 * 1024 * 1024
 
 
 class ChildExited(RuntimeError):
@@ -64,6 +67,36 @@ def read_tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
     return list(deque((ln for ln in text.splitlines() if ln.strip()), maxlen=lines))
 
 
+class _LogPump:
+    """Copies the child's output into its log file, rotating it past ``MAX_LOG_BYTES``
+    (one ``.1`` kept), so an engine at -lv 4 cannot fill the disk. The load section (all
+    output before readiness) stays readable by :meth:`Child.load_log`."""
+
+    def __init__(self, path: Path, header: bytes) -> None:
+        self.path = path
+        self.file = path.open("ab", buffering=0)
+        self.file.write(header)
+        self.written = len(header)
+        self.load_section = bytearray(header)
+        self.loading = True
+
+    async def run(self, stream: asyncio.StreamReader) -> None:
+        while data := await stream.read(READ_CHUNK):
+            if self.loading and len(self.load_section) < MAX_LOAD_SECTION:
+                self.load_section += data
+            try:
+                if self.written + len(data) > MAX_LOG_BYTES:
+                    self.file.close()
+                    os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                    self.file = self.path.open("ab", buffering=0)
+                    self.written = 0
+                self.file.write(data)
+                self.written += len(data)
+            except OSError:  # a full disk loses log lines, never the child or the call
+                continue
+        self.file.close()
+
+
 class Child:
     def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
         self.argv = argv
@@ -73,6 +106,8 @@ class Child:
         self.pool = EnginePool("127.0.0.1", port)
         self.proc: asyncio.subprocess.Process | None = None
         self.started_at = 0.0
+        self._pump: _LogPump | None = None
+        self._pump_task: asyncio.Task[None] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -85,20 +120,24 @@ class Child:
     def tail(self, lines: int = TAIL_LINES) -> list[str]:
         return read_tail(self.log_path, lines)
 
+    def load_log(self) -> str:
+        """Everything the child printed until it was ready (its buffer sizes, at -lv 4)."""
+        return bytes(self._pump.load_section).decode("utf-8", "replace") if self._pump else ""
+
     async def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log_file:
-            log_file.write(f"$ {' '.join(self.argv)}\n".encode())
-            log_file.flush()
-            self.started_at = time.monotonic()
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,  # only calls prctl
-            )
+        self._pump = _LogPump(self.log_path, f"$ {' '.join(self.argv)}\n".encode())
+        self.started_at = time.monotonic()
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # only calls prctl
+        )
+        assert self.proc.stdout is not None
+        self._pump_task = asyncio.get_running_loop().create_task(self._pump.run(self.proc.stdout))
 
     async def wait_ready(self, limit_s: float) -> float:
         """Poll /health until 200; returns seconds from launch. Raises if the child dies."""
@@ -106,10 +145,15 @@ class Child:
         deadline = time.monotonic() + limit_s
         while True:
             if self.proc.returncode is not None:
+                if self._pump_task is not None:  # let the last lines reach the file first
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(asyncio.shield(self._pump_task), 2)
                 raise ChildExited(self.proc.returncode, self.tail())
             with contextlib.suppress(EngineConnectionError, TimeoutError):
                 status, _ = await asyncio.wait_for(self.pool.get("/health"), 1.0)
                 if status == 200:
+                    if self._pump is not None:
+                        self._pump.loading = False
                     return time.monotonic() - self.started_at
             if time.monotonic() > deadline:
                 raise ChildTimeout(limit_s, self.tail())
@@ -134,6 +178,9 @@ class Child:
         # the leader is gone; make sure nothing it forked lingers in the group
         self._signal_group(signal.SIGKILL)
         await self.pool.aclose()
+        if self._pump_task is not None:  # the pipe is closed now: the pump drains and ends
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._pump_task, 5)
         return self.proc.returncode
 
     def kill_now(self) -> None:

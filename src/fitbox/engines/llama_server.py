@@ -158,6 +158,8 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv.append("--embeddings")
     if engine.has("--no-webui"):
         argv.append("--no-webui")
+    if engine.has("--verbosity"):
+        argv += ["--verbosity", "4"]  # libllama's buffer sizes are printed at trace level
     if engine.has("--log-colors"):
         argv += ["--log-colors", "off"]
     return argv
