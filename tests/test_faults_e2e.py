@@ -85,7 +85,7 @@ def test_a_call_that_cannot_get_room_in_time_is_a_503_and_the_busy_model_serves_
     root = tmp_path / "models"
     root.mkdir()
     shutil.copy(smollm2, root / smollm2.name)
-    write_tiny_llama(root / "tiny.gguf")
+    write_tiny_llama(root / "tiny.gguf", extra_vocab=50_000)  # see test_serve_e2e.two_models
     shapes = [read_facts(p).shape for p in sorted(root.iterdir())]
     sizes = [sizing.footprint(s, sizing.effective_window(s, 4096), 1).total for s in shapes]
     cap = max(sizes) + min(sizes) // 2

@@ -19,7 +19,16 @@ from pathlib import Path
 
 from fitbox.config import Config
 from fitbox.core import plan, sizing
-from fitbox.core.types import Ask, Device, DeviceKind, Place, Refuse, ResidentState, Snapshot
+from fitbox.core.types import (
+    Ask,
+    Device,
+    DeviceKind,
+    Footprint,
+    Place,
+    Refuse,
+    ResidentState,
+    Snapshot,
+)
 from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
 from fitbox.engines.http1 import EnginePool
 from fitbox.engines.llama_server import (
@@ -30,12 +39,15 @@ from fitbox.engines.llama_server import (
     find_binary,
     inspect,
 )
+from fitbox.engines.load_log import parse_load_log
 from fitbox.errors import DoesNotFit, EngineFailed, ModelBusy, ShuttingDown
 from fitbox.models.catalog import Artifact, Catalog
 from fitbox.probe.gpus import GpuProbe
 from fitbox.probe.host import read_host
+from fitbox.store.db import MeasuredFootprint, Store
 from fitbox.units import format_bytes
 
+from .pricing import Contract, MeasuredKey, measurement, price
 from .resident import Resident
 
 log = logging.getLogger(__name__)
@@ -64,10 +76,16 @@ class Lease:
 
 
 class Box:
-    def __init__(self, config: Config, catalog: Catalog, gpus: GpuProbe) -> None:
+    def __init__(
+        self, config: Config, catalog: Catalog, gpus: GpuProbe, store: Store | None = None
+    ) -> None:
         self.config = config
         self.catalog = catalog
         self.gpus = gpus
+        self.store = store
+        self._measured: dict[MeasuredKey, MeasuredFootprint] = {
+            m.key: m for m in (store.measured_footprints() if store else [])
+        }
         self._residents: dict[str, Resident] = {}
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
@@ -136,7 +154,14 @@ class Box:
         resident.last_used = time.monotonic()
         self._notify()
 
-    async def acquire(self, name: str) -> Lease:
+    def contract_for(self, artifact: Artifact) -> Contract:
+        window = sizing.effective_window(artifact.facts.shape, self.config.ctx)
+        return Contract(window=window, parallel=self.config.parallel)
+
+    def price(self, artifact: Artifact, contract: Contract) -> tuple[Ask, dict[str, str]]:
+        return price(artifact, contract, self.devices(), self._measured)
+
+    async def acquire(self, name: str, call_id: int | None = None) -> Lease:
         """Find or load the model ``name`` and hold it for one call."""
         if self._closing:
             raise ShuttingDown("fitbox is shutting down; retry against the restarted service")
@@ -145,7 +170,7 @@ class Box:
         lease: Lease | None = None
         while lease is None:
             async with self._lock:
-                lease, blockers = self._decide(artifact)
+                lease, blockers = self._decide(artifact, call_id)
                 changed = self._changed
             if lease is None:
                 remaining = deadline - time.monotonic()
@@ -167,7 +192,7 @@ class Box:
             raise
         return lease
 
-    def _decide(self, artifact: Artifact) -> tuple[Lease | None, list[str]]:
+    def _decide(self, artifact: Artifact, call_id: int | None) -> tuple[Lease | None, list[str]]:
         """Under the lock: join a resident, place a new one, or say who blocks."""
         existing = self._residents.get(artifact.key)
         if existing is not None:
@@ -177,10 +202,10 @@ class Box:
             existing.last_used = time.monotonic()
             return Lease(existing, self), []
 
-        shape = artifact.facts.shape
-        window = sizing.effective_window(shape, self.config.ctx)
-        footprint = sizing.footprint(shape, window, self.config.parallel)
-        decision = plan.decide(self.snapshot(), Ask(artifact.key, footprint))
+        contract = self.contract_for(artifact)
+        window = contract.window
+        ask, basis = self.price(artifact, contract)
+        decision = plan.decide(self.snapshot(), ask)
         if isinstance(decision, Refuse):
             raise DoesNotFit(
                 f"'{artifact.name}' needs {format_bytes(decision.needed)} at a {window}-token "
@@ -204,11 +229,13 @@ class Box:
         resident = Resident(
             artifact=artifact,
             device=decision.device,
-            footprint=footprint,
+            footprint=ask.footprint_on(decision.device),
             window=window,
             parallel=self.config.parallel,
             simulated=device.simulated,
             calls=1,
+            basis=basis.get(decision.device, "estimate"),
+            loaded_by_call=call_id,
         )
         self._residents[artifact.key] = resident
         self._spawn(self._bring_up(resident, victims))
@@ -249,6 +276,7 @@ class Box:
             await child.start()
             resident.load_seconds = await child.wait_ready(self.config.load_timeout)
             resident.ready_at = time.time()
+            self._measure(resident, child)
             resident.state = ResidentState.READY
             log.info(
                 "%s ready on port %d in %.2f s", resident.artifact.name, port, resident.load_seconds
@@ -259,6 +287,41 @@ class Box:
             await self._fail(resident, exc)
         finally:
             self._notify()
+
+    def _measure(self, resident: Resident, child: Child) -> None:
+        """Read what the engine allocated; it replaces the estimate, now and next time."""
+        contract = Contract(window=resident.window, parallel=resident.parallel)
+        report = parse_load_log(child.load_log())
+        measured = measurement(
+            report,
+            resident.artifact,
+            resident.device,
+            contract,
+            resident.load_seconds,
+            resident.loaded_by_call,
+            time.time(),
+        )
+        if measured is None:
+            log.warning(
+                "%s: no buffer sizes in its load log; keeping the estimate", resident.artifact.name
+            )
+            return
+        estimate = resident.footprint.total
+        resident.footprint = Footprint(
+            measured.weights, measured.kv, measured.compute, measured.output
+        )
+        resident.basis = "measured"
+        self._measured[measured.key] = measured
+        if self.store is not None:
+            self.store.footprint_measured(measured)
+        error = (estimate - resident.footprint.total) / max(resident.footprint.total, 1)
+        log.info(
+            "%s measured %s on %s (the estimate was %+.1f%%)",
+            resident.artifact.name,
+            format_bytes(resident.footprint.total),
+            resident.device,
+            error * 100,
+        )
 
     async def _fail(self, resident: Resident, exc: Exception) -> None:
         if isinstance(exc, EngineFailed):

@@ -35,6 +35,8 @@ class Resident:
     ready_at: float | None = None
     load_seconds: float | None = None
     ready: asyncio.Future[None] = field(default_factory=_quiet_future)
+    basis: str = "estimate"  # or "measured": where ``footprint`` came from
+    loaded_by_call: int | None = None
 
     @property
     def key(self) -> str:
@@ -58,6 +60,7 @@ class Resident:
             "device": self.device,
             "simulated": self.simulated,
             "bytes": self.footprint.total,
+            "basis": self.basis,
             "footprint": {
                 "weights": self.footprint.weights,
                 "kv": self.footprint.kv,

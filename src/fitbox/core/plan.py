@@ -37,17 +37,23 @@ def _evictable(resident: ResidentView) -> bool:
 
 
 def decide(snapshot: Snapshot, ask: Ask) -> Decision:
-    need = ask.footprint.total
+    """Where ``ask`` goes. A device's own measured footprint, when the ask carries one,
+    is what it needs there; otherwise the estimate."""
     devices = sorted((d for d in snapshot.devices if d.kind in ask.kinds), key=_device_order)
-    feasible = [d for d in devices if d.capacity >= need]
+    feasible = [d for d in devices if d.capacity >= ask.footprint_on(d.id).total]
     if not feasible:
-        largest = max((d.capacity for d in devices), default=0)
-        return Refuse(RefuseReason.LARGER_THAN_BOX, needed=need, available=largest)
+        largest = max(devices, key=lambda d: d.capacity, default=None)
+        needed = ask.footprint_on(largest.id).total if largest else ask.footprint.total
+        return Refuse(
+            RefuseReason.LARGER_THAN_BOX, needed=needed,
+            available=largest.capacity if largest else 0,
+        )  # fmt: skip
 
     options: list[tuple[int, int, Place]] = []
     blockers: set[str] = set()
     best_available = 0
     for order, device in enumerate(feasible):
+        need = ask.footprint_on(device.id).total
         on_device = [r for r in snapshot.residents if r.device == device.id]
         free = device.capacity - sum(r.bytes for r in on_device)
         if need <= free:
@@ -71,6 +77,6 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
     return Wait(
         WaitReason.BUSY_RESIDENTS,
         blockers=tuple(sorted(blockers)),
-        needed=need,
+        needed=min(ask.footprint_on(d.id).total for d in feasible),
         available=best_available,
     )

@@ -62,8 +62,15 @@ class Footprint:
 @dataclass(frozen=True)
 class Ask:
     key: str
-    footprint: Footprint
+    footprint: Footprint  # the estimate, for any device without a figure of its own
     kinds: tuple[DeviceKind, ...] = (DeviceKind.GPU, DeviceKind.HOST)
+    measured: tuple[tuple[str, Footprint], ...] = ()  # (device id, what a load there took)
+
+    def footprint_on(self, device: str) -> Footprint:
+        for device_id, footprint in self.measured:
+            if device_id == device:
+                return footprint
+        return self.footprint
 
 
 class VictimReason(StrEnum):

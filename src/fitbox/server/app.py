@@ -31,7 +31,7 @@ def create_app(config: Config) -> Starlette:
         for gpu in gpus.read():
             label = " (SIMULATED)" if gpu.simulated else ""
             log.info("GPU %d: %s, %d MiB%s", gpu.index, gpu.name, gpu.total >> 20, label)
-        box = Box(config, catalog, gpus)
+        box = Box(config, catalog, gpus, store)
         async with anyio.create_task_group():
             pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
         app.state.config, app.state.store, app.state.box = config, store, box

@@ -93,7 +93,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
         )
     )
     try:
-        lease = await box.acquire(body["model"])
+        lease = await box.acquire(body["model"], call_id=call_id)
     except FitboxError as exc:
         _failed(store, call_id, exc)
         raise

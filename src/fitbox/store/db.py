@@ -59,6 +59,53 @@ class CallStart:
     received_at: float
 
 
+@dataclass(frozen=True)
+class MeasuredFootprint:
+    """What one load really allocated (from the engine's load log)."""
+
+    artifact: str
+    artifact_size: int
+    artifact_mtime_ns: int
+    device: str
+    window: int
+    parallel: int
+    type_k: str
+    type_v: str
+    weights: int
+    kv: int
+    compute: int
+    output: int
+    n_ctx: int | None = None
+    n_ctx_seq: int | None = None
+    load_seconds: float | None = None
+    call_id: int | None = None
+    measured_at: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, int, int, str, int, int, str, str]:
+        return (self.artifact, self.artifact_size, self.artifact_mtime_ns, self.device,
+                self.window, self.parallel, self.type_k, self.type_v)  # fmt: skip
+
+
+def _latest_measurements(conn: sqlite3.Connection) -> list[MeasuredFootprint]:
+    rows = conn.execute(
+        "SELECT * FROM measured_footprints WHERE id IN (SELECT MAX(id) FROM measured_footprints"
+        " GROUP BY artifact, artifact_size, artifact_mtime_ns, device, window, parallel,"
+        " type_k, type_v)"
+    )
+    return [
+        MeasuredFootprint(
+            artifact=r["artifact"], artifact_size=r["artifact_size"],
+            artifact_mtime_ns=r["artifact_mtime_ns"], device=r["device"], window=r["window"],
+            parallel=r["parallel"], type_k=r["type_k"], type_v=r["type_v"],
+            weights=r["weights_bytes"], kv=r["kv_bytes"], compute=r["compute_bytes"],
+            output=r["output_bytes"], n_ctx=r["n_ctx"], n_ctx_seq=r["n_ctx_seq"],
+            load_seconds=r["load_seconds"], call_id=r["call_id"], measured_at=r["measured_at"],
+        )
+        for r in rows
+    ]  # fmt: skip
+
+
 Job = Callable[[sqlite3.Connection], Any]
 
 
@@ -166,6 +213,30 @@ class Store:
         sql = f"UPDATE call_log SET {assignments} WHERE id = ?"  # noqa: S608 - whitelisted
         params = (*values.values(), call_id)
         self._submit(lambda conn: conn.execute(sql, params))
+
+    def footprint_measured(self, measured: MeasuredFootprint) -> None:
+        m = measured
+        self._submit(
+            lambda conn: conn.execute(
+                "INSERT INTO measured_footprints (artifact, artifact_size, artifact_mtime_ns, "
+                "device, window, parallel, type_k, type_v, weights_bytes, kv_bytes, "
+                "compute_bytes, output_bytes, n_ctx, n_ctx_seq, load_seconds, call_id, "
+                "measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.device, m.window,
+                 m.parallel, m.type_k, m.type_v, m.weights, m.kv, m.compute, m.output,
+                 m.n_ctx, m.n_ctx_seq, m.load_seconds, m.call_id, m.measured_at),
+            )
+        )  # fmt: skip
+
+    def measured_footprints(self) -> list[MeasuredFootprint]:
+        """The newest measurement of every placement key (read once, at start)."""
+        future = self._submit(_latest_measurements, wait=True)
+        assert future is not None
+        try:
+            result: list[MeasuredFootprint] = future.result(timeout=30)
+        except sqlite3.Error:
+            return []
+        return result
 
     async def recent_calls(self, limit: int = 100) -> list[dict[str, Any]]:
         def select(conn: sqlite3.Connection) -> list[dict[str, Any]]:
