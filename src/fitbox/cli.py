@@ -56,6 +56,16 @@ def _parser() -> argparse.ArgumentParser:
     _add_catalog_options(models)
     models.add_argument("--json", action="store_true")
 
+    plan = sub.add_parser(
+        "plan", help="what fitbox would load for a model, and where, without loading it"
+    )
+    plan.add_argument("model")
+    plan.add_argument("--ctx", type=int, help="window (default: the ctx setting)")
+    plan.add_argument("--parallel", type=int, help="slots (default: the parallel setting)")
+    plan.add_argument("--kv", default="f16", help="K and V cache type (default f16)")
+    plan.add_argument("--json", action="store_true")
+    _add_catalog_options(plan)
+
     pull = sub.add_parser("pull", help="fetch a real GGUF into the model store")
     pull.add_argument(
         "source",
@@ -84,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return list_models(config, args.json)
     if args.command == "pull":
         return pull_model(config, args)
+    if args.command == "plan":
+        return plan_model(config, args)
     return 2
 
 
@@ -199,4 +211,77 @@ def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
         print(file=sys.stderr)
     check = "sha256 verified" if is_verified(spec, args.sha256) else "no --sha256: not verified"
     print(f"{path} ({format_bytes(path.stat().st_size)}, {check})")
+    return 0
+
+
+def _plan_from_service(config: settings.Config, args: argparse.Namespace) -> dict[str, Any] | None:
+    """Ask the running fitbox (it knows what is resident); None when none answers."""
+    import httpx
+
+    endpoint = config.home / "endpoint.json"
+    if not endpoint.exists():
+        return None
+    try:
+        url = json.loads(endpoint.read_text())["url"]
+        params = {"model": args.model, "kv": args.kv}
+        params.update({k: str(v) for k, v in (("ctx", args.ctx), ("parallel", args.parallel)) if v})
+        response = httpx.get(f"{url}/v1/plan", params=params, timeout=10)
+    except (OSError, ValueError, KeyError, httpx.HTTPError):
+        return None
+    body: dict[str, Any] = response.json()
+    body["source"] = f"the running fitbox at {url}"
+    return body
+
+
+def plan_model(config: settings.Config, args: argparse.Namespace) -> int:
+    from fitbox.box.box import Box
+    from fitbox.errors import FitboxError
+    from fitbox.models.catalog import Catalog
+    from fitbox.probe.gpus import open_gpu_probe
+    from fitbox.store.db import read_measured
+
+    report = _plan_from_service(config, args)
+    if report is None:
+        box = Box(
+            config,
+            Catalog(config.models, config.aliases),
+            open_gpu_probe(config.simulated_gpus),
+            measured=read_measured(config.store_path),
+        )
+        try:
+            report = box.plan_for(args.model, args.ctx, args.parallel, args.kv)
+        except FitboxError as exc:
+            report = exc.body()
+        report["source"] = "offline: no fitbox answering, so nothing counts as resident"
+    if "error" in report:
+        print(f"fitbox plan: {report['error']['message']}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    row = report["devices"][0]
+    simulated = any(d["simulated"] for d in report["box"] if d["device"] == row["device"])
+    print(
+        f"{report['model']} ({report['architecture']}, {report['quant']}): "
+        f"{report['decision']} on {row['device']}{' (SIMULATED)' if simulated else ''}, "
+        f"{report['basis']}"
+    )
+    print(
+        f"  window {report['window']} x {report['parallel']} slot(s), "
+        f"K {report['type_k']} / V {report['type_v']}"
+    )
+    print(
+        f"  weights {format_bytes(row['weights_bytes'])} + kv {format_bytes(row['kv_bytes'])}"
+        f" + compute {format_bytes(row['compute_bytes'])} + output "
+        f"{format_bytes(row['output_bytes'])} = {format_bytes(row['total_bytes'])}"
+    )
+    for key in ("victims", "blockers"):
+        if report.get(key):
+            print(f"  {key}: {', '.join(report[key])}")
+    if report["decision"] == "refuse":
+        print(
+            f"  needs {format_bytes(report['needed_bytes'])}, the largest place holds "
+            f"{format_bytes(report['available_bytes'])}"
+        )
+    print(f"  ({report['source']})")
     return 0

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fitbox.config import Config
 from fitbox.core import plan, sizing
@@ -40,14 +41,14 @@ from fitbox.engines.llama_server import (
     inspect,
 )
 from fitbox.engines.load_log import parse_load_log
-from fitbox.errors import DoesNotFit, EngineFailed, ModelBusy, ShuttingDown
+from fitbox.errors import DoesNotFit, EngineFailed, InvalidRequest, ModelBusy, ShuttingDown
 from fitbox.models.catalog import Artifact, Catalog
 from fitbox.probe.gpus import GpuProbe
 from fitbox.probe.host import read_host
 from fitbox.store.db import MeasuredFootprint, Store
 from fitbox.units import format_bytes
 
-from .pricing import Contract, MeasuredKey, measurement, price
+from .pricing import Contract, MeasuredKey, footprint_row, measurement, price
 from .resident import Resident
 
 log = logging.getLogger(__name__)
@@ -77,15 +78,20 @@ class Lease:
 
 class Box:
     def __init__(
-        self, config: Config, catalog: Catalog, gpus: GpuProbe, store: Store | None = None
+        self,
+        config: Config,
+        catalog: Catalog,
+        gpus: GpuProbe,
+        store: Store | None = None,
+        measured: list[MeasuredFootprint] | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog
         self.gpus = gpus
         self.store = store
-        self._measured: dict[MeasuredKey, MeasuredFootprint] = {
-            m.key: m for m in (store.measured_footprints() if store else [])
-        }
+        if measured is None:
+            measured = store.measured_footprints() if store else []
+        self._measured: dict[MeasuredKey, MeasuredFootprint] = {m.key: m for m in measured}
         self._residents: dict[str, Resident] = {}
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
@@ -160,6 +166,63 @@ class Box:
 
     def price(self, artifact: Artifact, contract: Contract) -> tuple[Ask, dict[str, str]]:
         return price(artifact, contract, self.devices(), self._measured)
+
+    def plan_for(
+        self,
+        name: str,
+        ctx: int | None = None,
+        parallel: int | None = None,
+        kv: str = "f16",
+    ) -> dict[str, Any]:
+        """What the box would do for ``name`` now, without doing it (``fitbox plan``)."""
+        artifact = self.catalog.resolve(name)
+        shape = artifact.facts.shape
+        contract = Contract(
+            window=sizing.effective_window(shape, ctx or self.config.ctx),
+            parallel=parallel or self.config.parallel, type_k=kv, type_v=kv,
+        )  # fmt: skip
+        problem = sizing.kv_type_problem(shape, kv, kv, flash_attn=True)
+        if problem:
+            raise InvalidRequest(
+                f"'{artifact.name}' cannot use a {kv} cache: {problem}", param="kv"
+            )
+        ask, basis = self.price(artifact, contract)
+        snapshot = self.snapshot()
+        decision = plan.decide(snapshot, ask)
+        names = {r.key: r.artifact.name for r in self._residents.values()}
+        if isinstance(decision, Place):
+            device, outcome = decision.device, "place"
+            extra: dict[str, Any] = {"victims": [names.get(v.key, v.key) for v in decision.victims]}
+        elif isinstance(decision, Refuse):
+            device = max(snapshot.devices, key=lambda d: d.capacity).id
+            outcome = "refuse"
+            extra = {
+                "reason": decision.reason.value,
+                "needed_bytes": decision.needed,
+                "available_bytes": decision.available,
+            }
+        else:
+            device = next(d.id for d in snapshot.devices)
+            outcome = "wait"
+            extra = {
+                "reason": decision.reason.value,
+                "blockers": [names.get(k, k) for k in decision.blockers],
+            }
+        held = {d.id: 0 for d in snapshot.devices}
+        for r in snapshot.residents:
+            held[r.device] = held.get(r.device, 0) + r.bytes
+        return {
+            "model": artifact.name, "artifact": str(artifact.path),
+            "architecture": artifact.facts.architecture, "quant": artifact.facts.quant,
+            "window": contract.window, "parallel": contract.parallel,
+            "type_k": contract.type_k, "type_v": contract.type_v,
+            "decision": outcome, "device": device, "basis": basis.get(device, "estimate"),
+            "devices": [footprint_row(device, ask.footprint_on(device))],
+            "box": [{"device": d.id, "capacity_bytes": d.capacity,
+                     "free_bytes": d.capacity - held.get(d.id, 0), "simulated": d.simulated}
+                    for d in snapshot.devices],
+            **extra,
+        }  # fmt: skip
 
     async def acquire(self, name: str, call_id: int | None = None) -> Lease:
         """Find or load the model ``name`` and hold it for one call."""

@@ -77,3 +77,14 @@ def measurement(
         output=kinds.get("output", 0), n_ctx=report.n_ctx, n_ctx_seq=report.n_ctx_seq,
         load_seconds=load_seconds, call_id=call_id, measured_at=now,
     )  # fmt: skip
+
+
+def footprint_row(device: str, footprint: Footprint) -> dict[str, int | str]:
+    return {
+        "device": device,
+        "weights_bytes": footprint.weights,
+        "kv_bytes": footprint.kv,
+        "compute_bytes": footprint.compute,
+        "output_bytes": footprint.output,
+        "total_bytes": footprint.total,
+    }

@@ -16,7 +16,7 @@ from fitbox.config import Config
 from fitbox.errors import FitboxError
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import open_gpu_probe
-from fitbox.server import errors, openai
+from fitbox.server import errors, manage, openai
 from fitbox.store.db import Store
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ def create_app(config: Config) -> Starlette:
     routes = [
         Route("/health", openai.health, methods=["GET"]),
         Route("/v1/models", openai.list_models, methods=["GET"]),
+        Route("/v1/plan", manage.plan, methods=["GET"]),
         Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai.completions, methods=["POST"]),
         Route("/v1/embeddings", openai.embeddings, methods=["POST"]),

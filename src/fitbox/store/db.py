@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import sqlite3
@@ -104,6 +105,19 @@ def _latest_measurements(conn: sqlite3.Connection) -> list[MeasuredFootprint]:
         )
         for r in rows
     ]  # fmt: skip
+
+
+def read_measured(path: Path) -> list[MeasuredFootprint]:
+    """Measurements from a store file, read-only and without migrating or touching it (for
+    commands that run beside a live service)."""
+    if not path.exists():
+        return []
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as conn:
+            conn.row_factory = sqlite3.Row
+            return _latest_measurements(conn)
+    except sqlite3.Error:
+        return []
 
 
 Job = Callable[[sqlite3.Connection], Any]

@@ -1,0 +1,74 @@
+"""`fitbox plan` and GET /v1/plan: estimate first, measurement after a real load, and the
+measurement kept in the store for the next fitbox (read without a running service)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import running_fitbox
+
+pytestmark = pytest.mark.engine
+SMOL = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def plan_cli(home: Path, models: Path, *args: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", "fitbox", "plan", *args, "--json", "--home", str(home),
+         "--models", str(models)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+def test_a_measured_load_turns_the_plan_from_estimate_to_measured(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    home, models = tmp_path / "home", smollm2.parent
+    before = plan_cli(home, models, "smollm2")
+    assert (before["basis"], before["decision"], before["device"]) == ("estimate", "place", "host")
+    assert "offline" in before["source"]
+    with running_fitbox(home, [models]) as box:
+        served = plan_cli(home, models, "smollm2")
+        assert served["basis"] == "estimate" and "running fitbox" in served["source"]
+        reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=60, json={
+            "model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2})  # fmt: skip
+        assert reply.status_code == 200
+        after = httpx.get(f"{box.url}/v1/plan", params={"model": "smollm2"}).json()
+        assert after["basis"] == "measured"
+        row = after["devices"][0]
+        assert row["kv_bytes"] == before["devices"][0]["kv_bytes"] == 94_371_840  # exact
+        assert abs(row["weights_bytes"] - 96_576_768) < 0.01 * 2**20  # printed in 0.01 MiB
+        assert row["compute_bytes"] < before["devices"][0]["compute_bytes"]  # the allowance
+        calls = box.calls()
+    offline = plan_cli(home, models, "smollm2")
+    assert offline["basis"] == "measured" and "offline" in offline["source"]
+    import sqlite3
+
+    with sqlite3.connect(home / "fitbox.sqlite3") as conn:
+        (call_id,) = conn.execute("SELECT call_id FROM measured_footprints").fetchone()
+    assert call_id == calls[0]["id"]  # the measurement points at the call that loaded it
+
+
+def test_plan_refuses_with_numbers_and_rejects_bad_input(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    with running_fitbox(tmp_path / "home", [smollm2.parent], "--ram-max", "64MiB") as box:
+        refused = httpx.get(f"{box.url}/v1/plan", params={"model": "smollm2"}).json()
+        assert refused["decision"] == "refuse" and refused["available_bytes"] == 64 << 20
+        assert refused["needed_bytes"] == refused["devices"][0]["total_bytes"]
+        for params in ({}, {"model": "smollm2", "ctx": "-1"}, {"model": "smollm2", "kv": "q9"}):
+            response = httpx.get(f"{box.url}/v1/plan", params=params)
+            assert response.status_code == 400, params
+            assert set(response.json()["error"]) == {"message", "type", "code", "param"}
+        missing = httpx.get(f"{box.url}/v1/plan", params={"model": "nope"})
+        assert missing.status_code == 404
