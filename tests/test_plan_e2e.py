@@ -48,7 +48,9 @@ def test_a_measured_load_turns_the_plan_from_estimate_to_measured(
         row = after["devices"][0]
         assert row["kv_bytes"] == before["devices"][0]["kv_bytes"] == 94_371_840  # exact
         assert abs(row["weights_bytes"] - 96_576_768) < 0.01 * 2**20  # printed in 0.01 MiB
-        assert row["compute_bytes"] < before["devices"][0]["compute_bytes"]  # the allowance
+        estimated = before["devices"][0]["compute_bytes"]
+        assert row["compute_bytes"] != estimated  # the engine's own figure, not ours
+        assert abs(row["compute_bytes"] - estimated) < 0.10 * estimated
         calls = box.calls()
     offline = plan_cli(home, models, "smollm2")
     assert offline["basis"] == "measured" and "offline" in offline["source"]

@@ -13,7 +13,11 @@ KV_PAD = 256  # llama-context.cpp: n_ctx = GGML_PAD(n_ctx, 256); the SWA cache i
 DEFAULT_UBATCH = 512  # common.h: n_ubatch default
 F16_BYTES = 2
 F32_BYTES = 4
-ACTIVATION_BYTES_PER_EMBD = 64  # fitted to measured CPU compute buffers, FORMULAS.md
+# Compute buffer per ubatch token, in f32 values: 5 x n_embd + 3 x n_ff + a few, fitted to
+# the engine's own CPU compute buffers across dense, GQA, SWA and MoE models (FORMULAS.md).
+COMPUTE_PER_EMBD = 5
+COMPUTE_PER_FF = 3
+COMPUTE_EXTRA = 16
 
 # Every cache type llama-server accepts (-ctk/-ctv): (block size, bytes per block), from
 # ggml/src/ggml-common.h block structs and ggml.c type_traits.
@@ -53,6 +57,8 @@ class ModelShape:
     recurrent_layers: tuple[bool, ...] = ()
     n_embd_r: int = 0  # per recurrent layer and sequence, f32 elements (llama-hparams.cpp)
     n_embd_s: int = 0
+    n_ff: int = 0  # the widest FFN a token passes: dense, shared, or experts used x width
+    ssm_values: int = 0  # extra f32 values per ubatch token in SSM layers (Mamba scans)
     weights_by_kind: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
 
     def is_swa(self, il: int) -> bool:
@@ -165,11 +171,25 @@ def output_bytes(shape: ModelShape, parallel: int) -> int:
     return shape.n_vocab * F32_BYTES * max(parallel, 1)
 
 
+def ubatch(window: int) -> int:
+    """llama-context.cpp: n_batch = min(n_ctx, 2048); n_ubatch = min(n_batch, 512)."""
+    return min(DEFAULT_UBATCH, pad(window), 2048)
+
+
 def compute_bytes(shape: ModelShape, window: int, parallel: int, unified: bool = False) -> int:
-    """First-cut allowance for the compute buffer (FORMULAS.md §Compute): per ubatch token,
-    the f16 KQ mask over the KV cells plus an activation allowance of 64 bytes per n_embd."""
-    cells, _ = kv_cells(window, parallel, unified)
-    return DEFAULT_UBATCH * (F16_BYTES * cells + ACTIVATION_BYTES_PER_EMBD * shape.n_embd)
+    """The compute buffer with flash attention (FORMULAS.md §Compute): per ubatch token, an
+    f16 KQ mask over each cache's cells plus the widest activations of a layer."""
+    kv = kv_bytes(shape, window, parallel, unified=unified)
+    attends = [
+        il
+        for il in range(shape.n_layer)
+        if shape.has_kv_cache and shape.kv_heads[il] and not shape.is_recurrent(il)
+    ]
+    full = any(not shape.is_swa(il) for il in attends)
+    mask_cells = (kv.full_cells if full else 0) + (kv.swa_cells if attends else 0)
+    values = (COMPUTE_PER_EMBD * shape.n_embd + COMPUTE_PER_FF * shape.n_ff + COMPUTE_EXTRA
+              + shape.ssm_values)  # fmt: skip
+    return ubatch(window) * (F16_BYTES * mask_cells + F32_BYTES * values)
 
 
 def footprint(

@@ -128,6 +128,19 @@ def recurrent_widths(header: GGUFHeader, arch: str, n_embd: int) -> tuple[int, i
     return n_conv, d_state * d_inner
 
 
+def ssm_values(header: GGUFHeader, arch: str) -> int:
+    """Mamba-style scans hold ~3 x d_inner + 2 x groups x d_state + dt_rank f32 values per
+    token beyond a transformer layer (fitted on a Mamba-2 hybrid, FORMULAS.md §Compute)."""
+    d_inner = _int(header, f"{arch}.ssm.inner_size")
+    if not d_inner:
+        return 0
+    return (
+        3 * d_inner
+        + 2 * _int(header, f"{arch}.ssm.group_count") * _int(header, f"{arch}.ssm.state_size")
+        + _int(header, f"{arch}.ssm.time_step_rank")
+    )
+
+
 def tensor_kind(name: str) -> str:
     if _ROUTED.search(name):
         return "routed_experts"
@@ -209,6 +222,13 @@ def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
         recurrent_layers=recurrent_layers(header, arch, kv_heads),
         n_embd_r=n_embd_r,
         n_embd_s=n_embd_s,
+        n_ff=max(
+            max(_per_layer(header, f"{arch}.feed_forward_length", n_layer, 0), default=0),
+            _int(header, f"{arch}.expert_feed_forward_length")
+            * max(_int(header, f"{arch}.expert_used_count"), 1),
+            _int(header, f"{arch}.expert_shared_feed_forward_length"),
+        ),
+        ssm_values=ssm_values(header, arch),
         weights_by_kind=kinds,
     )  # fmt: skip
     file_type = header.get("general.file_type")
