@@ -26,10 +26,15 @@ def test_models_lists_the_catalog_as_text_and_json(tmp_path: Path) -> None:
     text = fitbox("models", "--models", str(root), home=tmp_path)
     assert text.returncode == 0, text.stderr
     assert "tiny (aka small)  llama" in text.stdout and "mmproj" not in text.stdout
+    (root / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00")
     rows = json.loads(fitbox("models", "--json", "--models", str(root), home=tmp_path).stdout)
-    assert [(r["name"], r["aliases"], r["context_length"]) for r in rows] == [
-        ("tiny", ["small"], 512)
+    assert [(r["name"], r.get("aliases"), r.get("context_length")) for r in rows] == [
+        ("tiny", ["small"], 512),
+        (None, None, None),
     ]
+    assert "not a readable GGUF" in rows[1]["rejected"]
+    text = fitbox("models", "--models", str(root), home=tmp_path)
+    assert "not servable:" in text.stderr and "broken.gguf" in text.stderr
 
 
 def test_models_reads_the_default_root_under_the_home(tmp_path: Path) -> None:

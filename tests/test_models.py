@@ -12,7 +12,7 @@ from gguf import GGUFReader
 
 from fitbox.errors import ModelNotFound
 from fitbox.models import catalog as catalog_module
-from fitbox.models.catalog import Artifact, Catalog, discover
+from fitbox.models.catalog import Artifact, Catalog, discover, scan
 from fitbox.models.gguf_facts import read_facts
 from fitbox.models.gguf_header import NotGGUF, read_header
 
@@ -63,6 +63,23 @@ def test_discovery_goes_by_magic_not_name(tmp_path: Path) -> None:
     write_tiny_llama(tmp_path / "half.gguf.part")
     names = [a.name for a in discover([tmp_path])]
     assert names == ["nested", "renamed.bin"]
+
+
+def test_bad_files_get_a_reason_and_never_stop_discovery(tmp_path: Path) -> None:
+    write_tiny_llama(tmp_path / "good.gguf")
+    (tmp_path / "cut.gguf").write_bytes((tmp_path / "good.gguf").read_bytes()[:300])
+    from gguf import GGUFWriter
+
+    odd = GGUFWriter(str(tmp_path / "odd.gguf"), "some-future-arch")
+    odd.write_header_to_file()
+    odd.write_kv_data_to_file()
+    odd.write_tensors_to_file()
+    odd.close()
+    artifacts, rejected = scan([tmp_path])
+    assert [a.name for a in artifacts] == ["good"]
+    reasons = {r.path.name: r.reason for r in rejected}
+    assert "not a readable GGUF" in reasons["cut.gguf"]
+    assert "'some-future-arch' has no block_count" in reasons["odd.gguf"]
 
 
 def test_split_models_are_listed_once_by_their_first_shard(tmp_path: Path) -> None:

@@ -69,8 +69,22 @@ def _model_name(path: Path) -> str | None:
     return stem
 
 
+@dataclass(frozen=True)
+class Rejected:
+    """A file that looks like a model but cannot be served, and why."""
+
+    path: Path
+    reason: str
+
+
 def discover(roots: Iterable[Path]) -> list[Artifact]:
+    return scan(roots)[0]
+
+
+def scan(roots: Iterable[Path]) -> tuple[list[Artifact], list[Rejected]]:
+    """Every servable GGUF under the roots, and every GGUF-looking file that is not."""
     found: dict[str, Artifact] = {}
+    rejected: list[Rejected] = []
     for root in roots:
         if not root.is_dir():
             continue
@@ -81,15 +95,24 @@ def discover(roots: Iterable[Path]) -> list[Artifact]:
             try:
                 facts = read_facts(path)
             except (NotGGUF, OSError) as exc:
-                log.warning("skipping %s: %s", path, exc)
+                rejected.append(Rejected(path, f"not a readable GGUF: {exc}"))
                 continue
             if facts.is_projector:
+                continue
+            if facts.unknown_architecture:
+                rejected.append(
+                    Rejected(
+                        path,
+                        f"architecture {facts.architecture!r} has no "
+                        "block_count: fitbox cannot size it",
+                    )
+                )
                 continue
             if name in found:
                 log.warning("%s: name %r already taken by %s", path, name, found[name].path)
                 continue
             found[name] = Artifact(name=name, path=path, facts=facts)
-    return sorted(found.values(), key=lambda a: a.name)
+    return sorted(found.values(), key=lambda a: a.name), rejected
 
 
 def read_aliases(path: Path) -> dict[str, str]:
@@ -112,6 +135,7 @@ class Catalog:
         self.aliases_file = aliases_file
         self._by_name: dict[str, Artifact] = {}
         self._aliases: dict[str, str] = {}
+        self.rejected: list[Rejected] = []
         self._scanned_at = float("-inf")
         self.refresh()
 
@@ -124,7 +148,8 @@ class Catalog:
         if now - self._scanned_at < max_age:
             return
         self._scanned_at = now
-        self._by_name = {a.name: a for a in discover(self.roots)}
+        artifacts, self.rejected = scan(self.roots)
+        self._by_name = {a.name: a for a in artifacts}
         # what `fitbox pull NAME` fetched answers to NAME; the aliases file may override
         self._aliases = {**builtin_aliases(), **read_aliases(self.aliases_file)}
 

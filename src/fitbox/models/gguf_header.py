@@ -33,6 +33,7 @@ _SCALARS: dict[int, str] = {
     12: "<d",
 }
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 class NotGGUF(ValueError):
@@ -122,9 +123,14 @@ class _Cursor:
     def _skip_array(self, item_type: int, count: int) -> None:
         if item_type in _SCALARS:
             self.pos += struct.calcsize(_SCALARS[item_type]) * count
-        elif item_type == _STRING:
-            for _ in range(count):
-                self.skip_string()
+        elif item_type == _STRING:  # a vocabulary: the hot loop of catalog scans
+            unpack, buf, pos = _U64.unpack_from, self.buf, self.pos
+            try:
+                for _ in range(count):
+                    pos += 8 + unpack(buf, pos)[0]
+            except struct.error as exc:
+                raise NotGGUF(f"string array runs past the end at byte {pos}") from exc
+            self.pos = pos
         else:
             for _ in range(count):
                 self.value(item_type)
