@@ -169,12 +169,14 @@ def list_models(config: settings.Config, as_json: bool) -> int:
         }
         for a in catalog.artifacts()
     ]
-    rejected = [{"name": None, "path": str(r.path), "rejected": r.reason} for r in catalog.rejected]
+    rejected: list[dict[str, Any]] = [
+        {"name": None, "path": str(r.path), "rejected": r.reason} for r in catalog.rejected
+    ]
     if as_json:
         print(json.dumps(rows + rejected, indent=2))
         return 0
-    for row in rejected:
-        print(f"not servable: {row['path']}: {row['rejected']}", file=sys.stderr)
+    for bad in rejected:
+        print(f"not servable: {bad['path']}: {bad['rejected']}", file=sys.stderr)
     if not rows:
         roots = os.pathsep.join(map(str, config.models))
         print(f"no models under {roots}; run 'fitbox pull' to fetch one")
