@@ -16,6 +16,7 @@ from typing import Any
 from gguf.constants import GGMLQuantizationType, LlamaFileType
 
 from fitbox.core.sizing import ModelShape
+from fitbox.core.split import Layout
 from fitbox.models.gguf_header import ArrayLength, GGUFHeader, TensorInfo, read_header
 
 # Architectures whose GGUF files are projectors (vision/audio encoders), never models.
@@ -62,6 +63,7 @@ class GGUFFacts:
     expert_used_count: int = 0
     bytes_by_layer: tuple[int, ...] = field(default=(), compare=False)
     unknown_architecture: bool = False
+    layout: Layout | None = field(default=None, compare=False)
 
 
 def _int(header: GGUFHeader, key: str, default: int = 0) -> int:
@@ -171,6 +173,25 @@ def _bytes_by(
     return kinds, tuple(layers)
 
 
+def layout_of(tensors: tuple[TensorInfo, ...], n_layer: int) -> Layout:
+    """Which bytes are the input layer, each repeating layer (routed experts apart), and the
+    output layer: what llama.cpp places per device (core/split.py)."""
+    layer, routed = [0] * n_layer, [0] * n_layer
+    input_bytes = output_bytes = 0
+    has_output = False
+    for t in tensors:
+        match = _LAYER.match(t.name)
+        if match and int(match.group(1)) < n_layer:
+            target = routed if _ROUTED.search(t.name) else layer
+            target[int(match.group(1))] += t.n_bytes
+        elif t.name.startswith("output"):
+            output_bytes += t.n_bytes
+            has_output = has_output or t.name == "output.weight"
+        else:  # token embeddings and the like: the input layer, always on the CPU
+            input_bytes += t.n_bytes
+    return Layout(tuple(layer), tuple(routed), input_bytes, output_bytes, not has_output)
+
+
 def quant_name(file_type: Any, tensors: tuple[TensorInfo, ...]) -> str:
     if isinstance(file_type, int):
         try:
@@ -245,6 +266,7 @@ def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
         expert_used_count=_int(header, f"{arch}.expert_used_count"),
         bytes_by_layer=per_layer,
         unknown_architecture=n_layer == 0,
+        layout=layout_of(header.tensors, n_layer),
     )
 
 

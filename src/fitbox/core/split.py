@@ -1,0 +1,128 @@
+"""Bytes per device for a placement across GPUs and host RAM. Pure maths.
+
+Mirrors llama.cpp's layer assignment (llama-model.cpp ``load_tensors``): the input layer
+(token embeddings) always stays on the CPU; with ``-ngl N`` the last N of the n_layer + 1
+"layers" (the repeating ones, then the output layer) go to the GPUs, split by the
+cumulative ``-ts`` proportions; everything else is on the CPU. KV and recurrent state
+follow their layer (``--kv-offload``, the default). ``--cpu-moe`` keeps routed experts in
+host RAM. FORMULAS.md §Split has each rule with its source.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from fitbox.core import sizing
+from fitbox.core.types import Footprint
+
+HOST = "host"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a model's weights sit, layer by layer (models/ reads it from the header)."""
+
+    layer_bytes: tuple[int, ...]  # everything of blk.N except routed experts
+    routed_bytes: tuple[int, ...]  # blk.N routed experts (ffn_*_exps)
+    input_bytes: int  # token embeddings: always on the CPU
+    output_bytes: int  # output norm + output matrix
+    output_tied: bool  # no output.weight: the engine duplicates token_embd onto its device
+
+
+@dataclass(frozen=True)
+class Placement:
+    gpus: tuple[str, ...] = ()  # device ids, in the engine's (CUDA) order
+    gpu_layers: int = 0  # -ngl; n_layer + 1 puts every repeating layer and the output on GPU
+    tensor_split: tuple[float, ...] = ()  # -ts proportions; empty means equal shares
+    experts_in_ram: bool = False  # --cpu-moe
+
+
+def layer_devices(n_layer: int, placement: Placement) -> tuple[tuple[str, ...], str]:
+    """(device of each repeating layer, device of the output layer)."""
+    gpus = placement.gpus
+    if not gpus or placement.gpu_layers <= 0:
+        return (HOST,) * n_layer, HOST
+    shares = list(placement.tensor_split) or [1.0] * len(gpus)
+    if len(shares) != len(gpus) or sum(shares) <= 0:
+        raise ValueError("tensor split needs one positive share per GPU")
+    total, cumulative = sum(shares), []
+    running = 0.0
+    for share in shares:
+        running += share
+        cumulative.append(running / total)
+    start = max(n_layer + 1 - placement.gpu_layers, 0)
+    active = min(placement.gpu_layers, n_layer + 1)
+
+    def device(il: int) -> str:
+        if il < start or il - start >= active:
+            return HOST
+        index = bisect.bisect_right(cumulative, (il - start) / active)  # std::upper_bound
+        return gpus[min(index, len(gpus) - 1)]
+
+    return tuple(device(il) for il in range(n_layer)), device(n_layer)
+
+
+def footprint_by_device(
+    shape: sizing.ModelShape,
+    layout: Layout,
+    placement: Placement,
+    window: int,
+    parallel: int,
+    *,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    unified: bool = False,
+) -> dict[str, Footprint]:
+    """Weights, KV (with recurrent state), compute and output bytes on every device used."""
+    window = sizing.effective_window(shape, window)
+    layers, output_device = layer_devices(shape.n_layer, placement)
+    weights: dict[str, int] = {HOST: layout.input_bytes}
+    kv_by: dict[str, int] = {}
+    for il, device in enumerate(layers):
+        weights[device] = weights.get(device, 0) + layout.layer_bytes[il]
+        experts_at = HOST if placement.experts_in_ram else device
+        weights[experts_at] = weights.get(experts_at, 0) + layout.routed_bytes[il]
+        kv_by[device] = kv_by.get(device, 0) + _layer_state(
+            shape, il, window, parallel, type_k, type_v, unified
+        )
+    weights[output_device] = weights.get(output_device, 0) + layout.output_bytes
+    if layout.output_tied and output_device != HOST:
+        weights[output_device] += layout.input_bytes  # TENSOR_DUPLICATED onto the device
+    compute = sizing.compute_bytes(shape, window, parallel, unified)
+    devices = set(weights) | set(kv_by)
+    return {
+        device: Footprint(
+            weights=weights.get(device, 0),
+            kv=kv_by.get(device, 0),
+            # every device that runs layers reserves a graph; the host keeps the logits
+            compute=compute if device in layers or device == output_device else 0,
+            output=sizing.output_bytes(shape, parallel) if device == HOST else 0,
+        )
+        for device in sorted(devices)
+    }
+
+
+def _layer_state(
+    shape: sizing.ModelShape,
+    il: int,
+    window: int,
+    parallel: int,
+    type_k: str,
+    type_v: str,
+    unified: bool,
+) -> int:
+    """KV (or recurrent state) of layer ``il`` alone."""
+    if shape.is_recurrent(il):
+        return (shape.n_embd_r + shape.n_embd_s) * sizing.F32_BYTES * max(1, parallel)
+    heads = shape.kv_heads[il] if il < len(shape.kv_heads) else 0
+    single = sizing.ModelShape(
+        weights_bytes=0, n_layer=1, n_ctx_train=shape.n_ctx_train, n_embd=shape.n_embd,
+        n_vocab=shape.n_vocab, n_head=shape.n_head, kv_heads=(heads,),
+        key_length=shape.key_length, value_length=shape.value_length, n_swa=shape.n_swa,
+        swa_layers=(shape.is_swa(il),), key_length_swa=shape.key_length_swa,
+        value_length_swa=shape.value_length_swa, is_mla=shape.is_mla,
+        has_kv_cache=shape.has_kv_cache,
+    )  # fmt: skip
+    return sizing.kv_bytes(single, window, parallel, type_k=type_k, type_v=type_v,
+                           unified=unified).total  # fmt: skip
