@@ -136,3 +136,21 @@ def test_misses_rescan_at_most_once_a_second(
         with pytest.raises(ModelNotFound):
             catalog.resolve("nope")
     assert len(scans) <= 1
+
+
+def test_facts_survive_a_restart_through_the_cache(tmp_path: Path) -> None:
+    from fitbox.models.facts_cache import FactsCache
+
+    root = tmp_path / "models"
+    root.mkdir()
+    path = write_tiny_llama(root / "tiny.gguf")
+    cache_file = tmp_path / "cache" / "facts.json"
+    first = scan([root], FactsCache(cache_file))[0][0].facts
+    assert cache_file.is_file()
+    second = FactsCache(cache_file).facts(path)  # a new process: read from the cache
+    assert second == first and second.layout == first.layout
+    assert second.shape.weights_by_kind == first.shape.weights_by_kind
+    cache_file.write_text("{not json")  # damaged: ignored, rebuilt
+    assert FactsCache(cache_file).facts(path) == first
+    write_tiny_llama(path, n_layer=3)  # the file changed: read again, not served stale
+    assert FactsCache(cache_file).facts(path).shape.n_layer == 3

@@ -157,7 +157,7 @@ def serve(config: settings.Config, log_level: str) -> int:
 def list_models(config: settings.Config, as_json: bool) -> int:
     from fitbox.models.catalog import Catalog
 
-    catalog = Catalog(config.models, config.aliases)
+    catalog = Catalog(config.models, config.aliases, config.facts_cache)
     rows: list[dict[str, Any]] = [
         {
             "name": a.name,
@@ -249,7 +249,7 @@ def plan_model(config: settings.Config, args: argparse.Namespace) -> int:
     if report is None:
         box = Box(
             config,
-            Catalog(config.models, config.aliases),
+            Catalog(config.models, config.aliases, config.facts_cache),
             open_gpu_probe(config.simulated_gpus),
             measured=read_measured(config.store_path),
         )

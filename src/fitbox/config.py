@@ -152,6 +152,10 @@ class Config:
         return self.home / "fitbox.sqlite3"
 
     @property
+    def facts_cache(self) -> Path:
+        return self.home / "cache" / "gguf-facts.json"
+
+    @property
     def log_dir(self) -> Path:
         return self.home / "logs"
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fitbox.errors import ModelNotFound
-from fitbox.models.gguf_facts import GGUFFacts, read_facts
+from fitbox.models.facts_cache import FactsCache
+from fitbox.models.gguf_facts import GGUFFacts
 from fitbox.models.gguf_header import NotGGUF, has_gguf_magic
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,11 @@ def discover(roots: Iterable[Path]) -> list[Artifact]:
     return scan(roots)[0]
 
 
-def scan(roots: Iterable[Path]) -> tuple[list[Artifact], list[Rejected]]:
+def scan(
+    roots: Iterable[Path], cache: FactsCache | None = None
+) -> tuple[list[Artifact], list[Rejected]]:
     """Every servable GGUF under the roots, and every GGUF-looking file that is not."""
+    cache = cache or FactsCache(None)
     found: dict[str, Artifact] = {}
     rejected: list[Rejected] = []
     for root in roots:
@@ -93,7 +97,7 @@ def scan(roots: Iterable[Path]) -> tuple[list[Artifact], list[Rejected]]:
             if name is None or not has_gguf_magic(path):
                 continue
             try:
-                facts = read_facts(path)
+                facts = cache.facts(path)
             except (NotGGUF, OSError) as exc:
                 rejected.append(Rejected(path, f"not a readable GGUF: {exc}"))
                 continue
@@ -112,6 +116,7 @@ def scan(roots: Iterable[Path]) -> tuple[list[Artifact], list[Rejected]]:
                 log.warning("%s: name %r already taken by %s", path, name, found[name].path)
                 continue
             found[name] = Artifact(name=name, path=path, facts=facts)
+    cache.save()
     return sorted(found.values(), key=lambda a: a.name), rejected
 
 
@@ -130,9 +135,12 @@ def read_aliases(path: Path) -> dict[str, str]:
 class Catalog:
     """Names to artifacts. Rescans the roots when a name is not known yet."""
 
-    def __init__(self, roots: tuple[Path, ...], aliases_file: Path) -> None:
+    def __init__(
+        self, roots: tuple[Path, ...], aliases_file: Path, facts_cache: Path | None = None
+    ) -> None:
         self.roots = roots
         self.aliases_file = aliases_file
+        self._cache = FactsCache(facts_cache)
         self._by_name: dict[str, Artifact] = {}
         self._aliases: dict[str, str] = {}
         self.rejected: list[Rejected] = []
@@ -148,7 +156,7 @@ class Catalog:
         if now - self._scanned_at < max_age:
             return
         self._scanned_at = now
-        artifacts, self.rejected = scan(self.roots)
+        artifacts, self.rejected = scan(self.roots, self._cache)
         self._by_name = {a.name: a for a in artifacts}
         # what `fitbox pull NAME` fetched answers to NAME; the aliases file may override
         self._aliases = {**builtin_aliases(), **read_aliases(self.aliases_file)}

@@ -26,7 +26,7 @@ def create_app(config: Config) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         store = Store(config.store_path)
-        catalog = Catalog(config.models, config.aliases)
+        catalog = Catalog(config.models, config.aliases, config.facts_cache)
         gpus = open_gpu_probe(config.simulated_gpus)
         for gpu in gpus.read():
             label = " (SIMULATED)" if gpu.simulated else ""
