@@ -154,3 +154,28 @@ def test_facts_survive_a_restart_through_the_cache(tmp_path: Path) -> None:
     assert FactsCache(cache_file).facts(path) == first
     write_tiny_llama(path, n_layer=3)  # the file changed: read again, not served stale
     assert FactsCache(cache_file).facts(path).shape.n_layer == 3
+
+
+def test_transformers_dirs_are_listed_with_a_reason_and_hf_caches_once(tmp_path: Path) -> None:
+    from .test_transformers_facts import LLAMA, LLAMA_TENSORS, llama_dir, write_config, write_raw
+
+    llama_dir(tmp_path / "llama-hf")
+    liar = tmp_path / "liar"
+    write_config(liar, LLAMA)
+    write_raw(
+        liar / "model.safetensors",
+        {"w": {"dtype": "F16", "shape": [3, 3], "data_offsets": [0, 10]}},
+        10,
+    )
+    # a Hugging Face cache holding a GGUF: found once, by its snapshot name, not its blob
+    cache = tmp_path / "hub" / "models--org--tiny"
+    (cache / "blobs").mkdir(parents=True)
+    blob = write_tiny_llama(cache / "blobs" / ("ab" * 32))
+    (cache / "snapshots" / "rev").mkdir(parents=True)
+    (cache / "snapshots" / "rev" / "tiny-q.gguf").symlink_to(blob)
+    artifacts, rejected = scan([tmp_path])
+    assert [a.name for a in artifacts] == ["tiny-q"]
+    reasons = {r.path.name: r.reason for r in rejected}
+    assert "no transformers engine yet" in reasons["llama-hf"]
+    assert "weights" in reasons["llama-hf"] and len(LLAMA_TENSORS) == 4
+    assert "not a usable transformers model" in reasons["liar"] and "needs 18" in reasons["liar"]

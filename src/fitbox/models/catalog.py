@@ -22,6 +22,7 @@ from fitbox.errors import ModelNotFound
 from fitbox.models.facts_cache import FactsCache
 from fitbox.models.gguf_facts import GGUFFacts
 from fitbox.models.gguf_header import NotGGUF, has_gguf_magic
+from fitbox.models.transformers_facts import BadModelDir, read_transformers_facts
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,16 @@ class Artifact:
         return str(self.path)
 
 
-def _walk(root: Path) -> Iterator[Path]:
+def _is_transformers_dir(dirpath: Path, filenames: list[str]) -> bool:
+    if "config.json" not in filenames and "model_index.json" not in filenames:
+        return False
+    return any(dirpath.glob("*.safetensors")) or any(dirpath.glob("*/*.safetensors"))
+
+
+def _walk(root: Path) -> Iterator[tuple[str, Path]]:
+    """("gguf?", file) for every candidate file, ("dir", path) for a transformers model
+    directory (not descended into). In a Hugging Face cache, ``blobs/`` is skipped: the
+    files are reached, with their real names, through ``snapshots/``."""
     seen: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         try:
@@ -54,11 +64,19 @@ def _walk(root: Path) -> Iterator[Path]:
             dirnames.clear()
             continue
         seen.add((st.st_dev, st.st_ino))
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        here = Path(dirpath)
+        if _is_transformers_dir(here, filenames):
+            dirnames.clear()
+            yield "dir", here
+            continue
+        dirnames[:] = sorted(
+            d for d in dirnames
+            if not d.startswith(".") and not (d == "blobs" and here.name.startswith("models--"))
+        )  # fmt: skip
         for filename in sorted(filenames):
             if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES):
                 continue
-            yield Path(dirpath) / filename
+            yield "file", here / filename
 
 
 def _model_name(path: Path) -> str | None:
@@ -92,7 +110,10 @@ def scan(
     for root in roots:
         if not root.is_dir():
             continue
-        for path in _walk(root):
+        for kind, path in _walk(root):
+            if kind == "dir":
+                rejected.append(Rejected(path, _transformers_reason(path)))
+                continue
             name = _model_name(path)
             if name is None or not has_gguf_magic(path):
                 continue
@@ -118,6 +139,21 @@ def scan(
             found[name] = Artifact(name=name, path=path, facts=facts)
     cache.save()
     return sorted(found.values(), key=lambda a: a.name), rejected
+
+
+def _transformers_reason(path: Path) -> str:
+    """Transformers directories are known and sized, not yet served (no such engine yet)."""
+    try:
+        facts = read_transformers_facts(path)
+    except (BadModelDir, ValueError, RecursionError) as exc:  # never stops discovery
+        return f"not a usable transformers model: {exc}"
+    except OSError as exc:
+        return f"not readable: {exc}"
+    return (
+        f"{facts.kind} model ({facts.architecture or 'unknown architecture'}, weights "
+        f"{facts.weights_bytes} B, KV {facts.kv_bytes_per_token} B/token): fitbox has no "
+        "transformers engine yet"
+    )
 
 
 def read_aliases(path: Path) -> dict[str, str]:
