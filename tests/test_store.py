@@ -96,3 +96,44 @@ def test_unknown_columns_are_refused(tmp_path: Path) -> None:
             store.call_updated(1, **{"outcome = 'x'; --": 1})
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "torn page"])
+def test_a_damaged_store_is_set_aside_and_recreated(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "s.sqlite3"
+    if damage == "garbage":
+        path.write_bytes(b"this was never a database" * 100)
+    else:
+        store = Store(path)
+        for i in range(500):
+            store.call_started(CallStart(f"r{i}", "/x", "m" * 200, False, float(i)))
+        store.close()
+        data = bytearray(path.read_bytes())
+        data[4096 * 2 : 4096 * 2 + 512] = b"\xff" * 512  # scribble over a b-tree page
+        path.write_bytes(bytes(data))
+    original = path.read_bytes()
+    store = Store(path)
+    try:
+        assert store.set_aside is not None and store.set_aside.read_bytes() == original
+        assert store.health()["damaged_file_set_aside"] == str(store.set_aside)
+        call = store.call_started(CallStart("new", "/x", "m", False, 0.0))
+        store.call_updated(call, outcome="ok")
+        rows = asyncio.run(store.recent_calls())
+        assert [r["request_id"] for r in rows] == ["new"]
+    finally:
+        store.close()
+
+
+def test_a_full_disk_is_counted_and_nothing_raises(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite3")
+    store._submit(
+        lambda conn: conn.execute(  # SQLITE_FULL, the error a full disk raises
+            "PRAGMA max_page_count = " + str(conn.execute("PRAGMA page_count").fetchone()[0])
+        )
+    )
+    for i in range(200):
+        call = store.call_started(CallStart(f"r{i}", "/x", "m" * 500, False, float(i)))
+        store.call_updated(call, outcome="ok")
+    store.flush()
+    assert store.write_failures > 0
+    store.close()

@@ -13,6 +13,7 @@ from fitbox.box.box import Box
 from fitbox.errors import InvalidRequest
 from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S
 from fitbox.server.proxy import forward
+from fitbox.store.db import Store
 
 
 async def health(request: Request) -> Response:
@@ -21,9 +22,11 @@ async def health(request: Request) -> Response:
         {"index": g.index, "name": g.name, "total_bytes": g.total, "simulated": g.simulated}
         for g in box.gpus.read()
     ]
+    store: Store = request.app.state.store
     return JSONResponse(
-        {"status": "ok", "service": "fitbox", "version": fitbox.__version__, "gpus": gpus}
-    )
+        {"status": "ok", "service": "fitbox", "version": fitbox.__version__, "gpus": gpus,
+         "store": store.health()}
+    )  # fmt: skip
 
 
 async def list_models(request: Request) -> Response:

@@ -85,9 +85,9 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     stream = bool(body.get("stream"))
     call_id = store.call_started(
         CallStart(
-            request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,
+            request_id=(request.headers.get("x-request-id") or uuid.uuid4().hex)[:128],
             endpoint=path,
-            model_asked=body["model"],
+            model_asked=body["model"][:256],  # a client chooses it: keep rows bounded
             stream=stream,
             received_at=time.time(),
         )

@@ -15,6 +15,7 @@ import collections
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -136,7 +137,8 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.write_failures = 0
-        self._conn = connect(path)
+        self.set_aside: Path | None = None  # where a damaged store file was moved, if one was
+        self._conn = self._open_checked(path)
         migrate(self._conn, load_migrations())
         closed = self._conn.execute(
             "UPDATE call_log SET outcome = 'interrupted' WHERE outcome = 'pending'"
@@ -149,6 +151,36 @@ class Store:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._write_loop, name="fitbox-store", daemon=True)
         self._thread.start()
+
+    def _open_checked(self, path: Path) -> sqlite3.Connection:
+        """Open the store; a file that fails its check is moved aside and started afresh, so
+        a damaged disk file costs the history, never the service."""
+        problem = None
+        try:
+            conn = connect(path)
+            result = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if result == "ok":
+                return conn
+            problem = str(result)
+            conn.close()
+        except sqlite3.DatabaseError as exc:  # "file is not a database", malformed, ...
+            problem = str(exc)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        self.set_aside = path.with_name(f"{path.name}.damaged-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            source = Path(f"{path}{suffix}")
+            if source.exists():
+                os.replace(source, Path(f"{self.set_aside}{suffix}"))
+        log.error("store %s failed its check (%s); moved it to %s and started a new one",
+                  path, problem, self.set_aside)  # fmt: skip
+        return connect(path)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "write_failures": self.write_failures,
+            "damaged_file_set_aside": str(self.set_aside) if self.set_aside else None,
+        }
 
     # -- the writer thread -------------------------------------------------------
 
@@ -166,6 +198,9 @@ class Store:
                 return
 
     def _apply(self, batch: list[_Queued]) -> None:
+        """Run a batch in one transaction. A statement that fails is counted and the rest go
+        on; if the failure rolled the whole transaction back (SQLITE_FULL does), the writes
+        it took with it are counted too and a new transaction carries on."""
         if not batch:
             return
         results: list[tuple[_Queued, Any, BaseException | None]] = []
@@ -177,18 +212,29 @@ class Store:
                 except sqlite3.Error as exc:
                     self._failed(exc)
                     results.append((item, None, exc))
+                    if not self._conn.in_transaction:
+                        results = self._lost(results, exc)
+                        self._conn.execute("BEGIN")
             self._conn.execute("COMMIT")
         except sqlite3.Error as exc:  # the commit itself failed: nothing in it landed
-            self._failed(exc, count=len(batch))
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
-            results = [(item, None, exc) for item in batch]
+            results = self._lost(results, exc)
         for item, value, error in results:
             if item.future is not None:
                 if error is None:
                     item.future.set_result(value)
                 else:
                     item.future.set_exception(error)
+
+    def _lost(
+        self, results: list[tuple[_Queued, Any, BaseException | None]], exc: BaseException
+    ) -> list[tuple[_Queued, Any, BaseException | None]]:
+        """Writes that had succeeded inside a transaction that was then rolled back."""
+        landed = [r for r in results if r[2] is None]
+        if landed:
+            self._failed(exc, count=len(landed))
+        return [(item, None, error or exc) for item, _, error in results]
 
     def _failed(self, exc: BaseException, count: int = 1) -> None:
         self.write_failures += count
@@ -269,7 +315,8 @@ class Store:
         """Wait until everything queued so far is written (or has failed)."""
         future = self._submit(lambda conn: None, wait=True)
         assert future is not None
-        future.result(timeout=timeout)
+        with contextlib.suppress(sqlite3.Error):  # a barrier: failures are counted, not raised
+            future.result(timeout=timeout)
 
     def close(self) -> None:
         """Close rows still pending as interrupted, drain the queue, stop the writer."""

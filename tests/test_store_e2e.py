@@ -1,0 +1,38 @@
+"""The store failing under a real call: the client still gets its answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from fitbox import config
+from fitbox.server.app import create_app
+
+pytestmark = pytest.mark.engine
+
+
+def test_a_full_disk_never_costs_the_client_its_answer(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    cfg = config.load({"home": str(tmp_path), "models": str(smollm2.parent)}, env={})
+    with TestClient(create_app(cfg)) as client:
+        store = client.app.state.store  # type: ignore[attr-defined]
+        store._submit(lambda conn: conn.execute(
+            "PRAGMA max_page_count = " + str(conn.execute("PRAGMA page_count").fetchone()[0])
+        ), wait=True).result()  # fmt: skip
+        for i in range(60):  # rows that no longer fit: unknown models answer at once
+            missing = client.post("/v1/completions", json={"model": f"{i}-" + "x" * 400,
+                                                           "prompt": "hi"})  # fmt: skip
+            assert missing.status_code == 404
+        store.flush()
+        assert store.write_failures > 0
+        for _ in range(2):
+            reply = client.post("/v1/chat/completions", json={
+                "model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2})  # fmt: skip
+            assert reply.status_code == 200 and reply.json()["choices"]
+        store.flush()
+        health = client.get("/health").json()
+        assert health["status"] == "ok" and health["store"]["write_failures"] > 0
