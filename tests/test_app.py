@@ -25,7 +25,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
         {"home": str(tmp_path / "home"), "models": str(models), "ram_max": "1MiB"},
         env={"FITBOX_SIMULATED_GPUS": ""},
     )
-    with TestClient(create_app(cfg)) as test_client:
+    with TestClient(create_app(cfg), client=("127.0.0.1", 50000)) as test_client:
         yield test_client
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fitbox.server.trust import DEFAULT_TRUSTED_NETWORKS, Network, parse_networks
 from fitbox.units import parse_size
 
 
@@ -41,6 +42,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise ValueError("must be at least 1")
     return value
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("write true or false")
 
 
 def _positive_float(text: str) -> float:
@@ -121,6 +131,27 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_float,
     ),
     Setting(
+        "trusted_networks",
+        "FITBOX_TRUSTED_NETWORKS",
+        DEFAULT_TRUSTED_NETWORKS,
+        "networks that may call inference without a key (comma-separated)",
+        parse_networks,
+    ),
+    Setting(
+        "trusted_proxies",
+        "FITBOX_TRUSTED_PROXIES",
+        "",
+        "proxies whose X-Forwarded-For is believed (comma-separated); default none",
+        parse_networks,
+    ),
+    Setting(
+        "require_keys",
+        "FITBOX_REQUIRE_KEYS",
+        "false",
+        "require an API key for inference from every network (true/false)",
+        _bool,
+    ),
+    Setting(
         "aliases",
         "FITBOX_ALIASES",
         "",
@@ -144,6 +175,9 @@ class Config:
     load_timeout: float
     wait_timeout: float
     stop_grace: float
+    trusted_networks: tuple[Network, ...]
+    trusted_proxies: tuple[Network, ...]
+    require_keys: bool
     aliases: Path
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -154,6 +188,10 @@ class Config:
     @property
     def facts_cache(self) -> Path:
         return self.home / "cache" / "gguf-facts.json"
+
+    @property
+    def box_key_file(self) -> Path:
+        return self.home / "box.key"
 
     @property
     def log_dir(self) -> Path:

@@ -15,10 +15,14 @@ class FitboxError(Exception):
     code = "internal_error"
     retry = False  # tells OpenAI SDKs (x-should-retry) whether retrying can help
 
-    def __init__(self, message: str, *, param: str | None = None, **detail: Any) -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None, **detail: Any
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        if code is not None:
+            self.code = code
         self.detail = detail
 
     def body(self) -> dict[str, Any]:
@@ -36,6 +40,20 @@ class InvalidRequest(FitboxError):
     status = 400
     type = "invalid_request_error"
     code = "invalid_request"
+
+
+class AuthenticationFailed(FitboxError):
+    """No usable key where one is needed. Says what is missing, never what the key was."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(FitboxError):
+    status = 403
+    type = "permission_error"
+    code = "insufficient_scope"
 
 
 class ModelNotFound(FitboxError):

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from fitbox.box.box import Box
@@ -17,7 +18,11 @@ from fitbox.errors import FitboxError
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import open_gpu_probe
 from fitbox.server import errors, manage, openai
+from fitbox.server.auth import AuthMiddleware, Gate
+from fitbox.server.keys import ensure_box_key
+from fitbox.server.trust import TrustSettings
 from fitbox.store.db import Store
+from fitbox.store.keys import KeyChecker
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +37,11 @@ def create_app(config: Config) -> Starlette:
             label = " (SIMULATED)" if gpu.simulated else ""
             log.info("GPU %d: %s, %d MiB%s", gpu.index, gpu.name, gpu.total >> 20, label)
         box = Box(config, catalog, gpus, store)
+        ensure_box_key(store, config.box_key_file)
+        app.state.gate = Gate(
+            TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
+            KeyChecker(config.store_path), config.require_keys,
+        )  # fmt: skip
         async with anyio.create_task_group():
             pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
         app.state.config, app.state.store, app.state.box = config, store, box
@@ -44,18 +54,24 @@ def create_app(config: Config) -> Starlette:
             yield
         finally:
             await box.close()
+            app.state.gate.checker.close()
             store.close()
 
     routes = [
         Route("/health", openai.health, methods=["GET"]),
         Route("/v1/models", openai.list_models, methods=["GET"]),
         Route("/v1/plan", manage.plan, methods=["GET"]),
+        Route("/v1/keys", manage.list_keys, methods=["GET"]),
+        Route("/v1/keys", manage.create_key, methods=["POST"]),
+        Route("/v1/keys/{key_id}", manage.show_key, methods=["GET"]),
+        Route("/v1/keys/{key_id}", manage.revoke_key, methods=["DELETE"]),
         Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai.completions, methods=["POST"]),
         Route("/v1/embeddings", openai.embeddings, methods=["POST"]),
     ]
     return Starlette(
         routes=routes,
+        middleware=[Middleware(AuthMiddleware)],
         lifespan=lifespan,
         exception_handlers={
             FitboxError: errors.on_fitbox_error,

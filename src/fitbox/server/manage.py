@@ -1,12 +1,19 @@
-"""Box routes beyond the OpenAI surface. Read-only so far: what the box would do."""
+"""Box routes beyond the OpenAI surface: the dry-run plan and API keys (management:
+the box itself or an admin key, enforced by server/auth.py)."""
 
 from __future__ import annotations
+
+import json
+import time
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
 from fitbox.errors import InvalidRequest
+from fitbox.errors import RouteNotFound as NotFound
+from fitbox.store import keys as keydb
+from fitbox.store.db import Store
 
 
 def _positive(request: Request, name: str) -> int | None:
@@ -31,3 +38,64 @@ async def plan(request: Request) -> Response:
         kv=request.query_params.get("kv") or "f16",
     )
     return JSONResponse(report)
+
+
+def _key_store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+async def list_keys(request: Request) -> Response:
+    keys = _key_store(request).run(keydb.list_keys)
+    return JSONResponse({"object": "list", "data": [k.public() for k in keys]})
+
+
+async def show_key(request: Request) -> Response:
+    key_id = request.path_params["key_id"]
+    key = _key_store(request).run(lambda conn: keydb.find_key(conn, key_id))
+    if key is None:
+        raise NotFound(f"No key with id {key_id!r}.", param="key_id")
+    return JSONResponse(key.public())
+
+
+async def revoke_key(request: Request) -> Response:
+    key_id = request.path_params["key_id"]
+    try:
+        key = _key_store(request).run(lambda conn: keydb.revoke_key(conn, key_id))
+    except keydb.KeyError_ as exc:
+        raise NotFound(str(exc), param="key_id") from None
+    return JSONResponse(key.public())
+
+
+async def create_key(request: Request) -> Response:
+    """POST /v1/keys {"name", "scopes": [...], "models": [...]?, "expires_in_s": N?}.
+    The answer holds the secret; it is never shown again."""
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    name, scopes = body.get("name", "unnamed"), body.get("scopes", ["inference"])
+    models, expires_in = body.get("models"), body.get("expires_in_s")
+    if (
+        not isinstance(name, str)
+        or not isinstance(scopes, list)
+        or not all(isinstance(s, str) for s in scopes)
+    ):
+        raise InvalidRequest("'name' must be a string and 'scopes' a list of strings.",
+                             param="scopes")  # fmt: skip
+    if models is not None and not (
+        isinstance(models, list) and all(isinstance(m, str) for m in models)
+    ):
+        raise InvalidRequest("'models' must be a list of model names.", param="models")
+    if expires_in is not None and (not isinstance(expires_in, int | float) or expires_in <= 0):
+        raise InvalidRequest("'expires_in_s' must be a positive number.", param="expires_in_s")
+    expires_at = time.time() + expires_in if expires_in else None
+    try:
+        key, secret = _key_store(request).run(lambda conn: keydb.create_key(
+            conn, name, tuple(scopes), tuple(models) if models is not None else None,
+            expires_at))  # fmt: skip
+    except keydb.KeyError_ as exc:
+        raise InvalidRequest(str(exc), param="scopes") from None
+    return JSONResponse({**key.public(), "key": secret}, status_code=201)

@@ -12,7 +12,7 @@ import fitbox
 from fitbox.box.box import Box
 from fitbox.errors import InvalidRequest
 from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S
-from fitbox.server.proxy import forward
+from fitbox.server.proxy import allowed_models, forward
 from fitbox.store.db import Store
 
 
@@ -33,8 +33,11 @@ async def list_models(request: Request) -> Response:
     box: Box = request.app.state.box
     box.catalog.refresh(max_age=RESCAN_AT_MOST_EVERY_S)
     resident = {r.key: r for r in box.residents()}
+    allowed = allowed_models(request)
     data = []
     for artifact in box.catalog.artifacts():
+        if allowed is not None and artifact.name not in allowed:
+            continue
         r = resident.get(artifact.key)
         data.append(
             {

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fitbox.box.box import Box, Lease
 from fitbox.engines.http1 import EngineConnectionError, EngineResponse
-from fitbox.errors import EngineFailed, FitboxError
+from fitbox.errors import EngineFailed, FitboxError, PermissionDenied
 from fitbox.store.db import CallStart, Store
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,21 @@ def engine_error_body(status: int, content: bytes, model: str) -> dict[str, Any]
     }
 
 
+def allowed_models(request: Request) -> tuple[str, ...] | None:
+    """The models the caller's key is limited to; None when any model may be asked for."""
+    key = getattr(request.state, "api_key", None)
+    return key.models if key is not None else None
+
+
+def check_model_allowed(request: Request, box: Box, name: str) -> None:
+    allowed = allowed_models(request)
+    if allowed is None or name in allowed:
+        return
+    if box.catalog.resolve(name).name not in allowed:
+        raise PermissionDenied(f"This key may not use the model '{name}'.", param="model",
+                               code="model_not_allowed")  # fmt: skip
+
+
 async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any]) -> Response:
     box: Box = request.app.state.box
     store: Store = request.app.state.store
@@ -93,6 +108,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
         )
     )
     try:
+        check_model_allowed(request, box, body["model"])
         lease = await box.acquire(body["model"], call_id=call_id)
     except FitboxError as exc:
         _failed(store, call_id, exc)

@@ -311,6 +311,12 @@ class Store:
             return []
         return result
 
+    def run(self, job: Job, timeout: float = 30.0) -> Any:
+        """Run ``job`` on the writer's connection, in order with queued writes; its result."""
+        future = self._submit(job, wait=True)
+        assert future is not None
+        return future.result(timeout=timeout)
+
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until everything queued so far is written (or has failed)."""
         future = self._submit(lambda conn: None, wait=True)

@@ -1,0 +1,99 @@
+"""Keys and trust at the door, before any route runs.
+
+- Inference (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`): a key
+  with the inference or admin scope, or no key from the box itself or a trusted network
+  (unless keys are required for inference).
+- Everything else under `/v1` is management: the box itself, or an admin key. Never "any
+  trusted network".
+- `/health` is open. A presented fitbox key (``fb_…``) that is not valid is refused even
+  where no key is needed: a client that sends a revoked key should hear about it. Any other
+  bearer value (OpenAI SDKs insist on *some* api_key: "sk-no-key", "unused") is no key.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from fitbox.errors import AuthenticationFailed, FitboxError, PermissionDenied
+from fitbox.server.errors import error_response
+from fitbox.server.trust import TrustSettings, origin_of
+from fitbox.store.keys import ApiKey, KeyChecker
+
+INFERENCE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                       "/v1/models"})  # fmt: skip
+OPEN = frozenset({"/health"})
+
+
+@dataclass
+class Gate:
+    settings: TrustSettings
+    checker: KeyChecker
+    require_keys: bool
+
+
+def presented_key(headers: dict[str, str]) -> str | None:
+    """The fitbox key the caller sent, if any."""
+    auth = headers.get("authorization", "")
+    value = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    value = value or headers.get("x-api-key", "").strip()
+    return value if value.startswith("fb_") else None
+
+
+def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> ApiKey | None:
+    """The key the call runs under (None when trust alone admits it); raises if refused."""
+    if path in OPEN or not path.startswith("/v1"):
+        return None
+    presented = presented_key(headers)
+    key = gate.checker.verify(presented, time.time()) if presented else None
+    if presented and key is None:
+        raise AuthenticationFailed("The API key is not valid: unknown, revoked or expired.")
+    origin = origin_of(peer, headers, gate.settings)
+    if path in INFERENCE:
+        if key is not None:
+            if not {"admin", "inference"} & set(key.scopes):
+                raise PermissionDenied(f"This key's scopes ({', '.join(key.scopes)}) do not "
+                                       "include inference.")  # fmt: skip
+            return key
+        if gate.require_keys:
+            raise AuthenticationFailed(
+                "This box requires an API key for inference: send Authorization: Bearer "
+                "fb_<id>_<secret> (create one with 'fitbox keys create').",
+                code="missing_api_key")  # fmt: skip
+        if origin.local or origin.trusted:
+            return None
+        raise AuthenticationFailed(f"An API key is required: {origin.reason}.",
+                                   code="missing_api_key")  # fmt: skip
+    if key is not None:
+        if "admin" not in key.scopes:
+            raise PermissionDenied("Management routes need a key with the admin scope.")
+        return key
+    if origin.local:
+        return None
+    raise AuthenticationFailed(
+        f"Management routes need an admin key unless called from the box itself: "
+        f"{origin.reason}.", code="missing_api_key")  # fmt: skip
+
+
+class AuthMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        gate: Gate | None = getattr(scope["app"].state, "gate", None)
+        if gate is not None:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                       for k, v in scope.get("headers", [])}  # fmt: skip
+            client = scope.get("client")
+            try:
+                key = admit(scope["path"], client[0] if client else None, headers, gate)
+            except FitboxError as exc:
+                await error_response(exc)(scope, receive, send)
+                return
+            scope.setdefault("state", {})["api_key"] = key
+        await self.app(scope, receive, send)

@@ -1,0 +1,99 @@
+"""Who is calling: the box itself, a trusted network, or the outside. Pure functions.
+
+- The box itself: a peer at 127.0.0.1 / ::1, or at the address the service listens on.
+- A request carrying forwarding headers counts as outside unless its immediate peer is a
+  trusted proxy; only then is X-Forwarded-For believed (walked from the right, skipping
+  trusted proxies). A public proxy can never make the internet local.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+DEFAULT_TRUSTED_NETWORKS = (
+    "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fd00::/8,fe80::/10"
+)
+FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
+_SELF = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
+
+
+def parse_networks(text: str) -> tuple[Network, ...]:
+    """'10.0.0.0/8,192.168.1.5' -> networks; raises ValueError naming the bad entry."""
+    networks = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ValueError(f"{part!r} is not an address or network") from None
+    return tuple(networks)
+
+
+def _address(text: str | None) -> Address | None:
+    if not text:
+        return None
+    try:
+        address = ipaddress.ip_address(text.strip().strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        return address.ipv4_mapped
+    return address
+
+
+def _within(address: Address | None, networks: tuple[Network, ...]) -> bool:
+    return address is not None and any(address in net for net in networks)
+
+
+@dataclass(frozen=True)
+class TrustSettings:
+    trusted_networks: tuple[Network, ...]
+    trusted_proxies: tuple[Network, ...]
+    listen_host: str
+
+
+@dataclass(frozen=True)
+class Origin:
+    address: Address | None
+    local: bool  # the box itself
+    trusted: bool  # inside a trusted network
+    forwarded: bool  # forwarding headers were present
+    reason: str  # how it was classified, for refusals a person can act on
+
+
+def origin_of(peer: str | None, headers: Mapping[str, str], settings: TrustSettings) -> Origin:
+    peer_address = _address(peer)
+    forwarded = any(h in headers for h in FORWARDING_HEADERS)
+    if forwarded and not _within(peer_address, settings.trusted_proxies):
+        return Origin(peer_address, local=False, trusted=False, forwarded=True,
+                      reason=f"forwarded by {peer}, which is not a trusted proxy")  # fmt: skip
+    address = peer_address
+    if forwarded:
+        hops = [h.strip() for h in headers.get("x-forwarded-for", "").split(",") if h.strip()]
+        client = None
+        for hop in reversed(hops):
+            hop_address = _address(hop)
+            if hop_address is None:
+                break  # garbage in the chain: trust nothing further left
+            client = hop_address
+            if not _within(hop_address, settings.trusted_proxies):
+                break
+        address = client
+        if address is None:
+            return Origin(None, local=False, trusted=False, forwarded=True,
+                          reason="a trusted proxy sent no usable X-Forwarded-For")  # fmt: skip
+    local = address is not None and (address in _SELF or address == _address(settings.listen_host))
+    trusted = _within(address, settings.trusted_networks)
+    where = (
+        "the box itself"
+        if local
+        else ("a trusted network" if trusted else "outside the trusted networks")
+    )
+    return Origin(address, local=local, trusted=trusted, forwarded=forwarded,
+                  reason=f"{address} is {where}")  # fmt: skip

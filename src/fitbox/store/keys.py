@@ -1,0 +1,139 @@
+"""API keys in the store: created with a secret shown once, kept as salted hashes, checked in
+constant time. Reads use their own connection so that a revocation written by another
+process (``fitbox keys revoke`` with the service running) counts on the very next request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCOPES = ("admin", "inference", "read")
+_KEY = re.compile(r"^fb_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
+
+
+class KeyError_(ValueError):
+    """A key operation that cannot be done (bad scope, unknown id)."""
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    key_id: str
+    name: str
+    scopes: tuple[str, ...]
+    models: tuple[str, ...] | None
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+    is_box_key: bool
+
+    def active(self, now: float) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+    def public(self) -> dict[str, object]:
+        return {
+            "id": self.key_id, "name": self.name, "scopes": list(self.scopes),
+            "models": list(self.models) if self.models is not None else None,
+            "created_at": self.created_at, "expires_at": self.expires_at,
+            "revoked_at": self.revoked_at, "box_key": self.is_box_key,
+        }  # fmt: skip
+
+
+def _digest(salt: bytes, secret: str) -> bytes:
+    return hashlib.sha256(salt + secret.encode()).digest()
+
+
+def _row(row: sqlite3.Row) -> ApiKey:
+    return ApiKey(
+        key_id=row["key_id"], name=row["name"], scopes=tuple(json.loads(row["scopes"])),
+        models=tuple(json.loads(row["models"])) if row["models"] else None,
+        created_at=row["created_at"], expires_at=row["expires_at"],
+        revoked_at=row["revoked_at"], is_box_key=bool(row["is_box_key"]),
+    )  # fmt: skip
+
+
+def create_key(
+    conn: sqlite3.Connection,
+    name: str,
+    scopes: tuple[str, ...],
+    models: tuple[str, ...] | None = None,
+    expires_at: float | None = None,
+    is_box_key: bool = False,
+) -> tuple[ApiKey, str]:
+    """Store a new key; returns it and the full ``fb_<id>_<secret>`` (shown once)."""
+    unknown = [s for s in scopes if s not in SCOPES]
+    if not scopes or unknown:
+        raise KeyError_(f"scopes must be some of {', '.join(SCOPES)}; got {list(scopes)}")
+    key_id, secret, salt = secrets.token_hex(6), secrets.token_urlsafe(32), secrets.token_bytes(16)
+    now = time.time()
+    conn.execute(
+        "INSERT INTO api_keys (key_id, name, scopes, models, salt, digest, created_at, "
+        "expires_at, is_box_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (key_id, name, json.dumps(list(scopes)),
+         json.dumps(list(models)) if models is not None else None, salt,
+         _digest(salt, secret), now, expires_at, int(is_box_key)),
+    )  # fmt: skip
+    key = ApiKey(key_id, name, scopes, models, now, expires_at, None, is_box_key)
+    return key, f"fb_{key_id}_{secret}"
+
+
+def revoke_key(conn: sqlite3.Connection, key_id: str) -> ApiKey:
+    cur = conn.execute(
+        "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
+        (time.time(), key_id),
+    )
+    found = find_key(conn, key_id)
+    if found is None:
+        raise KeyError_(f"no key with id {key_id!r}")
+    if not cur.rowcount and found.revoked_at is None:
+        raise KeyError_(f"key {key_id!r} could not be revoked")
+    return found
+
+
+def find_key(conn: sqlite3.Connection, key_id: str) -> ApiKey | None:
+    conn.row_factory = sqlite3.Row
+    row = conn.execute("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
+    return _row(row) if row else None
+
+
+def list_keys(conn: sqlite3.Connection) -> list[ApiKey]:
+    conn.row_factory = sqlite3.Row
+    return [_row(r) for r in conn.execute("SELECT * FROM api_keys ORDER BY created_at")]
+
+
+class KeyChecker:
+    """Verifies presented keys against the store, read fresh on every call."""
+
+    def __init__(self, path: Path) -> None:
+        self._conn = sqlite3.connect(path, check_same_thread=False)
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA busy_timeout = 2000")
+
+    def verify(self, presented: str, now: float | None = None) -> ApiKey | None:
+        """The key's record if ``presented`` is a live key, else None. Constant-time."""
+        match = _KEY.match(presented)
+        if not match:
+            return None
+        try:
+            row = self._conn.execute(
+                "SELECT * FROM api_keys WHERE key_id = ?", (match.group(1),)
+            ).fetchone()
+        except sqlite3.Error:
+            return None
+        salt = row["salt"] if row else bytes(16)  # an unknown id costs the same work
+        expected = row["digest"] if row else bytes(32)
+        ok = hmac.compare_digest(_digest(salt, match.group(2)), expected)
+        if not row or not ok:
+            return None
+        key = _row(row)
+        return key if key.active(now if now is not None else time.time()) else None
+
+    def close(self) -> None:
+        self._conn.close()
