@@ -137,3 +137,18 @@ def test_a_full_disk_is_counted_and_nothing_raises(tmp_path: Path) -> None:
     store.flush()
     assert store.write_failures > 0
     store.close()
+
+
+def test_a_job_that_raises_never_stops_the_writer(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite3")
+
+    def broken(conn: sqlite3.Connection) -> None:
+        raise ValueError("a caller's own mistake")
+
+    with pytest.raises(ValueError, match="own mistake"):
+        store.run(broken)
+    call = store.call_started(CallStart("after", "/x", "m", False, 0.0))
+    store.call_updated(call, outcome="ok")
+    assert [r["request_id"] for r in asyncio.run(store.recent_calls())] == ["after"]
+    assert store.write_failures == 0
+    store.close()

@@ -209,8 +209,9 @@ class Store:
             for item in batch:
                 try:
                     results.append((item, item.job(self._conn), None))
-                except sqlite3.Error as exc:
-                    self._failed(exc)
+                except Exception as exc:  # a job's own error is its caller's, never the writer's
+                    if isinstance(exc, sqlite3.Error):
+                        self._failed(exc)
                     results.append((item, None, exc))
                     if not self._conn.in_transaction:
                         results = self._lost(results, exc)

@@ -1,0 +1,151 @@
+"""Keys and trust at the HTTP door, in-process, from every kind of peer."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from fitbox import config
+from fitbox.server.app import create_app
+from fitbox.store.keys import create_key
+
+from .ggufs import write_tiny_llama
+
+LOCAL, LAN, OUTSIDE = ("127.0.0.1", 5000), ("192.168.7.7", 5000), ("203.0.113.5", 5000)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    (tmp_path / "models").mkdir()
+    write_tiny_llama(tmp_path / "models" / "tiny.gguf")
+    write_tiny_llama(tmp_path / "models" / "other.gguf")
+    return tmp_path
+
+
+def client(home: Path, peer: tuple[str, int], **settings: str) -> TestClient:
+    cfg = config.load({"home": str(home), "models": str(home / "models"), **settings}, env={})
+    return TestClient(create_app(cfg), client=peer)
+
+
+def make_key(
+    home: Path, *scopes: str, models: tuple[str, ...] | None = None, expires_at: float | None = None
+) -> str:
+    with sqlite3.connect(home / "fitbox.sqlite3") as conn:
+        return create_key(conn, "test", scopes, models, expires_at)[1]
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def error(response: Any, status: int, kind: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()["error"]
+    assert body["type"] == kind and set(body) >= {"message", "type", "code", "param"}
+    return body
+
+
+@pytest.fixture
+def started(home: Path) -> Iterator[Path]:
+    with client(home, LOCAL):
+        pass  # the first start migrates the store and writes the box key
+    yield home
+
+
+def test_the_box_key_is_made_once_owner_only_and_works(started: Path) -> None:
+    key_file = started / "box.key"
+    first = key_file.read_text().strip()
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600 and first.startswith("fb_")
+    with client(started, OUTSIDE) as outside:
+        assert outside.get("/v1/plan", params={"model": "tiny"},
+                           headers=bearer(first)).status_code == 200  # fmt: skip
+    assert key_file.read_text().strip() == first  # a restart keeps it
+
+
+def test_inference_from_outside_needs_a_key(started: Path) -> None:
+    with client(started, OUTSIDE) as outside:
+        refused = error(outside.get("/v1/models"), 401, "authentication_error")
+        assert refused["code"] == "missing_api_key" and "203.0.113.5" in refused["message"]
+        key = make_key(started, "inference")
+        assert outside.get("/v1/models", headers=bearer(key)).status_code == 200
+        assert outside.get("/v1/models", headers={"x-api-key": key}).status_code == 200
+        # an SDK's placeholder is no key at all, not a wrong key
+        assert outside.get("/v1/models", headers=bearer("sk-no-key")).status_code == 401
+
+
+def test_a_trusted_network_may_infer_but_never_manage(started: Path) -> None:
+    with client(started, LAN) as lan:
+        assert lan.get("/v1/models").status_code == 200
+        body = error(lan.get("/v1/plan", params={"model": "tiny"}), 401, "authentication_error")
+        assert "admin key" in body["message"]
+        inference = make_key(started, "inference")
+        error(lan.get("/v1/keys", headers=bearer(inference)), 403, "permission_error")
+        admin = make_key(started, "admin")
+        assert lan.get("/v1/keys", headers=bearer(admin)).status_code == 200
+
+
+def test_the_box_itself_manages_without_a_key(started: Path) -> None:
+    with client(started, LOCAL) as local:
+        created = local.post("/v1/keys", json={"name": "ci", "scopes": ["read"]})
+        assert created.status_code == 201 and created.json()["key"].startswith("fb_")
+        listed = local.get("/v1/keys").json()["data"]
+        assert "key" not in listed[-1] and "digest" not in str(listed)  # secrets withheld
+        error(local.post("/v1/keys", json={"scopes": ["root"]}), 400, "invalid_request_error")
+
+
+def test_forwarded_requests_from_an_untrusted_peer_are_outside(started: Path) -> None:
+    with client(started, LOCAL) as local:
+        spoofed = {"X-Forwarded-For": "127.0.0.1"}
+        error(local.get("/v1/models", headers=spoofed), 401, "authentication_error")
+        error(local.get("/v1/keys", headers=spoofed), 401, "authentication_error")
+    with client(started, LOCAL, trusted_proxies="127.0.0.1") as proxied:
+        assert proxied.get("/v1/models", headers={"X-Forwarded-For": "10.0.0.8"}).status_code == 200
+        error(proxied.get("/v1/models", headers={"X-Forwarded-For": "203.0.113.1"}), 401,
+              "authentication_error")  # fmt: skip
+
+
+def test_revoked_and_expired_keys_fail_on_the_next_request(started: Path) -> None:
+    key = make_key(started, "inference")
+    soon = make_key(started, "inference", expires_at=time.time() + 1.0)
+    with client(started, OUTSIDE) as outside, client(started, LOCAL) as local:
+        assert outside.get("/v1/models", headers=bearer(key)).status_code == 200
+        key_id = key.split("_")[1]
+        assert local.delete(f"/v1/keys/{key_id}").json()["revoked_at"] is not None
+        body = error(outside.get("/v1/models", headers=bearer(key)), 401, "authentication_error")
+        assert key not in body["message"] and key_id not in body["message"]
+        time.sleep(1.1)
+        error(outside.get("/v1/models", headers=bearer(soon)), 401, "authentication_error")
+        # a revoked key is refused even from a network that needs none
+        error(local.get("/v1/models", headers=bearer(key)), 401, "authentication_error")
+        forged = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
+        error(outside.get("/v1/models", headers=bearer(forged)), 401, "authentication_error")
+
+
+def test_keys_can_be_required_for_inference_everywhere(started: Path) -> None:
+    with client(started, LOCAL, require_keys="true") as local:
+        body = error(local.get("/v1/models"), 401, "authentication_error")
+        assert "requires an API key" in body["message"]
+        assert local.get("/v1/plan", params={"model": "tiny"}).status_code == 200  # still box
+
+
+def test_a_key_limited_to_models_sees_and_uses_only_those(started: Path) -> None:
+    key = make_key(started, "inference", models=("tiny",))
+    with client(started, OUTSIDE) as outside:
+        names = [m["id"] for m in outside.get("/v1/models", headers=bearer(key)).json()["data"]]
+        assert names == ["tiny"]
+        refused = outside.post("/v1/chat/completions", headers=bearer(key), json={
+            "model": "other", "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
+        assert error(refused, 403, "permission_error")["code"] == "model_not_allowed"
+
+
+def test_health_stays_open(started: Path) -> None:
+    with client(started, OUTSIDE) as outside:
+        assert outside.get("/health").json()["status"] == "ok"
