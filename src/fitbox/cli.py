@@ -66,6 +66,30 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true")
     _add_catalog_options(plan)
 
+    keys = sub.add_parser("keys", help="API keys: create, list, show, revoke")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="make a key; its secret is printed once")
+    create.add_argument("--name", default="unnamed")
+    create.add_argument(
+        "--scope",
+        action="append",
+        choices=["admin", "inference", "read"],
+        help="repeatable; default inference",
+    )
+    create.add_argument(
+        "--model", action="append", help="limit an inference key to a model (repeatable)"
+    )
+    create.add_argument("--expires-in", help="e.g. 3600s, 90m, 12h, 30d")
+    listing = keys_sub.add_parser("list", help="every key, without secrets")
+    verbs = [create, listing]
+    for verb in ("show", "revoke"):
+        one = keys_sub.add_parser(verb)
+        one.add_argument("key_id")
+        verbs.append(one)
+    for parser_ in verbs:
+        parser_.add_argument("--json", action="store_true")
+        _add_catalog_options(parser_)
+
     pull = sub.add_parser("pull", help="fetch a real GGUF into the model store")
     pull.add_argument(
         "source",
@@ -96,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return pull_model(config, args)
     if args.command == "plan":
         return plan_model(config, args)
+    if args.command == "keys":
+        from fitbox.keys_cli import keys_command
+
+        return keys_command(config, args)
     return 2
 
 

@@ -1,0 +1,111 @@
+"""`fitbox keys`: through the running service (as the box itself), else straight against
+the store, so keys can be made before the first start and while the service is down."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sqlite3
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from fitbox.config import Config
+from fitbox.store import keys as keydb
+
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> int:
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a duration: write it like 3600s, 90m, 12h or 30d")
+    return int(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def _service(config: Config) -> str | None:
+    endpoint = config.home / "endpoint.json"
+    try:
+        url = str(json.loads(endpoint.read_text())["url"])
+        httpx.get(f"{url}/health", timeout=2).raise_for_status()
+    except (OSError, ValueError, KeyError, httpx.HTTPError):
+        return None
+    return url
+
+
+def _offline(config: Config, args: argparse.Namespace, body: dict[str, Any]) -> Any:
+    from fitbox.store.db import Store
+
+    if not config.store_path.exists():
+        Store(config.store_path).close()  # make and migrate it; no service is running
+    with sqlite3.connect(config.store_path) as conn:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        if args.keys_command == "create":
+            key, secret = keydb.create_key(
+                conn, body["name"], tuple(body["scopes"]),
+                tuple(body["models"]) if body["models"] else None,
+                time.time() + body["expires_in_s"] if body["expires_in_s"] else None,
+            )  # fmt: skip
+            return {**key.public(), "key": secret}
+        if args.keys_command == "list":
+            return {"data": [k.public() for k in keydb.list_keys(conn)]}
+        if args.keys_command == "revoke":
+            return keydb.revoke_key(conn, args.key_id).public()
+        found = keydb.find_key(conn, args.key_id)
+        if found is None:
+            raise keydb.KeyError_(f"no key with id {args.key_id!r}")
+        return found.public()
+
+
+def _online(url: str, args: argparse.Namespace, body: dict[str, Any]) -> Any:
+    calls = {
+        "create": lambda: httpx.post(f"{url}/v1/keys", json=body, timeout=10),
+        "list": lambda: httpx.get(f"{url}/v1/keys", timeout=10),
+        "show": lambda: httpx.get(f"{url}/v1/keys/{args.key_id}", timeout=10),
+        "revoke": lambda: httpx.delete(f"{url}/v1/keys/{args.key_id}", timeout=10),
+    }
+    response = calls[args.keys_command]()
+    data = response.json()
+    if response.status_code >= 400:
+        raise keydb.KeyError_(data["error"]["message"])
+    return data
+
+
+def keys_command(config: Config, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {}
+    if args.keys_command == "create":
+        try:
+            expires = parse_duration(args.expires_in) if args.expires_in else None
+        except ValueError as exc:
+            print(f"fitbox keys: {exc}", file=sys.stderr)
+            return 2
+        body = {"name": args.name, "scopes": args.scope or ["inference"],
+                "models": args.model, "expires_in_s": expires}  # fmt: skip
+    url = _service(config)
+    try:
+        result = _online(url, args, body) if url else _offline(config, args, body)
+    except (keydb.KeyError_, sqlite3.Error, httpx.HTTPError) as exc:
+        print(f"fitbox keys: {exc}", file=sys.stderr)
+        return 1
+    if getattr(args, "json", False):
+        print(json.dumps(result, indent=2))
+    elif args.keys_command == "create":
+        print(result["key"])
+        print(f"(id {result['id']}, scopes {', '.join(result['scopes'])}: the secret is shown "
+              "this once)", file=sys.stderr)  # fmt: skip
+    else:
+        for key in result.get("data", [result]):
+            state = (
+                "revoked"
+                if key["revoked_at"]
+                else (
+                    "expired" if key["expires_at"] and key["expires_at"] < time.time() else "active"
+                )
+            )
+            models = f" models {','.join(key['models'])}" if key["models"] else ""
+            print(f"{key['id']}  {state:<7} {','.join(key['scopes']):<16} {key['name']}{models}")
+    return 0
