@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -35,8 +37,9 @@ def resident(
     last_used: float = 0.0,
     state: ResidentState = ResidentState.READY,
     device: str = "host",
+    pinned: bool = False,
 ) -> ResidentView:
-    return ResidentView(key, device, size, state, calls, last_used)
+    return ResidentView(key, device, size, state, calls, last_used, pinned)
 
 
 HOST = Device("host", DeviceKind.HOST, 10 * GiB)
@@ -108,6 +111,7 @@ residents_strategy = st.lists(
         calls=st.integers(0, 2),
         last_used=st.floats(0, 100),
         state=st.sampled_from(list(ResidentState)),
+        pinned=st.booleans(),
     ),
     max_size=8,
     unique_by=lambda r: r.key,
@@ -122,11 +126,16 @@ def test_invariants(residents: list[ResidentView], need: int, capacity: int) -> 
     snap = Snapshot((host,), tuple(residents))
     decision = decide(snap, Ask("new", fp(need)))
     by_key = {r.key: r for r in residents}
-    if isinstance(decision, Refuse):
+    if isinstance(decision, Refuse) and decision.reason is RefuseReason.LARGER_THAN_BOX:
         assert need > capacity
+    elif isinstance(decision, Refuse):  # held by pinned residents alone: waiting cannot help
+        assert decision.holders and all(by_key[k].pinned for k in decision.holders)
+        unpinned = tuple(dataclasses.replace(r, pinned=False) for r in residents)
+        relaxed = decide(Snapshot((host,), unpinned), Ask("new", fp(need)))
+        assert not isinstance(relaxed, Refuse)  # the pins are what really binds
     elif isinstance(decision, Place):
-        for victim in decision.victims:  # only idle, ready residents ever leave
-            assert by_key[victim.key].calls == 0
+        for victim in decision.victims:  # only idle, ready, unpinned residents ever leave
+            assert by_key[victim.key].calls == 0 and not by_key[victim.key].pinned
             assert by_key[victim.key].state is ResidentState.READY
         leaving = {v.key for v in decision.victims}
         staying = sum(r.bytes for r in residents if r.key not in leaving)
@@ -137,7 +146,20 @@ def test_invariants(residents: list[ResidentView], need: int, capacity: int) -> 
             assert staying + last.bytes + need > capacity
     else:
         assert need <= capacity
-        idle = sum(r.bytes for r in residents if r.calls == 0 and r.state is ResidentState.READY)
+        idle = sum(
+            r.bytes for r in residents
+            if r.calls == 0 and r.state is ResidentState.READY and not r.pinned
+        )  # fmt: skip
+        assert any(not r.pinned and r.key in decision.blockers for r in residents)
         held = sum(r.bytes for r in residents)
         assert held - idle + need > capacity  # evicting every idle one would not be enough
     assert decide(snap, Ask("new", fp(need))) == decision  # same input, same output
+
+
+def test_a_pinned_resident_is_never_a_victim() -> None:
+    pinned = ResidentView("keep", "host", 8 * GiB, ResidentState.READY, 0, 0.0, pinned=True)
+    decision = decide(Snapshot((HOST,), (pinned,)), Ask("b", fp(5 * GiB)))
+    assert decision == Refuse(RefuseReason.HELD_BY_PINNED, needed=5 * GiB, available=2 * GiB,
+                              holders=("keep",))  # waiting would never help  # fmt: skip
+    busy = resident("busy", 1 * GiB, calls=1)
+    assert isinstance(decide(Snapshot((HOST,), (pinned, busy)), Ask("b", fp(2 * GiB))), Wait)

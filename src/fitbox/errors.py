@@ -85,6 +85,14 @@ class ModelBusy(FitboxError):
     retry = True
 
 
+class Conflict(FitboxError):
+    """The box is not in a state where this can be done now (a model serving calls)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
 class EngineFailed(FitboxError):
     status = 502
     type = "server_error"

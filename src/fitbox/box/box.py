@@ -27,6 +27,7 @@ from fitbox.core.types import (
     Footprint,
     Place,
     Refuse,
+    RefuseReason,
     ResidentState,
     Snapshot,
 )
@@ -41,7 +42,14 @@ from fitbox.engines.llama_server import (
     inspect,
 )
 from fitbox.engines.load_log import parse_load_log
-from fitbox.errors import DoesNotFit, EngineFailed, InvalidRequest, ModelBusy, ShuttingDown
+from fitbox.errors import (
+    Conflict,
+    DoesNotFit,
+    EngineFailed,
+    InvalidRequest,
+    ModelBusy,
+    ShuttingDown,
+)
 from fitbox.models.catalog import Artifact, Catalog
 from fitbox.probe.gpus import GpuProbe
 from fitbox.probe.host import read_host
@@ -160,6 +168,42 @@ class Box:
         resident.last_used = time.monotonic()
         self._notify()
 
+    # -- operator actions ----------------------------------------------------------
+
+    async def load(self, name: str) -> Resident:
+        """Load ``name`` now (or find it loaded) and leave it resident and idle."""
+        lease = await self.acquire(name)
+        lease.release()
+        return lease.resident
+
+    async def pin(self, name: str, pinned: bool = True) -> Resident:
+        """Pin: load if needed and never evict it. Unpin: evictable again."""
+        resident = await self.load(name) if pinned else self._resident_named(name)
+        resident.pinned = pinned
+        self._notify()
+        return resident
+
+    async def unload(self, name: str) -> Resident:
+        """Stop ``name`` if it is idle. A model with calls on it is never stopped."""
+        resident = self._resident_named(name)
+        if resident.calls or resident.state is not ResidentState.READY:
+            raise Conflict(
+                f"'{resident.artifact.name}' is {resident.state.value} with {resident.calls} "
+                "call(s) on it; it is never stopped while serving. Try again when it is idle.",
+                param="model",
+            )  # fmt: skip
+        resident.pinned = False
+        await self._stop(resident)
+        return resident
+
+    def _resident_named(self, name: str) -> Resident:
+        artifact = self.catalog.resolve(name)
+        resident = self._residents.get(artifact.key)
+        if resident is None:
+            raise Conflict(f"'{artifact.name}' is not loaded.", param="model",
+                           code="not_resident")  # fmt: skip
+        return resident
+
     def contract_for(self, artifact: Artifact) -> Contract:
         window = sizing.effective_window(artifact.facts.shape, self.config.ctx)
         return Contract(window=window, parallel=self.config.parallel)
@@ -269,6 +313,15 @@ class Box:
         window = contract.window
         ask, basis = self.price(artifact, contract)
         decision = plan.decide(self.snapshot(), ask)
+        if isinstance(decision, Refuse) and decision.reason is RefuseReason.HELD_BY_PINNED:
+            pinned = [self._residents[k].artifact.name for k in decision.holders
+                      if k in self._residents]  # fmt: skip
+            raise DoesNotFit(
+                f"'{artifact.name}' needs {format_bytes(decision.needed)}; the room is held by "
+                f"pinned models ({', '.join(pinned)}): unpin one to make room",
+                param="model", code="held_by_pinned", needed_bytes=decision.needed,
+                available_bytes=decision.available, pinned=pinned,
+            )  # fmt: skip
         if isinstance(decision, Refuse):
             raise DoesNotFit(
                 f"'{artifact.name}' needs {format_bytes(decision.needed)} at a {window}-token "

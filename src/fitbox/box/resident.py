@@ -36,6 +36,7 @@ class Resident:
     load_seconds: float | None = None
     ready: asyncio.Future[None] = field(default_factory=_quiet_future)
     basis: str = "estimate"  # or "measured": where ``footprint`` came from
+    pinned: bool = False
     loaded_by_call: int | None = None
 
     @property
@@ -50,6 +51,7 @@ class Resident:
             state=self.state,
             calls=self.calls,
             last_used=self.last_used,
+            pinned=self.pinned,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -70,6 +72,8 @@ class Resident:
             "window": self.window,
             "parallel": self.parallel,
             "calls": self.calls,
+            "pinned": self.pinned,
+            "idle_for_s": round(time.monotonic() - self.last_used, 3) if not self.calls else 0,
             "pid": self.child.pid if self.child else None,
             "port": self.child.port if self.child else None,
             "load_seconds": self.load_seconds,

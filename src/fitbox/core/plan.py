@@ -3,9 +3,10 @@
 Stages, each with a named outcome:
 1. feasibility: a device whose capacity is below the need is out (``Refuse`` if all are);
 2. fit without eviction: the first device (GPUs in order, then host) with room wins;
-3. fit by eviction: idle ready residents leave least-recently-used first; among devices
+3. fit by eviction: idle, ready, unpinned residents leave least-recently-used first; among devices
    where that makes room, the fewest evicted bytes win, then device order;
-4. otherwise the room is held by calls in flight: ``Wait`` for them, naming them.
+4. otherwise the room is held by calls in flight: ``Wait`` for them, naming them; if only
+   pinned residents hold it, waiting cannot help: ``Refuse`` (held_by_pinned).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _device_order(device: Device) -> tuple[int, str]:
 
 
 def _evictable(resident: ResidentView) -> bool:
-    return resident.state is ResidentState.READY and resident.calls == 0
+    return resident.state is ResidentState.READY and resident.calls == 0 and not resident.pinned
 
 
 def decide(snapshot: Snapshot, ask: Ask) -> Decision:
@@ -74,6 +75,15 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
 
     if options:
         return min(options, key=lambda option: (option[0], option[1]))[2]
+    pinned = {r.key for r in snapshot.residents if r.pinned and r.key in blockers}
+    waiting_helps = any(
+        r.key in blockers and not r.pinned for r in snapshot.residents
+    )  # a busy or loading resident will leave room once it settles; a pinned one never
+    if not waiting_helps:
+        return Refuse(
+            RefuseReason.HELD_BY_PINNED, needed=min(ask.footprint_on(d.id).total for d in feasible),
+            available=best_available, holders=tuple(sorted(pinned)),
+        )  # fmt: skip
     return Wait(
         WaitReason.BUSY_RESIDENTS,
         blockers=tuple(sorted(blockers)),

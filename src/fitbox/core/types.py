@@ -37,6 +37,7 @@ class ResidentView:
     state: ResidentState
     calls: int  # calls in flight or waiting on it; a resident with calls is never a victim
     last_used: float  # the shell's monotonic clock; only the order matters here
+    pinned: bool = False  # an operator said keep it: never a victim
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class WaitReason(StrEnum):
 
 class RefuseReason(StrEnum):
     LARGER_THAN_BOX = "larger_than_box"  # even an empty box could not hold it
+    HELD_BY_PINNED = "held_by_pinned"  # only pinned residents could make room
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,8 @@ class Wait:
 class Refuse:
     reason: RefuseReason
     needed: int
-    available: int  # the largest capacity of any device the ask may use
+    available: int  # the largest capacity, or (held_by_pinned) the most room possible now
+    holders: tuple[str, ...] = ()  # held_by_pinned: the pinned residents in the way
 
 
 Decision = Place | Wait | Refuse

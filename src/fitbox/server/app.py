@@ -17,7 +17,7 @@ from fitbox.config import Config
 from fitbox.errors import FitboxError
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import open_gpu_probe
-from fitbox.server import errors, manage, openai
+from fitbox.server import errors, manage, openai, openapi, operate
 from fitbox.server.auth import AuthMiddleware, Gate
 from fitbox.server.keys import ensure_box_key
 from fitbox.server.trust import TrustSettings
@@ -61,6 +61,10 @@ def create_app(config: Config) -> Starlette:
         Route("/health", openai.health, methods=["GET"]),
         Route("/v1/models", openai.list_models, methods=["GET"]),
         Route("/v1/plan", manage.plan, methods=["GET"]),
+        Route("/v1/residents", operate.residents, methods=["GET"]),
+        Route("/v1/storage", operate.storage, methods=["GET"]),
+        Route("/v1/operator/{action}", operate.operator_action, methods=["POST"]),
+        Route("/openapi.json", openapi.document, methods=["GET"]),
         Route("/v1/keys", manage.list_keys, methods=["GET"]),
         Route("/v1/keys", manage.create_key, methods=["POST"]),
         Route("/v1/keys/{key_id}", manage.show_key, methods=["GET"]),

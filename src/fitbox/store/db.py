@@ -275,6 +275,21 @@ class Store:
         params = (*values.values(), call_id)
         self._submit(lambda conn: conn.execute(sql, params))
 
+    def operator_action(
+        self,
+        action: str,
+        target: str | None,
+        origin: str | None,
+        key_id: str | None,
+        outcome: str,
+        detail: str | None = None,
+    ) -> None:
+        now = time.time()
+        self._submit(lambda conn: conn.execute(
+            "INSERT INTO operator_actions (at, action, target, origin, key_id, outcome, detail)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)", (now, action, target, origin, key_id, outcome, detail)
+        ))  # fmt: skip
+
     def footprint_measured(self, measured: MeasuredFootprint) -> None:
         m = measured
         self._submit(

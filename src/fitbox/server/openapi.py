@@ -1,0 +1,132 @@
+"""The machine-readable surface: /openapi.json, written out route by route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+import fitbox
+
+ERROR = {"$ref": "#/components/schemas/Error"}
+MODEL_BODY = {"type": "object", "required": ["model"], "properties": {"model": {"type": "string"}}}
+
+
+def _op(
+    summary: str,
+    access: str,
+    body: dict[str, Any] | None = None,
+    params: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "summary": summary,
+        "description": f"Access: {access}.",
+        "responses": {"200": {"description": "OK"},
+                      "default": {"description": "An OpenAI error body",
+                                  "content": {"application/json": {"schema": ERROR}}}},
+    }  # fmt: skip
+    if body is not None:
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": body}},
+        }
+    if params:
+        operation["parameters"] = params
+    return operation
+
+
+def _query(name: str, kind: str, required: bool = False) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": required, "schema": {"type": kind}}
+
+
+INFERENCE = "a key with the inference scope, or none from the box itself or a trusted network"
+MANAGEMENT = "the box itself, or a key with the admin scope"
+CHAT = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {
+        "model": {"type": "string"},
+        "messages": {"type": "array"},
+        "stream": {"type": "boolean"},
+        "max_tokens": {"type": "integer"},
+    },
+}
+COMPLETION = {
+    "type": "object",
+    "required": ["model", "prompt"],
+    "properties": {
+        "model": {"type": "string"},
+        "prompt": {"type": "string"},
+        "stream": {"type": "boolean"},
+        "max_tokens": {"type": "integer"},
+    },
+}
+EMBEDDING = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {"model": {"type": "string"}, "input": {"type": "string"}},
+}
+KEY = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "scopes": {
+            "type": "array",
+            "items": {"type": "string", "enum": ["admin", "inference", "read"]},
+        },
+        "models": {"type": "array", "items": {"type": "string"}},
+        "expires_in_s": {"type": "number"},
+    },
+}
+KEY_ID = [{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+ACTION = [
+    {
+        "name": "action",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "enum": ["load", "unload", "pin", "unpin", "refresh-models"]},
+    }
+]
+
+PATHS: dict[str, dict[str, Any]] = {
+    "/health": {"get": _op("Liveness, version, GPUs (simulated ones labelled), store", "open")},
+    "/v1/models": {"get": _op("The catalog, with residency", INFERENCE)},
+    "/v1/chat/completions": {"post": _op("Chat (SSE with stream: true)", INFERENCE, CHAT)},
+    "/v1/completions": {"post": _op("Text completion", INFERENCE, COMPLETION)},
+    "/v1/embeddings": {"post": _op("Embeddings (embedding models)", INFERENCE, EMBEDDING)},
+    "/v1/plan": {"get": _op("What the box would load for a model, and where", MANAGEMENT,
+                            params=[_query("model", "string", True), _query("ctx", "integer"),
+                                    _query("parallel", "integer"), _query("kv", "string")])},
+    "/v1/residents": {"get": _op("Loaded models: device, bytes, state, calls", MANAGEMENT)},
+    "/v1/storage": {"get": _op("Drives holding models", MANAGEMENT)},
+    "/v1/operator/{action}": {"post": _op("Operator action, recorded", MANAGEMENT,
+                                          MODEL_BODY, ACTION)},
+    "/v1/keys": {"get": _op("API keys, without secrets", MANAGEMENT),
+                 "post": _op("Create a key (the secret is shown once)", MANAGEMENT, KEY)},
+    "/v1/keys/{key_id}": {"get": _op("One key", MANAGEMENT, params=KEY_ID),
+                          "delete": _op("Revoke a key", MANAGEMENT, params=KEY_ID)},
+}  # fmt: skip
+
+
+def spec() -> dict[str, Any]:
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "fitbox", "version": fitbox.__version__},
+        "paths": PATHS,
+        "components": {
+            "schemas": {"Error": {"type": "object", "required": ["error"], "properties": {
+                "error": {"type": "object", "required": ["message", "type", "code", "param"],
+                          "properties": {"message": {"type": "string"},
+                                         "type": {"type": "string"},
+                                         "code": {"type": "string"},
+                                         "param": {"type": "string", "nullable": True}}}}}},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                "apiKey": {"type": "apiKey", "in": "header",
+                                           "name": "x-api-key"}},
+        },
+    }  # fmt: skip
+
+
+async def document(request: Request) -> Response:
+    return JSONResponse(spec())

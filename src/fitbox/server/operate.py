@@ -1,0 +1,89 @@
+"""Management routes for operators and scripts: what is resident, what the disks hold, and
+the operator actions (load, unload, pin, unpin, refresh-models), each recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import psutil
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from fitbox.box.box import Box
+from fitbox.errors import FitboxError, InvalidRequest, RouteNotFound
+from fitbox.store.db import Store
+
+ACTIONS = ("load", "unload", "pin", "unpin", "refresh-models")
+
+
+async def residents(request: Request) -> Response:
+    box: Box = request.app.state.box
+    return JSONResponse({"object": "list", "data": [r.describe() for r in box.residents()]})
+
+
+async def storage(request: Request) -> Response:
+    """Drives holding model roots: capacity, free bytes, and the models on each."""
+    box: Box = request.app.state.box
+    drives: dict[int, dict[str, Any]] = {}
+    for root in box.catalog.roots:
+        if not root.is_dir():
+            continue
+        device = os.stat(root).st_dev
+        usage = psutil.disk_usage(str(root))
+        drive = drives.setdefault(device, {"roots": [], "total_bytes": usage.total,
+                                           "free_bytes": usage.free, "models": []})  # fmt: skip
+        drive["roots"].append(str(root))
+    for artifact in box.catalog.artifacts():
+        try:
+            device = os.stat(artifact.path).st_dev
+        except OSError:
+            continue
+        if device in drives:
+            drives[device]["models"].append(
+                {"model": artifact.name, "bytes": os.stat(artifact.path).st_size}
+            )
+    return JSONResponse({"object": "list", "data": list(drives.values())})
+
+
+async def operator_action(request: Request) -> Response:
+    """POST /v1/operator/{action} {"model": name} (no body for refresh-models)."""
+    box: Box = request.app.state.box
+    store: Store = request.app.state.store
+    action = request.path_params["action"]
+    if action not in ACTIONS:
+        raise RouteNotFound(f"No operator action {action!r}; there are {', '.join(ACTIONS)}.")
+    target = None
+    if action != "refresh-models":
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+        target = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(target, str) or not target:
+            raise InvalidRequest("Field 'model' is required.", param="model")
+    key = getattr(request.state, "api_key", None)
+    origin = request.client.host if request.client else None
+    try:
+        result = await _apply(box, action, target)
+    except FitboxError as exc:
+        store.operator_action(action, target, origin, key.key_id if key else None, "error",
+                              exc.message)  # fmt: skip
+        raise
+    store.operator_action(action, target, origin, key.key_id if key else None, "ok")
+    return JSONResponse({"action": action, "model": target, **result})
+
+
+async def _apply(box: Box, action: str, target: str | None) -> dict[str, Any]:
+    if action == "refresh-models":
+        box.catalog.refresh()
+        return {"models": len(box.catalog.artifacts()), "not_servable": len(box.catalog.rejected)}
+    assert target is not None
+    if action == "load":
+        return {"resident": (await box.load(target)).describe()}
+    if action == "pin":
+        return {"resident": (await box.pin(target)).describe()}
+    if action == "unpin":
+        return {"resident": (await box.pin(target, pinned=False)).describe()}
+    return {"resident": (await box.unload(target)).describe()}

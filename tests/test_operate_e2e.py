@@ -1,0 +1,86 @@
+"""Operator actions on a real fitbox: load, pin against eviction, unpin, unload (never a
+model that is serving), refresh; every action recorded; /openapi.json and /v1/storage."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fitbox.core import sizing
+from fitbox.models.gguf_facts import read_facts
+
+from .conftest import running_fitbox
+from .ggufs import write_tiny_llama
+
+pytestmark = pytest.mark.engine
+SMOL = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def act(url: str, action: str, model: str | None = None) -> httpx.Response:
+    body = {"model": model} if model else None
+    return httpx.post(f"{url}/v1/operator/{action}", json=body, timeout=120)
+
+
+def test_operator_actions_keep_their_promises(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / smollm2.name).symlink_to(smollm2)
+    write_tiny_llama(root / "tiny.gguf", extra_vocab=50_000)
+    shapes = [read_facts(p).shape for p in sorted(root.iterdir())]
+    sizes = [sizing.footprint(s, sizing.effective_window(s, 4096), 1).total for s in shapes]
+    cap = max(sizes) + min(sizes) // 2  # one model at a time
+    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
+        assert act(box.url, "pin", "tiny").json()["resident"]["pinned"] is True
+        held = httpx.post(f"{box.url}/v1/completions", timeout=60,
+                          json={"model": SMOL, "prompt": "hi", "max_tokens": 1})  # fmt: skip
+        assert held.status_code == 507 and held.json()["error"]["code"] == "held_by_pinned"
+        assert act(box.url, "unpin", "tiny").status_code == 200
+        assert act(box.url, "load", SMOL).json()["resident"]["model"] == SMOL  # evicts tiny
+        residents = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        assert [r["model"] for r in residents] == [SMOL]
+
+        stream_done = threading.Event()
+
+        def stream() -> None:
+            body = {"model": SMOL, "prompt": "Tell a story", "max_tokens": 300,
+                    "stream": True, "ignore_eos": True}  # fmt: skip
+            with httpx.stream("POST", f"{box.url}/v1/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        stream_done.set()
+
+        worker = threading.Thread(target=stream)
+        worker.start()
+        for _ in range(200):  # until the call is on the resident
+            if httpx.get(f"{box.url}/v1/residents").json()["data"][0]["calls"]:
+                break
+            threading.Event().wait(0.01)
+        busy = act(box.url, "unload", SMOL)
+        worker.join(60)
+        assert busy.status_code == 409 and "never stopped while serving" in busy.text
+        assert stream_done.is_set()
+        assert act(box.url, "unload", SMOL).status_code == 200
+        assert httpx.get(f"{box.url}/v1/residents").json()["data"] == []
+        assert act(box.url, "refresh-models").json()["models"] == 2
+        assert act(box.url, "reboot", SMOL).status_code == 404
+
+        spec = httpx.get(f"{box.url}/openapi.json").json()
+        assert "/v1/operator/{action}" in spec["paths"] and spec["openapi"].startswith("3.")
+        drives = httpx.get(f"{box.url}/v1/storage").json()["data"]
+        assert {m["model"] for d in drives for m in d["models"]} == {SMOL, "tiny"}
+    with sqlite3.connect(tmp_path / "home" / "fitbox.sqlite3") as conn:
+        rows = conn.execute("SELECT action, target, outcome FROM operator_actions ORDER BY id")
+        assert list(rows) == [
+            ("pin", "tiny", "ok"),
+            ("unpin", "tiny", "ok"),
+            ("load", SMOL, "ok"),
+            ("unload", SMOL, "error"),
+            ("unload", SMOL, "ok"),
+            ("refresh-models", None, "ok"),
+        ]
