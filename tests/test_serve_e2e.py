@@ -210,14 +210,18 @@ def test_a_streaming_call_finishes_before_its_model_is_evicted(
 
         thread = threading.Thread(target=ask_other_model)
         finish, usage = None, None
+        queued: list[dict[str, Any]] = []
         for index, chunk in enumerate(stream):
             if index == 1:
                 thread.start()  # B asks while A is mid-stream
+            if index == 40:  # B has been waiting for A's room for a while by now
+                queued = httpx.get(f"{box.url}/v1/queue").json()["data"]
             if chunk.choices and chunk.choices[0].finish_reason:
                 finish = chunk.choices[0].finish_reason
             if chunk.usage:
                 usage = chunk.usage
         thread.join(timeout=120)
+        assert [(q["model"], q["blocked_by"]) for q in queued] == [("tiny", [SMOL])]
         assert finish == "length" and usage is not None and usage.completion_tokens == 128
         assert "error" not in other and "reply" in other
         rows = {r["model_asked"]: r for r in box.calls()}

@@ -107,6 +107,11 @@ class Box:
         self._engine: EngineInfo | None = None
         self._closing = False
         self.evictions = 0
+        self._waiting: dict[object, dict[str, Any]] = {}  # calls waiting for room, for /v1/queue
+
+    def queue(self) -> list[dict[str, Any]]:
+        """Calls waiting for room, oldest first (FIFO: the admission queue is issue #4's)."""
+        return sorted((dict(w) for w in self._waiting.values()), key=lambda w: w["since"])
 
     # -- reading -----------------------------------------------------------------
 
@@ -275,21 +280,29 @@ class Box:
         artifact = self.catalog.resolve(name)
         deadline = time.monotonic() + self.config.wait_timeout
         lease: Lease | None = None
-        while lease is None:
-            async with self._lock:
-                lease, blockers = self._decide(artifact, call_id)
-                changed = self._changed
-            if lease is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ModelBusy(
-                        f"'{name}' needs room held by models serving calls "
-                        f"({', '.join(blockers)}); they did not finish within "
-                        f"{self.config.wait_timeout:.0f} s",
-                        blockers=blockers,
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), timeout=remaining)
+        ticket = object()
+        try:
+            while lease is None:
+                async with self._lock:
+                    lease, blockers = self._decide(artifact, call_id)
+                    changed = self._changed
+                if lease is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise ModelBusy(
+                            f"'{name}' needs room held by models serving calls "
+                            f"({', '.join(blockers)}); they did not finish within "
+                            f"{self.config.wait_timeout:.0f} s",
+                            blockers=blockers,
+                        )
+                    self._waiting.setdefault(ticket, {
+                        "model": artifact.name, "call_id": call_id, "since": time.time(),
+                        "deadline": time.time() + remaining})  # fmt: skip
+                    self._waiting[ticket]["blocked_by"] = blockers
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), timeout=remaining)
+        finally:
+            self._waiting.pop(ticket, None)
         try:
             await asyncio.wait_for(
                 asyncio.shield(lease.resident.ready), timeout=self.config.load_timeout + 30

@@ -63,6 +63,7 @@ def create_app(config: Config) -> Starlette:
         Route("/v1/plan", manage.plan, methods=["GET"]),
         Route("/v1/residents", operate.residents, methods=["GET"]),
         Route("/v1/storage", operate.storage, methods=["GET"]),
+        Route("/v1/queue", operate.queue, methods=["GET"]),
         Route("/v1/operator/{action}", operate.operator_action, methods=["POST"]),
         Route("/openapi.json", openapi.document, methods=["GET"]),
         Route("/v1/keys", manage.list_keys, methods=["GET"]),

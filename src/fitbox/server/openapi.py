@@ -100,6 +100,7 @@ PATHS: dict[str, dict[str, Any]] = {
                                     _query("parallel", "integer"), _query("kv", "string")])},
     "/v1/residents": {"get": _op("Loaded models: device, bytes, state, calls", MANAGEMENT)},
     "/v1/storage": {"get": _op("Drives holding models", MANAGEMENT)},
+    "/v1/queue": {"get": _op("Calls waiting for room, and what blocks them", MANAGEMENT)},
     "/v1/operator/{action}": {"post": _op("Operator action, recorded", MANAGEMENT,
                                           MODEL_BODY, ACTION)},
     "/v1/keys": {"get": _op("API keys, without secrets", MANAGEMENT),

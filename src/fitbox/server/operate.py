@@ -23,6 +23,11 @@ async def residents(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [r.describe() for r in box.residents()]})
 
 
+async def queue(request: Request) -> Response:
+    box: Box = request.app.state.box
+    return JSONResponse({"object": "list", "data": box.queue()})
+
+
 async def storage(request: Request) -> Response:
     """Drives holding model roots: capacity, free bytes, and the models on each."""
     box: Box = request.app.state.box
