@@ -135,3 +135,33 @@ def test_a_simulated_gpu_is_labelled_and_used(
         model = box.models()["tiny-llama"]
         assert model["device"] == "gpu0" and model["simulated"] is True
         assert "SIMULATED" in box.log()
+
+
+def test_a_crash_loop_backs_off_then_marks_the_model_failed_until_cleared(
+    tmp_path: Path, llama_server_bin: Path
+) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    write_tiny_llama(root / "broken.gguf", with_tokenizer=False)  # the real engine rejects it
+    env = {"FITBOX_CRASH_LIMIT": "3", "FITBOX_CRASH_BACKOFF": "0.2"}
+    with running_fitbox(tmp_path / "home", [root], env=env) as box:
+        body = chat("broken", max_tokens=1)
+        started = time.monotonic()
+        for _ in range(3):
+            response = httpx.post(f"{box.url}/v1/chat/completions", json=body, timeout=60)
+            assert response.status_code == 502
+            assert "could not load" in response.json()["error"]["message"]
+        assert time.monotonic() - started >= 0.2 + 0.4  # backed off 0.2 s, then 0.4 s
+        launches = len(list((tmp_path / "home" / "logs").glob("broken-*.log")))
+        assert launches == 3
+        refused = httpx.post(f"{box.url}/v1/chat/completions", json=body, timeout=60)
+        error = refused.json()["error"]
+        assert refused.status_code == 502 and "marked failed after 3 crashes" in error["message"]
+        assert error["log_tail"] and box.models()["broken"]["state"] == "failed"
+        assert len(list((tmp_path / "home" / "logs").glob("broken-*.log"))) == launches
+        cleared = httpx.post(f"{box.url}/v1/operator/clear-failed", json={"model": "broken"})
+        assert cleared.status_code == 200
+        again = httpx.post(f"{box.url}/v1/chat/completions", json=body, timeout=60)
+        assert again.status_code == 502 and "could not load" in again.json()["error"]["message"]
+        not_failed = httpx.post(f"{box.url}/v1/operator/clear-failed", json={"model": "broken"})
+        assert not_failed.status_code == 409

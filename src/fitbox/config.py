@@ -131,6 +131,27 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_float,
     ),
     Setting(
+        "crash_limit",
+        "FITBOX_CRASH_LIMIT",
+        "3",
+        "crashes within the crash window that mark a model failed until an operator clears it",
+        _positive_int,
+    ),
+    Setting(
+        "crash_window",
+        "FITBOX_CRASH_WINDOW",
+        "300",
+        "seconds over which crashes are counted",
+        _positive_float,
+    ),
+    Setting(
+        "crash_backoff",
+        "FITBOX_CRASH_BACKOFF",
+        "1",
+        "seconds to wait before restarting a crashed model; doubles per crash, at most 30",
+        _positive_float,
+    ),
+    Setting(
         "trusted_networks",
         "FITBOX_TRUSTED_NETWORKS",
         DEFAULT_TRUSTED_NETWORKS,
@@ -175,6 +196,9 @@ class Config:
     load_timeout: float
     wait_timeout: float
     stop_grace: float
+    crash_limit: int
+    crash_window: float
+    crash_backoff: float
     trusted_networks: tuple[Network, ...]
     trusted_proxies: tuple[Network, ...]
     require_keys: bool

@@ -56,6 +56,7 @@ from fitbox.probe.host import read_host
 from fitbox.store.db import MeasuredFootprint, Store
 from fitbox.units import format_bytes
 
+from .crashes import CrashLedger
 from .pricing import Contract, MeasuredKey, footprint_row, measurement, price
 from .resident import Resident
 
@@ -108,6 +109,7 @@ class Box:
         self._closing = False
         self.evictions = 0
         self._waiting: dict[object, dict[str, Any]] = {}  # calls waiting for room, for /v1/queue
+        self.crashes = CrashLedger(config.crash_limit, config.crash_window, config.crash_backoff)
 
     def queue(self) -> list[dict[str, Any]]:
         """Calls waiting for room, oldest first (FIFO: the admission queue is issue #4's)."""
@@ -201,6 +203,19 @@ class Box:
         await self._stop(resident)
         return resident
 
+    def _refuse_if_failed(self, artifact: Artifact) -> None:
+        failed = self.crashes.failed(artifact.key)
+        if failed is not None:
+            raise EngineFailed(
+                f"'{artifact.name}' is marked failed after {failed.crashes} crashes "
+                f"(last: {failed.reason}). Fix the cause, then clear it with POST "
+                f"/v1/operator/clear-failed {{\"model\": \"{artifact.name}\"}}.",
+                log_tail=failed.log_tail, code="engine_failed",
+            )  # fmt: skip
+
+    def clear_failed(self, name: str) -> bool:
+        return self.crashes.clear(self.catalog.resolve(name).key)
+
     def _resident_named(self, name: str) -> Resident:
         artifact = self.catalog.resolve(name)
         resident = self._residents.get(artifact.key)
@@ -278,7 +293,13 @@ class Box:
         if self._closing:
             raise ShuttingDown("fitbox is shutting down; retry against the restarted service")
         artifact = self.catalog.resolve(name)
+        self._refuse_if_failed(artifact)
         deadline = time.monotonic() + self.config.wait_timeout
+        if artifact.key not in self._residents:  # crash-loop backoff before a restart
+            delay = self.crashes.wait_before_restart(artifact.key, time.time())
+            if delay > 0:
+                await asyncio.sleep(min(delay, self.config.wait_timeout))
+                self._refuse_if_failed(artifact)
         lease: Lease | None = None
         ticket = object()
         try:
@@ -464,6 +485,8 @@ class Box:
         log.error("%s failed to load: %s", resident.artifact.name, error.message)
         if resident.child is not None:
             await resident.child.stop(self.config.stop_grace)
+        if not isinstance(exc, EngineNotFound | EngineFailed):  # the engine, not the model
+            self._crashed(resident, error.message, error.detail.get("log_tail", []))
         if self._residents.get(resident.key) is resident:
             del self._residents[resident.key]
         if not resident.ready.done():
@@ -476,7 +499,14 @@ class Box:
         if resident.state is ResidentState.READY and self._residents.get(resident.key) is resident:
             log.error("%s exited unexpectedly with code %s", resident.artifact.name, code)
             del self._residents[resident.key]
+            self._crashed(resident, f"exited unexpectedly with code {code}", resident.child.tail())
             self._notify()
+
+    def _crashed(self, resident: Resident, reason: str, tail: list[str]) -> None:
+        failed = self.crashes.crashed(resident.key, reason, tail, time.time())
+        if failed is not None:
+            log.error("%s marked failed after %d crashes; calls get engine_failed until an "
+                      "operator clears it", resident.artifact.name, failed.crashes)  # fmt: skip
 
     async def _stop(self, resident: Resident) -> None:
         resident.state = ResidentState.STOPPING

@@ -47,7 +47,9 @@ async def list_models(request: Request) -> Response:
                 "owned_by": "fitbox",
                 "aliases": box.catalog.aliases_of(artifact.name),
                 "resident": r is not None,
-                "state": r.state.value if r else "unloaded",
+                "state": r.state.value
+                if r
+                else ("failed" if box.crashes.failed(artifact.key) else "unloaded"),
                 "device": r.device if r else None,
                 "simulated": r.simulated if r else False,
                 "footprint_bytes": r.footprint.total if r else None,

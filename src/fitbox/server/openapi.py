@@ -85,7 +85,10 @@ ACTION = [
         "name": "action",
         "in": "path",
         "required": True,
-        "schema": {"type": "string", "enum": ["load", "unload", "pin", "unpin", "refresh-models"]},
+        "schema": {
+            "type": "string",
+            "enum": ["load", "unload", "pin", "unpin", "refresh-models", "clear-failed"],
+        },
     }
 ]
 

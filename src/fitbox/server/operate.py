@@ -12,10 +12,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
-from fitbox.errors import FitboxError, InvalidRequest, RouteNotFound
+from fitbox.errors import Conflict, FitboxError, InvalidRequest, RouteNotFound
 from fitbox.store.db import Store
 
-ACTIONS = ("load", "unload", "pin", "unpin", "refresh-models")
+ACTIONS = ("load", "unload", "pin", "unpin", "refresh-models", "clear-failed")
 
 
 async def residents(request: Request) -> Response:
@@ -85,6 +85,11 @@ async def _apply(box: Box, action: str, target: str | None) -> dict[str, Any]:
         box.catalog.refresh()
         return {"models": len(box.catalog.artifacts()), "not_servable": len(box.catalog.rejected)}
     assert target is not None
+    if action == "clear-failed":
+        if not box.clear_failed(target):
+            raise Conflict(f"'{target}' is not marked failed.", param="model",
+                           code="not_failed")  # fmt: skip
+        return {"cleared": True}
     if action == "load":
         return {"resident": (await box.load(target)).describe()}
     if action == "pin":
