@@ -58,6 +58,7 @@ from fitbox.units import format_bytes
 
 from .crashes import CrashLedger
 from .pricing import Contract, MeasuredKey, footprint_row, measurement, price
+from .recovery import await_free
 from .resident import Resident
 
 log = logging.getLogger(__name__)
@@ -409,6 +410,8 @@ class Box:
                 )
                 self.evictions += 1
                 await self._stop(victim)
+            if victims:
+                await self._memory_back(resident)
             engine = self.engine()
             port = free_port()
             intent = LaunchIntent(
@@ -501,6 +504,20 @@ class Box:
             del self._residents[resident.key]
             self._crashed(resident, f"exited unexpectedly with code {code}", resident.child.tail())
             self._notify()
+
+    async def _memory_back(self, resident: Resident) -> None:
+        """On a real GPU, wait (bounded) for the evicted children's VRAM to be released."""
+
+        def free_on_device() -> int | None:
+            for gpu in self.gpus.read():
+                if f"gpu{gpu.index}" == resident.device and not gpu.simulated:
+                    return gpu.free
+            return None  # host RAM is back when the process is reaped; simulated GPUs too
+
+        recovered, waited = await await_free(free_on_device, resident.footprint.total)
+        if not recovered:
+            log.warning("%s: %s memory not back after %.1f s; loading anyway",
+                        resident.artifact.name, resident.device, waited)  # fmt: skip
 
     def _crashed(self, resident: Resident, reason: str, tail: list[str]) -> None:
         failed = self.crashes.crashed(resident.key, reason, tail, time.time())
