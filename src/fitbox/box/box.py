@@ -42,6 +42,7 @@ from fitbox.engines.llama_server import (
     inspect,
 )
 from fitbox.engines.load_log import parse_load_log
+from fitbox.engines.orphans import ChildRecord, reap, start_time
 from fitbox.errors import (
     Conflict,
     DoesNotFit,
@@ -427,6 +428,7 @@ class Box:
             resident.child = child
             resident.load_started_at = time.time()
             await child.start()
+            self._child_started(resident, child)
             resident.load_seconds = await child.wait_ready(self.config.load_timeout)
             resident.ready_at = time.time()
             self._measure(resident, child)
@@ -488,6 +490,7 @@ class Box:
         log.error("%s failed to load: %s", resident.artifact.name, error.message)
         if resident.child is not None:
             await resident.child.stop(self.config.stop_grace)
+            self._child_ended(resident, "failed to load")
         if not isinstance(exc, EngineNotFound | EngineFailed):  # the engine, not the model
             self._crashed(resident, error.message, error.detail.get("log_tail", []))
         if self._residents.get(resident.key) is resident:
@@ -501,9 +504,34 @@ class Box:
         code = await resident.child.proc.wait()
         if resident.state is ResidentState.READY and self._residents.get(resident.key) is resident:
             log.error("%s exited unexpectedly with code %s", resident.artifact.name, code)
+            self._child_ended(resident, f"exited with code {code}")
             del self._residents[resident.key]
             self._crashed(resident, f"exited unexpectedly with code {code}", resident.child.tail())
             self._notify()
+
+    def _child_started(self, resident: Resident, child: Child) -> None:
+        if self.store is None or child.pid is None:
+            return
+        resident.child_start_time = start_time(child.pid) or 0.0
+        self.store.child_started(child.pid, resident.child_start_time, child.port,
+                                 str(resident.artifact.path), child.argv)  # fmt: skip
+
+    def _child_ended(self, resident: Resident, how: str) -> None:
+        if self.store is not None and resident.child is not None and resident.child.pid:
+            self.store.child_ended(resident.child.pid, resident.child_start_time, how)
+
+    def reap_orphans(self) -> int:
+        """Stop children an earlier fitbox left behind (matched by pid and start time)."""
+        if self.store is None:
+            return 0
+        reaped = 0
+        for row_id, pid, created, argv0 in self.store.open_children():
+            ours = reap(ChildRecord(row_id, pid, created, argv0))
+            reaped += ours
+            if ours:
+                log.warning("stopped engine pid %d left running by an earlier fitbox", pid)
+            self.store.child_row_ended(row_id, "reaped at start" if ours else "gone")
+        return reaped
 
     async def _memory_back(self, resident: Resident) -> None:
         """On a real GPU, wait (bounded) for the evicted children's VRAM to be released."""
@@ -529,6 +557,7 @@ class Box:
         resident.state = ResidentState.STOPPING
         if resident.child is not None:
             await resident.child.stop(self.config.stop_grace)
+            self._child_ended(resident, "stopped")
         if self._residents.get(resident.key) is resident:
             del self._residents[resident.key]
         if not resident.ready.done():  # stopped while loading: wake whoever waits for it

@@ -37,6 +37,7 @@ class Resident:
     ready: asyncio.Future[None] = field(default_factory=_quiet_future)
     basis: str = "estimate"  # or "measured": where ``footprint`` came from
     pinned: bool = False
+    child_start_time: float = 0.0  # the process start time recorded with it (orphans.py)
     loaded_by_call: int | None = None
 
     @property

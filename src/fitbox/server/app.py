@@ -37,6 +37,7 @@ def create_app(config: Config) -> Starlette:
             label = " (SIMULATED)" if gpu.simulated else ""
             log.info("GPU %d: %s, %d MiB%s", gpu.index, gpu.name, gpu.total >> 20, label)
         box = Box(config, catalog, gpus, store)
+        box.reap_orphans()
         ensure_box_key(store, config.box_key_file)
         app.state.gate = Gate(
             TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),

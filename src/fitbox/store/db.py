@@ -275,6 +275,39 @@ class Store:
         params = (*values.values(), call_id)
         self._submit(lambda conn: conn.execute(sql, params))
 
+    def child_started(
+        self, pid: int, create_time: float, port: int, artifact: str, argv: list[str]
+    ) -> None:
+        now = time.time()
+        self._submit(lambda conn: conn.execute(
+            "INSERT INTO children (pid, create_time, port, artifact, argv, started_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (pid, create_time, port, artifact, json.dumps(argv), now)))  # fmt: skip
+
+    def child_ended(self, pid: int, create_time: float, how: str) -> None:
+        now = time.time()
+        self._submit(lambda conn: conn.execute(
+            "UPDATE children SET ended_at = ?, ended_how = ? WHERE pid = ? AND create_time = ?"
+            " AND ended_at IS NULL", (now, how, pid, create_time)))  # fmt: skip
+
+    def child_row_ended(self, row_id: int, how: str) -> None:
+        now = time.time()
+        self._submit(lambda conn: conn.execute(
+            "UPDATE children SET ended_at = ?, ended_how = ? WHERE id = ?",
+            (now, how, row_id)))  # fmt: skip
+
+    def open_children(self) -> list[tuple[int, int, float, str]]:
+        """(row id, pid, create_time, argv0) of children never recorded as ended."""
+
+        def select(conn: sqlite3.Connection) -> list[tuple[int, int, float, str]]:
+            rows = conn.execute(
+                "SELECT id, pid, create_time, argv FROM children WHERE ended_at IS NULL"
+            )
+            return [(r[0], r[1], r[2], (json.loads(r[3]) or [""])[0]) for r in rows]
+
+        result: list[tuple[int, int, float, str]] = self.run(select)
+        return result  # fmt: skip
+
     def operator_action(
         self,
         action: str,
