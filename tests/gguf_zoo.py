@@ -19,15 +19,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, TokenType
+from gguf import GGUFWriter
 
-from .ggufs import CONTROL, SPECIALS, WORDS
+from .ggufs import SPECIALS, WORDS, add_tokenizer
 
 TOKENS = SPECIALS + WORDS
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 class _Model:
@@ -47,24 +43,7 @@ class _Model:
         w.add_layer_norm_rms_eps(1e-5)
         w.add_rope_freq_base(10000.0)
         w.add_file_type(0)  # all F32
-        w.add_tokenizer_model("llama")
-        w.add_token_list(TOKENS)
-        w.add_token_scores([0.0] * 3 + [-float(i) for i in range(self.n_vocab - 3)])
-        w.add_token_types(
-            [
-                TokenType.UNKNOWN
-                if i == 0
-                else TokenType.CONTROL
-                if t in CONTROL
-                else TokenType.NORMAL
-                for i, t in enumerate(TOKENS)
-            ]
-        )
-        w.add_unk_token_id(0)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-        w.add_add_bos_token(True)
-        w.add_chat_template(CHAT_TEMPLATE)
+        add_tokenizer(w, TOKENS)
 
     def weight(self, name: str, *ggml_shape: int) -> None:
         """A random tensor; ``ggml_shape`` is in llama.cpp's order (ne0 first)."""

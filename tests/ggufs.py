@@ -25,6 +25,31 @@ WORDS = (
 )
 
 
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def add_tokenizer(writer: GGUFWriter, tokens: list[str]) -> None:
+    """An SPM vocabulary of plain tokens (control tokens typed CONTROL) and a chat template."""
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 3 + [-float(i) for i in range(len(tokens) - 3)])
+    writer.add_token_types(
+        [
+            TokenType.UNKNOWN if i == 0 else TokenType.CONTROL if t in CONTROL
+            else TokenType.NORMAL
+            for i, t in enumerate(tokens)
+        ]
+    )  # fmt: skip
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_chat_template(CHAT_TEMPLATE)
+
+
 def write_tiny_llama(
     path: Path,
     *,
@@ -57,27 +82,7 @@ def write_tiny_llama(
     writer.add_rope_freq_base(10000.0)
     writer.add_file_type(0)  # all F32
     if with_tokenizer:
-        writer.add_tokenizer_model("llama")
-        writer.add_token_list(tokens)
-        writer.add_token_scores([0.0] * 3 + [-float(i) for i in range(n_vocab - 3)])
-        writer.add_token_types(
-            [
-                TokenType.UNKNOWN
-                if i == 0
-                else TokenType.CONTROL
-                if t in CONTROL
-                else TokenType.NORMAL
-                for i, t in enumerate(tokens)
-            ]
-        )
-        writer.add_unk_token_id(0)
-        writer.add_bos_token_id(1)
-        writer.add_eos_token_id(2)
-        writer.add_add_bos_token(True)
-        writer.add_chat_template(
-            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-        )
+        add_tokenizer(writer, tokens)
 
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
