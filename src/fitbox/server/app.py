@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from fitbox.config import Config
 from fitbox.errors import FitboxError
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import open_gpu_probe
-from fitbox.server import errors, manage, openai, openapi, operate
+from fitbox.server import errors, manage, openai, openapi, operate, telemetry
 from fitbox.server.auth import AuthMiddleware, Gate
 from fitbox.server.keys import ensure_box_key
 from fitbox.server.trust import TrustSettings
@@ -38,6 +39,13 @@ def create_app(config: Config) -> Starlette:
             log.info("GPU %d: %s, %d MiB%s", gpu.index, gpu.name, gpu.total >> 20, label)
         box = Box(config, catalog, gpus, store)
         box.reap_orphans()
+        loop = asyncio.get_running_loop()
+        app.state.changes = changes = telemetry.ChangeSignal()
+
+        def wake_readers(counter: int) -> None:  # from the store's writer thread
+            loop.call_soon_threadsafe(changes.fire)
+
+        store.on_change(wake_readers)
         ensure_box_key(store, config.box_key_file)
         app.state.gate = Gate(
             TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
@@ -62,6 +70,8 @@ def create_app(config: Config) -> Starlette:
         Route("/health", openai.health, methods=["GET"]),
         Route("/v1/models", openai.list_models, methods=["GET"]),
         Route("/v1/plan", manage.plan, methods=["GET"]),
+        Route("/v1/telemetry/state", telemetry.state, methods=["GET"]),
+        Route("/v1/telemetry", telemetry.rows, methods=["GET"]),
         Route("/v1/residents", operate.residents, methods=["GET"]),
         Route("/v1/storage", operate.storage, methods=["GET"]),
         Route("/v1/queue", operate.queue, methods=["GET"]),

@@ -25,6 +25,7 @@ from fitbox.store.keys import ApiKey, KeyChecker
 INFERENCE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                        "/v1/models"})  # fmt: skip
 OPEN = frozenset({"/health"})
+READ = ("/v1/telemetry",)  # telemetry and status: a read (or admin) key, or the box itself
 
 
 @dataclass
@@ -66,6 +67,14 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> A
             return None
         raise AuthenticationFailed(f"An API key is required: {origin.reason}.",
                                    code="missing_api_key")  # fmt: skip
+    if path.startswith(READ):
+        if key is not None and not {"admin", "read"} & set(key.scopes):
+            raise PermissionDenied("Telemetry needs a key with the read or admin scope.")
+        if key is not None or origin.local:
+            return key
+        raise AuthenticationFailed(
+            f"Telemetry needs a read key unless called from the box itself: {origin.reason}.",
+            code="missing_api_key")  # fmt: skip
     if key is not None:
         if "admin" not in key.scopes:
             raise PermissionDenied("Management routes need a key with the admin scope.")

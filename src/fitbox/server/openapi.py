@@ -101,6 +101,14 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/plan": {"get": _op("What the box would load for a model, and where", MANAGEMENT,
                             params=[_query("model", "string", True), _query("ctx", "integer"),
                                     _query("parallel", "integer"), _query("kv", "string")])},
+    "/v1/telemetry/state": {"get": _op(
+        "The change counter; long-polls until it passes `since` or `wait` seconds pass",
+        "the box itself, or a key with the read or admin scope",
+        params=[_query("since", "integer"), _query("wait", "number")])},
+    "/v1/telemetry": {"get": _op(
+        "Cursor replay of a table by seq", "the box itself, or a key with the read scope",
+        params=[_query("table", "string", True), _query("since", "integer"),
+                _query("limit", "integer")])},
     "/v1/residents": {"get": _op("Loaded models: device, bytes, state, calls", MANAGEMENT)},
     "/v1/storage": {"get": _op("Drives holding models", MANAGEMENT)},
     "/v1/queue": {"get": _op("Calls waiting for room, and what blocks them", MANAGEMENT)},

@@ -121,6 +121,9 @@ def read_measured(path: Path) -> list[MeasuredFootprint]:
         return []
 
 
+CURSOR_TABLES = ("call_log", "operator_actions", "measured_footprints", "children")
+
+
 Job = Callable[[sqlite3.Connection], Any]
 
 
@@ -147,6 +150,10 @@ class Store:
             log.warning("closed %d call rows left pending by an earlier run", closed)
         row = self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM call_log").fetchone()
         self._next_call_id = int(row[0]) + 1
+        self.counter = int(self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM events")
+                           .fetchone()[0])  # fmt: skip
+        self._batch_counter = self.counter
+        self._listeners: list[Callable[[int], None]] = []
         self._queue: collections.deque[_Queued] = collections.deque()  # appends are atomic
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._write_loop, name="fitbox-store", daemon=True)
@@ -215,12 +222,20 @@ class Store:
                     results.append((item, None, exc))
                     if not self._conn.in_transaction:
                         results = self._lost(results, exc)
+                        self._batch_counter = int(self._conn.execute(
+                            "SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])  # fmt: skip
                         self._conn.execute("BEGIN")
             self._conn.execute("COMMIT")
         except sqlite3.Error as exc:  # the commit itself failed: nothing in it landed
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
             results = self._lost(results, exc)
+            self._batch_counter = int(self._conn.execute(
+                "SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])  # fmt: skip
+        if self._batch_counter != self.counter:
+            self.counter = self._batch_counter
+            for listener in self._listeners:
+                listener(self.counter)
         for item, value, error in results:
             if item.future is not None:
                 if error is None:
@@ -236,6 +251,20 @@ class Store:
         if landed:
             self._failed(exc, count=len(landed))
         return [(item, None, error or exc) for item, _, error in results]
+
+    def _event(self, conn: sqlite3.Connection, kind: str, table: str, row_id: int) -> None:
+        """Record an event for a row of a cursor table and stamp the row with it."""
+        assert table in CURSOR_TABLES
+        seq = conn.execute(
+            "INSERT INTO events (at, kind, tbl, row_id) VALUES (?, ?, ?, ?)",
+            (time.time(), kind, table, row_id),
+        ).lastrowid
+        conn.execute(f"UPDATE {table} SET seq = ? WHERE id = ?", (seq, row_id))  # noqa: S608
+        self._batch_counter = max(self._batch_counter, int(seq or 0))
+
+    def on_change(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(counter)`` (from the writer thread) after each commit that moved it."""
+        self._listeners.append(listener)
 
     def _failed(self, exc: BaseException, count: int = 1) -> None:
         self.write_failures += count
@@ -254,14 +283,17 @@ class Store:
         """Queue the call's row; returns its id at once (ids are handed out here)."""
         call_id = self._next_call_id
         self._next_call_id += 1
-        self._submit(
-            lambda conn: conn.execute(
+
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.execute(
                 "INSERT INTO call_log (id, request_id, endpoint, model_asked, stream, "
                 "received_at) VALUES (?, ?, ?, ?, ?, ?)",
                 (call_id, start.request_id, start.endpoint, start.model_asked,
                  int(start.stream), start.received_at),
-            )
-        )  # fmt: skip
+            )  # fmt: skip
+            self._event(conn, "call", "call_log", call_id)
+
+        self._submit(insert)
         return call_id
 
     def call_updated(self, call_id: int, **values: Any) -> None:
@@ -273,28 +305,48 @@ class Store:
         assignments = ", ".join(f"{column} = ?" for column in values)
         sql = f"UPDATE call_log SET {assignments} WHERE id = ?"  # noqa: S608 - whitelisted
         params = (*values.values(), call_id)
-        self._submit(lambda conn: conn.execute(sql, params))
+
+        def update(conn: sqlite3.Connection) -> None:
+            if conn.execute(sql, params).rowcount:
+                self._event(conn, "call", "call_log", call_id)
+
+        self._submit(update)
 
     def child_started(
         self, pid: int, create_time: float, port: int, artifact: str, argv: list[str]
     ) -> None:
         now = time.time()
-        self._submit(lambda conn: conn.execute(
+        self._submit(lambda conn: self._insert(conn, "child", "children",
             "INSERT INTO children (pid, create_time, port, artifact, argv, started_at)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             (pid, create_time, port, artifact, json.dumps(argv), now)))  # fmt: skip
 
     def child_ended(self, pid: int, create_time: float, how: str) -> None:
         now = time.time()
-        self._submit(lambda conn: conn.execute(
-            "UPDATE children SET ended_at = ?, ended_how = ? WHERE pid = ? AND create_time = ?"
-            " AND ended_at IS NULL", (now, how, pid, create_time)))  # fmt: skip
+
+        def end(conn: sqlite3.Connection) -> None:
+            for (row_id,) in conn.execute(
+                "SELECT id FROM children WHERE pid = ? AND create_time = ? AND ended_at IS NULL",
+                (pid, create_time)).fetchall():  # fmt: skip
+                self._ended(conn, row_id, how, now)
+
+        self._submit(end)
 
     def child_row_ended(self, row_id: int, how: str) -> None:
         now = time.time()
-        self._submit(lambda conn: conn.execute(
-            "UPDATE children SET ended_at = ?, ended_how = ? WHERE id = ?",
-            (now, how, row_id)))  # fmt: skip
+        self._submit(lambda conn: self._ended(conn, row_id, how, now))
+
+    def _ended(self, conn: sqlite3.Connection, row_id: int, how: str, now: float) -> None:
+        conn.execute("UPDATE children SET ended_at = ?, ended_how = ? WHERE id = ?",
+                     (now, how, row_id))  # fmt: skip
+        self._event(conn, "child", "children", row_id)
+
+    def _insert(
+        self, conn: sqlite3.Connection, kind: str, table: str, sql: str, params: tuple[Any, ...]
+    ) -> int:
+        row_id = int(conn.execute(sql, params).lastrowid or 0)
+        self._event(conn, kind, table, row_id)
+        return row_id
 
     def open_children(self) -> list[tuple[int, int, float, str]]:
         """(row id, pid, create_time, argv0) of children never recorded as ended."""
@@ -318,7 +370,7 @@ class Store:
         detail: str | None = None,
     ) -> None:
         now = time.time()
-        self._submit(lambda conn: conn.execute(
+        self._submit(lambda conn: self._insert(conn, "operator", "operator_actions",
             "INSERT INTO operator_actions (at, action, target, origin, key_id, outcome, detail)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)", (now, action, target, origin, key_id, outcome, detail)
         ))  # fmt: skip
@@ -326,7 +378,7 @@ class Store:
     def footprint_measured(self, measured: MeasuredFootprint) -> None:
         m = measured
         self._submit(
-            lambda conn: conn.execute(
+            lambda conn: self._insert(conn, "fact", "measured_footprints",
                 "INSERT INTO measured_footprints (artifact, artifact_size, artifact_mtime_ns, "
                 "device, window, parallel, type_k, type_v, weights_bytes, kv_bytes, "
                 "compute_bytes, output_bytes, n_ctx, n_ctx_seq, load_seconds, call_id, "
