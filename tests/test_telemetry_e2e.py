@@ -21,6 +21,14 @@ def counter(box: FitboxProcess) -> int:
     return value
 
 
+def counter_reaches(box: FitboxProcess, expected: int, within: float = 10.0) -> int:
+    """The counter once it shows ``expected`` (writes land a moment after the reply)."""
+    deadline = time.monotonic() + within
+    while (value := counter(box)) < expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return value
+
+
 def miss(box: FitboxProcess, i: int) -> None:
     reply = httpx.post(f"{box.url}/v1/completions", json={"model": f"nope-{i}", "prompt": "x"})
     assert reply.status_code == 404
@@ -32,12 +40,12 @@ def test_the_counter_moves_on_events_only(tmp_path: Path) -> None:
         time.sleep(1.0)  # an idle box: nothing happens, nothing moves
         assert counter(box) == start
         httpx.post(f"{box.url}/v1/operator/refresh-models")
-        time.sleep(0.2)
-        after_action = counter(box)
+        after_action = counter_reaches(box, start + 1)
         assert after_action == start + 1
         miss(box, 0)
-        time.sleep(0.2)
-        assert counter(box) == after_action + 2  # the row written, then its outcome
+        assert counter_reaches(box, after_action + 2) == after_action + 2  # written, then done
+        time.sleep(0.5)
+        assert counter(box) == after_action + 2  # and nothing more after that
 
 
 def test_a_long_poll_wakes_on_the_event_not_at_its_bound(tmp_path: Path) -> None:
@@ -64,6 +72,7 @@ def test_a_long_poll_wakes_on_the_event_not_at_its_bound(tmp_path: Path) -> None
 
 def test_cursor_replay_yields_every_change_once_under_concurrent_writes(tmp_path: Path) -> None:
     with running_fitbox(tmp_path / "home", [tmp_path / "models"]) as box:
+        start = counter(box)
 
         def write(k: int) -> None:
             for i in range(15):
@@ -86,7 +95,7 @@ def test_cursor_replay_yields_every_change_once_under_concurrent_writes(tmp_path
                 break
         for w in writers:
             w.join()
-        time.sleep(0.2)
+        counter_reaches(box, start + 45 * 2)  # every row written and finished
         tail = httpx.get(
             f"{box.url}/v1/telemetry", params={"table": "call_log", "since": cursor, "limit": 1000}
         ).json()
