@@ -90,6 +90,29 @@ def _parser() -> argparse.ArgumentParser:
         parser_.add_argument("--json", action="store_true")
         _add_catalog_options(parser_)
 
+    install = sub.add_parser("install", help="install fitbox as a systemd service")
+    uninstall = sub.add_parser("uninstall", help="remove the service (--purge: state too)")
+    for parser_ in (install, uninstall):
+        kind = parser_.add_mutually_exclusive_group()
+        kind.add_argument("--user", dest="kind", action="store_const", const="user")
+        kind.add_argument("--system", dest="kind", action="store_const", const="system")
+        parser_.add_argument(
+            "--dry-run", action="store_true", help="print every step, change nothing"
+        )
+        parser_.add_argument(
+            "--root", default="/", help="install into this directory tree (for images and tests)"
+        )
+        parser_.add_argument("--yes", action="store_true", help="do not ask")
+    install.add_argument("--port", help="N, or auto for a free one (kept on re-runs)")
+    install.add_argument("--host", help="address to listen on (default 127.0.0.1, kept)")
+    install.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    install.add_argument("--ram-max", help="cap on host RAM for models, e.g. 8GiB")
+    install.add_argument("--health-timeout", type=float, default=180.0)
+    uninstall.add_argument(
+        "--purge", action="store_true", help="also state and cache (the model store is always kept)"
+    )
+    sub.add_parser("engines", help="every llama-server fitbox can see, and the one it uses")
+
     pull = sub.add_parser("pull", help="fetch a real GGUF into the model store")
     pull.add_argument(
         "source",
@@ -120,6 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return pull_model(config, args)
     if args.command == "plan":
         return plan_model(config, args)
+    if args.command in ("install", "uninstall"):
+        from fitbox.installer.cli import run as run_installer
+
+        return run_installer(args)
+    if args.command == "engines":
+        return list_engines(config)
     if args.command == "keys":
         from fitbox.keys_cli import keys_command
 
@@ -318,3 +347,25 @@ def plan_model(config: settings.Config, args: argparse.Namespace) -> int:
         )
     print(f"  ({report['source']})")
     return 0
+
+
+def list_engines(config: settings.Config) -> int:
+    from fitbox.engines.llama_server import candidates, find_binary, inspect
+
+    try:
+        chosen = find_binary(config.engine_dir).path
+    except Exception as exc:
+        chosen = None
+        print(f"fitbox engines: {exc}", file=sys.stderr)
+    for candidate in candidates(config.engine_dir):
+        mark = "*" if candidate.path == chosen else " "
+        try:
+            info = inspect(candidate.path)
+            detail = (
+                f"version {info.version}, {len(info.flags)} flags, "
+                f"--fit {'yes' if info.has('--fit') else 'no'}"
+            )
+        except OSError as exc:
+            detail = f"not runnable: {exc}"
+        print(f"{mark} {candidate.path}  ({candidate.source}; {detail})")
+    return 0 if chosen else 1

@@ -1,0 +1,1 @@
+"""`fitbox install` / `uninstall`: the service units, config and paths. Never serves."""

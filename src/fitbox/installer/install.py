@@ -1,0 +1,222 @@
+"""`fitbox install` and `fitbox uninstall`: a plan of steps, printed, then carried out.
+
+Every step is safe to repeat: a re-run keeps the host, the port and the box key, and
+rewrites what it owns. `--dry-run` prints the plan and changes nothing. Where systemd is not
+running (a container, macOS), the files are still written and the foreground command is
+offered instead of pretending the service started.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import httpx
+
+from fitbox.engines.child import free_port
+from fitbox.installer.units import Layout, exec_start, render_unit
+from fitbox.server.keys import write_secret
+
+
+class InstallError(RuntimeError):
+    pass
+
+
+@dataclass
+class Step:
+    what: str
+    run: Callable[[], object]
+
+
+@dataclass
+class Plan:
+    target: Layout
+    env: dict[str, str]
+    steps: list[Step] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    starts_service: bool = False
+
+
+def systemd_running() -> bool:
+    return Path("/run/systemd/system").is_dir()
+
+
+def read_env(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    env = {}
+    for line in path.read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not name.startswith("#"):
+            env[name.strip()] = value.strip()
+    return env
+
+
+def render_env(env: dict[str, str]) -> str:
+    lines = ["# fitbox service settings (see `fitbox serve --help`); written by fitbox install"]
+    return "\n".join(lines + [f"{k}={v}" for k, v in sorted(env.items())]) + "\n"
+
+
+def plan_install(
+    target: Layout,
+    *,
+    host: str | None,
+    port: str | None,
+    extra_env: dict[str, str],
+) -> Plan:
+    """What installing means here, step by step; keeps what an earlier install chose."""
+    env = read_env(target.env_file)
+    env["FITBOX_HOME"] = str(target.home if target.root == Path("/") else
+                             Path("/") / target.home.relative_to(target.root))  # fmt: skip
+    env["FITBOX_HOST"] = host or env.get("FITBOX_HOST", "127.0.0.1")
+    if port not in (None, "auto"):
+        env["FITBOX_PORT"] = str(port)
+    elif "FITBOX_PORT" not in env:  # a re-run keeps the port an earlier install chose
+        if port is None:
+            raise InstallError("no port is assumed: give --port N, or --port auto for a free one")
+        env["FITBOX_PORT"] = str(free_port())
+    env.update(extra_env)
+    plan = Plan(target, env)
+    for directory in (target.env_file.parent, target.unit_file.parent, target.models,
+                      target.cache):  # fmt: skip
+        plan.steps.append(
+            Step(f"create {directory}", partial(directory.mkdir, parents=True, exist_ok=True))
+        )
+    plan.steps.append(
+        Step(
+            f"write {target.env_file} (mode 0600)",
+            lambda: write_secret(target.env_file, render_env(env).rstrip("\n")),
+        )
+    )
+    plan.steps.append(
+        Step(f"write {target.unit_file}", lambda: target.unit_file.write_text(render_unit(target)))
+    )
+    plan.steps.append(
+        Step(f"make the box key in {target.key_file} (kept if it exists)", lambda: _box_key(target))
+    )
+    if target.kind == "system" and target.root == Path("/"):
+        plan.steps.insert(0, Step("create the system user and group 'fitbox'", _system_user))
+    if target.root == Path("/") and systemd_running():
+        scope = ["--user"] if target.kind == "user" else []
+        plan.steps.append(
+            Step("systemctl daemon-reload, enable and (re)start fitbox", lambda: _systemctl(scope))
+        )
+        plan.starts_service = True
+    else:
+        where = "in this root" if target.root != Path("/") else "here (systemd is not running)"
+        plan.notes.append(f"the service is not started {where}; run it in the foreground with: "
+                          f"env $(cat {target.env_file} | grep -v '^#' | xargs) "
+                          f"{exec_start()}")  # fmt: skip
+    if target.kind == "user":
+        plan.notes.append("to keep it running after you log out: loginctl enable-linger $USER")
+    return plan
+
+
+def _box_key(target: Layout) -> None:
+    from fitbox.server.keys import ensure_box_key
+    from fitbox.store.db import Store
+
+    store = Store(target.home / "fitbox.sqlite3")
+    try:
+        ensure_box_key(store, target.key_file)
+    finally:
+        store.close()
+
+
+def _system_user() -> None:
+    if subprocess.run(["getent", "passwd", "fitbox"], capture_output=True).returncode == 0:
+        return
+    subprocess.run(["useradd", "--system", "--user-group", "--home-dir", "/var/lib/fitbox",
+                    "--shell", "/usr/sbin/nologin", "fitbox"], check=True)  # fmt: skip
+
+
+def _systemctl(scope: list[str]) -> None:
+    for args in (["daemon-reload"], ["enable", "fitbox.service"],
+                 ["restart", "fitbox.service"]):  # fmt: skip
+        subprocess.run(["systemctl", *scope, *args], check=True)
+
+
+def wait_for_health(url: str, limit_s: float) -> bool:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def plan_uninstall(target: Layout, purge: bool) -> Plan:
+    plan = Plan(target, read_env(target.env_file))
+    if target.root == Path("/") and systemd_running():
+        scope = ["--user"] if target.kind == "user" else []
+        plan.steps.append(
+            Step(
+                "systemctl disable --now fitbox",
+                lambda: subprocess.run(
+                    ["systemctl", *scope, "disable", "--now", "fitbox.service"], check=False
+                ),
+            )
+        )
+    for path in (target.unit_file, target.env_file):
+        plan.steps.append(Step(f"remove {path}", partial(path.unlink, missing_ok=True)))
+    if purge:
+        plan.steps.append(
+            Step(
+                f"remove state under {target.home} (the models stay)", lambda: _purge_state(target)
+            )
+        )
+        plan.steps.append(
+            Step(f"remove {target.cache}", lambda: shutil.rmtree(target.cache, ignore_errors=True))
+        )
+    plan.notes.append(f"the model store {target.models} is kept")
+    return plan
+
+
+def _purge_state(target: Layout) -> None:
+    if not target.home.is_dir():
+        return
+    for entry in target.home.iterdir():
+        if entry.name == "models":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def carry_out(plan: Plan, dry_run: bool, out: Callable[[str], None] = print) -> None:
+    for step in plan.steps:
+        out(("would " if dry_run else "") + step.what)
+        if not dry_run:
+            step.run()
+    for note in plan.notes:
+        out(f"note: {note}")
+
+
+def main_install(
+    target: Layout,
+    args_host: str | None,
+    args_port: str | None,
+    extra_env: dict[str, str],
+    dry_run: bool,
+    health_s: float,
+) -> int:
+    plan = plan_install(target, host=args_host, port=args_port, extra_env=extra_env)
+    carry_out(plan, dry_run)
+    url = f"http://{plan.env['FITBOX_HOST']}:{plan.env['FITBOX_PORT']}"
+    if dry_run:
+        return 0
+    started = plan.starts_service
+    healthy = started and wait_for_health(url, health_s)
+    print(f"fitbox: {url} ({'answering' if healthy else 'not started by install'}); "
+          f"box key in {plan.target.key_file}", file=sys.stderr)  # fmt: skip
+    return 0 if healthy or not started else 1

@@ -1,0 +1,99 @@
+"""Where an installation lives, and the systemd units that run it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+
+@dataclass(frozen=True)
+class Layout:
+    kind: str  # "user" | "system"
+    root: Path  # "/" normally; a scratch directory in tests and --root
+    env_file: Path
+    unit_file: Path
+    home: Path  # FITBOX_HOME: store, box key, logs, models
+    cache: Path
+
+    @property
+    def models(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def key_file(self) -> Path:
+        return self.home / "box.key"
+
+
+def _under(root: Path, path: Path) -> Path:
+    return root / path.relative_to(path.anchor) if root != Path("/") else path
+
+
+def layout(kind: str, root: Path = Path("/")) -> Layout:
+    if kind == "system":
+        return Layout(
+            kind, root,
+            env_file=_under(root, Path("/etc/fitbox/fitbox.env")),
+            unit_file=_under(root, Path("/etc/systemd/system/fitbox.service")),
+            home=_under(root, Path("/var/lib/fitbox")),
+            cache=_under(root, Path("/var/cache/fitbox")),
+        )  # fmt: skip
+    config = Path(platformdirs.user_config_dir("fitbox", appauthor=False))
+    systemd = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "systemd"
+    return Layout(
+        kind, root,
+        env_file=_under(root, config / "fitbox.env"),
+        unit_file=_under(root, systemd / "user" / "fitbox.service"),
+        home=_under(root, Path(platformdirs.user_data_dir("fitbox", appauthor=False))),
+        cache=_under(root, Path(platformdirs.user_cache_dir("fitbox", appauthor=False))),
+    )  # fmt: skip
+
+
+def exec_start(python: str = sys.executable) -> str:
+    return f"{python} -m fitbox serve"
+
+
+def render_unit(target: Layout, python: str = sys.executable) -> str:
+    """The unit for this layout. Paths inside are the installed ones (without --root)."""
+    real = layout(target.kind) if target.root != Path("/") else target
+    lines = [
+        "[Unit]",
+        "Description=fitbox: an evict-to-fit, OpenAI-compatible front door for local models",
+        "Wants=network-online.target",
+        "After=network-online.target",
+        "StartLimitIntervalSec=300",
+        "StartLimitBurst=5",
+        "",
+        "[Service]",
+        "Type=simple",
+        f"EnvironmentFile={real.env_file}",
+        f"ExecStart={exec_start(python)}",
+        "Restart=on-failure",
+        "RestartSec=3",
+        "KillMode=control-group",  # engine children stop with the service, never linger
+        "TimeoutStopSec=30",
+        "NoNewPrivileges=yes",
+        "PrivateTmp=yes",
+    ]
+    if target.kind == "system":
+        lines += [
+            "User=fitbox",
+            "Group=fitbox",
+            "StateDirectory=fitbox",
+            "CacheDirectory=fitbox",
+            "ConfigurationDirectory=fitbox",
+            "UMask=0027",
+            "ProtectSystem=strict",
+            "ProtectHome=read-only",
+            "ProtectKernelTunables=yes",
+            "ProtectControlGroups=yes",
+            "RestrictSUIDSGID=yes",
+            "LockPersonality=yes",
+        ]
+    lines += ["", "[Install]",
+              f"WantedBy={'multi-user.target' if target.kind == 'system' else 'default.target'}",
+              ""]  # fmt: skip
+    return "\n".join(lines)

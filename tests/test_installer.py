@@ -1,0 +1,142 @@
+"""`fitbox install` / `uninstall` / `engines` as a user runs them, in a scratch HOME (user
+installs) or a scratch root (system installs). systemd is not PID 1 here: units are
+checked with systemd-analyze and enabled with systemctl --root; the unit's own ExecStart
+is run by hand and must answer /health."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def fitbox(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ["PATH"], "HOME": str(home)}  # no XDG_*: all under this HOME
+    return subprocess.run([sys.executable, "-m", "fitbox", *args], capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b""
+            for p in sorted(root.rglob("*"))}  # fmt: skip
+
+
+def user_files(home: Path) -> tuple[Path, Path, Path]:
+    return (home / ".config" / "fitbox" / "fitbox.env",
+            home / ".config" / "systemd" / "user" / "fitbox.service",
+            home / ".local" / "share" / "fitbox" / "box.key")  # fmt: skip
+
+
+def env_of(path: Path) -> dict[str, str]:
+    pairs = (ln.split("=", 1) for ln in path.read_text().splitlines() if "=" in ln)
+    return {k: v for k, v in pairs if not k.startswith("#")}
+
+
+def test_a_dry_run_changes_nothing(tmp_path: Path) -> None:
+    before = tree(tmp_path)
+    result = fitbox(tmp_path, "install", "--user", "--port", "auto", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "would write" in result.stdout and tree(tmp_path) == before
+
+
+def test_no_port_is_assumed(tmp_path: Path) -> None:
+    result = fitbox(tmp_path, "install", "--user", "--yes")
+    assert result.returncode == 1 and "no port is assumed" in result.stderr
+
+
+def test_a_re_run_keeps_host_port_and_key(tmp_path: Path) -> None:
+    first = fitbox(tmp_path, "install", "--user", "--port", "auto", "--yes")
+    assert first.returncode == 0, first.stderr
+    env_file, unit, key = user_files(tmp_path)
+    for secret in (env_file, key):
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    before, key_before = env_of(env_file), key.read_text()
+    assert "not started" in first.stdout  # systemd is not running here: said, not faked
+    again = fitbox(tmp_path, "install", "--user", "--yes", "--env", "FITBOX_CTX=2048")
+    assert again.returncode == 0, again.stderr
+    after = env_of(env_file)
+    assert after["FITBOX_PORT"] == before["FITBOX_PORT"] and after["FITBOX_HOST"] == "127.0.0.1"
+    assert after["FITBOX_CTX"] == "2048" and key.read_text() == key_before
+    assert f"EnvironmentFile={env_file}" in unit.read_text()
+    too_much = fitbox(tmp_path, "install", "--user", "--yes", "--ram-max", "64TiB")
+    assert too_much.returncode == 1 and "above this box's RAM" in too_much.stderr
+
+
+def test_the_units_verify_and_enable(tmp_path: Path) -> None:
+    analyze, systemctl = shutil.which("systemd-analyze"), shutil.which("systemctl")
+    assert analyze and systemctl, "systemd-analyze and systemctl are needed to check units"
+    root = tmp_path / "root"
+    installed = fitbox(tmp_path, "install", "--system", "--root", str(root), "--port", "8321",
+                       "--yes")  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    unit = root / "etc" / "systemd" / "system" / "fitbox.service"
+    text = unit.read_text()
+    for hardening in (
+        "User=fitbox",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "StateDirectory=fitbox",
+        "Restart=on-failure",
+        "StartLimitBurst=5",
+    ):
+        assert hardening in text
+    assert "EnvironmentFile=/etc/fitbox/fitbox.env" in text  # real paths, not the scratch root
+    verify = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
+    enabled = subprocess.run([systemctl, f"--root={root}", "enable", "fitbox.service"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert enabled.returncode == 0, enabled.stderr
+    assert (root / "etc/systemd/system/multi-user.target.wants/fitbox.service").is_symlink()
+
+
+def test_the_units_exec_start_serves(tmp_path: Path) -> None:
+    assert fitbox(tmp_path, "install", "--user", "--port", "auto", "--yes").returncode == 0
+    env_file, unit, _ = user_files(tmp_path)
+    line = next(ln for ln in unit.read_text().splitlines() if ln.startswith("ExecStart="))
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env_of(env_file)}
+    proc = subprocess.Popen(shlex.split(line.removeprefix("ExecStart=")), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        url = f"http://{env['FITBOX_HOST']}:{env['FITBOX_PORT']}"
+        deadline, status = time.monotonic() + 60, None
+        while time.monotonic() < deadline and status != 200:
+            try:
+                status = httpx.get(f"{url}/health", timeout=2).status_code
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_uninstall_keeps_the_models_and_purge_takes_the_state(tmp_path: Path) -> None:
+    assert fitbox(tmp_path, "install", "--user", "--port", "auto", "--yes").returncode == 0
+    env_file, unit, key = user_files(tmp_path)
+    model = tmp_path / ".local" / "share" / "fitbox" / "models" / "kept.gguf"
+    model.write_bytes(b"GGUF")
+    removed = fitbox(tmp_path, "uninstall", "--user", "--yes")
+    assert removed.returncode == 0 and not unit.exists() and not env_file.exists()
+    assert key.exists()  # plain uninstall keeps state
+    purged = fitbox(tmp_path, "uninstall", "--user", "--purge", "--yes")
+    assert purged.returncode == 0 and not key.exists() and model.read_bytes() == b"GGUF"
+
+
+@pytest.mark.engine
+def test_engines_lists_the_candidates_and_the_choice(
+    tmp_path: Path, llama_server_bin: Path
+) -> None:
+    result = subprocess.run([sys.executable, "-m", "fitbox", "engines"], capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    chosen = [ln for ln in result.stdout.splitlines() if ln.startswith("*")]
+    assert len(chosen) == 1 and str(llama_server_bin) in chosen[0] and "--fit yes" in chosen[0]
