@@ -129,6 +129,35 @@ def kv_type_problem(shape: ModelShape, type_k: str, type_v: str, flash_attn: boo
     return None
 
 
+def swa_cells(
+    shape: ModelShape,
+    cells: int,
+    parallel: int,
+    unified: bool,
+    swa_full: bool = False,
+    n_ubatch: int = DEFAULT_UBATCH,
+) -> int:
+    """Cells per stream of the SWA cache (llama-kv-cache-iswa.cpp); 0 without SWA layers."""
+    if shape.n_swa <= 0 or not any(shape.is_swa(il) for il in range(shape.n_layer)):
+        return 0
+    seqs = parallel if unified else 1
+    return cells if swa_full else pad(min(cells, shape.n_swa * seqs + n_ubatch))
+
+
+def layer_kv_bytes(
+    shape: ModelShape, il: int, cells: int, swa: int, streams: int, type_k: str, type_v: str
+) -> tuple[int, int]:
+    """(K, V) bytes of layer ``il``; (0, 0) for a layer that keeps no KV."""
+    heads = shape.kv_heads[il] if il < len(shape.kv_heads) else 0
+    if not shape.has_kv_cache or heads == 0 or shape.is_recurrent(il):
+        return 0, 0
+    k_dim, v_dim = shape.head_dims(il)
+    layer_cells = swa if shape.is_swa(il) else cells
+    k = row_bytes(type_k, k_dim * heads) * layer_cells * streams
+    v = 0 if shape.is_mla else row_bytes(type_v, v_dim * heads) * layer_cells * streams
+    return k, v
+
+
 def kv_bytes(
     shape: ModelShape,
     window: int,
@@ -142,21 +171,12 @@ def kv_bytes(
 ) -> KVBytes:
     """K and V for every layer that keeps KV (llama-kv-cache.cpp, -iswa.cpp; FORMULAS §KV)."""
     cells, streams = kv_cells(window, parallel, unified)
-    swa_cells = 0
-    if shape.n_swa > 0 and any(shape.is_swa(il) for il in range(shape.n_layer)):
-        seqs = parallel if unified else 1
-        swa_cells = cells if swa_full else pad(min(cells, shape.n_swa * seqs + n_ubatch))
+    swa = swa_cells(shape, cells, parallel, unified, swa_full, n_ubatch)
     k = v = 0
-    if shape.has_kv_cache:
-        for il, heads in enumerate(shape.kv_heads):
-            if heads == 0 or shape.is_recurrent(il):
-                continue
-            k_dim, v_dim = shape.head_dims(il)
-            layer_cells = swa_cells if shape.is_swa(il) else cells
-            k += row_bytes(type_k, k_dim * heads) * layer_cells * streams
-            if not shape.is_mla:
-                v += row_bytes(type_v, v_dim * heads) * layer_cells * streams
-    return KVBytes(k=k, v=v, full_cells=cells, swa_cells=swa_cells, streams=streams)
+    for il in range(shape.n_layer):
+        layer_k, layer_v = layer_kv_bytes(shape, il, cells, swa, streams, type_k, type_v)
+        k, v = k + layer_k, v + layer_v
+    return KVBytes(k=k, v=v, full_cells=cells, swa_cells=swa, streams=streams)
 
 
 def recurrent_bytes(shape: ModelShape, parallel: int) -> int:
@@ -179,14 +199,15 @@ def ubatch(window: int) -> int:
 def compute_bytes(shape: ModelShape, window: int, parallel: int, unified: bool = False) -> int:
     """The compute buffer with flash attention (FORMULAS.md §Compute): per ubatch token, an
     f16 KQ mask over each cache's cells plus the widest activations of a layer."""
-    kv = kv_bytes(shape, window, parallel, unified=unified)
+    cells, _ = kv_cells(window, parallel, unified)
     attends = [
         il
         for il in range(shape.n_layer)
         if shape.has_kv_cache and shape.kv_heads[il] and not shape.is_recurrent(il)
     ]
     full = any(not shape.is_swa(il) for il in attends)
-    mask_cells = (kv.full_cells if full else 0) + (kv.swa_cells if attends else 0)
+    swa = swa_cells(shape, cells, parallel, unified) if attends else 0
+    mask_cells = (cells if full else 0) + swa
     values = (COMPUTE_PER_EMBD * shape.n_embd + COMPUTE_PER_FF * shape.n_ff + COMPUTE_EXTRA
               + shape.ssm_values)  # fmt: skip
     return ubatch(window) * (F16_BYTES * mask_cells + F32_BYTES * values)

@@ -77,15 +77,19 @@ def footprint_by_device(
     """Weights, KV (with recurrent state), compute and output bytes on every device used."""
     window = sizing.effective_window(shape, window)
     layers, output_device = layer_devices(shape.n_layer, placement)
+    cells, streams = sizing.kv_cells(window, parallel, unified)
+    swa = sizing.swa_cells(shape, cells, parallel, unified)
     weights: dict[str, int] = {HOST: layout.input_bytes}
     kv_by: dict[str, int] = {}
     for il, device in enumerate(layers):
         weights[device] = weights.get(device, 0) + layout.layer_bytes[il]
         experts_at = HOST if placement.experts_in_ram else device
         weights[experts_at] = weights.get(experts_at, 0) + layout.routed_bytes[il]
-        kv_by[device] = kv_by.get(device, 0) + _layer_state(
-            shape, il, window, parallel, type_k, type_v, unified
-        )
+        if shape.is_recurrent(il):  # R and S state, f32 per sequence
+            state = (shape.n_embd_r + shape.n_embd_s) * sizing.F32_BYTES * max(1, parallel)
+        else:
+            state = sum(sizing.layer_kv_bytes(shape, il, cells, swa, streams, type_k, type_v))
+        kv_by[device] = kv_by.get(device, 0) + state
     weights[output_device] = weights.get(output_device, 0) + layout.output_bytes
     if layout.output_tied and output_device != HOST:
         weights[output_device] += layout.input_bytes  # TENSOR_DUPLICATED onto the device
@@ -101,28 +105,3 @@ def footprint_by_device(
         )
         for device in sorted(devices)
     }
-
-
-def _layer_state(
-    shape: sizing.ModelShape,
-    il: int,
-    window: int,
-    parallel: int,
-    type_k: str,
-    type_v: str,
-    unified: bool,
-) -> int:
-    """KV (or recurrent state) of layer ``il`` alone."""
-    if shape.is_recurrent(il):
-        return (shape.n_embd_r + shape.n_embd_s) * sizing.F32_BYTES * max(1, parallel)
-    heads = shape.kv_heads[il] if il < len(shape.kv_heads) else 0
-    single = sizing.ModelShape(
-        weights_bytes=0, n_layer=1, n_ctx_train=shape.n_ctx_train, n_embd=shape.n_embd,
-        n_vocab=shape.n_vocab, n_head=shape.n_head, kv_heads=(heads,),
-        key_length=shape.key_length, value_length=shape.value_length, n_swa=shape.n_swa,
-        swa_layers=(shape.is_swa(il),), key_length_swa=shape.key_length_swa,
-        value_length_swa=shape.value_length_swa, is_mla=shape.is_mla,
-        has_kv_cache=shape.has_kv_cache,
-    )  # fmt: skip
-    return sizing.kv_bytes(single, window, parallel, type_k=type_k, type_v=type_v,
-                           unified=unified).total  # fmt: skip
