@@ -151,9 +151,9 @@ class Box:
         devices.append(Device("host", DeviceKind.HOST, capacity))
         return devices
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, devices: list[Device] | None = None) -> Snapshot:
         return Snapshot(
-            devices=tuple(self.devices()),
+            devices=tuple(self.devices() if devices is None else devices),
             residents=tuple(r.view() for r in self._residents.values()),
         )
 
@@ -230,8 +230,12 @@ class Box:
         window = sizing.effective_window(artifact.facts.shape, self.config.ctx)
         return Contract(window=window, parallel=self.config.parallel)
 
-    def price(self, artifact: Artifact, contract: Contract) -> tuple[Ask, dict[str, str]]:
-        return price(artifact, contract, self.devices(), self._measured)
+    def price(
+        self, artifact: Artifact, contract: Contract, devices: list[Device] | None = None
+    ) -> tuple[Ask, dict[str, str]]:
+        return price(
+            artifact, contract, self.devices() if devices is None else devices, self._measured
+        )
 
     def plan_for(
         self,
@@ -252,8 +256,9 @@ class Box:
             raise InvalidRequest(
                 f"'{artifact.name}' cannot use a {kv} cache: {problem}", param="kv"
             )
-        ask, basis = self.price(artifact, contract)
-        snapshot = self.snapshot()
+        devices = self.devices()
+        ask, basis = self.price(artifact, contract, devices)
+        snapshot = self.snapshot(devices)
         decision = plan.decide(snapshot, ask)
         names = {r.key: r.artifact.name for r in self._residents.values()}
         if isinstance(decision, Place):
@@ -347,8 +352,9 @@ class Box:
 
         contract = self.contract_for(artifact)
         window = contract.window
-        ask, basis = self.price(artifact, contract)
-        decision = plan.decide(self.snapshot(), ask)
+        devices = self.devices()  # one probe reading serves pricing, deciding and labelling
+        ask, basis = self.price(artifact, contract, devices)
+        decision = plan.decide(self.snapshot(devices), ask)
         if isinstance(decision, Refuse) and decision.reason is RefuseReason.HELD_BY_PINNED:
             pinned = [self._residents[k].artifact.name for k in decision.holders
                       if k in self._residents]  # fmt: skip
@@ -377,7 +383,7 @@ class Box:
         victims = [self._residents[v.key] for v in decision.victims]
         for victim in victims:
             victim.state = ResidentState.STOPPING
-        device = next(d for d in self.devices() if d.id == decision.device)
+        device = next(d for d in devices if d.id == decision.device)
         resident = Resident(
             artifact=artifact,
             device=decision.device,
