@@ -1,4 +1,7 @@
-"""The shared vocabulary of placement: devices, residents, asks and decisions."""
+"""The shared vocabulary of placement: devices, residents, the snapshot, footprints, rungs.
+
+What a call asks for is in ``ask.py``; what the core answers is in ``decision.py``.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ class DeviceKind(StrEnum):
 
 @dataclass(frozen=True)
 class Device:
-    """A pool of memory fitbox may fill. ``capacity`` is already capped by every tier."""
+    """A pool of memory fitbox may fill. ``capacity`` is already capped by every tier and
+    charged with what other processes use (``tiers.capacity``)."""
 
     id: str  # "host", "gpu0", "gpu1", ...
     kind: DeviceKind
@@ -32,23 +36,61 @@ class ResidentView:
     """What the core needs to know of a loaded (or loading, or leaving) child."""
 
     key: str
-    device: str
+    device: str  # where most of it lives; ``held`` has every device when it spans several
     bytes: int
     state: ResidentState
     calls: int  # calls in flight or waiting on it; a resident with calls is never a victim
     last_used: float  # the shell's monotonic clock; only the order matters here
     pinned: bool = False  # an operator said keep it: never a victim
+    held: tuple[tuple[str, int], ...] = ()  # (device, bytes) when it spans devices
+    cores: tuple[int, ...] = ()  # the physical cores its claim holds
+    band: int = 1  # priority band: 1 normal, higher costs more to displace
+    reload_seconds: float | None = None  # measured: what bringing it back would cost
+    eta_idle: float | None = None  # seconds until its calls are done, from measured rates
+
+    def holdings(self) -> tuple[tuple[str, int], ...]:
+        return self.held or ((self.device, self.bytes),)
+
+    def bytes_on(self, device: str) -> int:
+        return sum(b for d, b in self.holdings() if d == device)
+
+    @property
+    def evictable(self) -> bool:
+        return self.state is ResidentState.READY and self.calls == 0 and not self.pinned
+
+    @property
+    def settles(self) -> bool:
+        """Leaving, or busy or loading but not pinned: its room frees up without anyone
+        choosing to evict it."""
+        if self.state is ResidentState.STOPPING:
+            return True
+        return not self.pinned and not self.evictable
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Bytes promised but not yet visible in any reading (a cache that will grow, ...)."""
+
+    device: str
+    bytes: int
+    why: str
 
 
 @dataclass(frozen=True)
 class Snapshot:
     devices: tuple[Device, ...]
     residents: tuple[ResidentView, ...]
+    cores: tuple[int, ...] = ()  # physical cores fitbox may claim; empty: claims not made
+    busy_cores: tuple[int, ...] = ()  # kept busy by other processes: never claimed
+    reservations: tuple[Reservation, ...] = ()
+
+    def device(self, device_id: str) -> Device | None:
+        return next((d for d in self.devices if d.id == device_id), None)
 
 
 @dataclass(frozen=True)
 class Footprint:
-    """Bytes one model takes at one window: the terms of FORMULAS.md."""
+    """Bytes one model takes on one device at one window: the terms of FORMULAS.md."""
 
     weights: int
     kv: int
@@ -60,60 +102,27 @@ class Footprint:
         return self.weights + self.kv + self.compute + self.output
 
 
-@dataclass(frozen=True)
-class Ask:
-    key: str
-    footprint: Footprint  # the estimate, for any device without a figure of its own
-    kinds: tuple[DeviceKind, ...] = (DeviceKind.GPU, DeviceKind.HOST)
-    measured: tuple[tuple[str, Footprint], ...] = ()  # (device id, what a load there took)
+class Rung(StrEnum):
+    """How a model's weights are placed (FORMULAS.md §Rungs has the flags of each)."""
 
-    def footprint_on(self, device: str) -> Footprint:
-        for device_id, footprint in self.measured:
-            if device_id == device:
-                return footprint
-        return self.footprint
+    GPU_ONLY = "gpu-only"
+    MOE_SPLIT = "moe-split"
+    FOUR_BIT = "4bit"
+    RAM_ONLY = "ram-only"
+    MAX_RAM = "max-ram"
+    MAX_GPU = "max-gpu"
 
 
-class VictimReason(StrEnum):
-    LEAST_RECENTLY_USED = "least_recently_used"
+RUNG_ORDER: tuple[Rung, ...] = tuple(Rung)
+WEIGHTS_IN_RAM = frozenset({Rung.MOE_SPLIT, Rung.RAM_ONLY, Rung.MAX_RAM, Rung.MAX_GPU})
 
 
-class WaitReason(StrEnum):
-    BUSY_RESIDENTS = "busy_residents"  # room exists once these finish their calls
+class Goal(StrEnum):
+    QUALITY = "quality"
+    FAST = "fast"
+    RESIDENT = "resident"
 
 
-class RefuseReason(StrEnum):
-    LARGER_THAN_BOX = "larger_than_box"  # even an empty box could not hold it
-    HELD_BY_PINNED = "held_by_pinned"  # only pinned residents could make room
-
-
-@dataclass(frozen=True)
-class Victim:
-    key: str
-    bytes: int
-    reason: VictimReason
-
-
-@dataclass(frozen=True)
-class Place:
-    device: str
-    victims: tuple[Victim, ...]
-
-
-@dataclass(frozen=True)
-class Wait:
-    reason: WaitReason
-    blockers: tuple[str, ...]
-    needed: int
-    available: int  # the most any device could offer now, evicting every idle resident
-
-
-@dataclass(frozen=True)
-class Refuse:
-    reason: RefuseReason
-    needed: int
-    available: int  # the largest capacity, or (held_by_pinned) the most room possible now
-    holders: tuple[str, ...] = ()  # held_by_pinned: the pinned residents in the way
-
-
-Decision = Place | Wait | Refuse
+class Priority(StrEnum):
+    FOREGROUND = "foreground"
+    BACKGROUND = "background"

@@ -1,0 +1,86 @@
+"""What a call asks of the core: a model resolved to approved variants, and its needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fitbox.core.sizing import ModelShape
+from fitbox.core.split import Layout
+from fitbox.core.types import RUNG_ORDER, Footprint, Goal, Priority, Rung
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """Measured rates of one artifact on one rung. ``None``: never measured, never guessed."""
+
+    load_seconds: float | None = None
+    prompt_ms: float | None = None  # per prompt token
+    decode_ms: float | None = None  # per output token
+    threads: tuple[tuple[int, float], ...] = ()  # (threads, decode tokens/s): bandwidth curve
+
+
+@dataclass(frozen=True)
+class MeasuredFit:
+    """What a load really took. ``where`` is the placement class: the device id of a
+    single-device placement."""
+
+    where: str
+    window: int
+    type_k: str
+    type_v: str
+    footprint: Footprint
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One approved variant (one weight file) of the asked model."""
+
+    key: str
+    quant: str = ""
+    shape: ModelShape | None = None
+    layout: Layout | None = None  # per-layer bytes: needed for splits and partial offload
+    fixed: Footprint | None = None  # a footprint that does not depend on the window
+    four_bit: bool = False  # a Q4-class quant
+    measured: tuple[MeasuredFit, ...] = ()
+    refused_windows: tuple[tuple[str, int], ...] = ()  # (placement class, window): failed
+    loaded_windows: tuple[tuple[str, int], ...] = ()  # (placement class, window): loaded
+    speeds: tuple[tuple[Rung, Speeds], ...] = ()
+    terminal: str | None = None  # a bad artifact or an engine that cannot run it
+
+    @property
+    def is_moe(self) -> bool:
+        return self.layout is not None and any(self.layout.routed_bytes)
+
+    def speeds_on(self, rung: Rung) -> Speeds | None:
+        return next((s for r, s in self.speeds if r is rung), None)
+
+    def measured_fit(self, where: str, window: int, type_k: str, type_v: str) -> Footprint | None:
+        for m in self.measured:
+            if (m.where, m.window, m.type_k, m.type_v) == (where, window, type_k, type_v):
+                return m.footprint
+        return None
+
+    def window_cap(self, where: str) -> int | None:
+        """The lowest refused window with no success at or above it: out of reach."""
+        loaded = [w for c, w in self.loaded_windows if c == where]
+        best_loaded = max(loaded, default=0)
+        refused = [w for c, w in self.refused_windows if c == where and w > best_loaded]
+        return min(refused, default=None)
+
+
+@dataclass(frozen=True)
+class Ask:
+    model: str
+    candidates: tuple[Candidate, ...]  # approved variants, best quality first
+    need: int = 1  # tokens one call needs in its slot: prompt + max tokens
+    window: int = 4096  # the preferred window (all slots together)
+    parallel: int = 1
+    kv_types: tuple[tuple[str, str], ...] = (("f16", "f16"),)  # (K, V), preferred first
+    rungs: tuple[Rung, ...] = RUNG_ORDER  # allowed rungs, in ladder order
+    quant: str | None = None  # a pinned quant ("Q4_K_M"): only that variant
+    goal: Goal = Goal.QUALITY
+    priority: Priority = Priority.FOREGROUND
+    max_wait: float = 120.0  # seconds this call may wait for room
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+    cpu_floor: int = 1  # free physical cores a rung with weights in RAM needs at least

@@ -1,0 +1,91 @@
+"""CPU claims: each engine gets cores of its own (FORMULAS.md §CPU claims).
+
+- One core stays for fitbox and the OS (the lowest-numbered one, when there are two or more).
+- Cores kept busy by other processes, and cores held by busy, loading or pinned-and-busy
+  engines, are never claimed: two engines never share a core.
+- An idle engine's cores can be taken (it is told, in ``Claim.taken_from``).
+- A GPU-only engine gets one core. An engine reading weights from RAM gets as many as still
+  make it faster: from its measured bandwidth curve when there is one (the fewest threads
+  within 5 % of the best measured rate), else every free core; at least ``floor``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from fitbox.core.types import ResidentView
+
+GOOD_ENOUGH = 0.95  # a thread count within 5 % of the best measured rate is enough
+
+
+@dataclass(frozen=True)
+class Claim:
+    cores: tuple[int, ...]
+    taken_from: tuple[str, ...] = ()
+
+
+def reserved_core(cores: Sequence[int]) -> int | None:
+    return min(cores) if len(cores) >= 2 else None
+
+
+def claimable(
+    cores: Sequence[int],
+    busy_cores: Collection[int],
+    residents: Sequence[ResidentView],
+    leaving: Collection[str],
+) -> tuple[list[int], list[tuple[int, str]]]:
+    """(free cores, [(core, idle resident holding it)]); residents in ``leaving`` hold none."""
+    keep = reserved_core(cores)
+    held: dict[int, ResidentView] = {}
+    for r in residents:
+        if r.key in leaving:
+            continue
+        for core in r.cores:
+            held[core] = r
+    free, idle = [], []
+    for core in sorted(cores):
+        if core == keep or core in busy_cores:
+            continue
+        holder = held.get(core)
+        if holder is None:
+            free.append(core)
+        elif holder.evictable:
+            idle.append((core, holder.key))
+    return free, idle
+
+
+def wanted(threads: Sequence[tuple[int, float]], available: int) -> int:
+    """How many cores make a RAM-bound engine faster, from its measured curve."""
+    usable = [(n, rate) for n, rate in threads if 0 < n <= available]
+    if not usable:
+        return available
+    best = max(rate for _, rate in usable)
+    return min(n for n, rate in usable if rate >= GOOD_ENOUGH * best)
+
+
+def claim(
+    cores: Sequence[int],
+    busy_cores: Collection[int],
+    residents: Sequence[ResidentView],
+    leaving: Collection[str],
+    *,
+    weights_in_ram: bool,
+    floor: int,
+    threads: Sequence[tuple[int, float]] = (),
+) -> Claim | None:
+    """The cores a new engine gets, or None when fewer than it needs are free."""
+    if not cores:
+        return Claim(())  # the shell did not say: no claims are made
+    free, idle = claimable(cores, busy_cores, residents, leaving)
+    available = len(free) + len(idle)
+    need = max(floor, 1) if weights_in_ram else 1
+    if available < need:
+        return None
+    count = max(need, wanted(threads, available)) if weights_in_ram else 1
+    picked = free[:count]
+    taken = idle[: max(count - len(picked), 0)]
+    return Claim(
+        tuple(sorted(picked + [core for core, _ in taken])),
+        tuple(sorted({key for _, key in taken})),
+    )

@@ -1,0 +1,127 @@
+"""Per-device footprints of one candidate, fast to ask again and again.
+
+The core asks the same question for many windows and layer counts; ``split.footprint_by_device``
+walks every layer each time. A ``Sizer`` walks them once per placement, groups layers that
+cost the same per cell, and answers each window in O(devices x groups). The two agree to
+the byte (tests/test_core_costs.py checks it on the model zoo).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from fitbox.core import sizing, split
+from fitbox.core.ask import Candidate
+from fitbox.core.split import HOST, Placement
+from fitbox.core.types import Footprint
+
+# per layer: ("kv", is_swa, heads, k_dim, v_dim) or ("state",) for a recurrent layer
+Signature = tuple[object, ...]
+
+
+class Sizer:
+    def __init__(self, candidate: Candidate, parallel: int, type_k: str, type_v: str) -> None:
+        self.candidate = candidate
+        self.parallel = parallel
+        self.type_k, self.type_v = type_k, type_v
+        self._placements: dict[Placement, tuple[dict[str, int], dict[str, Counter[Signature]],
+                                                frozenset[str]]] = {}  # fmt: skip
+        self._signatures: tuple[Signature, ...] = ()
+        shape = candidate.shape
+        if shape is not None:
+            sigs: list[Signature] = []
+            for il in range(shape.n_layer):
+                heads = shape.kv_heads[il] if il < len(shape.kv_heads) else 0
+                if shape.is_recurrent(il):
+                    sigs.append(("state",))
+                elif not shape.has_kv_cache or heads == 0:
+                    sigs.append(("none",))
+                else:
+                    k_dim, v_dim = shape.head_dims(il)
+                    sigs.append(("kv", shape.is_swa(il), heads, k_dim, v_dim))
+            self._signatures = tuple(sigs)
+            attends = [s for s in sigs if s[0] == "kv"]
+            self._full = any(not s[1] for s in attends)
+            self._attends = bool(attends)
+            self._has_swa = shape.n_swa > 0 and any(shape.is_swa(il) for il in range(shape.n_layer))
+
+    @property
+    def n_layer(self) -> int:
+        return self.candidate.shape.n_layer if self.candidate.shape else 0
+
+    def window(self, window: int) -> int:
+        shape = self.candidate.shape
+        return sizing.effective_window(shape, window) if shape else window
+
+    def whole(self, window: int) -> Footprint:
+        """Everything on one device (the first cut's model, and any device without layout)."""
+        if self.candidate.fixed is not None:
+            return self.candidate.fixed
+        assert self.candidate.shape is not None
+        return sizing.footprint(self.candidate.shape, window, self.parallel,
+                                type_k=self.type_k, type_v=self.type_v)  # fmt: skip
+
+    def on(self, placement: Placement, window: int) -> dict[str, Footprint]:
+        """Bytes per device for ``placement`` at ``window`` (FORMULAS.md §Split)."""
+        candidate = self.candidate
+        if candidate.layout is None or candidate.shape is None:
+            where = placement.gpus[0] if placement.gpus and placement.gpu_layers else HOST
+            return {where: self.whole(window)}
+        shape = candidate.shape
+        weights, groups, computes = self._grouped(placement)
+        window = sizing.effective_window(shape, window)
+        cells, streams = sizing.kv_cells(window, self.parallel, False)
+        swa = (sizing.pad(min(cells, shape.n_swa + sizing.DEFAULT_UBATCH))
+               if self._has_swa else 0)  # fmt: skip  # sizing.swa_cells, not unified
+        per_sig: dict[Signature, int] = {}
+        state = (shape.n_embd_r + shape.n_embd_s) * sizing.F32_BYTES * max(1, self.parallel)
+        for sig in set(self._signatures):
+            if sig[0] == "state":
+                per_sig[sig] = state
+            elif sig[0] == "kv":
+                _, is_swa, heads, k_dim, v_dim = sig
+                layer_cells = swa if is_swa else cells
+                k = sizing.row_bytes(self.type_k, int(k_dim) * int(heads))  # type: ignore[call-overload]
+                v = 0 if shape.is_mla else sizing.row_bytes(self.type_v, int(v_dim) * int(heads))  # type: ignore[call-overload]
+                per_sig[sig] = (k + v) * layer_cells * streams
+            else:
+                per_sig[sig] = 0
+        mask = ((cells if self._full else 0) + swa) if self._attends else 0
+        values = (sizing.COMPUTE_PER_EMBD * shape.n_embd + sizing.COMPUTE_PER_FF * shape.n_ff
+                  + sizing.COMPUTE_EXTRA + shape.ssm_values)  # fmt: skip
+        compute = sizing.ubatch(window) * (sizing.F16_BYTES * mask + sizing.F32_BYTES * values)
+        output = sizing.output_bytes(shape, self.parallel)
+        out: dict[str, Footprint] = {}
+        for device in sorted(set(weights) | set(groups)):
+            kv = sum(per_sig[sig] * n for sig, n in groups.get(device, Counter()).items())
+            out[device] = Footprint(
+                weights=weights.get(device, 0),
+                kv=kv,
+                compute=compute if device in computes else 0,
+                output=output if device == HOST else 0,
+            )
+        return out
+
+    def _grouped(
+        self, placement: Placement
+    ) -> tuple[dict[str, int], dict[str, Counter[Signature]], frozenset[str]]:
+        cached = self._placements.get(placement)
+        if cached is not None:
+            return cached
+        layout = self.candidate.layout
+        assert layout is not None
+        layers, output_device = split.layer_devices(self.n_layer, placement)
+        weights: dict[str, int] = {HOST: layout.input_bytes}
+        groups: dict[str, Counter[Signature]] = {}
+        for il, device in enumerate(layers):
+            weights[device] = weights.get(device, 0) + layout.layer_bytes[il]
+            experts_at = HOST if placement.experts_in_ram else device
+            weights[experts_at] = weights.get(experts_at, 0) + layout.routed_bytes[il]
+            groups.setdefault(device, Counter())[self._signatures[il]] += 1
+        weights[output_device] = weights.get(output_device, 0) + layout.output_bytes
+        if layout.output_tied and output_device != HOST:
+            weights[output_device] += layout.input_bytes
+        computes = frozenset(layers) | {output_device}
+        result = (weights, groups, computes)
+        self._placements[placement] = result
+        return result

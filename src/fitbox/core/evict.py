@@ -1,0 +1,68 @@
+"""Which idle residents leave so a placement fits: the cheapest set that frees enough.
+
+Cost of a victim = reload seconds x priority band (FORMULAS.md §Eviction). Choosing the
+cheapest covering set exactly is a knapsack; this is the greedy cover (most bytes where they
+are short per unit of cost first) followed by reverse deletion (drop any victim the rest
+already cover, dearest first): O(n^2) in the residents, and it never evicts anything when
+nothing is short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from fitbox.core.decision import Victim, VictimReason
+from fitbox.core.types import ResidentView
+
+# A resident whose reload was never measured is priced as if it loaded at this rate. It only
+# orders victims (a cost, not a prediction shown to anyone); FORMULAS.md §Eviction says why.
+ASSUMED_RELOAD_BYTES_PER_S = 1 << 30
+
+
+def cost(resident: ResidentView) -> float:
+    seconds = resident.reload_seconds
+    if seconds is None:
+        seconds = resident.bytes / ASSUMED_RELOAD_BYTES_PER_S
+    return max(seconds, 1e-6) * max(resident.band, 1)
+
+
+def choose(short: Mapping[str, int], candidates: Sequence[ResidentView]) -> list[Victim] | None:
+    """Victims that cover every device's shortfall (bytes), or None if all of them cannot."""
+    need = {d: b for d, b in short.items() if b > 0}
+    if not need:
+        return []
+    pool = sorted(candidates, key=lambda r: (r.last_used, r.key))  # deterministic ties: LRU
+
+    def helps(resident: ResidentView, remaining: Mapping[str, int]) -> int:
+        return sum(min(resident.bytes_on(d), b) for d, b in remaining.items() if b > 0)
+
+    chosen: list[ResidentView] = []
+    remaining = dict(need)
+    while any(b > 0 for b in remaining.values()):
+        best: ResidentView | None = None
+        best_ratio = 0.0
+        for resident in pool:
+            if resident in chosen:
+                continue
+            freed = helps(resident, remaining)
+            if freed <= 0:
+                continue
+            ratio = freed / cost(resident)
+            if ratio > best_ratio:
+                best, best_ratio = resident, ratio
+        if best is None:
+            return None
+        chosen.append(best)
+        for device, held in best.holdings():
+            if device in remaining:
+                remaining[device] -= held
+
+    def covers(victims: list[ResidentView]) -> bool:
+        return all(sum(v.bytes_on(d) for v in victims) >= b for d, b in need.items())
+
+    for resident in sorted(chosen, key=lambda r: (-cost(r), r.key)):
+        rest = [v for v in chosen if v is not resident]
+        if covers(rest):
+            chosen = rest
+    chosen.sort(key=lambda r: (r.last_used, r.key))  # stop the longest idle first
+    return [Victim(r.key, r.bytes, VictimReason.LEAST_COST, cost(r)) for r in chosen]

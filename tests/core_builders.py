@@ -1,0 +1,84 @@
+"""Small builders for core tests: model shapes and layouts with known per-layer bytes."""
+
+from __future__ import annotations
+
+from fitbox.core.ask import Candidate, Speeds
+from fitbox.core.sizing import ModelShape
+from fitbox.core.split import Layout
+from fitbox.core.types import (
+    Device,
+    DeviceKind,
+    Footprint,
+    ResidentState,
+    ResidentView,
+    Rung,
+)
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def shape(n_layer: int = 32, weights: int = 4 * GiB, n_ctx_train: int = 32768) -> ModelShape:
+    return ModelShape(
+        weights_bytes=weights, n_layer=n_layer, n_ctx_train=n_ctx_train, n_embd=4096,
+        n_vocab=32000, n_head=32, kv_heads=(8,) * n_layer, key_length=128, value_length=128,
+        n_ff=14336,
+    )  # fmt: skip
+
+
+def layout(n_layer: int, weights: int, moe_share: float = 0.0) -> Layout:
+    per_layer = weights * 9 // 10 // n_layer
+    routed = int(per_layer * moe_share)
+    return Layout(
+        layer_bytes=(per_layer - routed,) * n_layer,
+        routed_bytes=(routed,) * n_layer,
+        input_bytes=weights // 20,
+        output_bytes=weights // 20,
+        output_tied=False,
+    )
+
+
+def model(
+    key: str,
+    weights: int = 4 * GiB,
+    *,
+    n_layer: int = 32,
+    quant: str = "Q8_0",
+    moe: bool = False,
+    four_bit: bool = False,
+    speeds: tuple[tuple[Rung, Speeds], ...] = (),
+    n_ctx_train: int = 32768,
+    **extra: object,
+) -> Candidate:
+    return Candidate(
+        key=key, quant=quant, shape=shape(n_layer, weights, n_ctx_train),
+        layout=layout(n_layer, weights, 0.8 if moe else 0.0), four_bit=four_bit,
+        speeds=speeds, **extra,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def fixed(key: str, total: int, **extra: object) -> Candidate:
+    """A candidate whose footprint does not depend on the window or placement."""
+    return Candidate(key=key, fixed=Footprint(total, 0, 0, 0), **extra)  # type: ignore[arg-type]
+
+
+def gpu(i: int, capacity: int) -> Device:
+    return Device(f"gpu{i}", DeviceKind.GPU, capacity, simulated=True)
+
+
+def host(capacity: int) -> Device:
+    return Device("host", DeviceKind.HOST, capacity)
+
+
+def resident(
+    key: str,
+    size: int,
+    *,
+    device: str = "host",
+    calls: int = 0,
+    last_used: float = 0.0,
+    state: ResidentState = ResidentState.READY,
+    pinned: bool = False,
+    **extra: object,
+) -> ResidentView:
+    return ResidentView(key, device, size, state, calls, last_used, pinned, **extra)  # type: ignore[arg-type]

@@ -1,0 +1,209 @@
+"""The core's parts: admission order, CPU claims, tiers, pins, eviction and the fast sizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fitbox.core import claims, evict, pins, tiers
+from fitbox.core.admission import Policy, Ticket, order
+from fitbox.core.ask import Candidate
+from fitbox.core.costs import Sizer
+from fitbox.core.split import Placement, footprint_by_device
+from fitbox.core.types import RUNG_ORDER, ResidentState, Rung
+from fitbox.models.gguf_facts import read_facts
+from tests import gguf_zoo
+from tests.core_builders import GiB, resident
+
+# -- admission -------------------------------------------------------------------------------
+
+
+def ids(tickets: list[Ticket]) -> list[int]:
+    return [t.id for t in tickets]
+
+
+def test_admission_eta_shortest_first_and_unmeasured_keep_their_slot() -> None:
+    tickets = [
+        Ticket(1, "big", 1, ready_in=0, load=30, output=60),
+        Ticket(2, "new", 2),  # no history: stays second
+        Ticket(3, "small", 3, ready_in=0, load=0, output=2),
+    ]
+    assert ids(order(tickets)) == [3, 2, 1]
+
+
+def test_admission_eta_never_reorders_a_group() -> None:
+    tickets = [
+        Ticket(1, "a", 1, group="s", ready_in=0, load=0, output=50),
+        Ticket(2, "b", 2, ready_in=0, load=0, output=10),
+        Ticket(3, "a", 3, group="s", ready_in=0, load=0, output=1),
+    ]
+    ordered = ids(order(tickets))
+    assert ordered.index(1) < ordered.index(3)
+
+
+def test_admission_background_after_every_foreground() -> None:
+    tickets = [
+        Ticket(1, "warm", 1, background=True, ready_in=0, load=0, output=0.1),
+        Ticket(2, "chat", 2, ready_in=0, load=30, output=60),
+    ]
+    assert ids(order(tickets)) == [2, 1]
+
+
+def test_admission_promotes_a_ticket_whose_max_wait_has_or_would_pass() -> None:
+    tickets = [
+        Ticket(1, "a", 1, ready_in=0, load=0, output=1),
+        Ticket(2, "b", 2, waited=119, max_wait=120, ready_in=0, load=0, output=5),
+        Ticket(3, "c", 3, waited=121, max_wait=120),
+    ]
+    assert ids(order(tickets)) == [2, 3, 1]
+
+
+def test_admission_smart_batches_by_model_fifo_is_arrival() -> None:
+    tickets = [Ticket(i, m, i) for i, m in enumerate(["a", "b", "a", "b", "c", "a"])]
+    assert [t.model for t in order(tickets, Policy.SMART)] == ["a", "a", "a", "b", "b", "c"]
+    assert ids(order(tickets, Policy.FIFO)) == [0, 1, 2, 3, 4, 5]
+
+
+tickets_strategy = st.lists(
+    st.builds(
+        Ticket, id=st.integers(0, 10**6), model=st.sampled_from("abc"), arrived=st.integers(0, 50),
+        waited=st.floats(0, 200), group=st.none() | st.sampled_from(["g", "h"]),
+        background=st.booleans(), ready_in=st.none() | st.floats(0, 60),
+        load=st.none() | st.floats(0, 60), output=st.none() | st.floats(0, 60),
+    ),
+    unique_by=lambda t: t.id, max_size=12,
+)  # fmt: skip
+
+
+@given(tickets=tickets_strategy, policy=st.sampled_from(list(Policy)))
+def test_admission_is_a_permutation_that_keeps_groups_and_puts_background_last(
+    tickets: list[Ticket], policy: Policy
+) -> None:
+    ordered = order(tickets, policy)
+    assert sorted(ids(ordered)) == sorted(ids(tickets))
+    kinds = [t.background for t in ordered]
+    assert kinds == sorted(kinds)
+    for group in ("g", "h"):
+        for background in (False, True):
+            members = [t for t in ordered if t.group == group and t.background == background
+                       and not (policy is Policy.ETA and t.overdue)]  # fmt: skip
+            assert members == sorted(members, key=lambda t: (t.arrived, t.id))
+
+
+# -- claims ----------------------------------------------------------------------------------
+
+
+def test_claims_one_core_for_a_gpu_engine_and_one_kept_for_the_os() -> None:
+    assert claims.claim(range(4), (), [], (), weights_in_ram=False, floor=1) == claims.Claim((1,))
+
+
+def test_claims_ram_engine_takes_every_free_core_without_a_curve() -> None:
+    busy = resident("b", GiB, calls=1, cores=(1,))
+    got = claims.claim(range(6), (5,), [busy], (), weights_in_ram=True, floor=2)
+    assert got == claims.Claim((2, 3, 4))
+
+
+def test_claims_ram_engine_stops_where_more_threads_stop_helping() -> None:
+    curve = ((1, 5.0), (2, 9.0), (3, 11.5), (4, 11.8), (6, 11.9))
+    got = claims.claim(range(8), (), [], (), weights_in_ram=True, floor=1, threads=curve)
+    assert got is not None and len(got.cores) == 3  # 11.5 is within 5 % of 11.9
+
+
+def test_claims_idle_cores_can_be_taken_busy_never() -> None:
+    idle = resident("idle", GiB, cores=(1, 2))
+    busy = resident("busy", GiB, calls=1, cores=(3,))
+    got = claims.claim(range(4), (), [idle, busy], (), weights_in_ram=True, floor=2)
+    assert got == claims.Claim((1, 2), ("idle",))
+    assert claims.claim(range(4), (), [busy], (), weights_in_ram=True, floor=3) is None
+
+
+# -- tiers -----------------------------------------------------------------------------------
+
+
+def test_tiers_a_setting_above_its_parent_is_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="box setting 200 is above what the device has"):
+        tiers.check("ram", 100, 200)
+    with pytest.raises(ValueError, match="central setting 90 is above the box setting"):
+        tiers.check("ram", 100, 80, 90)
+    tiers.check("ram", 100, 80, 70)
+
+
+def test_tiers_the_least_tier_wins_and_unmanaged_use_is_charged_to_the_device() -> None:
+    assert tiers.capacity(tiers.Tier("vram:gpu0", 24, 20, 16)) == 16
+    assert tiers.capacity(tiers.Tier("vram:gpu0", 24, 20), unmanaged=10) == 14
+    assert tiers.capacity(tiers.Tier("vram:gpu0", 24, 10), unmanaged=4) == 10
+
+
+# -- pins ------------------------------------------------------------------------------------
+
+
+def test_pins_from_the_name() -> None:
+    assert pins.parse("qwen") == pins.Pins("qwen")
+    assert pins.parse("qwen@moe") == pins.Pins("qwen", (Rung.MOE_SPLIT,))
+    assert pins.parse("qwen@4bit").rungs == (Rung.FOUR_BIT,)
+    assert pins.parse("qwen@max-gpu").rungs == (Rung.MAX_GPU,)
+    assert pins.parse("qwen@ram").rungs == (Rung.RAM_ONLY,)
+    assert pins.parse("qwen@q4_k_m") == pins.Pins("qwen", RUNG_ORDER, "Q4_K_M")
+    assert pins.parse("weird@name") == pins.Pins("weird@name")
+
+
+# -- eviction --------------------------------------------------------------------------------
+
+
+def test_evict_nothing_when_nothing_is_short_and_none_when_it_cannot_cover() -> None:
+    idle = [resident("a", GiB)]
+    assert evict.choose({"host": 0}, idle) == []
+    assert evict.choose({"host": 2 * GiB}, idle) is None
+
+
+@given(sizes=st.lists(st.integers(1, 8), min_size=1, max_size=10), short=st.integers(1, 40))
+def test_evict_the_chosen_set_covers_and_none_of_it_is_redundant(
+    sizes: list[int], short: int
+) -> None:
+    idle = [resident(f"r{i}", s * GiB, reload_seconds=float(s % 3 + 1)) for i, s in
+            enumerate(sizes)]  # fmt: skip
+    chosen = evict.choose({"host": short * GiB}, idle)
+    if sum(sizes) < short:
+        assert chosen is None
+        return
+    assert chosen is not None
+    freed = sum(v.bytes for v in chosen)
+    assert freed >= short * GiB
+    assert all(freed - v.bytes < short * GiB for v in chosen)  # each one is needed
+
+
+def test_evict_never_chooses_from_outside_the_pool() -> None:
+    busy = resident("busy", 8 * GiB, calls=1, state=ResidentState.READY)
+    assert evict.choose({"host": GiB}, [r for r in [busy] if r.evictable]) is None
+
+
+# -- the fast sizer agrees with split.footprint_by_device to the byte -----------------------
+
+
+ZOO = [
+    gguf_zoo.write_gqa_per_layer, gguf_zoo.write_swa, gguf_zoo.write_moe, gguf_zoo.write_hybrid,
+    gguf_zoo.write_mamba2_hybrid,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("write", ZOO, ids=lambda f: f.__name__)
+def test_sizer_matches_split_on_the_zoo(write: object, tmp_path: Path) -> None:
+    facts = read_facts(write(tmp_path / "m.gguf"))  # type: ignore[operator]
+    assert facts.layout is not None
+    candidate = Candidate("m", shape=facts.shape, layout=facts.layout)
+    n = facts.shape.n_layer
+    placements = [Placement(), Placement(("gpu0",), n + 1), Placement(("gpu0",), max(n // 2, 1)),
+                  Placement(("gpu0", "gpu1"), n + 1, (3.0, 1.0)),
+                  Placement(("gpu0",), n + 1, (), True)]  # fmt: skip
+    for parallel in (1, 3):
+        for kv in ("f16", "q8_0"):
+            sizer = Sizer(candidate, parallel, kv, kv)
+            for placement in placements:
+                for window in (512, 1000, 4096):
+                    assert sizer.on(placement, window) == footprint_by_device(
+                        facts.shape, facts.layout, placement, window, parallel,
+                        type_k=kv, type_v=kv,
+                    )  # fmt: skip

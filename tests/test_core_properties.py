@@ -1,0 +1,131 @@
+"""The placement core's invariants, over generated snapshots and asks (hypothesis)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fitbox.core import claims
+from fitbox.core.ask import Ask, Candidate
+from fitbox.core.decide import decide
+from fitbox.core.decision import Place, Refuse, RefuseReason, Wait
+from fitbox.core.types import Device, Goal, ResidentState, ResidentView, Snapshot
+from tests.core_builders import GiB, fixed, gpu, host, model
+
+CORES = tuple(range(6))
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> Snapshot:
+    n_gpus = draw(st.integers(0, 3))
+    devices: list[Device] = [gpu(i, draw(st.integers(1, 24)) * GiB // 2) for i in range(n_gpus)]
+    devices.append(host(draw(st.integers(1, 64)) * GiB // 2))
+    free_cores = list(CORES)
+    residents = []
+    for i in range(draw(st.integers(0, 6))):
+        device = draw(st.sampled_from([d.id for d in devices]))
+        n_cores = draw(st.integers(0, 2))
+        cores, free_cores = tuple(free_cores[:n_cores]), free_cores[n_cores:]
+        residents.append(ResidentView(
+            key=f"r{i}", device=device, bytes=draw(st.integers(1, 16)) * GiB // 4,
+            state=draw(st.sampled_from(list(ResidentState))), calls=draw(st.integers(0, 2)),
+            last_used=draw(st.floats(0, 100)), pinned=draw(st.booleans()), cores=cores,
+            band=draw(st.integers(1, 3)),
+            reload_seconds=draw(st.none() | st.floats(0.1, 60)),
+            eta_idle=draw(st.none() | st.floats(0, 200)),
+        ))  # fmt: skip
+    busy = tuple(draw(st.lists(st.sampled_from(CORES), max_size=2, unique=True)))
+    return Snapshot(tuple(devices), tuple(residents), cores=CORES, busy_cores=busy)
+
+
+@st.composite
+def asks(draw: st.DrawFn) -> Ask:
+    candidates: list[Candidate] = []
+    for i in range(draw(st.integers(1, 3))):
+        size = draw(st.integers(1, 40)) * GiB // 4
+        if draw(st.booleans()):
+            trained = draw(st.sampled_from([2048, 8192, 131072]))
+            candidates.append(model(f"m{i}", size, n_layer=draw(st.integers(1, 40)),
+                                    moe=draw(st.booleans()), four_bit=draw(st.booleans()),
+                                    n_ctx_train=trained))  # fmt: skip
+        else:
+            candidates.append(fixed(f"m{i}", size, four_bit=draw(st.booleans())))
+    return Ask(
+        "m", tuple(candidates), need=draw(st.integers(1, 20000)),
+        window=draw(st.sampled_from([512, 4096, 16384])), goal=draw(st.sampled_from(list(Goal))),
+        max_wait=draw(st.floats(0, 300)), cpu_floor=draw(st.integers(1, 3)),
+        kv_types=draw(st.sampled_from([(("f16", "f16"),), (("f16", "f16"), ("q8_0", "q8_0"))])),
+    )  # fmt: skip
+
+
+def _held(snapshot: Snapshot, device: str, leaving: set[str]) -> int:
+    reserved = sum(r.bytes for r in snapshot.reservations if r.device == device)
+    return reserved + sum(r.bytes_on(device) for r in snapshot.residents if r.key not in leaving)
+
+
+@settings(max_examples=300)
+@given(snapshot=snapshots(), ask=asks())
+def test_invariants(snapshot: Snapshot, ask: Ask) -> None:
+    decision = decide(snapshot, ask)
+    assert decide(snapshot, ask) == decision  # same input, same decision
+    by_key = {r.key: r for r in snapshot.residents}
+    if isinstance(decision, Place):
+        leaving = {v.key for v in decision.victims}
+        for victim in decision.victims:  # never a serving, loading or pinned resident
+            assert by_key[victim.key].evictable
+        for device in snapshot.devices:  # never above any device's tier
+            if decision.bytes_on(device.id):
+                assert _held(snapshot, device.id, leaving) + decision.bytes_on(device.id) <= (
+                    device.capacity
+                )
+        assert all(d in {x.id for x in snapshot.devices} for d, _ in decision.footprint)
+        if all(_held(snapshot, d, set()) + f.total <= snapshot.device(d).capacity  # type: ignore[union-attr]
+               for d, f in decision.footprint):  # fmt: skip
+            assert decision.victims == ()  # it fits as is: nothing leaves
+        # claims never overlap: not the OS core, not busy cores, not a working engine's
+        keep = claims.reserved_core(snapshot.cores)
+        assert keep not in decision.cores and not set(decision.cores) & set(snapshot.busy_cores)
+        for r in snapshot.residents:
+            if r.key not in leaving and r.key not in decision.cores_from:
+                assert not set(r.cores) & set(decision.cores)
+            if r.key in decision.cores_from:
+                assert r.evictable
+        assert decision.cores  # every engine gets at least one core
+    elif isinstance(decision, Wait):
+        assert decision.blockers
+        assert all(by_key[k].settles for k in decision.blockers)  # never waits on a pin
+    else:
+        _relaxing_the_constraint_helps(snapshot, ask, decision)
+
+
+def _relaxing_the_constraint_helps(snapshot: Snapshot, ask: Ask, refusal: Refuse) -> None:
+    if refusal.reason is RefuseReason.LARGER_THAN_BOX:
+        bigger = tuple(replace(d, capacity=d.capacity * 1000) for d in snapshot.devices)
+        relaxed = decide(replace(snapshot, devices=bigger, cores=()), ask)
+        assert isinstance(relaxed, Place)
+    elif refusal.reason is RefuseReason.HELD_BY_PINNED:
+        assert refusal.holders
+        unpinned = tuple(replace(r, pinned=False) for r in snapshot.residents)
+        relaxed = decide(replace(snapshot, residents=unpinned, cores=()), ask)
+        assert isinstance(relaxed, Place | Wait)
+    elif refusal.reason is RefuseReason.NO_CORES:
+        relaxed = decide(replace(snapshot, cores=(), busy_cores=()), ask)
+        assert isinstance(relaxed, Place | Wait)
+    elif refusal.reason is RefuseReason.CONTEXT:
+        relaxed = decide(snapshot, replace(ask, need=1))
+        assert not (isinstance(relaxed, Refuse) and relaxed.reason is RefuseReason.CONTEXT)
+    else:
+        assert refusal.reason in (RefuseReason.NO_CANDIDATE, RefuseReason.BAD_ARTIFACT)
+
+
+@given(snapshot=snapshots(), ask=asks())
+def test_without_residents_nothing_is_evicted_and_waiting_never_happens(
+    snapshot: Snapshot, ask: Ask
+) -> None:
+    empty = replace(snapshot, residents=())
+    decision = decide(empty, ask)
+    assert not isinstance(decision, Wait)
+    if isinstance(decision, Place):
+        assert decision.victims == ()
