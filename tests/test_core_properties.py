@@ -91,7 +91,7 @@ def test_invariants(snapshot: Snapshot, ask: Ask) -> None:
             if r.key not in leaving and r.key not in decision.cores_from:
                 assert not set(r.cores) & set(decision.cores)
             if r.key in decision.cores_from:
-                assert r.evictable
+                assert r.idle
         assert decision.cores  # every engine gets at least one core
     elif isinstance(decision, Wait):
         assert decision.blockers

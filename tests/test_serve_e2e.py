@@ -243,7 +243,9 @@ def test_a_model_too_big_for_the_box_is_refused_and_nothing_is_evicted(
         assert caught.value.status_code == 507
         body = caught.value.body
         assert isinstance(body, dict) and body["code"] == "does_not_fit"
-        assert body["needed_bytes"] == footprint(root / f"{SMOL}.gguf")
+        # priced at the smallest window the call allows: no window at all would fit
+        assert body["needed_bytes"] == footprint(root / f"{SMOL}.gguf", window=512)
+        assert "512-token window" in body["message"]
         assert body["available_bytes"] == cap
         assert box.models()["tiny"]["resident"] is True
 

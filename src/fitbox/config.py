@@ -110,6 +110,13 @@ SETTINGS: tuple[Setting, ...] = (
         "parallel", "FITBOX_PARALLEL", "1", "llama-server slots per model (-np)", _positive_int
     ),
     Setting(
+        "cpu_floor",
+        "FITBOX_CPU_FLOOR",
+        "1",
+        "free physical cores a model with weights in RAM needs before it is loaded",
+        _positive_int,
+    ),
+    Setting(
         "load_timeout",
         "FITBOX_LOAD_TIMEOUT",
         "300",
@@ -193,6 +200,7 @@ class Config:
     engine_dir: str
     ctx: int
     parallel: int
+    cpu_floor: int
     load_timeout: float
     wait_timeout: float
     stop_grace: float

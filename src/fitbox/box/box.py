@@ -19,18 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from fitbox.config import Config
-from fitbox.core import plan, sizing
-from fitbox.core.types import (
-    Ask,
-    Device,
-    DeviceKind,
-    Footprint,
-    Place,
-    Refuse,
-    RefuseReason,
-    ResidentState,
-    Snapshot,
-)
+from fitbox.core import admission, sizing
+from fitbox.core.ask import Ask
+from fitbox.core.decide import decide
+from fitbox.core.decision import Decision, Place, Refuse, RefuseReason, Wait
+from fitbox.core.pins import parse as parse_pins
+from fitbox.core.types import Device, DeviceKind, Footprint, ResidentState, Rung, Snapshot
 from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
 from fitbox.engines.http1 import EnginePool
 from fitbox.engines.llama_server import (
@@ -53,17 +47,18 @@ from fitbox.errors import (
 )
 from fitbox.models.catalog import Artifact, Catalog
 from fitbox.probe.gpus import GpuProbe
-from fitbox.probe.host import read_host
+from fitbox.probe.host import physical_cores, read_host
 from fitbox.store.db import MeasuredFootprint, Store
 from fitbox.units import format_bytes
 
+from . import planning
 from .crashes import CrashLedger
-from .pricing import Contract, MeasuredKey, footprint_row, measurement, price
+from .pricing import Contract, MeasuredKey, measurement
 from .recovery import await_free
 from .resident import Resident
 
 log = logging.getLogger(__name__)
-ALL_LAYERS = 999
+OOM = re.compile(r"out of memory|failed to allocate|unable to allocate|cudaMalloc failed", re.I)
 
 
 @dataclass
@@ -112,10 +107,33 @@ class Box:
         self.evictions = 0
         self._waiting: dict[object, dict[str, Any]] = {}  # calls waiting for room, for /v1/queue
         self.crashes = CrashLedger(config.crash_limit, config.crash_window, config.crash_backoff)
+        self._cores = physical_cores()
+        self._refused: dict[str, set[tuple[str, int]]] = {}  # artifact -> (where, window): OOM
+        self._arrivals = 0
 
     def queue(self) -> list[dict[str, Any]]:
-        """Calls waiting for room, oldest first (FIFO: the admission queue is issue #4's)."""
-        return sorted((dict(w) for w in self._waiting.values()), key=lambda w: w["since"])
+        """Calls waiting for room, in admission order (core/admission.py, ``eta``)."""
+        order = {t.id: i for i, t in enumerate(self._tickets())}
+        waiting = sorted(self._waiting.values(), key=lambda w: order.get(w["arrived"], 0))
+        return [{k: v for k, v in w.items() if k != "arrived"} for w in waiting]
+
+    def _tickets(self) -> list[admission.Ticket]:
+        now = time.time()
+        return admission.order([
+            admission.Ticket(id=w["arrived"], model=w["model"], arrived=w["arrived"],
+                             waited=now - w["since"], max_wait=self.config.wait_timeout)
+            for w in self._waiting.values()
+        ])  # fmt: skip
+
+    def _queued_ahead(self, ticket: object) -> list[str]:
+        """Models of the calls admitted before ``ticket`` (all of them, for a new call)."""
+        mine = self._waiting.get(ticket, {}).get("arrived")
+        ahead = []
+        for t in self._tickets():
+            if t.id == mine:
+                break
+            ahead.append(t.model)
+        return ahead
 
     # -- reading -----------------------------------------------------------------
 
@@ -129,7 +147,8 @@ class Box:
         """What each pool can hold now: live free memory plus what our own residents hold."""
         held: dict[str, int] = {}
         for r in self._residents.values():
-            held[r.device] = held.get(r.device, 0) + r.footprint.total
+            for device, size in r.holdings().items():
+                held[device] = held.get(device, 0) + size
         devices = []
         for gpu in self.gpus.read():
             device_id = f"gpu{gpu.index}"
@@ -155,6 +174,7 @@ class Box:
         return Snapshot(
             devices=tuple(self.devices() if devices is None else devices),
             residents=tuple(r.view() for r in self._residents.values()),
+            cores=tuple(self._cores),
         )
 
     def engine(self) -> EngineInfo:
@@ -226,16 +246,36 @@ class Box:
                            code="not_resident")  # fmt: skip
         return resident
 
-    def contract_for(self, artifact: Artifact) -> Contract:
-        window = sizing.effective_window(artifact.facts.shape, self.config.ctx)
-        return Contract(window=window, parallel=self.config.parallel)
+    def _ask(
+        self,
+        name: str,
+        *,
+        window: int | None = None,
+        parallel: int | None = None,
+        kv: str = "f16",
+        need: int = 1,
+        max_tokens: int = 0,
+    ) -> tuple[Ask, list[Artifact]]:
+        pins = parse_pins(name)
+        artifacts = self.catalog.variants(pins.name)
+        parallel = parallel or self.config.parallel
+        candidates = tuple(
+            planning.candidate(a, self._measured, parallel, self._refused.get(a.key, ()))
+            for a in artifacts
+        )  # fmt: skip
+        return planning.ask(
+            name, pins, candidates, window=window or self.config.ctx, parallel=parallel,
+            need=need, max_wait=self.config.wait_timeout, kv=(kv, kv), max_tokens=max_tokens,
+            cpu_floor=self.config.cpu_floor,
+        ), artifacts  # fmt: skip
 
-    def price(
-        self, artifact: Artifact, contract: Contract, devices: list[Device] | None = None
-    ) -> tuple[Ask, dict[str, str]]:
-        return price(
-            artifact, contract, self.devices() if devices is None else devices, self._measured
-        )
+    def _basis(self, decision: Decision, ask: Ask) -> dict[str, str]:
+        if not isinstance(decision, Place):
+            return {}
+        chosen = next(c for c in ask.candidates if c.key == decision.artifact)
+        found = chosen.measured_fit(decision.device, decision.window, decision.type_k,
+                                    decision.type_v)  # fmt: skip
+        return {decision.artifact: "measured" if found else "estimate"}
 
     def plan_for(
         self,
@@ -245,74 +285,47 @@ class Box:
         kv: str = "f16",
     ) -> dict[str, Any]:
         """What the box would do for ``name`` now, without doing it (``fitbox plan``)."""
-        artifact = self.catalog.resolve(name)
-        shape = artifact.facts.shape
-        contract = Contract(
-            window=sizing.effective_window(shape, ctx or self.config.ctx),
-            parallel=parallel or self.config.parallel, type_k=kv, type_v=kv,
-        )  # fmt: skip
-        problem = sizing.kv_type_problem(shape, kv, kv, flash_attn=True)
+        ask, artifacts = self._ask(name, window=ctx, parallel=parallel, kv=kv)
+        first = artifacts[0]
+        problem = sizing.kv_type_problem(first.facts.shape, kv, kv, flash_attn=True)
         if problem:
-            raise InvalidRequest(
-                f"'{artifact.name}' cannot use a {kv} cache: {problem}", param="kv"
-            )
-        devices = self.devices()
-        ask, basis = self.price(artifact, contract, devices)
-        snapshot = self.snapshot(devices)
-        decision = plan.decide(snapshot, ask)
-        names = {r.key: r.artifact.name for r in self._residents.values()}
-        if isinstance(decision, Place):
-            device, outcome = decision.device, "place"
-            extra: dict[str, Any] = {"victims": [names.get(v.key, v.key) for v in decision.victims]}
-        elif isinstance(decision, Refuse):
-            device = max(snapshot.devices, key=lambda d: d.capacity).id
-            outcome = "refuse"
-            extra = {
-                "reason": decision.reason.value,
-                "needed_bytes": decision.needed,
-                "available_bytes": decision.available,
-            }
-        else:
-            device = next(d.id for d in snapshot.devices)
-            outcome = "wait"
-            extra = {
-                "reason": decision.reason.value,
-                "blockers": [names.get(k, k) for k in decision.blockers],
-            }
-        held = {d.id: 0 for d in snapshot.devices}
-        for r in snapshot.residents:
-            held[r.device] = held.get(r.device, 0) + r.bytes
+            raise InvalidRequest(f"'{first.name}' cannot use a {kv} cache: {problem}", param="kv")
+        snapshot = self.snapshot()
+        decision = decide(snapshot, ask)
+        names = {a.key: a.name for a in artifacts}
+        names.update({r.key: r.artifact.name for r in self._residents.values()})
+        chosen = next((a for a in artifacts if isinstance(decision, Place)
+                       and a.key == decision.artifact), first)  # fmt: skip
+        report = planning.report(decision, snapshot, names, self._basis(decision, ask))
         return {
-            "model": artifact.name, "artifact": str(artifact.path),
-            "architecture": artifact.facts.architecture, "quant": artifact.facts.quant,
-            "window": contract.window, "parallel": contract.parallel,
-            "type_k": contract.type_k, "type_v": contract.type_v,
-            "decision": outcome, "device": device, "basis": basis.get(device, "estimate"),
-            "devices": [footprint_row(device, ask.footprint_on(device))],
-            "box": [{"device": d.id, "capacity_bytes": d.capacity,
-                     "free_bytes": d.capacity - held.get(d.id, 0), "simulated": d.simulated}
-                    for d in snapshot.devices],
-            **extra,
+            "model": chosen.name, "asked": name, "artifact": str(chosen.path),
+            "architecture": chosen.facts.architecture, "quant": chosen.facts.quant,
+            "window": report.get("window", ask.window), "parallel": ask.parallel,
+            "type_k": kv, "type_v": kv, "variants": [a.name for a in artifacts], **report,
         }  # fmt: skip
 
-    async def acquire(self, name: str, call_id: int | None = None) -> Lease:
+    async def acquire(
+        self, name: str, call_id: int | None = None, need: int = 1, max_tokens: int = 0
+    ) -> Lease:
         """Find or load the model ``name`` and hold it for one call."""
         if self._closing:
             raise ShuttingDown("fitbox is shutting down; retry against the restarted service")
-        artifact = self.catalog.resolve(name)
-        self._refuse_if_failed(artifact)
+        artifacts = self.catalog.variants(parse_pins(name).name)
+        for artifact in artifacts[:1]:
+            self._refuse_if_failed(artifact)
         deadline = time.monotonic() + self.config.wait_timeout
-        if artifact.key not in self._residents:  # crash-loop backoff before a restart
-            delay = self.crashes.wait_before_restart(artifact.key, time.time())
+        first = artifacts[0]
+        if not any(a.key in self._residents for a in artifacts):  # crash-loop backoff
+            delay = self.crashes.wait_before_restart(first.key, time.time())
             if delay > 0:
                 await asyncio.sleep(min(delay, self.config.wait_timeout))
-                self._refuse_if_failed(artifact)
+                self._refuse_if_failed(first)
         lease: Lease | None = None
         ticket = object()
         try:
             while lease is None:
                 async with self._lock:
-                    lease, blockers = self._decide(artifact, call_id)
+                    lease, blockers = self._decide(name, call_id, ticket, need, max_tokens)
                     changed = self._changed
                 if lease is None:
                     remaining = deadline - time.monotonic()
@@ -323,14 +336,20 @@ class Box:
                             f"{self.config.wait_timeout:.0f} s",
                             blockers=blockers,
                         )
-                    self._waiting.setdefault(ticket, {
-                        "model": artifact.name, "call_id": call_id, "since": time.time(),
-                        "deadline": time.time() + remaining})  # fmt: skip
+                    if ticket not in self._waiting:
+                        self._arrivals += 1
+                        now = time.time()
+                        self._waiting[ticket] = {
+                            "model": first.name, "call_id": call_id, "since": now,
+                            "deadline": now + remaining, "arrived": self._arrivals,
+                        }  # fmt: skip
                     self._waiting[ticket]["blocked_by"] = blockers
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(changed.wait(), timeout=remaining)
         finally:
             self._waiting.pop(ticket, None)
+            if self._waiting:
+                self._notify()  # the next in line may go now
         try:
             await asyncio.wait_for(
                 asyncio.shield(lease.resident.ready), timeout=self.config.load_timeout + 30
@@ -340,65 +359,98 @@ class Box:
             raise
         return lease
 
-    def _decide(self, artifact: Artifact, call_id: int | None) -> tuple[Lease | None, list[str]]:
+    def _joinable(self, artifacts: list[Artifact], name: str) -> Resident | None:
+        """A resident that serves ``name`` as asked (any approved variant, pins honoured)."""
+        pins = parse_pins(name)
+        for artifact in artifacts:
+            resident = self._residents.get(artifact.key)
+            if resident is None or resident.rung not in pins.rungs:
+                continue
+            if pins.quant and artifact.facts.quant.upper() != pins.quant:
+                continue
+            return resident
+        return None
+
+    def _decide(
+        self, name: str, call_id: int | None, ticket: object, need: int, max_tokens: int
+    ) -> tuple[Lease | None, list[str]]:
         """Under the lock: join a resident, place a new one, or say who blocks."""
-        existing = self._residents.get(artifact.key)
+        ask, artifacts = self._ask(name, need=need, max_tokens=max_tokens)
+        existing = self._joinable(artifacts, name)
         if existing is not None:
             if existing.state is ResidentState.STOPPING:
-                return None, [artifact.name]
+                return None, [existing.artifact.name]
             existing.calls += 1
             existing.last_used = time.monotonic()
             return Lease(existing, self), []
 
-        contract = self.contract_for(artifact)
-        window = contract.window
         devices = self.devices()  # one probe reading serves pricing, deciding and labelling
-        ask, basis = self.price(artifact, contract, devices)
-        decision = plan.decide(self.snapshot(devices), ask)
-        if isinstance(decision, Refuse) and decision.reason is RefuseReason.HELD_BY_PINNED:
-            pinned = [self._residents[k].artifact.name for k in decision.holders
-                      if k in self._residents]  # fmt: skip
-            raise DoesNotFit(
-                f"'{artifact.name}' needs {format_bytes(decision.needed)}; the room is held by "
-                f"pinned models ({', '.join(pinned)}): unpin one to make room",
-                param="model", code="held_by_pinned", needed_bytes=decision.needed,
-                available_bytes=decision.available, pinned=pinned,
-            )  # fmt: skip
+        decision = decide(self.snapshot(devices), ask)
+        names = {a.key: a.name for a in artifacts}
+        names.update({r.key: r.artifact.name for r in self._residents.values()})
         if isinstance(decision, Refuse):
-            raise DoesNotFit(
-                f"'{artifact.name}' needs {format_bytes(decision.needed)} at a {window}-token "
-                f"window, but the largest place on this box holds "
-                f"{format_bytes(decision.available)} (raise --ram-max, or use a smaller "
-                f"quant or window)",
-                param="model",
-                needed_bytes=decision.needed,
-                available_bytes=decision.available,
-            )
-        if not isinstance(decision, Place):
-            names = [
-                self._residents[k].artifact.name for k in decision.blockers if k in self._residents
-            ]
-            return None, names
+            raise self._refusal(decision, names, artifacts[0])
+        if isinstance(decision, Wait):
+            return None, [names.get(k, k) for k in decision.blockers]
+        ahead = self._queued_ahead(ticket)
+        if decision.victims and ahead:
+            return None, ahead  # freed room goes to the calls admitted first
 
         victims = [self._residents[v.key] for v in decision.victims]
         for victim in victims:
             victim.state = ResidentState.STOPPING
+        for key in decision.cores_from:  # an idle engine whose cores this claim takes
+            if key in self._residents:
+                self._residents[key].lost_cores |= set(decision.cores)
         device = next(d for d in devices if d.id == decision.device)
+        artifact = next(a for a in artifacts if a.key == decision.artifact)
         resident = Resident(
             artifact=artifact,
             device=decision.device,
-            footprint=ask.footprint_on(decision.device),
-            window=window,
-            parallel=self.config.parallel,
+            footprint=_summed(f for _, f in decision.footprint),
+            window=decision.window,
+            parallel=ask.parallel,
             simulated=device.simulated,
             calls=1,
-            basis=basis.get(decision.device, "estimate"),
+            basis=self._basis(decision, ask)[decision.artifact],
             loaded_by_call=call_id,
+            place=decision,
+            held={d: f.total for d, f in decision.footprint},
+            cpus=frozenset().union(*(self._cores.get(c, frozenset()) for c in decision.cores)),
         )
         self._residents[artifact.key] = resident
         self._spawn(self._bring_up(resident, victims))
         lease = Lease(resident, self, evicted=[v.artifact.name for v in victims], loaded=True)
         return lease, []
+
+    def _refusal(self, decision: Refuse, names: dict[str, str], first: Artifact) -> Exception:
+        needed, available = format_bytes(decision.needed), format_bytes(decision.available)
+        if decision.reason is RefuseReason.HELD_BY_PINNED:
+            pinned = [names.get(k, k) for k in decision.holders]
+            return DoesNotFit(
+                f"'{first.name}' needs {needed} on {decision.device}; the room is held by "
+                f"pinned models ({', '.join(pinned)}): unpin one to make room",
+                param="model", code="held_by_pinned", needed_bytes=decision.needed,
+                available_bytes=decision.available, pinned=pinned,
+            )  # fmt: skip
+        if decision.reason is RefuseReason.LARGER_THAN_BOX:
+            return DoesNotFit(
+                f"'{first.name}' needs {needed} on {decision.device} even at a "
+                f"{decision.window}-token window, but it holds {available} when empty "
+                f"(raise --ram-max, or use a smaller quant)",
+                param="model", needed_bytes=decision.needed, available_bytes=decision.available,
+            )  # fmt: skip
+        if decision.reason is RefuseReason.CONTEXT:
+            return InvalidRequest(f"'{first.name}' cannot take this call: {decision.detail}",
+                                  param="messages", code="context_length_exceeded")  # fmt: skip
+        if decision.reason is RefuseReason.NO_CORES:
+            return DoesNotFit(f"'{first.name}' would get {decision.available} free core(s); it "
+                              f"needs {decision.needed}: {decision.detail}", param="model",
+                              code="no_cores")  # fmt: skip
+        if decision.reason is RefuseReason.BAD_ARTIFACT:
+            return EngineFailed(f"'{first.name}' cannot be loaded: {decision.detail}")
+        return InvalidRequest(f"'{first.name}': {decision.detail}", param="model",
+                              code="no_candidate")  # fmt: skip
 
     def _spawn(self, coro: object) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
@@ -421,16 +473,24 @@ class Box:
                 await self._memory_back(resident)
             engine = self.engine()
             port = free_port()
+            place = resident.place
+            assert place is not None
             intent = LaunchIntent(
                 model_path=resident.artifact.path,
                 alias=resident.artifact.name,
                 window=resident.window,
                 parallel=resident.parallel,
                 embedding=resident.artifact.facts.is_embedding,
-                gpu_layers=0 if resident.device == "host" else ALL_LAYERS,
+                gpu_layers=place.gpu_layers,
                 port=port,
+                tensor_split=place.tensor_split,
+                experts_in_ram=place.experts_in_ram,
+                threads=len(place.cores) or None,
+                type_k=place.type_k,
+                type_v=place.type_v,
             )
-            child = Child(build_argv(engine, intent), port, self._log_path(resident, port))
+            child = Child(build_argv(engine, intent), port, self._log_path(resident, port),
+                          resident.cpus)  # fmt: skip
             resident.child = child
             resident.load_started_at = time.time()
             await child.start()
@@ -451,7 +511,14 @@ class Box:
 
     def _measure(self, resident: Resident, child: Child) -> None:
         """Read what the engine allocated; it replaces the estimate, now and next time."""
-        contract = Contract(window=resident.window, parallel=resident.parallel)
+        place = resident.place
+        if (
+            place is not None
+            and len(place.devices) > 1
+            and place.rung not in (Rung.GPU_ONLY, Rung.FOUR_BIT)
+        ) or (place is not None and len(place.devices) > 2):
+            return  # measured per placement class: one device (a GPU with its host part) only
+        contract = Contract(resident.window, resident.parallel, resident.type_k, resident.type_v)
         report = parse_load_log(child.load_log())
         measured = measurement(
             report,
@@ -472,6 +539,7 @@ class Box:
             measured.weights, measured.kv, measured.compute, measured.output
         )
         resident.basis = "measured"
+        resident.held[resident.device] = resident.footprint.total
         self._measured[measured.key] = measured
         if self.store is not None:
             self.store.footprint_measured(measured)
@@ -497,8 +565,16 @@ class Box:
         if resident.child is not None:
             await resident.child.stop(self.config.stop_grace)
             self._child_ended(resident, "failed to load")
+        tail = error.detail.get("log_tail", [])
         if not isinstance(exc, EngineNotFound | EngineFailed):  # the engine, not the model
-            self._crashed(resident, error.message, error.detail.get("log_tail", []))
+            self._crashed(resident, error.message, tail)
+        if any(OOM.search(line) for line in tail):  # out of memory: refuse this window next time
+            where = resident.device if len(resident.holdings()) <= 2 else "+".join(
+                sorted(resident.holdings()))  # fmt: skip
+            self._refused.setdefault(resident.key, set()).add((where, resident.window))
+            log.warning("%s ran out of memory at a %d-token window on %s; windows at or above "
+                        "it are out of reach until one loads", resident.artifact.name,
+                        resident.window, where)  # fmt: skip
         if self._residents.get(resident.key) is resident:
             del self._residents[resident.key]
         if not resident.ready.done():
@@ -590,3 +666,11 @@ class Box:
         for resident in self._residents.values():
             if resident.child is not None:
                 resident.child.kill_now()
+
+
+def _summed(parts: Iterable[Footprint]) -> Footprint:
+    weights = kv = compute = output = 0
+    for f in parts:
+        weights, kv, compute, output = (weights + f.weights, kv + f.kv, compute + f.compute,
+                                        output + f.output)  # fmt: skip
+    return Footprint(weights, kv, compute, output)

@@ -1,12 +1,10 @@
-"""What a model will cost on each device: the engine's measurement where one exists for the
-same placement and contract, else the estimate from its header (core/sizing.py)."""
+"""Measured footprints: the key a measurement is filed under, and how a load log becomes one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fitbox.core import sizing
-from fitbox.core.types import Ask, Device, Footprint
+from fitbox.core.types import Footprint
 from fitbox.engines.load_log import LoadReport
 from fitbox.models.catalog import Artifact
 from fitbox.store.db import MeasuredFootprint
@@ -28,31 +26,6 @@ def measured_key(artifact: Artifact, device: str, contract: Contract) -> Measure
     stat = artifact.path.stat()
     return (str(artifact.path), stat.st_size, stat.st_mtime_ns, device, contract.window,
             contract.parallel, contract.type_k, contract.type_v)  # fmt: skip
-
-
-def price(
-    artifact: Artifact,
-    contract: Contract,
-    devices: list[Device],
-    measured: dict[MeasuredKey, MeasuredFootprint],
-) -> tuple[Ask, dict[str, str]]:
-    """The ask for the core, and for each device the basis of its figure."""
-    estimate = sizing.footprint(
-        artifact.facts.shape, contract.window, contract.parallel,
-        type_k=contract.type_k, type_v=contract.type_v,
-    )  # fmt: skip
-    on_device: list[tuple[str, Footprint]] = []
-    basis = {}
-    for device in devices:
-        found = measured.get(measured_key(artifact, device.id, contract))
-        if found is None:
-            basis[device.id] = "estimate"
-            continue
-        basis[device.id] = "measured"
-        on_device.append(
-            (device.id, Footprint(found.weights, found.kv, found.compute, found.output))
-        )
-    return Ask(artifact.key, estimate, measured=tuple(on_device)), basis
 
 
 def measurement(

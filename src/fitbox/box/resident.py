@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fitbox.core.types import Footprint, ResidentState, ResidentView
+from fitbox.core.decision import Place
+from fitbox.core.types import Footprint, ResidentState, ResidentView, Rung
 from fitbox.engines.child import Child
 from fitbox.models.catalog import Artifact
 
@@ -39,6 +40,31 @@ class Resident:
     pinned: bool = False
     child_start_time: float = 0.0  # the process start time recorded with it (orphans.py)
     loaded_by_call: int | None = None
+    place: Place | None = None  # the core's decision it was loaded under
+    held: dict[str, int] = field(default_factory=dict)  # bytes per device
+    cpus: frozenset[int] = frozenset()  # logical CPUs of its claim
+    lost_cores: set[int] = field(default_factory=set)  # taken by a later claim while idle
+
+    @property
+    def rung(self) -> Rung:
+        return self.place.rung if self.place else Rung.RAM_ONLY
+
+    @property
+    def cores(self) -> tuple[int, ...]:
+        if self.place is None:
+            return ()
+        return tuple(c for c in self.place.cores if c not in self.lost_cores)
+
+    @property
+    def type_k(self) -> str:
+        return self.place.type_k if self.place else "f16"
+
+    @property
+    def type_v(self) -> str:
+        return self.place.type_v if self.place else "f16"
+
+    def holdings(self) -> dict[str, int]:
+        return self.held or {self.device: self.footprint.total}
 
     @property
     def key(self) -> str:
@@ -53,6 +79,9 @@ class Resident:
             calls=self.calls,
             last_used=self.last_used,
             pinned=self.pinned,
+            held=tuple(sorted(self.holdings().items())),
+            cores=self.cores,
+            reload_seconds=self.load_seconds,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -72,6 +101,13 @@ class Resident:
             },
             "window": self.window,
             "parallel": self.parallel,
+            "rung": self.rung.value,
+            "type_k": self.type_k,
+            "type_v": self.type_v,
+            "devices": self.holdings(),
+            "gpu_layers": self.place.gpu_layers if self.place else 0,
+            "tensor_split": list(self.place.tensor_split) if self.place else [],
+            "cores": list(self.cores),
             "calls": self.calls,
             "pinned": self.pinned,
             "idle_for_s": round(time.monotonic() - self.last_used, 3) if not self.calls else 0,

@@ -1,8 +1,8 @@
 """CPU claims: each engine gets cores of its own (FORMULAS.md §CPU claims).
 
 - One core stays for fitbox and the OS (the lowest-numbered one, when there are two or more).
-- Cores kept busy by other processes, and cores held by busy, loading or pinned-and-busy
-  engines, are never claimed: two engines never share a core.
+- Cores kept busy by other processes, and cores held by busy or loading engines, are
+  never claimed: two engines never share a core.
 - An idle engine's cores can be taken (it is told, in ``Claim.taken_from``).
 - A GPU-only engine gets one core. An engine reading weights from RAM gets as many as still
   make it faster: from its measured bandwidth curve when there is one (the fewest threads
@@ -50,7 +50,7 @@ def claimable(
         holder = held.get(core)
         if holder is None:
             free.append(core)
-        elif holder.evictable:
+        elif holder.idle:
             idle.append((core, holder.key))
     return free, idle
 

@@ -112,6 +112,17 @@ class Option:
     eta: float | None = None  # hopeful: when they are expected to settle
 
 
+@dataclass(frozen=True)
+class Refusal:
+    reason: RejectReason
+    device: str
+    needed: int
+    available: int
+    holders: tuple[str, ...] = ()
+    footprint: Footprint | None = None
+    window: int = 0
+
+
 @dataclass
 class Search:
     snapshot: Snapshot
@@ -120,9 +131,7 @@ class Search:
     options: list[Option] = field(default_factory=list)
     hopeful: list[Option] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
-    refusals: list[tuple[RejectReason, str, int, int, tuple[str, ...]]] = field(
-        default_factory=list
-    )  # (reason, device, needed, available, holders)
+    refusals: list[Refusal] = field(default_factory=list)
     position: int = 0
 
 
@@ -320,8 +329,9 @@ def _short(search: Search, sizer: Sizer, placement: Placement) -> Rejected:
     kv = f"{sizer.type_k}/{sizer.type_v}"
     for device, footprint in need.items():
         if footprint.total > room.empty.get(device, -1):
-            search.refusals.append((RejectReason.LARGER_THAN_BOX, device, footprint.total,
-                                    room.empty.get(device, 0), ()))  # fmt: skip
+            empty = room.empty.get(device, 0)
+            search.refusals.append(Refusal(RejectReason.LARGER_THAN_BOX, device, footprint.total,
+                                           empty, (), footprint, window))  # fmt: skip
             return Rejected(candidate.key, Rung.GPU_ONLY, kv, RejectReason.LARGER_THAN_BOX,
                             f"needs {footprint.total} B on {device} at {window} tokens; an "
                             f"empty {device} holds {room.empty.get(device, 0)} B")  # fmt: skip
@@ -336,8 +346,8 @@ def _short(search: Search, sizer: Sizer, placement: Placement) -> Rejected:
                         "free once idle models leave; busy models hold the rest")  # fmt: skip
     holders = tuple(sorted(r.key for r in search.snapshot.residents
                            if r.pinned and any(r.bytes_on(d) for d in short)))  # fmt: skip
-    search.refusals.append((RejectReason.HELD_BY_PINNED, device, need[device].total,
-                            room.most[device], holders))  # fmt: skip
+    search.refusals.append(Refusal(RejectReason.HELD_BY_PINNED, device, need[device].total,
+                                   room.most[device], holders, need[device], window))  # fmt: skip
     detail = f"needs {need[device].total} B on {device}; pinned models hold the room"
     return Rejected(candidate.key, Rung.GPU_ONLY, kv, RejectReason.HELD_BY_PINNED, detail)
 
@@ -503,8 +513,8 @@ def _admit(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str
             sizer = Sizer(candidate, search.ask.parallel, type_k, type_v)
             _hope(search, q, candidate, rung, type_k, type_v, sizer, fit.placement, memory=False)
         else:
-            search.refusals.append((RejectReason.NO_CORES, HOST, search.ask.cpu_floor,
-                                    len(free) + len(idle_cores), ()))  # fmt: skip
+            search.refusals.append(Refusal(RejectReason.NO_CORES, HOST, search.ask.cpu_floor,
+                                           len(free) + len(idle_cores)))  # fmt: skip
         return
     by_key = {r.key: r for r in snapshot.residents}
     place = _place(candidate, rung, type_k, type_v, fit, tuple(chosen), claim, search)
@@ -601,22 +611,19 @@ def _conclude(search: Search) -> Decision:
 
 def _refuse(search: Search) -> Refuse:
     rejected = tuple(search.rejected)
-    by_reason: dict[RejectReason, tuple[RejectReason, str, int, int, tuple[str, ...]]] = {}
+    by_reason: dict[RejectReason, list[Refusal]] = {}
     for refusal in search.refusals:
-        by_reason.setdefault(refusal[0], refusal)
+        by_reason.setdefault(refusal.reason, []).append(refusal)
     for reason, refuse_as in (
         (RejectReason.HELD_BY_PINNED, RefuseReason.HELD_BY_PINNED),
         (RejectReason.NO_CORES, RefuseReason.NO_CORES),
         (RejectReason.LARGER_THAN_BOX, RefuseReason.LARGER_THAN_BOX),
     ):
-        if reason in by_reason:
-            _, device, needed, available, holders = by_reason[reason]
-            if reason is RejectReason.LARGER_THAN_BOX:  # the nearest miss, for the message
-                _, device, needed, available, holders = min(
-                    (r for r in search.refusals if r[0] is reason), key=lambda r: r[2] - r[3]
-                )
-            return Refuse(refuse_as, needed, available, holders=holders, device=device,
-                          detail=_first_detail(rejected, reason), rejected=rejected)  # fmt: skip
+        if reason in by_reason:  # the nearest miss names the numbers
+            r = min(by_reason[reason], key=lambda r: r.needed - r.available)
+            return Refuse(refuse_as, r.needed, r.available, holders=r.holders, device=r.device,
+                          detail=_first_detail(rejected, reason), rejected=rejected,
+                          footprint=r.footprint, window=r.window)  # fmt: skip
     context = [r for r in rejected if r.reason in (RejectReason.BEYOND_TRAINING,
                                                    RejectReason.REFUSED_WINDOW)]  # fmt: skip
     if context:

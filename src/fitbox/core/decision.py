@@ -119,6 +119,8 @@ class Refuse:
     device: str = ""  # the device the numbers are about
     detail: str = ""
     rejected: tuple[Rejected, ...] = ()
+    footprint: Footprint | None = None  # what ``needed`` is made of, on ``device``
+    window: int = 0  # the window ``needed`` was priced at (the smallest the call allows)
 
 
 Decision = Place | Wait | Refuse

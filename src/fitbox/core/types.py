@@ -55,6 +55,11 @@ class ResidentView:
         return sum(b for d, b in self.holdings() if d == device)
 
     @property
+    def idle(self) -> bool:
+        """Loaded with no calls: its cores may go to the next claim, pinned or not."""
+        return self.state is ResidentState.READY and self.calls == 0
+
+    @property
     def evictable(self) -> bool:
         return self.state is ResidentState.READY and self.calls == 0 and not self.pinned
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -49,11 +50,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent(cpus: frozenset[int] = frozenset()) -> None:
+    """Runs in the child between fork and exec: SIGKILL when fitbox dies, and the CPU claim
+    as its affinity (every thread it starts inherits it)."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
 
 
 def read_tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
@@ -98,8 +103,11 @@ class _LogPump:
 
 
 class Child:
-    def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
+    def __init__(
+        self, argv: list[str], port: int, log_path: Path, cpus: frozenset[int] = frozenset()
+    ) -> None:
         self.argv = argv
+        self.cpus = cpus
         self.port = port
         self.log_path = log_path
         self.base_url = f"http://127.0.0.1:{port}"
@@ -134,7 +142,7 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # only calls prctl
+            preexec_fn=functools.partial(_die_with_parent, self.cpus),  # prctl + affinity
         )
         assert self.proc.stdout is not None
         self._pump_task = asyncio.get_running_loop().create_task(self._pump.run(self.proc.stdout))

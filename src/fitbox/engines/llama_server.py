@@ -132,6 +132,11 @@ class LaunchIntent:
     port: int
     embedding: bool = False
     host: str = "127.0.0.1"
+    tensor_split: tuple[float, ...] = ()  # -ts, one share per GPU; empty on one GPU
+    experts_in_ram: bool = False  # --cpu-moe
+    threads: int | None = None  # -t: the cores the CPU claim holds
+    type_k: str = "f16"
+    type_v: str = "f16"
 
 
 def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
@@ -150,6 +155,14 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         "--port",
         str(intent.port),
     ]
+    if intent.tensor_split:
+        argv += ["-ts", ",".join(f"{share:g}" for share in intent.tensor_split)]
+    if intent.experts_in_ram:
+        argv.append("--cpu-moe")
+    if intent.threads:
+        argv += ["-t", str(intent.threads)]
+    if (intent.type_k, intent.type_v) != ("f16", "f16"):
+        argv += ["-ctk", intent.type_k, "-ctv", intent.type_v]
     if engine.has("--fit"):
         argv += ["--fit", "off"]  # what fitbox planned is what runs
     if engine.has("--alias"):

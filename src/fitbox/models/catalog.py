@@ -28,6 +28,19 @@ log = logging.getLogger(__name__)
 
 _SHARD = re.compile(r"^(?P<base>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})$")
 _SKIP_SUFFIXES = (".part", ".tmp", ".partial", ".download")
+_QUANT_SUFFIX = re.compile(r"[._-](?:UD-)?(I?Q\d\w*|F16|BF16|F32)$", re.IGNORECASE)
+_FOUR_BIT = re.compile(r"^(I?Q4|MXFP4)", re.IGNORECASE)
+
+
+def family_name(name: str) -> str:
+    """A model name without its quant tag: ``Qwen3-8B-Q4_K_M`` -> ``Qwen3-8B``."""
+    return _QUANT_SUFFIX.sub("", name)
+
+
+def is_four_bit(quant: str) -> bool:
+    return bool(_FOUR_BIT.match(quant))
+
+
 RESCAN_AT_MOST_EVERY_S = 1.0
 
 
@@ -208,6 +221,25 @@ class Catalog:
     def _lookup(self, name: str) -> Artifact | None:
         target = self._aliases.get(name, name)
         return self._by_name.get(target)
+
+    def variants(self, name: str) -> list[Artifact]:
+        """The approved variants ``name`` stands for, best quality first. A file's own name
+        (or an alias of it) is that file alone; a family name (the file names without their
+        quant tag) is every variant on the box, the largest (most bits per weight) first."""
+        artifact = self._lookup(name)
+        if artifact is not None:
+            return [artifact]
+        family = self._family(name)
+        if not family:
+            self.refresh(max_age=RESCAN_AT_MOST_EVERY_S)
+            family = self._family(name)
+        if not family:
+            return [self.resolve(name)]  # raises ModelNotFound with the known names
+        return family
+
+    def _family(self, name: str) -> list[Artifact]:
+        members = [a for a in self._by_name.values() if family_name(a.name) == name != a.name]
+        return sorted(members, key=lambda a: (-a.facts.shape.weights_bytes, a.name))
 
     def resolve(self, name: str) -> Artifact:
         artifact = self._lookup(name)

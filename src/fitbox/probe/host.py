@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -27,3 +29,22 @@ def read_host() -> HostReading:
         physical_cores=psutil.cpu_count(logical=False) or logical,
         logical_cores=logical,
     )
+
+
+def physical_cores() -> dict[int, frozenset[int]]:
+    """Physical cores fitbox may use, numbered 0..n-1, each with its logical CPUs (SMT
+    siblings share a core: a claim takes them together). Only CPUs in this process's
+    affinity count; without topology files each logical CPU is its own core."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
+        range(os.cpu_count() or 1))  # fmt: skip
+    groups: dict[tuple[str, str], set[int]] = {}
+    for cpu in allowed:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            key = ((topology / "physical_package_id").read_text().strip(),
+                   (topology / "core_id").read_text().strip())  # fmt: skip
+        except OSError:
+            key = ("cpu", str(cpu))
+        groups.setdefault(key, set()).add(cpu)
+    ordered = sorted(groups.values(), key=min)
+    return {i: frozenset(cpus) for i, cpus in enumerate(ordered)}

@@ -94,6 +94,14 @@ def check_model_allowed(request: Request, box: Box, name: str) -> None:
                                code="model_not_allowed")  # fmt: skip
 
 
+def _max_tokens(body: dict[str, Any]) -> int:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
 async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any]) -> Response:
     box: Box = request.app.state.box
     store: Store = request.app.state.store
@@ -109,7 +117,12 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     )
     try:
         check_model_allowed(request, box, body["model"])
-        lease = await box.acquire(body["model"], call_id=call_id)
+        max_tokens = _max_tokens(body)
+        # the prompt's tokens are not known before a tokenizer runs: ~4 bytes of request per
+        # token is the estimate, used only to pick the smallest window the call may get
+        lease = await box.acquire(
+            body["model"], call_id=call_id, need=len(raw) // 4 + max_tokens, max_tokens=max_tokens
+        )
     except FitboxError as exc:
         _failed(store, call_id, exc)
         raise

@@ -1,0 +1,118 @@
+"""From what the box knows to the core's inputs, and from the core's decision to a report.
+
+Facts the core reads first: a measured footprint for the same file, placement class,
+window, slots and cache types replaces the estimate; every measured load marks its window
+as reachable; a load that ran out of memory marks its window as refused; measured load
+seconds are the load term of T. Nothing here guesses a speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fitbox.core.ask import Ask, Candidate, MeasuredFit, Speeds
+from fitbox.core.decision import Decision, Place, Refuse, Wait
+from fitbox.core.pins import Pins
+from fitbox.core.types import Footprint, Rung, Snapshot
+from fitbox.models.catalog import Artifact, is_four_bit
+from fitbox.store.db import MeasuredFootprint
+
+from .pricing import MeasuredKey, footprint_row
+
+
+def candidate(
+    artifact: Artifact,
+    measured: Mapping[MeasuredKey, MeasuredFootprint],
+    parallel: int,
+    refused: Iterable[tuple[str, int]] = (),
+) -> Candidate:
+    stat = artifact.path.stat()
+    fits, loaded, speeds = [], [], {}
+    for m in measured.values():
+        if (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.parallel) != (
+            str(artifact.path), stat.st_size, stat.st_mtime_ns, parallel,
+        ):  # fmt: skip
+            continue
+        fits.append(MeasuredFit(m.device, m.window, m.type_k, m.type_v,
+                                Footprint(m.weights, m.kv, m.compute, m.output)))  # fmt: skip
+        loaded.append((m.device, m.window))
+        if m.load_seconds is not None:
+            rung = Rung.RAM_ONLY if m.device == "host" else Rung.GPU_ONLY
+            speeds[rung] = Speeds(load_seconds=m.load_seconds)
+    return Candidate(
+        key=artifact.key, quant=artifact.facts.quant, shape=artifact.facts.shape,
+        layout=artifact.facts.layout, four_bit=is_four_bit(artifact.facts.quant),
+        measured=tuple(fits), loaded_windows=tuple(loaded), refused_windows=tuple(refused),
+        speeds=tuple(speeds.items()),
+    )  # fmt: skip
+
+
+def ask(
+    name: str,
+    pins: Pins,
+    candidates: tuple[Candidate, ...],
+    *,
+    window: int,
+    parallel: int,
+    need: int,
+    max_wait: float,
+    kv: tuple[str, str] = ("f16", "f16"),
+    max_tokens: int = 0,
+    cpu_floor: int = 1,
+) -> Ask:
+    return Ask(
+        model=name, candidates=candidates, need=need, window=window, parallel=parallel,
+        kv_types=(kv,), rungs=pins.rungs, quant=pins.quant, max_wait=max_wait,
+        max_tokens=max_tokens, cpu_floor=cpu_floor,
+    )  # fmt: skip
+
+
+def report(
+    decision: Decision, snapshot: Snapshot, names: Mapping[str, str], basis: Mapping[str, str]
+) -> dict[str, Any]:
+    """The decision in the words of ``fitbox plan`` and ``/v1/plan``."""
+
+    def name(key: str) -> str:
+        return names.get(key, key)
+
+    rejected = [
+        {"artifact": name(r.artifact), "rung": r.rung.value, "kv": r.kv,
+         "reason": r.reason.value, "detail": r.detail}
+        for r in decision.rejected
+    ]  # fmt: skip
+    held = {d.id: 0 for d in snapshot.devices}
+    for r in snapshot.residents:
+        for device, size in r.holdings():
+            held[device] = held.get(device, 0) + size
+    box = [{"device": d.id, "capacity_bytes": d.capacity, "free_bytes": d.capacity - held[d.id],
+            "simulated": d.simulated} for d in snapshot.devices]  # fmt: skip
+    common: dict[str, Any] = {"rejected": rejected, "box": box}
+    if isinstance(decision, Place):
+        return {
+            **common, "decision": "place", "artifact_key": decision.artifact,
+            "rung": decision.rung.value, "window": decision.window,
+            "type_k": decision.type_k, "type_v": decision.type_v,
+            "device": decision.device, "basis": basis.get(decision.artifact, "estimate"),
+            "devices": [footprint_row(d, f) for d, f in decision.footprint],
+            "gpu_layers": decision.gpu_layers, "tensor_split": list(decision.tensor_split),
+            "experts_in_ram": decision.experts_in_ram, "cores": list(decision.cores),
+            "band": None if decision.band is None else {
+                "kind": decision.band.kind.value, "min": decision.band.feasible_min,
+                "max": decision.band.feasible_max},
+            "victims": [name(v.key) for v in decision.victims],
+            "predicted_seconds": decision.predicted_seconds,
+        }  # fmt: skip
+    if isinstance(decision, Wait):
+        return {**common, "decision": "wait", "reason": decision.reason.value,
+                "blockers": [name(k) for k in decision.blockers],
+                "needed_bytes": decision.needed, "available_bytes": decision.available,
+                "bound_seconds": decision.bound, "device": snapshot.devices[0].id,
+                "devices": [], "basis": "estimate"}  # fmt: skip
+    assert isinstance(decision, Refuse)
+    rows = [footprint_row(decision.device, decision.footprint)] if decision.footprint else []
+    return {**common, "decision": "refuse", "reason": decision.reason.value,
+            "needed_bytes": decision.needed, "available_bytes": decision.available,
+            "device": decision.device or snapshot.devices[-1].id, "detail": decision.detail,
+            "holders": [name(k) for k in decision.holders], "devices": rows,
+            "window_tried": decision.window, "basis": "estimate"}  # fmt: skip
