@@ -74,3 +74,30 @@ def test_plan_refuses_with_numbers_and_rejects_bad_input(
             assert set(response.json()["error"]) == {"message", "type", "code", "param"}
         missing = httpx.get(f"{box.url}/v1/plan", params={"model": "nope"})
         assert missing.status_code == 404
+
+
+def test_rungs_reach_the_engine_split_across_two_simulated_gpus_then_ram_pinned(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    """Two 80 MiB simulated GPUs: SmolLM2 (~124 MiB on a GPU) fits neither alone, so the core
+    splits it; the real llama-server (a CPU build: the GPU flags are accepted, the work runs on
+    the CPU) loads it with those flags. ``@ram`` pins it to host RAM."""
+    env = {"FITBOX_SIMULATED_GPUS": "80MiB,80MiB"}
+    with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
+        plan = httpx.get(f"{box.url}/v1/plan", params={"model": "smollm2"}).json()
+        assert (plan["decision"], plan["rung"]) == ("place", "gpu-only")
+        assert [d["device"] for d in plan["devices"]] == ["gpu0", "gpu1", "host"]
+        assert len(plan["tensor_split"]) == 2 and plan["gpu_layers"] == 31
+        reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=60, json={
+            "model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2})  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        (resident,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        assert resident["rung"] == "gpu-only" and len(resident["tensor_split"]) == 2
+        assert set(resident["devices"]) == {"gpu0", "gpu1", "host"} and resident["cores"]
+        argv = Path(f"/proc/{resident['pid']}/cmdline").read_bytes().split(b"\0")
+        assert argv[argv.index(b"-ngl") + 1] == b"31" and b"-ts" in argv
+        assert argv[argv.index(b"-t") + 1] == str(len(resident["cores"])).encode()
+        pinned = httpx.get(f"{box.url}/v1/plan", params={"model": "smollm2@ram"}).json()
+        assert pinned["rung"] == "ram-only" and pinned["device"] == "host"
+        assert {r["rung"] for r in pinned["rejected"]} == set()  # the pin left one rung

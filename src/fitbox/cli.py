@@ -321,30 +321,33 @@ def plan_model(config: settings.Config, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    row = report["devices"][0]
-    simulated = any(d["simulated"] for d in report["box"] if d["device"] == row["device"])
-    print(
-        f"{report['model']} ({report['architecture']}, {report['quant']}): "
-        f"{report['decision']} on {row['device']}{' (SIMULATED)' if simulated else ''}, "
-        f"{report['basis']}"
-    )
-    print(
-        f"  window {report['window']} x {report['parallel']} slot(s), "
-        f"K {report['type_k']} / V {report['type_v']}"
-    )
-    print(
-        f"  weights {format_bytes(row['weights_bytes'])} + kv {format_bytes(row['kv_bytes'])}"
-        f" + compute {format_bytes(row['compute_bytes'])} + output "
-        f"{format_bytes(row['output_bytes'])} = {format_bytes(row['total_bytes'])}"
-    )
+    simulated = {d["device"] for d in report["box"] if d["simulated"]}
+    label = f"{report['decision']} on {report['device']}"
+    if report.get("rung"):
+        label += f" ({report['rung']})"
+    print(f"{report['model']} ({report['architecture']}, {report['quant']}): {label}, "
+          f"{report['basis']}")  # fmt: skip
+    band = report.get("band")
+    band_text = f", band {band['kind']} {band['min']}..{band['max']}" if band else ""
+    print(f"  window {report['window']} x {report['parallel']} slot(s), "
+          f"K {report['type_k']} / V {report['type_v']}{band_text}")  # fmt: skip
+    for row in report["devices"]:
+        tag = " (SIMULATED)" if row["device"] in simulated else ""
+        b = {k: format_bytes(v) for k, v in row.items() if k.endswith("_bytes")}
+        print(f"  {row['device']}{tag}: weights {b['weights_bytes']} + kv {b['kv_bytes']} + "
+              f"compute {b['compute_bytes']} + output {b['output_bytes']} = "
+              f"{b['total_bytes']}")  # fmt: skip
+    if report.get("cores"):
+        layers = f", {report['gpu_layers']} layers on GPU" if report.get("gpu_layers") else ""
+        print(f"  cores {', '.join(map(str, report['cores']))}{layers}")
     for key in ("victims", "blockers"):
         if report.get(key):
             print(f"  {key}: {', '.join(report[key])}")
     if report["decision"] == "refuse":
-        print(
-            f"  needs {format_bytes(report['needed_bytes'])}, the largest place holds "
-            f"{format_bytes(report['available_bytes'])}"
-        )
+        needed, held = format_bytes(report["needed_bytes"]), format_bytes(report["available_bytes"])
+        print(f"  {report['reason']}: needs {needed} on {report['device']}, which holds {held}")
+    for r in report.get("rejected", []):
+        print(f"  - {r['rung']} {r['artifact']}: {r['reason']} ({r['detail']})")
     print(f"  ({report['source']})")
     return 0
 
