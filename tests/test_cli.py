@@ -51,6 +51,20 @@ def test_a_bad_setting_names_itself_and_exits_2(tmp_path: Path) -> None:
     assert "Setting 'ram_max' (FITBOX_RAM_MAX) has value 'lots'" in result.stderr
 
 
+def test_a_limit_above_its_parent_tier_is_refused_at_start_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    result = fitbox("serve", "--ram-max", "1000TiB", "--port", "auto", home=tmp_path)
+    assert result.returncode == 2
+    assert "ram: the box setting 1099511627776000 is above what the device has" in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "fitbox", "serve", "--port", "auto"], capture_output=True,
+        text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "FITBOX_HOME": str(tmp_path),
+                                     "FITBOX_SIMULATED_GPUS": "8GiB", "FITBOX_VRAM_MAX": "9GiB"},
+    )  # fmt: skip
+    assert result.returncode == 2 and "vram:gpu0: the box setting" in result.stderr
+
+
 def test_pull_refuses_a_source_it_cannot_check(tmp_path: Path) -> None:
     result = fitbox("pull", "http://127.0.0.1:9/x.gguf", home=tmp_path)
     assert result.returncode == 1 and "--sha256" in result.stderr

@@ -165,3 +165,24 @@ def test_a_crash_loop_backs_off_then_marks_the_model_failed_until_cleared(
         assert again.status_code == 502 and "could not load" in again.json()["error"]["message"]
         not_failed = httpx.post(f"{box.url}/v1/operator/clear-failed", json={"model": "broken"})
         assert not_failed.status_code == 409
+
+
+OOM = Path(__file__).parent / "fakes" / "oom-llama-server"
+
+
+def test_an_out_of_memory_load_refuses_its_window_and_the_same_call_loads_smaller(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    env = {"LLAMA_SERVER_BIN": str(OOM), "FAKE_REAL_LLAMA_SERVER": str(llama_server_bin),
+           "FAKE_OOM_AT_CTX": "8192", "FITBOX_CTX": "8192"}  # fmt: skip
+    with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
+        response = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
+                              json=chat(SMOL, max_tokens=2))  # fmt: skip
+        assert response.status_code == 200, response.text  # the same request, placed again
+        (resident,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        assert resident["window"] == 6144  # the tick below the refused 8192
+        assert "ran out of memory at a 8192-token window" in box.log()
+        plan = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL}).json()
+        assert plan["band"]["max"] == 6144  # out of reach until a load at 8192 succeeds
+        models = {m["id"]: m for m in httpx.get(f"{box.url}/v1/models").json()["data"]}
+        assert models[SMOL].get("failed") in (None, False)  # room, not a crash: never failed

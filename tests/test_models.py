@@ -179,3 +179,18 @@ def test_transformers_dirs_are_listed_with_a_reason_and_hf_caches_once(tmp_path:
     assert "no transformers engine yet" in reasons["llama-hf"]
     assert "weights" in reasons["llama-hf"] and len(LLAMA_TENSORS) == 4
     assert "not a usable transformers model" in reasons["liar"] and "needs 18" in reasons["liar"]
+
+
+def test_a_family_name_stands_for_every_variant_largest_first(tmp_path: Path) -> None:
+    write_tiny_llama(tmp_path / "fam-Q8_0.gguf", extra_vocab=2000)
+    write_tiny_llama(tmp_path / "fam-Q4_K_M.gguf")
+    write_tiny_llama(tmp_path / "other.gguf")
+    catalog = Catalog((tmp_path,), tmp_path / "aliases.toml")
+    assert [a.name for a in catalog.variants("fam")] == ["fam-Q8_0", "fam-Q4_K_M"]
+    assert [a.name for a in catalog.variants("fam-Q4_K_M")] == ["fam-Q4_K_M"]  # its own name
+    assert [a.name for a in catalog.variants("other")] == ["other"]
+    with pytest.raises(ModelNotFound):
+        catalog.variants("fam-Q2")
+    assert catalog_module.family_name("Qwen3-8B.UD-Q4_K_XL") == "Qwen3-8B"
+    assert catalog_module.is_four_bit("Q4_K_M") and catalog_module.is_four_bit("IQ4_XS")
+    assert not catalog_module.is_four_bit("Q5_K_M")

@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("model")
     plan.add_argument("--ctx", type=int, help="window (default: the ctx setting)")
     plan.add_argument("--parallel", type=int, help="slots (default: the parallel setting)")
-    plan.add_argument("--kv", default="f16", help="K and V cache type (default f16)")
+    plan.add_argument("--kv", help="K and V cache type (default: the kv_types setting)")
     plan.add_argument("--json", action="store_true")
     _add_catalog_options(plan)
 
@@ -178,6 +178,15 @@ def serve(config: settings.Config, log_level: str) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied call is noise
     config.home.mkdir(parents=True, exist_ok=True)
+    from fitbox.box.limits import problems
+    from fitbox.probe.gpus import open_gpu_probe
+    from fitbox.probe.host import physical_cores, read_host
+
+    refused = problems(config, read_host(), open_gpu_probe(config.simulated_gpus).read(),
+                       len(physical_cores()))  # fmt: skip
+    if refused:
+        print(f"fitbox: refusing to start: {'; '.join(refused)}", file=sys.stderr)
+        return 2
     try:
         sock = _listen_socket(config.host, config.port)
     except OSError as exc:
@@ -285,7 +294,7 @@ def _plan_from_service(config: settings.Config, args: argparse.Namespace) -> dic
         return None
     try:
         url = json.loads(endpoint.read_text())["url"]
-        params = {"model": args.model, "kv": args.kv}
+        params = {"model": args.model, **({"kv": args.kv} if args.kv else {})}
         params.update({k: str(v) for k, v in (("ctx", args.ctx), ("parallel", args.parallel)) if v})
         response = httpx.get(f"{url}/v1/plan", params=params, timeout=10)
     except (OSError, ValueError, KeyError, httpx.HTTPError):

@@ -53,6 +53,26 @@ def _bool(text: str) -> bool:
     raise ValueError("write true or false")
 
 
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            raise ValueError(f"write one of {', '.join(allowed)}")
+        return value
+
+    return parse
+
+
+def _kv_types(text: str) -> tuple[str, ...]:
+    from fitbox.core.sizing import KV_TYPES
+
+    kinds = tuple(k.strip().lower() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KV_TYPES]
+    if unknown or not kinds:
+        raise ValueError(f"cache types are a comma list of {', '.join(KV_TYPES)}")
+    return kinds
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -91,6 +111,42 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "cap on host RAM fitbox may fill with models (e.g. 8GiB); default: MemAvailable",
         _optional_size,
+    ),
+    Setting(
+        "vram_max",
+        "FITBOX_VRAM_MAX",
+        "",
+        "cap on each GPU's memory fitbox may fill (e.g. 20GiB); default: what the GPU has",
+        _optional_size,
+    ),
+    Setting(
+        "cpu_max",
+        "FITBOX_CPU_MAX",
+        "",
+        "cap on the physical cores fitbox may claim for engines; default: all but one",
+        lambda text: _positive_int(text) if text else None,
+    ),
+    Setting(
+        "goal",
+        "FITBOX_GOAL",
+        "quality",
+        "what placement optimises: quality (best variant), fast (shortest measured time), "
+        "resident (keep hot models loaded)",
+        _choice("quality", "fast", "resident"),
+    ),
+    Setting(
+        "kv_types",
+        "FITBOX_KV_TYPES",
+        "f16",
+        "K/V cache types to try, preferred first (e.g. f16,q8_0: q8_0 when f16 does not fit)",
+        _kv_types,
+    ),
+    Setting(
+        "admission",
+        "FITBOX_ADMISSION",
+        "eta",
+        "order of calls waiting for room: eta, smart (batch by model) or fifo",
+        _choice("eta", "smart", "fifo"),
     ),
     Setting(
         "simulated_gpus",
@@ -196,6 +252,11 @@ class Config:
     host: str
     port: int | None
     ram_max: int | None
+    vram_max: int | None
+    cpu_max: int | None
+    goal: str
+    kv_types: tuple[str, ...]
+    admission: str
     simulated_gpus: str
     engine_dir: str
     ctx: int

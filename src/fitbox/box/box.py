@@ -24,7 +24,16 @@ from fitbox.core.ask import Ask
 from fitbox.core.decide import decide
 from fitbox.core.decision import Decision, Place, Refuse, RefuseReason, Wait
 from fitbox.core.pins import parse as parse_pins
-from fitbox.core.types import Device, DeviceKind, Footprint, ResidentState, Rung, Snapshot
+from fitbox.core.tiers import Tier, capacity
+from fitbox.core.types import (
+    Device,
+    DeviceKind,
+    Footprint,
+    Goal,
+    ResidentState,
+    Rung,
+    Snapshot,
+)
 from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
 from fitbox.engines.http1 import EnginePool
 from fitbox.engines.llama_server import (
@@ -123,7 +132,7 @@ class Box:
             admission.Ticket(id=w["arrived"], model=w["model"], arrived=w["arrived"],
                              waited=now - w["since"], max_wait=self.config.wait_timeout)
             for w in self._waiting.values()
-        ])  # fmt: skip
+        ], admission.Policy(self.config.admission))  # fmt: skip
 
     def _queued_ahead(self, ticket: object) -> list[str]:
         """Models of the calls admitted before ``ticket`` (all of them, for a new call)."""
@@ -152,10 +161,13 @@ class Box:
         devices = []
         for gpu in self.gpus.read():
             device_id = f"gpu{gpu.index}"
-            capacity = (
-                gpu.total if gpu.simulated else min(gpu.total, gpu.free + held.get(device_id, 0))
+            tier = Tier(f"vram:{device_id}", gpu.total, self.config.vram_max)
+            # other processes' use is charged to the device: NVML free + what we hold
+            unmanaged = (
+                0 if gpu.simulated else max(gpu.total - gpu.free - held.get(device_id, 0), 0)
             )
-            devices.append(Device(device_id, DeviceKind.GPU, capacity, gpu.simulated))
+            devices.append(Device(device_id, DeviceKind.GPU, capacity(tier, unmanaged),
+                                  gpu.simulated))  # fmt: skip
         # Weights are mmap'd: their pages sit in the page cache, which MemAvailable already
         # counts as available. Only the anonymous parts (KV, compute, output) are added back.
         anonymous = sum(
@@ -164,18 +176,25 @@ class Box:
             if r.device == "host"
         )
         host = read_host()
-        capacity = min(host.mem_available + anonymous, host.mem_total)
-        if self.config.ram_max is not None:
-            capacity = min(capacity, self.config.ram_max)
-        devices.append(Device("host", DeviceKind.HOST, capacity))
+        tier = Tier("ram", host.mem_total, self.config.ram_max)
+        room = min(host.mem_available + anonymous, host.mem_total)
+        devices.append(Device("host", DeviceKind.HOST, min(capacity(tier), room)))
         return devices
 
     def snapshot(self, devices: list[Device] | None = None) -> Snapshot:
         return Snapshot(
             devices=tuple(self.devices() if devices is None else devices),
             residents=tuple(r.view() for r in self._residents.values()),
-            cores=tuple(self._cores),
+            cores=self._claimable_cores(),
         )
+
+    def _claimable_cores(self) -> tuple[int, ...]:
+        """Physical cores claims are made from: the cores tier (--cpu-max) counts those
+        engines may claim; the lowest stays for fitbox and the OS (core/claims.py)."""
+        cores = sorted(self._cores)
+        if self.config.cpu_max is not None:
+            cores = cores[: self.config.cpu_max + 1]
+        return tuple(cores)
 
     def engine(self) -> EngineInfo:
         if self._engine is None:
@@ -252,7 +271,7 @@ class Box:
         *,
         window: int | None = None,
         parallel: int | None = None,
-        kv: str = "f16",
+        kv: str | None = None,
         need: int = 1,
         max_tokens: int = 0,
     ) -> tuple[Ask, list[Artifact]]:
@@ -263,17 +282,18 @@ class Box:
             planning.candidate(a, self._measured, parallel, self._refused.get(a.key, ()))
             for a in artifacts
         )  # fmt: skip
+        kv_types = ((kv, kv),) if kv else tuple((k, k) for k in self.config.kv_types)
         return planning.ask(
             name, pins, candidates, window=window or self.config.ctx, parallel=parallel,
-            need=need, max_wait=self.config.wait_timeout, kv=(kv, kv), max_tokens=max_tokens,
-            cpu_floor=self.config.cpu_floor,
+            need=need, max_wait=self.config.wait_timeout, kv_types=kv_types,
+            max_tokens=max_tokens, cpu_floor=self.config.cpu_floor, goal=Goal(self.config.goal),
         ), artifacts  # fmt: skip
 
     def _basis(self, decision: Decision, ask: Ask) -> dict[str, str]:
         if not isinstance(decision, Place):
             return {}
         chosen = next(c for c in ask.candidates if c.key == decision.artifact)
-        found = chosen.measured_fit(decision.device, decision.window, decision.type_k,
+        found = chosen.measured_fit(decision.where, decision.window, decision.type_k,
                                     decision.type_v)  # fmt: skip
         return {decision.artifact: "measured" if found else "estimate"}
 
@@ -282,12 +302,12 @@ class Box:
         name: str,
         ctx: int | None = None,
         parallel: int | None = None,
-        kv: str = "f16",
+        kv: str | None = None,
     ) -> dict[str, Any]:
         """What the box would do for ``name`` now, without doing it (``fitbox plan``)."""
         ask, artifacts = self._ask(name, window=ctx, parallel=parallel, kv=kv)
         first = artifacts[0]
-        problem = sizing.kv_type_problem(first.facts.shape, kv, kv, flash_attn=True)
+        problem = kv and sizing.kv_type_problem(first.facts.shape, kv, kv, flash_attn=True)
         if problem:
             raise InvalidRequest(f"'{first.name}' cannot use a {kv} cache: {problem}", param="kv")
         snapshot = self.snapshot()
@@ -301,13 +321,26 @@ class Box:
             "model": chosen.name, "asked": name, "artifact": str(chosen.path),
             "architecture": chosen.facts.architecture, "quant": chosen.facts.quant,
             "window": report.get("window", ask.window), "parallel": ask.parallel,
-            "type_k": kv, "type_v": kv, "variants": [a.name for a in artifacts], **report,
+            "type_k": report.get("type_k", ask.kv_types[0][0]),
+            "type_v": report.get("type_v", ask.kv_types[0][1]),
+            "variants": [a.name for a in artifacts], **report,
         }  # fmt: skip
 
     async def acquire(
         self, name: str, call_id: int | None = None, need: int = 1, max_tokens: int = 0
     ) -> Lease:
-        """Find or load the model ``name`` and hold it for one call."""
+        """Find or load the model ``name`` and hold it for one call. A load that runs out of
+        memory refuses its window; the call is placed once more against that fact (a smaller
+        window or the next rung), in the same request."""
+        try:
+            return await self._acquire(name, call_id, need, max_tokens)
+        except EngineFailed as exc:
+            if not exc.detail.get("out_of_memory"):
+                raise
+            log.warning("placing '%s' again after an out-of-memory load", name)
+            return await self._acquire(name, call_id, need, max_tokens)
+
+    async def _acquire(self, name: str, call_id: int | None, need: int, max_tokens: int) -> Lease:
         if self._closing:
             raise ShuttingDown("fitbox is shutting down; retry against the restarted service")
         artifacts = self.catalog.variants(parse_pins(name).name)
@@ -566,11 +599,12 @@ class Box:
             await resident.child.stop(self.config.stop_grace)
             self._child_ended(resident, "failed to load")
         tail = error.detail.get("log_tail", [])
-        if not isinstance(exc, EngineNotFound | EngineFailed):  # the engine, not the model
-            self._crashed(resident, error.message, tail)
-        if any(OOM.search(line) for line in tail):  # out of memory: refuse this window next time
-            where = resident.device if len(resident.holdings()) <= 2 else "+".join(
-                sorted(resident.holdings()))  # fmt: skip
+        out_of_memory = any(OOM.search(line) for line in tail)
+        if not isinstance(exc, EngineNotFound | EngineFailed) and not out_of_memory:
+            self._crashed(resident, error.message, tail)  # the model, not the engine or room
+        if out_of_memory:  # a fact about this placement: refuse this window next time
+            error.detail["out_of_memory"] = True
+            where = resident.place.where if resident.place else resident.device
             self._refused.setdefault(resident.key, set()).add((where, resident.window))
             log.warning("%s ran out of memory at a %d-token window on %s; windows at or above "
                         "it are out of reach until one loads", resident.artifact.name,

@@ -14,7 +14,7 @@ from typing import Any
 from fitbox.core.ask import Ask, Candidate, MeasuredFit, Speeds
 from fitbox.core.decision import Decision, Place, Refuse, Wait
 from fitbox.core.pins import Pins
-from fitbox.core.types import Footprint, Rung, Snapshot
+from fitbox.core.types import Footprint, Goal, Rung, Snapshot
 from fitbox.models.catalog import Artifact, is_four_bit
 from fitbox.store.db import MeasuredFootprint
 
@@ -57,14 +57,15 @@ def ask(
     parallel: int,
     need: int,
     max_wait: float,
-    kv: tuple[str, str] = ("f16", "f16"),
+    kv_types: tuple[tuple[str, str], ...] = (("f16", "f16"),),
     max_tokens: int = 0,
     cpu_floor: int = 1,
+    goal: Goal = Goal.QUALITY,
 ) -> Ask:
     return Ask(
         model=name, candidates=candidates, need=need, window=window, parallel=parallel,
-        kv_types=(kv,), rungs=pins.rungs, quant=pins.quant, max_wait=max_wait,
-        max_tokens=max_tokens, cpu_floor=cpu_floor,
+        kv_types=kv_types, rungs=pins.rungs, quant=pins.quant, max_wait=max_wait,
+        max_tokens=max_tokens, cpu_floor=cpu_floor, goal=goal,
     )  # fmt: skip
 
 

@@ -207,15 +207,20 @@ class Fit:
     band: Band
 
 
-def _measured_where(placement: Placement) -> str:
+def placement_class(placement: Placement, n_layer: int) -> str:
+    """What measured facts (footprints, refused windows) are filed under: the device of a
+    whole-model placement, else its devices joined with ``+`` (``gpu0+host``)."""
     if not placement.gpus or placement.gpu_layers <= 0:
         return HOST
-    return placement.gpus[0] if len(placement.gpus) == 1 else "+".join(placement.gpus)
+    where = "+".join(placement.gpus)
+    if placement.gpu_layers < n_layer + 1 or placement.experts_in_ram:
+        where += f"+{HOST}"
+    return where
 
 
 def _need(sizer: Sizer, placement: Placement, window: int) -> dict[str, Footprint]:
     need = sizer.on(placement, window)
-    where = _measured_where(placement)
+    where = placement_class(placement, sizer.n_layer)
     measured = sizer.candidate.measured_fit(where, window, sizer.type_k, sizer.type_v)
     if measured is not None:
         need[where] = measured
@@ -260,7 +265,7 @@ def _windows(search: Search, sizer: Sizer, where: str) -> list[int] | tuple[Reje
 def _fit(search: Search, sizer: Sizer, placement: Placement) -> Fit | Rejected | None:
     """The largest window this placement fits at once every idle resident is gone; or why not
     (``None``: the windows are fine but memory is short: see ``_short``)."""
-    windows = _windows(search, sizer, _measured_where(placement))
+    windows = _windows(search, sizer, placement_class(placement, sizer.n_layer))
     if isinstance(windows, tuple):
         reason, detail = windows
         return Rejected(sizer.candidate.key, Rung.GPU_ONLY, "", reason, detail)
@@ -277,7 +282,7 @@ def _partial(search: Search, sizer: Sizer, rung: Rung) -> Fit | Rejected | None:
     room = search.room
     gpu = sorted(room.gpus, key=lambda g: (-room.most[g], g))[0]
     n_layer = sizer.n_layer
-    windows = _windows(search, sizer, f"{gpu}+{HOST}")
+    windows = _windows(search, sizer, placement_class(Placement((gpu,), 1), n_layer))
     if isinstance(windows, tuple):
         return Rejected(sizer.candidate.key, rung, "", *windows)
 
@@ -323,7 +328,7 @@ def _partial(search: Search, sizer: Sizer, rung: Rung) -> Fit | Rejected | None:
 def _short(search: Search, sizer: Sizer, placement: Placement) -> Rejected:
     """Why a placement cannot fit at its smallest window, recorded with its numbers."""
     room, candidate = search.room, sizer.candidate
-    windows = _windows(search, sizer, _measured_where(placement))
+    windows = _windows(search, sizer, placement_class(placement, sizer.n_layer))
     window = windows[0] if isinstance(windows, list) else 1
     need = _need(sizer, placement, window)
     kv = f"{sizer.type_k}/{sizer.type_v}"
@@ -450,7 +455,7 @@ def _hope(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str,
           sizer: Sizer, placement: Placement, *, memory: bool) -> None:  # fmt: skip
     """A placement possible once busy residents settle: a Wait option."""
     room = search.room
-    windows = _windows(search, sizer, _measured_where(placement))
+    windows = _windows(search, sizer, placement_class(placement, sizer.n_layer))
     window = windows[0] if isinstance(windows, list) else 1
     need = _need(sizer, placement, window)
     short = {d for d, f in need.items() if f.total > room.most.get(d, -1)}
@@ -485,6 +490,7 @@ def _place(
         experts_in_ram=fit.placement.experts_in_ram, victims=victims, cores=claim.cores,
         cores_from=claim.taken_from, band=fit.band,
         predicted_seconds=_seconds(search.ask, candidate, rung),
+        where=placement_class(fit.placement, candidate.shape.n_layer if candidate.shape else 0),
     )  # fmt: skip
 
 

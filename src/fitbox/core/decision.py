@@ -76,6 +76,7 @@ class Place:
     band: Band | None = None
     rejected: tuple[Rejected, ...] = ()
     predicted_seconds: float | None = None  # T, from measured rates only
+    where: str = ""  # its placement class: what its measured facts are filed under
 
     @property
     def device(self) -> str:

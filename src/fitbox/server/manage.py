@@ -35,7 +35,7 @@ async def plan(request: Request) -> Response:
         model,
         ctx=_positive(request, "ctx"),
         parallel=_positive(request, "parallel"),
-        kv=request.query_params.get("kv") or "f16",
+        kv=request.query_params.get("kv") or None,
     )
     return JSONResponse(report)
 
