@@ -127,6 +127,13 @@ SETTINGS: tuple[Setting, ...] = (
         lambda text: _positive_int(text) if text else None,
     ),
     Setting(
+        "storage_max",
+        "FITBOX_STORAGE_MAX",
+        "",
+        "cap on the model store's drive that pulls may fill (e.g. 500GiB); reported in limits",
+        _optional_size,
+    ),
+    Setting(
         "goal",
         "FITBOX_GOAL",
         "quality",
@@ -254,6 +261,7 @@ class Config:
     ram_max: int | None
     vram_max: int | None
     cpu_max: int | None
+    storage_max: int | None
     goal: str
     kv_types: tuple[str, ...]
     admission: str

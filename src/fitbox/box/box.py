@@ -14,7 +14,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from fitbox.config import Config
 from fitbox.core import admission, sizing
 from fitbox.core.ask import Ask
 from fitbox.core.decide import decide
-from fitbox.core.decision import Decision, Place, Refuse, RefuseReason, Wait
+from fitbox.core.decision import Decision, Place, Refuse, Wait
 from fitbox.core.pins import parse as parse_pins
 from fitbox.core.tiers import Tier, capacity
 from fitbox.core.types import (
@@ -48,7 +48,6 @@ from fitbox.engines.load_log import parse_load_log
 from fitbox.engines.orphans import ChildRecord, reap, start_time
 from fitbox.errors import (
     Conflict,
-    DoesNotFit,
     EngineFailed,
     InvalidRequest,
     ModelBusy,
@@ -62,11 +61,15 @@ from fitbox.units import format_bytes
 
 from . import planning
 from .crashes import CrashLedger
+from .preferences import Preferences
+from .preferences import load as load_preferences
+from .preferences import save as save_preferences
 from .pricing import Contract, MeasuredKey, measurement
 from .recovery import await_free
 from .resident import Resident
 
 log = logging.getLogger(__name__)
+VERDICT_KV_TYPES = ("f16", "q8_0", "q4_0")
 OOM = re.compile(r"out of memory|failed to allocate|unable to allocate|cudaMalloc failed", re.I)
 
 
@@ -117,6 +120,10 @@ class Box:
         self._waiting: dict[object, dict[str, Any]] = {}  # calls waiting for room, for /v1/queue
         self.crashes = CrashLedger(config.crash_limit, config.crash_window, config.crash_backoff)
         self._cores = physical_cores()
+        self.prefs = Preferences(config)
+        if store is not None:
+            with contextlib.suppress(Exception):  # a damaged store serves on with defaults
+                store.run(lambda conn: load_preferences(conn, self.prefs))
         self._refused: dict[str, set[tuple[str, int]]] = {}  # artifact -> (where, window): OOM
         self._arrivals = 0
 
@@ -124,15 +131,15 @@ class Box:
         """Calls waiting for room, in admission order (core/admission.py, ``eta``)."""
         order = {t.id: i for i, t in enumerate(self._tickets())}
         waiting = sorted(self._waiting.values(), key=lambda w: order.get(w["arrived"], 0))
-        return [{k: v for k, v in w.items() if k != "arrived"} for w in waiting]
+        return [{k: v for k, v in w.items() if k not in ("arrived", "max_wait")} for w in waiting]
 
     def _tickets(self) -> list[admission.Ticket]:
         now = time.time()
         return admission.order([
             admission.Ticket(id=w["arrived"], model=w["model"], arrived=w["arrived"],
-                             waited=now - w["since"], max_wait=self.config.wait_timeout)
+                             waited=now - w["since"], max_wait=w["max_wait"])
             for w in self._waiting.values()
-        ], admission.Policy(self.config.admission))  # fmt: skip
+        ], admission.Policy(self.prefs.effective()["admission"]))  # fmt: skip
 
     def _queued_ahead(self, ticket: object) -> list[str]:
         """Models of the calls admitted before ``ticket`` (all of them, for a new call)."""
@@ -161,7 +168,7 @@ class Box:
         devices = []
         for gpu in self.gpus.read():
             device_id = f"gpu{gpu.index}"
-            tier = Tier(f"vram:{device_id}", gpu.total, self.config.vram_max)
+            tier = Tier(f"vram:{device_id}", gpu.total, self.prefs.limit("vram_max"))
             # other processes' use is charged to the device: NVML free + what we hold
             unmanaged = (
                 0 if gpu.simulated else max(gpu.total - gpu.free - held.get(device_id, 0), 0)
@@ -176,7 +183,7 @@ class Box:
             if r.device == "host"
         )
         host = read_host()
-        tier = Tier("ram", host.mem_total, self.config.ram_max)
+        tier = Tier("ram", host.mem_total, self.prefs.limit("ram_max"))
         room = min(host.mem_available + anonymous, host.mem_total)
         devices.append(Device("host", DeviceKind.HOST, min(capacity(tier), room)))
         return devices
@@ -185,15 +192,19 @@ class Box:
         return Snapshot(
             devices=tuple(self.devices() if devices is None else devices),
             residents=tuple(r.view() for r in self._residents.values()),
-            cores=self._claimable_cores(),
+            cores=self.claimable_cores(),
         )
 
-    def _claimable_cores(self) -> tuple[int, ...]:
+    def physical_cores(self) -> dict[int, frozenset[int]]:
+        return dict(self._cores)
+
+    def claimable_cores(self) -> tuple[int, ...]:
         """Physical cores claims are made from: the cores tier (--cpu-max) counts those
         engines may claim; the lowest stays for fitbox and the OS (core/claims.py)."""
         cores = sorted(self._cores)
-        if self.config.cpu_max is not None:
-            cores = cores[: self.config.cpu_max + 1]
+        cpu_max = self.prefs.limit("cpu_max")
+        if cpu_max is not None:
+            cores = cores[: cpu_max + 1]
         return tuple(cores)
 
     def engine(self) -> EngineInfo:
@@ -282,12 +293,39 @@ class Box:
             planning.candidate(a, self._measured, parallel, self._refused.get(a.key, ()))
             for a in artifacts
         )  # fmt: skip
-        kv_types = ((kv, kv),) if kv else tuple((k, k) for k in self.config.kv_types)
-        return planning.ask(
-            name, pins, candidates, window=window or self.config.ctx, parallel=parallel,
-            need=need, max_wait=self.config.wait_timeout, kv_types=kv_types,
-            max_tokens=max_tokens, cpu_floor=self.config.cpu_floor, goal=Goal(self.config.goal),
-        ), artifacts  # fmt: skip
+        eff = self.settings_for(pins.name, artifacts)
+        rungs = tuple(r for r in pins.rungs if r.value in eff["rungs"])
+        kv_types = ((kv, kv),) if kv else tuple((k, k) for k in eff["kv_types"])
+        made = planning.ask(
+            name, pins, candidates, window=window or eff["window"], parallel=parallel,
+            need=need, max_wait=eff["max_wait"], kv_types=kv_types, max_tokens=max_tokens,
+            cpu_floor=eff["cpu_floor"], goal=Goal(eff["goal"]),
+        )  # fmt: skip
+        return replace(made, rungs=rungs, quant=pins.quant or eff["quant"]), artifacts
+
+    def ask_for(self, name: str, all_kv: bool = False) -> tuple[Ask, list[Artifact]]:
+        """The ask a call for ``name`` would make; ``all_kv`` adds the common quantized
+        caches after the configured ones (for verdicts: a band per K/V type)."""
+        ask, artifacts = self._ask(name)
+        if all_kv:
+            extra = [(k, k) for k in VERDICT_KV_TYPES if (k, k) not in ask.kv_types]
+            ask = replace(ask, kv_types=(*ask.kv_types, *extra))
+        return ask, artifacts
+
+    def settings_for(self, name: str, artifacts: list[Artifact] | None = None) -> dict[str, Any]:
+        """Effective knobs for a model: its own (by the name asked, else a variant's name),
+        else the box's, else the start-up settings."""
+        for key in [name, *(a.name for a in artifacts or [])]:
+            if key in self.prefs.pairs:
+                return self.prefs.effective(key)
+        return self.prefs.effective()
+
+    def update_settings(self, scope: str, model: str, values: dict[str, Any]) -> None:
+        """Persist, then apply: a knob the store could not keep is not applied."""
+        if self.store is not None:
+            self.store.run(lambda conn: save_preferences(conn, scope, model, values))
+        self.prefs.apply(scope, model, values)
+        self._notify()
 
     def _basis(self, decision: Decision, ask: Ask) -> dict[str, str]:
         if not isinstance(decision, Place):
@@ -346,12 +384,13 @@ class Box:
         artifacts = self.catalog.variants(parse_pins(name).name)
         for artifact in artifacts[:1]:
             self._refuse_if_failed(artifact)
-        deadline = time.monotonic() + self.config.wait_timeout
+        max_wait = float(self.settings_for(parse_pins(name).name, artifacts)["max_wait"])
+        deadline = time.monotonic() + max_wait
         first = artifacts[0]
         if not any(a.key in self._residents for a in artifacts):  # crash-loop backoff
             delay = self.crashes.wait_before_restart(first.key, time.time())
             if delay > 0:
-                await asyncio.sleep(min(delay, self.config.wait_timeout))
+                await asyncio.sleep(min(delay, max_wait))
                 self._refuse_if_failed(first)
         lease: Lease | None = None
         ticket = object()
@@ -366,7 +405,7 @@ class Box:
                         raise ModelBusy(
                             f"'{name}' needs room held by models serving calls "
                             f"({', '.join(blockers)}); they did not finish within "
-                            f"{self.config.wait_timeout:.0f} s",
+                            f"{max_wait:.0f} s",
                             blockers=blockers,
                         )
                     if ticket not in self._waiting:
@@ -375,6 +414,7 @@ class Box:
                         self._waiting[ticket] = {
                             "model": first.name, "call_id": call_id, "since": now,
                             "deadline": now + remaining, "arrived": self._arrivals,
+                            "max_wait": max_wait,
                         }  # fmt: skip
                     self._waiting[ticket]["blocked_by"] = blockers
                     with contextlib.suppress(TimeoutError):
@@ -422,7 +462,7 @@ class Box:
         names = {a.key: a.name for a in artifacts}
         names.update({r.key: r.artifact.name for r in self._residents.values()})
         if isinstance(decision, Refuse):
-            raise self._refusal(decision, names, artifacts[0])
+            raise planning.refusal_error(decision, names, artifacts[0])
         if isinstance(decision, Wait):
             return None, [names.get(k, k) for k in decision.blockers]
         ahead = self._queued_ahead(ticket)
@@ -449,41 +489,14 @@ class Box:
             loaded_by_call=call_id,
             place=decision,
             held={d: f.total for d, f in decision.footprint},
+            asked=parse_pins(name).name,
+            band=int(self.settings_for(parse_pins(name).name, artifacts)["band"]),
             cpus=frozenset().union(*(self._cores.get(c, frozenset()) for c in decision.cores)),
         )
         self._residents[artifact.key] = resident
         self._spawn(self._bring_up(resident, victims))
         lease = Lease(resident, self, evicted=[v.artifact.name for v in victims], loaded=True)
         return lease, []
-
-    def _refusal(self, decision: Refuse, names: dict[str, str], first: Artifact) -> Exception:
-        needed, available = format_bytes(decision.needed), format_bytes(decision.available)
-        if decision.reason is RefuseReason.HELD_BY_PINNED:
-            pinned = [names.get(k, k) for k in decision.holders]
-            return DoesNotFit(
-                f"'{first.name}' needs {needed} on {decision.device}; the room is held by "
-                f"pinned models ({', '.join(pinned)}): unpin one to make room",
-                param="model", code="held_by_pinned", needed_bytes=decision.needed,
-                available_bytes=decision.available, pinned=pinned,
-            )  # fmt: skip
-        if decision.reason is RefuseReason.LARGER_THAN_BOX:
-            return DoesNotFit(
-                f"'{first.name}' needs {needed} on {decision.device} even at a "
-                f"{decision.window}-token window, but it holds {available} when empty "
-                f"(raise --ram-max, or use a smaller quant)",
-                param="model", needed_bytes=decision.needed, available_bytes=decision.available,
-            )  # fmt: skip
-        if decision.reason is RefuseReason.CONTEXT:
-            return InvalidRequest(f"'{first.name}' cannot take this call: {decision.detail}",
-                                  param="messages", code="context_length_exceeded")  # fmt: skip
-        if decision.reason is RefuseReason.NO_CORES:
-            return DoesNotFit(f"'{first.name}' would get {decision.available} free core(s); it "
-                              f"needs {decision.needed}: {decision.detail}", param="model",
-                              code="no_cores")  # fmt: skip
-        if decision.reason is RefuseReason.BAD_ARTIFACT:
-            return EngineFailed(f"'{first.name}' cannot be loaded: {decision.detail}")
-        return InvalidRequest(f"'{first.name}': {decision.detail}", param="model",
-                              code="no_candidate")  # fmt: skip
 
     def _spawn(self, coro: object) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
@@ -685,6 +698,13 @@ class Box:
     def _log_path(self, resident: Resident, port: int) -> Path:
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", resident.artifact.name)
         return self.config.log_dir / f"{safe}-{port}.log"
+
+    def start(self) -> None:
+        """Background work: preload and pinned models, and the idle-TTL unloader."""
+        from .warmth import unload_idle, warm_up
+
+        self._spawn(warm_up(self))
+        self._spawn(unload_idle(self))
 
     async def close(self) -> None:
         """Stop every child, each bounded by the stop ladder."""

@@ -1,25 +1,51 @@
 """The box's capacity tiers, read from the probes and the settings (core/tiers.py's rules).
 
-device >= box setting (--ram-max, --vram-max, --cpu-max) >= central setting (none yet: a
-central that allots limits is issue #7's and the federation's).
+device >= box setting (--ram-max, --vram-max, --cpu-max, --storage-max, or POST /v1/limits)
+>= central setting (none yet: a central that allots limits comes with federation).
 """
 
 from __future__ import annotations
 
-from fitbox.config import Config
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
 from fitbox.core.tiers import Tier
 from fitbox.probe.gpus import GpuReading
 from fitbox.probe.host import HostReading
 
 
-def tiers(config: Config, host: HostReading, gpus: list[GpuReading], cores: int) -> list[Tier]:
-    found = [Tier("ram", host.mem_total, config.ram_max)]
-    found += [Tier(f"vram:gpu{g.index}", g.total, config.vram_max) for g in gpus]
+def storage_total(roots: Iterable[Path]) -> int:
+    """The size of the drive holding the first model root that exists (0: none does)."""
+    for root in roots:
+        if root.is_dir():
+            return int(psutil.disk_usage(str(root)).total)
+    return 0
+
+
+def tiers(
+    limit: Callable[[str], Any], host: HostReading, gpus: list[GpuReading], cores: int,
+    storage: int = 0,
+) -> list[Tier]:  # fmt: skip
+    found = [Tier("ram", host.mem_total, limit("ram_max"))]
+    found += [Tier(f"vram:gpu{g.index}", g.total, limit("vram_max")) for g in gpus]
     # one core stays for fitbox and the OS; the rest is what engines may claim
-    found.append(Tier("cores", max(cores - 1, 1), config.cpu_max))
+    found.append(Tier("cores", max(cores - 1, 1), limit("cpu_max")))
+    if storage:
+        found.append(Tier("storage", storage, limit("storage_max")))
     return found
 
 
-def problems(config: Config, host: HostReading, gpus: list[GpuReading], cores: int) -> list[str]:
+def problems(
+    limit: Callable[[str], Any], host: HostReading, gpus: list[GpuReading], cores: int,
+    storage: int = 0,
+) -> list[str]:  # fmt: skip
     """Why the settings cannot be used on this box: each a setting above its parent tier."""
-    return [p for tier in tiers(config, host, gpus, cores) for p in tier.problems()]
+    return [p for tier in tiers(limit, host, gpus, cores, storage) for p in tier.problems()]
+
+
+def describe(found: list[Tier]) -> list[Mapping[str, Any]]:
+    return [{"resource": t.resource, "device": t.device, "box": t.box, "central": t.central,
+             "effective": t.effective()} for t in found]  # fmt: skip

@@ -12,11 +12,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fitbox.core.ask import Ask, Candidate, MeasuredFit, Speeds
-from fitbox.core.decision import Decision, Place, Refuse, Wait
+from fitbox.core.decision import Decision, Place, Refuse, RefuseReason, Wait
 from fitbox.core.pins import Pins
 from fitbox.core.types import Footprint, Goal, Rung, Snapshot
+from fitbox.errors import DoesNotFit, EngineFailed, InvalidRequest
 from fitbox.models.catalog import Artifact, is_four_bit
 from fitbox.store.db import MeasuredFootprint
+from fitbox.units import format_bytes
 
 from .pricing import MeasuredKey, footprint_row
 
@@ -117,3 +119,34 @@ def report(
             "device": decision.device or snapshot.devices[-1].id, "detail": decision.detail,
             "holders": [name(k) for k in decision.holders], "devices": rows,
             "window_tried": decision.window, "basis": "estimate"}  # fmt: skip
+
+
+def refusal_error(decision: Refuse, names: Mapping[str, str], first: Artifact) -> Exception:
+    """The error a client sees for a refusal: what binds, with its numbers."""
+    needed, available = format_bytes(decision.needed), format_bytes(decision.available)
+    if decision.reason is RefuseReason.HELD_BY_PINNED:
+        pinned = [names.get(k, k) for k in decision.holders]
+        return DoesNotFit(
+            f"'{first.name}' needs {needed} on {decision.device}; the room is held by "
+            f"pinned models ({', '.join(pinned)}): unpin one to make room",
+            param="model", code="held_by_pinned", needed_bytes=decision.needed,
+            available_bytes=decision.available, pinned=pinned,
+        )  # fmt: skip
+    if decision.reason is RefuseReason.LARGER_THAN_BOX:
+        return DoesNotFit(
+            f"'{first.name}' needs {needed} on {decision.device} even at a "
+            f"{decision.window}-token window, but it holds {available} when empty "
+            f"(raise --ram-max, or use a smaller quant)",
+            param="model", needed_bytes=decision.needed, available_bytes=decision.available,
+        )  # fmt: skip
+    if decision.reason is RefuseReason.CONTEXT:
+        return InvalidRequest(f"'{first.name}' cannot take this call: {decision.detail}",
+                              param="messages", code="context_length_exceeded")  # fmt: skip
+    if decision.reason is RefuseReason.NO_CORES:
+        return DoesNotFit(f"'{first.name}' would get {decision.available} free core(s); it "
+                          f"needs {decision.needed}: {decision.detail}", param="model",
+                          code="no_cores")  # fmt: skip
+    if decision.reason is RefuseReason.BAD_ARTIFACT:
+        return EngineFailed(f"'{first.name}' cannot be loaded: {decision.detail}")
+    return InvalidRequest(f"'{first.name}': {decision.detail}", param="model",
+                          code="no_candidate")  # fmt: skip

@@ -41,6 +41,8 @@ class Resident:
     child_start_time: float = 0.0  # the process start time recorded with it (orphans.py)
     loaded_by_call: int | None = None
     place: Place | None = None  # the core's decision it was loaded under
+    asked: str = ""  # the name (pins stripped) it was loaded for: its knobs are found by it
+    band: int = 1  # priority band (a knob): what displacing it costs, times its reload
     held: dict[str, int] = field(default_factory=dict)  # bytes per device
     cpus: frozenset[int] = frozenset()  # logical CPUs of its claim
     lost_cores: set[int] = field(default_factory=set)  # taken by a later claim while idle
@@ -82,6 +84,7 @@ class Resident:
             held=tuple(sorted(self.holdings().items())),
             cores=self.cores,
             reload_seconds=self.load_seconds,
+            band=self.band,
         )
 
     def describe(self) -> dict[str, Any]:

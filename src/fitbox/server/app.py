@@ -18,7 +18,7 @@ from fitbox.config import Config
 from fitbox.errors import FitboxError
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import open_gpu_probe
-from fitbox.server import errors, manage, openai, openapi, operate, telemetry
+from fitbox.server import errors, manage, openai, openapi, operate, settings, telemetry
 from fitbox.server.auth import AuthMiddleware, Gate
 from fitbox.server.keys import ensure_box_key
 from fitbox.server.trust import TrustSettings
@@ -54,6 +54,7 @@ def create_app(config: Config) -> Starlette:
         async with anyio.create_task_group():
             pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
         app.state.config, app.state.store, app.state.box = config, store, box
+        box.start()
         roots = ", ".join(map(str, config.models))
         if catalog.artifacts():
             log.info("%d models under %s", len(catalog.artifacts()), roots)
@@ -75,6 +76,11 @@ def create_app(config: Config) -> Starlette:
         Route("/v1/residents", operate.residents, methods=["GET"]),
         Route("/v1/storage", operate.storage, methods=["GET"]),
         Route("/v1/queue", operate.queue, methods=["GET"]),
+        Route("/v1/cores", settings.cores, methods=["GET"]),
+        Route("/v1/limits", settings.limits, methods=["GET", "POST"]),
+        Route("/v1/settings/box", settings.box_settings, methods=["GET", "POST"]),
+        Route("/v1/settings/pair", settings.pair_settings, methods=["GET", "POST"]),
+        Route("/v1/verdicts", settings.verdicts, methods=["GET"]),
         Route("/v1/operator/{action}", operate.operator_action, methods=["POST"]),
         Route("/openapi.json", openapi.document, methods=["GET"]),
         Route("/v1/keys", manage.list_keys, methods=["GET"]),

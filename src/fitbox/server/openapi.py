@@ -92,6 +92,16 @@ ACTION = [
     }
 ]
 
+
+def _knobs(names: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"type": "object", "required": list(required),
+            "properties": {name: {} for name in names}}  # fmt: skip
+
+
+from fitbox.box.preferences import BOX_KNOBS, LIMIT_KNOBS, PAIR_KNOBS  # noqa: E402
+
+PAIR_BODY = _knobs({"model": None, **PAIR_KNOBS}, ("model",))
+
 PATHS: dict[str, dict[str, Any]] = {
     "/health": {"get": _op("Liveness, version, GPUs (simulated ones labelled), store", "open")},
     "/v1/models": {"get": _op("The catalog, with residency", INFERENCE)},
@@ -114,6 +124,20 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/queue": {"get": _op("Calls waiting for room, and what blocks them", MANAGEMENT)},
     "/v1/operator/{action}": {"post": _op("Operator action, recorded", MANAGEMENT,
                                           MODEL_BODY, ACTION)},
+    "/v1/cores": {"get": _op("Physical cores: kept for the OS, claimed by which engine, free",
+                             MANAGEMENT)},
+    "/v1/limits": {"get": _op("Capacity tiers: device, box, central, effective", MANAGEMENT),
+                   "post": _op("Set box limits; a value above its parent tier is refused",
+                               MANAGEMENT, _knobs(LIMIT_KNOBS))},
+    "/v1/settings/box": {"get": _op("Box-wide knobs: own, default, effective", MANAGEMENT),
+                         "post": _op("Set box-wide knobs (null clears one)", MANAGEMENT,
+                                     _knobs(BOX_KNOBS))},
+    "/v1/settings/pair": {"get": _op("Per-model knobs: own, box-wide, effective", MANAGEMENT,
+                                     params=[_query("model", "string")]),
+                          "post": _op("Set a model's knobs (null clears one)", MANAGEMENT,
+                                      PAIR_BODY)},
+    "/v1/verdicts": {"get": _op("Every variant x rung x K/V type priced now, and the Auto "
+                                "pick", MANAGEMENT, params=[_query("model", "string")])},
     "/v1/keys": {"get": _op("API keys, without secrets", MANAGEMENT),
                  "post": _op("Create a key (the secret is shown once)", MANAGEMENT, KEY)},
     "/v1/keys/{key_id}": {"get": _op("One key", MANAGEMENT, params=KEY_ID),

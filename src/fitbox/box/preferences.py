@@ -1,0 +1,187 @@
+"""Operator knobs: box-wide, per model (a "pair": this box and that model), and limits.
+
+Each knob is parsed here, once, with an error that names it; values live in the store's
+``settings`` table so they outlive a restart. What a call gets is the effective value:
+the model's own, else the box's, else the setting fitbox was started with.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fitbox.config import Config
+from fitbox.core.sizing import KV_TYPES
+from fitbox.core.types import Goal, Rung
+from fitbox.errors import InvalidRequest
+from fitbox.units import parse_size
+
+
+def _rungs(value: Any) -> list[str]:
+    names = [str(v) for v in value] if isinstance(value, list) else None
+    known = [r.value for r in Rung]
+    if not names or any(n not in known for n in names):
+        raise ValueError(f"a list of rungs from {', '.join(known)}")
+    return [r for r in known if r in names]  # ladder order, whatever order they came in
+
+
+def _goal(value: Any) -> str:
+    if value not in [g.value for g in Goal]:
+        raise ValueError(f"one of {', '.join(g.value for g in Goal)}")
+    return str(value)
+
+
+def _kv(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or any(v not in KV_TYPES for v in value):
+        raise ValueError(f"a list of cache types from {', '.join(KV_TYPES)}")
+    return [str(v) for v in value]
+
+
+def _number(low: float, high: float, integer: bool = False) -> Callable[[Any], float | int]:
+    def parse(value: Any) -> float | int:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError("a number")
+        if not low <= value <= high:
+            raise ValueError(f"between {low:g} and {high:g}")
+        if integer and value != int(value):
+            raise ValueError("a whole number")
+        return int(value) if integer else float(value)
+
+    return parse
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("true or false")
+    return value
+
+
+def _quant(value: Any) -> str:
+    if not isinstance(value, str) or not value or len(value) > 32:
+        raise ValueError("a quant name such as Q4_K_M")
+    return value.upper()
+
+
+def _admission(value: Any) -> str:
+    if value not in ("eta", "smart", "fifo"):
+        raise ValueError("one of eta, smart, fifo")
+    return str(value)
+
+
+PAIR_KNOBS: dict[str, Callable[[Any], Any]] = {
+    "rungs": _rungs,  # the rungs this model may use
+    "quant": _quant,  # only this variant
+    "goal": _goal,
+    "band": _number(1, 100, integer=True),  # priority band: eviction cost multiplier
+    "max_wait": _number(0.1, 3600),  # seconds a call may wait for room
+    "window": _number(256, 1 << 24, integer=True),  # the preferred window
+    "kv_types": _kv,
+    "preload": _flag,  # load at start
+    "pinned": _flag,  # never evicted; loaded at start
+    "idle_ttl": _number(0, 7 * 86400),  # unload after this many idle seconds (0: never)
+}
+BOX_KNOBS: dict[str, Callable[[Any], Any]] = {
+    name: PAIR_KNOBS[name] for name in ("goal", "max_wait", "window", "kv_types", "idle_ttl")
+} | {"admission": _admission, "cpu_floor": _number(1, 1024, integer=True)}
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, str):
+        return parse_size(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise ValueError("a size such as 8GiB, or a byte count")
+
+
+LIMIT_KNOBS: dict[str, Callable[[Any], Any]] = {
+    "ram_max": _size,
+    "vram_max": _size,
+    "cpu_max": _number(1, 4096, integer=True),
+    "storage_max": _size,
+}
+
+
+def parse(knobs: dict[str, Callable[[Any], Any]], body: Any) -> dict[str, Any]:
+    """Parsed values of a settings body; ``None`` clears a knob. Every error names it."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("The body must be a JSON object of settings.")
+    parsed: dict[str, Any] = {}
+    for name, value in body.items():
+        if name not in knobs:
+            raise InvalidRequest(f"Unknown setting {name!r}; known: {', '.join(knobs)}.",
+                                 param=name)  # fmt: skip
+        if value is None:
+            parsed[name] = None
+            continue
+        try:
+            parsed[name] = knobs[name](value)
+        except ValueError as exc:
+            raise InvalidRequest(f"Setting {name!r} must be {exc}; got {value!r}.",
+                                 param=name) from None  # fmt: skip
+    return parsed
+
+
+@dataclass
+class Preferences:
+    config: Config
+    box: dict[str, Any] = field(default_factory=dict)
+    pairs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    limits: dict[str, Any] = field(default_factory=dict)
+
+    def defaults(self) -> dict[str, Any]:
+        c = self.config
+        return {"goal": c.goal, "max_wait": c.wait_timeout, "window": c.ctx,
+                "kv_types": list(c.kv_types), "idle_ttl": 0.0, "admission": c.admission,
+                "cpu_floor": c.cpu_floor, "rungs": [r.value for r in Rung], "quant": None,
+                "band": 1, "preload": False, "pinned": False}  # fmt: skip
+
+    def effective(self, model: str | None = None) -> dict[str, Any]:
+        merged = self.defaults() | self.box
+        if model is not None:
+            merged |= self.pairs.get(model, {})
+        return merged
+
+    def limit(self, name: str) -> Any:
+        if name in self.limits:
+            return self.limits[name]
+        return getattr(self.config, name, None)
+
+    def apply(self, scope: str, model: str, values: dict[str, Any]) -> None:
+        target = {"box": self.box, "limits": self.limits}.get(scope)
+        if target is None:
+            target = self.pairs.setdefault(model, {})
+        for name, value in values.items():
+            if value is None:
+                target.pop(name, None)
+            else:
+                target[name] = value
+        if scope == "pair" and not target:
+            self.pairs.pop(model, None)
+
+
+def load(conn: sqlite3.Connection, prefs: Preferences) -> Preferences:
+    for scope, model, name, value in conn.execute(
+        "SELECT scope, model, name, value FROM settings ORDER BY scope, model, name"
+    ):
+        prefs.apply(scope, model, {name: json.loads(value)})
+    return prefs
+
+
+def save(conn: sqlite3.Connection, scope: str, model: str, values: dict[str, Any]) -> None:
+    """Runs on the store's writer, inside its transaction (store/db.py)."""
+    now = time.time()
+    for name, value in values.items():
+        if value is None:
+            conn.execute("DELETE FROM settings WHERE scope = ? AND model = ? AND name = ?",
+                         (scope, model, name))  # fmt: skip
+        else:
+            conn.execute(
+                "INSERT INTO settings (scope, model, name, value, updated_at) VALUES "
+                "(?, ?, ?, ?, ?) ON CONFLICT (scope, model, name) DO UPDATE SET "
+                "value = excluded.value, updated_at = excluded.updated_at",
+                (scope, model, name, json.dumps(value), now),
+            )

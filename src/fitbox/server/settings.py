@@ -1,0 +1,176 @@
+"""Management routes for the box's knobs and what the core sees: settings (box-wide and per
+model), limits (capacity tiers), cores (claims) and verdicts (every rung priced).
+
+Every change is persisted before it applies and recorded as an operator action."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psutil
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from fitbox.box import limits as box_limits
+from fitbox.box.box import Box
+from fitbox.box.planning import report
+from fitbox.box.preferences import BOX_KNOBS, LIMIT_KNOBS, PAIR_KNOBS, parse
+from fitbox.core.pins import parse as parse_pins
+from fitbox.core.verdicts import verdicts as price_all
+from fitbox.errors import InvalidRequest
+from fitbox.probe.host import read_host
+from fitbox.store.db import Store
+from fitbox.units import format_bytes
+
+
+async def _body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body() or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+
+
+def _record(request: Request, action: str, target: str | None, detail: dict[str, Any]) -> None:
+    store: Store = request.app.state.store
+    key = getattr(request.state, "api_key", None)
+    origin = request.client.host if request.client else None
+    store.operator_action(action, target, origin, key.key_id if key else None, "ok",
+                          json.dumps(detail, default=str))  # fmt: skip
+
+
+def _box(request: Request) -> Box:
+    box: Box = request.app.state.box
+    return box
+
+
+async def box_settings(request: Request) -> Response:
+    """GET|POST /v1/settings/box: own (what was set), default (start-up), effective."""
+    box = _box(request)
+    if request.method == "POST":
+        values = parse(BOX_KNOBS, await _body(request))
+        box.update_settings("box", "", values)
+        _record(request, "settings-box", None, values)
+    defaults = {k: v for k, v in box.prefs.defaults().items() if k in BOX_KNOBS}
+    effective = {k: v for k, v in box.prefs.effective().items() if k in BOX_KNOBS}
+    return JSONResponse({"own": box.prefs.box, "default": defaults, "effective": effective})
+
+
+def _pair_view(box: Box, model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "own": box.prefs.pairs.get(model, {}),
+        "box": {k: v for k, v in box.prefs.effective().items() if k in PAIR_KNOBS},
+        "effective": {k: v for k, v in box.prefs.effective(model).items() if k in PAIR_KNOBS},
+    }
+
+
+async def pair_settings(request: Request) -> Response:
+    """GET /v1/settings/pair[?model=] and POST {"model": name, knob: value, ...}."""
+    box = _box(request)
+    if request.method == "POST":
+        body = await _body(request)
+        model = body.pop("model", None) if isinstance(body, dict) else None
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("Field 'model' is required.", param="model")
+        box.catalog.variants(parse_pins(model).name)  # an unknown model is a 404, not a row
+        values = parse(PAIR_KNOBS, body)
+        box.update_settings("pair", model, values)
+        _record(request, "settings-pair", model, values)
+        return JSONResponse(_pair_view(box, model))
+    model = request.query_params.get("model")
+    if model:
+        return JSONResponse(_pair_view(box, model))
+    return JSONResponse({"object": "list", "data": [_pair_view(box, m) for m in box.prefs.pairs]})
+
+
+def _tiers(box: Box) -> list[Any]:
+    storage = box_limits.storage_total(box.catalog.roots)
+    return box_limits.tiers(box.prefs.limit, read_host(), box.gpus.read(),
+                            len(box.physical_cores()), storage)  # fmt: skip
+
+
+async def limits(request: Request) -> Response:
+    """GET|POST /v1/limits: the tiers; a value above its parent tier is refused, named."""
+    box = _box(request)
+    if request.method == "POST":
+        values = parse(LIMIT_KNOBS, await _body(request))
+        current = dict(box.prefs.limits)
+
+        def limit(name: str) -> Any:
+            if name in values:
+                return values[name]
+            return current.get(name, getattr(box.config, name, None))
+
+        problems = box_limits.problems(limit, read_host(), box.gpus.read(),
+                                       len(box.physical_cores()),
+                                       box_limits.storage_total(box.catalog.roots))  # fmt: skip
+        if problems:
+            raise InvalidRequest("Refused: " + "; ".join(problems) + ".", param=next(iter(values)),
+                                 code="above_parent_tier")  # fmt: skip
+        box.update_settings("limits", "", values)
+        _record(request, "limits", None, values)
+    found = box_limits.describe(_tiers(box))
+    return JSONResponse({"object": "list", "data": found})
+
+
+async def cores(request: Request) -> Response:
+    """GET /v1/cores: physical cores, which one fitbox keeps, which engine claims which."""
+    box = _box(request)
+    physical = box.physical_cores()
+    claimable = set(box.claimable_cores())
+    keep = min(claimable) if len(claimable) >= 2 else None
+    busy = psutil.cpu_percent(percpu=True)  # since the last reading: no sleep on the call path
+    held: dict[int, str] = {}
+    for resident in box.residents():
+        for core in resident.cores:
+            held[core] = resident.artifact.name
+    rows = []
+    for core, cpus in sorted(physical.items()):
+        load = [busy[c] for c in cpus if c < len(busy)]
+        if core == keep:
+            role = "fitbox and the OS"
+        elif core in held:
+            role = "claimed"
+        else:
+            role = "free" if core in claimable else "outside cpu_max"
+        rows.append({"core": core, "cpus": sorted(cpus), "busy_percent": max(load, default=0.0),
+                     "role": role, "claimed_by": held.get(core)})  # fmt: skip
+    return JSONResponse({"object": "list", "data": rows, "physical": len(physical),
+                         "claimable": len(claimable) - (1 if keep is not None else 0)})  # fmt: skip
+
+
+async def verdicts(request: Request) -> Response:
+    """GET /v1/verdicts?model=: every variant x rung x K/V type priced now, and the Auto pick
+    (what a call would get). Without ``model``: every model on the box, the Auto pick only."""
+    box = _box(request)
+    model = request.query_params.get("model")
+    names = [model] if model else [a.name for a in box.catalog.artifacts()]
+    out = []
+    for name in names:
+        ask, artifacts = box.ask_for(name, all_kv=True)
+        snapshot = box.snapshot()
+        found, pick = price_all(snapshot, ask)
+        label = {a.key: a.name for a in artifacts} | {r.key: r.artifact.name
+                                                      for r in box.residents()}  # fmt: skip
+        entry: dict[str, Any] = {"model": name, "auto": report(pick, snapshot, label, {})}
+        if model:
+            entry["verdicts"] = [_verdict(v, label) for v in found]
+        out.append(entry)
+    return JSONResponse({"object": "list", "data": out})
+
+
+def _verdict(v: Any, label: dict[str, str]) -> dict[str, Any]:
+    return {
+        "artifact": label.get(v.artifact, v.artifact), "rung": v.rung.value,
+        "kv": f"{v.type_k}/{v.type_v}", "admissible": v.admissible, "waits": v.waits,
+        "window": v.window or None,
+        "band": None if v.band is None else {"kind": v.band.kind.value,
+                                             "min": v.band.feasible_min,
+                                             "max": v.band.feasible_max},
+        "devices": {d: {"bytes": f.total, "text": format_bytes(f.total)} for d, f in v.footprint},
+        "victims": [label.get(k, k) for k in v.victims], "cores": list(v.cores),
+        "predicted_seconds": v.predicted_seconds,
+        "reason": v.rejected.reason.value if v.rejected and not v.admissible else None,
+        "detail": v.rejected.detail if v.rejected and not v.admissible else None,
+    }  # fmt: skip
