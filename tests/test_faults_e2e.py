@@ -186,3 +186,53 @@ def test_an_out_of_memory_load_refuses_its_window_and_the_same_call_loads_smalle
         assert plan["band"]["max"] == 6144  # out of reach until a load at 8192 succeeds
         models = {m["id"]: m for m in httpx.get(f"{box.url}/v1/models").json()["data"]}
         assert models[SMOL].get("failed") in (None, False)  # room, not a crash: never failed
+
+
+def test_an_engine_that_hangs_mid_call_ends_it_with_engine_timeout_and_is_restarted(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    """SIGSTOP makes a real llama-server hang on demand: no byte, no answer to /health."""
+    env = {"FITBOX_ENGINE_IDLE_TIMEOUT": "1", "FITBOX_STOP_GRACE": "1"}
+    with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
+        body = chat(SMOL, max_tokens=2000, stream=True, ignore_eos=True)
+        events: list[str] = []
+        stopped: list[int] = []
+        started = time.monotonic()
+        with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
+                          timeout=60) as response:  # fmt: skip
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if len(events) == 5:
+                    stopped = engine_pids(box)
+                    for pid in stopped:
+                        os.kill(pid, signal.SIGSTOP)
+                    started = time.monotonic()
+        waited = time.monotonic() - started
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert (
+            error["code"] == "engine_timeout"
+            and "did not answer its health probe" in (error["message"])
+        )
+        assert waited < 15  # 1 s quiet + a probe (at most 1 s) + the stop ladder
+        assert stopped and not any(psutil.pid_exists(p) and psutil.Process(p).status() !=
+                                   psutil.STATUS_ZOMBIE for p in stopped)  # fmt: skip
+        row = box.calls()[-1]
+        assert (row["outcome"], row["error_code"]) == ("error", "engine_timeout")
+        # a busy but healthy engine is not hung: a whole reply that takes longer than the
+        # 1 s quiet bound (no byte until it is done) passes its health probes
+        again = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
+                           json=chat(SMOL, max_tokens=600, ignore_eos=True))  # fmt: skip
+        assert again.status_code == 200, again.text
+        assert again.json()["usage"]["completion_tokens"] == 600
+        assert box.log().count("hung: nothing for") == 1
+        # and a hang before the first byte of a whole (non-stream) reply is a 504
+        for pid in engine_pids(box):
+            os.kill(pid, signal.SIGSTOP)
+        hung = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
+                          json=chat(SMOL, max_tokens=4))  # fmt: skip
+        assert hung.status_code == 504 and hung.json()["error"]["code"] == "engine_timeout"
+        assert "hung: nothing for 1 s" in box.log()

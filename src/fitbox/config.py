@@ -187,6 +187,15 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_float,
     ),
     Setting(
+        "engine_idle_timeout",
+        "FITBOX_ENGINE_IDLE_TIMEOUT",
+        "60",
+        "seconds without a byte from an engine mid-call before it is probed; an engine that "
+        "does not answer its health probe then is hung: the call ends engine_timeout and the "
+        "engine is restarted",
+        _positive_float,
+    ),
+    Setting(
         "wait_timeout",
         "FITBOX_WAIT_TIMEOUT",
         "300",
@@ -272,6 +281,7 @@ class Config:
     cpu_floor: int
     load_timeout: float
     wait_timeout: float
+    engine_idle_timeout: float
     stop_grace: float
     crash_limit: int
     crash_window: float

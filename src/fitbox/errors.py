@@ -99,6 +99,15 @@ class EngineFailed(FitboxError):
     code = "engine_failed"
 
 
+class EngineTimeout(FitboxError):
+    """The engine stopped sending bytes mid-call and did not answer a health probe."""
+
+    status = 504
+    type = "server_error"
+    code = "engine_timeout"
+    retry = True
+
+
 class ShuttingDown(FitboxError):
     status = 503
     type = "server_error"

@@ -13,10 +13,10 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fitbox.config import Config
 from fitbox.core import admission, sizing
@@ -35,7 +35,7 @@ from fitbox.core.types import (
     Snapshot,
 )
 from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
-from fitbox.engines.http1 import EnginePool
+from fitbox.engines.http1 import EngineConnectionError, EnginePool
 from fitbox.engines.llama_server import (
     EngineInfo,
     EngineNotFound,
@@ -49,6 +49,7 @@ from fitbox.engines.orphans import ChildRecord, reap, start_time
 from fitbox.errors import (
     Conflict,
     EngineFailed,
+    EngineTimeout,
     InvalidRequest,
     ModelBusy,
     ShuttingDown,
@@ -69,6 +70,8 @@ from .recovery import await_free
 from .resident import Resident
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+HEALTH_PROBE_S = 5.0  # how long a hung-looking engine gets to answer /health
 VERDICT_KV_TYPES = ("f16", "q8_0", "q4_0")
 OOM = re.compile(r"out of memory|failed to allocate|unable to allocate|cudaMalloc failed", re.I)
 
@@ -92,6 +95,40 @@ class Lease:
         if not self._released:
             self._released = True
             self.box._release(self.resident)
+
+    async def watched(self, awaitable: Awaitable[T]) -> T:
+        """Await the engine; after ``engine_idle_timeout`` seconds without a result, probe its
+        health: an engine that answers is busy (a long prompt, a long silent generation) and
+        is waited for again; one that does not is hung: it is restarted and the call ends
+        with ``engine_timeout``."""
+        task = asyncio.ensure_future(awaitable)
+        idle = self.box.config.engine_idle_timeout
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=idle)
+                if done:
+                    return task.result()
+                if await self._answers_health(min(HEALTH_PROBE_S, idle)):
+                    continue
+                await self.box.engine_hung(self.resident, idle)
+                raise EngineTimeout(
+                    f"llama-server serving '{self.resident.artifact.name}' sent nothing for "
+                    f"{idle:.0f} s and did not answer its health probe; it was restarted. "
+                    "Retry the call.",
+                    log_tail=self.resident.child.tail() if self.resident.child else [],
+                )  # fmt: skip
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _answers_health(self, limit: float) -> bool:
+        try:
+            status, _ = await asyncio.wait_for(self.engine.get("/health"), timeout=limit)
+        except (TimeoutError, EngineConnectionError, OSError):
+            return False
+        return status == 200
 
 
 class Box:
@@ -448,14 +485,14 @@ class Box:
         self, name: str, call_id: int | None, ticket: object, need: int, max_tokens: int
     ) -> tuple[Lease | None, list[str]]:
         """Under the lock: join a resident, place a new one, or say who blocks."""
-        ask, artifacts = self._ask(name, need=need, max_tokens=max_tokens)
-        existing = self._joinable(artifacts, name)
-        if existing is not None:
+        existing = self._joinable(self.catalog.variants(parse_pins(name).name), name)
+        if existing is not None:  # the hot path: no pricing for a model already loaded
             if existing.state is ResidentState.STOPPING:
                 return None, [existing.artifact.name]
             existing.calls += 1
             existing.last_used = time.monotonic()
             return Lease(existing, self), []
+        ask, artifacts = self._ask(name, need=need, max_tokens=max_tokens)
 
         devices = self.devices()  # one probe reading serves pricing, deciding and labelling
         decision = decide(self.snapshot(devices), ask)
@@ -675,6 +712,17 @@ class Box:
         if not recovered:
             log.warning("%s: %s memory not back after %.1f s; loading anyway",
                         resident.artifact.name, resident.device, waited)  # fmt: skip
+
+    async def engine_hung(self, resident: Resident, idle: float) -> None:
+        """A ready engine that stopped answering mid-call: stop it (the ladder ends in SIGKILL
+        for the group), drop it so the next call loads it again, count it as a crash."""
+        if self._residents.get(resident.key) is not resident:
+            return  # another call already found it hung
+        log.error("%s hung: nothing for %.0f s and no answer to /health; restarting it",
+                  resident.artifact.name, idle)  # fmt: skip
+        tail = resident.child.tail() if resident.child else []
+        await self._stop(resident)
+        self._crashed(resident, f"hung mid-call (nothing for {idle:.0f} s)", tail)
 
     def _crashed(self, resident: Resident, reason: str, tail: list[str]) -> None:
         failed = self.crashes.crashed(resident.key, reason, tail, time.time())

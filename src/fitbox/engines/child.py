@@ -178,6 +178,7 @@ class Child:
             return None
         if self.proc.returncode is None:
             self._signal_group(signal.SIGTERM)
+            self._signal_group(signal.SIGCONT)  # a stopped (hung) child must run to see it
             try:
                 await asyncio.wait_for(self.proc.wait(), timeout=grace)
             except TimeoutError:

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fitbox.box.box import Box, Lease
 from fitbox.engines.http1 import EngineConnectionError, EngineResponse
-from fitbox.errors import EngineFailed, FitboxError, PermissionDenied
+from fitbox.errors import EngineFailed, EngineTimeout, FitboxError, PermissionDenied
 from fitbox.store.db import CallStart, Store
 
 log = logging.getLogger(__name__)
@@ -138,15 +138,19 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
         load_ready_at=resident.ready_at if lease.loaded else None,
     )  # fmt: skip
     try:
-        response = await lease.engine.request(
+        response = await lease.watched(lease.engine.request(
             "POST", path, raw, {"Content-Type": "application/json",
                                 "Accept": request.headers.get("accept", "*/*")},
-        )  # fmt: skip
+        ))  # fmt: skip
     except EngineConnectionError as exc:
         lease.release()
         error = _engine_failed(lease, exc)
         _failed(store, call_id, error)
         raise error from None
+    except EngineTimeout as error:
+        lease.release()
+        _failed(store, call_id, error)
+        raise
     except BaseException:
         lease.release()
         store.call_updated(call_id, outcome="interrupted", last_byte_at=time.time())
@@ -167,11 +171,14 @@ async def _whole(
     response: EngineResponse, lease: Lease, store: Store, call_id: int, headers: dict[str, str]
 ) -> Response:
     try:
-        content = await response.read()
+        content = await lease.watched(response.read())
     except EngineConnectionError as exc:
         error = _engine_failed(lease, exc)
         _failed(store, call_id, error)
         raise error from None
+    except EngineTimeout as error:
+        _failed(store, call_id, error)
+        raise
     finally:
         response.close()
         lease.release()
@@ -207,8 +214,13 @@ async def _pass_through(
     first_byte_at: float | None = None
     tail = b""
     outcome, error_code, status = "ok", None, response.status
+    chunks = response.iter_bytes()
     try:
-        async for chunk in response.iter_bytes():
+        while True:
+            try:
+                chunk = await lease.watched(anext(chunks))
+            except StopAsyncIteration:
+                break
             if first_byte_at is None:
                 first_byte_at = time.time()
             tail = (tail + chunk)[-_KEEP_TAIL:]
@@ -218,6 +230,10 @@ async def _pass_through(
         outcome, error_code, status = "error", error.code, error.status
         log.error("%s", error.message)
         yield _sse_error(error)
+    except EngineTimeout as timeout:
+        outcome, error_code, status = "error", timeout.code, timeout.status
+        log.error("%s", timeout.message)
+        yield _sse_error(timeout)
     except BaseException:  # the client went away, or fitbox is stopping
         outcome = "interrupted"
         raise
