@@ -236,3 +236,69 @@ def test_an_engine_that_hangs_mid_call_ends_it_with_engine_timeout_and_is_restar
                           json=chat(SMOL, max_tokens=4))  # fmt: skip
         assert hung.status_code == 504 and hung.json()["error"]["code"] == "engine_timeout"
         assert "hung: nothing for 1 s" in box.log()
+
+
+def test_kill_9_mid_stream_then_restart_leaves_no_child_and_an_interrupted_row(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    from .conftest import start_fitbox, stop_fitbox
+
+    home = tmp_path / "home"
+    box = start_fitbox(home, [smollm2.parent])
+    try:
+        body = chat(SMOL, max_tokens=2000, stream=True, ignore_eos=True)
+        children: list[int] = []
+        with (
+            pytest.raises(httpx.HTTPError),
+            httpx.stream(
+                "POST", f"{box.url}/v1/chat/completions", json=body, timeout=30
+            ) as response,  # fmt: skip
+        ):
+            for n, _ in enumerate(response.iter_lines()):
+                if n == 5:
+                    children = engine_pids(box)
+                    box.proc.kill()  # kill -9: no cleanup runs in fitbox
+        box.proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                  for p in children):  # fmt: skip
+            assert time.monotonic() < deadline, "the engine outlived a kill -9 of fitbox"
+            time.sleep(0.1)
+    finally:
+        stop_fitbox(box)
+    with running_fitbox(home, [smollm2.parent]) as again:
+        calls = again.calls()
+        assert [c["outcome"] for c in calls] == ["interrupted"]  # closed at start, not lost
+        reply = httpx.post(f"{again.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
+                           timeout=60)  # fmt: skip
+        assert reply.status_code == 200
+        assert len(engine_pids(again)) == 1  # one child for the model, no duplicate
+        store = httpx.get(f"{again.url}/health").json()["store"]
+        assert store["damaged_file_set_aside"] is None  # the store survived the kill intact
+
+
+def test_sigterm_during_a_load_that_never_finishes_stops_everything_within_15_s(
+    tmp_path: Path, tiny_gguf: Path
+) -> None:
+    from .conftest import start_fitbox, stop_fitbox
+
+    env = {"LLAMA_SERVER_BIN": str(HANGING), "FITBOX_LOAD_TIMEOUT": "300"}
+    box = start_fitbox(tmp_path / "home", [tiny_gguf.parent], env=env)
+    try:
+        caller = threading.Thread(target=lambda: httpx.post(
+            f"{box.url}/v1/chat/completions", json=chat("tiny-llama"), timeout=60),
+            daemon=True)  # fmt: skip
+        caller.start()
+        deadline = time.monotonic() + 10
+        while not engine_pids(box):
+            assert time.monotonic() < deadline, "the fake engine never started"
+            time.sleep(0.05)
+        children = engine_pids(box)
+        started = time.monotonic()
+        box.proc.send_signal(signal.SIGTERM)
+        box.proc.wait(timeout=15)
+        assert time.monotonic() - started < 15
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() !=
+                       psutil.STATUS_ZOMBIE for p in children)  # fmt: skip
+    finally:
+        stop_fitbox(box)
