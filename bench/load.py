@@ -126,7 +126,8 @@ def main() -> None:
             print(f"{policy:>5}: answered {r['answered']:.0f}  failed {r['failed']:.0f}  "
                   f"lost {r['lost']:.0f}  p50 {r['p50'] * 1000:7.0f} ms  "
                   f"p99 {r['p99'] * 1000:7.0f} ms  loads/100 calls {r['loads_per_100']:5.1f} "
-                  f"(x{r['loads_per_100'] / (100 * 3 / calls):.1f} ideal)  wall {r['wall']:.1f} s")  # fmt: skip
+                  f"(x{r['loads_per_100'] / (100 * 3 / calls):.1f} ideal)  "
+                  f"wall {r['wall']:.1f} s")  # fmt: skip
 
 
 if __name__ == "__main__":
