@@ -101,3 +101,30 @@ def test_rungs_reach_the_engine_split_across_two_simulated_gpus_then_ram_pinned(
         pinned = httpx.get(f"{box.url}/v1/plan", params={"model": "smollm2@ram"}).json()
         assert pinned["rung"] == "ram-only" and pinned["device"] == "host"
         assert {r["rung"] for r in pinned["rejected"]} == set()  # the pin left one rung
+
+
+def test_engine_timings_land_in_the_call_log_and_become_speeds_the_core_reads(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    home = tmp_path / "home"
+    with running_fitbox(home, [smollm2.parent]) as box:
+        before = httpx.get(f"{box.url}/v1/plan",
+                           params={"model": "smollm2", "max_tokens": "100"}).json()  # fmt: skip
+        assert before["predicted_seconds"] is None  # nothing measured: no time is invented
+        reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=60, json={
+            "model": "smollm2", "messages": [{"role": "user", "content": "Count to ten."}],
+            "max_tokens": 16, "ignore_eos": True})  # fmt: skip
+        assert reply.status_code == 200
+        row = box.calls()[-1]
+        assert row["rung"] == "ram-only" and row["type_k"] == "f16"
+        assert json.loads(row["devices"]).keys() == {"host"} and json.loads(row["cores"])
+        assert row["decode_per_token_ms"] > 0 and row["prompt_ms"] > 0
+        speeds = httpx.get(f"{box.url}/v1/telemetry",
+                           params={"table": "measured_speeds"}).json()["rows"]  # fmt: skip
+        assert len(speeds) == 1 and speeds[0]["call_id"] == row["id"]
+        assert speeds[0]["decode_per_token_ms"] == row["decode_per_token_ms"]
+    with running_fitbox(home, [smollm2.parent]) as box:  # read back from the store's view
+        after = httpx.get(f"{box.url}/v1/plan",
+                          params={"model": "smollm2", "max_tokens": "100"}).json()  # fmt: skip
+        load = after["predicted_seconds"] - 100 * speeds[0]["decode_per_token_ms"] / 1000
+        assert 0 < load < 60  # T = measured load seconds + 100 tokens at the measured rate

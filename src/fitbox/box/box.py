@@ -13,8 +13,8 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,7 +35,6 @@ from fitbox.core.types import (
     Snapshot,
 )
 from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
-from fitbox.engines.http1 import EngineConnectionError, EnginePool
 from fitbox.engines.llama_server import (
     EngineInfo,
     EngineNotFound,
@@ -49,7 +48,6 @@ from fitbox.engines.orphans import ChildRecord, reap, start_time
 from fitbox.errors import (
     Conflict,
     EngineFailed,
-    EngineTimeout,
     InvalidRequest,
     ModelBusy,
     ShuttingDown,
@@ -62,73 +60,20 @@ from fitbox.units import format_bytes
 
 from . import planning
 from .crashes import CrashLedger
+from .lease import Lease
 from .preferences import Preferences
 from .preferences import load as load_preferences
 from .preferences import save as save_preferences
 from .pricing import Contract, MeasuredKey, measurement
 from .recovery import await_free
 from .resident import Resident
+from .speeds import SpeedBook
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 HEALTH_PROBE_S = 5.0  # how long a hung-looking engine gets to answer /health
 VERDICT_KV_TYPES = ("f16", "q8_0", "q4_0")
 OOM = re.compile(r"out of memory|failed to allocate|unable to allocate|cudaMalloc failed", re.I)
-
-
-@dataclass
-class Lease:
-    """A call's hold on a ready resident. ``release()`` once the call is done."""
-
-    resident: Resident
-    box: Box
-    evicted: list[str] = field(default_factory=list)
-    loaded: bool = False
-    _released: bool = False
-
-    @property
-    def engine(self) -> EnginePool:
-        assert self.resident.child is not None
-        return self.resident.child.pool
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self.box._release(self.resident)
-
-    async def watched(self, awaitable: Awaitable[T]) -> T:
-        """Await the engine; after ``engine_idle_timeout`` seconds without a result, probe its
-        health: an engine that answers is busy (a long prompt, a long silent generation) and
-        is waited for again; one that does not is hung: it is restarted and the call ends
-        with ``engine_timeout``."""
-        task = asyncio.ensure_future(awaitable)
-        idle = self.box.config.engine_idle_timeout
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=idle)
-                if done:
-                    return task.result()
-                if await self._answers_health(min(HEALTH_PROBE_S, idle)):
-                    continue
-                await self.box.engine_hung(self.resident, idle)
-                raise EngineTimeout(
-                    f"llama-server serving '{self.resident.artifact.name}' sent nothing for "
-                    f"{idle:.0f} s and did not answer its health probe; it was restarted. "
-                    "Retry the call.",
-                    log_tail=self.resident.child.tail() if self.resident.child else [],
-                )  # fmt: skip
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-
-    async def _answers_health(self, limit: float) -> bool:
-        try:
-            status, _ = await asyncio.wait_for(self.engine.get("/health"), timeout=limit)
-        except (TimeoutError, EngineConnectionError, OSError):
-            return False
-        return status == 200
 
 
 class Box:
@@ -163,18 +108,34 @@ class Box:
                 store.run(lambda conn: load_preferences(conn, self.prefs))
         self._refused: dict[str, set[tuple[str, int]]] = {}  # artifact -> (where, window): OOM
         self._arrivals = 0
+        self.speeds = SpeedBook(store)
 
     def queue(self) -> list[dict[str, Any]]:
         """Calls waiting for room, in admission order (core/admission.py, ``eta``)."""
         order = {t.id: i for i, t in enumerate(self._tickets())}
         waiting = sorted(self._waiting.values(), key=lambda w: order.get(w["arrived"], 0))
-        return [{k: v for k, v in w.items() if k not in ("arrived", "max_wait")} for w in waiting]
+        hidden = ("arrived", "max_wait", "load", "output")
+        return [{k: v for k, v in w.items() if k not in hidden} for w in waiting]
+
+    def _ticket_eta(self, artifact: Artifact, max_tokens: int) -> dict[str, float | None]:
+        """A waiting call's load and output seconds, from measured rates only."""
+        load = output = None
+        for rung in Rung:  # the rung it ran on last; the ladder order otherwise
+            speeds = self.speeds.of(artifact, rung.value)
+            measured = next((m for k, m in self._measured.items()
+                             if k[0] == str(artifact.path) and m.load_seconds), None)  # fmt: skip
+            if speeds.decode_ms is not None:
+                output = max_tokens * speeds.decode_ms / 1000 if max_tokens else None
+                load = measured.load_seconds if measured else None
+                break
+        return {"load": load, "output": output}
 
     def _tickets(self) -> list[admission.Ticket]:
         now = time.time()
         return admission.order([
             admission.Ticket(id=w["arrived"], model=w["model"], arrived=w["arrived"],
-                             waited=now - w["since"], max_wait=w["max_wait"])
+                             waited=now - w["since"], max_wait=w["max_wait"], ready_in=0.0,
+                             load=w["load"], output=w["output"])
             for w in self._waiting.values()
         ], admission.Policy(self.prefs.effective()["admission"]))  # fmt: skip
 
@@ -327,9 +288,15 @@ class Box:
         artifacts = self.catalog.variants(pins.name)
         parallel = parallel or self.config.parallel
         candidates = tuple(
-            planning.candidate(a, self._measured, parallel, self._refused.get(a.key, ()))
+            planning.candidate(
+                a,
+                self._measured,
+                parallel,
+                self._refused.get(a.key, ()),
+                {r: self.speeds.of(a, r.value) for r in Rung},
+            )
             for a in artifacts
-        )  # fmt: skip
+        )
         eff = self.settings_for(pins.name, artifacts)
         rungs = tuple(r for r in pins.rungs if r.value in eff["rungs"])
         kv_types = ((kv, kv),) if kv else tuple((k, k) for k in eff["kv_types"])
@@ -338,7 +305,9 @@ class Box:
             need=need, max_wait=eff["max_wait"], kv_types=kv_types, max_tokens=max_tokens,
             cpu_floor=eff["cpu_floor"], goal=Goal(eff["goal"]),
         )  # fmt: skip
-        return replace(made, rungs=rungs, quant=pins.quant or eff["quant"]), artifacts
+        prompt = max(need - max_tokens, 0) if need > 1 else 0
+        made = replace(made, rungs=rungs, quant=pins.quant or eff["quant"], prompt_tokens=prompt)
+        return made, artifacts
 
     def ask_for(self, name: str, all_kv: bool = False) -> tuple[Ask, list[Artifact]]:
         """The ask a call for ``name`` would make; ``all_kv`` adds the common quantized
@@ -378,9 +347,11 @@ class Box:
         ctx: int | None = None,
         parallel: int | None = None,
         kv: str | None = None,
+        max_tokens: int = 0,
     ) -> dict[str, Any]:
         """What the box would do for ``name`` now, without doing it (``fitbox plan``)."""
-        ask, artifacts = self._ask(name, window=ctx, parallel=parallel, kv=kv)
+        ask, artifacts = self._ask(name, window=ctx, parallel=parallel, kv=kv,
+                                   max_tokens=max_tokens)  # fmt: skip
         first = artifacts[0]
         problem = kv and sizing.kv_type_problem(first.facts.shape, kv, kv, flash_attn=True)
         if problem:
@@ -451,7 +422,7 @@ class Box:
                         self._waiting[ticket] = {
                             "model": first.name, "call_id": call_id, "since": now,
                             "deadline": now + remaining, "arrived": self._arrivals,
-                            "max_wait": max_wait,
+                            "max_wait": max_wait, **self._ticket_eta(first, max_tokens),
                         }  # fmt: skip
                     self._waiting[ticket]["blocked_by"] = blockers
                     with contextlib.suppress(TimeoutError):

@@ -8,6 +8,7 @@ seconds are the load term of T. Nothing here guesses a speed.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -17,10 +18,19 @@ from fitbox.core.pins import Pins
 from fitbox.core.types import Footprint, Goal, Rung, Snapshot
 from fitbox.errors import DoesNotFit, EngineFailed, InvalidRequest
 from fitbox.models.catalog import Artifact, is_four_bit
-from fitbox.store.db import MeasuredFootprint
+from fitbox.store.db import MeasuredFootprint, MeasuredSpeed
 from fitbox.units import format_bytes
 
 from .pricing import MeasuredKey, footprint_row
+
+
+def median_speeds(recent: Iterable[MeasuredSpeed]) -> Speeds:
+    """The medians of the last measured prompt and decode ms per token."""
+    rows = list(recent)
+    prompt = [r.prompt_per_token_ms for r in rows if r.prompt_per_token_ms is not None]
+    decode = [r.decode_per_token_ms for r in rows if r.decode_per_token_ms is not None]
+    return Speeds(prompt_ms=statistics.median(prompt) if prompt else None,
+                  decode_ms=statistics.median(decode) if decode else None)  # fmt: skip
 
 
 def candidate(
@@ -28,6 +38,7 @@ def candidate(
     measured: Mapping[MeasuredKey, MeasuredFootprint],
     parallel: int,
     refused: Iterable[tuple[str, int]] = (),
+    rates: Mapping[Rung, Speeds] | None = None,
 ) -> Candidate:
     stat = artifact.path.stat()
     fits, loaded, speeds = [], [], {}
@@ -42,6 +53,10 @@ def candidate(
         if m.load_seconds is not None:
             rung = Rung.RAM_ONLY if m.device == "host" else Rung.GPU_ONLY
             speeds[rung] = Speeds(load_seconds=m.load_seconds)
+    for rung, rate in (rates or {}).items():  # engine timings: prompt and decode ms per token
+        if rate.prompt_ms is not None or rate.decode_ms is not None:
+            load = speeds.get(rung, Speeds()).load_seconds
+            speeds[rung] = Speeds(load, rate.prompt_ms, rate.decode_ms)
     return Candidate(
         key=artifact.key, quant=artifact.facts.quant, shape=artifact.facts.shape,
         layout=artifact.facts.layout, four_bit=is_four_bit(artifact.facts.quant),

@@ -43,6 +43,17 @@ class Resident:
     place: Place | None = None  # the core's decision it was loaded under
     asked: str = ""  # the name (pins stripped) it was loaded for: its knobs are found by it
     band: int = 1  # priority band (a knob): what displacing it costs, times its reload
+    expected_ends: dict[int, float | None] = field(default_factory=dict)  # per call
+
+    def eta_idle(self) -> float | None:
+        """Seconds until its calls are expected done; None when any is unmeasured."""
+        if not self.expected_ends:
+            return 0.0 if self.calls == 0 else None
+        ends = list(self.expected_ends.values())
+        if any(end is None for end in ends):
+            return None
+        return max(max(e for e in ends if e is not None) - time.monotonic(), 0.0)
+
     held: dict[str, int] = field(default_factory=dict)  # bytes per device
     cpus: frozenset[int] = frozenset()  # logical CPUs of its claim
     lost_cores: set[int] = field(default_factory=set)  # taken by a later claim while idle
@@ -85,6 +96,7 @@ class Resident:
             cores=self.cores,
             reload_seconds=self.load_seconds,
             band=self.band,
+            eta_idle=self.eta_idle() if self.state is ResidentState.READY else None,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ async def plan(request: Request) -> Response:
         ctx=_positive(request, "ctx"),
         parallel=_positive(request, "parallel"),
         kv=request.query_params.get("kv") or None,
+        max_tokens=_positive(request, "max_tokens") or 0,
     )
     return JSONResponse(report)
 

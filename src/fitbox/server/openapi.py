@@ -110,7 +110,8 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/embeddings": {"post": _op("Embeddings (embedding models)", INFERENCE, EMBEDDING)},
     "/v1/plan": {"get": _op("What the box would load for a model, and where", MANAGEMENT,
                             params=[_query("model", "string", True), _query("ctx", "integer"),
-                                    _query("parallel", "integer"), _query("kv", "string")])},
+                                    _query("parallel", "integer"), _query("kv", "string"),
+                                    _query("max_tokens", "integer")])},
     "/v1/telemetry/state": {"get": _op(
         "The change counter; long-polls until it passes `since` or `wait` seconds pass",
         "the box itself, or a key with the read or admin scope",

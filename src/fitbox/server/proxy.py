@@ -19,14 +19,40 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from fitbox.box.box import Box, Lease
+from fitbox.box.box import Box
+from fitbox.box.lease import Lease
 from fitbox.engines.http1 import EngineConnectionError, EngineResponse
 from fitbox.errors import EngineFailed, EngineTimeout, FitboxError, PermissionDenied
 from fitbox.store.db import CallStart, Store
 
 log = logging.getLogger(__name__)
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
+_TIMINGS = re.compile(rb'"timings"\s*:\s*(\{[^{}]*\})')
 _KEEP_TAIL = 16 * 1024
+
+
+def _timings(tail: bytes) -> dict[str, Any]:
+    """llama-server's ``timings`` of the call (the last chunk of a stream carries them)."""
+    matches = _TIMINGS.findall(tail)
+    try:
+        timings = json.loads(matches[-1]) if matches else {}
+    except json.JSONDecodeError:
+        return {}
+    return timings if isinstance(timings, dict) else {}
+
+
+def _measured(store: Store, lease: Lease, call_id: int, tail: bytes) -> dict[str, Any]:
+    """The engine's timings as call-log columns; they also become a measured speed."""
+    timings = _timings(tail)
+    if not timings:
+        return {}
+    lease.box.speeds.record(lease.resident, timings, call_id)
+    return {
+        "cache_tokens": timings.get("cache_n"), "prompt_ms": timings.get("prompt_ms"),
+        "prompt_per_token_ms": timings.get("prompt_per_token_ms"),
+        "decode_ms": timings.get("predicted_ms"),
+        "decode_per_token_ms": timings.get("predicted_per_token_ms"),
+    }  # fmt: skip
 
 
 def _usage(tail: bytes) -> dict[str, Any]:
@@ -131,11 +157,16 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
         raise
 
     resident = lease.resident
+    place = resident.place
+    lease.expect(len(raw) // 4, max_tokens)
     store.call_updated(
         call_id, artifact=str(resident.artifact.path), admitted_at=time.time(),
         device=resident.device, window=resident.window, evicted=lease.evicted,
         load_start_at=resident.load_started_at if lease.loaded else None,
         load_ready_at=resident.ready_at if lease.loaded else None,
+        rung=resident.rung.value, type_k=resident.type_k, type_v=resident.type_v,
+        devices=resident.holdings(), cores=list(resident.cores),
+        tensor_split=list(place.tensor_split) if place else [],
     )  # fmt: skip
     try:
         response = await lease.watched(lease.engine.request(
@@ -199,6 +230,7 @@ async def _whole(
         call_id, outcome="ok", http_status=response.status, first_byte_at=done,
         last_byte_at=done, prompt_tokens=usage.get("prompt_tokens"),
         completion_tokens=usage.get("completion_tokens"),
+        **_measured(store, lease, call_id, content[-_KEEP_TAIL:]),
     )  # fmt: skip
     return Response(
         content,
@@ -246,4 +278,5 @@ async def _pass_through(
             first_byte_at=first_byte_at, last_byte_at=time.time(),
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
+            **(_measured(store, lease, call_id, tail) if outcome == "ok" else {}),
         )  # fmt: skip

@@ -34,7 +34,9 @@ _CALL_COLUMNS = frozenset(
     {
         "artifact", "outcome", "http_status", "error_code", "device", "window", "evicted",
         "admitted_at", "load_start_at", "load_ready_at", "first_byte_at", "last_byte_at",
-        "prompt_tokens", "completion_tokens",
+        "prompt_tokens", "completion_tokens", "rung", "type_k", "type_v", "devices",
+        "tensor_split", "cores", "cache_tokens", "prompt_ms", "prompt_per_token_ms", "decode_ms",
+        "decode_per_token_ms",
     }
 )  # fmt: skip
 
@@ -89,6 +91,27 @@ class MeasuredFootprint:
                 self.window, self.parallel, self.type_k, self.type_v)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class MeasuredSpeed:
+    """What one call's engine timings said about a file on a rung."""
+
+    artifact: str
+    artifact_size: int
+    artifact_mtime_ns: int
+    rung: str
+    placement: str
+    prompt_tokens: int | None
+    prompt_per_token_ms: float | None
+    decode_tokens: int | None
+    decode_per_token_ms: float | None
+    call_id: int | None
+    measured_at: float
+
+    @property
+    def key(self) -> tuple[str, int, int, str]:
+        return (self.artifact, self.artifact_size, self.artifact_mtime_ns, self.rung)
+
+
 def _latest_measurements(conn: sqlite3.Connection) -> list[MeasuredFootprint]:
     rows = conn.execute(
         "SELECT * FROM measured_footprints WHERE id IN (SELECT MAX(id) FROM measured_footprints"
@@ -121,7 +144,8 @@ def read_measured(path: Path) -> list[MeasuredFootprint]:
         return []
 
 
-CURSOR_TABLES = ("call_log", "operator_actions", "measured_footprints", "children")
+CURSOR_TABLES = ("call_log", "operator_actions", "measured_footprints", "children",
+                 "measured_speeds")  # fmt: skip
 
 
 Job = Callable[[sqlite3.Connection], Any]
@@ -300,8 +324,9 @@ class Store:
         unknown = set(values) - _CALL_COLUMNS
         if unknown:
             raise ValueError(f"not call_log columns: {sorted(unknown)}")
-        if "evicted" in values and not isinstance(values["evicted"], str | None):
-            values["evicted"] = json.dumps(values["evicted"])
+        for column in ("evicted", "devices", "tensor_split", "cores"):
+            if column in values and not isinstance(values[column], str | None):
+                values[column] = json.dumps(values[column])
         assignments = ", ".join(f"{column} = ?" for column in values)
         sql = f"UPDATE call_log SET {assignments} WHERE id = ?"  # noqa: S608 - whitelisted
         params = (*values.values(), call_id)
@@ -388,6 +413,33 @@ class Store:
                  m.n_ctx, m.n_ctx_seq, m.load_seconds, m.call_id, m.measured_at),
             )
         )  # fmt: skip
+
+    def speed_measured(self, speed: MeasuredSpeed) -> None:
+        m = speed
+        self._submit(lambda conn: self._insert(conn, "fact", "measured_speeds",
+            "INSERT INTO measured_speeds (artifact, artifact_size, artifact_mtime_ns, rung, "
+            "placement, prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms,"
+            " call_id, measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.rung, m.placement,
+             m.prompt_tokens, m.prompt_per_token_ms, m.decode_tokens, m.decode_per_token_ms,
+             m.call_id, m.measured_at)))  # fmt: skip
+
+    def recent_speeds(self) -> list[MeasuredSpeed]:
+        """The last 20 speeds of every (file, rung), oldest first (read once, at start)."""
+
+        def select(conn: sqlite3.Connection) -> list[MeasuredSpeed]:
+            rows = conn.execute(
+                "SELECT artifact, artifact_size, artifact_mtime_ns, rung, placement, "
+                "prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms, call_id,"
+                " measured_at FROM recent_speeds ORDER BY id"
+            )
+            return [MeasuredSpeed(*row) for row in rows]
+
+        try:
+            result: list[MeasuredSpeed] = self.run(select)
+        except sqlite3.Error:
+            return []
+        return result
 
     def measured_footprints(self) -> list[MeasuredFootprint]:
         """The newest measurement of every placement key (read once, at start)."""
