@@ -302,3 +302,35 @@ def test_sigterm_during_a_load_that_never_finishes_stops_everything_within_15_s(
                        psutil.STATUS_ZOMBIE for p in children)  # fmt: skip
     finally:
         stop_fitbox(box)
+
+
+def test_a_prompt_that_outgrows_the_loaded_window_reloads_it_never_while_it_serves(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    env = {"FITBOX_CTX": "1024", "FITBOX_WAIT_TIMEOUT": "2"}
+    long_prompt = "hello " * 1000  # ~1000 tokens: more than the 1024-token slot can hold
+    with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
+        assert httpx.post(f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
+                          timeout=60).status_code == 200  # fmt: skip
+        (first,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        assert first["window"] == 1024
+        # while a stream is on it, the model is never stopped: the big call waits, then 503
+        result: dict[str, httpx.Response] = {}
+        with httpx.stream("POST", f"{box.url}/v1/chat/completions", timeout=60,
+                          json=chat(SMOL, max_tokens=300, stream=True,
+                                    ignore_eos=True)) as stream:  # fmt: skip
+            lines = stream.iter_lines()
+            next(lines)
+            big = {"model": SMOL, "messages": [{"role": "user", "content": long_prompt}],
+                   "max_tokens": 2}  # fmt: skip
+            result["busy"] = httpx.post(f"{box.url}/v1/chat/completions", json=big, timeout=60)
+            rest = [line for line in lines if line]
+        assert result["busy"].status_code == 503
+        assert result["busy"].json()["error"]["code"] == "model_busy"
+        assert rest[-1] == "data: [DONE]" and "error" not in "".join(rest[-3:])
+        # idle now: the same call reloads it with a window its prompt fits in
+        again = httpx.post(f"{box.url}/v1/chat/completions", json=big, timeout=60)
+        assert again.status_code == 200, again.text
+        (second,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        assert second["window"] > 1024 and second["pid"] != first["pid"]
+        assert "outgrows its 1024-token slot" in box.log()

@@ -144,3 +144,29 @@ def test_idle_ttl_unloads_and_a_pin_is_loaded_again_after_a_restart(
             assert time.monotonic() < deadline, "the pinned model was not loaded at start"
             time.sleep(0.2)
         assert residents[0]["pinned"] is True
+
+
+def test_a_model_loaded_below_its_window_grows_back_when_room_lasts(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    from fitbox.core import sizing
+    from fitbox.models.gguf_facts import read_facts
+
+    shape = read_facts(smollm2).shape
+    tight = sizing.footprint(shape, 1024, 1).total + (1 << 20)  # room for 1024, not 4096
+    env = {"FITBOX_GROW_COOLDOWN": "1"}
+    with running_fitbox(tmp_path / "home", [smollm2.parent], "--ram-max", str(tight),
+                        env=env) as box:  # fmt: skip
+        assert chat(box.url).status_code == 200
+        (small,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        assert small["window"] == 1024  # the band gave what fits
+        assert post(box.url, "/v1/limits", {"ram_max": "4GiB"}).status_code == 200  # room
+        deadline = time.monotonic() + 30
+        while True:
+            residents = httpx.get(f"{box.url}/v1/residents").json()["data"]
+            if residents and residents[0]["window"] == 4096 and residents[0]["state"] == "ready":
+                break
+            assert time.monotonic() < deadline, "never grew back"
+            time.sleep(0.2)
+        assert "room for a 4096-token window has lasted" in box.log()
+        assert chat(box.url).status_code == 200

@@ -187,6 +187,14 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_float,
     ),
     Setting(
+        "grow_cooldown",
+        "FITBOX_GROW_COOLDOWN",
+        "60",
+        "seconds a model loaded below its preferred window serves before an idle rebuild may "
+        "grow it back (when room has stayed free and it has had calls)",
+        _positive_float,
+    ),
+    Setting(
         "engine_idle_timeout",
         "FITBOX_ENGINE_IDLE_TIMEOUT",
         "60",
@@ -282,6 +290,7 @@ class Config:
     load_timeout: float
     wait_timeout: float
     engine_idle_timeout: float
+    grow_cooldown: float
     stop_grace: float
     crash_limit: int
     crash_window: float

@@ -411,8 +411,8 @@ class Box:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise ModelBusy(
-                            f"'{name}' needs room held by models serving calls "
-                            f"({', '.join(blockers)}); they did not finish within "
+                            f"'{name}' waited for models that are serving calls or being "
+                            f"reloaded ({', '.join(blockers)}); they did not make way within "
                             f"{max_wait:.0f} s",
                             blockers=blockers,
                         )
@@ -452,6 +452,37 @@ class Box:
             return resident
         return None
 
+    def larger_window(self, resident: Resident) -> int | None:
+        """The window ``resident`` would get if it were loaded now, with itself gone and
+        nobody else evicted, when that is larger than the one it has; else None."""
+        ask, _ = self._ask(resident.asked or resident.artifact.name)
+        snapshot = self.snapshot()
+        others = tuple(r for r in snapshot.residents if r.key != resident.key)
+        decision = decide(replace(snapshot, residents=others), ask)
+        if (
+            isinstance(decision, Place) and decision.artifact == resident.key
+            and not decision.victims and decision.window > resident.window
+        ):  # fmt: skip
+            return decision.window
+        return None
+
+    def _outgrown(self, resident: Resident, prompt: int) -> bool:
+        """A prompt larger than a slot of the loaded window needs the model loaded again with a
+        larger one (a new contract). Never while a call is on it: an idle, unpinned resident
+        is stopped now and the call is placed again; otherwise the call waits (bounded)."""
+        slot = resident.window // max(resident.parallel, 1)
+        trained = resident.artifact.facts.shape.n_ctx_train
+        if prompt <= slot or (trained and slot >= trained // max(resident.parallel, 1)):
+            return False
+        if trained and prompt > trained:
+            return False  # no window could hold it: the engine says so, nothing is reloaded
+        if resident.state is ResidentState.READY and not resident.calls and not resident.pinned:
+            log.info("%s: a %d-token prompt outgrows its %d-token slot; loading it again with a "
+                     "larger window", resident.artifact.name, prompt, slot)  # fmt: skip
+            resident.state = ResidentState.STOPPING
+            self._spawn(self._stop(resident))
+        return True
+
     def _decide(
         self, name: str, call_id: int | None, ticket: object, need: int, max_tokens: int
     ) -> tuple[Lease | None, list[str]]:
@@ -460,7 +491,10 @@ class Box:
         if existing is not None:  # the hot path: no pricing for a model already loaded
             if existing.state is ResidentState.STOPPING:
                 return None, [existing.artifact.name]
+            if self._outgrown(existing, max(need - max_tokens, 0)):
+                return None, [existing.artifact.name]
             existing.calls += 1
+            existing.served += 1
             existing.last_used = time.monotonic()
             return Lease(existing, self), []
         ask, artifacts = self._ask(name, need=need, max_tokens=max_tokens)
@@ -493,6 +527,7 @@ class Box:
             parallel=ask.parallel,
             simulated=device.simulated,
             calls=1,
+            served=1,
             basis=self._basis(decision, ask)[decision.artifact],
             loaded_by_call=call_id,
             place=decision,

@@ -44,6 +44,8 @@ class Resident:
     asked: str = ""  # the name (pins stripped) it was loaded for: its knobs are found by it
     band: int = 1  # priority band (a knob): what displacing it costs, times its reload
     expected_ends: dict[int, float | None] = field(default_factory=dict)  # per call
+    served: int = 0  # calls it has taken since it was loaded
+    room_seen: int = 0  # consecutive checks that found room for a larger window
 
     def eta_idle(self) -> float | None:
         """Seconds until its calls are expected done; None when any is unmeasured."""
