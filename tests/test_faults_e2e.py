@@ -334,3 +334,28 @@ def test_a_prompt_that_outgrows_the_loaded_window_reloads_it_never_while_it_serv
         (second,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
         assert second["window"] > 1024 and second["pid"] != first["pid"]
         assert "outgrows its 1024-token slot" in box.log()
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_the_generation_and_frees_the_slot(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    with running_fitbox(tmp_path / "home", [smollm2.parent]) as box:
+        body = chat(SMOL, max_tokens=4000, stream=True, ignore_eos=True)
+        with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
+                          timeout=60) as response:  # fmt: skip
+            for n, _ in enumerate(response.iter_lines()):
+                if n == 6:
+                    break  # the client goes away mid-stream
+        (resident,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        engine = f"http://127.0.0.1:{resident['port']}"
+        deadline = time.monotonic() + 10
+        while True:  # llama-server's own view of its slots
+            slots = httpx.get(f"{engine}/slots", timeout=5).json()
+            if not any(slot["is_processing"] for slot in slots):
+                break
+            assert time.monotonic() < deadline, "the engine kept generating for nobody"
+            time.sleep(0.1)
+        row = box.calls()[-1]
+        assert row["outcome"] == "interrupted"
+        assert (row["completion_tokens"] or 0) < 4000
+        assert httpx.get(f"{box.url}/v1/residents").json()["data"][0]["calls"] == 0
