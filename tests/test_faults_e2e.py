@@ -359,3 +359,25 @@ def test_a_client_that_disconnects_mid_stream_cancels_the_generation_and_frees_t
         assert row["outcome"] == "interrupted"
         assert (row["completion_tokens"] or 0) < 4000
         assert httpx.get(f"{box.url}/v1/residents").json()["data"][0]["calls"] == 0
+
+
+def test_a_pin_that_changes_the_rung_reloads_the_idle_model_and_never_doubles_it(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    env = {"FITBOX_SIMULATED_GPUS": "1GiB"}
+    with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
+        assert httpx.post(f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
+                          timeout=60).status_code == 200  # fmt: skip
+        (first,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        assert first["rung"] == "gpu-only"
+        pinned = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
+                            json=chat(f"{SMOL}@ram", max_tokens=2))  # fmt: skip
+        assert pinned.status_code == 200, pinned.text
+        (second,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        assert second["rung"] == "ram-only" and second["pid"] != first["pid"]
+        assert len(engine_pids(box)) == 1  # the old child stopped; one child per file
+        # an unpinned call is served by whatever rung is loaded
+        assert httpx.post(f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
+                          timeout=60).status_code == 200  # fmt: skip
+        (third,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        assert third["pid"] == second["pid"]

@@ -510,6 +510,14 @@ class Box:
         ahead = self._queued_ahead(ticket)
         if decision.victims and ahead:
             return None, ahead  # freed room goes to the calls admitted first
+        loaded = self._residents.get(decision.artifact)
+        if loaded is not None:  # the same file under another contract (rung, pins)
+            if loaded.state is ResidentState.READY and not loaded.calls and not loaded.pinned:
+                log.info("%s: loading it again as %s (it was %s)", loaded.artifact.name,
+                         decision.rung.value, loaded.rung.value)  # fmt: skip
+                loaded.state = ResidentState.STOPPING
+                self._spawn(self._stop(loaded))
+            return None, [loaded.artifact.name]  # never while a call is on it
 
         victims = [self._residents[v.key] for v in decision.victims]
         for victim in victims:
