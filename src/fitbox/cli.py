@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import fitbox
@@ -261,7 +262,6 @@ def list_models(config: settings.Config, as_json: bool) -> int:
 
 
 def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from fitbox.models.pull import DEFAULT_MODEL, PullError, is_verified, pull
 
@@ -280,12 +280,35 @@ def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
         path = pull(spec, dest, sha256=args.sha256, progress=progress)
     except PullError as exc:
         print(f"\nfitbox pull: {exc}", file=sys.stderr)
+        _record_pull(config, spec, None, False, "error", str(exc))
         return 1
     if last[0] >= 0:
         print(file=sys.stderr)
-    check = "sha256 verified" if is_verified(spec, args.sha256) else "no --sha256: not verified"
+    verified = is_verified(spec, args.sha256)
+    _record_pull(config, spec, path, verified, "ok")
+    check = "sha256 verified" if verified else "no --sha256: not verified"
     print(f"{path} ({format_bytes(path.stat().st_size)}, {check})")
     return 0
+
+
+def _record_pull(
+    config: settings.Config, source: str, path: Path | None, verified: bool, outcome: str,
+    detail: str | None = None,
+) -> None:  # fmt: skip
+    """A row in the store's pulls table (a running fitbox shares the file: WAL, one writer
+    each, busy timeout). A store that cannot be written never fails the pull."""
+    from fitbox.store.db import Store
+
+    try:
+        store = Store(config.store_path)
+    except Exception as exc:
+        print(f"fitbox pull: not recorded in the store: {exc}", file=sys.stderr)
+        return
+    try:
+        size = path.stat().st_size if path is not None else None
+        store.pulled(source, str(path) if path else None, size, verified, outcome, detail)
+    finally:
+        store.close()
 
 
 def _plan_from_service(config: settings.Config, args: argparse.Namespace) -> dict[str, Any] | None:

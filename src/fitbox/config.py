@@ -195,6 +195,20 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_float,
     ),
     Setting(
+        "reading_interval",
+        "FITBOX_READING_INTERVAL",
+        "0.25",
+        "seconds between sensor readings (host RAM and CPU, each GPU) kept in resource_log",
+        _positive_float,
+    ),
+    Setting(
+        "reading_retention",
+        "FITBOX_READING_RETENTION",
+        "21600",
+        "seconds of sensor readings kept; older ones are deleted",
+        _positive_float,
+    ),
+    Setting(
         "engine_idle_timeout",
         "FITBOX_ENGINE_IDLE_TIMEOUT",
         "60",
@@ -290,6 +304,8 @@ class Config:
     load_timeout: float
     wait_timeout: float
     engine_idle_timeout: float
+    reading_interval: float
+    reading_retention: float
     grow_cooldown: float
     stop_grace: float
     crash_limit: int

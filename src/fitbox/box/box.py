@@ -250,7 +250,7 @@ class Box:
                 param="model",
             )  # fmt: skip
         resident.pinned = False
-        await self._stop(resident)
+        await self._stop(resident, "operator")
         return resident
 
     def _refuse_if_failed(self, artifact: Artifact) -> None:
@@ -480,7 +480,7 @@ class Box:
             log.info("%s: a %d-token prompt outgrows its %d-token slot; loading it again with a "
                      "larger window", resident.artifact.name, prompt, slot)  # fmt: skip
             resident.state = ResidentState.STOPPING
-            self._spawn(self._stop(resident))
+            self._spawn(self._stop(resident, "contract_change"))
         return True
 
     def _decide(
@@ -516,7 +516,7 @@ class Box:
                 log.info("%s: loading it again as %s (it was %s)", loaded.artifact.name,
                          decision.rung.value, loaded.rung.value)  # fmt: skip
                 loaded.state = ResidentState.STOPPING
-                self._spawn(self._stop(loaded))
+                self._spawn(self._stop(loaded, "contract_change"))
             return None, [loaded.artifact.name]  # never while a call is on it
 
         victims = [self._residents[v.key] for v in decision.victims]
@@ -565,7 +565,8 @@ class Box:
                     resident.artifact.name,
                 )
                 self.evictions += 1
-                await self._stop(victim)
+                await self._stop(victim, "make_room", resident.artifact.name,
+                                 resident.loaded_by_call)  # fmt: skip
             if victims:
                 await self._memory_back(resident)
             engine = self.engine()
@@ -735,7 +736,7 @@ class Box:
         log.error("%s hung: nothing for %.0f s and no answer to /health; restarting it",
                   resident.artifact.name, idle)  # fmt: skip
         tail = resident.child.tail() if resident.child else []
-        await self._stop(resident)
+        await self._stop(resident, "hung")
         self._crashed(resident, f"hung mid-call (nothing for {idle:.0f} s)", tail)
 
     def _crashed(self, resident: Resident, reason: str, tail: list[str]) -> None:
@@ -744,7 +745,15 @@ class Box:
             log.error("%s marked failed after %d crashes; calls get engine_failed until an "
                       "operator clears it", resident.artifact.name, failed.crashes)  # fmt: skip
 
-    async def _stop(self, resident: Resident) -> None:
+    async def _stop(
+        self, resident: Resident, reason: str | None = None, for_model: str | None = None,
+        call_id: int | None = None,
+    ) -> None:  # fmt: skip
+        """Stop a resident; with a ``reason`` it is an eviction, recorded as one."""
+        if reason is not None and self.store is not None:
+            self.store.evicted(resident.artifact.name, str(resident.artifact.path),
+                               resident.holdings(), reason, for_model, call_id,
+                               time.monotonic() - resident.last_used)  # fmt: skip
         resident.state = ResidentState.STOPPING
         if resident.child is not None:
             await resident.child.stop(self.config.stop_grace)
@@ -763,10 +772,12 @@ class Box:
 
     def start(self) -> None:
         """Background work: preload and pinned models, and the idle-TTL unloader."""
+        from .sensors import sense
         from .warmth import unload_idle, warm_up
 
         self._spawn(warm_up(self))
         self._spawn(unload_idle(self))
+        self._spawn(sense(self))
 
     async def close(self) -> None:
         """Stop every child, each bounded by the stop ladder."""

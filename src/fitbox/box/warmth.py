@@ -79,14 +79,11 @@ async def unload_idle(box: Box) -> None:
                             and r.state is ResidentState.STOPPING)  # fmt: skip
             log.info("%s: room for a %d-token window has lasted; rebuilding it (was %d)",
                      resident.artifact.name, window, resident.window)  # fmt: skip
-            await box._stop(resident)
+            await box._stop(resident, "grow_back")
             try:
                 await box.load(name)
             except FitboxError as exc:
                 log.warning("rebuilding %s failed: %s", name, exc.message)
         for resident in [r for r in box.residents() if r.key in expired]:
             log.info("%s idle past its TTL: unloading", resident.artifact.name)
-            await box._stop(resident)
-            if box.store is not None:
-                box.store.operator_action("idle-unload", resident.artifact.name, "fitbox",
-                                          None, "ok")  # fmt: skip
+            await box._stop(resident, "idle_ttl")

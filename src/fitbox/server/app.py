@@ -18,7 +18,7 @@ from fitbox.config import Config
 from fitbox.errors import FitboxError
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import open_gpu_probe
-from fitbox.server import errors, manage, openai, openapi, operate, settings, telemetry
+from fitbox.server import calls_page, errors, manage, openai, openapi, operate, settings, telemetry
 from fitbox.server.auth import AuthMiddleware, Gate
 from fitbox.server.keys import ensure_box_key
 from fitbox.server.trust import TrustSettings
@@ -73,6 +73,9 @@ def create_app(config: Config) -> Starlette:
         Route("/v1/plan", manage.plan, methods=["GET"]),
         Route("/v1/telemetry/state", telemetry.state, methods=["GET"]),
         Route("/v1/telemetry", telemetry.rows, methods=["GET"]),
+        Route("/v1/telemetry/tables", telemetry.tables, methods=["GET"]),
+        Route("/v1/telemetry/rows", telemetry.table_rows, methods=["GET"]),
+        Route("/calls", calls_page.calls_page, methods=["GET"]),
         Route("/v1/residents", operate.residents, methods=["GET"]),
         Route("/v1/storage", operate.storage, methods=["GET"]),
         Route("/v1/queue", operate.queue, methods=["GET"]),

@@ -120,6 +120,16 @@ PATHS: dict[str, dict[str, Any]] = {
         "Cursor replay of a table by seq", "the box itself, or a key with the read scope",
         params=[_query("table", "string", True), _query("since", "integer"),
                 _query("limit", "integer")])},
+    "/v1/telemetry/tables": {"get": _op(
+        "Every table and view with the columns a reader may see (secrets withheld)",
+        "the box itself, or a key with the read scope")},
+    "/v1/telemetry/rows": {"get": _op(
+        "Rows of any table or view, read-only, ordered by one of its columns",
+        "the box itself, or a key with the read scope",
+        params=[_query("table", "string", True), _query("order", "string"),
+                _query("desc", "boolean"), _query("limit", "integer"),
+                _query("offset", "integer")])},
+    "/calls": {"get": _op("An HTML page of the latest calls", "the box itself only")},
     "/v1/residents": {"get": _op("Loaded models: device, bytes, state, calls", MANAGEMENT)},
     "/v1/storage": {"get": _op("Drives holding models", MANAGEMENT)},
     "/v1/queue": {"get": _op("Calls waiting for room, and what blocks them", MANAGEMENT)},

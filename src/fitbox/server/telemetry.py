@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
 from fitbox.errors import InvalidRequest
-from fitbox.store.db import CURSOR_TABLES, Store
+from fitbox.store.db import CURSOR_TABLES, READING_TABLES, Store
 
 MAX_WAIT_S = 60.0
 MAX_ROWS = 1000
@@ -72,20 +72,82 @@ async def state(request: Request) -> Response:
     })  # fmt: skip
 
 
+def _reader(store: Store) -> sqlite3.Connection:
+    """A read-only connection of the request's own: never the writer's, never a write."""
+    conn = sqlite3.connect(f"{store.path.as_uri()}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
 async def rows(request: Request) -> Response:
-    """GET /v1/telemetry?table=T&since=SEQ&limit=L -> {"rows": [...], "next": SEQ}."""
+    """GET /v1/telemetry?table=T&since=CURSOR&limit=L -> {"rows": [...], "next": CURSOR}.
+    Event tables replay by ``seq`` (a changed row comes back in its newest form); readings
+    (resource_log) replay by ``id``: they are written once and never change."""
     store: Store = request.app.state.store
     table = request.query_params.get("table", "")
-    if table not in CURSOR_TABLES:
-        raise InvalidRequest(f"Query parameter 'table' must be one of {', '.join(CURSOR_TABLES)}.",
+    tables = (*CURSOR_TABLES, *READING_TABLES)
+    if table not in tables:
+        raise InvalidRequest(f"Query parameter 'table' must be one of {', '.join(tables)}.",
                              param="table")  # fmt: skip
     since = int(_number(request, "since", 0, 0, 2**62))
     limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
-    uri = f"{store.path.as_uri()}?mode=ro"
-    with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:  # a reader of its own
-        conn.row_factory = sqlite3.Row
+    cursor = "id" if table in READING_TABLES else "seq"
+    with contextlib.closing(_reader(store)) as conn:
         found = [dict(r) for r in conn.execute(
-            f"SELECT * FROM {table} WHERE seq > ? ORDER BY seq LIMIT ?",  # noqa: S608
+            f"SELECT * FROM {table} WHERE {cursor} > ? ORDER BY {cursor} LIMIT ?",  # noqa: S608
             (since, limit))]  # fmt: skip
-    return JSONResponse({"table": table, "rows": found,
-                         "next": found[-1]["seq"] if found else since})  # fmt: skip
+    return JSONResponse({"table": table, "cursor": cursor, "rows": found,
+                         "next": found[-1][cursor] if found else since})  # fmt: skip
+
+
+WITHHELD = {"api_keys": {"salt", "digest"}}  # secrets never leave the box
+
+
+def _catalog(conn: sqlite3.Connection) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
+    for name, kind in conn.execute(
+        "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view') "
+        "AND name NOT LIKE 'sqlite_%' ORDER BY name"
+    ):
+        hidden = WITHHELD.get(name, set())
+        columns = [c[1] for c in conn.execute(f"PRAGMA table_info({name})")
+                   if c[1] not in hidden]  # fmt: skip
+        out[name] = {"kind": kind, "columns": columns, "withheld": sorted(hidden)}
+    return out
+
+
+async def tables(request: Request) -> Response:
+    """GET /v1/telemetry/tables: every table and view, with the columns a reader may see."""
+    store: Store = request.app.state.store
+    with contextlib.closing(_reader(store)) as conn:
+        found = _catalog(conn)
+    return JSONResponse({"object": "list", "data": [{"name": n, **v} for n, v in found.items()]})
+
+
+async def table_rows(request: Request) -> Response:
+    """GET /v1/telemetry/rows?table=T[&order=COLUMN&desc=true&limit=L&offset=N]: any table or
+    view, read-only, secrets withheld; ordering only by one of its visible columns."""
+    store: Store = request.app.state.store
+    table = request.query_params.get("table", "")
+    with contextlib.closing(_reader(store)) as conn:
+        known = _catalog(conn)
+        if table not in known:
+            raise InvalidRequest(f"No table or view {table!r}; GET /v1/telemetry/tables lists "
+                                 "them.", param="table")  # fmt: skip
+        columns = list(known[table]["columns"])  # type: ignore[call-overload]
+        order = request.query_params.get("order") or columns[0]
+        if order not in columns:
+            raise InvalidRequest(f"Rows of {table} can be ordered by {', '.join(columns)}.",
+                                 param="order")  # fmt: skip
+        desc = request.query_params.get("desc", "").lower() in ("1", "true", "yes")
+        limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
+        offset = int(_number(request, "offset", 0, 0, 2**62))
+        select = ", ".join(f'"{c}"' for c in columns)
+        found = [dict(r) for r in conn.execute(
+            f'SELECT {select} FROM "{table}" ORDER BY "{order}" {"DESC" if desc else "ASC"} '  # noqa: S608
+            "LIMIT ? OFFSET ?", (limit, offset))]  # fmt: skip
+    for row in found:
+        for key, value in row.items():
+            if isinstance(value, bytes):
+                row[key] = value.hex()
+    return JSONResponse({"table": table, "rows": found})

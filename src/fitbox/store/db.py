@@ -145,7 +145,8 @@ def read_measured(path: Path) -> list[MeasuredFootprint]:
 
 
 CURSOR_TABLES = ("call_log", "operator_actions", "measured_footprints", "children",
-                 "measured_speeds")  # fmt: skip
+                 "measured_speeds", "evictions", "pulls")  # fmt: skip
+READING_TABLES = ("resource_log",)  # replayed by id: readings carry no event seq
 
 
 Job = Callable[[sqlite3.Connection], Any]
@@ -413,6 +414,39 @@ class Store:
                  m.n_ctx, m.n_ctx_seq, m.load_seconds, m.call_id, m.measured_at),
             )
         )  # fmt: skip
+
+    def readings(self, rows: list[tuple[Any, ...]]) -> None:
+        """Sensor readings (at, device, simulated, total, free, fitbox, busy %, swap free):
+        stored without an event, so the change counter does not move."""
+        sql = (
+            "INSERT INTO resource_log (at, device, simulated, total_bytes, free_bytes, "
+            "fitbox_bytes, busy_percent, swap_free_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        self._submit(lambda conn: conn.executemany(sql, rows))
+
+    def forget_readings(self, older_than: float) -> None:
+        self._submit(lambda conn: conn.execute("DELETE FROM resource_log WHERE at < ?",
+                                               (older_than,)))  # fmt: skip
+
+    def evicted(
+        self, model: str, artifact: str, devices: dict[str, int], reason: str,
+        for_model: str | None = None, call_id: int | None = None,
+        idle_seconds: float | None = None,
+    ) -> None:  # fmt: skip
+        now = time.time()
+        self._submit(lambda conn: self._insert(conn, "eviction", "evictions",
+            "INSERT INTO evictions (at, model, artifact, devices, reason, for_model, call_id, "
+            "idle_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (now, model, artifact, json.dumps(devices), reason, for_model, call_id,
+             idle_seconds)))  # fmt: skip
+
+    def pulled(self, source: str, path: str | None, size: int | None, verified: bool,
+               outcome: str, detail: str | None = None) -> None:  # fmt: skip
+        now = time.time()
+        self._submit(lambda conn: self._insert(conn, "pull", "pulls",
+            "INSERT INTO pulls (at, source, path, bytes, verified, outcome, detail) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?)",
+            (now, source, path, size, int(verified), outcome, detail)))  # fmt: skip
 
     def speed_measured(self, speed: MeasuredSpeed) -> None:
         m = speed

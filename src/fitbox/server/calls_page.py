@@ -1,0 +1,65 @@
+"""GET /calls: a read-only HTML page of the latest calls, for the box itself only.
+
+It is not under /v1: no key opens it. Only a peer that is the box itself (loopback, or the
+address fitbox listens on, with no untrusted forwarding) gets it; anyone else gets a 403
+OpenAI error body."""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
+from fitbox.errors import PermissionDenied
+from fitbox.server.trust import origin_of
+from fitbox.store.db import Store
+
+COLUMNS = (
+    ("id", "#"), ("received", "received"), ("model_asked", "model"), ("rung", "rung"),
+    ("window", "window"), ("outcome", "outcome"), ("http_status", "status"),
+    ("error_code", "error"), ("ttfb", "first byte"), ("total", "total"),
+    ("prompt_tokens", "prompt"), ("completion_tokens", "output"), ("decode", "tokens/s"),
+)  # fmt: skip
+STYLE = ("body{font:14px system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}"
+         "td,th{padding:.25em .6em;border-bottom:1px solid #ddd;text-align:right}"
+         "td:nth-child(3),th:nth-child(3){text-align:left}.error{color:#a00}")  # fmt: skip
+
+
+def _cells(row: dict[str, Any]) -> dict[str, str]:
+    def ms(start: Any, end: Any) -> str:
+        return f"{(end - start) * 1000:.0f} ms" if start and end else ""
+
+    decode = row.get("decode_per_token_ms")
+    return {
+        **{k: "" if row.get(k) is None else str(row[k]) for k, _ in COLUMNS},
+        "received": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["received_at"])),
+        "ttfb": ms(row.get("received_at"), row.get("first_byte_at")),
+        "total": ms(row.get("received_at"), row.get("last_byte_at")),
+        "decode": f"{1000 / decode:.1f}" if decode else "",
+    }
+
+
+async def calls_page(request: Request) -> Response:
+    gate = request.app.state.gate
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    origin = origin_of(request.client.host if request.client else None, headers, gate.settings)
+    if not origin.local:
+        raise PermissionDenied(f"The calls page is served to the box itself only: "
+                               f"{origin.reason}.", code="loopback_only")  # fmt: skip
+    store: Store = request.app.state.store
+    limit = 200
+    calls = await store.recent_calls(limit)
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label in COLUMNS)
+    body = []
+    for row in calls:
+        cells = _cells(row)
+        css = ' class="error"' if row.get("outcome") not in ("ok", "pending") else ""
+        body.append(f"<tr{css}>" + "".join(f"<td>{html.escape(cells[k])}</td>"
+                                          for k, _ in COLUMNS) + "</tr>")  # fmt: skip
+    page = (f"<!doctype html><meta charset=utf-8><title>fitbox calls</title>"
+            f"<style>{STYLE}</style><h1>fitbox: the latest {len(calls)} calls</h1>"
+            f"<table><tr>{head}</tr>{''.join(body)}</table>")  # fmt: skip
+    return HTMLResponse(page, headers={"cache-control": "no-store"})

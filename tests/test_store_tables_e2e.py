@@ -1,0 +1,177 @@
+"""Readings, evictions, pulls, the read-only table surface and the calls page, on a real
+fitbox: readings never move the change counter; events do; secrets never leave."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fitbox.core import sizing
+from fitbox.models.gguf_facts import read_facts
+
+from .conftest import running_fitbox
+from .ggufs import write_tiny_llama
+
+pytestmark = pytest.mark.engine
+SMOL = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def replay(url: str, table: str, since: int = 0) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(f"{url}/v1/telemetry", params={
+        "table": table, "since": since, "limit": 1000}, timeout=30).json()  # fmt: skip
+    return body
+
+
+def counter(url: str) -> int:
+    return int(httpx.get(f"{url}/v1/telemetry/state", timeout=30).json()["counter"])
+
+
+def test_readings_are_kept_bounded_and_never_move_the_counter(tmp_path: Path) -> None:
+    env = {"FITBOX_READING_INTERVAL": "0.05", "FITBOX_READING_RETENTION": "1",
+           "FITBOX_SIMULATED_GPUS": "8GiB"}  # fmt: skip
+    (tmp_path / "models").mkdir()
+    with running_fitbox(tmp_path / "home", [tmp_path / "models"], env=env) as box:
+        start = counter(box.url)
+        time.sleep(2.5)
+        rows = replay(box.url, "resource_log")
+        assert rows["cursor"] == "id"
+        devices = {r["device"] for r in rows["rows"]}
+        assert devices == {"host", "gpu0"}
+        gpu = next(r for r in rows["rows"] if r["device"] == "gpu0")
+        assert gpu["simulated"] == 1 and gpu["total_bytes"] == 8 << 30
+        host = next(r for r in rows["rows"] if r["device"] == "host")
+        assert host["free_bytes"] > 0 and host["busy_percent"] is not None
+        oldest = min(r["at"] for r in rows["rows"])
+        assert time.time() - oldest < 2.4  # retention (1 s, pruned each second) bounds them
+        assert counter(box.url) == start  # readings are not events
+        later = replay(box.url, "resource_log", rows["next"])
+        assert all(r["id"] > rows["next"] for r in later["rows"])
+
+
+def test_evictions_are_events_with_their_reason(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / smollm2.name).symlink_to(smollm2)
+    write_tiny_llama(root / "tiny.gguf", extra_vocab=50_000)
+    sizes = [sizing.footprint(read_facts(p).shape, 512, 1).total for p in root.iterdir()]
+    cap = max(sizes) + min(sizes) // 2  # one at a time, even at the smallest window
+    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
+        for model in ("tiny", SMOL):
+            reply = httpx.post(f"{box.url}/v1/completions", timeout=60,
+                               json={"model": model, "prompt": "hi", "max_tokens": 1})  # fmt: skip
+            assert reply.status_code == 200
+        before = counter(box.url)
+        assert httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL},
+                          timeout=30).status_code == 200  # fmt: skip
+        deadline = time.monotonic() + 10
+        while len(rows := replay(box.url, "evictions")["rows"]) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        made_room, operator = rows
+        assert (made_room["model"], made_room["reason"], made_room["for_model"]) == (
+            "tiny",
+            "make_room",
+            SMOL,
+        )
+        assert made_room["call_id"] == box.calls()[-1]["id"]
+        assert (operator["model"], operator["reason"]) == (SMOL, "operator")
+        assert counter(box.url) > before  # an eviction is an event
+
+
+@pytest.fixture
+def model_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    served = tmp_path / "www"
+    served.mkdir()
+    write_tiny_llama(served / "mirror.gguf")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    def handler(*args: Any) -> Quiet:
+        return Quiet(*args, directory=str(served))
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", served / "mirror.gguf"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_every_pull_is_a_row(tmp_path: Path, model_server: tuple[str, Path]) -> None:
+    url, source = model_server
+    home, models = tmp_path / "home", tmp_path / "models"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+
+    def pull(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fitbox", "pull", *args, "--home",
+                               str(home), "--models", str(models)], capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+
+    assert pull(f"{url}/mirror.gguf", "--sha256", digest).returncode == 0
+    assert pull(f"{url}/missing.gguf", "--sha256", digest).returncode == 1
+    with running_fitbox(home, [models]) as box:
+        ok, failed = replay(box.url, "pulls")["rows"]
+    assert (ok["outcome"], ok["verified"], ok["bytes"]) == ("ok", 1, source.stat().st_size)
+    assert ok["path"] == str(models / "mirror.gguf")
+    assert failed["outcome"] == "error" and "404" in failed["detail"]
+
+
+def test_tables_and_rows_are_read_only_and_withhold_secrets(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    with running_fitbox(tmp_path / "home", [tmp_path / "models"]) as box:
+        listed = {t["name"]: t for t in httpx.get(f"{box.url}/v1/telemetry/tables").json()[
+            "data"]}  # fmt: skip
+        assert {"call_log", "evictions", "pulls", "resource_log", "recent_speeds",
+                "latest_footprints", "settings"} <= set(listed)  # fmt: skip
+        assert listed["recent_speeds"]["kind"] == "view"
+        assert listed["api_keys"]["withheld"] == ["digest", "salt"]
+        assert "digest" not in listed["api_keys"]["columns"]
+        keys = httpx.get(f"{box.url}/v1/telemetry/rows", params={
+            "table": "api_keys", "order": "created_at", "desc": "true"}).json()["rows"]  # fmt: skip
+        assert keys and all("digest" not in k and "salt" not in k for k in keys)
+        assert keys[0]["is_box_key"] == 1
+        for bad, param in (({"table": "nope"}, "table"),
+                           ({"table": "api_keys", "order": "digest"}, "order"),
+                           ({"table": "call_log", "order": "id; DROP TABLE call_log"}, "order"),
+                           ({"table": "call_log", "limit": "0"}, "limit")):  # fmt: skip
+            response = httpx.get(f"{box.url}/v1/telemetry/rows", params=bad)
+            assert response.status_code == 400 and response.json()["error"]["param"] == param
+        outside = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3"))
+        with outside:
+            refused = outside.get(f"{box.url}/v1/telemetry/rows", params={"table": "call_log"})
+        assert refused.status_code == 401  # a read key, or the box itself
+
+
+def test_the_calls_page_is_for_the_box_itself(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    with running_fitbox(tmp_path / "home", [smollm2.parent]) as box:
+        httpx.post(f"{box.url}/v1/chat/completions", timeout=60, json={
+            "model": "smollm2", "messages": [{"role": "user", "content": "<b>hi</b>"}],
+            "max_tokens": 4})  # fmt: skip
+        box.calls()
+        page = httpx.get(f"{box.url}/calls")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "smollm2" in page.text and "ram-only" in page.text
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3")) as outside:
+            refused = outside.get(f"{box.url}/calls")
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "loopback_only"
+        forwarded = httpx.get(f"{box.url}/calls", headers={"X-Forwarded-For": "203.0.113.9"})
+        assert forwarded.status_code == 403  # a forwarded request is never the box itself
