@@ -186,6 +186,14 @@ def test_an_out_of_memory_load_refuses_its_window_and_the_same_call_loads_smalle
         assert plan["band"]["max"] == 6144  # out of reach until a load at 8192 succeeds
         models = {m["id"]: m for m in httpx.get(f"{box.url}/v1/models").json()["data"]}
         assert models[SMOL].get("failed") in (None, False)  # room, not a crash: never failed
+        (fact,) = httpx.get(f"{box.url}/v1/telemetry",
+                            params={"table": "refused_windows"}).json()["rows"]  # fmt: skip
+        assert (fact["window"], fact["placement"]) == (8192, "host")
+        assert "failed to allocate" in fact["detail"] and fact["call_id"] == box.calls()[0]["id"]
+    # the fact outlives the process: the next fitbox does not try 8192 again
+    with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
+        plan = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL}).json()
+        assert plan["band"]["max"] == 6144
 
 
 def test_an_engine_that_hangs_mid_call_ends_it_with_engine_timeout_and_is_restarted(

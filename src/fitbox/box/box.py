@@ -107,6 +107,11 @@ class Box:
             with contextlib.suppress(Exception):  # a damaged store serves on with defaults
                 store.run(lambda conn: load_preferences(conn, self.prefs))
         self._refused: dict[str, set[tuple[str, int]]] = {}  # artifact -> (where, window): OOM
+        for path, size, mtime_ns, where, window in store.refused_windows() if store else []:
+            with contextlib.suppress(OSError):  # a file replaced since then starts afresh
+                stat = Path(path).stat()
+                if (stat.st_size, stat.st_mtime_ns) == (size, mtime_ns):
+                    self._refused.setdefault(path, set()).add((where, window))
         self._arrivals = 0
         self.speeds = SpeedBook(store)
 
@@ -671,6 +676,11 @@ class Box:
             error.detail["out_of_memory"] = True
             where = resident.place.where if resident.place else resident.device
             self._refused.setdefault(resident.key, set()).add((where, resident.window))
+            if self.store is not None:
+                said = next((line for line in reversed(tail) if OOM.search(line)), None)
+                self.store.window_refused(resident.artifact.path, where, resident.window,
+                                          resident.type_k, resident.type_v, said,
+                                          resident.loaded_by_call)  # fmt: skip
             log.warning("%s ran out of memory at a %d-token window on %s; windows at or above "
                         "it are out of reach until one loads", resident.artifact.name,
                         resident.window, where)  # fmt: skip

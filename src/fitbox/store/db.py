@@ -145,7 +145,7 @@ def read_measured(path: Path) -> list[MeasuredFootprint]:
 
 
 CURSOR_TABLES = ("call_log", "operator_actions", "measured_footprints", "children",
-                 "measured_speeds", "evictions", "pulls")  # fmt: skip
+                 "measured_speeds", "evictions", "pulls", "refused_windows")  # fmt: skip
 READING_TABLES = ("resource_log",)  # replayed by id: readings carry no event seq
 
 
@@ -447,6 +447,34 @@ class Store:
             "INSERT INTO pulls (at, source, path, bytes, verified, outcome, detail) VALUES "
             "(?, ?, ?, ?, ?, ?, ?)",
             (now, source, path, size, int(verified), outcome, detail)))  # fmt: skip
+
+    def window_refused(self, artifact: Path, placement: str, window: int, type_k: str,
+                       type_v: str, detail: str | None, call_id: int | None) -> None:  # fmt: skip
+        try:
+            stat = artifact.stat()
+        except OSError:
+            return
+        now = time.time()
+        self._submit(lambda conn: self._insert(conn, "fact", "refused_windows",
+            "INSERT INTO refused_windows (artifact, artifact_size, artifact_mtime_ns, placement,"
+            " window, type_k, type_v, detail, call_id, measured_at) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (str(artifact), stat.st_size, stat.st_mtime_ns, placement, window, type_k, type_v,
+             detail, call_id, now)))  # fmt: skip
+
+    def refused_windows(self) -> list[tuple[str, int, int, str, int]]:
+        """(artifact, size, mtime_ns, placement, window) of every refused window."""
+
+        def select(conn: sqlite3.Connection) -> list[tuple[str, int, int, str, int]]:
+            return [tuple(r) for r in conn.execute(
+                "SELECT artifact, artifact_size, artifact_mtime_ns, placement, window "
+                "FROM refused_windows ORDER BY id")]  # fmt: skip
+
+        try:
+            result: list[tuple[str, int, int, str, int]] = self.run(select)
+        except sqlite3.Error:
+            return []
+        return result
 
     def speed_measured(self, speed: MeasuredSpeed) -> None:
         m = speed
