@@ -175,3 +175,41 @@ def test_the_calls_page_is_for_the_box_itself(
         assert refused.json()["error"]["code"] == "loopback_only"
         forwarded = httpx.get(f"{box.url}/calls", headers={"X-Forwarded-For": "203.0.113.9"})
         assert forwarded.status_code == 403  # a forwarded request is never the box itself
+
+
+def test_a_process_appearing_on_or_leaving_a_gpu_is_an_event(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    env = {"FITBOX_SIMULATED_GPUS": "1GiB", "FITBOX_READING_INTERVAL": "0.05"}
+    with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
+        reply = httpx.post(f"{box.url}/v1/completions", timeout=60,
+                           json={"model": SMOL, "prompt": "hi", "max_tokens": 1})  # fmt: skip
+        assert reply.status_code == 200
+        (resident,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        assert resident["device"] == "gpu0"
+        httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL}, timeout=30)
+        deadline = time.monotonic() + 10
+        while len(rows := replay(box.url, "gpu_processes")["rows"]) < 2:
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.05)
+        appeared, left = rows
+        assert (appeared["change"], appeared["pid"], appeared["device"]) == (
+            "appeared",
+            resident["pid"],
+            "gpu0",
+        )
+        assert appeared["ours"] == 1 and appeared["simulated"] == 1
+        assert (left["change"], left["pid"], left["ours"]) == ("left", resident["pid"], 1)
+
+
+def test_process_changes_are_diffed_per_device() -> None:
+    from fitbox.box.sensors import diff_processes
+
+    before = {"gpu0": {10: 1, 11: 2}, "gpu1": {20: 5}}
+    after = {"gpu0": {11: 2, 12: 3}}
+    assert diff_processes(before, after) == [
+        ("gpu0", 12, "appeared", 3),
+        ("gpu0", 10, "left", 1),
+        ("gpu1", 20, "left", 5),
+    ]
+    assert diff_processes(after, after) == []

@@ -114,6 +114,7 @@ class Box:
                     self._refused.setdefault(path, set()).add((where, window))
         self._arrivals = 0
         self.speeds = SpeedBook(store)
+        self.child_pids_seen: set[int] = set()  # engine pids this fitbox started (sensors)
 
     def queue(self) -> list[dict[str, Any]]:
         """Calls waiting for room, in admission order (core/admission.py, ``eta``)."""

@@ -34,15 +34,48 @@ def read_all(box: Box, now: float) -> list[tuple[Any, ...]]:
     return rows
 
 
+def gpu_processes(box: Box) -> tuple[dict[str, dict[int, int]], set[str]]:
+    """Compute processes per GPU, and which GPUs are simulated. NVML lists them on a real GPU;
+    on a SIMULATED one, fitbox's own children placed there are its processes."""
+    found = box.gpus.processes()
+    simulated = {f"gpu{g.index}" for g in box.gpus.read() if g.simulated}
+    for resident in box.residents():
+        pid = resident.child.pid if resident.child else None
+        for device, size in resident.holdings().items():
+            if device in simulated and pid is not None:
+                found.setdefault(device, {})[pid] = size
+    return found, simulated
+
+
+def diff_processes(
+    before: dict[str, dict[int, int]], after: dict[str, dict[int, int]]
+) -> list[tuple[str, int, str, int | None]]:
+    """(device, pid, appeared|left, bytes) for every change between two readings."""
+    changes: list[tuple[str, int, str, int | None]] = []
+    for device in sorted(set(before) | set(after)):
+        old, new = before.get(device, {}), after.get(device, {})
+        changes += [(device, pid, "appeared", new[pid]) for pid in sorted(set(new) - set(old))]
+        changes += [(device, pid, "left", old[pid]) for pid in sorted(set(old) - set(new))]
+    return changes
+
+
 async def sense(box: Box) -> None:
     if box.store is None:
         return
     psutil.cpu_percent(None)  # the first call only starts the CPU counter
     pruned = 0.0
+    seen: dict[str, dict[int, int]] = {}
     while True:
         await asyncio.sleep(box.config.reading_interval)
         now = time.time()
         box.store.readings(read_all(box, now))
+        current, simulated = gpu_processes(box)
+        ours = {r.child.pid for r in box.residents() if r.child and r.child.pid}
+        box.child_pids_seen |= ours
+        for device, pid, change, used in diff_processes(seen, current):
+            mine = pid in box.child_pids_seen  # started by this fitbox, now or before
+            box.store.gpu_process(device, pid, change, used, mine, device in simulated)
+        seen = current
         if now - pruned >= min(PRUNE_EVERY_S, box.config.reading_retention):
             box.store.forget_readings(now - box.config.reading_retention)
             pruned = now

@@ -28,6 +28,10 @@ class GpuProbe:
     def read(self) -> list[GpuReading]:
         raise NotImplementedError
 
+    def processes(self) -> dict[str, dict[int, int]]:
+        """{"gpu0": {pid: bytes used}} of the compute processes on each GPU (none known)."""
+        return {}
+
 
 class SimulatedGpus(GpuProbe):
     """A declared inventory such as ``24GiB,24GiB``. Free memory is what fitbox leaves."""
@@ -69,6 +73,18 @@ class NvmlGpus(GpuProbe):
                 )
             )
         return readings
+
+    def processes(self) -> dict[str, dict[int, int]]:
+        nvml = self._nvml
+        found: dict[str, dict[int, int]] = {}
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except nvml.NVMLError:
+                continue  # not supported on this device or driver: nothing to report
+            found[f"gpu{i}"] = {int(p.pid): int(p.usedGpuMemory or 0) for p in running}
+        return found
 
 
 class NoGpus(GpuProbe):

@@ -145,7 +145,8 @@ def read_measured(path: Path) -> list[MeasuredFootprint]:
 
 
 CURSOR_TABLES = ("call_log", "operator_actions", "measured_footprints", "children",
-                 "measured_speeds", "evictions", "pulls", "refused_windows")  # fmt: skip
+                 "measured_speeds", "evictions", "pulls", "refused_windows",
+                 "gpu_processes")  # fmt: skip
 READING_TABLES = ("resource_log",)  # replayed by id: readings carry no event seq
 
 
@@ -423,6 +424,14 @@ class Store:
             "fitbox_bytes, busy_percent, swap_free_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self._submit(lambda conn: conn.executemany(sql, rows))
+
+    def gpu_process(self, device: str, pid: int, change: str, used: int | None, ours: bool,
+                    simulated: bool) -> None:  # fmt: skip
+        now = time.time()
+        self._submit(lambda conn: self._insert(conn, "gpu-process", "gpu_processes",
+            "INSERT INTO gpu_processes (at, device, pid, change, used_bytes, ours, simulated) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)", (now, device, pid, change, used, int(ours),
+                                             int(simulated))))  # fmt: skip
 
     def forget_readings(self, older_than: float) -> None:
         self._submit(lambda conn: conn.execute("DELETE FROM resource_log WHERE at < ?",
