@@ -113,6 +113,15 @@ def _parser() -> argparse.ArgumentParser:
         "--purge", action="store_true", help="also state and cache (the model store is always kept)"
     )
     sub.add_parser("engines", help="every llama-server fitbox can see, and the one it uses")
+    update = sub.add_parser("update", help="compare with the newest release; --apply installs it")
+    update.add_argument("--apply", action="store_true", help="install it (rolls back on failure)")
+    update.add_argument("--version", dest="wanted", help="this release instead of the newest")
+    update.add_argument(
+        "--index-url",
+        default=os.environ.get("FITBOX_INDEX_URL", "https://pypi.org/simple"),
+        help="a PEP 503 simple index with #sha256= links (default: PyPI; FITBOX_INDEX_URL)",
+    )
+    update.add_argument("--health-timeout", type=float, default=180.0)
 
     pull = sub.add_parser("pull", help="fetch a real GGUF into the model store")
     pull.add_argument(
@@ -150,6 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_installer(args)
     if args.command == "engines":
         return list_engines(config)
+    if args.command == "update":
+        from fitbox.installer.cli import run_update
+
+        return run_update(config, args)
     if args.command == "keys":
         from fitbox.keys_cli import keys_command
 

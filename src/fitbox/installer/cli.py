@@ -6,14 +6,18 @@ import argparse
 import sys
 from pathlib import Path
 
+from fitbox.config import Config
 from fitbox.installer.install import (
     InstallError,
     carry_out,
     main_install,
     plan_install,
     plan_uninstall,
+    read_env,
+    systemd_running,
 )
 from fitbox.installer.units import layout
+from fitbox.installer.update import UpdateError, update
 from fitbox.probe.host import read_host
 from fitbox.units import format_bytes, parse_size
 
@@ -51,3 +55,25 @@ def run(args: argparse.Namespace) -> int:
     except (InstallError, ValueError, OSError) as exc:
         print(f"fitbox {args.command}: {exc}", file=sys.stderr)
         return 1
+
+
+def run_update(config: Config, args: argparse.Namespace) -> int:
+    """Restart the installed service when there is one (user first, then system); else the
+    new version is checked on a scratch port (installer/update.py)."""
+    restart = url = None
+    if systemd_running():
+        for kind, scope in (("user", ["--user"]), ("system", [])):
+            target = layout(kind)
+            if target.unit_file.is_file():
+                env = read_env(target.env_file)
+                restart = ["systemctl", *scope, "restart", "fitbox.service"]
+                url = f"http://{env.get('FITBOX_HOST', '127.0.0.1')}:{env.get('FITBOX_PORT')}"
+                break
+    try:
+        said = update(args.index_url, args.apply, args.wanted, config.home,
+                      args.health_timeout, restart, url)  # fmt: skip
+    except UpdateError as exc:
+        print(f"fitbox update: {exc}", file=sys.stderr)
+        return 1
+    print(said)
+    return 0
