@@ -59,8 +59,8 @@ def scratch_venv(path: Path, wheel: Path) -> Path:
     through a .pth line (offline, and the editable fitbox of the checkout is not on it)."""
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=120)
     python = path / "bin" / "python"
-    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path("
-                              "'purelib'))"], capture_output=True, text=True, check=True)  # fmt: skip
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    purelib = subprocess.run([python, "-c", where], capture_output=True, text=True, check=True)
     deps = next(p for p in site.getsitepackages() if p.endswith("site-packages"))
     Path(purelib.stdout.strip(), "deps.pth").write_text(deps + "\n")
     subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)],
