@@ -102,6 +102,11 @@ def plan_install(
     )
     if target.kind == "system" and target.root == Path("/"):
         plan.steps.insert(0, Step("create the system user and group 'fitbox'", _system_user))
+        plan.steps.append(Step(
+            f"give {target.home} and {target.cache} to fitbox:fitbox (the service's user); "
+            "the group shares only the model store",
+            lambda: _hand_over(target),
+        ))  # fmt: skip
     if target.root == Path("/") and systemd_running():
         scope = ["--user"] if target.kind == "user" else []
         plan.steps.append(
@@ -127,6 +132,21 @@ def _box_key(target: Layout) -> None:
         ensure_box_key(store, target.key_file)
     finally:
         store.close()
+
+
+def _hand_over(target: Layout) -> None:
+    """State and cache belong to the service's user, owner-only; the model store is the one
+    thing the fitbox group may read and add to (setgid, so new files stay in the group)."""
+    for top in (target.home, target.cache):
+        for path in (top, *top.rglob("*")):
+            shutil.chown(path, "fitbox", "fitbox")
+            if path.is_file() and target.models not in path.parents:
+                path.chmod(0o600)  # the store and the key: the service's user alone
+        top.chmod(0o700)
+    target.home.chmod(0o710)  # the group may pass through to the models, not list the rest
+    target.models.chmod(0o2770)
+    if target.key_file.exists():
+        target.key_file.chmod(0o600)
 
 
 def _system_user() -> None:
