@@ -68,7 +68,59 @@ def test_a_re_run_keeps_host_port_and_key(tmp_path: Path) -> None:
     assert after["FITBOX_CTX"] == "2048" and key.read_text() == key_before
     assert f"EnvironmentFile={env_file}" in unit.read_text()
     too_much = fitbox(tmp_path, "install", "--user", "--yes", "--ram-max", "64TiB")
-    assert too_much.returncode == 1 and "above this box's RAM" in too_much.stderr
+    assert too_much.returncode == 1 and "ram: the box setting" in too_much.stderr
+    assert "above what the device has" in too_much.stderr
+    for flag, value in (("--cpu-max", "100000"), ("--storage-max", "100000TiB")):
+        refused = fitbox(tmp_path, "install", "--user", "--yes", flag, value)
+        assert refused.returncode == 1 and "above what the device has" in refused.stderr
+    no_gpu = fitbox(tmp_path, "install", "--user", "--yes", "--vram-max", "8GiB")
+    assert no_gpu.returncode == 1 and "this box has no GPU" in no_gpu.stderr
+    capped = fitbox(tmp_path, "install", "--user", "--yes", "--cpu-max", "1",
+                    "--ram-max", "1GiB")  # fmt: skip
+    assert capped.returncode == 0, capped.stderr
+    assert env_of(env_file)["FITBOX_CPU_MAX"] == "1"
+    assert env_of(env_file)["FITBOX_RAM_MAX"] == str(1 << 30)
+
+
+def test_a_central_that_refuses_never_fails_the_install(tmp_path: Path) -> None:
+    import http.server
+    import json
+    import threading
+
+    seen: list[tuple[int, dict[str, object], str | None]] = []
+
+    class Central(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            accepted = self.headers.get("Authorization") == "Bearer good"
+            seen.append((200 if accepted else 403, body, self.headers.get("Authorization")))
+            self.send_response(200 if accepted else 403)
+            self.end_headers()
+            self.wfile.write(b"{}" if accepted else b'{"error": "unknown key"}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Central)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    central = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        ok = fitbox(tmp_path, "install", "--user", "--port", "auto", "--yes", "--central",
+                    central, "--central-key", "good")  # fmt: skip
+        assert ok.returncode == 0 and f"registered with the central at {central}" in ok.stdout
+        refused = fitbox(tmp_path, "install", "--user", "--yes", "--central", central,
+                         "--central-key", "bad")  # fmt: skip
+        assert refused.returncode == 0 and "refused the registration (HTTP 403" in refused.stdout
+        gone = fitbox(tmp_path, "install", "--user", "--yes", "--central", "http://127.0.0.1:9")
+        assert gone.returncode == 0 and "could not be reached" in gone.stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+    env_file, _, _ = user_files(tmp_path)
+    port = env_of(env_file)["FITBOX_PORT"]
+    assert seen[0][1]["url"] == f"http://127.0.0.1:{port}" and seen[0][2] == "Bearer good"
+    assert env_of(env_file)["FITBOX_CENTRAL_URL"] == "http://127.0.0.1:9"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600  # the central key is in it
 
 
 def test_the_units_verify_and_enable(tmp_path: Path) -> None:

@@ -108,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("--host", help="address to listen on (default 127.0.0.1, kept)")
     install.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     install.add_argument("--ram-max", help="cap on host RAM for models, e.g. 8GiB")
+    install.add_argument("--vram-max", help="cap on each GPU's memory for models, e.g. 20GiB")
+    install.add_argument("--cpu-max", help="cap on the physical cores engines may claim")
+    install.add_argument("--storage-max", help="cap on the model store's drive, e.g. 500GiB")
+    install.add_argument("--central", metavar="URL", help="register with a fitbox central")
+    install.add_argument("--central-key", metavar="KEY", help="the key the central gave")
     install.add_argument("--health-timeout", type=float, default=180.0)
     uninstall.add_argument(
         "--purge", action="store_true", help="also state and cache (the model store is always kept)"

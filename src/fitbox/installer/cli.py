@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -16,10 +17,10 @@ from fitbox.installer.install import (
     read_env,
     systemd_running,
 )
-from fitbox.installer.units import layout
+from fitbox.installer.units import Layout, layout
 from fitbox.installer.update import UpdateError, update
 from fitbox.probe.host import read_host
-from fitbox.units import format_bytes, parse_size
+from fitbox.units import parse_size
 
 
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
@@ -32,26 +33,75 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def _limits(args: argparse.Namespace, target: Layout) -> dict[str, str]:
+    """--ram-max/--vram-max/--cpu-max/--storage-max as settings; one above what this box has
+    is refused with the reason (core/tiers.py)."""
+    from fitbox.box.limits import problems, storage_total
+    from fitbox.probe.gpus import open_gpu_probe
+    from fitbox.probe.host import physical_cores
+
+    given = {"ram_max": args.ram_max, "vram_max": args.vram_max, "cpu_max": args.cpu_max,
+             "storage_max": args.storage_max}  # fmt: skip
+    values: dict[str, int] = {}
+    for name, raw in given.items():
+        if raw:
+            values[name] = int(raw) if name == "cpu_max" else parse_size(raw)
+    if not values:
+        return {}
+    gpus = open_gpu_probe(os.environ.get("FITBOX_SIMULATED_GPUS", "")).read()
+    if "vram_max" in values and not gpus:
+        raise InstallError("--vram-max: this box has no GPU")
+    drive = storage_total([target.models, target.home, *target.home.parents])
+    refused = problems(values.get, read_host(), gpus, len(physical_cores()), drive)
+    if refused:
+        raise InstallError("; ".join(refused))
+    return {f"FITBOX_{name.upper()}": str(value) for name, value in values.items()}
+
+
+def register(central: str, key: str | None, env: dict[str, str]) -> str:
+    """Tell a central this box exists. A central that refuses or cannot be reached never
+    fails the install: the box serves on its own, and the reason is printed."""
+    import socket
+
+    import httpx
+
+    import fitbox
+
+    body = {"name": socket.gethostname(), "version": fitbox.__version__,
+            "url": f"http://{env.get('FITBOX_HOST')}:{env.get('FITBOX_PORT')}"}  # fmt: skip
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        response = httpx.post(f"{central.rstrip('/')}/v1/boxes", json=body, headers=headers,
+                              timeout=10)  # fmt: skip
+    except httpx.HTTPError as exc:
+        return f"note: the central at {central} could not be reached ({exc}); installed anyway"
+    if response.status_code >= 400:
+        return (f"note: the central at {central} refused the registration (HTTP "
+                f"{response.status_code}: {response.text[:200]}); installed anyway")  # fmt: skip
+    return f"registered with the central at {central}"
+
+
 def run(args: argparse.Namespace) -> int:
     target = layout(args.kind or "user", Path(args.root))
     try:
         if args.command == "uninstall":
             carry_out(plan_uninstall(target, args.purge), args.dry_run)
             return 0
-        extra = _env_pairs(args.env)
-        if args.ram_max:
-            wanted, total = parse_size(args.ram_max), read_host().mem_total
-            if wanted > total:
-                raise InstallError(f"--ram-max {args.ram_max} is above this box's RAM "
-                                   f"({format_bytes(total)})")  # fmt: skip
-            extra["FITBOX_RAM_MAX"] = str(wanted)
+        extra = _env_pairs(args.env) | _limits(args, target)
+        if args.central:
+            extra["FITBOX_CENTRAL_URL"] = args.central
+            if args.central_key:
+                extra["FITBOX_CENTRAL_KEY"] = args.central_key  # the env file is 0600
         if not (args.yes or args.dry_run) and sys.stdin.isatty():
             plan = plan_install(target, host=args.host, port=args.port, extra_env=extra)
             carry_out(plan, dry_run=True)
             if input("Proceed? [y/N] ").strip().lower() not in ("y", "yes"):
                 return 1
-        return main_install(target, args.host, args.port, extra, args.dry_run,
+        code = main_install(target, args.host, args.port, extra, args.dry_run,
                             args.health_timeout)  # fmt: skip
+        if args.central and not args.dry_run:
+            print(register(args.central, args.central_key, read_env(target.env_file)))
+        return code
     except (InstallError, ValueError, OSError) as exc:
         print(f"fitbox {args.command}: {exc}", file=sys.stderr)
         return 1
