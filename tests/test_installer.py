@@ -61,6 +61,7 @@ def test_a_re_run_keeps_host_port_and_key(tmp_path: Path) -> None:
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     before, key_before = env_of(env_file), key.read_text()
     assert "not started" in first.stdout  # systemd is not running here: said, not faked
+    assert "engine: /" in first.stderr and "llama-server" in first.stderr  # it resolves
     again = fitbox(tmp_path, "install", "--user", "--yes", "--env", "FITBOX_CTX=2048")
     assert again.returncode == 0, again.stderr
     after = env_of(env_file)

@@ -82,6 +82,11 @@ def register(central: str, key: str | None, env: dict[str, str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not sys.platform.startswith("linux") and Path(args.root) == Path("/"):
+        print(f"fitbox {args.command}: installing a service needs Linux with systemd; this is "
+              f"{sys.platform}. Run fitbox in the foreground instead: fitbox serve --port 8484",
+              file=sys.stderr)  # fmt: skip
+        return 1
     target = layout(args.kind or "user", Path(args.root))
     try:
         if args.command == "uninstall":

