@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fitbox.config import Config
-from fitbox.core import admission, sizing
+from fitbox.core import sizing
 from fitbox.core.ask import Ask
 from fitbox.core.decide import decide
 from fitbox.core.decision import Decision, Place, Refuse, Wait
@@ -68,6 +68,7 @@ from .pricing import Contract, MeasuredKey, measurement
 from .recovery import await_free
 from .resident import Resident
 from .speeds import SpeedBook
+from .waiting import WaitingRoom, ticket_eta
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,7 +100,7 @@ class Box:
         self._engine: EngineInfo | None = None
         self._closing = False
         self.evictions = 0
-        self._waiting: dict[object, dict[str, Any]] = {}  # calls waiting for room, for /v1/queue
+        self.waiting = WaitingRoom()  # calls waiting for room, for /v1/queue
         self.crashes = CrashLedger(config.crash_limit, config.crash_window, config.crash_backoff)
         self._cores = physical_cores()
         self.prefs = Preferences(config)
@@ -112,48 +113,12 @@ class Box:
                 stat = Path(path).stat()
                 if (stat.st_size, stat.st_mtime_ns) == (size, mtime_ns):
                     self._refused.setdefault(path, set()).add((where, window))
-        self._arrivals = 0
         self.speeds = SpeedBook(store)
         self.child_pids_seen: set[int] = set()  # engine pids this fitbox started (sensors)
 
     def queue(self) -> list[dict[str, Any]]:
-        """Calls waiting for room, in admission order (core/admission.py, ``eta``)."""
-        order = {t.id: i for i, t in enumerate(self._tickets())}
-        waiting = sorted(self._waiting.values(), key=lambda w: order.get(w["arrived"], 0))
-        hidden = ("arrived", "max_wait", "load", "output")
-        return [{k: v for k, v in w.items() if k not in hidden} for w in waiting]
-
-    def _ticket_eta(self, artifact: Artifact, max_tokens: int) -> dict[str, float | None]:
-        """A waiting call's load and output seconds, from measured rates only."""
-        load = output = None
-        for rung in Rung:  # the rung it ran on last; the ladder order otherwise
-            speeds = self.speeds.of(artifact, rung.value)
-            measured = next((m for k, m in self._measured.items()
-                             if k[0] == str(artifact.path) and m.load_seconds), None)  # fmt: skip
-            if speeds.decode_ms is not None:
-                output = max_tokens * speeds.decode_ms / 1000 if max_tokens else None
-                load = measured.load_seconds if measured else None
-                break
-        return {"load": load, "output": output}
-
-    def _tickets(self) -> list[admission.Ticket]:
-        now = time.time()
-        return admission.order([
-            admission.Ticket(id=w["arrived"], model=w["model"], arrived=w["arrived"],
-                             waited=now - w["since"], max_wait=w["max_wait"], ready_in=0.0,
-                             load=w["load"], output=w["output"])
-            for w in self._waiting.values()
-        ], admission.Policy(self.prefs.effective()["admission"]))  # fmt: skip
-
-    def _queued_ahead(self, ticket: object) -> list[str]:
-        """Models of the calls admitted before ``ticket`` (all of them, for a new call)."""
-        mine = self._waiting.get(ticket, {}).get("arrived")
-        ahead = []
-        for t in self._tickets():
-            if t.id == mine:
-                break
-            ahead.append(t.model)
-        return ahead
+        """Calls waiting for room, in admission order (core/admission.py)."""
+        return self.waiting.view(self.prefs.effective()["admission"])
 
     # -- reading -----------------------------------------------------------------
 
@@ -422,20 +387,14 @@ class Box:
                             f"{max_wait:.0f} s",
                             blockers=blockers,
                         )
-                    if ticket not in self._waiting:
-                        self._arrivals += 1
-                        now = time.time()
-                        self._waiting[ticket] = {
-                            "model": first.name, "call_id": call_id, "since": now,
-                            "deadline": now + remaining, "arrived": self._arrivals,
-                            "max_wait": max_wait, **self._ticket_eta(first, max_tokens),
-                        }  # fmt: skip
-                    self._waiting[ticket]["blocked_by"] = blockers
+                    eta = ticket_eta(self.speeds, self._measured, first, max_tokens)
+                    self.waiting.enter(ticket, first.name, call_id, remaining, max_wait, eta)
+                    self.waiting.blocked(ticket, blockers)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(changed.wait(), timeout=remaining)
         finally:
-            self._waiting.pop(ticket, None)
-            if self._waiting:
+            self.waiting.leave(ticket)
+            if self.waiting:
                 self._notify()  # the next in line may go now
         try:
             await asyncio.wait_for(
@@ -513,7 +472,7 @@ class Box:
             raise planning.refusal_error(decision, names, artifacts[0])
         if isinstance(decision, Wait):
             return None, [names.get(k, k) for k in decision.blockers]
-        ahead = self._queued_ahead(ticket)
+        ahead = self.waiting.ahead_of(ticket, self.prefs.effective()["admission"])
         if decision.victims and ahead:
             return None, ahead  # freed room goes to the calls admitted first
         loaded = self._residents.get(decision.artifact)
