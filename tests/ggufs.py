@@ -117,3 +117,16 @@ def write_projector(path: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def two_models_one_at_a_time(root: Path, smollm2: Path) -> int:
+    """SmolLM2 and a generated llama under ``root``; returns a RAM cap that holds one of them
+    at a time, even at the smallest window the core would shrink a model to."""
+    from fitbox.core import sizing
+    from fitbox.models.gguf_facts import read_facts
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / smollm2.name).symlink_to(smollm2)
+    write_tiny_llama(root / "tiny.gguf", extra_vocab=50_000)
+    sizes = [sizing.footprint(read_facts(p).shape, 512, 1).total for p in root.iterdir()]
+    return max(sizes) + min(sizes) // 2

@@ -10,11 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fitbox.core import sizing
-from fitbox.models.gguf_facts import read_facts
-
 from .conftest import running_fitbox
-from .ggufs import write_tiny_llama
+from .ggufs import two_models_one_at_a_time
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -29,13 +26,7 @@ def test_operator_actions_keep_their_promises(
     tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
     root = tmp_path / "models"
-    root.mkdir()
-    (root / smollm2.name).symlink_to(smollm2)
-    write_tiny_llama(root / "tiny.gguf", extra_vocab=50_000)
-    shapes = [read_facts(p).shape for p in sorted(root.iterdir())]
-    # one model at a time, even at the smallest window the core would shrink a model to
-    sizes = [sizing.footprint(s, 512, 1).total for s in shapes]
-    cap = max(sizes) + min(sizes) // 2
+    cap = two_models_one_at_a_time(root, smollm2)
     with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
         assert act(box.url, "pin", "tiny").json()["resident"]["pinned"] is True
         held = httpx.post(f"{box.url}/v1/completions", timeout=60,

@@ -4,10 +4,8 @@ fitbox: readings never move the change counter; events do; secrets never leave."
 from __future__ import annotations
 
 import hashlib
-import http.server
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,11 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from fitbox.core import sizing
-from fitbox.models.gguf_facts import read_facts
-
 from .conftest import running_fitbox
-from .ggufs import write_tiny_llama
+from .ggufs import two_models_one_at_a_time, write_tiny_llama
+from .local_http import serve_directory
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -62,11 +58,7 @@ def test_evictions_are_events_with_their_reason(
     tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
     root = tmp_path / "models"
-    root.mkdir()
-    (root / smollm2.name).symlink_to(smollm2)
-    write_tiny_llama(root / "tiny.gguf", extra_vocab=50_000)
-    sizes = [sizing.footprint(read_facts(p).shape, 512, 1).total for p in root.iterdir()]
-    cap = max(sizes) + min(sizes) // 2  # one at a time, even at the smallest window
+    cap = two_models_one_at_a_time(root, smollm2)
     with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
         for model in ("tiny", SMOL):
             reply = httpx.post(f"{box.url}/v1/completions", timeout=60,
@@ -95,22 +87,8 @@ def model_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     served = tmp_path / "www"
     served.mkdir()
     write_tiny_llama(served / "mirror.gguf")
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-    def handler(*args: Any) -> Quiet:
-        return Quiet(*args, directory=str(served))
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", served / "mirror.gguf"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_directory(served) as url:
+        yield url, served / "mirror.gguf"
 
 
 def test_every_pull_is_a_row(tmp_path: Path, model_server: tuple[str, Path]) -> None:

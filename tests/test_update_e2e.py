@@ -4,17 +4,15 @@ at other versions, installed into a scratch virtual environment."""
 from __future__ import annotations
 
 import hashlib
-import http.server
 import site
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from .local_http import serve_directory
 from .wheels import build_wheel
 
 GOOD, BROKEN, BAD_HASH, OLD = "9.0.1", "9.0.2", "9.0.3", "9.0.0"
@@ -38,20 +36,8 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]
     (root / "simple" / "fitbox").mkdir(parents=True)
     (root / "simple" / "fitbox" / "index.html").write_text("<html><body>" + "".join(links))
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-    def handler(*args: Any) -> Quiet:
-        return Quiet(*args, directory=str(root))
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple", wheels[OLD]
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_directory(root) as base:
+        yield f"{base}/simple", wheels[OLD]
 
 
 def scratch_venv(path: Path, wheel: Path) -> Path:
