@@ -40,6 +40,9 @@ class Sizer:
                     k_dim, v_dim = shape.head_dims(il)
                     sigs.append(("kv", shape.is_swa(il), heads, k_dim, v_dim))
             self._signatures = tuple(sigs)
+            self._first_layer: dict[Signature, int] = {}
+            for il, sig in enumerate(sigs):
+                self._first_layer.setdefault(sig, il)
             attends = [s for s in sigs if s[0] == "kv"]
             self._full = any(not s[1] for s in attends)
             self._attends = bool(attends)
@@ -71,25 +74,16 @@ class Sizer:
         weights, groups, computes = self._grouped(placement)
         window = sizing.effective_window(shape, window)
         cells, streams = sizing.kv_cells(window, self.parallel, False)
-        swa = (sizing.pad(min(cells, shape.n_swa + sizing.DEFAULT_UBATCH))
-               if self._has_swa else 0)  # fmt: skip  # sizing.swa_cells, not unified
+        swa = sizing.swa_window(shape.n_swa, cells, self.parallel, False) if self._has_swa else 0
         per_sig: dict[Signature, int] = {}
-        state = (shape.n_embd_r + shape.n_embd_s) * sizing.F32_BYTES * max(1, self.parallel)
-        for sig in set(self._signatures):
+        for sig, il in self._first_layer.items():  # one layer stands for all of its kind
             if sig[0] == "state":
-                per_sig[sig] = state
-            elif sig[0] == "kv":
-                _, is_swa, heads, k_dim, v_dim = sig
-                layer_cells = swa if is_swa else cells
-                k = sizing.row_bytes(self.type_k, int(k_dim) * int(heads))  # type: ignore[call-overload]
-                v = 0 if shape.is_mla else sizing.row_bytes(self.type_v, int(v_dim) * int(heads))  # type: ignore[call-overload]
-                per_sig[sig] = (k + v) * layer_cells * streams
+                per_sig[sig] = sizing.recurrent_layer_bytes(shape, self.parallel)
             else:
-                per_sig[sig] = 0
+                per_sig[sig] = sum(sizing.layer_kv_bytes(shape, il, cells, swa, streams,
+                                                         self.type_k, self.type_v))  # fmt: skip
         mask = ((cells if self._full else 0) + swa) if self._attends else 0
-        values = (sizing.COMPUTE_PER_EMBD * shape.n_embd + sizing.COMPUTE_PER_FF * shape.n_ff
-                  + sizing.COMPUTE_EXTRA + shape.ssm_values)  # fmt: skip
-        compute = sizing.ubatch(window) * (sizing.F16_BYTES * mask + sizing.F32_BYTES * values)
+        compute = sizing.compute_for_mask(shape, window, mask)
         output = sizing.output_bytes(shape, self.parallel)
         out: dict[str, Footprint] = {}
         for device in sorted(set(weights) | set(groups)):

@@ -140,8 +140,21 @@ def swa_cells(
     """Cells per stream of the SWA cache (llama-kv-cache-iswa.cpp); 0 without SWA layers."""
     if shape.n_swa <= 0 or not any(shape.is_swa(il) for il in range(shape.n_layer)):
         return 0
+    return swa_window(shape.n_swa, cells, parallel, unified, swa_full, n_ubatch)
+
+
+def swa_window(
+    n_swa: int,
+    cells: int,
+    parallel: int,
+    unified: bool,
+    swa_full: bool = False,
+    n_ubatch: int = DEFAULT_UBATCH,
+) -> int:
+    """The SWA cache's cells per stream for a model that has SWA layers (the rule alone, so a
+    caller that already knows it has them need not walk the layers again)."""
     seqs = parallel if unified else 1
-    return cells if swa_full else pad(min(cells, shape.n_swa * seqs + n_ubatch))
+    return cells if swa_full else pad(min(cells, n_swa * seqs + n_ubatch))
 
 
 def layer_kv_bytes(
@@ -182,8 +195,12 @@ def kv_bytes(
 def recurrent_bytes(shape: ModelShape, parallel: int) -> int:
     """R and S state per recurrent layer, always f32 (llama-memory-recurrent.cpp)."""
     layers = sum(1 for il in range(shape.n_layer) if shape.is_recurrent(il))
-    rows = max(1, parallel)
-    return layers * (shape.n_embd_r + shape.n_embd_s) * F32_BYTES * rows
+    return layers * recurrent_layer_bytes(shape, parallel)
+
+
+def recurrent_layer_bytes(shape: ModelShape, parallel: int) -> int:
+    """R and S state of one recurrent layer: f32, one row per sequence."""
+    return (shape.n_embd_r + shape.n_embd_s) * F32_BYTES * max(1, parallel)
 
 
 def output_bytes(shape: ModelShape, parallel: int) -> int:
@@ -207,7 +224,12 @@ def compute_bytes(shape: ModelShape, window: int, parallel: int, unified: bool =
     ]
     full = any(not shape.is_swa(il) for il in attends)
     swa = swa_cells(shape, cells, parallel, unified) if attends else 0
-    mask_cells = (cells if full else 0) + swa
+    return compute_for_mask(shape, window, (cells if full else 0) + swa)
+
+
+def compute_for_mask(shape: ModelShape, window: int, mask_cells: int) -> int:
+    """The compute buffer once the KQ mask's cells are known (they depend on which layers
+    attend, which a caller may have worked out once for many windows)."""
     values = (COMPUTE_PER_EMBD * shape.n_embd + COMPUTE_PER_FF * shape.n_ff + COMPUTE_EXTRA
               + shape.ssm_values)  # fmt: skip
     return ubatch(window) * (F16_BYTES * mask_cells + F32_BYTES * values)

@@ -85,8 +85,8 @@ def footprint_by_device(
         weights[device] = weights.get(device, 0) + layout.layer_bytes[il]
         experts_at = HOST if placement.experts_in_ram else device
         weights[experts_at] = weights.get(experts_at, 0) + layout.routed_bytes[il]
-        if shape.is_recurrent(il):  # R and S state, f32 per sequence
-            state = (shape.n_embd_r + shape.n_embd_s) * sizing.F32_BYTES * max(1, parallel)
+        if shape.is_recurrent(il):
+            state = sizing.recurrent_layer_bytes(shape, parallel)
         else:
             state = sum(sizing.layer_kv_bytes(shape, il, cells, swa, streams, type_k, type_v))
         kv_by[device] = kv_by.get(device, 0) + state
