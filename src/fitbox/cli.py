@@ -197,15 +197,11 @@ def serve(config: settings.Config, log_level: str) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied call is noise
     config.home.mkdir(parents=True, exist_ok=True)
-    from fitbox.box.limits import problems, storage_total
+    from fitbox.box.limits import problems_on_this_box
     from fitbox.probe.gpus import open_gpu_probe
-    from fitbox.probe.host import physical_cores, read_host
 
-    refused = problems(
-        lambda name: getattr(config, name, None), read_host(),
-        open_gpu_probe(config.simulated_gpus).read(), len(physical_cores()),
-        storage_total(config.models),
-    )  # fmt: skip
+    gpus = open_gpu_probe(config.simulated_gpus).read()
+    refused = problems_on_this_box(lambda name: getattr(config, name, None), gpus, config.models)
     if refused:
         print(f"fitbox: refusing to start: {'; '.join(refused)}", file=sys.stderr)
         return 2

@@ -264,7 +264,7 @@ class Box:
                 self._measured,
                 parallel,
                 self._refused.get(a.key, ()),
-                {r: self.speeds.of(a, r.value) for r in Rung},
+                {Rung(r): v for r, v in self.speeds.by_rung(a).items()},
             )
             for a in artifacts
         )
@@ -441,12 +441,19 @@ class Box:
             return False
         if trained and prompt > trained:
             return False  # no window could hold it: the engine says so, nothing is reloaded
+        self._reload_when_idle(resident, f"a {prompt}-token prompt outgrows its {slot}-token "
+                               "slot; loading it again with a larger window")  # fmt: skip
+        return True
+
+    def _reload_when_idle(self, resident: Resident, why: str) -> list[str]:
+        """A new contract for a loaded file: an idle, unpinned resident is stopped now (the
+        waiting call is placed again once it is gone); a busy one is never stopped, the call
+        waits for it (bounded). The blockers to report either way."""
         if resident.state is ResidentState.READY and not resident.calls and not resident.pinned:
-            log.info("%s: a %d-token prompt outgrows its %d-token slot; loading it again with a "
-                     "larger window", resident.artifact.name, prompt, slot)  # fmt: skip
+            log.info("%s: %s", resident.artifact.name, why)
             resident.state = ResidentState.STOPPING
             self._spawn(self._stop(resident, "contract_change"))
-        return True
+        return [resident.artifact.name]
 
     def _decide(
         self, name: str, call_id: int | None, ticket: object, need: int, max_tokens: int
@@ -477,12 +484,8 @@ class Box:
             return None, ahead  # freed room goes to the calls admitted first
         loaded = self._residents.get(decision.artifact)
         if loaded is not None:  # the same file under another contract (rung, pins)
-            if loaded.state is ResidentState.READY and not loaded.calls and not loaded.pinned:
-                log.info("%s: loading it again as %s (it was %s)", loaded.artifact.name,
-                         decision.rung.value, loaded.rung.value)  # fmt: skip
-                loaded.state = ResidentState.STOPPING
-                self._spawn(self._stop(loaded, "contract_change"))
-            return None, [loaded.artifact.name]  # never while a call is on it
+            why = f"loading it again as {decision.rung.value} (it was {loaded.rung.value})"
+            return None, self._reload_when_idle(loaded, why)
 
         victims = [self._residents[v.key] for v in decision.victims]
         for victim in victims:

@@ -14,7 +14,7 @@ import psutil
 
 from fitbox.core.tiers import Tier
 from fitbox.probe.gpus import GpuReading
-from fitbox.probe.host import HostReading
+from fitbox.probe.host import HostReading, physical_cores, read_host
 
 
 def storage_total(roots: Iterable[Path]) -> int:
@@ -38,12 +38,18 @@ def tiers(
     return found
 
 
-def problems(
-    limit: Callable[[str], Any], host: HostReading, gpus: list[GpuReading], cores: int,
-    storage: int = 0,
-) -> list[str]:  # fmt: skip
-    """Why the settings cannot be used on this box: each a setting above its parent tier."""
-    return [p for tier in tiers(limit, host, gpus, cores, storage) for p in tier.problems()]
+def on_this_box(
+    limit: Callable[[str], Any], gpus: list[GpuReading], roots: Iterable[Path]
+) -> list[Tier]:
+    """The tiers of this box: its RAM and physical cores read now, ``gpus`` as read by the
+    caller's probe, the drive of the first model root that exists."""
+    return tiers(limit, read_host(), gpus, len(physical_cores()), storage_total(roots))
+
+
+def problems_on_this_box(
+    limit: Callable[[str], Any], gpus: list[GpuReading], roots: Iterable[Path]
+) -> list[str]:
+    return [p for tier in on_this_box(limit, gpus, roots) for p in tier.problems()]
 
 
 def describe(found: list[Tier]) -> list[Mapping[str, Any]]:

@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from fitbox.probe.gpus import GpuReading
+
 if TYPE_CHECKING:
     from .box import Box
 
 PRUNE_EVERY_S = 60.0
 
 
-def read_all(box: Box, now: float) -> list[tuple[Any, ...]]:
+def read_all(box: Box, now: float, gpus: list[GpuReading]) -> list[tuple[Any, ...]]:
     held: dict[str, int] = {}
     for resident in box.residents():
         for device, size in resident.holdings().items():
@@ -26,7 +28,7 @@ def read_all(box: Box, now: float) -> list[tuple[Any, ...]]:
     rows: list[tuple[Any, ...]] = [
         (now, "host", 0, memory.total, memory.available, held.get("host", 0), cpu, swap.free)
     ]
-    for gpu in box.gpus.read():
+    for gpu in gpus:
         device = f"gpu{gpu.index}"
         free = gpu.total - held.get(device, 0) if gpu.simulated else gpu.free
         rows.append((now, device, int(gpu.simulated), gpu.total, free, held.get(device, 0),
@@ -34,11 +36,11 @@ def read_all(box: Box, now: float) -> list[tuple[Any, ...]]:
     return rows
 
 
-def gpu_processes(box: Box) -> tuple[dict[str, dict[int, int]], set[str]]:
+def gpu_processes(box: Box, gpus: list[GpuReading]) -> tuple[dict[str, dict[int, int]], set[str]]:
     """Compute processes per GPU, and which GPUs are simulated. NVML lists them on a real GPU;
     on a SIMULATED one, fitbox's own children placed there are its processes."""
     found = box.gpus.processes()
-    simulated = {f"gpu{g.index}" for g in box.gpus.read() if g.simulated}
+    simulated = {f"gpu{g.index}" for g in gpus if g.simulated}
     for resident in box.residents():
         pid = resident.child.pid if resident.child else None
         for device, size in resident.holdings().items():
@@ -68,8 +70,9 @@ async def sense(box: Box) -> None:
     while True:
         await asyncio.sleep(box.config.reading_interval)
         now = time.time()
-        box.store.readings(read_all(box, now))
-        current, simulated = gpu_processes(box)
+        gpus = box.gpus.read()  # one NVML reading serves memory and processes
+        box.store.readings(read_all(box, now, gpus))
+        current, simulated = gpu_processes(box, gpus)
         ours = {r.child.pid for r in box.residents() if r.child and r.child.pid}
         box.child_pids_seen |= ours
         for device, pid, change, used in diff_processes(seen, current):

@@ -51,9 +51,14 @@ class SpeedBook:
 
     def of(self, artifact: Artifact, rung: str) -> Speeds:
         """Medians of the last measured speeds of a file on a rung (None where unmeasured)."""
+        return self.by_rung(artifact).get(rung, Speeds())
+
+    def by_rung(self, artifact: Artifact) -> dict[str, Speeds]:
+        """The medians for every rung the file was measured on (one stat of the file)."""
         try:
             stat = artifact.path.stat()
         except OSError:
-            return Speeds()
-        key = (str(artifact.path), stat.st_size, stat.st_mtime_ns, rung)
-        return median_speeds(self._recent.get(key, ()))
+            return {}
+        identity = (str(artifact.path), stat.st_size, stat.st_mtime_ns)
+        return {key[3]: median_speeds(recent) for key, recent in self._recent.items()
+                if key[:3] == identity}  # fmt: skip

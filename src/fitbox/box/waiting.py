@@ -71,11 +71,12 @@ class WaitingRoom:
 def ticket_eta(speeds: SpeedBook, measured: Mapping[MeasuredKey, MeasuredFootprint],
                artifact: Artifact, max_tokens: int) -> dict[str, float | None]:  # fmt: skip
     """A waiting call's load and output seconds, from measured rates only."""
-    for rung in Rung:  # the first rung with a measured decode rate
-        rate = speeds.of(artifact, rung.value)
-        if rate.decode_ms is not None:
-            loaded = next((m for k, m in measured.items()
-                           if k[0] == str(artifact.path) and m.load_seconds), None)  # fmt: skip
-            output = max_tokens * rate.decode_ms / 1000 if max_tokens else None
-            return {"load": loaded.load_seconds if loaded else None, "output": output}
-    return {"load": None, "output": None}
+    rates = speeds.by_rung(artifact)
+    rate = next((rates[r.value] for r in Rung  # the first rung, in ladder order, measured
+                 if r.value in rates and rates[r.value].decode_ms is not None), None)  # fmt: skip
+    if rate is None or rate.decode_ms is None:
+        return {"load": None, "output": None}
+    loaded = next((m for k, m in measured.items()
+                   if k[0] == str(artifact.path) and m.load_seconds), None)  # fmt: skip
+    output = max_tokens * rate.decode_ms / 1000 if max_tokens else None
+    return {"load": loaded.load_seconds if loaded else None, "output": output}

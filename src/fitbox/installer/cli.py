@@ -19,7 +19,6 @@ from fitbox.installer.install import (
 )
 from fitbox.installer.units import Layout, layout
 from fitbox.installer.update import UpdateError, update
-from fitbox.probe.host import read_host
 from fitbox.units import parse_size
 
 
@@ -36,9 +35,8 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
 def _limits(args: argparse.Namespace, target: Layout) -> dict[str, str]:
     """--ram-max/--vram-max/--cpu-max/--storage-max as settings; one above what this box has
     is refused with the reason (core/tiers.py)."""
-    from fitbox.box.limits import problems, storage_total
+    from fitbox.box.limits import problems_on_this_box
     from fitbox.probe.gpus import open_gpu_probe
-    from fitbox.probe.host import physical_cores
 
     given = {"ram_max": args.ram_max, "vram_max": args.vram_max, "cpu_max": args.cpu_max,
              "storage_max": args.storage_max}  # fmt: skip
@@ -51,8 +49,8 @@ def _limits(args: argparse.Namespace, target: Layout) -> dict[str, str]:
     gpus = open_gpu_probe(os.environ.get("FITBOX_SIMULATED_GPUS", "")).read()
     if "vram_max" in values and not gpus:
         raise InstallError("--vram-max: this box has no GPU")
-    drive = storage_total([target.models, target.home, *target.home.parents])
-    refused = problems(values.get, read_host(), gpus, len(physical_cores()), drive)
+    roots = [target.models, target.home, *target.home.parents]  # the first that exists
+    refused = problems_on_this_box(values.get, gpus, roots)
     if refused:
         raise InstallError("; ".join(refused))
     return {f"FITBOX_{name.upper()}": str(value) for name, value in values.items()}

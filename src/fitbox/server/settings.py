@@ -19,7 +19,6 @@ from fitbox.box.preferences import BOX_KNOBS, LIMIT_KNOBS, PAIR_KNOBS, parse
 from fitbox.core.pins import parse as parse_pins
 from fitbox.core.verdicts import verdicts as price_all
 from fitbox.errors import InvalidRequest
-from fitbox.probe.host import read_host
 from fitbox.store.db import Store
 from fitbox.units import format_bytes
 
@@ -84,12 +83,6 @@ async def pair_settings(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [_pair_view(box, m) for m in box.prefs.pairs]})
 
 
-def _tiers(box: Box) -> list[Any]:
-    storage = box_limits.storage_total(box.catalog.roots)
-    return box_limits.tiers(box.prefs.limit, read_host(), box.gpus.read(),
-                            len(box.physical_cores()), storage)  # fmt: skip
-
-
 async def limits(request: Request) -> Response:
     """GET|POST /v1/limits: the tiers; a value above its parent tier is refused, named."""
     box = _box(request)
@@ -102,15 +95,15 @@ async def limits(request: Request) -> Response:
                 return values[name]
             return current.get(name, getattr(box.config, name, None))
 
-        problems = box_limits.problems(limit, read_host(), box.gpus.read(),
-                                       len(box.physical_cores()),
-                                       box_limits.storage_total(box.catalog.roots))  # fmt: skip
+        problems = box_limits.problems_on_this_box(limit, box.gpus.read(), box.catalog.roots)
         if problems:
             raise InvalidRequest("Refused: " + "; ".join(problems) + ".", param=next(iter(values)),
                                  code="above_parent_tier")  # fmt: skip
         box.update_settings("limits", "", values)
         _record(request, "limits", None, values)
-    found = box_limits.describe(_tiers(box))
+    found = box_limits.describe(
+        box_limits.on_this_box(box.prefs.limit, box.gpus.read(), box.catalog.roots)
+    )
     return JSONResponse({"object": "list", "data": found})
 
 
