@@ -34,23 +34,35 @@ def engine_pids(box: FitboxProcess) -> list[int]:
     return [p.pid for p in psutil.Process(box.proc.pid).children(recursive=True)]
 
 
+def signal_engines_mid_stream(
+    box: FitboxProcess, sig: signal.Signals
+) -> tuple[list[str], list[int], float]:
+    """Stream a long reply; after its fifth event send ``sig`` to every engine. Returns the
+    data events, the engine pids signalled and the monotonic time of the signal."""
+    body = chat(SMOL, max_tokens=2000, stream=True, ignore_eos=True)
+    events: list[str] = []
+    signalled: list[int] = []
+    at = time.monotonic()
+    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
+                      timeout=60) as response:  # fmt: skip
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line[6:])
+            if len(events) == 5:
+                signalled = engine_pids(box)
+                for pid in signalled:
+                    os.kill(pid, sig)
+                at = time.monotonic()
+    return events, signalled, at
+
+
 def test_an_engine_dying_mid_stream_ends_the_stream_with_an_error_event(
     tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
     with running_fitbox(tmp_path / "home", [smollm2.parent]) as box:
-        body = chat(SMOL, max_tokens=2000, stream=True, ignore_eos=True)
-        events: list[str] = []
-        with httpx.stream(
-            "POST", f"{box.url}/v1/chat/completions", json=body, timeout=60
-        ) as response:
-            assert response.status_code == 200
-            for line in response.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                events.append(line[6:])
-                if len(events) == 5:
-                    for pid in engine_pids(box):
-                        os.kill(pid, signal.SIGKILL)
+        events, _, _ = signal_engines_mid_stream(box, signal.SIGKILL)
         assert events[-1] == "[DONE]"
         error = json.loads(events[-2])["error"]
         assert error["code"] == "engine_failed" and "failed mid-call" in error["message"]
@@ -202,22 +214,7 @@ def test_an_engine_that_hangs_mid_call_ends_it_with_engine_timeout_and_is_restar
     """SIGSTOP makes a real llama-server hang on demand: no byte, no answer to /health."""
     env = {"FITBOX_ENGINE_IDLE_TIMEOUT": "1", "FITBOX_STOP_GRACE": "1"}
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
-        body = chat(SMOL, max_tokens=2000, stream=True, ignore_eos=True)
-        events: list[str] = []
-        stopped: list[int] = []
-        started = time.monotonic()
-        with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
-                          timeout=60) as response:  # fmt: skip
-            assert response.status_code == 200
-            for line in response.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                events.append(line[6:])
-                if len(events) == 5:
-                    stopped = engine_pids(box)
-                    for pid in stopped:
-                        os.kill(pid, signal.SIGSTOP)
-                    started = time.monotonic()
+        events, stopped, started = signal_engines_mid_stream(box, signal.SIGSTOP)
         waited = time.monotonic() - started
         assert events[-1] == "[DONE]"
         error = json.loads(events[-2])["error"]
