@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fitbox.box.crashes import CrashLedger
+from fitbox.box.supervision.crashes import CrashLedger
 
 
 def test_backoff_doubles_and_is_capped() -> None:

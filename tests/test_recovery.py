@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-from fitbox.box.recovery import await_free
+from fitbox.box.supervision.memory import await_free
 
 
 def readings(*values: int | None) -> Iterator[int | None]:

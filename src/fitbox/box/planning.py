@@ -1,89 +1,47 @@
-"""From what the box knows to the core's inputs, and from the core's decision to a report.
-
-Facts the core reads first: a measured footprint for the same file, placement class,
-window, slots and cache types replaces the estimate; every measured load marks its window
-as reachable; a load that ran out of memory marks its window as refused; measured load
-seconds are the load term of T. Nothing here guesses a speed.
-"""
+"""The core's decision in words: the report ``fitbox plan`` and ``/v1/plan`` show, and the
+error a client sees for a refusal."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fitbox.core.ask import Ask, Candidate, MeasuredFit, Speeds
+from fitbox.core.ask import Ask
 from fitbox.core.decision import Decision, Place, Refuse, RefuseReason, Wait
-from fitbox.core.pins import Pins
-from fitbox.core.types import Footprint, Goal, Rung, Snapshot
+from fitbox.core.types import Footprint, Snapshot
 from fitbox.errors import DoesNotFit, EngineFailed, InvalidRequest
-from fitbox.models.catalog import Artifact, is_four_bit
-from fitbox.store.db import MeasuredFootprint, MeasuredSpeed
+from fitbox.models.catalog import Artifact
 from fitbox.units import format_bytes
 
-from .pricing import MeasuredKey, footprint_row
+
+def footprint_row(device: str, footprint: Footprint) -> dict[str, int | str]:
+    return {
+        "device": device,
+        "weights_bytes": footprint.weights,
+        "kv_bytes": footprint.kv,
+        "compute_bytes": footprint.compute,
+        "output_bytes": footprint.output,
+        "total_bytes": footprint.total,
+    }
 
 
-def median_speeds(recent: Iterable[MeasuredSpeed]) -> Speeds:
-    """The medians of the last measured prompt and decode ms per token."""
-    rows = list(recent)
-    prompt = [r.prompt_per_token_ms for r in rows if r.prompt_per_token_ms is not None]
-    decode = [r.decode_per_token_ms for r in rows if r.decode_per_token_ms is not None]
-    return Speeds(prompt_ms=statistics.median(prompt) if prompt else None,
-                  decode_ms=statistics.median(decode) if decode else None)  # fmt: skip
+def summed(parts: Iterable[Footprint]) -> Footprint:
+    weights = kv = compute = output = 0
+    for f in parts:
+        weights, kv, compute, output = (weights + f.weights, kv + f.kv, compute + f.compute,
+                                        output + f.output)  # fmt: skip
+    return Footprint(weights, kv, compute, output)
 
 
-def candidate(
-    artifact: Artifact,
-    measured: Mapping[MeasuredKey, MeasuredFootprint],
-    parallel: int,
-    refused: Iterable[tuple[str, int]] = (),
-    rates: Mapping[Rung, Speeds] | None = None,
-) -> Candidate:
-    stat = artifact.path.stat()
-    fits, loaded, speeds = [], [], {}
-    for m in measured.values():
-        if (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.parallel) != (
-            str(artifact.path), stat.st_size, stat.st_mtime_ns, parallel,
-        ):  # fmt: skip
-            continue
-        fits.append(MeasuredFit(m.device, m.window, m.type_k, m.type_v,
-                                Footprint(m.weights, m.kv, m.compute, m.output)))  # fmt: skip
-        loaded.append((m.device, m.window))
-        if m.load_seconds is not None:
-            rung = Rung.RAM_ONLY if m.device == "host" else Rung.GPU_ONLY
-            speeds[rung] = Speeds(load_seconds=m.load_seconds)
-    for rung, rate in (rates or {}).items():  # engine timings: prompt and decode ms per token
-        if rate.prompt_ms is not None or rate.decode_ms is not None:
-            load = speeds.get(rung, Speeds()).load_seconds
-            speeds[rung] = Speeds(load, rate.prompt_ms, rate.decode_ms)
-    return Candidate(
-        key=artifact.key, quant=artifact.facts.quant, shape=artifact.facts.shape,
-        layout=artifact.facts.layout, four_bit=is_four_bit(artifact.facts.quant),
-        measured=tuple(fits), loaded_windows=tuple(loaded), refused_windows=tuple(refused),
-        speeds=tuple(speeds.items()),
-    )  # fmt: skip
+def basis(decision: Decision, ask: Ask) -> dict[str, str]:
+    """Whether a placement's bytes were measured by a load or are still the estimate."""
+    if not isinstance(decision, Place):
+        return {}
+    chosen = next(c for c in ask.candidates if c.key == decision.artifact)
+    found = chosen.measured_fit(decision.where, decision.window, decision.type_k,
+                                decision.type_v)  # fmt: skip
+    return {decision.artifact: "measured" if found else "estimate"}
 
-
-def ask(
-    name: str,
-    pins: Pins,
-    candidates: tuple[Candidate, ...],
-    *,
-    window: int,
-    parallel: int,
-    need: int,
-    max_wait: float,
-    kv_types: tuple[tuple[str, str], ...] = (("f16", "f16"),),
-    max_tokens: int = 0,
-    cpu_floor: int = 1,
-    goal: Goal = Goal.QUALITY,
-) -> Ask:
-    return Ask(
-        model=name, candidates=candidates, need=need, window=window, parallel=parallel,
-        kv_types=kv_types, rungs=pins.rungs, quant=pins.quant, max_wait=max_wait,
-        max_tokens=max_tokens, cpu_floor=cpu_floor, goal=goal,
-    )  # fmt: skip
 
 
 def report(
@@ -99,10 +57,7 @@ def report(
          "reason": r.reason.value, "detail": r.detail}
         for r in decision.rejected
     ]  # fmt: skip
-    held = {d.id: 0 for d in snapshot.devices}
-    for r in snapshot.residents:
-        for device, size in r.holdings():
-            held[device] = held.get(device, 0) + size
+    held = {d.id: 0 for d in snapshot.devices} | snapshot.held_by_device()
     box = [{"device": d.id, "capacity_bytes": d.capacity, "free_bytes": d.capacity - held[d.id],
             "simulated": d.simulated} for d in snapshot.devices]  # fmt: skip
     common: dict[str, Any] = {"rejected": rejected, "box": box}

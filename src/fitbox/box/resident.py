@@ -1,4 +1,8 @@
-"""A resident: one loaded (or loading, or leaving) engine child and what it holds."""
+"""A resident: one loaded (or loading, or leaving) engine child and what it holds.
+
+Its ``state`` is read here and changed only by the registry (box/residents.py), through
+its transition table.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 from fitbox.core.decision import Place
 from fitbox.core.types import Footprint, ResidentState, ResidentView, Rung
 from fitbox.engines.child import Child
+from fitbox.engines.seam import Engine
 from fitbox.models.catalog import Artifact
 
 
@@ -28,7 +33,8 @@ class Resident:
     window: int
     parallel: int
     simulated: bool
-    state: ResidentState = ResidentState.STARTING
+    engine: Engine
+    _state: ResidentState = field(default=ResidentState.STARTING, init=False)
     calls: int = 0
     last_used: float = field(default_factory=time.monotonic)
     child: Child | None = None
@@ -59,6 +65,10 @@ class Resident:
     held: dict[str, int] = field(default_factory=dict)  # bytes per device
     cpus: frozenset[int] = frozenset()  # logical CPUs of its claim
     lost_cores: set[int] = field(default_factory=set)  # taken by a later claim while idle
+
+    @property
+    def state(self) -> ResidentState:
+        return self._state
 
     @property
     def rung(self) -> Rung:

@@ -6,23 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
-from fitbox.probe.gpus import GpuReading
+from fitbox.config import Config
+from fitbox.probe.gpus import GpuProbe, GpuReading
+from fitbox.store.db import Store
 
-if TYPE_CHECKING:
-    from .box import Box
+from .residents import Registry
 
 PRUNE_EVERY_S = 60.0
 
 
-def read_all(box: Box, now: float, gpus: list[GpuReading]) -> list[tuple[Any, ...]]:
-    held: dict[str, int] = {}
-    for resident in box.residents():
-        for device, size in resident.holdings().items():
-            held[device] = held.get(device, 0) + size
+def read_all(registry: Registry, now: float, gpus: list[GpuReading]) -> list[tuple[Any, ...]]:
+    held = registry.held_by_device()
     memory, swap = psutil.virtual_memory(), psutil.swap_memory()
     cpu = psutil.cpu_percent(None)
     rows: list[tuple[Any, ...]] = [
@@ -36,12 +34,14 @@ def read_all(box: Box, now: float, gpus: list[GpuReading]) -> list[tuple[Any, ..
     return rows
 
 
-def gpu_processes(box: Box, gpus: list[GpuReading]) -> tuple[dict[str, dict[int, int]], set[str]]:
+def gpu_processes(
+    registry: Registry, probe: GpuProbe, gpus: list[GpuReading]
+) -> tuple[dict[str, dict[int, int]], set[str]]:
     """Compute processes per GPU, and which GPUs are simulated. NVML lists them on a real GPU;
     on a SIMULATED one, fitbox's own children placed there are its processes."""
-    found = box.gpus.processes()
+    found = probe.processes()
     simulated = {f"gpu{g.index}" for g in gpus if g.simulated}
-    for resident in box.residents():
+    for resident in registry:
         pid = resident.child.pid if resident.child else None
         for device, size in resident.holdings().items():
             if device in simulated and pid is not None:
@@ -61,24 +61,27 @@ def diff_processes(
     return changes
 
 
-async def sense(box: Box) -> None:
-    if box.store is None:
+async def sense(
+    config: Config, registry: Registry, probe: GpuProbe, store: Store | None,
+    started_pids: set[int],
+) -> None:  # fmt: skip
+    """Every ``reading_interval``: one reading of memory and GPU processes into the store.
+    ``started_pids``: every engine pid this fitbox started (the supervisor's)."""
+    if store is None:
         return
     psutil.cpu_percent(None)  # the first call only starts the CPU counter
     pruned = 0.0
     seen: dict[str, dict[int, int]] = {}
     while True:
-        await asyncio.sleep(box.config.reading_interval)
+        await asyncio.sleep(config.reading_interval)
         now = time.time()
-        gpus = box.gpus.read()  # one NVML reading serves memory and processes
-        box.store.readings(read_all(box, now, gpus))
-        current, simulated = gpu_processes(box, gpus)
-        ours = {r.child.pid for r in box.residents() if r.child and r.child.pid}
-        box.child_pids_seen |= ours
+        gpus = probe.read()  # one NVML reading serves memory and processes
+        store.readings(read_all(registry, now, gpus))
+        current, simulated = gpu_processes(registry, probe, gpus)
         for device, pid, change, used in diff_processes(seen, current):
-            mine = pid in box.child_pids_seen  # started by this fitbox, now or before
-            box.store.gpu_process(device, pid, change, used, mine, device in simulated)
+            mine = pid in started_pids  # started by this fitbox, now or before
+            store.gpu_process(device, pid, change, used, mine, device in simulated)
         seen = current
-        if now - pruned >= min(PRUNE_EVERY_S, box.config.reading_retention):
-            box.store.forget_readings(now - box.config.reading_retention)
+        if now - pruned >= min(PRUNE_EVERY_S, config.reading_retention):
+            store.forget_readings(now - config.reading_retention)
             pruned = now

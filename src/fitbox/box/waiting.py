@@ -3,80 +3,92 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from fitbox.core import admission
 from fitbox.core.types import Rung
 from fitbox.models.catalog import Artifact
-from fitbox.store.db import MeasuredFootprint
 
-from .pricing import MeasuredKey
+from .facts import Facts
 from .speeds import SpeedBook
 
-HIDDEN = ("arrived", "max_wait", "load", "output")  # kept for ordering, not shown
+
+@dataclass
+class Waiter:
+    """One call waiting for room. ``load`` and ``output`` (seconds, measured rates only)
+    order it; the rest is what /v1/queue shows."""
+
+    model: str
+    call_id: int | None
+    since: float
+    deadline: float
+    arrived: int  # arrival order
+    max_wait: float
+    load: float | None = None
+    output: float | None = None
+    blocked_by: list[str] = field(default_factory=list)
+
+    def view(self) -> dict[str, Any]:
+        return {"model": self.model, "call_id": self.call_id, "since": self.since,
+                "deadline": self.deadline, "blocked_by": self.blocked_by}  # fmt: skip
 
 
 class WaitingRoom:
     def __init__(self) -> None:
-        self.entries: dict[object, dict[str, Any]] = {}
+        self._waiters: list[Waiter] = []
         self._arrivals = 0
 
     def __bool__(self) -> bool:
-        return bool(self.entries)
+        return bool(self._waiters)
 
-    def enter(self, ticket: object, model: str, call_id: int | None, remaining: float,
-              max_wait: float, eta: Mapping[str, float | None]) -> None:  # fmt: skip
-        if ticket in self.entries:
-            return
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    def enter(self, model: str, call_id: int | None, remaining: float, max_wait: float,
+              eta: tuple[float | None, float | None]) -> Waiter:  # fmt: skip
         self._arrivals += 1
         now = time.time()
-        self.entries[ticket] = {
-            "model": model, "call_id": call_id, "since": now, "deadline": now + remaining,
-            "arrived": self._arrivals, "max_wait": max_wait, **eta,
-        }  # fmt: skip
+        waiter = Waiter(model, call_id, now, now + remaining, self._arrivals, max_wait, *eta)
+        self._waiters.append(waiter)
+        return waiter
 
-    def blocked(self, ticket: object, blockers: list[str]) -> None:
-        self.entries[ticket]["blocked_by"] = blockers
+    def leave(self, waiter: Waiter | None) -> None:
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
 
-    def leave(self, ticket: object) -> None:
-        self.entries.pop(ticket, None)
-
-    def tickets(self, policy: str) -> list[admission.Ticket]:
+    def ordered(self, policy: str) -> list[Waiter]:
         now = time.time()
-        return admission.order([
-            admission.Ticket(id=w["arrived"], model=w["model"], arrived=w["arrived"],
-                             waited=now - w["since"], max_wait=w["max_wait"], ready_in=0.0,
-                             load=w["load"], output=w["output"])
-            for w in self.entries.values()
+        by_arrival = {w.arrived: w for w in self._waiters}
+        tickets = admission.order([
+            admission.Ticket(id=w.arrived, model=w.model, arrived=w.arrived,
+                             waited=now - w.since, max_wait=w.max_wait, ready_in=0.0,
+                             load=w.load, output=w.output)
+            for w in self._waiters
         ], admission.Policy(policy))  # fmt: skip
+        return [by_arrival[t.id] for t in tickets]
 
     def view(self, policy: str) -> list[dict[str, Any]]:
         """Waiting calls in admission order, as /v1/queue shows them."""
-        order = {t.id: i for i, t in enumerate(self.tickets(policy))}
-        waiting = sorted(self.entries.values(), key=lambda w: order.get(w["arrived"], 0))
-        return [{k: v for k, v in w.items() if k not in HIDDEN} for w in waiting]
+        return [w.view() for w in self.ordered(policy)]
 
-    def ahead_of(self, ticket: object, policy: str) -> list[str]:
-        """Models of the calls admitted before ``ticket`` (all of them, for a new call)."""
-        mine = self.entries.get(ticket, {}).get("arrived")
+    def ahead_of(self, waiter: Waiter | None, policy: str) -> list[str]:
+        """Models of the calls admitted before ``waiter`` (all of them, for a new call)."""
         ahead = []
-        for t in self.tickets(policy):
-            if t.id == mine:
+        for other in self.ordered(policy):
+            if other is waiter:
                 break
-            ahead.append(t.model)
+            ahead.append(other.model)
         return ahead
 
 
-def ticket_eta(speeds: SpeedBook, measured: Mapping[MeasuredKey, MeasuredFootprint],
-               artifact: Artifact, max_tokens: int) -> dict[str, float | None]:  # fmt: skip
-    """A waiting call's load and output seconds, from measured rates only."""
+def waiter_eta(speeds: SpeedBook, facts: Facts, artifact: Artifact,
+               max_tokens: int) -> tuple[float | None, float | None]:  # fmt: skip
+    """A waiting call's (load, output) seconds, from measured rates only."""
     rates = speeds.by_rung(artifact)
     rate = next((rates[r.value] for r in Rung  # the first rung, in ladder order, measured
                  if r.value in rates and rates[r.value].decode_ms is not None), None)  # fmt: skip
     if rate is None or rate.decode_ms is None:
-        return {"load": None, "output": None}
-    loaded = next((m for k, m in measured.items()
-                   if k[0] == str(artifact.path) and m.load_seconds), None)  # fmt: skip
+        return None, None
     output = max_tokens * rate.decode_ms / 1000 if max_tokens else None
-    return {"load": loaded.load_seconds if loaded else None, "output": output}
+    return facts.load_seconds(artifact), output

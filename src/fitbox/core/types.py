@@ -26,9 +26,14 @@ class Device:
 
 
 class ResidentState(StrEnum):
+    """A child's life (box/residents.py owns the transitions). The core sees starting,
+    ready and stopping; stopped and failed residents have left the registry."""
+
     STARTING = "starting"
     READY = "ready"
     STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,14 @@ class Snapshot:
 
     def device(self, device_id: str) -> Device | None:
         return next((d for d in self.devices if d.id == device_id), None)
+
+    def held_by_device(self) -> dict[str, int]:
+        """Bytes the residents hold, summed per device."""
+        held: dict[str, int] = {}
+        for r in self.residents:
+            for device, size in r.holdings():
+                held[device] = held.get(device, 0) + size
+        return held
 
 
 @dataclass(frozen=True)

@@ -104,10 +104,12 @@ class _LogPump:
 
 class Child:
     def __init__(
-        self, argv: list[str], port: int, log_path: Path, cpus: frozenset[int] = frozenset()
-    ) -> None:
+        self, argv: list[str], port: int, log_path: Path, cpus: frozenset[int] = frozenset(),
+        env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.argv = argv
         self.cpus = cpus
+        self.env = env or {}
         self.port = port
         self.log_path = log_path
         self.base_url = f"http://127.0.0.1:{port}"
@@ -142,6 +144,7 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, **self.env} if self.env else None,
             preexec_fn=functools.partial(_die_with_parent, self.cpus),  # prctl + affinity
         )
         assert self.proc.stdout is not None

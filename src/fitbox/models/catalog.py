@@ -17,6 +17,7 @@ import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from fitbox.errors import ModelNotFound
 from fitbox.models.facts_cache import FactsCache
@@ -44,6 +45,16 @@ def is_four_bit(quant: str) -> bool:
 RESCAN_AT_MOST_EVERY_S = 1.0
 
 
+class Identity(NamedTuple):
+    """Which file a fact is about: a measurement of a file holds only while the file is
+    the same size and age. A tuple, so the store's (path, size, mtime_ns) columns compare
+    equal to it."""
+
+    path: str
+    size: int
+    mtime_ns: int
+
+
 @dataclass(frozen=True)
 class Artifact:
     """One weight file fitbox can launch."""
@@ -51,10 +62,20 @@ class Artifact:
     name: str
     path: Path
     facts: GGUFFacts
+    format: str = "gguf"  # which engine kinds can load it (engines/seam.py ``serves``)
 
     @property
     def key(self) -> str:
         return str(self.path)
+
+    def identity(self) -> Identity:
+        """One stat of the file now; raises OSError when it is gone."""
+        return identity_of(self.path)
+
+
+def identity_of(path: str | Path) -> Identity:
+    stat = os.stat(path)
+    return Identity(str(path), stat.st_size, stat.st_mtime_ns)
 
 
 def _is_transformers_dir(dirpath: Path, filenames: list[str]) -> bool:
@@ -102,7 +123,7 @@ def _model_name(path: Path) -> str | None:
 
 
 @dataclass(frozen=True)
-class Rejected:
+class Unservable:
     """A file that looks like a model but cannot be served, and why."""
 
     path: Path
@@ -115,17 +136,17 @@ def discover(roots: Iterable[Path]) -> list[Artifact]:
 
 def scan(
     roots: Iterable[Path], cache: FactsCache | None = None
-) -> tuple[list[Artifact], list[Rejected]]:
+) -> tuple[list[Artifact], list[Unservable]]:
     """Every servable GGUF under the roots, and every GGUF-looking file that is not."""
     cache = cache or FactsCache(None)
     found: dict[str, Artifact] = {}
-    rejected: list[Rejected] = []
+    rejected: list[Unservable] = []
     for root in roots:
         if not root.is_dir():
             continue
         for kind, path in _walk(root):
             if kind == "dir":
-                rejected.append(Rejected(path, _transformers_reason(path)))
+                rejected.append(Unservable(path, _transformers_reason(path)))
                 continue
             name = _model_name(path)
             if name is None or not has_gguf_magic(path):
@@ -133,13 +154,13 @@ def scan(
             try:
                 facts = cache.facts(path)
             except (NotGGUF, OSError) as exc:
-                rejected.append(Rejected(path, f"not a readable GGUF: {exc}"))
+                rejected.append(Unservable(path, f"not a readable GGUF: {exc}"))
                 continue
             if facts.is_projector:
                 continue
             if facts.unknown_architecture:
                 rejected.append(
-                    Rejected(
+                    Unservable(
                         path,
                         f"architecture {facts.architecture!r} has no "
                         "block_count: fitbox cannot size it",
@@ -192,7 +213,7 @@ class Catalog:
         self._cache = FactsCache(facts_cache)
         self._by_name: dict[str, Artifact] = {}
         self._aliases: dict[str, str] = {}
-        self.rejected: list[Rejected] = []
+        self.rejected: list[Unservable] = []
         self._scanned_at = float("-inf")
         self.refresh()
 

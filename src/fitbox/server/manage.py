@@ -3,7 +3,6 @@ the box itself or an admin key, enforced by server/auth.py)."""
 
 from __future__ import annotations
 
-import json
 import time
 
 from starlette.requests import Request
@@ -12,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from fitbox.box.box import Box
 from fitbox.errors import InvalidRequest
 from fitbox.errors import RouteNotFound as NotFound
+from fitbox.server.bodies import json_body
 from fitbox.store import keys as keydb
 from fitbox.store.db import Store
 
@@ -71,12 +71,7 @@ async def revoke_key(request: Request) -> Response:
 async def create_key(request: Request) -> Response:
     """POST /v1/keys {"name", "scopes": [...], "models": [...]?, "expires_in_s": N?}.
     The answer holds the secret; it is never shown again."""
-    try:
-        body = json.loads(await request.body() or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
+    _, body = await json_body(request, empty=True)
     name, scopes = body.get("name", "unnamed"), body.get("scopes", ["inference"])
     models, expires_in = body.get("models"), body.get("expires_in_s")
     if (

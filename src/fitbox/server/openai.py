@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import fitbox
 from fitbox.box.box import Box
-from fitbox.errors import InvalidRequest
 from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S
+from fitbox.server.bodies import json_body
 from fitbox.server.proxy import allowed_models, forward
 from fitbox.store.db import Store
 
@@ -60,36 +57,16 @@ async def list_models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
-async def parse_body(
-    request: Request, required: dict[str, type | tuple[type, ...]]
-) -> tuple[bytes, dict[str, Any]]:
-    raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    for field, kind in required.items():
-        if field not in body:
-            raise InvalidRequest(f"Missing required field '{field}'.", param=field)
-        if not isinstance(body[field], kind) or (
-            isinstance(kind, type) and kind is str and not body[field]
-        ):
-            raise InvalidRequest(f"Field '{field}' has the wrong type or is empty.", param=field)
-    return raw, body
-
-
 async def chat_completions(request: Request) -> Response:
-    raw, body = await parse_body(request, {"model": str, "messages": list})
+    raw, body = await json_body(request, {"model": str, "messages": list})
     return await forward(request, "/v1/chat/completions", raw, body)
 
 
 async def completions(request: Request) -> Response:
-    raw, body = await parse_body(request, {"model": str, "prompt": (str, list)})
+    raw, body = await json_body(request, {"model": str, "prompt": (str, list)})
     return await forward(request, "/v1/completions", raw, body)
 
 
 async def embeddings(request: Request) -> Response:
-    raw, body = await parse_body(request, {"model": str, "input": (str, list)})
+    raw, body = await json_body(request, {"model": str, "input": (str, list)})
     return await forward(request, "/v1/embeddings", raw, body)

@@ -3,7 +3,6 @@ the operator actions (load, unload, pin, unpin, refresh-models), each recorded."
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -12,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
-from fitbox.errors import Conflict, FitboxError, InvalidRequest, RouteNotFound
+from fitbox.errors import Conflict, FitboxError, RouteNotFound
+from fitbox.server.bodies import json_body
 from fitbox.store.db import Store
 
 ACTIONS = ("load", "unload", "pin", "unpin", "refresh-models", "clear-failed")
@@ -61,13 +61,8 @@ async def operator_action(request: Request) -> Response:
         raise RouteNotFound(f"No operator action {action!r}; there are {', '.join(ACTIONS)}.")
     target = None
     if action != "refresh-models":
-        try:
-            body = json.loads(await request.body() or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
-        target = body.get("model") if isinstance(body, dict) else None
-        if not isinstance(target, str) or not target:
-            raise InvalidRequest("Field 'model' is required.", param="model")
+        _, body = await json_body(request, {"model": str}, empty=True)
+        target = body["model"]
     key = getattr(request.state, "api_key", None)
     origin = request.client.host if request.client else None
     try:

@@ -19,15 +19,13 @@ from fitbox.box.preferences import BOX_KNOBS, LIMIT_KNOBS, PAIR_KNOBS, parse
 from fitbox.core.pins import parse as parse_pins
 from fitbox.core.verdicts import verdicts as price_all
 from fitbox.errors import InvalidRequest
+from fitbox.server.bodies import json_body
 from fitbox.store.db import Store
 from fitbox.units import format_bytes
 
 
 async def _body(request: Request) -> Any:
-    try:
-        return json.loads(await request.body() or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+    return (await json_body(request, empty=True))[1]
 
 
 def _record(request: Request, action: str, target: str | None, detail: dict[str, Any]) -> None:

@@ -1,0 +1,223 @@
+"""Admission: a call joins a resident, places a new one, or waits for room.
+
+The placement lock (the registry's) covers the decision only. A decision that evicts marks
+its victims ``stopping`` and registers the new resident ``starting`` (its bytes are then
+reserved), all under the lock; stopping the victims and loading the child happen after
+the lock is released, in a task the supervisor owns. Calls wait on the resident's
+``ready`` future. Freed room goes to waiting calls in admission order (core/admission.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import replace
+
+from fitbox.config import Config
+from fitbox.core.ask import Ask
+from fitbox.core.decide import decide
+from fitbox.core.decision import Place, Refuse, Wait
+from fitbox.core.types import Device, ResidentState
+from fitbox.engines.kinds import EngineKinds
+from fitbox.errors import EngineFailed, ModelBusy, ShuttingDown
+
+from . import planning
+from .asks import Asks, Named
+from .lease import Lease
+from .resident import Resident
+from .residents import Registry
+from .snapshot import Snapshots
+from .supervision import Supervisor
+from .tasks import Tasks
+from .waiting import Waiter, WaitingRoom, waiter_eta
+
+log = logging.getLogger(__name__)
+S = ResidentState
+READY_SLACK_S = 30  # a call waits for a load this much past the load timeout
+
+
+class Admission:
+    def __init__(
+        self, config: Config, registry: Registry, asks: Asks, snapshots: Snapshots,
+        supervisor: Supervisor, engines: EngineKinds, tasks: Tasks,
+    ) -> None:  # fmt: skip
+        self.config, self.registry, self.asks, self.snapshots = config, registry, asks, snapshots
+        self.supervisor, self.engines, self.tasks = supervisor, engines, tasks
+        self.waiting = WaitingRoom()
+        self.closing = False
+
+    def policy(self) -> str:
+        return str(self.asks.prefs.effective()["admission"])
+
+    async def acquire(
+        self, name: str, call_id: int | None = None, need: int = 1, max_tokens: int = 0
+    ) -> Lease:
+        """Find or load the model ``name`` and hold it for one call. A load that runs out of
+        memory refuses its window; the call is placed once more against that fact (a smaller
+        window or the next rung), in the same request."""
+        named = self.asks.named(name)
+        try:
+            return await self._acquire(named, call_id, need, max_tokens)
+        except EngineFailed as exc:
+            if not exc.detail.get("out_of_memory"):
+                raise
+            log.warning("placing '%s' again after an out-of-memory load", name)
+            return await self._acquire(named, call_id, need, max_tokens)
+
+    async def _acquire(self, named: Named, call_id: int | None, need: int,
+                       max_tokens: int) -> Lease:  # fmt: skip
+        if self.closing:
+            raise ShuttingDown("fitbox is shutting down; retry against the restarted service")
+        self.supervisor.refuse_if_failed(named.first)
+        max_wait = float(self.asks.knobs(named)["max_wait"])
+        deadline = time.monotonic() + max_wait
+        if not any(a.key in self.registry for a in named.artifacts):  # crash-loop backoff
+            delay = self.supervisor.restart_delay(named.first)
+            if delay > 0:
+                await asyncio.sleep(min(delay, max_wait))
+                self.supervisor.refuse_if_failed(named.first)
+        lease = await self._admitted(named, call_id, need, max_tokens, deadline, max_wait)
+        try:
+            await asyncio.wait_for(asyncio.shield(lease.resident.ready),
+                                   timeout=self.config.load_timeout + READY_SLACK_S)  # fmt: skip
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+
+    async def _admitted(
+        self, named: Named, call_id: int | None, need: int, max_tokens: int, deadline: float,
+        max_wait: float,
+    ) -> Lease:  # fmt: skip
+        """Decide under the lock until a lease is had; wait for changes in between."""
+        waiter: Waiter | None = None
+        try:
+            while True:
+                async with self.registry.lock:
+                    lease, blockers = self._decide(named, call_id, waiter, need, max_tokens)
+                    changed = self.registry.change()
+                if lease is not None:
+                    return lease
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ModelBusy(
+                        f"'{named.asked}' waited for models that are serving calls or being "
+                        f"reloaded ({', '.join(blockers)}); they did not make way within "
+                        f"{max_wait:.0f} s",
+                        blockers=blockers,
+                    )
+                if waiter is None:
+                    eta = waiter_eta(self.asks.speeds, self.asks.facts, named.first, max_tokens)
+                    waiter = self.waiting.enter(named.first.name, call_id, remaining, max_wait,
+                                                eta)  # fmt: skip
+                waiter.blocked_by = blockers
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=remaining)
+        finally:
+            self.waiting.leave(waiter)
+            if self.waiting:
+                self.registry.notify()  # the next in line may go now
+
+    def _joinable(self, named: Named) -> Resident | None:
+        """A resident that serves ``named`` as asked (any approved variant, pins honoured)."""
+        for artifact in named.artifacts:
+            resident = self.registry.get(artifact.key)
+            if resident is not None and named.admits(artifact, resident.rung):
+                return resident
+        return None
+
+    def _decide(
+        self, named: Named, call_id: int | None, waiter: Waiter | None, need: int,
+        max_tokens: int,
+    ) -> tuple[Lease | None, list[str]]:  # fmt: skip
+        """Under the lock: join a resident, place a new one, or say who blocks."""
+        existing = self._joinable(named)
+        if existing is not None:  # the hot path: no pricing for a model already loaded
+            if existing.state is S.STOPPING or self._outgrown(existing, max(need - max_tokens, 0)):
+                return None, [existing.artifact.name]
+            self.registry.join(existing)
+            return Lease(existing, self.registry), []
+        ask = self.asks.ask(named, need=need, max_tokens=max_tokens)
+        devices = self.snapshots.devices()  # one probe reading: pricing, deciding, labelling
+        decision = decide(self.snapshots.snapshot(devices), ask)
+        names = {a.key: a.name for a in named.artifacts}
+        names.update({r.key: r.artifact.name for r in self.registry})
+        if isinstance(decision, Refuse):
+            raise planning.refusal_error(decision, names, named.first)
+        if isinstance(decision, Wait):
+            return None, [names.get(k, k) for k in decision.blockers]
+        ahead = self.waiting.ahead_of(waiter, self.policy())
+        if decision.victims and ahead:
+            return None, ahead  # freed room goes to the calls admitted first
+        loaded = self.registry.get(decision.artifact)
+        if loaded is not None:  # the same file under another contract (rung, pins)
+            why = f"loading it again as {decision.rung.value} (it was {loaded.rung.value})"
+            return None, self._reload_when_idle(loaded, why)
+        return self._place(named, decision, ask, devices, call_id), []
+
+    def _place(self, named: Named, decision: Place, ask: Ask, devices: list[Device],
+               call_id: int | None) -> Lease:  # fmt: skip
+        """Apply a placement: victims leave, the new resident is registered and brought up."""
+        victims = [r for v in decision.victims if (r := self.registry.get(v.key))]
+        for victim in victims:
+            self.registry.move(victim, S.STOPPING)
+        for key in decision.cores_from:  # an idle engine whose cores this claim takes
+            if (holder := self.registry.get(key)) is not None:
+                holder.lost_cores |= set(decision.cores)
+        device = next(d for d in devices if d.id == decision.device)
+        artifact = next(a for a in named.artifacts if a.key == decision.artifact)
+        resident = Resident(
+            artifact=artifact, device=decision.device,
+            footprint=planning.summed(f for _, f in decision.footprint),
+            window=decision.window, parallel=ask.parallel,
+            simulated=device.simulated, engine=self.engines.for_artifact(artifact),
+            basis=planning.basis(decision, ask)[decision.artifact], loaded_by_call=call_id,
+            place=decision,
+            held={d: f.total for d, f in decision.footprint}, asked=named.family,
+            band=int(self.asks.knobs(named)["band"]),
+            cpus=self.snapshots.cpus_of(decision.cores),
+        )  # fmt: skip
+        self.registry.add(resident)
+        self.registry.join(resident)
+        self.tasks.spawn(self.supervisor.bring_up(resident, victims))
+        return Lease(resident, self.registry, [v.artifact.name for v in victims], loaded=True)
+
+    def _outgrown(self, resident: Resident, prompt: int) -> bool:
+        """A prompt larger than a slot of the loaded window needs the model loaded again with a
+        larger one (a new contract). Never while a call is on it: an idle, unpinned resident
+        is stopped now and the call is placed again; otherwise the call waits (bounded)."""
+        slot = resident.window // max(resident.parallel, 1)
+        trained = resident.artifact.facts.shape.n_ctx_train
+        if prompt <= slot or (trained and slot >= trained // max(resident.parallel, 1)):
+            return False
+        if trained and prompt > trained:
+            return False  # no window could hold it: the engine says so, nothing is reloaded
+        self._reload_when_idle(resident, f"a {prompt}-token prompt outgrows its {slot}-token "
+                               "slot; loading it again with a larger window")  # fmt: skip
+        return True
+
+    def _reload_when_idle(self, resident: Resident, why: str) -> list[str]:
+        """A new contract for a loaded file: an idle, unpinned resident is stopped now (the
+        waiting call is placed again once it is gone); a busy one is never stopped, the call
+        waits for it (bounded). The blockers to report either way."""
+        if resident.state is S.READY and not resident.calls and not resident.pinned:
+            log.info("%s: %s", resident.artifact.name, why)
+            self.registry.move(resident, S.STOPPING)
+            self.tasks.spawn(self.supervisor.stop(resident, "contract_change"))
+        return [resident.artifact.name]
+
+    def larger_window(self, resident: Resident) -> int | None:
+        """The window ``resident`` would get if it were loaded now, with itself gone and
+        nobody else evicted, when that is larger than the one it has; else None."""
+        ask = self.asks.ask(self.asks.named(resident.asked or resident.artifact.name))
+        snapshot = self.snapshots.snapshot()
+        others = tuple(r for r in snapshot.residents if r.key != resident.key)
+        decision = decide(replace(snapshot, residents=others), ask)
+        if (
+            isinstance(decision, Place) and decision.artifact == resident.key
+            and not decision.victims and decision.window > resident.window
+        ):  # fmt: skip
+            return decision.window
+        return None

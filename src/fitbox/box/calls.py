@@ -1,0 +1,214 @@
+"""A call's life, from its row to its measured speeds: the only writer of a call row.
+
+    call = box.calls.open("/v1/chat/completions", model, stream, request_id)   # row: pending
+    await call.place(need, max_tokens, prompt_tokens)   # a lease on a ready resident; placed
+    response = await call.send(body, accept)            # under the hang watchdog
+    content = await call.read(response)  |  async for chunk in call.relay(response): ...
+    call.answered(status, content)       # ok, usage, timings → a measured speed
+    call.failed(error) / call.interrupted()
+
+Every way out releases the lease once. Engine failures arrive as ``FitboxError``s
+(``engine_failed``, ``engine_timeout``); the caller frames them for HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fitbox.engines.http1 import EngineConnectionError, EngineResponse
+from fitbox.errors import EngineFailed, EngineTimeout, FitboxError
+from fitbox.store.db import CallStart, Store
+
+from .lease import Lease
+from .resident import Resident
+from .speeds import SpeedBook
+from .supervision import Watchdog
+
+_USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
+KEEP_TAIL = 16 * 1024  # the end of a reply kept for its usage and timings
+Acquire = Callable[[str, int | None, int, int], Awaitable[Lease]]
+
+
+def usage_of(tail: bytes) -> dict[str, Any]:
+    matches = _USAGE.findall(tail)
+    if not matches:
+        return {}
+    try:
+        usage = json.loads(matches[-1])
+    except json.JSONDecodeError:
+        return {}
+    return usage if isinstance(usage, dict) else {}
+
+
+@dataclass
+class CallDesk:
+    """Opens calls; holds what every call needs from the box."""
+
+    store: Store
+    speeds: SpeedBook
+    watchdog: Watchdog
+    acquire: Acquire
+
+    def open(self, endpoint: str, model: str, stream: bool, request_id: str) -> Call:
+        return Call(self, endpoint, model, stream, request_id)
+
+
+class Call:
+    def __init__(self, desk: CallDesk, endpoint: str, model: str, stream: bool,
+                 request_id: str) -> None:  # fmt: skip
+        self.desk, self.endpoint, self.model, self.stream = desk, endpoint, model, stream
+        self.id = desk.store.call_started(CallStart(
+            request_id=request_id[:128], endpoint=endpoint,
+            model_asked=model[:256],  # a client chooses it: keep rows bounded
+            stream=stream, received_at=time.time(),
+        ))  # fmt: skip
+        self.lease: Lease | None = None
+
+    def _record(self, **values: Any) -> None:
+        self.desk.store.call_updated(self.id, **values)
+
+    @property
+    def resident(self) -> Resident:
+        assert self.lease is not None, "the call is not placed yet"
+        return self.lease.resident
+
+    def _release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+
+    # -- placing and sending -----------------------------------------------------------
+
+    async def place(self, need: int, max_tokens: int, prompt_tokens: int) -> Resident:
+        """Hold a ready resident for this call (loading, evicting or waiting as decided)."""
+        self.lease = lease = await self.desk.acquire(self.model, self.id, need, max_tokens)
+        r = lease.resident
+        lease.expect(self.desk.speeds.of(r.artifact, r.rung.value), prompt_tokens, max_tokens)
+        self._record(
+            artifact=str(r.artifact.path), admitted_at=time.time(), device=r.device,
+            window=r.window, evicted=lease.evicted,
+            load_start_at=r.load_started_at if lease.loaded else None,
+            load_ready_at=r.ready_at if lease.loaded else None, rung=r.rung.value,
+            type_k=r.type_k, type_v=r.type_v, devices=r.holdings(), cores=list(r.cores),
+            tensor_split=list(r.place.tensor_split) if r.place else [],
+        )  # fmt: skip
+        return r
+
+    def _watched(self, awaitable: Awaitable[Any]) -> Awaitable[Any]:
+        return self.desk.watchdog.watched(self.resident, awaitable)
+
+    def _engine_failed(self, exc: Exception) -> EngineFailed:
+        r = self.resident
+        return EngineFailed(f"{r.engine.name} serving '{r.artifact.name}' failed mid-call ({exc})",
+                            log_tail=r.child.tail() if r.child else [])  # fmt: skip
+
+    async def send(self, body: bytes, accept: str) -> EngineResponse:
+        """Send the call to its engine; its response headers are back when this returns."""
+        path, shaped = self.resident.engine.shape(self.endpoint, body)
+        assert self.lease is not None
+        headers = {"Content-Type": "application/json", "Accept": accept}
+        try:
+            response: EngineResponse = await self._watched(
+                self.lease.pool.request("POST", path, shaped, headers)
+            )
+        except EngineConnectionError as exc:
+            raise self._engine_failed(exc) from None
+        return response
+
+    # -- the reply -------------------------------------------------------------------------
+
+    async def read(self, response: EngineResponse) -> bytes:
+        """A whole reply; the lease is released once it is read (or fails)."""
+        try:
+            content: bytes = await self._watched(response.read())
+        except EngineConnectionError as exc:
+            raise self._engine_failed(exc) from None
+        finally:
+            response.close()
+            self._release()
+        return content
+
+    async def relay(self, response: EngineResponse) -> AsyncIterator[bytes]:
+        """A streamed reply, piece by piece as the engine writes it; recorded at its end."""
+        first_byte_at: float | None = None
+        tail = b""
+        outcome, error_code, status = "ok", None, response.status
+        chunks = response.iter_bytes()
+        try:
+            while True:
+                try:
+                    chunk = await self._watched(anext(chunks))
+                except StopAsyncIteration:
+                    break
+                if first_byte_at is None:
+                    first_byte_at = time.time()
+                tail = (tail + chunk)[-KEEP_TAIL:]
+                yield chunk
+        except EngineConnectionError as exc:
+            error = self._engine_failed(exc)
+            outcome, error_code, status = "error", error.code, error.status
+            raise error from None
+        except EngineTimeout as timeout:
+            outcome, error_code, status = "error", timeout.code, timeout.status
+            raise
+        except BaseException:  # the client went away, or fitbox is stopping
+            outcome = "interrupted"
+            raise
+        finally:
+            response.close()
+            self._release()
+            self._ended(outcome, status, error_code, first_byte_at, tail)
+
+    def _ended(self, outcome: str, status: int, error_code: str | None,
+               first_byte_at: float | None, tail: bytes) -> None:  # fmt: skip
+        usage = usage_of(tail)
+        self._record(
+            outcome=outcome, http_status=status, error_code=error_code,
+            first_byte_at=first_byte_at, last_byte_at=time.time(),
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            **(self._measured(tail) if outcome == "ok" else {}),
+        )  # fmt: skip
+
+    def answered(self, status: int, content: bytes) -> None:
+        """A whole reply the engine gave: its usage and timings go into the row."""
+        done, tail = time.time(), content[-KEEP_TAIL:]
+        usage = usage_of(tail) or usage_of(content)
+        self._record(
+            outcome="ok", http_status=status, first_byte_at=done, last_byte_at=done,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"), **self._measured(tail),
+        )  # fmt: skip
+
+    def refused_by_engine(self, status: int, error_code: str) -> None:
+        """The engine answered with an error body of its own."""
+        done = time.time()
+        self._record(outcome="error", http_status=status, error_code=error_code,
+                     first_byte_at=done, last_byte_at=done)  # fmt: skip
+
+    def _measured(self, tail: bytes) -> dict[str, Any]:
+        """The engine's timings as call-log columns; they also become a measured speed."""
+        timings = self.resident.engine.timings(tail)
+        if timings is None:
+            return {}
+        self.desk.speeds.record(self.resident, timings, self.id)
+        return {
+            "cache_tokens": timings.cache_n, "prompt_ms": timings.prompt_ms,
+            "prompt_per_token_ms": timings.prompt_per_token_ms,
+            "decode_ms": timings.decode_ms, "decode_per_token_ms": timings.decode_per_token_ms,
+        }  # fmt: skip
+
+    # -- other ends ------------------------------------------------------------------------
+
+    def failed(self, error: FitboxError) -> None:
+        self._release()
+        self._record(outcome="error", http_status=error.status, error_code=error.code,
+                     last_byte_at=time.time())  # fmt: skip
+
+    def interrupted(self) -> None:
+        self._release()
+        self._record(outcome="interrupted", last_byte_at=time.time())

@@ -1,0 +1,102 @@
+"""What loads have taught the box: measured footprints and refused windows.
+
+A measured footprint is filed under the file's identity (path, size, mtime), the place it
+was loaded (a device, or a placement class) and its contract (window, slots, cache types);
+it replaces the estimate for the same key from then on, and outlives a restart in the
+store. A load that ran out of memory refuses its window on that place (DESIGN.md
+principle 2) until a load at or above it succeeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+from fitbox.engines.seam import Held
+from fitbox.models.catalog import Artifact, Identity, identity_of
+from fitbox.store.db import MeasuredFootprint, Store
+
+MeasuredKey = tuple[str, int, int, str, int, int, str, str]
+
+
+@dataclass(frozen=True)
+class Contract:
+    """How a model is loaded: the terms that change what it costs."""
+
+    window: int
+    parallel: int
+    type_k: str = "f16"
+    type_v: str = "f16"
+
+
+def measured_key(identity: Identity, device: str, contract: Contract) -> MeasuredKey:
+    return (*identity, device, contract.window, contract.parallel, contract.type_k,
+            contract.type_v)  # fmt: skip
+
+
+def measurement(
+    held: Held, identity: Identity, device: str, contract: Contract,
+    load_seconds: float | None, call_id: int | None, now: float,
+) -> MeasuredFootprint:  # fmt: skip
+    """What a child reported it holds, as the footprint filed for its key."""
+    return MeasuredFootprint(
+        artifact=identity.path, artifact_size=identity.size,
+        artifact_mtime_ns=identity.mtime_ns, device=device, window=contract.window,
+        parallel=contract.parallel, type_k=contract.type_k, type_v=contract.type_v,
+        weights=held.weights, kv=held.kv, compute=held.compute, output=held.output,
+        n_ctx=held.n_ctx, n_ctx_seq=held.n_ctx_seq, load_seconds=load_seconds,
+        call_id=call_id, measured_at=now,
+    )  # fmt: skip
+
+
+class Facts:
+    def __init__(self, store: Store | None, measured: list[MeasuredFootprint] | None = None):
+        self.store = store
+        if measured is None:
+            measured = store.measured_footprints() if store else []
+        self.measured: dict[MeasuredKey, MeasuredFootprint] = {m.key: m for m in measured}
+        self._refused: dict[str, set[tuple[str, int]]] = {}  # file -> (where, window)
+        for path, size, mtime_ns, where, window in store.refused_windows() if store else []:
+            with contextlib.suppress(OSError):  # a file replaced since then starts afresh
+                if identity_of(path) == (path, size, mtime_ns):
+                    self._refused.setdefault(path, set()).add((where, window))
+
+    def refused(self, artifact: Artifact) -> set[tuple[str, int]]:
+        return self._refused.get(artifact.key, set())
+
+    def of(self, identity: Identity, parallel: int) -> list[MeasuredFootprint]:
+        """Every footprint measured for this file at this many slots."""
+        return [m for m in self.measured.values()
+                if m.key[:3] == identity and m.parallel == parallel]  # fmt: skip
+
+    def load_seconds(self, artifact: Artifact) -> float | None:
+        """How long a measured load of this file took (any place), if one was measured."""
+        found = next((m for k, m in self.measured.items()
+                      if k[0] == artifact.key and m.load_seconds), None)  # fmt: skip
+        return found.load_seconds if found else None
+
+    def footprint_measured(
+        self, held: Held, artifact: Artifact, device: str, contract: Contract,
+        load_seconds: float | None, call_id: int | None,
+    ) -> MeasuredFootprint | None:  # fmt: skip
+        """File what a child reports it holds; None when the file is gone since."""
+        try:
+            identity = artifact.identity()
+        except OSError:
+            return None
+        measured = measurement(held, identity, device, contract, load_seconds, call_id,
+                               time.time())  # fmt: skip
+        self.measured[measured.key] = measured
+        if self.store is not None:
+            self.store.footprint_measured(measured)
+        return measured
+
+    def window_refused(
+        self, artifact: Artifact, where: str, contract: Contract, said: str | None,
+        call_id: int | None,
+    ) -> None:  # fmt: skip
+        self._refused.setdefault(artifact.key, set()).add((where, contract.window))
+        if self.store is not None:
+            self.store.window_refused(artifact.path, where, contract.window, contract.type_k,
+                                      contract.type_v, said, call_id)  # fmt: skip

@@ -1,0 +1,55 @@
+"""Operator actions on residents: load, pin, unpin, unload, clear a failed mark."""
+
+from __future__ import annotations
+
+from fitbox.core.types import ResidentState
+from fitbox.errors import Conflict
+from fitbox.models.catalog import Catalog
+
+from .admit import Admission
+from .resident import Resident
+from .residents import Registry
+from .supervision import Supervisor
+
+
+class Operator:
+    def __init__(self, catalog: Catalog, registry: Registry, admission: Admission,
+                 supervisor: Supervisor) -> None:  # fmt: skip
+        self.catalog, self.registry = catalog, registry
+        self.admission, self.supervisor = admission, supervisor
+
+    async def load(self, name: str) -> Resident:
+        """Load ``name`` now (or find it loaded) and leave it resident and idle."""
+        lease = await self.admission.acquire(name)
+        lease.release()
+        return lease.resident
+
+    async def pin(self, name: str, pinned: bool = True) -> Resident:
+        """Pin: load if needed and never evict it. Unpin: evictable again."""
+        resident = await self.load(name) if pinned else self.resident_named(name)
+        self.registry.set_pinned(resident, pinned)
+        return resident
+
+    async def unload(self, name: str) -> Resident:
+        """Stop ``name`` if it is idle. A model with calls on it is never stopped."""
+        resident = self.resident_named(name)
+        if resident.calls or resident.state is not ResidentState.READY:
+            raise Conflict(
+                f"'{resident.artifact.name}' is {resident.state.value} with {resident.calls} "
+                "call(s) on it; it is never stopped while serving. Try again when it is idle.",
+                param="model",
+            )  # fmt: skip
+        self.registry.set_pinned(resident, False)
+        await self.supervisor.stop(resident, "operator")
+        return resident
+
+    def clear_failed(self, name: str) -> bool:
+        return self.supervisor.crashes.clear(self.catalog.resolve(name).key)
+
+    def resident_named(self, name: str) -> Resident:
+        artifact = self.catalog.resolve(name)
+        resident = self.registry.get(artifact.key)
+        if resident is None:
+            raise Conflict(f"'{artifact.name}' is not loaded.", param="model",
+                           code="not_resident")  # fmt: skip
+        return resident

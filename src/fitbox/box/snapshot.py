@@ -1,0 +1,67 @@
+"""The core's snapshot of the box: what each pool can hold now, who holds what, the cores.
+
+One probe reading per decision serves pricing, deciding and labelling.
+"""
+
+from __future__ import annotations
+
+from fitbox.core.tiers import Tier, capacity
+from fitbox.core.types import Device, DeviceKind, Snapshot
+from fitbox.probe.gpus import GpuProbe
+from fitbox.probe.host import physical_cores, read_host
+
+from .preferences import Preferences
+from .residents import Registry
+
+
+class Snapshots:
+    def __init__(self, gpus: GpuProbe, registry: Registry, prefs: Preferences) -> None:
+        self.gpus, self.registry, self.prefs = gpus, registry, prefs
+        self._cores = physical_cores()
+
+    def devices(self) -> list[Device]:
+        """What each pool can hold now: live free memory plus what our own residents hold."""
+        held = self.registry.held_by_device()
+        devices = []
+        for gpu in self.gpus.read():
+            device_id = f"gpu{gpu.index}"
+            tier = Tier(f"vram:{device_id}", gpu.total, self.prefs.limit("vram_max"))
+            # other processes' use is charged to the device: NVML free + what we hold
+            unmanaged = (
+                0 if gpu.simulated else max(gpu.total - gpu.free - held.get(device_id, 0), 0)
+            )
+            devices.append(Device(device_id, DeviceKind.GPU, capacity(tier, unmanaged),
+                                  gpu.simulated))  # fmt: skip
+        # Weights are mmap'd: their pages sit in the page cache, which MemAvailable already
+        # counts as available. Only the anonymous parts (KV, compute, output) are added back.
+        anonymous = sum(
+            r.footprint.total - r.footprint.weights for r in self.registry if r.device == "host"
+        )
+        host = read_host()
+        tier = Tier("ram", host.mem_total, self.prefs.limit("ram_max"))
+        room = min(host.mem_available + anonymous, host.mem_total)
+        devices.append(Device("host", DeviceKind.HOST, min(capacity(tier), room)))
+        return devices
+
+    def snapshot(self, devices: list[Device] | None = None) -> Snapshot:
+        return Snapshot(
+            devices=tuple(self.devices() if devices is None else devices),
+            residents=tuple(r.view() for r in self.registry),
+            cores=self.claimable_cores(),
+        )
+
+    def physical_cores(self) -> dict[int, frozenset[int]]:
+        return dict(self._cores)
+
+    def cpus_of(self, cores: tuple[int, ...]) -> frozenset[int]:
+        """The logical CPUs of a claim's physical cores (SMT siblings go together)."""
+        return frozenset().union(*(self._cores.get(c, frozenset()) for c in cores))
+
+    def claimable_cores(self) -> tuple[int, ...]:
+        """Physical cores claims are made from: the cores tier (--cpu-max) counts those
+        engines may claim; the lowest stays for fitbox and the OS (core/claims.py)."""
+        cores = sorted(self._cores)
+        cpu_max = self.prefs.limit("cpu_max")
+        if cpu_max is not None:
+            cores = cores[: cpu_max + 1]
+        return tuple(cores)

@@ -1,0 +1,284 @@
+"""Bring-up, stop and exit of engine children, and what their loads teach.
+
+A resident registered ``starting`` (box/admit.py, under the placement lock) is brought up
+here, outside the lock: its victims are stopped, the device's memory is awaited, the child
+is launched through its engine's seam, waited for, measured, and moved to ``ready``. A
+child that exits on its own, hangs, or fails to load is counted in the crash ledger unless
+the cause was the room (out of memory) or the engine (none installed).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from fitbox.config import Config
+from fitbox.core.types import Footprint, ResidentState, Rung
+from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
+from fitbox.engines.orphans import ChildRecord, reap, start_time
+from fitbox.engines.seam import EngineNotFound, LaunchIntent
+from fitbox.errors import EngineFailed, ShuttingDown
+from fitbox.models.catalog import Artifact
+from fitbox.probe.gpus import GpuProbe
+from fitbox.store.db import Store
+from fitbox.units import format_bytes
+
+from ..facts import Contract, Facts
+from ..resident import Resident
+from ..residents import Registry
+from ..tasks import Tasks
+from .crashes import CrashLedger
+from .memory import await_free
+
+log = logging.getLogger(__name__)
+S = ResidentState
+
+
+def contract_of(resident: Resident) -> Contract:
+    return Contract(resident.window, resident.parallel, resident.type_k, resident.type_v)
+
+
+def intent_for(resident: Resident, port: int) -> LaunchIntent:
+    place = resident.place
+    assert place is not None
+    return LaunchIntent(
+        model_path=resident.artifact.path, alias=resident.artifact.name,
+        window=resident.window, parallel=resident.parallel,
+        embedding=resident.artifact.facts.is_embedding, gpu_layers=place.gpu_layers,
+        port=port, tensor_split=place.tensor_split, experts_in_ram=place.experts_in_ram,
+        threads=len(place.cores) or None, type_k=place.type_k, type_v=place.type_v,
+    )  # fmt: skip
+
+
+class Supervisor:
+    def __init__(
+        self, config: Config, registry: Registry, facts: Facts, gpus: GpuProbe,
+        store: Store | None, tasks: Tasks,
+    ) -> None:  # fmt: skip
+        self.config, self.registry, self.facts = config, registry, facts
+        self.gpus, self.store, self.tasks = gpus, store, tasks
+        self.crashes = CrashLedger(config.crash_limit, config.crash_window, config.crash_backoff)
+        self.started_pids: set[int] = set()  # every engine pid this fitbox started
+
+    # -- crashes ---------------------------------------------------------------------
+
+    def refuse_if_failed(self, artifact: Artifact) -> None:
+        failed = self.crashes.failed(artifact.key)
+        if failed is not None:
+            raise EngineFailed(
+                f"'{artifact.name}' is marked failed after {failed.crashes} crashes "
+                f"(last: {failed.reason}). Fix the cause, then clear it with POST "
+                f"/v1/operator/clear-failed {{\"model\": \"{artifact.name}\"}}.",
+                log_tail=failed.log_tail, code="engine_failed",
+            )  # fmt: skip
+
+    def restart_delay(self, artifact: Artifact) -> float:
+        """Seconds a crashed model waits before it is loaded again (crash-loop backoff)."""
+        return self.crashes.wait_before_restart(artifact.key, time.time())
+
+    def _crashed(self, resident: Resident, reason: str, tail: list[str]) -> None:
+        failed = self.crashes.crashed(resident.key, reason, tail, time.time())
+        if failed is not None:
+            log.error("%s marked failed after %d crashes; calls get engine_failed until an "
+                      "operator clears it", resident.artifact.name, failed.crashes)  # fmt: skip
+
+    # -- bring-up --------------------------------------------------------------------
+
+    async def bring_up(self, resident: Resident, victims: Iterable[Resident]) -> None:
+        try:
+            victims = list(victims)
+            for victim in victims:
+                log.info("evicting %s (idle) to make room for %s", victim.artifact.name,
+                         resident.artifact.name)  # fmt: skip
+                await self.stop(victim, "make_room", resident.artifact.name,
+                                resident.loaded_by_call)  # fmt: skip
+            if victims:
+                await self._memory_back(resident)
+            child = await self._launch(resident)
+            resident.load_seconds = await child.wait_ready(self.config.load_timeout)
+            resident.ready_at = time.time()
+            if resident.state is not S.STARTING:
+                return  # stopped while it loaded: the stopper owns it now
+            await self._measure(resident, child)
+            self.registry.move(resident, S.READY)
+            log.info("%s ready on port %d in %.2f s", resident.artifact.name, child.port,
+                     resident.load_seconds)  # fmt: skip
+            resident.ready.set_result(None)
+            self.tasks.spawn(self._watch(resident))
+        except Exception as exc:
+            await self._fail(resident, exc)
+        finally:
+            self.registry.notify()
+
+    async def _launch(self, resident: Resident) -> Child:
+        try:
+            resident.engine.locate()
+        except EngineNotFound as exc:
+            raise EngineFailed(str(exc)) from None
+        spec = resident.engine.launch(intent_for(resident, free_port()))
+        child = Child(list(spec.argv), spec.port, self._log_path(resident, spec.port),
+                      resident.cpus, dict(spec.env))  # fmt: skip
+        resident.child = child
+        resident.load_started_at = time.time()
+        await child.start()
+        self._child_started(resident, child)
+        return child
+
+    async def _measure(self, resident: Resident, child: Child) -> None:
+        """Read what the engine allocated; it replaces the estimate, now and next time."""
+        place = resident.place
+        if place is not None and (len(place.devices) > 2 or (
+            len(place.devices) > 1 and place.rung not in (Rung.GPU_ONLY, Rung.FOUR_BIT)
+        )):  # fmt: skip
+            return  # measured per placement class: one device (a GPU with its host part) only
+        held = await resident.engine.held(child)
+        if held is None:
+            log.warning("%s: no buffer sizes reported; keeping the estimate",
+                        resident.artifact.name)  # fmt: skip
+            return
+        estimate = resident.footprint.total
+        resident.footprint = Footprint(held.weights, held.kv, held.compute, held.output)
+        resident.basis = "measured"
+        resident.held[resident.device] = resident.footprint.total
+        self.facts.footprint_measured(held, resident.artifact, resident.device,
+                                      contract_of(resident), resident.load_seconds,
+                                      resident.loaded_by_call)  # fmt: skip
+        error = (estimate - resident.footprint.total) / max(resident.footprint.total, 1)
+        log.info("%s measured %s on %s (the estimate was %+.1f%%)", resident.artifact.name,
+                 format_bytes(resident.footprint.total), resident.device, error * 100)  # fmt: skip
+
+    async def _fail(self, resident: Resident, exc: Exception) -> None:
+        if isinstance(exc, EngineFailed):
+            error = exc
+        else:
+            tail = exc.tail if isinstance(exc, ChildExited | ChildTimeout) else []
+            error = EngineFailed(
+                f"{resident.engine.name} could not load '{resident.artifact.name}': {exc}",
+                log_tail=tail,
+            )
+        log.error("%s failed to load: %s", resident.artifact.name, error.message)
+        if resident.child is not None:
+            await resident.child.stop(self.config.stop_grace)
+            self._child_ended(resident, "failed to load")
+        tail = error.detail.get("log_tail", [])
+        said = resident.engine.out_of_memory(tail)
+        if resident.state is S.STARTING:  # not stopped by someone else meanwhile
+            if not isinstance(exc, EngineFailed) and said is None:
+                self._crashed(resident, error.message, tail)  # the model, not engine or room
+            if said is not None:
+                self._refuse_window(resident, error, said)
+            self.registry.move(resident, S.FAILED)
+        if not resident.ready.done():
+            resident.ready.set_exception(error)
+
+    def _refuse_window(self, resident: Resident, error: EngineFailed, said: str) -> None:
+        """A load out of memory is a fact about this placement: refuse this window."""
+        error.detail["out_of_memory"] = True
+        where = resident.place.where if resident.place else resident.device
+        self.facts.window_refused(resident.artifact, where, contract_of(resident), said,
+                                  resident.loaded_by_call)  # fmt: skip
+        log.warning("%s ran out of memory at a %d-token window on %s; windows at or above it "
+                    "are out of reach until one loads", resident.artifact.name,
+                    resident.window, where)  # fmt: skip
+
+    async def _memory_back(self, resident: Resident) -> None:
+        """On a real GPU, wait (bounded) for the evicted children's VRAM to be released."""
+
+        def free_on_device() -> int | None:
+            for gpu in self.gpus.read():
+                if f"gpu{gpu.index}" == resident.device and not gpu.simulated:
+                    return gpu.free
+            return None  # host RAM is back when the process is reaped; simulated GPUs too
+
+        recovered, waited = await await_free(free_on_device, resident.footprint.total)
+        if not recovered:
+            log.warning("%s: %s memory not back after %.1f s; loading anyway",
+                        resident.artifact.name, resident.device, waited)  # fmt: skip
+
+    # -- running and stopping -------------------------------------------------------------
+
+    async def _watch(self, resident: Resident) -> None:
+        """A ready child that exits on its own is dropped, so the next call reloads it."""
+        assert resident.child is not None and resident.child.proc is not None
+        code = await resident.child.proc.wait()
+        if resident.state is S.READY and self.registry.holds(resident):
+            log.error("%s exited unexpectedly with code %s", resident.artifact.name, code)
+            self._child_ended(resident, f"exited with code {code}")
+            self.registry.move(resident, S.FAILED)
+            self._crashed(resident, f"exited unexpectedly with code {code}", resident.child.tail())
+
+    async def hung(self, resident: Resident, idle: float) -> None:
+        """A ready engine that stopped answering mid-call: stop it (the ladder ends in SIGKILL
+        for the group), drop it so the next call loads it again, count it as one crash
+        however many calls found it silent."""
+        if resident.state is not S.READY or not self.registry.holds(resident):
+            return  # another call already found it hung
+        log.error("%s hung: nothing for %.0f s and no answer to /health; restarting it",
+                  resident.artifact.name, idle)  # fmt: skip
+        tail = resident.child.tail() if resident.child else []
+        await self.stop(resident, "hung")
+        self._crashed(resident, f"hung mid-call (nothing for {idle:.0f} s)", tail)
+
+    async def stop(
+        self, resident: Resident, reason: str | None = None, for_model: str | None = None,
+        call_id: int | None = None,
+    ) -> None:  # fmt: skip
+        """Stop a resident; with a ``reason`` it is an eviction, recorded as one."""
+        if reason is not None and self.store is not None:
+            self.store.evicted(resident.artifact.name, str(resident.artifact.path),
+                               resident.holdings(), reason, for_model, call_id,
+                               time.monotonic() - resident.last_used)  # fmt: skip
+        if resident.state in (S.STARTING, S.READY):
+            self.registry.move(resident, S.STOPPING)
+        if resident.state is not S.STOPPING:
+            return  # already gone
+        if resident.child is not None:
+            await resident.child.stop(self.config.stop_grace)
+            self._child_ended(resident, "stopped")
+        if resident.state is S.STOPPING:
+            self.registry.move(resident, S.STOPPED)
+        if not resident.ready.done():  # stopped while loading: wake whoever waits for it
+            resident.ready.set_exception(
+                ShuttingDown(f"'{resident.artifact.name}' was stopped while it loaded")
+            )
+
+    def kill_all_now(self) -> None:
+        for resident in self.registry:
+            if resident.child is not None:
+                resident.child.kill_now()
+
+    # -- the children's records -------------------------------------------------------
+
+    def _child_started(self, resident: Resident, child: Child) -> None:
+        if child.pid is None:
+            return
+        self.started_pids.add(child.pid)
+        if self.store is None:
+            return
+        resident.child_start_time = start_time(child.pid) or 0.0
+        self.store.child_started(child.pid, resident.child_start_time, child.port,
+                                 str(resident.artifact.path), child.argv)  # fmt: skip
+
+    def _child_ended(self, resident: Resident, how: str) -> None:
+        if self.store is not None and resident.child is not None and resident.child.pid:
+            self.store.child_ended(resident.child.pid, resident.child_start_time, how)
+
+    def reap_orphans(self) -> int:
+        """Stop children an earlier fitbox left behind (matched by pid and start time)."""
+        if self.store is None:
+            return 0
+        reaped = 0
+        for row_id, pid, created, argv0 in self.store.open_children():
+            ours = reap(ChildRecord(row_id, pid, created, argv0))
+            reaped += ours
+            if ours:
+                log.warning("stopped engine pid %d left running by an earlier fitbox", pid)
+            self.store.child_row_ended(row_id, "reaped at start" if ours else "gone")
+        return reaped
+
+    def _log_path(self, resident: Resident, port: int) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", resident.artifact.name)
+        return self.config.log_dir / f"{safe}-{port}.log"

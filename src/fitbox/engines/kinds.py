@@ -1,0 +1,40 @@
+"""The engine kinds this fitbox can run, and which one loads an artifact.
+
+The box asks here for the engine of each artifact it places, so it never names one; a new
+kind (the transformers child, a task runner) is one more entry in ``on_this_box``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from fitbox.engines.llama_server import LlamaServer
+from fitbox.engines.seam import Engine
+from fitbox.errors import EngineFailed
+
+
+class HasFormat(Protocol):
+    @property
+    def format(self) -> str: ...
+
+
+class EngineKinds:
+    def __init__(self, kinds: Sequence[Engine]) -> None:
+        self.kinds = tuple(kinds)
+
+    def for_format(self, artifact_format: str) -> Engine:
+        for kind in self.kinds:
+            if kind.serves(artifact_format):
+                return kind
+        known = ", ".join(k.name for k in self.kinds) or "none"
+        raise EngineFailed(f"No engine on this box loads {artifact_format} models "
+                           f"(engine kinds here: {known}).")  # fmt: skip
+
+    def for_artifact(self, artifact: HasFormat) -> Engine:
+        return self.for_format(artifact.format)
+
+
+def on_this_box(engine_dir: str = "") -> EngineKinds:
+    """Every engine kind fitbox knows, in the order it prefers them."""
+    return EngineKinds([LlamaServer(engine_dir)])

@@ -1,0 +1,116 @@
+"""The engine seam: what every engine kind gives the box, so the box names none of them.
+
+An engine kind (llama-server today; the transformers child and task runners next, see
+DESIGN.md §Engines) is one object with this shape. The box hands it a ``LaunchIntent``
+(what the core decided, in the core's words) and gets back how to run it; after readiness
+it asks what the child really holds; after each call it asks what the call measured.
+Nothing in ``box/`` looks inside an argv, a load log or a response body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from fitbox.engines.child import Child
+
+
+class EngineNotFound(RuntimeError):
+    """No runnable engine of a kind; the message names the command that installs one."""
+
+
+@dataclass(frozen=True)
+class LaunchIntent:
+    """What the box wants running; each engine kind turns it into its own launch spec."""
+
+    model_path: Path
+    alias: str
+    window: int
+    parallel: int
+    gpu_layers: int  # 0 on host; a large number means every layer on the GPU
+    port: int
+    embedding: bool = False
+    host: str = "127.0.0.1"
+    tensor_split: tuple[float, ...] = ()  # one share per GPU; empty on one GPU
+    experts_in_ram: bool = False  # MoE experts stay in RAM (--cpu-moe for llama-server)
+    threads: int | None = None  # the cores the CPU claim holds
+    type_k: str = "f16"
+    type_v: str = "f16"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How to start one child: its argv, extra environment, and where it answers."""
+
+    argv: tuple[str, ...]
+    port: int
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a loaded child reports it allocated, by kind of buffer (bytes)."""
+
+    weights: int
+    kv: int
+    compute: int
+    output: int
+    n_ctx: int | None = None
+    n_ctx_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class CallTimings:
+    """What one call measured, in the engine's own figures (None: not reported)."""
+
+    prompt_n: int = 0
+    prompt_ms: float | None = None
+    prompt_per_token_ms: float | None = None
+    decode_n: int = 0
+    decode_ms: float | None = None
+    decode_per_token_ms: float | None = None
+    cache_n: int | None = None
+
+
+class Engine(Protocol):
+    """One engine kind. Implementations: ``engines.llama_server.LlamaServer``."""
+
+    name: str  # what an operator calls it, in messages ("llama-server")
+
+    def serves(self, artifact_format: str) -> bool:
+        """Whether it can load an artifact of this format ("gguf", "transformers", …)."""
+        ...
+
+    def routes(self) -> frozenset[str]:
+        """The OpenAI paths its children answer."""
+        ...
+
+    def locate(self) -> None:
+        """Find a runnable engine now (cached); raises ``EngineNotFound`` with the fix."""
+        ...
+
+    def launch(self, intent: LaunchIntent) -> LaunchSpec:
+        """The launch spec of a child for this intent (only flags the engine has)."""
+        ...
+
+    def slots(self, intent: LaunchIntent) -> int:
+        """How many calls a child launched for ``intent`` serves at once."""
+        ...
+
+    async def held(self, child: Child) -> Held | None:
+        """What a ready child allocated (a load log, a ``/props`` body); None: unknown."""
+        ...
+
+    def timings(self, tail: bytes) -> CallTimings | None:
+        """A call's measured speeds from the end of its response body; None: none."""
+        ...
+
+    def out_of_memory(self, lines: Sequence[str]) -> str | None:
+        """The line of a failed load that says it ran out of memory, if one does."""
+        ...
+
+    def shape(self, path: str, body: bytes) -> tuple[str, bytes]:
+        """The path and body to send to a child for a client's call on ``path``."""
+        ...

