@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fitbox.server.trust import DEFAULT_TRUSTED_NETWORKS, Network, parse_networks
+from fitbox.networks import DEFAULT_TRUSTED_NETWORKS, Network, parse_networks
 from fitbox.units import parse_size
 
 
