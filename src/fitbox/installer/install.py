@@ -21,7 +21,7 @@ import httpx
 
 from fitbox.engines.child import free_port
 from fitbox.installer.units import Layout, exec_start, render_unit
-from fitbox.server.keys import write_secret
+from fitbox.store.box_key import write_secret
 
 
 class InstallError(RuntimeError):
@@ -124,7 +124,7 @@ def plan_install(
 
 
 def _box_key(target: Layout) -> None:
-    from fitbox.server.keys import ensure_box_key
+    from fitbox.store.box_key import ensure_box_key
     from fitbox.store.db import Store
 
     store = Store(target.home / "fitbox.sqlite3")

@@ -20,8 +20,8 @@ from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import open_gpu_probe
 from fitbox.server import calls_page, errors, manage, openai, openapi, operate, settings, telemetry
 from fitbox.server.auth import AuthMiddleware, Gate
-from fitbox.server.keys import ensure_box_key
 from fitbox.server.trust import TrustSettings
+from fitbox.store.box_key import ensure_box_key
 from fitbox.store.db import Store
 from fitbox.store.keys import KeyChecker
 
