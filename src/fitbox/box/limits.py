@@ -10,19 +10,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from fitbox.core.tiers import Tier
+from fitbox.probe.disk import storage_total
 from fitbox.probe.gpus import GpuReading
 from fitbox.probe.host import HostReading, physical_cores, read_host
-
-
-def storage_total(roots: Iterable[Path]) -> int:
-    """The size of the drive holding the first model root that exists (0: none does)."""
-    for root in roots:
-        if root.is_dir():
-            return int(psutil.disk_usage(str(root)).total)
-    return 0
 
 
 def tiers(
