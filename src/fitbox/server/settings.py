@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import psutil
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -19,6 +18,7 @@ from fitbox.box.preferences import BOX_KNOBS, LIMIT_KNOBS, PAIR_KNOBS, parse
 from fitbox.core.pins import parse as parse_pins
 from fitbox.core.verdicts import verdicts as price_all
 from fitbox.errors import InvalidRequest
+from fitbox.probe.host import read_core_busy
 from fitbox.store.db import Store
 from fitbox.units import format_bytes
 
@@ -113,7 +113,7 @@ async def cores(request: Request) -> Response:
     physical = box.physical_cores()
     claimable = set(box.claimable_cores())
     keep = min(claimable) if len(claimable) >= 2 else None
-    busy = psutil.cpu_percent(percpu=True)  # since the last reading: no sleep on the call path
+    busy = read_core_busy()
     held: dict[int, str] = {}
     for resident in box.residents():
         for core in resident.cores:
