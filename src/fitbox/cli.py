@@ -218,7 +218,7 @@ def serve(config: settings.Config, log_level: str) -> int:
         "port": port,
         "pid": os.getpid(),
     }
-    (config.home / "endpoint.json").write_text(json.dumps(endpoint) + "\n")
+    (config.endpoint_file).write_text(json.dumps(endpoint) + "\n")
     print(f"fitbox {fitbox.__version__} listening on {endpoint['url']}", flush=True)
 
     app = create_app(config)
@@ -329,7 +329,7 @@ def _plan_from_service(config: settings.Config, args: argparse.Namespace) -> dic
     """Ask the running fitbox (it knows what is resident); None when none answers."""
     import httpx
 
-    endpoint = config.home / "endpoint.json"
+    endpoint = config.endpoint_file
     if not endpoint.exists():
         return None
     try:
