@@ -71,18 +71,7 @@ def plan_install(
     extra_env: dict[str, str],
 ) -> Plan:
     """What installing means here, step by step; keeps what an earlier install chose."""
-    env = read_env(target.env_file)
-    home = target.home.path
-    env["FITBOX_HOME"] = str(home if target.root == Path("/") else
-                             Path("/") / home.relative_to(target.root))  # fmt: skip
-    env["FITBOX_HOST"] = host or env.get("FITBOX_HOST", "127.0.0.1")
-    if port not in (None, "auto"):
-        env["FITBOX_PORT"] = str(port)
-    elif "FITBOX_PORT" not in env:  # a re-run keeps the port an earlier install chose
-        if port is None:
-            raise InstallError("no port is assumed: give --port N, or --port auto for a free one")
-        env["FITBOX_PORT"] = str(free_port())
-    env.update(extra_env)
+    env = _service_env(target, host, port, extra_env)
     plan = Plan(target, env)
     for directory in (target.env_file.parent, target.unit_file.parent, target.home.models,
                       target.cache):  # fmt: skip
@@ -125,6 +114,25 @@ def plan_install(
     if target.kind == "user":
         plan.notes.append("to keep it running after you log out: loginctl enable-linger $USER")
     return plan
+
+
+def _service_env(
+    target: ServiceLayout, host: str | None, port: str | None, extra_env: dict[str, str]
+) -> dict[str, str]:
+    """The env file's settings: an earlier install's, with what this run was given on top."""
+    env = read_env(target.env_file)
+    home = target.home.path
+    env["FITBOX_HOME"] = str(home if target.root == Path("/") else
+                             Path("/") / home.relative_to(target.root))  # fmt: skip
+    env["FITBOX_HOST"] = host or env.get("FITBOX_HOST", "127.0.0.1")
+    if port not in (None, "auto"):
+        env["FITBOX_PORT"] = str(port)
+    elif "FITBOX_PORT" not in env:  # a re-run keeps the port an earlier install chose
+        if port is None:
+            raise InstallError("no port is assumed: give --port N, or --port auto for a free one")
+        env["FITBOX_PORT"] = str(free_port())
+    env.update(extra_env)
+    return env
 
 
 def _box_key(target: ServiceLayout) -> None:
