@@ -120,6 +120,14 @@ def test_claims_idle_cores_can_be_taken_busy_never() -> None:
     assert claims.claim(range(4), (), [busy], (), weights_in_ram=True, floor=3) is None
 
 
+def test_claims_the_reserved_core_comes_on_top_of_cpu_max() -> None:
+    assert claims.claim_pool([3, 0, 2, 1], None) == (0, 1, 2, 3)
+    assert claims.claim_pool(range(8), 2) == (0, 1, 2)  # core 0 stays, 1 and 2 are claimable
+    assert claims.claimable_count(claims.claim_pool(range(8), 2)) == 2
+    assert claims.claimable_count(range(8)) == 7
+    assert claims.claimable_count([5]) == 1  # a one-core box: engines need that core
+
+
 # -- tiers -----------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from fitbox.store.db import CallStart, Store, connect
 from fitbox.store.migrations import Migration, SchemaTooNew, load_migrations, migrate
+from fitbox.store.settings import StoredSetting, read_settings, write_settings
 
 
 def test_migrations_are_recorded_and_applied_once(tmp_path: Path) -> None:
@@ -153,3 +154,18 @@ def test_a_job_that_raises_never_stops_the_writer(tmp_path: Path) -> None:
     assert [r["request_id"] for r in asyncio.run(store.recent_calls())] == ["after"]
     assert store.write_failures == 0
     store.close()
+
+
+def test_settings_outlive_the_store_and_none_clears_a_knob(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite3")
+    store.run(lambda conn: write_settings(conn, "pair", "smollm2", {"band": 3, "rungs": ["4bit"]}))
+    store.run(lambda conn: write_settings(conn, "box", "", {"goal": "fast"}))
+    store.run(lambda conn: write_settings(conn, "pair", "smollm2", {"band": None}))
+    store.close()
+    again = Store(tmp_path / "s.sqlite3")
+    try:
+        stored = again.run(read_settings)
+    finally:
+        again.close()
+    assert stored == [StoredSetting("box", "", "goal", "fast"),
+                      StoredSetting("pair", "smollm2", "rungs", ["4bit"])]  # fmt: skip

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from fitbox.server.trust import (
-    DEFAULT_TRUSTED_NETWORKS,
-    TrustSettings,
-    origin_of,
-    parse_networks,
-)
+from fitbox.networks import DEFAULT_TRUSTED_NETWORKS, parse_networks
+from fitbox.server.trust import TrustSettings, origin_of
 
 SETTINGS = TrustSettings(parse_networks(DEFAULT_TRUSTED_NETWORKS), (), "192.168.1.20")
 BEHIND_PROXY = TrustSettings(parse_networks(DEFAULT_TRUSTED_NETWORKS),

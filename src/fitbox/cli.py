@@ -11,7 +11,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import fitbox
 from fitbox import config as settings
@@ -41,11 +41,21 @@ def _overrides(args: argparse.Namespace) -> dict[str, str | None]:
     return values
 
 
+# what add_subparsers returns: each _add_* below adds its command to it
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fitbox", description=fitbox.__doc__)
     parser.add_argument("--version", action="version", version=f"fitbox {fitbox.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add_command in (_add_serve, _add_models, _add_plan, _add_keys, _add_install,
+                        _add_engines, _add_update, _add_pull):  # fmt: skip
+        add_command(sub)
+    return parser
 
+
+def _add_serve(sub: Commands) -> None:
     serve = sub.add_parser("serve", help="run the OpenAI-compatible front door")
     _add_catalog_options(serve)
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
@@ -53,10 +63,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--ram-max", help="cap on host RAM for models, e.g. 8GiB")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
+
+def _add_models(sub: Commands) -> None:
     models = sub.add_parser("models", help="list the models fitbox can serve")
     _add_catalog_options(models)
     models.add_argument("--json", action="store_true")
 
+
+def _add_plan(sub: Commands) -> None:
     plan = sub.add_parser(
         "plan", help="what fitbox would load for a model, and where, without loading it"
     )
@@ -67,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true")
     _add_catalog_options(plan)
 
+
+def _add_keys(sub: Commands) -> None:
     keys = sub.add_parser("keys", help="API keys: create, list, show, revoke")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="make a key; its secret is printed once")
@@ -91,6 +107,9 @@ def _parser() -> argparse.ArgumentParser:
         parser_.add_argument("--json", action="store_true")
         _add_catalog_options(parser_)
 
+
+def _add_install(sub: Commands) -> None:
+    """``install`` and ``uninstall``, which share where and how they act."""
     install = sub.add_parser("install", help="install fitbox as a systemd service")
     uninstall = sub.add_parser("uninstall", help="remove the service (--purge: state too)")
     for parser_ in (install, uninstall):
@@ -117,7 +136,13 @@ def _parser() -> argparse.ArgumentParser:
     uninstall.add_argument(
         "--purge", action="store_true", help="also state and cache (the model store is always kept)"
     )
+
+
+def _add_engines(sub: Commands) -> None:
     sub.add_parser("engines", help="every llama-server fitbox can see, and the one it uses")
+
+
+def _add_update(sub: Commands) -> None:
     update = sub.add_parser("update", help="compare with the newest release; --apply installs it")
     update.add_argument("--apply", action="store_true", help="install it (rolls back on failure)")
     update.add_argument("--version", dest="wanted", help="this release instead of the newest")
@@ -128,6 +153,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     update.add_argument("--health-timeout", type=float, default=180.0)
 
+
+def _add_pull(sub: Commands) -> None:
     pull = sub.add_parser("pull", help="fetch a real GGUF into the model store")
     pull.add_argument(
         "source",
@@ -140,7 +167,6 @@ def _parser() -> argparse.ArgumentParser:
         "--to", metavar="DIR", help="model root to write into (default: the first model root)"
     )
     _add_catalog_options(pull)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -218,7 +244,7 @@ def serve(config: settings.Config, log_level: str) -> int:
         "port": port,
         "pid": os.getpid(),
     }
-    (config.home / "endpoint.json").write_text(json.dumps(endpoint) + "\n")
+    (config.endpoint_file).write_text(json.dumps(endpoint) + "\n")
     print(f"fitbox {fitbox.__version__} listening on {endpoint['url']}", flush=True)
 
     app = create_app(config)
@@ -329,7 +355,7 @@ def _plan_from_service(config: settings.Config, args: argparse.Namespace) -> dic
     """Ask the running fitbox (it knows what is resident); None when none answers."""
     import httpx
 
-    endpoint = config.home / "endpoint.json"
+    endpoint = config.endpoint_file
     if not endpoint.exists():
         return None
     try:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fitbox.server.trust import DEFAULT_TRUSTED_NETWORKS, Network, parse_networks
+from fitbox.home import Home, default_home
+from fitbox.networks import DEFAULT_TRUSTED_NETWORKS, Network, parse_networks
 from fitbox.units import parse_size
 
 
@@ -319,25 +320,23 @@ class Config:
 
     @property
     def store_path(self) -> Path:
-        return self.home / "fitbox.sqlite3"
+        return Home(self.home).store
 
     @property
     def facts_cache(self) -> Path:
-        return self.home / "cache" / "gguf-facts.json"
+        return Home(self.home).facts_cache
 
     @property
     def box_key_file(self) -> Path:
-        return self.home / "box.key"
+        return Home(self.home).box_key
 
     @property
     def log_dir(self) -> Path:
-        return self.home / "logs"
+        return Home(self.home).logs
 
-
-def default_home() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("fitbox", appauthor=False))
+    @property
+    def endpoint_file(self) -> Path:
+        return Home(self.home).endpoint
 
 
 def load(
@@ -359,9 +358,9 @@ def load(
             ) from None
     home = Path(values["home"]).expanduser().absolute() if values["home"] else default_home()
     values["home"] = home
-    values["models"] = values["models"] or (home / "models",)
+    values["models"] = values["models"] or (Home(home).models,)
     values["aliases"] = (
-        Path(values["aliases"]).expanduser() if values["aliases"] else (home / "aliases.toml")
+        Path(values["aliases"]).expanduser() if values["aliases"] else Home(home).aliases
     )
     return Config(**values)
 

@@ -28,7 +28,7 @@ def parse_duration(text: str) -> int:
 
 
 def _service(config: Config) -> str | None:
-    endpoint = config.home / "endpoint.json"
+    endpoint = config.endpoint_file
     try:
         url = str(json.loads(endpoint.read_text())["url"])
         httpx.get(f"{url}/health", timeout=2).raise_for_status()

@@ -28,6 +28,7 @@ from fitbox.errors import InvalidRequest
 from fitbox.models.catalog import Artifact, Catalog
 from fitbox.probe.gpus import GpuProbe
 from fitbox.store.db import MeasuredFootprint, Store
+from fitbox.store.settings import read_settings, write_settings
 
 from . import planning
 from .admit import Admission
@@ -37,8 +38,6 @@ from .facts import Facts
 from .lease import Lease
 from .operator import Operator
 from .preferences import Preferences
-from .preferences import load as load_preferences
-from .preferences import save as save_preferences
 from .resident import Resident
 from .residents import Registry
 from .sensors import sense
@@ -59,7 +58,7 @@ class Box:
         self.prefs = Preferences(config)
         if store is not None:
             with contextlib.suppress(Exception):  # a damaged store serves on with defaults
-                store.run(lambda conn: load_preferences(conn, self.prefs))
+                self.prefs.restore(store.run(read_settings))
         self.registry, self.tasks = Registry(), Tasks()
         self.facts, self.speeds = Facts(store, measured), SpeedBook(store)
         self.asks = Asks(config, catalog, self.prefs, self.facts, self.speeds)
@@ -126,7 +125,7 @@ class Box:
     def update_settings(self, scope: str, model: str, values: dict[str, Any]) -> None:
         """Persist, then apply: a knob the store could not keep is not applied."""
         if self.store is not None:
-            self.store.run(lambda conn: save_preferences(conn, scope, model, values))
+            self.store.run(lambda conn: write_settings(conn, scope, model, values))
         self.prefs.apply(scope, model, values)
         self.registry.notify()
 

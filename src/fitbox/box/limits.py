@@ -10,29 +10,20 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from fitbox.core.claims import claimable_count
 from fitbox.core.tiers import Tier
+from fitbox.probe.disk import storage_total
 from fitbox.probe.gpus import GpuReading
 from fitbox.probe.host import HostReading, physical_cores, read_host
 
 
-def storage_total(roots: Iterable[Path]) -> int:
-    """The size of the drive holding the first model root that exists (0: none does)."""
-    for root in roots:
-        if root.is_dir():
-            return int(psutil.disk_usage(str(root)).total)
-    return 0
-
-
 def tiers(
-    limit: Callable[[str], Any], host: HostReading, gpus: list[GpuReading], cores: int,
-    storage: int = 0,
+    limit: Callable[[str], Any], host: HostReading, gpus: list[GpuReading],
+    claimable_cores: int, storage: int = 0,
 ) -> list[Tier]:  # fmt: skip
     found = [Tier("ram", host.mem_total, limit("ram_max"))]
     found += [Tier(f"vram:gpu{g.index}", g.total, limit("vram_max")) for g in gpus]
-    # one core stays for fitbox and the OS; the rest is what engines may claim
-    found.append(Tier("cores", max(cores - 1, 1), limit("cpu_max")))
+    found.append(Tier("cores", claimable_cores, limit("cpu_max")))
     if storage:
         found.append(Tier("storage", storage, limit("storage_max")))
     return found
@@ -43,7 +34,8 @@ def on_this_box(
 ) -> list[Tier]:
     """The tiers of this box: its RAM and physical cores read now, ``gpus`` as read by the
     caller's probe, the drive of the first model root that exists."""
-    return tiers(limit, read_host(), gpus, len(physical_cores()), storage_total(roots))
+    cores = claimable_count(physical_cores())
+    return tiers(limit, read_host(), gpus, cores, storage_total(roots))
 
 
 def problems_on_this_box(

@@ -1,16 +1,13 @@
 """Operator knobs: box-wide, per model (a "pair": this box and that model), and limits.
 
 Each knob is parsed here, once, with an error that names it; values live in the store's
-``settings`` table so they outlive a restart. What a call gets is the effective value:
-the model's own, else the box's, else the setting fitbox was started with.
+``settings`` table (store/settings.py) so they outlive a restart. What a call gets is the
+effective value: the model's own, else the box's, else the setting fitbox was started with.
 """
 
 from __future__ import annotations
 
-import json
-import sqlite3
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +15,7 @@ from fitbox.config import Config
 from fitbox.core.sizing import KV_TYPES
 from fitbox.core.types import Goal, Rung
 from fitbox.errors import InvalidRequest
+from fitbox.store.settings import StoredSetting
 from fitbox.units import parse_size
 
 
@@ -162,26 +160,7 @@ class Preferences:
         if scope == "pair" and not target:
             self.pairs.pop(model, None)
 
-
-def load(conn: sqlite3.Connection, prefs: Preferences) -> Preferences:
-    for scope, model, name, value in conn.execute(
-        "SELECT scope, model, name, value FROM settings ORDER BY scope, model, name"
-    ):
-        prefs.apply(scope, model, {name: json.loads(value)})
-    return prefs
-
-
-def save(conn: sqlite3.Connection, scope: str, model: str, values: dict[str, Any]) -> None:
-    """Runs on the store's writer, inside its transaction (store/db.py)."""
-    now = time.time()
-    for name, value in values.items():
-        if value is None:
-            conn.execute("DELETE FROM settings WHERE scope = ? AND model = ? AND name = ?",
-                         (scope, model, name))  # fmt: skip
-        else:
-            conn.execute(
-                "INSERT INTO settings (scope, model, name, value, updated_at) VALUES "
-                "(?, ?, ?, ?, ?) ON CONFLICT (scope, model, name) DO UPDATE SET "
-                "value = excluded.value, updated_at = excluded.updated_at",
-                (scope, model, name, json.dumps(value), now),
-            )
+    def restore(self, stored: Iterable[StoredSetting]) -> None:
+        """Apply the knobs the store kept from an earlier run (store/settings.py)."""
+        for setting in stored:
+            self.apply(setting.scope, setting.model, {setting.name: setting.value})

@@ -8,10 +8,9 @@ import asyncio
 import time
 from typing import Any
 
-import psutil
-
 from fitbox.config import Config
 from fitbox.probe.gpus import GpuProbe, GpuReading
+from fitbox.probe.host import read_usage, start_cpu_counter
 from fitbox.store.db import Store
 
 from .residents import Registry
@@ -21,10 +20,10 @@ PRUNE_EVERY_S = 60.0
 
 def read_all(registry: Registry, now: float, gpus: list[GpuReading]) -> list[tuple[Any, ...]]:
     held = registry.held_by_device()
-    memory, swap = psutil.virtual_memory(), psutil.swap_memory()
-    cpu = psutil.cpu_percent(None)
+    host = read_usage()
     rows: list[tuple[Any, ...]] = [
-        (now, "host", 0, memory.total, memory.available, held.get("host", 0), cpu, swap.free)
+        (now, "host", 0, host.mem_total, host.mem_available, held.get("host", 0),
+         host.cpu_percent, host.swap_free)
     ]
     for gpu in gpus:
         device = f"gpu{gpu.index}"
@@ -69,7 +68,7 @@ async def sense(
     ``started_pids``: every engine pid this fitbox started (the supervisor's)."""
     if store is None:
         return
-    psutil.cpu_percent(None)  # the first call only starts the CPU counter
+    start_cpu_counter()  # the first reading only starts the CPU counter
     pruned = 0.0
     seen: dict[str, dict[int, int]] = {}
     while True:

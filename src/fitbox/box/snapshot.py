@@ -5,6 +5,7 @@ One probe reading per decision serves pricing, deciding and labelling.
 
 from __future__ import annotations
 
+from fitbox.core.claims import claim_pool
 from fitbox.core.tiers import Tier, capacity
 from fitbox.core.types import Device, DeviceKind, Snapshot
 from fitbox.probe.gpus import GpuProbe
@@ -60,8 +61,4 @@ class Snapshots:
     def claimable_cores(self) -> tuple[int, ...]:
         """Physical cores claims are made from: the cores tier (--cpu-max) counts those
         engines may claim; the lowest stays for fitbox and the OS (core/claims.py)."""
-        cores = sorted(self._cores)
-        cpu_max = self.prefs.limit("cpu_max")
-        if cpu_max is not None:
-            cores = cores[: cpu_max + 1]
-        return tuple(cores)
+        return claim_pool(self._cores, self.prefs.limit("cpu_max"))

@@ -11,12 +11,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from fitbox.core.types import ResidentView
 
 GOOD_ENOUGH = 0.95  # a thread count within 5 % of the best measured rate is enough
+RESERVED_CORES = 1  # the lowest-numbered core stays for fitbox and the OS
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,21 @@ class Claim:
     taken_from: tuple[str, ...] = ()
 
 
-def reserved_core(cores: Sequence[int]) -> int | None:
-    return min(cores) if len(cores) >= 2 else None
+def reserved_core(cores: Collection[int]) -> int | None:
+    """The core no engine claims; none on a one-core box, where engines need that core."""
+    return min(cores) if len(cores) > RESERVED_CORES else None
+
+
+def claimable_count(cores: Collection[int]) -> int:
+    """How many of ``cores`` engines may claim: the cores tier's device figure."""
+    return len(cores) - (0 if reserved_core(cores) is None else RESERVED_CORES)
+
+
+def claim_pool(cores: Iterable[int], cpu_max: int | None) -> tuple[int, ...]:
+    """The cores claims are made from, lowest first: ``cpu_max`` (the cores tier) counts
+    the ones engines may claim, so the reserved core comes on top of it."""
+    ordered = sorted(cores)
+    return tuple(ordered if cpu_max is None else ordered[: cpu_max + RESERVED_CORES])
 
 
 def claimable(

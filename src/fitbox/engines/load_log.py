@@ -21,7 +21,7 @@ keeps only the last table: ``--fit`` prints a projected one, shutdown prints the
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MIB = 1024 * 1024
 
@@ -204,79 +204,116 @@ def _row(label: str, body: str) -> BreakdownRow | None:
 
 def parse_load_log(text: str) -> LoadReport:
     """Parse a whole llama-server log (stderr and stdout together). Never raises."""
-    buffers: dict[str, dict[str, int]] = {k: {} for k in ("model", "kv", "rs", "compute", "out")}
-    kv_caches: list[KVCacheLine] = []
-    recurrent: list[RecurrentLine] = []
-    ints: dict[str, int] = {}
-    strs: dict[str, str] = {}
-    offloaded: tuple[int, int] | None = None
-    breakdown: list[BreakdownRow] = []
-    errors: list[str] = []
-    pending_kind: str | None = None
+    reading = _Reading()
     for raw in str(text).split("\n"):
         try:
-            level, msg = _strip(raw)
-            if level == "E" or (level is None and _FATAL.search(msg)):
-                errors.append(msg)
-            if level == "D" or not msg:
-                continue
-            if m := _MODEL_BUF.match(msg):
-                _add(buffers["model"], m.group(1), m.group(2))
-            elif m := _KV_BUF.match(msg):
-                _add(buffers["kv"], m.group(1), m.group(2))
-            elif m := _KV_SIZE.match(msg):
-                kv_caches.append(_kv(m, pending_kind or "unified"))
-                pending_kind = None
-            elif m := _KV_NEW.match(msg):
-                name = m.group(1).strip()
-                pending_kind = {"non-SWA": "full", "SWA": "swa"}.get(name, name.lower())
-            elif m := _RS_BUF.match(msg):
-                _add(buffers["rs"], m.group(1), m.group(2))
-            elif m := _RS_SIZE.match(msg):
-                recurrent.append(_rs(m))
-            elif m := _OUTPUT_BUF.match(msg):
-                _add(buffers["out"], m.group(1), m.group(2))
-            elif m := _COMPUTE_BUF.match(msg):
-                _add(buffers["compute"], m.group(1), m.group(2))
-            elif m := _CTX_INT.match(msg):
-                key = "n_ctx_seq" if m.group(1) == "n_ctx_per_seq" else m.group(1)
-                ints.setdefault(key, int(m.group(2)))
-            elif m := _CTX_STR.match(msg):
-                strs.setdefault(m.group(1), m.group(2))
-            elif m := _OFFLOADED.match(msg):
-                offloaded = offloaded or (int(m.group(1)), int(m.group(2)))
-            elif m := _SLOTS.search(msg):
-                ints.setdefault("n_slots", int(m.group(1)))
-                ints.setdefault("n_ctx_slot", int(m.group(2)))
-                if m.group(3):  # at default verbosity this is the only kv_unified line
-                    strs.setdefault("kv_unified", m.group(3))
-            elif _BD_HEAD.match(msg):
-                breakdown = []
-            elif m := _BD_ROW.match(msg):
-                row = _row(m.group(1).strip(), m.group(2))
-                if row is not None:
-                    breakdown.append(row)
+            reading.line(raw)
         except (ValueError, OverflowError):  # pragma: no cover - the patterns bound every number
             continue
-    unified = strs.get("kv_unified")
-    return LoadReport(
-        model_buffers=buffers["model"],
-        kv_buffers=buffers["kv"],
-        kv_caches=tuple(kv_caches),
-        recurrent_buffers=buffers["rs"],
-        recurrent=tuple(recurrent),
-        compute_buffers=buffers["compute"],
-        output_buffers=buffers["out"],
-        n_ctx=ints.get("n_ctx"),
-        n_ctx_seq=ints.get("n_ctx_seq"),
-        n_seq_max=ints.get("n_seq_max"),
-        n_batch=ints.get("n_batch"),
-        n_ubatch=ints.get("n_ubatch"),
-        flash_attn=strs.get("flash_attn"),
-        kv_unified=None if unified not in ("true", "false") else unified == "true",
-        offloaded_layers=offloaded,
-        n_slots=ints.get("n_slots"),
-        n_ctx_slot=ints.get("n_ctx_slot"),
-        breakdown=tuple(breakdown),
-        errors=tuple(errors),
+    return reading.report()
+
+
+@dataclass
+class _Reading:
+    """What the lines read so far said; each ``_take_*`` owns a group of patterns and tries
+    them in the order the log's meaning needs (the first that matches a line wins)."""
+
+    buffers: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {k: {} for k in ("model", "kv", "rs", "compute", "out")}
     )
+    kv_caches: list[KVCacheLine] = field(default_factory=list)
+    recurrent: list[RecurrentLine] = field(default_factory=list)
+    ints: dict[str, int] = field(default_factory=dict)
+    strs: dict[str, str] = field(default_factory=dict)
+    offloaded: tuple[int, int] | None = None
+    breakdown: list[BreakdownRow] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    pending_kind: str | None = None  # the KV cache a "creating ... KV cache" line announced
+
+    def line(self, raw: str) -> None:
+        level, msg = _strip(raw)
+        if level == "E" or (level is None and _FATAL.search(msg)):
+            self.errors.append(msg)
+        if level == "D" or not msg:
+            return
+        for take in (self._take_memory, self._take_context, self._take_breakdown):
+            if take(msg):
+                return
+
+    def _take_memory(self, msg: str) -> bool:
+        """Buffer sizes and the KV and recurrent cache lines."""
+        if m := _MODEL_BUF.match(msg):
+            _add(self.buffers["model"], m.group(1), m.group(2))
+        elif m := _KV_BUF.match(msg):
+            _add(self.buffers["kv"], m.group(1), m.group(2))
+        elif m := _KV_SIZE.match(msg):
+            self.kv_caches.append(_kv(m, self.pending_kind or "unified"))
+            self.pending_kind = None
+        elif m := _KV_NEW.match(msg):
+            name = m.group(1).strip()
+            self.pending_kind = {"non-SWA": "full", "SWA": "swa"}.get(name, name.lower())
+        elif m := _RS_BUF.match(msg):
+            _add(self.buffers["rs"], m.group(1), m.group(2))
+        elif m := _RS_SIZE.match(msg):
+            self.recurrent.append(_rs(m))
+        elif m := _OUTPUT_BUF.match(msg):
+            _add(self.buffers["out"], m.group(1), m.group(2))
+        elif m := _COMPUTE_BUF.match(msg):
+            _add(self.buffers["compute"], m.group(1), m.group(2))
+        else:
+            return False
+        return True
+
+    def _take_context(self, msg: str) -> bool:
+        """The context's single values, the offload count and the server's slots."""
+        if m := _CTX_INT.match(msg):
+            key = "n_ctx_seq" if m.group(1) == "n_ctx_per_seq" else m.group(1)
+            self.ints.setdefault(key, int(m.group(2)))
+        elif m := _CTX_STR.match(msg):
+            self.strs.setdefault(m.group(1), m.group(2))
+        elif m := _OFFLOADED.match(msg):
+            self.offloaded = self.offloaded or (int(m.group(1)), int(m.group(2)))
+        elif m := _SLOTS.search(msg):
+            self.ints.setdefault("n_slots", int(m.group(1)))
+            self.ints.setdefault("n_ctx_slot", int(m.group(2)))
+            if m.group(3):  # at default verbosity this is the only kv_unified line
+                self.strs.setdefault("kv_unified", m.group(3))
+        else:
+            return False
+        return True
+
+    def _take_breakdown(self, msg: str) -> bool:
+        """The memory breakdown table: a new header starts it over (only the last counts)."""
+        if _BD_HEAD.match(msg):
+            self.breakdown = []
+        elif m := _BD_ROW.match(msg):
+            row = _row(m.group(1).strip(), m.group(2))
+            if row is not None:
+                self.breakdown.append(row)
+        else:
+            return False
+        return True
+
+    def report(self) -> LoadReport:
+        ints, strs, unified = self.ints, self.strs, self.strs.get("kv_unified")
+        return LoadReport(
+            model_buffers=self.buffers["model"],
+            kv_buffers=self.buffers["kv"],
+            kv_caches=tuple(self.kv_caches),
+            recurrent_buffers=self.buffers["rs"],
+            recurrent=tuple(self.recurrent),
+            compute_buffers=self.buffers["compute"],
+            output_buffers=self.buffers["out"],
+            n_ctx=ints.get("n_ctx"),
+            n_ctx_seq=ints.get("n_ctx_seq"),
+            n_seq_max=ints.get("n_seq_max"),
+            n_batch=ints.get("n_batch"),
+            n_ubatch=ints.get("n_ubatch"),
+            flash_attn=strs.get("flash_attn"),
+            kv_unified=None if unified not in ("true", "false") else unified == "true",
+            offloaded_layers=self.offloaded,
+            n_slots=ints.get("n_slots"),
+            n_ctx_slot=ints.get("n_ctx_slot"),
+            breakdown=tuple(self.breakdown),
+            errors=tuple(self.errors),
+        )

@@ -17,7 +17,7 @@ from fitbox.installer.install import (
     read_env,
     systemd_running,
 )
-from fitbox.installer.units import Layout, layout
+from fitbox.installer.units import ServiceLayout, service_layout
 from fitbox.installer.update import UpdateError, update
 from fitbox.units import parse_size
 
@@ -32,7 +32,7 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _limits(args: argparse.Namespace, target: Layout) -> dict[str, str]:
+def _limits(args: argparse.Namespace, target: ServiceLayout) -> dict[str, str]:
     """--ram-max/--vram-max/--cpu-max/--storage-max as settings; one above what this box has
     is refused with the reason (core/tiers.py)."""
     from fitbox.box.limits import problems_on_this_box
@@ -49,7 +49,8 @@ def _limits(args: argparse.Namespace, target: Layout) -> dict[str, str]:
     gpus = open_gpu_probe(os.environ.get("FITBOX_SIMULATED_GPUS", "")).read()
     if "vram_max" in values and not gpus:
         raise InstallError("--vram-max: this box has no GPU")
-    roots = [target.models, target.home, *target.home.parents]  # the first that exists
+    home = target.home
+    roots = [home.models, home.path, *home.path.parents]  # the first that exists
     refused = problems_on_this_box(values.get, gpus, roots)
     if refused:
         raise InstallError("; ".join(refused))
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
               f"{sys.platform}. Run fitbox in the foreground instead: fitbox serve --port 8484",
               file=sys.stderr)  # fmt: skip
         return 1
-    target = layout(args.kind or "user", Path(args.root))
+    target = service_layout(args.kind or "user", Path(args.root))
     try:
         if args.command == "uninstall":
             carry_out(plan_uninstall(target, args.purge), args.dry_run)
@@ -116,7 +117,7 @@ def run_update(config: Config, args: argparse.Namespace) -> int:
     restart = url = None
     if systemd_running():
         for kind, scope in (("user", ["--user"]), ("system", [])):
-            target = layout(kind)
+            target = service_layout(kind)
             if target.unit_file.is_file():
                 env = read_env(target.env_file)
                 restart = ["systemctl", *scope, "restart", "fitbox.service"]

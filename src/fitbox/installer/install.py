@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 
 from fitbox.engines.child import free_port
-from fitbox.installer.units import Layout, exec_start, render_unit
-from fitbox.server.keys import write_secret
+from fitbox.installer.units import ServiceLayout, exec_start, render_unit
+from fitbox.store.box_key import write_secret
 
 
 class InstallError(RuntimeError):
@@ -36,7 +36,7 @@ class Step:
 
 @dataclass
 class Plan:
-    target: Layout
+    target: ServiceLayout
     env: dict[str, str]
     steps: list[Step] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -64,26 +64,16 @@ def render_env(env: dict[str, str]) -> str:
 
 
 def plan_install(
-    target: Layout,
+    target: ServiceLayout,
     *,
     host: str | None,
     port: str | None,
     extra_env: dict[str, str],
 ) -> Plan:
     """What installing means here, step by step; keeps what an earlier install chose."""
-    env = read_env(target.env_file)
-    env["FITBOX_HOME"] = str(target.home if target.root == Path("/") else
-                             Path("/") / target.home.relative_to(target.root))  # fmt: skip
-    env["FITBOX_HOST"] = host or env.get("FITBOX_HOST", "127.0.0.1")
-    if port not in (None, "auto"):
-        env["FITBOX_PORT"] = str(port)
-    elif "FITBOX_PORT" not in env:  # a re-run keeps the port an earlier install chose
-        if port is None:
-            raise InstallError("no port is assumed: give --port N, or --port auto for a free one")
-        env["FITBOX_PORT"] = str(free_port())
-    env.update(extra_env)
+    env = _service_env(target, host, port, extra_env)
     plan = Plan(target, env)
-    for directory in (target.env_file.parent, target.unit_file.parent, target.models,
+    for directory in (target.env_file.parent, target.unit_file.parent, target.home.models,
                       target.cache):  # fmt: skip
         plan.steps.append(
             Step(f"create {directory}", partial(directory.mkdir, parents=True, exist_ok=True))
@@ -98,12 +88,15 @@ def plan_install(
         Step(f"write {target.unit_file}", lambda: target.unit_file.write_text(render_unit(target)))
     )
     plan.steps.append(
-        Step(f"make the box key in {target.key_file} (kept if it exists)", lambda: _box_key(target))
+        Step(
+            f"make the box key in {target.home.box_key} (kept if it exists)",
+            lambda: _box_key(target),
+        )
     )
     if target.kind == "system" and target.root == Path("/"):
         plan.steps.insert(0, Step("create the system user and group 'fitbox'", _system_user))
         plan.steps.append(Step(
-            f"give {target.home} and {target.cache} to fitbox:fitbox (the service's user); "
+            f"give {target.home.path} and {target.cache} to fitbox:fitbox (the service's user); "
             "the group shares only the model store",
             lambda: _hand_over(target),
         ))  # fmt: skip
@@ -123,30 +116,49 @@ def plan_install(
     return plan
 
 
-def _box_key(target: Layout) -> None:
-    from fitbox.server.keys import ensure_box_key
+def _service_env(
+    target: ServiceLayout, host: str | None, port: str | None, extra_env: dict[str, str]
+) -> dict[str, str]:
+    """The env file's settings: an earlier install's, with what this run was given on top."""
+    env = read_env(target.env_file)
+    home = target.home.path
+    env["FITBOX_HOME"] = str(home if target.root == Path("/") else
+                             Path("/") / home.relative_to(target.root))  # fmt: skip
+    env["FITBOX_HOST"] = host or env.get("FITBOX_HOST", "127.0.0.1")
+    if port not in (None, "auto"):
+        env["FITBOX_PORT"] = str(port)
+    elif "FITBOX_PORT" not in env:  # a re-run keeps the port an earlier install chose
+        if port is None:
+            raise InstallError("no port is assumed: give --port N, or --port auto for a free one")
+        env["FITBOX_PORT"] = str(free_port())
+    env.update(extra_env)
+    return env
+
+
+def _box_key(target: ServiceLayout) -> None:
+    from fitbox.store.box_key import ensure_box_key
     from fitbox.store.db import Store
 
-    store = Store(target.home / "fitbox.sqlite3")
+    store = Store(target.home.store)
     try:
-        ensure_box_key(store, target.key_file)
+        ensure_box_key(store, target.home.box_key)
     finally:
         store.close()
 
 
-def _hand_over(target: Layout) -> None:
+def _hand_over(target: ServiceLayout) -> None:
     """State and cache belong to the service's user, owner-only; the model store is the one
     thing the fitbox group may read and add to (setgid, so new files stay in the group)."""
-    for top in (target.home, target.cache):
+    for top in (target.home.path, target.cache):
         for path in (top, *top.rglob("*")):
             shutil.chown(path, "fitbox", "fitbox")
-            if path.is_file() and target.models not in path.parents:
+            if path.is_file() and target.home.models not in path.parents:
                 path.chmod(0o600)  # the store and the key: the service's user alone
         top.chmod(0o700)
-    target.home.chmod(0o710)  # the group may pass through to the models, not list the rest
-    target.models.chmod(0o2770)
-    if target.key_file.exists():
-        target.key_file.chmod(0o600)
+    target.home.path.chmod(0o710)  # the group may pass through to the models, not list the rest
+    target.home.models.chmod(0o2770)
+    if target.home.box_key.exists():
+        target.home.box_key.chmod(0o600)
 
 
 def _system_user() -> None:
@@ -174,7 +186,7 @@ def wait_for_health(url: str, limit_s: float) -> bool:
     return False
 
 
-def plan_uninstall(target: Layout, purge: bool) -> Plan:
+def plan_uninstall(target: ServiceLayout, purge: bool) -> Plan:
     plan = Plan(target, read_env(target.env_file))
     if target.root == Path("/") and systemd_running():
         scope = ["--user"] if target.kind == "user" else []
@@ -191,21 +203,22 @@ def plan_uninstall(target: Layout, purge: bool) -> Plan:
     if purge:
         plan.steps.append(
             Step(
-                f"remove state under {target.home} (the models stay)", lambda: _purge_state(target)
+                f"remove state under {target.home.path} (the models stay)",
+                lambda: _purge_state(target),
             )
         )
         plan.steps.append(
             Step(f"remove {target.cache}", lambda: shutil.rmtree(target.cache, ignore_errors=True))
         )
-    plan.notes.append(f"the model store {target.models} is kept")
+    plan.notes.append(f"the model store {target.home.models} is kept")
     return plan
 
 
-def _purge_state(target: Layout) -> None:
-    if not target.home.is_dir():
+def _purge_state(target: ServiceLayout) -> None:
+    if not target.home.path.is_dir():
         return
-    for entry in target.home.iterdir():
-        if entry.name == "models":
+    for entry in target.home.path.iterdir():
+        if entry == target.home.models:
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
@@ -223,7 +236,7 @@ def carry_out(plan: Plan, dry_run: bool, out: Callable[[str], None] = print) -> 
 
 
 def main_install(
-    target: Layout,
+    target: ServiceLayout,
     args_host: str | None,
     args_port: str | None,
     extra_env: dict[str, str],
@@ -238,7 +251,7 @@ def main_install(
     started = plan.starts_service
     healthy = started and wait_for_health(url, health_s)
     state = "answering" if healthy else ("NOT answering" if started else "not started by install")
-    print(f"fitbox: {url} ({state}); box key in {plan.target.key_file}; engine: "
+    print(f"fitbox: {url} ({state}); box key in {plan.target.home.box_key}; engine: "
           f"{_engine_line(plan.env)}", file=sys.stderr)  # fmt: skip
     return 0 if healthy or not started else 1
 

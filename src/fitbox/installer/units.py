@@ -9,45 +9,42 @@ from pathlib import Path
 
 import platformdirs
 
+from fitbox.home import Home, default_home
+
 
 @dataclass(frozen=True)
-class Layout:
+class ServiceLayout:
+    """Where one installation's files go: the service's own (env file, unit, cache) and its
+    data dir (home.py names what is inside it)."""
+
     kind: str  # "user" | "system"
     root: Path  # "/" normally; a scratch directory in tests and --root
     env_file: Path
     unit_file: Path
-    home: Path  # FITBOX_HOME: store, box key, logs, models
+    home: Home  # FITBOX_HOME: store, box key, logs, models
     cache: Path
-
-    @property
-    def models(self) -> Path:
-        return self.home / "models"
-
-    @property
-    def key_file(self) -> Path:
-        return self.home / "box.key"
 
 
 def _under(root: Path, path: Path) -> Path:
     return root / path.relative_to(path.anchor) if root != Path("/") else path
 
 
-def layout(kind: str, root: Path = Path("/")) -> Layout:
+def service_layout(kind: str, root: Path = Path("/")) -> ServiceLayout:
     if kind == "system":
-        return Layout(
+        return ServiceLayout(
             kind, root,
             env_file=_under(root, Path("/etc/fitbox/fitbox.env")),
             unit_file=_under(root, Path("/etc/systemd/system/fitbox.service")),
-            home=_under(root, Path("/var/lib/fitbox")),
+            home=Home(_under(root, Path("/var/lib/fitbox"))),
             cache=_under(root, Path("/var/cache/fitbox")),
         )  # fmt: skip
     config = Path(platformdirs.user_config_dir("fitbox", appauthor=False))
     systemd = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "systemd"
-    return Layout(
+    return ServiceLayout(
         kind, root,
         env_file=_under(root, config / "fitbox.env"),
         unit_file=_under(root, systemd / "user" / "fitbox.service"),
-        home=_under(root, Path(platformdirs.user_data_dir("fitbox", appauthor=False))),
+        home=Home(_under(root, default_home())),
         cache=_under(root, Path(platformdirs.user_cache_dir("fitbox", appauthor=False))),
     )  # fmt: skip
 
@@ -56,9 +53,9 @@ def exec_start(python: str = sys.executable) -> str:
     return f"{python} -m fitbox serve"
 
 
-def render_unit(target: Layout, python: str = sys.executable) -> str:
+def render_unit(target: ServiceLayout, python: str = sys.executable) -> str:
     """The unit for this layout. Paths inside are the installed ones (without --root)."""
-    real = layout(target.kind) if target.root != Path("/") else target
+    real = service_layout(target.kind) if target.root != Path("/") else target
     lines = [
         "[Unit]",
         "Description=fitbox: an evict-to-fit, OpenAI-compatible front door for local models",

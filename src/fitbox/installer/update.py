@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 
 import fitbox
+from fitbox.home import Home
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 _VERSION = re.compile(
@@ -143,11 +144,11 @@ def healthy_as(version: str, limit_s: float, restart: list[str] | None, url: str
     with tempfile.TemporaryDirectory() as home:
         proc = subprocess.Popen(
             [sys.executable, "-m", "fitbox", "serve", "--host", "127.0.0.1", "--port", "auto",
-             "--home", home, "--models", str(Path(home) / "models")],
+             "--home", home, "--models", str(Home(Path(home)).models)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
-            endpoint = Path(home) / "endpoint.json"
+            endpoint = Home(Path(home)).endpoint
             deadline = time.monotonic() + limit_s
             while not endpoint.exists():
                 if proc.poll() is not None or time.monotonic() > deadline:

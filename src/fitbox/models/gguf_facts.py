@@ -209,6 +209,29 @@ def quant_name(file_type: Any, tensors: tuple[TensorInfo, ...]) -> str:
 def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
     arch = str(header.get("general.architecture", "unknown"))
     n_layer = _int(header, f"{arch}.block_count")
+    kinds, per_layer = _bytes_by(header.tensors, n_layer)
+    file_type = header.get("general.file_type")
+    return GGUFFacts(
+        path=path,
+        architecture=arch,
+        name=str(header.get("general.name", path.stem)),
+        file_type=int(file_type) if isinstance(file_type, int) else None,
+        quant=quant_name(file_type, header.tensors),
+        is_projector=arch in PROJECTOR_ARCHES,
+        is_embedding=arch in EMBEDDING_ARCHES or f"{arch}.pooling_type" in header.fields,
+        shape=_shape(header, arch, n_layer, kinds),
+        expert_count=_int(header, f"{arch}.expert_count"),
+        expert_used_count=_int(header, f"{arch}.expert_used_count"),
+        bytes_by_layer=per_layer,
+        unknown_architecture=n_layer == 0,
+        layout=layout_of(header.tensors, n_layer),
+    )
+
+
+def _shape(
+    header: GGUFHeader, arch: str, n_layer: int, weights_by_kind: dict[str, int]
+) -> ModelShape:
+    """The dimensions sizing reads (core/sizing.py), from the ``<arch>.*`` keys."""
     n_embd = _int(header, f"{arch}.embedding_length")
     heads = _per_layer(header, f"{arch}.attention.head_count", n_layer, 0)
     n_head = max(heads, default=0)
@@ -220,10 +243,9 @@ def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
         tokens.length if isinstance(tokens, ArrayLength) else len(tokens or [])
     )
     n_embd_r, n_embd_s = recurrent_widths(header, arch, n_embd)
-    kinds, per_layer = _bytes_by(header.tensors, n_layer)
     key_length = _int(header, f"{arch}.attention.key_length", head_dim)
     value_length = _int(header, f"{arch}.attention.value_length", head_dim)
-    shape = ModelShape(
+    return ModelShape(
         weights_bytes=sum(t.n_bytes for t in header.tensors),
         n_layer=n_layer,
         n_ctx_train=_int(header, f"{arch}.context_length"),
@@ -243,30 +265,20 @@ def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
         recurrent_layers=recurrent_layers(header, arch, kv_heads),
         n_embd_r=n_embd_r,
         n_embd_s=n_embd_s,
-        n_ff=max(
-            max(_per_layer(header, f"{arch}.feed_forward_length", n_layer, 0), default=0),
-            _int(header, f"{arch}.expert_feed_forward_length")
-            * max(_int(header, f"{arch}.expert_used_count"), 1),
-            _int(header, f"{arch}.expert_shared_feed_forward_length"),
-        ),
+        n_ff=_widest_feed_forward(header, arch, n_layer),
         ssm_values=ssm_values(header, arch),
-        weights_by_kind=kinds,
+        weights_by_kind=weights_by_kind,
     )  # fmt: skip
-    file_type = header.get("general.file_type")
-    return GGUFFacts(
-        path=path,
-        architecture=arch,
-        name=str(header.get("general.name", path.stem)),
-        file_type=int(file_type) if isinstance(file_type, int) else None,
-        quant=quant_name(file_type, header.tensors),
-        is_projector=arch in PROJECTOR_ARCHES,
-        is_embedding=arch in EMBEDDING_ARCHES or f"{arch}.pooling_type" in header.fields,
-        shape=shape,
-        expert_count=_int(header, f"{arch}.expert_count"),
-        expert_used_count=_int(header, f"{arch}.expert_used_count"),
-        bytes_by_layer=per_layer,
-        unknown_architecture=n_layer == 0,
-        layout=layout_of(header.tensors, n_layer),
+
+
+def _widest_feed_forward(header: GGUFHeader, arch: str, n_layer: int) -> int:
+    """The widest of a dense layer's FFN, the routed experts used together, and the shared
+    expert."""
+    return max(
+        max(_per_layer(header, f"{arch}.feed_forward_length", n_layer, 0), default=0),
+        _int(header, f"{arch}.expert_feed_forward_length")
+        * max(_int(header, f"{arch}.expert_used_count"), 1),
+        _int(header, f"{arch}.expert_shared_feed_forward_length"),
     )
 
 

@@ -1,4 +1,8 @@
-"""Host RAM and cores, read live."""
+"""Host RAM, swap and cores, and how busy the CPUs are, read live.
+
+psutil measures CPU use between two calls of the same kind: the first reading of a kind only
+starts its clock (``start_cpu_counter`` for ``read_usage``; ``read_core_busy`` keeps its own).
+"""
 
 from __future__ import annotations
 
@@ -29,6 +33,36 @@ def read_host() -> HostReading:
         physical_cores=psutil.cpu_count(logical=False) or logical,
         logical_cores=logical,
     )
+
+
+@dataclass(frozen=True)
+class HostUsage:
+    """One sensor reading of the host."""
+
+    mem_total: int
+    mem_available: int
+    swap_free: int
+    cpu_percent: float  # all CPUs, since the previous read_usage or start_cpu_counter
+
+
+def start_cpu_counter() -> None:
+    psutil.cpu_percent(None)
+
+
+def read_usage() -> HostUsage:
+    memory, swap = psutil.virtual_memory(), psutil.swap_memory()
+    return HostUsage(
+        mem_total=memory.total,
+        mem_available=memory.available,
+        swap_free=swap.free,
+        cpu_percent=psutil.cpu_percent(None),
+    )
+
+
+def read_core_busy() -> list[float]:
+    """Percent busy per logical CPU since the previous call: no sleep, so the call path may
+    ask (all zero on the first call)."""
+    return [float(p) for p in psutil.cpu_percent(percpu=True)]
 
 
 def physical_cores() -> dict[int, frozenset[int]]:

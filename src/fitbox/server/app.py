@@ -17,85 +17,52 @@ from fitbox.box.box import Box
 from fitbox.config import Config
 from fitbox.errors import FitboxError
 from fitbox.models.catalog import Catalog
-from fitbox.probe.gpus import open_gpu_probe
+from fitbox.probe.gpus import GpuReading, open_gpu_probe
 from fitbox.server import calls_page, errors, manage, openai, openapi, operate, settings, telemetry
 from fitbox.server.auth import AuthMiddleware, Gate
-from fitbox.server.keys import ensure_box_key
 from fitbox.server.trust import TrustSettings
+from fitbox.store.box_key import ensure_box_key
 from fitbox.store.db import Store
 from fitbox.store.keys import KeyChecker
 
 log = logging.getLogger(__name__)
 
 
+ROUTES = (
+    Route("/health", openai.health, methods=["GET"]),
+    Route("/v1/models", openai.list_models, methods=["GET"]),
+    Route("/v1/plan", manage.plan, methods=["GET"]),
+    Route("/v1/telemetry/state", telemetry.state, methods=["GET"]),
+    Route("/v1/telemetry", telemetry.rows, methods=["GET"]),
+    Route("/v1/telemetry/tables", telemetry.tables, methods=["GET"]),
+    Route("/v1/telemetry/rows", telemetry.table_rows, methods=["GET"]),
+    Route("/calls", calls_page.calls_page, methods=["GET"]),
+    Route("/v1/residents", operate.residents, methods=["GET"]),
+    Route("/v1/storage", operate.storage, methods=["GET"]),
+    Route("/v1/queue", operate.queue, methods=["GET"]),
+    Route("/v1/cores", settings.cores, methods=["GET"]),
+    Route("/v1/limits", settings.limits, methods=["GET", "POST"]),
+    Route("/v1/settings/box", settings.box_settings, methods=["GET", "POST"]),
+    Route("/v1/settings/pair", settings.pair_settings, methods=["GET", "POST"]),
+    Route("/v1/verdicts", settings.verdicts, methods=["GET"]),
+    Route("/v1/operator/{action}", operate.operator_action, methods=["POST"]),
+    Route("/openapi.json", openapi.document, methods=["GET"]),
+    Route("/v1/keys", manage.list_keys, methods=["GET"]),
+    Route("/v1/keys", manage.create_key, methods=["POST"]),
+    Route("/v1/keys/{key_id}", manage.show_key, methods=["GET"]),
+    Route("/v1/keys/{key_id}", manage.revoke_key, methods=["DELETE"]),
+    Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
+    Route("/v1/completions", openai.completions, methods=["POST"]),
+    Route("/v1/embeddings", openai.embeddings, methods=["POST"]),
+)
+
+
 def create_app(config: Config) -> Starlette:
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        store = Store(config.store_path)
-        catalog = Catalog(config.models, config.aliases, config.facts_cache)
-        gpus = open_gpu_probe(config.simulated_gpus)
-        for gpu in gpus.read():
-            label = " (SIMULATED)" if gpu.simulated else ""
-            log.info("GPU %d: %s, %d MiB%s", gpu.index, gpu.name, gpu.total >> 20, label)
-        box = Box(config, catalog, gpus, store)
-        box.reap_orphans()
-        loop = asyncio.get_running_loop()
-        app.state.changes = changes = telemetry.ChangeSignal()
+    def lifespan(app: Starlette) -> contextlib.AbstractAsyncContextManager[None]:
+        return _serving(app, config)
 
-        def wake_readers(counter: int) -> None:  # from the store's writer thread
-            loop.call_soon_threadsafe(changes.fire)
-
-        store.on_change(wake_readers)
-        ensure_box_key(store, config.box_key_file)
-        app.state.gate = Gate(
-            TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
-            KeyChecker(config.store_path), config.require_keys,
-        )  # fmt: skip
-        async with anyio.create_task_group():
-            pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
-        app.state.config, app.state.store, app.state.box = config, store, box
-        box.start()
-        roots = ", ".join(map(str, config.models))
-        if catalog.artifacts():
-            log.info("%d models under %s", len(catalog.artifacts()), roots)
-        else:
-            log.warning("no models under %s yet: run 'fitbox pull' or add GGUF files", roots)
-        try:
-            yield
-        finally:
-            await box.close()
-            app.state.gate.checker.close()
-            store.close()
-
-    routes = [
-        Route("/health", openai.health, methods=["GET"]),
-        Route("/v1/models", openai.list_models, methods=["GET"]),
-        Route("/v1/plan", manage.plan, methods=["GET"]),
-        Route("/v1/telemetry/state", telemetry.state, methods=["GET"]),
-        Route("/v1/telemetry", telemetry.rows, methods=["GET"]),
-        Route("/v1/telemetry/tables", telemetry.tables, methods=["GET"]),
-        Route("/v1/telemetry/rows", telemetry.table_rows, methods=["GET"]),
-        Route("/calls", calls_page.calls_page, methods=["GET"]),
-        Route("/v1/residents", operate.residents, methods=["GET"]),
-        Route("/v1/storage", operate.storage, methods=["GET"]),
-        Route("/v1/queue", operate.queue, methods=["GET"]),
-        Route("/v1/cores", settings.cores, methods=["GET"]),
-        Route("/v1/limits", settings.limits, methods=["GET", "POST"]),
-        Route("/v1/settings/box", settings.box_settings, methods=["GET", "POST"]),
-        Route("/v1/settings/pair", settings.pair_settings, methods=["GET", "POST"]),
-        Route("/v1/verdicts", settings.verdicts, methods=["GET"]),
-        Route("/v1/operator/{action}", operate.operator_action, methods=["POST"]),
-        Route("/openapi.json", openapi.document, methods=["GET"]),
-        Route("/v1/keys", manage.list_keys, methods=["GET"]),
-        Route("/v1/keys", manage.create_key, methods=["POST"]),
-        Route("/v1/keys/{key_id}", manage.show_key, methods=["GET"]),
-        Route("/v1/keys/{key_id}", manage.revoke_key, methods=["DELETE"]),
-        Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
-        Route("/v1/completions", openai.completions, methods=["POST"]),
-        Route("/v1/embeddings", openai.embeddings, methods=["POST"]),
-    ]
     return Starlette(
-        routes=routes,
+        routes=list(ROUTES),
         middleware=[Middleware(AuthMiddleware)],
         lifespan=lifespan,
         exception_handlers={
@@ -104,3 +71,58 @@ def create_app(config: Config) -> Starlette:
             Exception: errors.on_unexpected,
         },
     )
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: Starlette, config: Config) -> AsyncIterator[None]:
+    """The store, catalog, box and gate of one serve, on ``app.state``; closed at its end."""
+    store = Store(config.store_path)
+    catalog = Catalog(config.models, config.aliases, config.facts_cache)
+    gpus = open_gpu_probe(config.simulated_gpus)
+    _log_gpus(gpus.read())
+    box = Box(config, catalog, gpus, store)
+    box.reap_orphans()
+    app.state.changes = _change_signal(store)
+    ensure_box_key(store, config.box_key_file)
+    app.state.gate = Gate(
+        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
+        KeyChecker(config.store_path), config.require_keys,
+    )  # fmt: skip
+    async with anyio.create_task_group():
+        pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
+    app.state.config, app.state.store, app.state.box = config, store, box
+    box.start()
+    _log_models(catalog, config)
+    try:
+        yield
+    finally:
+        await box.close()
+        app.state.gate.checker.close()
+        store.close()
+
+
+def _change_signal(store: Store) -> telemetry.ChangeSignal:
+    """A signal the telemetry readers wait on, fired after each store commit that moved the
+    change counter (the commit happens on the store's writer thread, hence the hop)."""
+    loop = asyncio.get_running_loop()
+    changes = telemetry.ChangeSignal()
+
+    def wake_readers(counter: int) -> None:
+        loop.call_soon_threadsafe(changes.fire)
+
+    store.on_change(wake_readers)
+    return changes
+
+
+def _log_gpus(gpus: list[GpuReading]) -> None:
+    for gpu in gpus:
+        label = " (SIMULATED)" if gpu.simulated else ""
+        log.info("GPU %d: %s, %d MiB%s", gpu.index, gpu.name, gpu.total >> 20, label)
+
+
+def _log_models(catalog: Catalog, config: Config) -> None:
+    roots = ", ".join(map(str, config.models))
+    if catalog.artifacts():
+        log.info("%d models under %s", len(catalog.artifacts()), roots)
+    else:
+        log.warning("no models under %s yet: run 'fitbox pull' or add GGUF files", roots)

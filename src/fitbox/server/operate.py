@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import psutil
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
 from fitbox.errors import Conflict, FitboxError, RouteNotFound
+from fitbox.probe.disk import read_drive
 from fitbox.server.bodies import json_body
 from fitbox.store.db import Store
 
@@ -36,7 +36,7 @@ async def storage(request: Request) -> Response:
         if not root.is_dir():
             continue
         device = os.stat(root).st_dev
-        usage = psutil.disk_usage(str(root))
+        usage = read_drive(root)
         drive = drives.setdefault(device, {"roots": [], "total_bytes": usage.total,
                                            "free_bytes": usage.free, "models": []})  # fmt: skip
         drive["roots"].append(str(root))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import psutil
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -16,9 +15,11 @@ from fitbox.box import limits as box_limits
 from fitbox.box.box import Box
 from fitbox.box.planning import report
 from fitbox.box.preferences import BOX_KNOBS, LIMIT_KNOBS, PAIR_KNOBS, parse
+from fitbox.core.claims import claimable_count, reserved_core
 from fitbox.core.pins import parse as parse_pins
 from fitbox.core.verdicts import verdicts as price_all
 from fitbox.errors import InvalidRequest
+from fitbox.probe.host import read_core_busy
 from fitbox.server.bodies import json_body
 from fitbox.store.db import Store
 from fitbox.units import format_bytes
@@ -110,8 +111,8 @@ async def cores(request: Request) -> Response:
     box = _box(request)
     physical = box.physical_cores()
     claimable = set(box.claimable_cores())
-    keep = min(claimable) if len(claimable) >= 2 else None
-    busy = psutil.cpu_percent(percpu=True)  # since the last reading: no sleep on the call path
+    keep = reserved_core(claimable)
+    busy = read_core_busy()
     held: dict[int, str] = {}
     for resident in box.residents():
         for core in resident.cores:
@@ -128,7 +129,7 @@ async def cores(request: Request) -> Response:
         rows.append({"core": core, "cpus": sorted(cpus), "busy_percent": max(load, default=0.0),
                      "role": role, "claimed_by": held.get(core)})  # fmt: skip
     return JSONResponse({"object": "list", "data": rows, "physical": len(physical),
-                         "claimable": len(claimable) - (1 if keep is not None else 0)})  # fmt: skip
+                         "claimable": claimable_count(claimable)})  # fmt: skip
 
 
 async def verdicts(request: Request) -> Response:

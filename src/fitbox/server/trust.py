@@ -12,27 +12,12 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+from fitbox.networks import Network
+
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-DEFAULT_TRUSTED_NETWORKS = (
-    "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fd00::/8,fe80::/10"
-)
 FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
 _SELF = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
-
-
-def parse_networks(text: str) -> tuple[Network, ...]:
-    """'10.0.0.0/8,192.168.1.5' -> networks; raises ValueError naming the bad entry."""
-    networks = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        try:
-            networks.append(ipaddress.ip_network(part, strict=False))
-        except ValueError:
-            raise ValueError(f"{part!r} is not an address or network") from None
-    return tuple(networks)
 
 
 def _address(text: str | None) -> Address | None:

@@ -25,8 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fitbox.store import facts
+from fitbox.store.facts import (
+    MeasuredFootprint,
+    MeasuredSpeed,
+    RefusedWindowKey,
+    read_measured,
+)
 from fitbox.store.migrations import load_migrations, migrate
 
+# the fact types and read_measured are re-exported: callers import them from here
+__all__ = ["CURSOR_TABLES", "READING_TABLES", "CallStart", "MeasuredFootprint",
+           "MeasuredSpeed", "Store", "connect", "read_measured"]  # fmt: skip
 log = logging.getLogger(__name__)
 LINGER_S = 0.02  # how long the writer lets work pile up after a wake-up
 
@@ -61,87 +71,6 @@ class CallStart:
     model_asked: str | None
     stream: bool
     received_at: float
-
-
-@dataclass(frozen=True)
-class MeasuredFootprint:
-    """What one load really allocated (from the engine's load log)."""
-
-    artifact: str
-    artifact_size: int
-    artifact_mtime_ns: int
-    device: str
-    window: int
-    parallel: int
-    type_k: str
-    type_v: str
-    weights: int
-    kv: int
-    compute: int
-    output: int
-    n_ctx: int | None = None
-    n_ctx_seq: int | None = None
-    load_seconds: float | None = None
-    call_id: int | None = None
-    measured_at: float = 0.0
-
-    @property
-    def key(self) -> tuple[str, int, int, str, int, int, str, str]:
-        return (self.artifact, self.artifact_size, self.artifact_mtime_ns, self.device,
-                self.window, self.parallel, self.type_k, self.type_v)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class MeasuredSpeed:
-    """What one call's engine timings said about a file on a rung."""
-
-    artifact: str
-    artifact_size: int
-    artifact_mtime_ns: int
-    rung: str
-    placement: str
-    prompt_tokens: int | None
-    prompt_per_token_ms: float | None
-    decode_tokens: int | None
-    decode_per_token_ms: float | None
-    call_id: int | None
-    measured_at: float
-
-    @property
-    def key(self) -> tuple[str, int, int, str]:
-        return (self.artifact, self.artifact_size, self.artifact_mtime_ns, self.rung)
-
-
-def _latest_measurements(conn: sqlite3.Connection) -> list[MeasuredFootprint]:
-    rows = conn.execute(
-        "SELECT * FROM measured_footprints WHERE id IN (SELECT MAX(id) FROM measured_footprints"
-        " GROUP BY artifact, artifact_size, artifact_mtime_ns, device, window, parallel,"
-        " type_k, type_v)"
-    )
-    return [
-        MeasuredFootprint(
-            artifact=r["artifact"], artifact_size=r["artifact_size"],
-            artifact_mtime_ns=r["artifact_mtime_ns"], device=r["device"], window=r["window"],
-            parallel=r["parallel"], type_k=r["type_k"], type_v=r["type_v"],
-            weights=r["weights_bytes"], kv=r["kv_bytes"], compute=r["compute_bytes"],
-            output=r["output_bytes"], n_ctx=r["n_ctx"], n_ctx_seq=r["n_ctx_seq"],
-            load_seconds=r["load_seconds"], call_id=r["call_id"], measured_at=r["measured_at"],
-        )
-        for r in rows
-    ]  # fmt: skip
-
-
-def read_measured(path: Path) -> list[MeasuredFootprint]:
-    """Measurements from a store file, read-only and without migrating or touching it (for
-    commands that run beside a live service)."""
-    if not path.exists():
-        return []
-    try:
-        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as conn:
-            conn.row_factory = sqlite3.Row
-            return _latest_measurements(conn)
-    except sqlite3.Error:
-        return []
 
 
 CURSOR_TABLES = ("call_log", "operator_actions", "measured_footprints", "children",
@@ -403,18 +332,8 @@ class Store:
         ))  # fmt: skip
 
     def footprint_measured(self, measured: MeasuredFootprint) -> None:
-        m = measured
-        self._submit(
-            lambda conn: self._insert(conn, "fact", "measured_footprints",
-                "INSERT INTO measured_footprints (artifact, artifact_size, artifact_mtime_ns, "
-                "device, window, parallel, type_k, type_v, weights_bytes, kv_bytes, "
-                "compute_bytes, output_bytes, n_ctx, n_ctx_seq, load_seconds, call_id, "
-                "measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.device, m.window,
-                 m.parallel, m.type_k, m.type_v, m.weights, m.kv, m.compute, m.output,
-                 m.n_ctx, m.n_ctx_seq, m.load_seconds, m.call_id, m.measured_at),
-            )
-        )  # fmt: skip
+        self._submit(lambda conn: self._event(conn, "fact", "measured_footprints",
+                                              facts.insert_footprint(conn, measured)))  # fmt: skip
 
     def readings(self, rows: list[tuple[Any, ...]]) -> None:
         """Sensor readings (at, device, simulated, total, free, fitbox, busy %, swap free):
@@ -463,58 +382,35 @@ class Store:
             stat = artifact.stat()
         except OSError:
             return
+        key = (str(artifact), stat.st_size, stat.st_mtime_ns, placement, window)
         now = time.time()
-        self._submit(lambda conn: self._insert(conn, "fact", "refused_windows",
-            "INSERT INTO refused_windows (artifact, artifact_size, artifact_mtime_ns, placement,"
-            " window, type_k, type_v, detail, call_id, measured_at) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (str(artifact), stat.st_size, stat.st_mtime_ns, placement, window, type_k, type_v,
-             detail, call_id, now)))  # fmt: skip
+        self._submit(lambda conn: self._event(conn, "fact", "refused_windows",
+            facts.insert_refused_window(conn, key, type_k, type_v, detail, call_id, now),
+        ))  # fmt: skip
 
-    def refused_windows(self) -> list[tuple[str, int, int, str, int]]:
+    def refused_windows(self) -> list[RefusedWindowKey]:
         """(artifact, size, mtime_ns, placement, window) of every refused window."""
-
-        def select(conn: sqlite3.Connection) -> list[tuple[str, int, int, str, int]]:
-            return [tuple(r) for r in conn.execute(
-                "SELECT artifact, artifact_size, artifact_mtime_ns, placement, window "
-                "FROM refused_windows ORDER BY id")]  # fmt: skip
-
         try:
-            result: list[tuple[str, int, int, str, int]] = self.run(select)
+            result: list[RefusedWindowKey] = self.run(facts.refused_windows)
         except sqlite3.Error:
             return []
         return result
 
     def speed_measured(self, speed: MeasuredSpeed) -> None:
-        m = speed
-        self._submit(lambda conn: self._insert(conn, "fact", "measured_speeds",
-            "INSERT INTO measured_speeds (artifact, artifact_size, artifact_mtime_ns, rung, "
-            "placement, prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms,"
-            " call_id, measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.rung, m.placement,
-             m.prompt_tokens, m.prompt_per_token_ms, m.decode_tokens, m.decode_per_token_ms,
-             m.call_id, m.measured_at)))  # fmt: skip
+        self._submit(lambda conn: self._event(conn, "fact", "measured_speeds",
+                                              facts.insert_speed(conn, speed)))  # fmt: skip
 
     def recent_speeds(self) -> list[MeasuredSpeed]:
         """The last 20 speeds of every (file, rung), oldest first (read once, at start)."""
-
-        def select(conn: sqlite3.Connection) -> list[MeasuredSpeed]:
-            rows = conn.execute(
-                "SELECT artifact, artifact_size, artifact_mtime_ns, rung, placement, "
-                "prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms, call_id,"
-                " measured_at FROM recent_speeds ORDER BY id"
-            )
-            return [MeasuredSpeed(*row) for row in rows]
-
         try:
-            result: list[MeasuredSpeed] = self.run(select)
+            result: list[MeasuredSpeed] = self.run(facts.recent_speeds)
         except sqlite3.Error:
             return []
         return result
 
     def measured_footprints(self) -> list[MeasuredFootprint]:
         """The newest measurement of every placement key (read once, at start)."""
-        future = self._submit(_latest_measurements, wait=True)
+        future = self._submit(facts.latest_footprints, wait=True)
         assert future is not None
         try:
             result: list[MeasuredFootprint] = future.result(timeout=30)

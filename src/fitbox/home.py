@@ -1,0 +1,53 @@
+"""What lives in fitbox's data dir (FITBOX_HOME), named once for `serve` and `install`.
+
+`serve` reads it through config.Config; `install` makes it through installer/units.py's
+ServiceLayout. A file that moves here moves for both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Home:
+    path: Path
+
+    @property
+    def store(self) -> Path:
+        return self.path / "fitbox.sqlite3"
+
+    @property
+    def box_key(self) -> Path:
+        return self.path / "box.key"
+
+    @property
+    def endpoint(self) -> Path:
+        """Written by a serving fitbox: the url, host, port and pid it answers on."""
+        return self.path / "endpoint.json"
+
+    @property
+    def logs(self) -> Path:
+        """The engine children's own logs, one file per launch."""
+        return self.path / "logs"
+
+    @property
+    def models(self) -> Path:
+        """The model root when FITBOX_MODELS names none; pulls land here."""
+        return self.path / "models"
+
+    @property
+    def facts_cache(self) -> Path:
+        return self.path / "cache" / "gguf-facts.json"
+
+    @property
+    def aliases(self) -> Path:
+        return self.path / "aliases.toml"
+
+
+def default_home() -> Path:
+    """A user's data dir when FITBOX_HOME is not set (a system install sets it)."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("fitbox", appauthor=False))

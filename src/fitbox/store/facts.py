@@ -1,0 +1,150 @@
+"""Measured facts in the store: what a load allocated, how fast a call ran, which windows
+failed to load. Their types and the SQL that writes and reads their tables, each function
+given the connection (the store's writer thread, or a read-only one); store/db.py owns the
+writer and records the event of every row written here."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class MeasuredFootprint:
+    """What one load really allocated (from the engine's load log)."""
+
+    artifact: str
+    artifact_size: int
+    artifact_mtime_ns: int
+    device: str
+    window: int
+    parallel: int
+    type_k: str
+    type_v: str
+    weights: int
+    kv: int
+    compute: int
+    output: int
+    n_ctx: int | None = None
+    n_ctx_seq: int | None = None
+    load_seconds: float | None = None
+    call_id: int | None = None
+    measured_at: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, int, int, str, int, int, str, str]:
+        return (self.artifact, self.artifact_size, self.artifact_mtime_ns, self.device,
+                self.window, self.parallel, self.type_k, self.type_v)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MeasuredSpeed:
+    """What one call's engine timings said about a file on a rung."""
+
+    artifact: str
+    artifact_size: int
+    artifact_mtime_ns: int
+    rung: str
+    placement: str
+    prompt_tokens: int | None
+    prompt_per_token_ms: float | None
+    decode_tokens: int | None
+    decode_per_token_ms: float | None
+    call_id: int | None
+    measured_at: float
+
+    @property
+    def key(self) -> tuple[str, int, int, str]:
+        return (self.artifact, self.artifact_size, self.artifact_mtime_ns, self.rung)
+
+
+# (artifact, size, mtime_ns, placement, window) of a window that failed to load
+RefusedWindowKey = tuple[str, int, int, str, int]
+
+
+def insert_footprint(conn: sqlite3.Connection, m: MeasuredFootprint) -> int:
+    return int(conn.execute(
+        "INSERT INTO measured_footprints (artifact, artifact_size, artifact_mtime_ns, "
+        "device, window, parallel, type_k, type_v, weights_bytes, kv_bytes, "
+        "compute_bytes, output_bytes, n_ctx, n_ctx_seq, load_seconds, call_id, "
+        "measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.device, m.window,
+         m.parallel, m.type_k, m.type_v, m.weights, m.kv, m.compute, m.output,
+         m.n_ctx, m.n_ctx_seq, m.load_seconds, m.call_id, m.measured_at),
+    ).lastrowid or 0)  # fmt: skip
+
+
+def latest_footprints(conn: sqlite3.Connection) -> list[MeasuredFootprint]:
+    """The newest measurement of every placement key."""
+    rows = conn.execute(
+        "SELECT * FROM measured_footprints WHERE id IN (SELECT MAX(id) FROM measured_footprints"
+        " GROUP BY artifact, artifact_size, artifact_mtime_ns, device, window, parallel,"
+        " type_k, type_v)"
+    )
+    return [
+        MeasuredFootprint(
+            artifact=r["artifact"], artifact_size=r["artifact_size"],
+            artifact_mtime_ns=r["artifact_mtime_ns"], device=r["device"], window=r["window"],
+            parallel=r["parallel"], type_k=r["type_k"], type_v=r["type_v"],
+            weights=r["weights_bytes"], kv=r["kv_bytes"], compute=r["compute_bytes"],
+            output=r["output_bytes"], n_ctx=r["n_ctx"], n_ctx_seq=r["n_ctx_seq"],
+            load_seconds=r["load_seconds"], call_id=r["call_id"], measured_at=r["measured_at"],
+        )
+        for r in rows
+    ]  # fmt: skip
+
+
+def read_measured(path: Path) -> list[MeasuredFootprint]:
+    """Measurements from a store file, read-only and without migrating or touching it (for
+    commands that run beside a live service)."""
+    if not path.exists():
+        return []
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as conn:
+            conn.row_factory = sqlite3.Row
+            return latest_footprints(conn)
+    except sqlite3.Error:
+        return []
+
+
+def insert_speed(conn: sqlite3.Connection, m: MeasuredSpeed) -> int:
+    return int(conn.execute(
+        "INSERT INTO measured_speeds (artifact, artifact_size, artifact_mtime_ns, rung, "
+        "placement, prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms,"
+        " call_id, measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.rung, m.placement,
+         m.prompt_tokens, m.prompt_per_token_ms, m.decode_tokens, m.decode_per_token_ms,
+         m.call_id, m.measured_at),
+    ).lastrowid or 0)  # fmt: skip
+
+
+def recent_speeds(conn: sqlite3.Connection) -> list[MeasuredSpeed]:
+    """The last 20 speeds of every (file, rung), oldest first."""
+    rows = conn.execute(
+        "SELECT artifact, artifact_size, artifact_mtime_ns, rung, placement, "
+        "prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms, call_id,"
+        " measured_at FROM recent_speeds ORDER BY id"
+    )
+    return [MeasuredSpeed(*row) for row in rows]
+
+
+def insert_refused_window(
+    conn: sqlite3.Connection, key: RefusedWindowKey, type_k: str, type_v: str,
+    detail: str | None, call_id: int | None, at: float,
+) -> int:  # fmt: skip
+    artifact, size, mtime_ns, placement, window = key
+    return int(conn.execute(
+        "INSERT INTO refused_windows (artifact, artifact_size, artifact_mtime_ns, placement,"
+        " window, type_k, type_v, detail, call_id, measured_at) VALUES "
+        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (artifact, size, mtime_ns, placement, window, type_k, type_v, detail, call_id, at),
+    ).lastrowid or 0)  # fmt: skip
+
+
+def refused_windows(conn: sqlite3.Connection) -> list[RefusedWindowKey]:
+    """Every window that failed to load, oldest first."""
+    return [tuple(r) for r in conn.execute(
+        "SELECT artifact, artifact_size, artifact_mtime_ns, placement, window "
+        "FROM refused_windows ORDER BY id")]  # fmt: skip
