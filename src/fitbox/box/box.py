@@ -71,11 +71,14 @@ class Box:
         self.operator = Operator(catalog, self.registry, self.admission, self.supervisor)
         self.warmth = Warmth(config, self.registry, self.asks, self.admission, self.supervisor,
                              self.operator)  # fmt: skip
+        self._calls = (
+            CallDesk(store, self.speeds, self.watchdog, self.admission.acquire) if store else None
+        )
 
     @property
     def calls(self) -> CallDesk:
-        assert self.store is not None, "calls are recorded: a box that serves has a store"
-        return CallDesk(self.store, self.speeds, self.watchdog, self.admission.acquire)
+        assert self._calls is not None, "calls are recorded: a box that serves has a store"
+        return self._calls
 
     # -- reading -----------------------------------------------------------------------
 
