@@ -63,7 +63,7 @@ class BadModelDir(ValueError):
 
 
 @dataclass(frozen=True)
-class TensorInfo:
+class SafetensorsTensor:
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
@@ -73,7 +73,7 @@ class TensorInfo:
 @dataclass(frozen=True)
 class SafetensorsHeader:
     path: Path
-    tensors: dict[str, TensorInfo]
+    tensors: dict[str, SafetensorsTensor]
     metadata: dict[str, str]
     data_bytes: int  # the data buffer after the header, as the file holds it
 
@@ -124,7 +124,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _tensor(name: str, entry: object, data_bytes: int) -> TensorInfo:
+def _tensor(name: str, entry: object, data_bytes: int) -> SafetensorsTensor:
     if not isinstance(entry, dict):
         raise BadSafetensors(f"tensor {name!r} is {type(entry).__name__}, not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
@@ -148,10 +148,12 @@ def _tensor(name: str, entry: object, data_bytes: int) -> TensorInfo:
             f"tensor {name!r} data_offsets [{begin}, {end}] run past the end of the file: "
             f"its data buffer holds {data_bytes} bytes (truncated download?)"
         )
-    return TensorInfo(dtype, tuple(shape), bits // 8, (begin, end))
+    return SafetensorsTensor(dtype, tuple(shape), bits // 8, (begin, end))
 
 
-def _parse_header(raw: bytes, data_bytes: int) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+def _parse_header(
+    raw: bytes, data_bytes: int
+) -> tuple[dict[str, SafetensorsTensor], dict[str, str]]:
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except BadSafetensors:
@@ -168,7 +170,7 @@ def _parse_header(raw: bytes, data_bytes: int) -> tuple[dict[str, TensorInfo], d
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise BadSafetensors("__metadata__ is not an object of strings")
     tensors = {name: _tensor(name, entry, data_bytes) for name, entry in header.items()}
-    last: tuple[str, TensorInfo] | None = None  # the span reaching furthest so far
+    last: tuple[str, SafetensorsTensor] | None = None  # the span reaching furthest so far
     for name, info in sorted(tensors.items(), key=lambda item: item[1].data_offsets):
         if info.nbytes == 0:
             continue
