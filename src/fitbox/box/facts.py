@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 
 from fitbox.engines.seam import Held
-from fitbox.models.catalog import Artifact, Identity, identity_of
+from fitbox.models.catalog import Artifact
+from fitbox.models.identity import Identity, identity_of
 from fitbox.store.db import MeasuredFootprint, Store
 
 MeasuredKey = tuple[str, int, int, str, int, int, str, str]

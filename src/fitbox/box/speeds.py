@@ -13,7 +13,8 @@ from collections.abc import Iterable
 
 from fitbox.core.ask import Speeds
 from fitbox.engines.seam import CallTimings
-from fitbox.models.catalog import Artifact, Identity
+from fitbox.models.catalog import Artifact
+from fitbox.models.identity import Identity
 from fitbox.store.db import MeasuredSpeed, Store
 
 from .resident import Resident

@@ -17,12 +17,12 @@ import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from fitbox.errors import ModelNotFound
 from fitbox.models.facts_cache import FactsCache
 from fitbox.models.gguf_facts import GGUFFacts
 from fitbox.models.gguf_header import NotGGUF, has_gguf_magic
+from fitbox.models.identity import Identity, identity_of
 from fitbox.models.transformers_facts import BadModelDir, read_transformers_facts
 
 log = logging.getLogger(__name__)
@@ -45,16 +45,6 @@ def is_four_bit(quant: str) -> bool:
 RESCAN_AT_MOST_EVERY_S = 1.0
 
 
-class Identity(NamedTuple):
-    """Which file a fact is about: a measurement of a file holds only while the file is
-    the same size and age. A tuple, so the store's (path, size, mtime_ns) columns compare
-    equal to it."""
-
-    path: str
-    size: int
-    mtime_ns: int
-
-
 @dataclass(frozen=True)
 class Artifact:
     """One weight file fitbox can launch."""
@@ -71,11 +61,6 @@ class Artifact:
     def identity(self) -> Identity:
         """One stat of the file now; raises OSError when it is gone."""
         return identity_of(self.path)
-
-
-def identity_of(path: str | Path) -> Identity:
-    stat = os.stat(path)
-    return Identity(str(path), stat.st_size, stat.st_mtime_ns)
 
 
 def _is_transformers_dir(dirpath: Path, filenames: list[str]) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 from fitbox.core.sizing import ModelShape
 from fitbox.core.split import Layout
 from fitbox.models.gguf_facts import GGUFFacts, read_facts
+from fitbox.models.identity import identity_of
 
 VERSION = 1
 
@@ -58,16 +59,16 @@ class FactsCache:
                 self._entries = {}  # damaged: start again, it is only a cache
 
     def facts(self, path: Path) -> GGUFFacts:
-        stat = path.stat()
+        found = identity_of(path)
         key = str(path)
         entry = self._entries.get(key)
-        if entry and entry["size"] == stat.st_size and entry["mtime_ns"] == stat.st_mtime_ns:
+        if entry and (entry["size"], entry["mtime_ns"]) == (found.size, found.mtime_ns):
             try:
                 return _decode(entry["facts"])
             except (KeyError, TypeError, ValueError):
                 pass
         facts = read_facts(path)
-        self._entries[key] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+        self._entries[key] = {"size": found.size, "mtime_ns": found.mtime_ns,
                               "facts": _encode(facts)}  # fmt: skip
         self._dirty = True
         return facts

@@ -18,6 +18,7 @@ from gguf.constants import GGMLQuantizationType, LlamaFileType
 from fitbox.core.sizing import ModelShape
 from fitbox.core.split import Layout
 from fitbox.models.gguf_header import ArrayLength, GGUFHeader, TensorInfo, read_header
+from fitbox.models.identity import identity_of
 
 # Architectures whose GGUF files are projectors (vision/audio encoders), never models.
 PROJECTOR_ARCHES = frozenset({"clip", "mmproj"})
@@ -289,5 +290,5 @@ def _cached(path: Path, size: int, mtime_ns: int) -> GGUFFacts:
 
 def read_facts(path: Path) -> GGUFFacts:
     """Facts for one file, cached by (path, size, mtime): a changed file is read again."""
-    stat = path.stat()
-    return _cached(path, stat.st_size, stat.st_mtime_ns)
+    found = identity_of(path)
+    return _cached(path, found.size, found.mtime_ns)
