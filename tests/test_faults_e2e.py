@@ -20,6 +20,7 @@ from fitbox.models.gguf_facts import read_facts
 
 from .conftest import FitboxProcess, running_fitbox
 from .ggufs import write_tiny_llama
+from .holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, resident, until
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -32,6 +33,14 @@ def chat(model: str, **extra: object) -> dict[str, object]:
 
 def engine_pids(box: FitboxProcess) -> list[int]:
     return [p.pid for p in psutil.Process(box.proc.pid).children(recursive=True)]
+
+
+def stream_lines(box: FitboxProcess, body: dict[str, object]) -> list[str]:
+    """The non-empty lines of a streamed reply, read to its end."""
+    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
+                      timeout=60) as response:  # fmt: skip
+        assert response.status_code == 200
+        return [line for line in response.iter_lines() if line]
 
 
 def signal_engines_mid_stream(
@@ -101,33 +110,22 @@ def test_a_call_that_cannot_get_room_in_time_is_a_503_and_the_busy_model_serves_
     shapes = [read_facts(p).shape for p in sorted(root.iterdir())]
     sizes = [sizing.footprint(s, sizing.effective_window(s, 4096), 1).total for s in shapes]
     cap = max(sizes) + min(sizes) // 2
-    env = {"FITBOX_WAIT_TIMEOUT": "1"}
+    env = {"FITBOX_WAIT_TIMEOUT": "1", **HOLD_IDLE_TIMEOUT}
     with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap), env=env) as box:
-        result: dict[str, httpx.Response] = {}
-        streaming = threading.Event()
-
-        def ask_tiny() -> None:
-            streaming.wait(30)
-            result["tiny"] = httpx.post(
-                f"{box.url}/v1/chat/completions", timeout=60, json=chat("tiny", max_tokens=2)
-            )
-
-        thread = threading.Thread(target=ask_tiny)
-        thread.start()
-        body = chat(SMOL, max_tokens=400, stream=True, ignore_eos=True)
-        with httpx.stream(
-            "POST", f"{box.url}/v1/chat/completions", json=body, timeout=60
-        ) as response:
-            lines = []
-            for line in response.iter_lines():
-                lines.append(line)
-                if len(lines) == 3:
-                    streaming.set()
-        thread.join(30)
-        busy = result["tiny"]
+        assert httpx.post(f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
+                          timeout=60).status_code == 200  # fmt: skip
+        # a stream on SmolLM2 whose engine is stopped: it serves until the test lets it go,
+        # however fast the machine; tiny needs its room and waits its 1 s bound in vain
+        body = chat(SMOL, max_tokens=64, stream=True, ignore_eos=True)
+        with engine_stopped(box, SMOL):
+            streaming = Background(lambda: stream_lines(box, body))
+            until(lambda: calls_on(box, SMOL) == 1, "the stream's call on SmolLM2")
+            busy = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
+                              json=chat("tiny", max_tokens=2))  # fmt: skip
+        lines = streaming.result()
         assert busy.status_code == 503 and busy.json()["error"]["code"] == "model_busy"
         assert SMOL in busy.json()["error"]["message"]
-        assert lines[-2] == "data: [DONE]" or lines[-1] == "data: [DONE]"
+        assert lines[-1] == "data: [DONE]" and "error" not in "".join(lines[-3:])
 
 
 def test_a_simulated_gpu_is_labelled_and_used(
@@ -312,27 +310,28 @@ def test_sigterm_during_a_load_that_never_finishes_stops_everything_within_15_s(
 def test_a_prompt_that_outgrows_the_loaded_window_reloads_it_never_while_it_serves(
     tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
-    env = {"FITBOX_CTX": "1024", "FITBOX_WAIT_TIMEOUT": "2"}
+    env = {"FITBOX_CTX": "1024", "FITBOX_WAIT_TIMEOUT": "2", **HOLD_IDLE_TIMEOUT}
     long_prompt = "hello " * 1000  # ~1000 tokens: more than the 1024-token slot can hold
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
         assert httpx.post(f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
                           timeout=60).status_code == 200  # fmt: skip
         (first,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
         assert first["window"] == 1024
-        # while a stream is on it, the model is never stopped: the big call waits, then 503
-        result: dict[str, httpx.Response] = {}
-        with httpx.stream("POST", f"{box.url}/v1/chat/completions", timeout=60,
-                          json=chat(SMOL, max_tokens=300, stream=True,
-                                    ignore_eos=True)) as stream:  # fmt: skip
-            lines = stream.iter_lines()
-            next(lines)
-            big = {"model": SMOL, "messages": [{"role": "user", "content": long_prompt}],
-                   "max_tokens": 2}  # fmt: skip
-            result["busy"] = httpx.post(f"{box.url}/v1/chat/completions", json=big, timeout=60)
-            rest = [line for line in lines if line]
-        assert result["busy"].status_code == 503
-        assert result["busy"].json()["error"]["code"] == "model_busy"
+        # while a stream is on it, the model is never stopped: the big call waits, then 503.
+        # The stream's engine is stopped, so it serves until the test lets it go, however
+        # fast the machine generates
+        big = {"model": SMOL, "messages": [{"role": "user", "content": long_prompt}],
+               "max_tokens": 2}  # fmt: skip
+        body = chat(SMOL, max_tokens=300, stream=True, ignore_eos=True)
+        with engine_stopped(box, SMOL):
+            streaming = Background(lambda: stream_lines(box, body))
+            until(lambda: calls_on(box, SMOL) == 1, "the stream's call on the resident")
+            busy = httpx.post(f"{box.url}/v1/chat/completions", json=big, timeout=60)
+        rest = streaming.result()
+        assert busy.status_code == 503
+        assert busy.json()["error"]["code"] == "model_busy"
         assert rest[-1] == "data: [DONE]" and "error" not in "".join(rest[-3:])
+        assert resident(box, SMOL)["pid"] == first["pid"]  # it served on, never reloaded
         # idle now: the same call reloads it with a window its prompt fits in
         again = httpx.post(f"{box.url}/v1/chat/completions", json=big, timeout=60)
         assert again.status_code == 200, again.text
