@@ -1,8 +1,10 @@
 """Holding a resource by an event the test controls, never by a race with the machine.
 
 A stopped engine (SIGSTOP) makes no progress however fast the machine is: a call placed on
-it stays on it, silent, until the test sends SIGCONT. ``until`` waits for a state with a
-generous bound; it never asserts that something did not happen within a short time.
+it stays on it, silent, until the test sends SIGCONT. The gated fake (fakes/gated-llama-server)
+holds a real engine's reply, answering /health all the while, until the test opens its gate.
+``until`` waits for a state with a generous bound; it never asserts that something did not
+happen within a short time.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 import httpx
@@ -23,6 +26,18 @@ T = TypeVar("T")
 # a stopped engine must not look hung while the test holds it: the watchdog probes an
 # engine only after this many seconds without a byte, far beyond any hold in these tests
 HOLD_IDLE_TIMEOUT = {"FITBOX_ENGINE_IDLE_TIMEOUT": "600"}
+GATED = Path(__file__).parent / "fakes" / "gated-llama-server"
+
+
+def gated_engine(real: Path, gate: Path) -> dict[str, str]:
+    """Settings that run every engine behind the gated fake; ``gate.touch()`` opens it."""
+    return {"LLAMA_SERVER_BIN": str(GATED), "FAKE_REAL_LLAMA_SERVER": str(real),
+            "FAKE_GATE": str(gate)}  # fmt: skip
+
+
+def engine_logs(box: FitboxProcess) -> str:
+    """What every engine child printed (fitbox keeps one log file per launch)."""
+    return "".join(p.read_text(errors="replace") for p in sorted((box.home / "logs").glob("*.log")))
 
 
 def until(check: Callable[[], T | None], what: str, within: float = 30.0) -> T:

@@ -20,7 +20,16 @@ from fitbox.models.gguf_facts import read_facts
 
 from .conftest import FitboxProcess, running_fitbox
 from .ggufs import write_tiny_llama
-from .holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, resident, until
+from .holds import (
+    HOLD_IDLE_TIMEOUT,
+    Background,
+    calls_on,
+    engine_logs,
+    engine_stopped,
+    gated_engine,
+    resident,
+    until,
+)
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -225,12 +234,10 @@ def test_an_engine_that_hangs_mid_call_ends_it_with_engine_timeout_and_is_restar
                                    psutil.STATUS_ZOMBIE for p in stopped)  # fmt: skip
         row = box.calls()[-1]
         assert (row["outcome"], row["error_code"]) == ("error", "engine_timeout")
-        # a busy but healthy engine is not hung: a whole reply that takes longer than the
-        # 1 s quiet bound (no byte until it is done) passes its health probes
+        # the next call loads the model again
         again = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
-                           json=chat(SMOL, max_tokens=600, ignore_eos=True))  # fmt: skip
+                           json=chat(SMOL, max_tokens=4))  # fmt: skip
         assert again.status_code == 200, again.text
-        assert again.json()["usage"]["completion_tokens"] == 600
         assert box.log().count("hung: nothing for") == 1
         # and a hang before the first byte of a whole (non-stream) reply is a 504
         for pid in engine_pids(box):
@@ -239,6 +246,28 @@ def test_an_engine_that_hangs_mid_call_ends_it_with_engine_timeout_and_is_restar
                           json=chat(SMOL, max_tokens=4))  # fmt: skip
         assert hung.status_code == 504 and hung.json()["error"]["code"] == "engine_timeout"
         assert "hung: nothing for 1 s" in box.log()
+
+
+def test_a_busy_engine_that_answers_its_health_probe_is_waited_for_not_restarted(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    """A whole reply held silent by the gated fake past the quiet bound, twice: each time the
+    watchdog probes /health the engine answers, and the call is waited for again. The test
+    opens the gate; how fast the machine generates does not enter into it."""
+    gate = tmp_path / "gate"
+    env = {**gated_engine(llama_server_bin, gate), "FITBOX_ENGINE_IDLE_TIMEOUT": "2"}
+    with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
+        reply = Background(lambda: httpx.post(f"{box.url}/v1/chat/completions", timeout=120,
+                                              json=chat(SMOL, max_tokens=8, ignore_eos=True)))
+        until(lambda: engine_logs(box).count("answered /health while holding") >= 2,
+              "two health probes while the reply is held")  # fmt: skip
+        pid = resident(box, SMOL)["pid"]
+        gate.touch()
+        response = reply.result()
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 8
+        assert "hung" not in box.log() and resident(box, SMOL)["pid"] == pid  # never restarted
+        assert box.calls()[-1]["outcome"] == "ok"
 
 
 def test_kill_9_mid_stream_then_restart_leaves_no_child_and_an_interrupted_row(
