@@ -54,13 +54,14 @@ def stream_lines(box: FitboxProcess, body: dict[str, object]) -> list[str]:
 
 def signal_engines_mid_stream(
     box: FitboxProcess, sig: signal.Signals
-) -> tuple[list[str], list[int], float]:
-    """Stream a long reply; after its fifth event send ``sig`` to every engine. Returns the
-    data events, the engine pids signalled and the monotonic time of the signal."""
+) -> tuple[list[str], list[int]]:
+    """Stream a long reply; on its fifth event send ``sig`` to every engine. The signal is the
+    test's own event: it lands mid-stream unless the engine made the other 1995 tokens in
+    the moment between sending that event and the test reading it. Returns the data events
+    and the engine pids signalled."""
     body = chat(SMOL, max_tokens=2000, stream=True, ignore_eos=True)
     events: list[str] = []
     signalled: list[int] = []
-    at = time.monotonic()
     with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
                       timeout=60) as response:  # fmt: skip
         assert response.status_code == 200
@@ -72,15 +73,14 @@ def signal_engines_mid_stream(
                 signalled = engine_pids(box)
                 for pid in signalled:
                     os.kill(pid, sig)
-                at = time.monotonic()
-    return events, signalled, at
+    return events, signalled
 
 
 def test_an_engine_dying_mid_stream_ends_the_stream_with_an_error_event(
     tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
     with running_fitbox(tmp_path / "home", [smollm2.parent]) as box:
-        events, _, _ = signal_engines_mid_stream(box, signal.SIGKILL)
+        events, _ = signal_engines_mid_stream(box, signal.SIGKILL)
         assert events[-1] == "[DONE]"
         error = json.loads(events[-2])["error"]
         assert error["code"] == "engine_failed" and "failed mid-call" in error["message"]
@@ -98,14 +98,13 @@ def test_an_engine_that_hangs_at_load_is_killed_and_reported(
 ) -> None:
     env = {"LLAMA_SERVER_BIN": str(HANGING), "FITBOX_LOAD_TIMEOUT": "2", "FITBOX_STOP_GRACE": "1"}
     with running_fitbox(tmp_path / "home", [tiny_gguf.parent], env=env) as box:
-        started = time.monotonic()
-        response = httpx.post(f"{box.url}/v1/chat/completions", json=chat("tiny-llama"), timeout=60)
-        waited = time.monotonic() - started
+        # not a hang: the reply comes within the client's 15 s bound (2 s to load, 1 s of
+        # grace, SIGKILL) and names the 2 s it was given (the default is 300 s)
+        response = httpx.post(f"{box.url}/v1/chat/completions", json=chat("tiny-llama"), timeout=15)
         assert response.status_code == 502
         error = response.json()["error"]
         assert error["code"] == "engine_failed" and "not ready after 2 s" in error["message"]
         assert any("never finishing" in line for line in error["log_tail"])
-        assert waited < 15  # load bound + SIGTERM grace + SIGKILL, not a hang
         assert engine_pids(box) == []  # the fake ignored SIGTERM; the group got SIGKILL
 
 
@@ -221,15 +220,12 @@ def test_an_engine_that_hangs_mid_call_ends_it_with_engine_timeout_and_is_restar
     """SIGSTOP makes a real llama-server hang on demand: no byte, no answer to /health."""
     env = {"FITBOX_ENGINE_IDLE_TIMEOUT": "1", "FITBOX_STOP_GRACE": "1"}
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
-        events, stopped, started = signal_engines_mid_stream(box, signal.SIGSTOP)
-        waited = time.monotonic() - started
+        events, stopped = signal_engines_mid_stream(box, signal.SIGSTOP)
         assert events[-1] == "[DONE]"
         error = json.loads(events[-2])["error"]
-        assert (
-            error["code"] == "engine_timeout"
-            and "did not answer its health probe" in (error["message"])
-        )
-        assert waited < 15  # 1 s quiet + a probe (at most 1 s) + the stop ladder
+        assert error["code"] == "engine_timeout"
+        # the 1 s quiet bound it was given (the default is 60 s), then a failed health probe
+        assert "sent nothing for 1 s and did not answer its health probe" in error["message"]
         assert stopped and not any(psutil.pid_exists(p) and psutil.Process(p).status() !=
                                    psutil.STATUS_ZOMBIE for p in stopped)  # fmt: skip
         row = box.calls()[-1]
@@ -326,10 +322,8 @@ def test_sigterm_during_a_load_that_never_finishes_stops_everything_within_15_s(
             assert time.monotonic() < deadline, "the fake engine never started"
             time.sleep(0.05)
         children = engine_pids(box)
-        started = time.monotonic()
         box.proc.send_signal(signal.SIGTERM)
-        box.proc.wait(timeout=15)
-        assert time.monotonic() - started < 15
+        box.proc.wait(timeout=15)  # the bound the name promises; the stop ladder takes ~5 s
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() !=
                        psutil.STATUS_ZOMBIE for p in children)  # fmt: skip
     finally:
