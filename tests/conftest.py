@@ -93,18 +93,28 @@ def start_fitbox(
         proc = subprocess.Popen(
             argv, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
+    try:
+        url = _answering(proc, home / "endpoint.json", log_path)
+    except BaseException:
+        proc.kill()  # never left running behind a failed start
+        proc.wait()
+        raise
+    return FitboxProcess(proc, url, home, log_path)
+
+
+def _answering(proc: subprocess.Popen[bytes], endpoint: Path, log_path: Path) -> str:
+    """The URL once fitbox answers /health there. endpoint.json is written in place, so a
+    read can find it empty or half written: that is "not yet", like a missing file."""
     deadline = time.monotonic() + 60
-    endpoint = home / "endpoint.json"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"fitbox exited early:\n{log_path.read_text()}")
-        if endpoint.exists():
-            url = json.loads(endpoint.read_text())["url"]
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            url = str(json.loads(endpoint.read_text())["url"])
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    return FitboxProcess(proc, url, home, log_path)
+                    return url
         time.sleep(0.05)
-    proc.kill()
     raise RuntimeError(f"fitbox did not answer /health:\n{log_path.read_text()}")
 
 

@@ -121,7 +121,7 @@ def test_an_idle_connection_the_server_dropped_is_replaced_once() -> None:
         async with serving(lambda req: [ok], close_after=1) as served:
             pool = EnginePool("127.0.0.1", served.port)
             assert await pool.get("/") == (200, b"ok")
-            await asyncio.sleep(0.05)  # the server closed it after one request, silently
+            await served.writers[0].wait_closed()  # the server closed it, silently
             assert await pool.get("/") == (200, b"ok")
             assert served.connections == 2
             await pool.aclose()

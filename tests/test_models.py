@@ -6,13 +6,15 @@ import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from gguf import GGUFReader
 
 from fitbox.errors import ModelNotFound
 from fitbox.models import catalog as catalog_module
-from fitbox.models.catalog import Artifact, Catalog, discover, scan
+from fitbox.models.catalog import Artifact, Catalog, Rejected, discover, scan
+from fitbox.models.facts_cache import FactsCache
 from fitbox.models.gguf_facts import read_facts
 from fitbox.models.gguf_header import NotGGUF, read_header
 
@@ -123,24 +125,38 @@ def test_misses_rescan_at_most_once_a_second(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_tiny_llama(tmp_path / "tiny.gguf")
-    catalog = Catalog((tmp_path,), tmp_path / "aliases.toml")
+    clock = [1000.0]  # the catalog's monotonic clock, moved by the test alone
+    monkeypatch.setattr(catalog_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    catalog = Catalog((tmp_path,), tmp_path / "aliases.toml")  # scans once, at 1000.0
     scans: list[int] = []
-    real = catalog_module.discover
+    real = catalog_module.scan
 
-    def counting(roots: Iterable[Path]) -> list[Artifact]:
+    def counting(
+        roots: Iterable[Path], cache: FactsCache | None = None
+    ) -> tuple[list[Artifact], list[Rejected]]:
         scans.append(1)
-        return real(roots)
+        return real(roots, cache)
 
-    monkeypatch.setattr(catalog_module, "discover", counting)
-    for _ in range(50):
-        with pytest.raises(ModelNotFound):
-            catalog.resolve("nope")
-    assert len(scans) <= 1
+    monkeypatch.setattr(catalog_module, "scan", counting)  # what a refresh runs
+
+    def misses(n: int) -> None:
+        for _ in range(n):
+            with pytest.raises(ModelNotFound):
+                catalog.resolve("nope")
+
+    misses(50)
+    clock[0] += 0.75
+    misses(50)
+    assert scans == []  # within a second of the last scan: none
+    clock[0] += 0.25  # exactly 1 s after it
+    misses(50)
+    assert scans == [1]  # a second on: one rescan, for the first miss alone
+    clock[0] += 5.0
+    misses(50)
+    assert scans == [1, 1]
 
 
 def test_facts_survive_a_restart_through_the_cache(tmp_path: Path) -> None:
-    from fitbox.models.facts_cache import FactsCache
-
     root = tmp_path / "models"
     root.mkdir()
     path = write_tiny_llama(root / "tiny.gguf")

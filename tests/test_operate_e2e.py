@@ -4,7 +4,6 @@ model that is serving), refresh; every action recorded; /openapi.json and /v1/st
 from __future__ import annotations
 
 import sqlite3
-import threading
 from pathlib import Path
 
 import httpx
@@ -12,6 +11,7 @@ import pytest
 
 from .conftest import running_fitbox
 from .ggufs import two_models_one_at_a_time
+from .holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -27,7 +27,8 @@ def test_operator_actions_keep_their_promises(
 ) -> None:
     root = tmp_path / "models"
     cap = two_models_one_at_a_time(root, smollm2)
-    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
+    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap),
+                        env=HOLD_IDLE_TIMEOUT) as box:  # fmt: skip
         assert act(box.url, "pin", "tiny").json()["resident"]["pinned"] is True
         held = httpx.post(f"{box.url}/v1/completions", timeout=60,
                           json={"model": SMOL, "prompt": "hi", "max_tokens": 1})  # fmt: skip
@@ -37,26 +38,21 @@ def test_operator_actions_keep_their_promises(
         residents = httpx.get(f"{box.url}/v1/residents").json()["data"]
         assert [r["model"] for r in residents] == [SMOL]
 
-        stream_done = threading.Event()
-
-        def stream() -> None:
-            body = {"model": SMOL, "prompt": "Tell a story", "max_tokens": 300,
+        def stream() -> list[str]:
+            body = {"model": SMOL, "prompt": "Tell a story", "max_tokens": 64,
                     "stream": True, "ignore_eos": True}  # fmt: skip
             with httpx.stream("POST", f"{box.url}/v1/completions", json=body, timeout=60) as r:
-                for line in r.iter_lines():
-                    if line == "data: [DONE]":
-                        stream_done.set()
+                return list(r.iter_lines())
 
-        worker = threading.Thread(target=stream)
-        worker.start()
-        for _ in range(200):  # until the call is on the resident
-            if httpx.get(f"{box.url}/v1/residents").json()["data"][0]["calls"]:
-                break
-            threading.Event().wait(0.01)
-        busy = act(box.url, "unload", SMOL)
-        worker.join(60)
+        # the stream's engine is stopped: the call is on the resident until the test lets it
+        # go, however fast the machine generates
+        with engine_stopped(box, SMOL):
+            streaming = Background(stream)
+            until(lambda: calls_on(box, SMOL) == 1, "the stream's call on the resident")
+            busy = act(box.url, "unload", SMOL)
+        lines = streaming.result()
         assert busy.status_code == 409 and "never stopped while serving" in busy.text
-        assert stream_done.is_set()
+        assert "data: [DONE]" in lines  # the stream it refused to stop finished
         assert act(box.url, "unload", SMOL).status_code == 200
         assert httpx.get(f"{box.url}/v1/residents").json()["data"] == []
         assert act(box.url, "refresh-models").json()["models"] == 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+import pytest
+
 from fitbox.box.supervision.memory import await_free
 
 
@@ -25,6 +27,13 @@ def test_gives_up_at_the_bound_and_says_so() -> None:
     assert not ok and waited >= 0.05
 
 
-def test_an_unreadable_device_does_not_hold_the_load() -> None:
-    ok, waited = asyncio.run(await_free(lambda: None, needed=8))
-    assert ok and waited < 1
+def test_an_unreadable_device_does_not_hold_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[None] = []
+    naps: list[float] = []
+
+    async def nap(seconds: float) -> None:
+        naps.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", nap)
+    ok, _ = asyncio.run(await_free(lambda: reads.append(None), needed=8))
+    assert ok and len(reads) == 1 and naps == []  # one look, no wait

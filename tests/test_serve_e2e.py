@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,15 @@ from fitbox.models.gguf_facts import read_facts
 
 from .conftest import FitboxProcess, running_fitbox, start_fitbox, stop_fitbox
 from .ggufs import write_tiny_llama
+from .holds import (
+    HOLD_IDLE_TIMEOUT,
+    Background,
+    calls_on,
+    engine_logs,
+    engine_stopped,
+    gated_engine,
+    until,
+)
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -74,28 +82,32 @@ def test_openai_client_chats(smol_box: FitboxProcess) -> None:
 
 
 def test_openai_client_streams_in_several_chunks_as_they_are_made(
-    smol_box: FitboxProcess,
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
-    stream = client_for(smol_box).chat.completions.create(
-        model=SMOL,
-        messages=HELLO,
-        max_tokens=48,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
-    )
-    arrivals, text, usage = [], "", None
-    for chunk in stream:
-        arrivals.append(time.perf_counter())
-        if chunk.choices and chunk.choices[0].delta.content:
-            text += chunk.choices[0].delta.content
-        if chunk.usage:
-            usage = chunk.usage
+    """The gated fake holds the engine's reply after its first event until the test opens
+    the gate: that event reaching the client first shows fitbox passes events on as they
+    come, not once the reply is whole, whatever the machine's speed."""
+    gate = tmp_path / "gate"
+    with running_fitbox(tmp_path / "home", [smollm2.parent],
+                        env=gated_engine(llama_server_bin, gate)) as box:  # fmt: skip
+        stream = client_for(box).with_options(timeout=60).chat.completions.create(
+            model=SMOL,
+            messages=HELLO,
+            max_tokens=48,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        chunks = iter(stream)
+        first = next(chunks)  # while the rest of the reply is held at the gate
+        until(lambda: "holding a reply" in engine_logs(box), "the fake holding the reply")
+        gate.touch()
+        rest = list(chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in [first, *rest] if c.choices)
+    usage = next((c.usage for c in rest if c.usage), None)
     assert text
-    assert len(arrivals) >= 10
+    assert len(rest) >= 9  # the first event came alone; the others followed the gate
     assert usage is not None and usage.completion_tokens == 48
-    # the first chunk reached the client well before generation ended (48 tokens on CPU)
-    assert arrivals[-1] - arrivals[0] > 0.05
 
 
 def test_unknown_model_is_a_typed_404(smol_box: FitboxProcess) -> None:
@@ -187,48 +199,44 @@ def test_a_streaming_call_finishes_before_its_model_is_evicted(
     tmp_path: Path, two_models: tuple[Path, int]
 ) -> None:
     root, cap = two_models
-    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
+    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap),
+                        env=HOLD_IDLE_TIMEOUT) as box:  # fmt: skip
         client = client_for(box)
-        stream = client.chat.completions.create(
-            model=SMOL,
-            messages=HELLO,
-            max_tokens=128,
-            stream=True,
-            extra_body={"ignore_eos": True},
-            stream_options={"include_usage": True},
-        )
-        other: dict[str, object] = {}
+        assert client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=1)
 
-        def ask_other_model() -> None:
-            try:
-                other["reply"] = client.chat.completions.create(
-                    model="tiny",
-                    messages=HELLO,
-                    max_tokens=4,
-                )
-            except Exception as exc:
-                other["error"] = exc
+        def stream_a() -> tuple[str | None, Any]:
+            finish, usage = None, None
+            for chunk in client.chat.completions.create(
+                model=SMOL,
+                messages=HELLO,
+                max_tokens=128,
+                stream=True,
+                extra_body={"ignore_eos": True},
+                stream_options={"include_usage": True},
+            ):
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+                if chunk.usage:
+                    usage = chunk.usage
+            return finish, usage
 
-        thread = threading.Thread(target=ask_other_model)
-        finish, usage = None, None
-        queued: list[dict[str, Any]] = []
-        for index, chunk in enumerate(stream):
-            if index == 1:
-                thread.start()  # B asks while A is mid-stream
-            if index >= 20 and not queued:  # B waits for A's room: look until it shows
-                queued = httpx.get(f"{box.url}/v1/queue").json()["data"]
-            if chunk.choices and chunk.choices[0].finish_reason:
-                finish = chunk.choices[0].finish_reason
-            if chunk.usage:
-                usage = chunk.usage
-        thread.join(timeout=120)
+        # A's engine is stopped: A holds SmolLM2 until the test lets it go, so B (which needs
+        # SmolLM2's room) is seen waiting for it however fast the machine generates
+        with engine_stopped(box, SMOL):
+            a = Background(stream_a)
+            until(lambda: calls_on(box, SMOL) == 1, "A's call on SmolLM2")
+            b = Background(lambda: client.chat.completions.create(
+                model="tiny", messages=HELLO, max_tokens=4))  # fmt: skip
+            queued = until(lambda: httpx.get(f"{box.url}/v1/queue").json()["data"],
+                           "B waiting for A's room")  # fmt: skip
+        finish, usage = a.result()
+        assert b.result().choices[0].message.content is not None
         assert [(q["model"], q["blocked_by"]) for q in queued] == [("tiny", [SMOL])]
         assert finish == "length" and usage is not None and usage.completion_tokens == 128
-        assert "error" not in other and "reply" in other
-        rows = {r["model_asked"]: r for r in box.calls()}
-        a, b = rows[SMOL], rows["tiny"]
-        assert json.loads(str(b["evicted"])) == [SMOL]
-        assert float(str(b["load_start_at"])) >= float(str(a["last_byte_at"]))
+        rows = {r["model_asked"]: r for r in box.calls()}  # the last row of each model
+        a_row, b_row = rows[SMOL], rows["tiny"]
+        assert json.loads(str(b_row["evicted"])) == [SMOL]
+        assert float(str(b_row["load_start_at"])) >= float(str(a_row["last_byte_at"]))
 
 
 def test_a_model_too_big_for_the_box_is_refused_and_nothing_is_evicted(

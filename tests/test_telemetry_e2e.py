@@ -3,9 +3,13 @@ needed: a call for an unknown model is a call row too, written and updated as it
 
 from __future__ import annotations
 
+import http.client
+import json
+import select
 import sqlite3
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,7 @@ import httpx
 from fitbox.store.keys import create_key
 
 from .conftest import FitboxProcess, running_fitbox
+from .holds import until
 
 
 def counter(box: FitboxProcess) -> int:
@@ -34,40 +39,57 @@ def miss(box: FitboxProcess, i: int) -> None:
     assert reply.status_code == 404
 
 
+def replay(box: FitboxProcess, table: str, since: int = 0) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = httpx.get(f"{box.url}/v1/telemetry", params={
+        "table": table, "since": since, "limit": 1000}).json()["rows"]  # fmt: skip
+    return rows
+
+
 def test_the_counter_moves_on_events_only(tmp_path: Path) -> None:
     with running_fitbox(tmp_path / "home", [tmp_path / "models"]) as box:
         start = counter(box)
-        time.sleep(1.0)  # an idle box: nothing happens, nothing moves
+        mark = max((r["id"] for r in replay(box, "resource_log")), default=0)
+        # an idle box: the sensors tick (readings are not events), nothing else happens
+        until(lambda: len({r["at"] for r in replay(box, "resource_log", mark)}) >= 4,
+              "four sensor ticks")  # fmt: skip
         assert counter(box) == start
         httpx.post(f"{box.url}/v1/operator/refresh-models")
         after_action = counter_reaches(box, start + 1)
         assert after_action == start + 1
         miss(box, 0)
         assert counter_reaches(box, after_action + 2) == after_action + 2  # written, then done
-        time.sleep(0.5)
-        assert counter(box) == after_action + 2  # and nothing more after that
+        # and nothing more after that: the next event is the box's next action, and the
+        # call's row still carries its second change
+        httpx.post(f"{box.url}/v1/operator/refresh-models")
+        actions = until(lambda: replay(box, "operator_actions", after_action)[-1:],
+                        "the second action's row")  # fmt: skip
+        assert actions[0]["seq"] == after_action + 3 == counter(box)
+        (call,) = replay(box, "call_log")
+        assert call["seq"] == after_action + 2
 
 
 def test_a_long_poll_wakes_on_the_event_not_at_its_bound(tmp_path: Path) -> None:
     with running_fitbox(tmp_path / "home", [tmp_path / "models"]) as box:
         start = counter(box)
-        answer: dict[str, Any] = {}
-
-        def poll() -> None:
-            began = time.monotonic()
-            answer["body"] = httpx.get(
-                f"{box.url}/v1/telemetry/state", params={"since": start, "wait": 30}, timeout=60
-            ).json()
-            answer["took"] = time.monotonic() - began  # fmt: skip
-
-        poller = threading.Thread(target=poll)
-        poller.start()
-        time.sleep(0.3)
-        assert poller.is_alive()  # nothing happened yet: still waiting
+        url = urllib.parse.urlsplit(box.url)
+        waiting = http.client.HTTPConnection(url.hostname or "", url.port, timeout=60)
+        waiting.request("GET", f"/v1/telemetry/state?since={start}&wait=30")  # sent: it waits
+        sent = time.monotonic()
+        # a second long poll, sent after the first, answers at its own 1 s bound with nothing
+        # new: the first was on the same loop before it, and nothing has woken it
+        idle = httpx.get(f"{box.url}/v1/telemetry/state", params={"since": start, "wait": 1},
+                         timeout=30).json()  # fmt: skip
+        assert idle["counter"] == start
+        assert waiting.sock is not None
+        assert not select.select([waiting.sock], [], [], 0)[0]  # no byte of an answer yet
+        woke = time.monotonic()
         httpx.post(f"{box.url}/v1/operator/refresh-models")
-        poller.join(timeout=30)
-        assert answer["body"]["counter"] > start and answer["took"] < 30
-        print(f"long-poll answered {answer['took'] - 0.3:.3f} s after the event (upper bound)")
+        answer = json.loads(waiting.getresponse().read())
+        answered = time.monotonic()
+        waiting.close()
+        assert answer["counter"] > start
+        assert answered - sent < 30  # before its bound: the event woke it
+        print(f"long-poll answered {answered - woke:.3f} s after the event was asked for")
 
 
 def test_cursor_replay_yields_every_change_once_under_concurrent_writes(tmp_path: Path) -> None:
