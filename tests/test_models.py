@@ -13,7 +13,7 @@ from gguf import GGUFReader
 
 from fitbox.errors import ModelNotFound
 from fitbox.models import catalog as catalog_module
-from fitbox.models.catalog import Artifact, Catalog, Rejected, discover, scan
+from fitbox.models.catalog import Artifact, Catalog, Unservable, discover, scan
 from fitbox.models.facts_cache import FactsCache
 from fitbox.models.gguf_facts import read_facts
 from fitbox.models.gguf_header import NotGGUF, read_header
@@ -133,7 +133,7 @@ def test_misses_rescan_at_most_once_a_second(
 
     def counting(
         roots: Iterable[Path], cache: FactsCache | None = None
-    ) -> tuple[list[Artifact], list[Rejected]]:
+    ) -> tuple[list[Artifact], list[Unservable]]:
         scans.append(1)
         return real(roots, cache)
 
