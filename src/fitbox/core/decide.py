@@ -81,14 +81,14 @@ def _placements(rung: Rung, candidate: Candidate, room: Room) -> Iterator[Placem
             return RejectReason.NOT_MOE
 
         def gpu_sets() -> Iterator[Placement]:
-            by_room = sorted(room.gpus, key=lambda g: (-room.most[g], g))
+            by_room = sorted(room.gpus, key=lambda g: (-room.most[g], room.order[g]))
             # one GPU: best fit first (least room left over), so big holes stay for big models
-            for gpu in sorted(room.gpus, key=lambda g: (room.most[g], g)):
+            for gpu in sorted(room.gpus, key=lambda g: (room.most[g], room.order[g])):
                 yield Placement((gpu,), n_all, (), experts)
             if candidate.layout is None:
                 return
             for k in range(2, len(room.gpus) + 1):  # fewest GPUs, split by free memory
-                chosen = sorted(by_room[:k])
+                chosen = sorted(by_room[:k], key=room.order.__getitem__)  # the engine's order
                 shares = tuple(float(max(room.most[g], 1)) for g in chosen)
                 yield Placement(tuple(chosen), n_all, shares, experts)
 

@@ -31,11 +31,15 @@ class Room:
                     self.most[device] -= held
                 if not (r.evictable or r.settles):
                     self.hopeful[device] -= held
-        self.gpus = sorted(d.id for d in snapshot.devices if d.kind is DeviceKind.GPU)
+        # The snapshot lists GPUs as the probe numbers them, which is the engine's (CUDA)
+        # order: -ts shares and the output layer follow it, so it is never re-sorted by name
+        # (by name, gpu10 would come before gpu2).
+        self.gpus = [d.id for d in snapshot.devices if d.kind is DeviceKind.GPU]
+        self.order = {g: i for i, g in enumerate(self.gpus)}
         self.has_host = HOST in self.empty
 
     def fits(self, need: Mapping[str, Footprint], pool: Mapping[str, int]) -> bool:
         return all(d in pool and f.total <= pool[d] for d, f in need.items())
 
     def roomiest_gpu(self) -> str:
-        return min(self.gpus, key=lambda g: (-self.most[g], g))
+        return min(self.gpus, key=lambda g: (-self.most[g], self.order[g]))
