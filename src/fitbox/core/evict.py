@@ -31,10 +31,15 @@ def choose(short: Mapping[str, int], candidates: Sequence[ResidentView]) -> list
     need = {d: b for d, b in short.items() if b > 0}
     if not need:
         return []
-    pool = sorted(candidates, key=lambda r: (r.last_used, r.key))  # deterministic ties: LRU
+    # only residents holding bytes where room is short can help: the rest are never chosen,
+    # so leaving them out changes nothing but the time (the core asks this per device set)
+    held = {id(r): {d: r.bytes_on(d) for d in need} for r in candidates}
+    pool = sorted((r for r in candidates if any(held[id(r)].values())),
+                  key=lambda r: (r.last_used, r.key))  # fmt: skip  # deterministic ties: LRU
 
     def helps(resident: ResidentView, remaining: Mapping[str, int]) -> int:
-        return sum(min(resident.bytes_on(d), b) for d, b in remaining.items() if b > 0)
+        on = held[id(resident)]
+        return sum(min(on[d], b) for d, b in remaining.items() if b > 0)
 
     chosen: list[ResidentView] = []
     remaining = dict(need)
@@ -53,12 +58,12 @@ def choose(short: Mapping[str, int], candidates: Sequence[ResidentView]) -> list
         if best is None:
             return None
         chosen.append(best)
-        for device, held in best.holdings():
+        for device, size in best.holdings():
             if device in remaining:
-                remaining[device] -= held
+                remaining[device] -= size
 
     def covers(victims: list[ResidentView]) -> bool:
-        return all(sum(v.bytes_on(d) for v in victims) >= b for d, b in need.items())
+        return all(sum(held[id(v)][d] for v in victims) >= b for d, b in need.items())
 
     for resident in sorted(chosen, key=lambda r: (-cost(r), r.key)):
         rest = [v for v in chosen if v is not resident]
