@@ -12,12 +12,14 @@ from fitbox.core import claims, evict, pins, tiers
 from fitbox.core.admission import Policy, Ticket, order
 from fitbox.core.ask import Candidate
 from fitbox.core.costs import Sizer
+from fitbox.core.room import Room
 from fitbox.core.sizing import ModelShape
 from fitbox.core.split import Layout, Placement, footprint_by_device, layer_devices, layer_ranges
-from fitbox.core.types import RUNG_ORDER, ResidentState, Rung
+from fitbox.core.splits import Splits
+from fitbox.core.types import RUNG_ORDER, ResidentState, Rung, Snapshot
 from fitbox.models.gguf_facts import read_facts
 from tests import gguf_zoo
-from tests.core_builders import GiB, resident
+from tests.core_builders import GiB, gpu, host, resident
 
 # -- admission -------------------------------------------------------------------------------
 
@@ -244,6 +246,25 @@ def test_sizer_by_layer_ranges_matches_split_layer_by_layer(
     assert sizer.on(placement, window) == footprint_by_device(
         MIXED, MIXED_LAYOUT, placement, window, parallel
     )
+
+
+@given(
+    rooms=st.lists(st.integers(1, 1000), min_size=1, max_size=4),
+    experts=st.booleans(),
+    window=st.sampled_from([512, 1000, 4096, 20000]),
+    parallel=st.integers(1, 3),
+)
+def test_splits_price_a_set_as_the_sizer_totals_it(
+    rooms: list[int], experts: bool, window: int, parallel: int
+) -> None:
+    """A device set is priced from running sums of per-layer bytes, without footprints;
+    every device's total is the sizer's, whatever the -ts shares (room, in any ratio)."""
+    gpus = tuple(gpu(i, size * GiB) for i, size in enumerate(rooms))
+    room = Room(Snapshot((*gpus, host(1000 * GiB)), ()))
+    sizer = Sizer(Candidate("m", shape=MIXED, layout=MIXED_LAYOUT), parallel, "f16", "f16")
+    held = Splits(sizer, room, [window], experts).held(tuple(g.id for g in gpus), 0)
+    assert held is not None
+    assert held.bytes == {d: f.total for d, f in sizer.on(held.placement, window).items()}
 
 
 @given(

@@ -55,7 +55,8 @@ def conclude(search: Search) -> Decision:
                      f"{best.place.rung.value} of {best.place.artifact} first")
             for o in search.options if o is not best
         ]  # fmt: skip
-        return replace(best.place, rejected=tuple(search.rejected + others))
+        counts = best.counts() if best.counts is not None else ()  # priced for the winner only
+        return replace(best.place, rejected=tuple(search.rejected + others), device_counts=counts)
     if search.hopeful:
         first = min(search.hopeful, key=key)
         blockers = sorted({b for h in search.hopeful for b in h.blockers})

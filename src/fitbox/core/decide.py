@@ -6,10 +6,12 @@ steps with their rules:
 
 1. candidates: the approved variants in quality order (a pinned quant keeps one); a bad
    artifact is terminal;
-2. per variant, rungs in ladder order, per rung the K/V types in preference order;
-3. per rung, the devices (one GPU that fits, else the fewest GPUs split by free memory;
-   host; or, ``fitting.partial``, one GPU and host with a partial layer count) and the
-   window band (``bands.py``);
+2. per variant, rungs in ladder order; per rung the K/V types in the box's order, the
+   window first: a later type only when it holds a larger window (``f16`` before ``q8_0``
+   before a smaller window);
+3. per rung and K/V type, the devices and the window band (``devicesets.py``: the largest
+   window any set of GPUs holds, then the fewest GPUs; host; or, ``fitting.partial``, one
+   GPU and host with a partial layer count);
 4. the cheapest eviction that makes room now; the CPU claim;
 5. the goal ranks what is admissible; waiting is chosen only when room for a better
    placement is expected within the call's max wait (``conclude.py``).
@@ -18,6 +20,7 @@ steps with their rules:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from fitbox.core import bands, claims, evict, sizing
 from fitbox.core.ask import Ask, Candidate
@@ -35,6 +38,7 @@ from fitbox.core.decision import (
     RejectReason,
     Victim,
 )
+from fitbox.core.devicesets import GpuSets, gpu_sets, place_on_sets
 from fitbox.core.fitting import need, partial, placement_class, short, windows_for
 from fitbox.core.room import Room
 from fitbox.core.search import Fit, Option, Refusal, Search
@@ -42,6 +46,12 @@ from fitbox.core.split import HOST, Placement
 from fitbox.core.types import WEIGHTS_IN_RAM, Goal, Rung, Snapshot
 
 __all__ = ["Room", "Search", "decide", "rung_jobs", "try_kv", "window_ticks"]
+
+GPU_RUNGS = frozenset({Rung.GPU_ONLY, Rung.FOUR_BIT, Rung.MOE_SPLIT})
+NOT_OFFERED = {
+    RejectReason.NOT_MOE: "not a mixture-of-experts model",
+    RejectReason.NEEDS_LAYOUT: "partial offload needs the per-layer sizes of the file",
+}
 
 
 def rung_jobs(ask: Ask, goal: Goal) -> Iterator[tuple[int, Candidate, Candidate, Rung]]:
@@ -69,56 +79,29 @@ def rung_jobs(ask: Ask, goal: Goal) -> Iterator[tuple[int, Candidate, Candidate,
             yield q, owner, artifact, rung
 
 
-def _placements(rung: Rung, candidate: Candidate, room: Room) -> Iterator[Placement] | RejectReason:
-    """Device sets for a rung, preferred first (partial offload is searched separately)."""
-    shape = candidate.shape
-    n_all = (shape.n_layer + 1) if shape else 1
-    if rung in (Rung.GPU_ONLY, Rung.FOUR_BIT, Rung.MOE_SPLIT):
+def _sets(
+    search: Search, rung: Rung, candidate: Candidate
+) -> tuple[GpuSets, GpuSets] | RejectReason | None:
+    """The device sets a rung may use (``[[()]]``: host RAM); None: a partial offload,
+    whose layer count ``fitting.partial`` searches."""
+    room = search.room
+    if rung in GPU_RUNGS:
         if not room.gpus:
             return RejectReason.NO_GPU
-        experts = rung is Rung.MOE_SPLIT
-        if experts and not candidate.is_moe:
+        if rung is Rung.MOE_SPLIT and not candidate.is_moe:
             return RejectReason.NOT_MOE
-
-        def gpu_sets() -> Iterator[Placement]:
-            by_room = sorted(room.gpus, key=lambda g: (-room.most[g], room.order[g]))
-            # one GPU: best fit first (least room left over), so big holes stay for big models
-            for gpu in sorted(room.gpus, key=lambda g: (room.most[g], room.order[g])):
-                yield Placement((gpu,), n_all, (), experts)
-            if candidate.layout is None:
-                return
-            for k in range(2, len(room.gpus) + 1):  # fewest GPUs, split by free memory
-                chosen = sorted(by_room[:k], key=room.order.__getitem__)  # the engine's order
-                shares = tuple(float(max(room.most[g], 1)) for g in chosen)
-                yield Placement(tuple(chosen), n_all, shares, experts)
-
-        return gpu_sets()
+        if search.gpu_sets is None:
+            search.gpu_sets = gpu_sets(room)
+        # a split needs the per-layer sizes; without them only one GPU is priced
+        first, then = search.gpu_sets
+        return (first, then) if candidate.layout is not None else (first[:1], then[:1])
     if rung is Rung.RAM_ONLY:
-        return iter([Placement()]) if room.has_host else RejectReason.NO_GPU
+        return ([[()]], [[]]) if room.has_host else RejectReason.NO_GPU
     if not room.gpus:
         return RejectReason.NO_GPU
     if candidate.layout is None:
         return RejectReason.NEEDS_LAYOUT
-    return iter(())  # MAX_RAM / MAX_GPU: _partial() searches the layer count
-
-
-def _fit(search: Search, sizer: Sizer, placement: Placement) -> Fit | Rejected | None:
-    """The largest window this placement fits at once every idle resident is gone; or why not
-    (``None``: the windows are fine but memory is short: see ``fitting.short``)."""
-    windows = windows_for(search, sizer, placement_class(placement, sizer.n_layer))
-    if isinstance(windows, tuple):
-        reason, detail = windows
-        return Rejected(sizer.candidate.key, Rung.GPU_ONLY, "", reason, detail)
-    room = search.room
-
-    def fits(i: int) -> bool:
-        return room.fits(need(sizer, placement, windows[i]), room.most)
-
-    best = bands.largest(len(windows) - 1, fits)
-    if best is None:
-        return None
-    window = windows[best]
-    return Fit(placement, window, need(sizer, placement, window), bands.band(windows, best))
+    return None
 
 
 def _seconds(ask: Ask, candidate: Candidate, rung: Rung) -> float | None:
@@ -134,8 +117,20 @@ def _seconds(ask: Ask, candidate: Candidate, rung: Rung) -> float | None:
     return total
 
 
-def try_kv(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str,
-           type_v: str) -> None:  # fmt: skip
+@dataclass
+class Attempt:
+    """One K/V type of one rung that fits; admitted only if the rung's rule picks it."""
+
+    fit: Fit
+    type_k: str
+    type_v: str
+    position: int  # when it was tried: the ladder order
+
+
+def _fit_kv(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str,
+            type_v: str) -> Attempt | None:  # fmt: skip
+    """The rule's placement for one rung at one K/V type; or None, with the reason recorded
+    (and a hopeful option when busy residents hold the room)."""
     ask, room = search.ask, search.room
     kv = f"{type_k}/{type_v}"
     search.position += 1
@@ -147,72 +142,70 @@ def try_kv(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str
         problem = sizing.kv_type_problem(candidate.shape, type_k, type_v, flash_attn=True)
         if problem:
             reject(RejectReason.KV_TYPE, problem)
-            return
+            return None
     sizer = Sizer(candidate, ask.parallel, type_k, type_v)
-    placements = _placements(rung, candidate, room)
-    if isinstance(placements, RejectReason):
-        reject(placements, {
-            RejectReason.NO_GPU: "this box has no GPU" if rung is not Rung.RAM_ONLY
-            else "host RAM is not offered", RejectReason.NOT_MOE: "not a mixture-of-experts model",
-            RejectReason.NEEDS_LAYOUT: "partial offload needs the per-layer sizes of the file",
-        }[placements])  # fmt: skip
-        return
-    fit: Fit | Rejected | None = None
-    first_short: Placement | None = None
-    if rung in (Rung.MAX_RAM, Rung.MAX_GPU):
+    sets = _sets(search, rung, candidate)
+    if isinstance(sets, RejectReason):
+        no_gpu = "this box has no GPU" if rung is not Rung.RAM_ONLY else "host RAM is not offered"
+        reject(sets, NOT_OFFERED.get(sets, no_gpu))
+        return None
+    fit: Fit | Rejected | None
+    first_short: Placement | None
+    if sets is None:
         fit = partial(search, sizer, rung)
-        if fit is None:
-            first_short = Placement((room.roomiest_gpu(),), 1, (), False)
+        first_short = Placement((room.roomiest_gpu(),), 1, (), False)
     else:
-        fit, first_short = _first_fit(search, sizer, placements)
+        multi = rung in GPU_RUNGS and len(sets[0]) > 1
+        fit, first_short = place_on_sets(search, sizer, sets, experts=rung is Rung.MOE_SPLIT,
+                                         counts=multi)  # fmt: skip
     if isinstance(fit, Rejected):
         reject(fit.reason, fit.detail)
-        return
+        return None
     if fit is None:
         assert first_short is not None
         why = short(search, sizer, first_short)
         reject(why.reason, why.detail)
         if why.reason is RejectReason.HELD_BY_BUSY:
-            _hope(search, q, candidate, rung, type_k, type_v, sizer, first_short, memory=True)
+            _hope(search, q, candidate, rung, sizer, first_short, memory=True)
+        return None
+    return Attempt(fit, type_k, type_v, search.position)
+
+
+def try_kv(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str,
+           type_v: str) -> None:  # fmt: skip
+    """One rung at one K/V type, admitted if it fits (verdicts price each type alone)."""
+    attempt = _fit_kv(search, q, candidate, rung, type_k, type_v)
+    if attempt is not None:
+        _admit(search, q, candidate, rung, attempt)
+
+
+def _try_rung(search: Search, q: int, candidate: Candidate, rung: Rung) -> None:
+    """The K/V types in the box's order, the window first: a later type is taken only when
+    it holds a larger window than every earlier one."""
+    windows = bands.band_windows(search.ask, candidate)
+    ceiling = windows[-1] if isinstance(windows, list) else 0
+    fits: list[Attempt] = []
+    for type_k, type_v in search.ask.kv_types:
+        attempt = _fit_kv(search, q, candidate, rung, type_k, type_v)
+        if attempt is not None:
+            fits.append(attempt)
+            if attempt.fit.window >= ceiling:
+                break  # the preferred window: no later type can hold more
+    if not fits:
         return
-    _admit(search, q, candidate, rung, type_k, type_v, fit)
+    best = max(fits, key=lambda a: a.fit.window)  # the first of the largest: the box's order
+    for other in fits:
+        if other is not best:
+            search.rejected.append(Rejected(
+                candidate.key, rung, f"{other.type_k}/{other.type_v}", RejectReason.SMALLER_WINDOW,
+                f"holds {other.fit.window} tokens; {best.type_k}/{best.type_v} holds "
+                f"{best.fit.window}",
+            ))  # fmt: skip
+    _admit(search, q, candidate, rung, best)
 
 
-def _first_fit(
-    search: Search, sizer: Sizer, placements: Iterator[Placement]
-) -> tuple[Fit | Rejected | None, Placement | None]:
-    """One GPU if any fits (the largest window; then one that needs no eviction; then the
-    best fit), else the fewest GPUs that do."""
-    room = search.room
-    singles: list[Fit] = []
-    first_short: Placement | None = None
-    for placement in placements:
-        if placement.tensor_split and singles:
-            break
-        attempt = _fit(search, sizer, placement)
-        if isinstance(attempt, Rejected):
-            return attempt, None
-        if attempt is None:
-            first_short = first_short or placement
-            continue
-        if placement.tensor_split:
-            return attempt, None
-        singles.append(attempt)
-    if not singles:
-        return None, first_short
-
-    idle = [r for r in search.snapshot.residents if r.evictable]
-
-    def preference(fit: Fit) -> tuple[int, float, int]:
-        short = {d: f.total - room.now[d] for d, f in fit.need.items()}
-        victims = evict.choose(short, idle) or []
-        return (-fit.window, sum(v.cost for v in victims), sum(v.bytes for v in victims))
-
-    return min(singles, key=preference), None
-
-
-def _hope(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str, type_v: str,
-          sizer: Sizer, placement: Placement, *, memory: bool) -> None:  # fmt: skip
+def _hope(search: Search, q: int, candidate: Candidate, rung: Rung, sizer: Sizer,
+          placement: Placement, *, memory: bool) -> None:  # fmt: skip
     """A placement possible once busy residents settle: a Wait option."""
     room = search.room
     windows = windows_for(search, sizer, placement_class(placement, sizer.n_layer))
@@ -225,22 +218,14 @@ def _hope(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str,
     ))  # fmt: skip
     etas = [r.eta_idle for r in search.snapshot.residents if r.key in blockers]
     eta = max((e for e in etas if e is not None), default=None) if None not in etas else None
-    place = _place(candidate, rung, type_k, type_v, Fit(placement, window, wanted,
-                   Band(BandKind.POINT, window, window)), (), claims.Claim(()), search)  # fmt: skip
+    fit = Fit(placement, window, wanted, Band(BandKind.POINT, window, window))
+    place = _place(candidate, rung, sizer.type_k, sizer.type_v, fit, (), claims.Claim(()), search)
     search.hopeful.append(Option(place, q, search.position, _seconds(search.ask, candidate, rung),
                                  0.0, 0, blockers, eta))  # fmt: skip
 
 
-def _place(
-    candidate: Candidate,
-    rung: Rung,
-    type_k: str,
-    type_v: str,
-    fit: Fit,
-    victims: tuple[Victim, ...],
-    claim: claims.Claim,
-    search: Search,
-) -> Place:
+def _place(candidate: Candidate, rung: Rung, type_k: str, type_v: str, fit: Fit,
+           victims: tuple[Victim, ...], claim: claims.Claim, search: Search) -> Place:  # fmt: skip
     gpus = fit.placement.gpus if fit.placement.gpu_layers > 0 else ()
     devices = tuple(gpus) + ((HOST,) if HOST in fit.need or not gpus else ())
     return Place(
@@ -254,12 +239,10 @@ def _place(
     )  # fmt: skip
 
 
-def _admit(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str, type_v: str,
-           fit: Fit) -> None:  # fmt: skip
-    snapshot, room = search.snapshot, search.room
-    short = {d: f.total - room.now[d] for d, f in fit.need.items()}
-    idle = [r for r in snapshot.residents if r.evictable]
-    chosen = evict.choose(short, idle)
+def _admit(search: Search, q: int, candidate: Candidate, rung: Rung, attempt: Attempt) -> None:
+    snapshot, room, fit = search.snapshot, search.room, attempt.fit
+    lacking = {d: f.total - room.now[d] for d, f in fit.need.items()}
+    chosen = evict.choose(lacking, [r for r in snapshot.residents if r.evictable])
     assert chosen is not None, "fits room.most, so the idle residents cover it"
     leaving = {v.key for v in chosen}
     speeds = candidate.speeds_on(rung)
@@ -268,16 +251,17 @@ def _admit(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str
         weights_in_ram=rung in WEIGHTS_IN_RAM, floor=search.ask.cpu_floor,
         threads=speeds.threads if speeds else (),
     )  # fmt: skip
-    kv = f"{type_k}/{type_v}"
+    type_k, type_v = attempt.type_k, attempt.type_v
     if claim is None:
         free, idle_cores = claims.claimable(snapshot.cores, snapshot.busy_cores,
                                             snapshot.residents, leaving)  # fmt: skip
         floor = search.ask.cpu_floor if rung in WEIGHTS_IN_RAM else 1
         detail = f"{len(free) + len(idle_cores)} free physical core(s); needs {floor}"
-        search.rejected.append(Rejected(candidate.key, rung, kv, RejectReason.NO_CORES, detail))
+        search.rejected.append(Rejected(candidate.key, rung, f"{type_k}/{type_v}",
+                                        RejectReason.NO_CORES, detail))  # fmt: skip
         if any(r.settles and r.cores for r in snapshot.residents):
             sizer = Sizer(candidate, search.ask.parallel, type_k, type_v)
-            _hope(search, q, candidate, rung, type_k, type_v, sizer, fit.placement, memory=False)
+            _hope(search, q, candidate, rung, sizer, fit.placement, memory=False)
         else:
             search.refusals.append(Refusal(RejectReason.NO_CORES, HOST, search.ask.cpu_floor,
                                            len(free) + len(idle_cores)))  # fmt: skip
@@ -285,9 +269,9 @@ def _admit(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str
     by_key = {r.key: r for r in snapshot.residents}
     place = _place(candidate, rung, type_k, type_v, fit, tuple(chosen), claim, search)
     search.options.append(Option(
-        place, q, search.position, place.predicted_seconds,
+        place, q, attempt.position, place.predicted_seconds,
         reload=sum(v.cost for v in chosen),
-        hot=sum(1 for v in chosen if by_key[v.key].band > 1),
+        hot=sum(1 for v in chosen if by_key[v.key].band > 1), counts=fit.counts,
     ))  # fmt: skip
 
 
@@ -310,12 +294,8 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
             and q > min(o.q for o in search.options)
         ):
             break  # q ranks first: a lower-quality variant can no longer win
-        before = len(search.options)
-        for type_k, type_v in ask.kv_types:
-            tried += 1
-            try_kv(search, q, artifact, rung, type_k, type_v)
-            if len(search.options) > before:
-                break  # the first K/V type that fits is the one the ladder prefers
+        tried += len(ask.kv_types)
+        _try_rung(search, q, artifact, rung)
         if search.options and search.options[-1].seconds is None:
             break  # ladder order decides from here: the first admissible option wins
     if tried == 0:

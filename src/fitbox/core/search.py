@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fitbox.core.ask import Ask
-from fitbox.core.decision import Band, Place, Rejected, RejectReason
+from fitbox.core.decision import Band, DeviceCount, Place, Rejected, RejectReason
 from fitbox.core.room import Room
 from fitbox.core.split import Placement
 from fitbox.core.types import Footprint, Snapshot
@@ -17,6 +18,8 @@ class Fit:
     window: int
     need: dict[str, Footprint]
     band: Band
+    # a multi-GPU rung: the window each device count holds, priced only for the winner
+    counts: Callable[[], tuple[DeviceCount, ...]] | None = None
 
 
 @dataclass
@@ -29,6 +32,7 @@ class Option:
     hot: int  # E_hot: high-priority residents displaced
     blockers: tuple[str, ...] = ()  # a hopeful option: who must settle first
     eta: float | None = None  # hopeful: when they are expected to settle
+    counts: Callable[[], tuple[DeviceCount, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -52,3 +56,5 @@ class Search:
     rejected: list[Rejected] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     position: int = 0
+    # the GPU sets tried (first, then), once per snapshot: devicesets.gpu_sets
+    gpu_sets: tuple[list[list[tuple[str, ...]]], list[list[tuple[str, ...]]]] | None = None
