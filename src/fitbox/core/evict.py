@@ -37,27 +37,31 @@ def choose(short: Mapping[str, int], candidates: Sequence[ResidentView]) -> list
     pool = sorted((r for r in candidates if any(held[id(r)].values())),
                   key=lambda r: (r.last_used, r.key))  # fmt: skip  # deterministic ties: LRU
 
+    price = {id(r): cost(r) for r in pool}
+
     def helps(resident: ResidentView, remaining: Mapping[str, int]) -> int:
         on = held[id(resident)]
         return sum(min(on[d], b) for d, b in remaining.items() if b > 0)
 
     chosen: list[ResidentView] = []
+    taken: set[int] = set()  # by identity: a resident is one object in the snapshot
     remaining = dict(need)
     while any(b > 0 for b in remaining.values()):
         best: ResidentView | None = None
         best_ratio = 0.0
         for resident in pool:
-            if resident in chosen:
+            if id(resident) in taken:
                 continue
             freed = helps(resident, remaining)
             if freed <= 0:
                 continue
-            ratio = freed / cost(resident)
+            ratio = freed / price[id(resident)]
             if ratio > best_ratio:
                 best, best_ratio = resident, ratio
         if best is None:
             return None
         chosen.append(best)
+        taken.add(id(best))
         for device, size in best.holdings():
             if device in remaining:
                 remaining[device] -= size
@@ -65,9 +69,9 @@ def choose(short: Mapping[str, int], candidates: Sequence[ResidentView]) -> list
     def covers(victims: list[ResidentView]) -> bool:
         return all(sum(held[id(v)][d] for v in victims) >= b for d, b in need.items())
 
-    for resident in sorted(chosen, key=lambda r: (-cost(r), r.key)):
+    for resident in sorted(chosen, key=lambda r: (-price[id(r)], r.key)):
         rest = [v for v in chosen if v is not resident]
         if covers(rest):
             chosen = rest
     chosen.sort(key=lambda r: (r.last_used, r.key))  # stop the longest idle first
-    return [Victim(r.key, r.bytes, VictimReason.LEAST_COST, cost(r)) for r in chosen]
+    return [Victim(r.key, r.bytes, VictimReason.LEAST_COST, price[id(r)]) for r in chosen]
