@@ -120,30 +120,39 @@ class SetSearch:
 
     def pick(self, k: int, i: int) -> Held:
         """Among the k-GPU sets that hold window ``i``: the cheapest eviction, then one GPU's
-        best fit (the order tried) or a split's most room left on its tightest GPU."""
+        best fit (the order tried) or a split's most room left on its tightest GPU. A set
+        that fits the room free now evicts nothing and beats every set that must evict, so
+        eviction is priced only when no set fits as is."""
         best: tuple[tuple[float, ...], Held] | None = None
+        evicting: list[tuple[int, tuple[str, ...], Held]] = []
         for index, gpus in enumerate(self.within(k, i)):
             # nothing leaves for the best so far: only room left can beat it, and the
             # tightest GPU of a set has at most the set's mean room left (most room first)
-            if (
-                best is not None
-                and best[0][0] == 0
-                and (k == 1 or self.spare(gpus, i) <= -best[0][2])
-            ):
+            if best is not None and (k == 1 or self.spare(gpus, i) <= -best[0][2]):
                 break
             held = self.splits.held(gpus, i)
             if held is None:
                 continue
-            now = self.room.now
-            short = any(b > now[d] for d, b in held.bytes.items())
-            victims = self.victims(gpus, i) if short else []
-            left = min((self.room.most[g] - held.bytes[g] for g in gpus), default=0)
+            if any(b > self.room.now[d] for d, b in held.bytes.items()):
+                evicting.append((index, gpus, held))
+                continue
+            key = (0.0, 0.0, 0 if k == 1 else -self.left(gpus, held), index)
+            if best is None or key < best[0]:
+                best = (key, held)
+        if best is not None:
+            return best[1]
+        for index, gpus, held in evicting:
+            victims = self.victims(gpus, i)
             key = (sum(v.cost for v in victims), sum(v.bytes for v in victims),
-                   0 if k == 1 else -left, index)  # fmt: skip
+                   0 if k == 1 else -self.left(gpus, held), index)  # fmt: skip
             if best is None or key < best[0]:
                 best = (key, held)
         assert best is not None, "best() found a set of k GPUs that holds window i"
         return best[1]
+
+    def left(self, gpus: tuple[str, ...], held: Held) -> int:
+        """Room a split leaves on its tightest GPU once idle residents are gone."""
+        return min(self.room.most[g] - held.bytes[g] for g in gpus)
 
     def spare(self, gpus: tuple[str, ...], i: int) -> int:
         """The most room a split over ``gpus`` can leave on its tightest GPU: the mean."""
