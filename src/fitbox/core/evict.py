@@ -33,15 +33,23 @@ def choose(short: Mapping[str, int], candidates: Sequence[ResidentView]) -> list
         return []
     # only residents holding bytes where room is short can help: the rest are never chosen,
     # so leaving them out changes nothing but the time (the core asks this per device set)
-    held = {id(r): {d: r.bytes_on(d) for d in need} for r in candidates}
-    pool = sorted((r for r in candidates if any(held[id(r)].values())),
+    held: dict[int, dict[str, int]] = {}
+    for r in candidates:
+        on = dict.fromkeys(need, 0)
+        for device, size in r.holdings():
+            if device in on:
+                on[device] += size
+        if any(on.values()):
+            held[id(r)] = on
+    pool = sorted((r for r in candidates if id(r) in held),
                   key=lambda r: (r.last_used, r.key))  # fmt: skip  # deterministic ties: LRU
 
     price = {id(r): cost(r) for r in pool}
+    parts = {key: [(d, b) for d, b in on.items() if b] for key, on in held.items()}
 
     def helps(resident: ResidentView, remaining: Mapping[str, int]) -> int:
-        on = held[id(resident)]
-        return sum(min(on[d], b) for d, b in remaining.items() if b > 0)
+        # most residents sit on one device: walk theirs, not every device that is short
+        return sum(min(b, remaining[d]) for d, b in parts[id(resident)] if remaining[d] > 0)
 
     chosen: list[ResidentView] = []
     taken: set[int] = set()  # by identity: a resident is one object in the snapshot
