@@ -57,6 +57,25 @@ def model(
     )  # fmt: skip
 
 
+def smollm2(key: str = "smollm2", **extra: object) -> Candidate:
+    """SmolLM2-135M-Instruct Q4_1 as ``models/`` reads its header (tests/test_multigpu_e2e.py
+    checks these numbers against the real file): 30 layers, the output tied to the token
+    embeddings, so the last GPU of a split also holds a copy of them."""
+    n_layer, plain = 30, (False,) * 30
+    return Candidate(
+        key=key, quant="Q4_1",
+        shape=ModelShape(
+            weights_bytes=96_576_768, n_layer=n_layer, n_ctx_train=8192, n_embd=576,
+            n_vocab=49152, n_head=9, kv_heads=(3,) * n_layer, key_length=64, value_length=64,
+            swa_layers=plain, key_length_swa=64, value_length_swa=64,
+            recurrent_layers=plain, n_ff=1536,
+        ),
+        layout=Layout(layer_bytes=(2_216_448,) * n_layer, routed_bytes=(0,) * n_layer,
+                      input_bytes=30_081_024, output_bytes=2304, output_tied=True),
+        **extra,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
 def fixed(key: str, total: int, **extra: object) -> Candidate:
     """A candidate whose footprint does not depend on the window or placement."""
     return Candidate(key=key, fixed=Footprint(total, 0, 0, 0), **extra)  # type: ignore[arg-type]

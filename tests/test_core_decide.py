@@ -299,3 +299,14 @@ def test_measured_footprints_replace_the_estimate_for_their_placement() -> None:
     assert estimate.bytes_on("host") < 5 * GiB
     remeasured = place(snap, Ask("m", (model("m", 4 * GiB, measured=(measured,)),)))
     assert remeasured.bytes_on("host") == 9 * GiB and remeasured.window == 4096
+
+
+def test_multi_gpu_shares_follow_the_engines_order_past_gpu9() -> None:
+    """-ts shares are positional: the engine numbers GPUs 0, 1, ..., 10, so a split over gpu2
+    and gpu10 lists gpu2 first (sorted by name, gpu10 would come before gpu2)."""
+    devices = [gpu(i, 2 * GiB) for i in range(11)]
+    devices[2], devices[10] = gpu(2, 7 * GiB), gpu(10, 8 * GiB)
+    snap = Snapshot((*devices, host(GiB)), (), cores=CORES)
+    decision = place(snap, Ask("m", (model("m", 12 * GiB),), rungs=(Rung.GPU_ONLY,)))
+    assert decision.devices == ("gpu2", "gpu10", "host")
+    assert decision.tensor_split == (7 * GiB, 8 * GiB)

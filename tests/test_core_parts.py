@@ -12,11 +12,14 @@ from fitbox.core import claims, evict, pins, tiers
 from fitbox.core.admission import Policy, Ticket, order
 from fitbox.core.ask import Candidate
 from fitbox.core.costs import Sizer
-from fitbox.core.split import Placement, footprint_by_device
-from fitbox.core.types import RUNG_ORDER, ResidentState, Rung
+from fitbox.core.room import Room
+from fitbox.core.sizing import ModelShape
+from fitbox.core.split import Layout, Placement, footprint_by_device, layer_devices, layer_ranges
+from fitbox.core.splits import Splits
+from fitbox.core.types import RUNG_ORDER, ResidentState, Rung, Snapshot
 from fitbox.models.gguf_facts import read_facts
 from tests import gguf_zoo
-from tests.core_builders import GiB, resident
+from tests.core_builders import GiB, gpu, host, resident
 
 # -- admission -------------------------------------------------------------------------------
 
@@ -215,3 +218,75 @@ def test_sizer_matches_split_on_the_zoo(write: object, tmp_path: Path) -> None:
                         facts.shape, facts.layout, placement, window, parallel,
                         type_k=kv, type_v=kv,
                     )  # fmt: skip
+
+
+MIXED = ModelShape(
+    weights_bytes=0, n_layer=9, n_ctx_train=32768, n_embd=256, n_vocab=1000, n_head=8,
+    kv_heads=(4, 4, 2, 0, 4, 2, 4, 4, 0), key_length=32, value_length=32, n_swa=256,
+    swa_layers=(True, False, True, False, True, False, True, False, False),
+    recurrent_layers=(False, False, False, True, False, False, False, False, True),
+    n_embd_r=64, n_embd_s=128, n_ff=512,
+)  # fmt: skip
+MIXED_LAYOUT = Layout(layer_bytes=(5, 7, 5, 11, 5, 7, 5, 7, 11), routed_bytes=(0, 3) * 4 + (3,),
+                      input_bytes=13, output_bytes=17, output_tied=True)  # fmt: skip
+
+
+@given(
+    gpus=st.integers(0, 4),
+    ngl=st.integers(0, 12),
+    shares=st.lists(st.integers(1, 40) | st.floats(0.01, 1e9), min_size=4, max_size=4),
+    experts=st.booleans(),
+    window=st.sampled_from([512, 1000, 4096, 20000]),
+    parallel=st.integers(1, 3),
+)
+def test_sizer_by_layer_ranges_matches_split_layer_by_layer(
+    gpus: int, ngl: int, shares: list[float], experts: bool, window: int, parallel: int
+) -> None:
+    """The sizer sums each device's contiguous range of layers; split walks them one by
+    one. Any -ngl, any -ts (layer counts or bytes of room), layers of every kind."""
+    ids = tuple(f"gpu{i}" for i in range(gpus))
+    placement = Placement(ids, ngl, tuple(float(s) for s in shares[:gpus]), experts)
+    ranges, output = layer_ranges(MIXED.n_layer, placement)
+    layers, output_device = layer_devices(MIXED.n_layer, placement)
+    assert output == output_device
+    assert tuple(d for d, first, past in ranges for _ in range(first, past)) == layers
+    sizer = Sizer(Candidate("m", shape=MIXED, layout=MIXED_LAYOUT), parallel, "f16", "f16")
+    assert sizer.on(placement, window) == footprint_by_device(
+        MIXED, MIXED_LAYOUT, placement, window, parallel
+    )
+
+
+@given(
+    rooms=st.lists(st.integers(1, 1000), min_size=1, max_size=4),
+    experts=st.booleans(),
+    window=st.sampled_from([512, 1000, 4096, 20000]),
+    parallel=st.integers(1, 3),
+)
+def test_splits_price_a_set_as_the_sizer_totals_it(
+    rooms: list[int], experts: bool, window: int, parallel: int
+) -> None:
+    """A device set is priced from running sums of per-layer bytes, without footprints;
+    every device's total is the sizer's, whatever the -ts shares (room, in any ratio)."""
+    gpus = tuple(gpu(i, size * GiB) for i, size in enumerate(rooms))
+    room = Room(Snapshot((*gpus, host(1000 * GiB)), ()))
+    sizer = Sizer(Candidate("m", shape=MIXED, layout=MIXED_LAYOUT), parallel, "f16", "f16")
+    held = Splits(sizer, room, [window], experts).held(tuple(g.id for g in gpus), 0)
+    assert held is not None
+    assert held.bytes == {d: f.total for d, f in sizer.on(held.placement, window).items()}
+
+
+@given(
+    n_layer=st.integers(1, 200),
+    ngl=st.integers(1, 210),
+    shares=st.lists(st.integers(1, 200) | st.floats(1e-3, 1e12), min_size=1, max_size=8),
+)
+def test_layer_ranges_are_layer_devices_run_length_encoded(
+    n_layer: int, ngl: int, shares: list[float]
+) -> None:
+    """Boundaries found by arithmetic land where the engine's own float comparison puts
+    them, also at exact layer counts (-ts 15,16) and at any ratio of bytes of room."""
+    placement = Placement(tuple(f"gpu{i}" for i in range(len(shares))), ngl, tuple(shares))
+    ranges, output = layer_ranges(n_layer, placement)
+    layers, output_device = layer_devices(n_layer, placement)
+    assert output == output_device
+    assert tuple(d for d, first, past in ranges for _ in range(first, past)) == layers

@@ -11,7 +11,7 @@ from fitbox.core import claims
 from fitbox.core.ask import Ask, Candidate
 from fitbox.core.decide import decide
 from fitbox.core.decision import Place, Refuse, RefuseReason, Wait
-from fitbox.core.types import Device, Goal, ResidentState, ResidentView, Snapshot
+from fitbox.core.types import Device, DeviceKind, Goal, ResidentState, ResidentView, Rung, Snapshot
 from tests.core_builders import GiB, fixed, gpu, host, model
 
 CORES = tuple(range(6))
@@ -129,3 +129,36 @@ def test_without_residents_nothing_is_evicted_and_waiting_never_happens(
     assert not isinstance(decision, Wait)
     if isinstance(decision, Place):
         assert decision.victims == ()
+
+
+@st.composite
+def gpu_asks(draw: st.DrawFn) -> Ask:
+    """One variant on the GPU rung alone: the rung within which the window comes first."""
+    size = draw(st.integers(1, 40)) * GiB // 4
+    candidate = model("m", size, n_layer=draw(st.integers(1, 40)), moe=draw(st.booleans()),
+                      n_ctx_train=draw(st.sampled_from([2048, 8192, 131072])))  # fmt: skip
+    return Ask(
+        "m", (candidate,), need=draw(st.integers(1, 20000)), rungs=(Rung.GPU_ONLY,),
+        window=draw(st.sampled_from([512, 4096, 16384])), parallel=draw(st.sampled_from([1, 2])),
+        max_wait=draw(st.floats(0, 300)),
+        kv_types=draw(st.sampled_from([(("f16", "f16"),), (("f16", "f16"), ("q8_0", "q8_0"))])),
+    )  # fmt: skip
+
+
+@settings(max_examples=300)
+@given(snapshot=snapshots(), ask=gpu_asks(), size=st.integers(1, 24), at=st.integers(0, 3))
+def test_adding_a_gpu_never_shrinks_the_window_nor_adds_a_victim(
+    snapshot: Snapshot, ask: Ask, size: int, at: int
+) -> None:
+    """A new, empty GPU anywhere in the engine's order: the window can only grow, and at the
+    same window nobody new has to leave."""
+    gpus = [d for d in snapshot.devices if d.kind is DeviceKind.GPU]
+    others = [d for d in snapshot.devices if d.kind is not DeviceKind.GPU]
+    gpus.insert(min(at, len(gpus)), Device("gpu-new", DeviceKind.GPU, size * GiB // 2, True))
+    grown = replace(snapshot, devices=(*gpus, *others))
+    before, after = decide(snapshot, ask), decide(grown, ask)
+    if isinstance(before, Place):
+        assert isinstance(after, Place), after
+        assert after.window >= before.window
+        if after.window == before.window:
+            assert {v.key for v in after.victims} <= {v.key for v in before.victims}

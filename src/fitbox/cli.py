@@ -406,6 +406,10 @@ def plan_model(config: settings.Config, args: argparse.Namespace) -> int:
     band_text = f", band {band['kind']} {band['min']}..{band['max']}" if band else ""
     print(f"  window {report['window']} x {report['parallel']} slot(s), "
           f"K {report['type_k']} / V {report['type_v']}{band_text}")  # fmt: skip
+    if report.get("device_counts"):  # the window each GPU count would have given
+        counts = [f"{c['count']} -> {c['window'] or 'none'} ({c['reason']})"
+                  for c in report["device_counts"]]  # fmt: skip
+        print(f"  by GPU count: {', '.join(counts)}")
     for row in report["devices"]:
         tag = " (SIMULATED)" if row["device"] in simulated else ""
         b = {k: format_bytes(v) for k, v in row.items() if k.endswith("_bytes")}

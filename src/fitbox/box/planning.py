@@ -75,6 +75,10 @@ def report(
                 "max": decision.band.feasible_max},
             "victims": [name(v.key) for v in decision.victims],
             "predicted_seconds": decision.predicted_seconds,
+            "device_counts": [  # multi-GPU: the window each GPU count would have given
+                {"count": c.count, "devices": list(c.gpus), "window": c.window,
+                 "victims": [name(k) for k in c.victims], "reason": c.reason.value}
+                for c in decision.device_counts],
         }  # fmt: skip
     if isinstance(decision, Wait):
         return {**common, "decision": "wait", "reason": decision.reason.value,

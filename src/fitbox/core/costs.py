@@ -3,12 +3,14 @@
 The core asks the same question for many windows and layer counts; ``split.footprint_by_device``
 walks every layer each time. A ``Sizer`` walks them once per placement, groups layers that
 cost the same per cell, and answers each window in O(devices x groups). The two agree to
-the byte (tests/test_core_costs.py checks it on the model zoo).
+the byte (tests/test_core_parts.py checks it on the model zoo).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
+from itertools import accumulate
 
 from fitbox.core import sizing, split
 from fitbox.core.ask import Candidate
@@ -17,6 +19,16 @@ from fitbox.core.types import Footprint
 
 # per layer: ("kv", is_swa, heads, k_dim, v_dim) or ("state",) for a recurrent layer
 Signature = tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class SplitCosts:
+    """Bytes of a split with every layer and the output on GPUs (FORMULAS.md §Split)."""
+
+    layers: list[int]  # each repeating layer on its GPU: weights, its experts unless in RAM, KV
+    output: int  # the output layer on the last GPU (with the token embeddings when tied)
+    compute: int  # on every GPU that takes a layer or the output
+    host: int  # the token embeddings, experts kept in RAM, the logits
 
 
 class Sizer:
@@ -45,6 +57,13 @@ class Sizer:
                 self._first_layer.setdefault(sig, il)
             attends = [s for s in sigs if s[0] == "kv"]
             self._full = any(not s[1] for s in attends)
+            # running sums over the layers: a contiguous range of them costs two lookups
+            self._count_before = {
+                sig: [0, *accumulate(int(s == sig) for s in sigs)] for sig in self._first_layer
+            }
+            layout = candidate.layout
+            self._layer_before = [0, *accumulate(layout.layer_bytes)] if layout else [0]
+            self._routed_before = [0, *accumulate(layout.routed_bytes)] if layout else [0]
             self._attends = bool(attends)
             self._has_swa = shape.n_swa > 0 and any(shape.is_swa(il) for il in range(shape.n_layer))
 
@@ -72,18 +91,7 @@ class Sizer:
             return {where: self.whole(window)}
         shape = candidate.shape
         weights, groups, computes = self._grouped(placement)
-        window = sizing.effective_window(shape, window)
-        cells, streams = sizing.kv_cells(window, self.parallel, False)
-        swa = sizing.swa_window(shape.n_swa, cells, self.parallel, False) if self._has_swa else 0
-        per_sig: dict[Signature, int] = {}
-        for sig, il in self._first_layer.items():  # one layer stands for all of its kind
-            if sig[0] == "state":
-                per_sig[sig] = sizing.recurrent_layer_bytes(shape, self.parallel)
-            else:
-                per_sig[sig] = sum(sizing.layer_kv_bytes(shape, il, cells, swa, streams,
-                                                         self.type_k, self.type_v))  # fmt: skip
-        mask = ((cells if self._full else 0) + swa) if self._attends else 0
-        compute = sizing.compute_for_mask(shape, window, mask)
+        per_sig, compute = self._per_window(window)
         output = sizing.output_bytes(shape, self.parallel)
         out: dict[str, Footprint] = {}
         for device in sorted(set(weights) | set(groups)):
@@ -96,6 +104,38 @@ class Sizer:
             )
         return out
 
+    def _per_window(self, window: int) -> tuple[dict[Signature, int], int]:
+        """(KV or state bytes of one layer of each kind, one device's compute buffer)."""
+        shape = self.candidate.shape
+        assert shape is not None
+        window = sizing.effective_window(shape, window)
+        cells, streams = sizing.kv_cells(window, self.parallel, False)
+        swa = sizing.swa_window(shape.n_swa, cells, self.parallel, False) if self._has_swa else 0
+        per_sig: dict[Signature, int] = {}
+        for sig, il in self._first_layer.items():  # one layer stands for all of its kind
+            if sig[0] == "state":
+                per_sig[sig] = sizing.recurrent_layer_bytes(shape, self.parallel)
+            else:
+                per_sig[sig] = sum(sizing.layer_kv_bytes(shape, il, cells, swa, streams,
+                                                         self.type_k, self.type_v))  # fmt: skip
+        mask = ((cells if self._full else 0) + swa) if self._attends else 0
+        return per_sig, sizing.compute_for_mask(shape, window, mask)
+
+    def layer_costs(self, window: int, experts_in_ram: bool) -> SplitCosts:
+        """The terms of a split that keeps every layer and the output on GPUs, at
+        ``window``, as ``on`` adds them up."""
+        layout, shape = self.candidate.layout, self.candidate.shape
+        assert layout is not None and shape is not None
+        per_sig, compute = self._per_window(window)
+        layers = [
+            layout.layer_bytes[il] + (0 if experts_in_ram else layout.routed_bytes[il])
+            + per_sig[sig]
+            for il, sig in enumerate(self._signatures)
+        ]  # fmt: skip
+        output = layout.output_bytes + (layout.input_bytes if layout.output_tied else 0)
+        host = layout.input_bytes + (sum(layout.routed_bytes) if experts_in_ram else 0)
+        return SplitCosts(layers, output, compute, host + sizing.output_bytes(shape, self.parallel))
+
     def _grouped(
         self, placement: Placement
     ) -> tuple[dict[str, int], dict[str, Counter[Signature]], frozenset[str]]:
@@ -104,18 +144,24 @@ class Sizer:
             return cached
         layout = self.candidate.layout
         assert layout is not None
-        layers, output_device = split.layer_devices(self.n_layer, placement)
+        ranges, output_device = split.layer_ranges(self.n_layer, placement)
         weights: dict[str, int] = {HOST: layout.input_bytes}
         groups: dict[str, Counter[Signature]] = {}
-        for il, device in enumerate(layers):
-            weights[device] = weights.get(device, 0) + layout.layer_bytes[il]
+        for device, first, past in ranges:
+            weights[device] = weights.get(device, 0) + (
+                self._layer_before[past] - self._layer_before[first]
+            )
             experts_at = HOST if placement.experts_in_ram else device
-            weights[experts_at] = weights.get(experts_at, 0) + layout.routed_bytes[il]
-            groups.setdefault(device, Counter())[self._signatures[il]] += 1
+            weights[experts_at] = weights.get(experts_at, 0) + (
+                self._routed_before[past] - self._routed_before[first]
+            )
+            kinds = groups.setdefault(device, Counter())
+            for sig, before in self._count_before.items():
+                kinds[sig] += before[past] - before[first]
         weights[output_device] = weights.get(output_device, 0) + layout.output_bytes
         if layout.output_tied and output_device != HOST:
             weights[output_device] += layout.input_bytes
-        computes = frozenset(layers) | {output_device}
+        computes = frozenset(d for d, _, _ in ranges) | {output_device}
         result = (weights, groups, computes)
         self._placements[placement] = result
         return result

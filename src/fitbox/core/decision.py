@@ -47,6 +47,7 @@ class RejectReason(StrEnum):
     HELD_BY_BUSY = "held_by_busy"  # room exists once serving or loading residents settle
     NO_CORES = "no_cores"  # the CPU claim would get fewer than the floor of free cores
     NOT_CHOSEN = "not_chosen"  # admissible, but the goal ranked another first
+    SMALLER_WINDOW = "smaller_window"  # fits, but another K/V type of the rung holds more
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,26 @@ class Rejected:
     kv: str  # "f16/f16"
     reason: RejectReason
     detail: str
+
+
+class CountReason(StrEnum):
+    """Why a device count was or was not the one placed (FORMULAS.md §Multi-GPU)."""
+
+    CHOSEN = "chosen"
+    SMALLER_WINDOW = "smaller_window"  # its best set holds less of the window than the chosen
+    MORE_DEVICES = "more_devices"  # the same window on more devices: the fewest win
+    NO_WINDOW = "no_window"  # no set of this many GPUs holds the smallest window the call needs
+
+
+@dataclass(frozen=True)
+class DeviceCount:
+    """The best set of ``count`` GPUs for a placement: the window it holds (0: none)."""
+
+    count: int
+    gpus: tuple[str, ...]
+    window: int
+    victims: tuple[str, ...]  # who would leave for it at that window
+    reason: CountReason
 
 
 @dataclass(frozen=True)
@@ -77,6 +98,7 @@ class Place:
     rejected: tuple[Rejected, ...] = ()
     predicted_seconds: float | None = None  # T, from measured rates only
     where: str = ""  # its placement class: what its measured facts are filed under
+    device_counts: tuple[DeviceCount, ...] = ()  # a GPU rung on a multi-GPU box: 1, 2, ... GPUs
 
     @property
     def device(self) -> str:

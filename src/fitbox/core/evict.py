@@ -31,38 +31,55 @@ def choose(short: Mapping[str, int], candidates: Sequence[ResidentView]) -> list
     need = {d: b for d, b in short.items() if b > 0}
     if not need:
         return []
-    pool = sorted(candidates, key=lambda r: (r.last_used, r.key))  # deterministic ties: LRU
+    # only residents holding bytes where room is short can help: the rest are never chosen,
+    # so leaving them out changes nothing but the time (the core asks this per device set)
+    held: dict[int, dict[str, int]] = {}
+    for r in candidates:
+        on = dict.fromkeys(need, 0)
+        for device, size in r.holdings():
+            if device in on:
+                on[device] += size
+        if any(on.values()):
+            held[id(r)] = on
+    pool = sorted((r for r in candidates if id(r) in held),
+                  key=lambda r: (r.last_used, r.key))  # fmt: skip  # deterministic ties: LRU
+
+    price = {id(r): cost(r) for r in pool}
+    parts = {key: [(d, b) for d, b in on.items() if b] for key, on in held.items()}
 
     def helps(resident: ResidentView, remaining: Mapping[str, int]) -> int:
-        return sum(min(resident.bytes_on(d), b) for d, b in remaining.items() if b > 0)
+        # most residents sit on one device: walk theirs, not every device that is short
+        return sum(min(b, remaining[d]) for d, b in parts[id(resident)] if remaining[d] > 0)
 
     chosen: list[ResidentView] = []
+    taken: set[int] = set()  # by identity: a resident is one object in the snapshot
     remaining = dict(need)
     while any(b > 0 for b in remaining.values()):
         best: ResidentView | None = None
         best_ratio = 0.0
         for resident in pool:
-            if resident in chosen:
+            if id(resident) in taken:
                 continue
             freed = helps(resident, remaining)
             if freed <= 0:
                 continue
-            ratio = freed / cost(resident)
+            ratio = freed / price[id(resident)]
             if ratio > best_ratio:
                 best, best_ratio = resident, ratio
         if best is None:
             return None
         chosen.append(best)
-        for device, held in best.holdings():
+        taken.add(id(best))
+        for device, size in best.holdings():
             if device in remaining:
-                remaining[device] -= held
+                remaining[device] -= size
 
     def covers(victims: list[ResidentView]) -> bool:
-        return all(sum(v.bytes_on(d) for v in victims) >= b for d, b in need.items())
+        return all(sum(held[id(v)][d] for v in victims) >= b for d, b in need.items())
 
-    for resident in sorted(chosen, key=lambda r: (-cost(r), r.key)):
+    for resident in sorted(chosen, key=lambda r: (-price[id(r)], r.key)):
         rest = [v for v in chosen if v is not resident]
         if covers(rest):
             chosen = rest
     chosen.sort(key=lambda r: (r.last_used, r.key))  # stop the longest idle first
-    return [Victim(r.key, r.bytes, VictimReason.LEAST_COST, cost(r)) for r in chosen]
+    return [Victim(r.key, r.bytes, VictimReason.LEAST_COST, price[id(r)]) for r in chosen]

@@ -11,6 +11,8 @@ host RAM. FORMULAS.md §Split has each rule with its source.
 from __future__ import annotations
 
 import bisect
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fitbox.core import sizing
@@ -38,13 +40,10 @@ class Placement:
     experts_in_ram: bool = False  # --cpu-moe
 
 
-def layer_devices(n_layer: int, placement: Placement) -> tuple[tuple[str, ...], str]:
-    """(device of each repeating layer, device of the output layer)."""
-    gpus = placement.gpus
-    if not gpus or placement.gpu_layers <= 0:
-        return (HOST,) * n_layer, HOST
-    shares = list(placement.tensor_split) or [1.0] * len(gpus)
-    if len(shares) != len(gpus) or sum(shares) <= 0:
+def _split_points(n_layer: int, placement: Placement) -> tuple[int, int, list[float]]:
+    """(the first layer on a GPU, how many slots the GPUs take, the cumulative shares)."""
+    shares = list(placement.tensor_split) or [1.0] * len(placement.gpus)
+    if len(shares) != len(placement.gpus) or sum(shares) <= 0:
         raise ValueError("tensor split needs one positive share per GPU")
     total, cumulative = sum(shares), []
     running = 0.0
@@ -52,15 +51,63 @@ def layer_devices(n_layer: int, placement: Placement) -> tuple[tuple[str, ...], 
         running += share
         cumulative.append(running / total)
     start = max(n_layer + 1 - placement.gpu_layers, 0)
-    active = min(placement.gpu_layers, n_layer + 1)
+    active = min(placement.gpu_layers, n_layer + 1)  # start + active = n_layer + 1
+    return start, active, cumulative
+
+
+def _gpu_index(n_layer: int, placement: Placement) -> tuple[int, Callable[[int], int]]:
+    """(the first layer on a GPU, the index in ``gpus`` of layer il from there on)."""
+    start, active, cumulative = _split_points(n_layer, placement)
+    last = len(placement.gpus) - 1
+
+    def index(il: int) -> int:
+        at = bisect.bisect_right(cumulative, (il - start) / active)  # std::upper_bound
+        return min(at, last)
+
+    return start, index
+
+
+def layer_devices(n_layer: int, placement: Placement) -> tuple[tuple[str, ...], str]:
+    """(device of each repeating layer, device of the output layer)."""
+    gpus = placement.gpus
+    if not gpus or placement.gpu_layers <= 0:
+        return (HOST,) * n_layer, HOST
+    start, index = _gpu_index(n_layer, placement)
 
     def device(il: int) -> str:
-        if il < start or il - start >= active:
-            return HOST
-        index = bisect.bisect_right(cumulative, (il - start) / active)  # std::upper_bound
-        return gpus[min(index, len(gpus) - 1)]
+        return HOST if il < start else gpus[index(il)]
 
     return tuple(device(il) for il in range(n_layer)), device(n_layer)
+
+
+def layer_ranges(
+    n_layer: int, placement: Placement
+) -> tuple[tuple[tuple[str, int, int], ...], str]:
+    """``layer_devices`` as (device, first layer, past its last) per device that takes
+    repeating layers, and the output layer's device. A device's layers are contiguous (the
+    split points only grow): GPU j starts at the first slot s with ``cumulative[j - 1] <=
+    s / active``, which is ``ceil(cumulative[j - 1] x active)`` give or take the rounding
+    of the same division ``layer_devices`` makes, so O(devices), not O(layers)."""
+    gpus = placement.gpus
+    if not gpus or placement.gpu_layers <= 0:
+        return ((HOST, 0, n_layer),) if n_layer else (), HOST
+    start, active, cumulative = _split_points(n_layer, placement)
+    firsts = [0]
+    for point in cumulative[:-1]:
+        slot = min(max(math.ceil(point * active), firsts[-1]), active)
+        while slot > firsts[-1] and point <= (slot - 1) / active:
+            slot -= 1
+        while slot < active and (slot / active) < point:
+            slot += 1
+        firsts.append(slot)
+    firsts.append(active)
+    ranges = [(HOST, 0, start)] if start else []
+    for gpu, first, past in zip(gpus, firsts, firsts[1:], strict=False):
+        low, high = start + first, min(start + past, n_layer)
+        if high > low:
+            ranges.append((gpu, low, high))
+    output = next(g for g, past in zip(gpus, firsts[1:], strict=True) if past > active - 1)
+    return tuple(ranges), output
 
 
 def footprint_by_device(

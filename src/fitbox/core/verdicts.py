@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitbox.core.ask import Ask
-from fitbox.core.decide import Room, Search, _rung_jobs, _try, decide
+from fitbox.core.decide import decide, rung_jobs, try_kv
 from fitbox.core.decision import Band, Decision, Place, Rejected
+from fitbox.core.room import Room
+from fitbox.core.search import Search
 from fitbox.core.types import Footprint, Goal, Rung, Snapshot
 
 
@@ -34,13 +36,13 @@ class Verdict:
 def verdicts(snapshot: Snapshot, ask: Ask) -> tuple[list[Verdict], Decision]:
     room = Room(snapshot)
     found: list[Verdict] = []
-    for q, owner, artifact, rung in _rung_jobs(ask, Goal.QUALITY):
+    for q, owner, artifact, rung in rung_jobs(ask, Goal.QUALITY):
         for type_k, type_v in ask.kv_types:
             search = Search(snapshot, ask, room)
             if rung is Rung.FOUR_BIT and artifact is owner:
                 found.append(Verdict(owner.key, rung, type_k, type_v, False, False))
                 continue
-            _try(search, q, artifact, rung, type_k, type_v)
+            try_kv(search, q, artifact, rung, type_k, type_v)
             why = search.rejected[-1] if search.rejected else None
             if search.options:
                 place: Place = search.options[0].place
