@@ -16,6 +16,7 @@ from fitbox.engines.llama_server import (
     find_binary,
     inspect,
     parse_help_flags,
+    visible_gpus,
 )
 
 HELP = """----- common params -----
@@ -87,3 +88,13 @@ def test_help_is_read_once_per_binary(tmp_path: Path) -> None:
     first, second = inspect(binary), inspect(binary)
     assert first is second and "--fit" in first.flags
     assert calls.read_text().count("x") == 2  # --help and --version, once each
+
+
+def test_a_child_sees_only_the_gpus_its_layers_are_placed_on() -> None:
+    def intent(gpus: tuple[int, ...], layers: int) -> LaunchIntent:
+        return LaunchIntent(Path("/m.gguf"), "m", 4096, 1, layers, 8080, gpus=gpus)
+
+    assert visible_gpus(intent((1,), 99)) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                                              "CUDA_VISIBLE_DEVICES": "1"}  # fmt: skip
+    assert visible_gpus(intent((0, 2), 99))["CUDA_VISIBLE_DEVICES"] == "0,2"
+    assert visible_gpus(intent((), 0)) == {}  # host only: nothing to choose

@@ -74,6 +74,11 @@ def test_three_110_mib_gpus_split_at_4096_reaches_the_engines_argv(
         assert argv[argv.index(b"-c") + 1] == b"4096" and argv[argv.index(b"-ngl") + 1] == b"31"
         shares = [float(s) for s in argv[argv.index(b"-ts") + 1].split(b",")]
         assert len(shares) == 3 and len(set(shares)) == 1  # three equal GPUs: equal shares
+        environ = dict(line.split(b"=", 1) for line in Path(
+            f"/proc/{resident['pid']}/environ").read_bytes().split(b"\0") if b"=" in line)
+        # -ts has one share per *visible* device: the child sees exactly the split's GPUs
+        assert environ[b"CUDA_VISIBLE_DEVICES"] == b"0,1,2"
+        assert environ[b"CUDA_DEVICE_ORDER"] == b"PCI_BUS_ID"
         (log,) = (home / "logs").glob("SmolLM2*.log")
         measured = parse_load_log(log.read_text(errors="replace"))
     estimate = {row["device"]: row for row in planned["devices"]}

@@ -23,8 +23,18 @@ from fitbox.engines.load_log import parse_load_log
 from fitbox.engines.seam import CallTimings, EngineNotFound, Held, LaunchIntent, LaunchSpec
 
 __all__ = [  # LaunchIntent and EngineNotFound are the seam's; kept importable from here
-    "BINARY", "EngineInfo", "EngineNotFound", "FoundBinary", "LaunchIntent", "LlamaServer",
-    "build_argv", "candidates", "find_binary", "inspect", "parse_help_flags",
+    "BINARY",
+    "EngineInfo",
+    "EngineNotFound",
+    "FoundBinary",
+    "LaunchIntent",
+    "LlamaServer",
+    "build_argv",
+    "candidates",
+    "find_binary",
+    "inspect",
+    "parse_help_flags",
+    "visible_gpus",
 ]
 BINARY = "llama-server"
 ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
@@ -129,6 +139,17 @@ def inspect(path: Path) -> EngineInfo:
     return _inspect(path, stat.st_size, stat.st_mtime_ns)
 
 
+def visible_gpus(intent: LaunchIntent) -> dict[str, str]:
+    """The GPUs the child may see: exactly the placement's, in its order. llama.cpp splits
+    layers over every visible device (``-ts`` has one share per visible device), so a
+    placement on gpu1 alone, or split over gpu0 and gpu2, must hide the others. CUDA's
+    own order is made NVML's (PCI bus order), which is how fitbox numbers GPUs."""
+    if not intent.gpus or not intent.gpu_layers:
+        return {}
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in intent.gpus)}  # fmt: skip
+
+
 def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
     argv = [
         str(engine.path),
@@ -194,7 +215,8 @@ class LlamaServer:
         return self._info
 
     def launch(self, intent: LaunchIntent) -> LaunchSpec:
-        return LaunchSpec(tuple(build_argv(self.info(), intent)), intent.port)
+        return LaunchSpec(tuple(build_argv(self.info(), intent)), intent.port,
+                          visible_gpus(intent))  # fmt: skip
 
     def slots(self, intent: LaunchIntent) -> int:
         return intent.parallel  # -np

@@ -33,7 +33,8 @@ class LaunchIntent:
     port: int
     embedding: bool = False
     host: str = "127.0.0.1"
-    tensor_split: tuple[float, ...] = ()  # one share per GPU; empty on one GPU
+    tensor_split: tuple[float, ...] = ()  # one share per GPU in ``gpus``; empty on one GPU
+    gpus: tuple[int, ...] = ()  # the GPUs (NVML indices, in order) its layers go to
     experts_in_ram: bool = False  # MoE experts stay in RAM (--cpu-moe for llama-server)
     threads: int | None = None  # the cores the CPU claim holds
     type_k: str = "f16"

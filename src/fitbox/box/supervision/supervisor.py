@@ -49,6 +49,7 @@ def intent_for(resident: Resident, port: int) -> LaunchIntent:
         window=resident.window, parallel=resident.parallel,
         embedding=resident.artifact.facts.is_embedding, gpu_layers=place.gpu_layers,
         port=port, tensor_split=place.tensor_split, experts_in_ram=place.experts_in_ram,
+        gpus=tuple(int(d.removeprefix("gpu")) for d in place.devices if d.startswith("gpu")),
         threads=len(place.cores) or None, type_k=place.type_k, type_v=place.type_v,
     )  # fmt: skip
 
