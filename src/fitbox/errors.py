@@ -14,6 +14,7 @@ class FitboxError(Exception):
     type = "server_error"
     code = "internal_error"
     retry = False  # tells OpenAI SDKs (x-should-retry) whether retrying can help
+    closes = False  # the connection is not reused after it (its request was not read whole)
 
     def __init__(
         self, message: str, *, param: str | None = None, code: str | None = None, **detail: Any
@@ -40,6 +41,15 @@ class InvalidRequest(FitboxError):
     status = 400
     type = "invalid_request_error"
     code = "invalid_request"
+
+
+class BodyTooLarge(FitboxError):
+    """A request body over the box's limit (FITBOX_MAX_BODY), refused before it is read whole."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+    closes = True
 
 
 class AuthenticationFailed(FitboxError):

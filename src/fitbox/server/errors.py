@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 
 def error_response(error: FitboxError) -> JSONResponse:
     headers = {"x-should-retry": "true" if error.retry else "false"}
+    if error.closes:
+        headers["connection"] = "close"
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
