@@ -16,7 +16,7 @@ from fitbox.server.app import create_app
 from .ggufs import write_tiny_llama
 from .test_app import assert_error
 
-LIMIT = 1024  # FITBOX_MAX_BODY in these tests
+LIMIT = 64 << 10  # FITBOX_MAX_BODY in these tests
 CHAT = "/v1/chat/completions"
 
 
@@ -73,16 +73,16 @@ def drive(
 def test_a_declared_body_over_the_limit_is_refused_before_a_byte_is_read(
     client: TestClient,
 ) -> None:
-    chunks = [b"x" * 512] * 40
+    chunks = [b"x" * (16 << 10)] * 40
     status, headers, pulled = drive(client, {"content-length": str(10 << 20)}, chunks)
     assert (status, pulled) == (413, 0)
     assert headers["connection"] == "close"  # the unread rest cannot be the next request
 
 
 def test_a_chunked_body_is_refused_once_it_passes_the_limit(client: TestClient) -> None:
-    chunks = [b"x" * 512] * 40
+    chunks = [b"x" * (16 << 10)] * 40
     status, headers, pulled = drive(client, {"transfer-encoding": "chunked"}, chunks)
-    assert (status, pulled) == (413, 3)  # 512, 1024, 1536 > 1024: the rest is never read
+    assert (status, pulled) == (413, 5)  # 16, 32, 48, 64, 80 KiB > 64 KiB: the rest unread
     assert headers["connection"] == "close"
 
 
@@ -90,7 +90,7 @@ def test_an_oversized_body_is_an_openai_413_that_names_the_setting(client: TestC
     response = client.post(CHAT, content=b" " * (LIMIT + 1))
     error = assert_error(response, 413, "request_too_large")
     assert error["type"] == "invalid_request_error"
-    assert "FITBOX_MAX_BODY" in str(error["message"]) and "1.00 KiB" in str(error["message"])
+    assert "FITBOX_MAX_BODY" in str(error["message"]) and "64.00 KiB" in str(error["message"])
 
 
 def test_a_body_at_the_limit_is_read(client: TestClient) -> None:
@@ -104,3 +104,57 @@ def test_the_limit_is_a_setting_with_a_default() -> None:
     assert config.load({}, env={"FITBOX_MAX_BODY": "64MiB"}).max_body == 64 << 20
     with pytest.raises(config.ConfigError, match="FITBOX_MAX_BODY"):
         config.load({}, env={"FITBOX_MAX_BODY": "0"})
+
+
+# -- what json.loads takes and nothing after it can use ------------------------------------
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1e999"])
+def test_a_non_finite_number_is_a_400(client: TestClient, number: bytes) -> None:
+    body = b'{"model": "tiny", "messages": [], "temperature": ' + number + b"}"
+    error = assert_error(client.post(CHAT, content=body), 400, "invalid_request")
+    assert "finite" in str(error["message"])
+
+
+def test_a_key_that_expires_at_infinity_is_refused_and_listing_keeps_working(
+    client: TestClient,
+) -> None:
+    refused = client.post("/v1/keys", content=b'{"name": "k", "expires_in_s": Infinity}')
+    assert_error(refused, 400, "invalid_request")
+    listed = client.get("/v1/keys")
+    assert listed.status_code == 200 and all(k["box_key"] for k in listed.json()["data"])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 5000 + b"]" * 5000, b'{"a": ' * 5000 + b"1" + b"}" * 5000],
+    ids=["arrays", "objects"],
+)
+def test_json_nested_five_thousand_levels_is_a_400(client: TestClient, body: bytes) -> None:
+    error = assert_error(client.post(CHAT, content=body), 400, "invalid_request")
+    assert "nested too deeply" in str(error["message"])
+
+
+def test_an_integer_past_the_digit_limit_is_a_400(client: TestClient) -> None:
+    body = b'{"model": "tiny", "messages": [], "seed": ' + b"7" * 5000 + b"}"
+    assert_error(client.post(CHAT, content=body), 400, "invalid_request")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "\\ud800", "messages": []}',
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\udfffb"}]}',
+        b'{"model": "tiny", "messages": [], "\\udc00": 1}',
+        b'{"model": "\xed\xa0\x80", "messages": []}',  # the surrogate encoded, not escaped
+    ],
+    ids=["model", "content", "key", "encoded"],
+)
+def test_a_lone_surrogate_is_a_400(client: TestClient, body: bytes) -> None:
+    assert_error(client.post(CHAT, content=body), 400, "invalid_request")
+
+
+def test_an_escaped_surrogate_pair_is_one_character_and_welcome(client: TestClient) -> None:
+    body = b'{"model": "\\ud83d\\ude00", "messages": []}'
+    error = assert_error(client.post(CHAT, content=body), 404, "model_not_found")
+    assert "\U0001f600" in str(error["message"])
