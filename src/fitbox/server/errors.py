@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -13,11 +15,19 @@ from fitbox.errors import FitboxError
 log = logging.getLogger(__name__)
 
 
+class ErrorJSON(JSONResponse):
+    """An error body as ASCII JSON: whatever a message quotes (a lone surrogate a client
+    sent) it can always be encoded, so an error never becomes a second error."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":"), default=str).encode()
+
+
 def error_response(error: FitboxError) -> JSONResponse:
     headers = {"x-should-retry": "true" if error.retry else "false"}
     if error.closes:
         headers["connection"] = "close"
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    return ErrorJSON(error.body(), status_code=error.status, headers=headers)
 
 
 async def on_fitbox_error(request: Request, exc: Exception) -> Response:
@@ -38,7 +48,10 @@ async def on_http_exception(request: Request, exc: Exception) -> Response:
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
+    """A bug: the body says so, and ``Connection: close`` says the connection ends with it
+    (the server closes it after an unhandled exception; a client that is not told would
+    send its next request into a closed socket)."""
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return error_response(
-        FitboxError(f"fitbox hit an internal error ({type(exc).__name__}); see its log")
-    )
+    error = FitboxError(f"fitbox hit an internal error ({type(exc).__name__}); see its log")
+    error.closes = True
+    return error_response(error)
