@@ -184,3 +184,66 @@ def test_a_damaged_key_row_never_breaks_a_listing_and_grants_nothing_new(
     assert cli.main(["keys", "list", "--home", str(started), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))
     assert len(printed["data"]) == len(by_id)
+
+
+LOG = ["srv  load_model: loading /home/me/models/tiny.gguf", "main: server is listening on :41234"]
+
+
+@pytest.mark.parametrize(
+    ("peer", "scopes", "sees"),
+    [
+        (LOCAL, None, True),  # the box itself
+        (LOCAL, "box", True),
+        (OUTSIDE, ("admin",), True),
+        (OUTSIDE, ("inference",), False),
+        (LOCAL, ("inference",), False),  # a key decides for itself, wherever it comes from
+        (LAN, None, False),  # a trusted network may infer, not read the engine's log
+    ],
+    ids=["box-itself", "box-key", "admin", "inference", "inference-on-loopback", "trusted-lan"],
+)
+def test_engine_logs_reach_the_box_and_admins_never_inference_callers(
+    started: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    peer: tuple[str, int],
+    scopes: tuple[str, ...] | str | None,
+    sees: bool,
+) -> None:
+    from fitbox.errors import EngineFailed
+    from fitbox.server import openai
+
+    async def failing(*args: object) -> None:
+        raise EngineFailed("llama-server could not load 'tiny': it exited (1)", log_tail=LOG)
+
+    monkeypatch.setattr(openai, "forward", failing)
+    headers = {}
+    if scopes == "box":
+        headers = bearer((started / "box.key").read_text().strip())
+    elif scopes is not None:
+        headers = bearer(make_key(started, *scopes))
+    with client(started, peer) as caller:
+        response = caller.post("/v1/chat/completions", headers=headers, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
+    body = error(response, 502, "server_error")
+    assert body["code"] == "engine_failed" and "could not load 'tiny'" in body["message"]
+    assert ("log_tail" in body) is sees and (":41234" in response.text) is sees
+    if not sees:
+        assert "admin keys" in body["message"]  # where the log can be had
+
+
+def test_a_stream_that_fails_mid_way_withholds_the_log_from_outsiders() -> None:
+    import asyncio
+
+    from fitbox.errors import EngineFailed
+    from fitbox.server import proxy
+
+    class Failing:
+        async def relay(self, response: object) -> Any:
+            yield b"data: {}\n\n"
+            raise EngineFailed("llama-server serving 'tiny' failed mid-call", log_tail=LOG)
+
+    async def events(insider: bool) -> bytes:
+        return b"".join([c async for c in proxy._sse(Failing(), None, insider)])  # type: ignore[arg-type]
+
+    outsider, inside = asyncio.run(events(False)), asyncio.run(events(True))
+    assert b"log_tail" not in outsider and b"failed mid-call" in outsider
+    assert b":41234" in inside and outsider.endswith(b"data: [DONE]\n\n")

@@ -23,16 +23,36 @@ class ErrorJSON(JSONResponse):
         return json.dumps(content, ensure_ascii=True, separators=(",", ":"), default=str).encode()
 
 
-def error_response(error: FitboxError) -> JSONResponse:
+INTERNAL = ("log_tail",)  # engine internals: paths, ports, slot state
+WITHHELD = " (the engine's log lines are shown to the box itself and to admin keys)"
+
+
+def body_for(error: FitboxError, insider: bool) -> dict[str, Any]:
+    """The error's body as this caller may see it: an outsider (an inference key, a trusted
+    network) gets the reason without the engine's internals (server/auth.py: insider)."""
+    body = error.body()
+    found = [k for k in INTERNAL if k in body["error"]]
+    if found and not insider:
+        for k in found:
+            del body["error"][k]
+        body["error"]["message"] += WITHHELD
+    return body
+
+
+def is_insider(request: Request) -> bool:
+    return bool(getattr(request.state, "insider", False))
+
+
+def error_response(error: FitboxError, insider: bool = False) -> JSONResponse:
     headers = {"x-should-retry": "true" if error.retry else "false"}
     if error.closes:
         headers["connection"] = "close"
-    return ErrorJSON(error.body(), status_code=error.status, headers=headers)
+    return ErrorJSON(body_for(error, insider), status_code=error.status, headers=headers)
 
 
 async def on_fitbox_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, FitboxError)
-    return error_response(exc)
+    return error_response(exc, is_insider(request))
 
 
 async def on_http_exception(request: Request, exc: Exception) -> Response:

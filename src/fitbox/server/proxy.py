@@ -21,6 +21,7 @@ from fitbox.box.box import Box
 from fitbox.box.calls import Call
 from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import FitboxError, PermissionDenied
+from fitbox.server.errors import body_for, is_insider
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     headers = {"x-fitbox-model": resident.artifact.name, "x-fitbox-device": resident.device}
     if call.stream and response.status < 400:
         return StreamingResponse(
-            _sse(call, response),
+            _sse(call, response, is_insider(request)),
             status_code=response.status,
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
             media_type=response.headers.get("content-type", "text/event-stream"),
@@ -114,12 +115,13 @@ async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) 
     return Response(content, status_code=response.status, headers=headers, media_type=media_type)
 
 
-async def _sse(call: Call, response: EngineResponse) -> AsyncIterator[bytes]:
+async def _sse(call: Call, response: EngineResponse, insider: bool) -> AsyncIterator[bytes]:
     """The engine's stream as it comes; a failure mid-stream ends it with an SSE error
-    event (the status line is long gone), recorded by the call."""
+    event (the status line is long gone), recorded by the call, shaped for the caller."""
     try:
         async for chunk in call.relay(response):
             yield chunk
     except FitboxError as error:
         log.error("%s", error.message)
-        yield b"data: " + json.dumps(error.body()).encode() + b"\n\ndata: [DONE]\n\n"
+        body = json.dumps(body_for(error, insider)).encode()
+        yield b"data: " + body + b"\n\ndata: [DONE]\n\n"
