@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,36 @@ def test_an_error_quoting_a_lone_surrogate_still_renders() -> None:
 
     response = error_response(InvalidRequest("no model '\ud800'"))
     assert json.loads(bytes(response.body))["error"]["message"] == "no model '\ud800'"
+
+
+def call_rows(client: TestClient) -> list[dict[str, Any]]:
+    store = client.app.state.store  # type: ignore[attr-defined]
+    store.flush()
+    with sqlite3.connect(store.path) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute("SELECT * FROM call_log ORDER BY id")]
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "model", "stream"),
+    [
+        ("/v1/chat/completions", b"{not json", "", 0),
+        ("/v1/chat/completions", b'{"model": "tiny", "stream": true}', "tiny", 1),
+        ("/v1/completions", b'{"model": "tiny", "prompt": 3}', "tiny", 0),
+        ("/v1/embeddings", b'{"model": "\\ud800", "input": "x"}', "", 0),
+    ],
+    ids=["malformed", "no-messages", "wrong-prompt", "lone-surrogate"],
+)
+def test_a_call_refused_by_validation_leaves_a_row(
+    client: TestClient, path: str, content: bytes, model: str, stream: int
+) -> None:
+    assert_error(client.post(path, content=content), 400, "invalid_request")
+    (row,) = call_rows(client)
+    assert (row["endpoint"], row["model_asked"], row["stream"]) == (path, model, stream)
+    assert (row["outcome"], row["http_status"], row["error_code"]) == (
+        "error", 400, "invalid_request")  # fmt: skip
+
+
+def test_management_bodies_refused_leave_no_call_row(client: TestClient) -> None:
+    assert_error(client.post("/v1/keys", content=b"{not json"), 400, "invalid_request")
+    assert call_rows(client) == []

@@ -14,7 +14,7 @@ from fitbox import config
 from fitbox.server.app import create_app
 
 from .ggufs import write_tiny_llama
-from .test_app import assert_error
+from .test_app import assert_error, call_rows
 
 LIMIT = 64 << 10  # FITBOX_MAX_BODY in these tests
 CHAT = "/v1/chat/completions"
@@ -158,3 +158,10 @@ def test_an_escaped_surrogate_pair_is_one_character_and_welcome(client: TestClie
     body = b'{"model": "\\ud83d\\ude00", "messages": []}'
     error = assert_error(client.post(CHAT, content=body), 404, "model_not_found")
     assert "\U0001f600" in str(error["message"])
+
+
+def test_an_oversized_call_leaves_a_row(client: TestClient) -> None:
+    assert_error(client.post(CHAT, content=b" " * (LIMIT + 1)), 413, "request_too_large")
+    assert [(r["outcome"], r["http_status"], r["error_code"]) for r in call_rows(client)] == [
+        ("error", 413, "request_too_large")
+    ]

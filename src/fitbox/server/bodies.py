@@ -104,21 +104,31 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def json_body(
-    request: Request, required: Kinds | None = None, *, empty: bool = False
-) -> tuple[bytes, dict[str, Any]]:
-    """The raw bytes and the parsed object of a body that must be a JSON object, with each
-    ``required`` field present, of its type, and (for strings) not empty. ``empty``: no
-    body at all reads as ``{}``."""
+async def json_object(request: Request, *, empty: bool = False) -> tuple[bytes, dict[str, Any]]:
+    """The raw bytes and the parsed object of a body that must be a JSON object. ``empty``:
+    no body at all reads as ``{}``."""
     raw = await read_body(request)
     body = parse_json(raw or (b"{}" if empty else raw))
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    for field, kind in (required or {}).items():
+    return raw, body
+
+
+def check_fields(body: dict[str, Any], required: Kinds) -> None:
+    """Each ``required`` field present, of its type, and (for strings) not empty."""
+    for field, kind in required.items():
         if field not in body:
             raise InvalidRequest(f"Missing required field '{field}'.", param=field)
         if not isinstance(body[field], kind) or (
             isinstance(kind, type) and kind is str and not body[field]
         ):
             raise InvalidRequest(f"Field '{field}' has the wrong type or is empty.", param=field)
+
+
+async def json_body(
+    request: Request, required: Kinds | None = None, *, empty: bool = False
+) -> tuple[bytes, dict[str, Any]]:
+    """``json_object()`` with ``check_fields()``: the raw bytes and the parsed object."""
+    raw, body = await json_object(request, empty=empty)
+    check_fields(body, required or {})
     return raw, body

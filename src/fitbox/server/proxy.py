@@ -71,10 +71,23 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return 0
 
 
+def _request_id(request: Request) -> str:
+    return request.headers.get("x-request-id") or uuid.uuid4().hex
+
+
+def refused(request: Request, path: str, body: dict[str, Any], error: FitboxError) -> None:
+    """A call refused before it was placed (its body) gets its row too: outcome error, and
+    the model and stream flag as far as the body said them."""
+    box: Box = request.app.state.box
+    model = body.get("model")
+    call = box.calls.open(path, model if isinstance(model, str) else "",
+                          body.get("stream") is True, _request_id(request))  # fmt: skip
+    call.failed(error)
+
+
 async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any]) -> Response:
     box: Box = request.app.state.box
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-    call = box.calls.open(path, body["model"], bool(body.get("stream")), request_id)
+    call = box.calls.open(path, body["model"], bool(body.get("stream")), _request_id(request))
     try:
         check_model_allowed(request, box, body["model"])
         max_tokens = _max_tokens(body)
