@@ -17,11 +17,13 @@ class FitboxError(Exception):
     closes = False  # the connection is not reused after it (its request was not read whole)
 
     def __init__(
-        self, message: str, *, param: str | None = None, code: str | None = None, **detail: Any
-    ) -> None:
+        self, message: str, *, param: str | None = None, code: str | None = None,
+        retry_after: float | None = None, **detail: Any,
+    ) -> None:  # fmt: skip
         super().__init__(message)
         self.message = message
         self.param = param
+        self.retry_after = retry_after  # seconds until a retry can help (Retry-After)
         if code is not None:
             self.code = code
         self.detail = detail

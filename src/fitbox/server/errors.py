@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -47,6 +48,8 @@ def error_response(error: FitboxError, insider: bool = False) -> JSONResponse:
     headers = {"x-should-retry": "true" if error.retry else "false"}
     if error.closes:
         headers["connection"] = "close"
+    if error.retry and error.retry_after is not None:
+        headers["retry-after"] = str(max(1, math.ceil(error.retry_after)))
     return ErrorJSON(body_for(error, insider), status_code=error.status, headers=headers)
 
 
