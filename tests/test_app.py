@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,3 +104,63 @@ def test_too_big_for_the_budget_is_refused_with_the_numbers(client: TestClient) 
 def test_unknown_route_and_method_are_openai_errors(client: TestClient) -> None:
     assert_error(client.get("/v1/nothing"), 404, "not_found")
     assert_error(client.get("/v1/chat/completions"), 405, "method_not_allowed")
+
+
+def test_an_unexpected_error_is_an_openai_500_that_closes_the_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fitbox.store import keys
+
+    def broken(conn: object) -> list[object]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(keys, "list_keys", broken)
+    cfg = config.load({"home": str(tmp_path / "home"), "models": str(tmp_path)}, env={})
+    app = create_app(cfg)
+    with TestClient(app, client=("127.0.0.1", 1), raise_server_exceptions=False) as client:
+        response = client.get("/v1/keys")
+    error = assert_error(response, 500, "internal_error")
+    assert "RuntimeError" in str(error["message"])
+    # uvicorn closes the connection after an unhandled exception: the client must be told
+    assert response.headers["connection"] == "close"
+
+
+def test_an_error_quoting_a_lone_surrogate_still_renders() -> None:
+    from fitbox.errors import InvalidRequest
+    from fitbox.server.errors import error_response
+
+    response = error_response(InvalidRequest("no model '\ud800'"))
+    assert json.loads(bytes(response.body))["error"]["message"] == "no model '\ud800'"
+
+
+def call_rows(client: TestClient) -> list[dict[str, Any]]:
+    store = client.app.state.store  # type: ignore[attr-defined]
+    store.flush()
+    with sqlite3.connect(store.path) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute("SELECT * FROM call_log ORDER BY id")]
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "model", "stream"),
+    [
+        ("/v1/chat/completions", b"{not json", "", 0),
+        ("/v1/chat/completions", b'{"model": "tiny", "stream": true}', "tiny", 1),
+        ("/v1/completions", b'{"model": "tiny", "prompt": 3}', "tiny", 0),
+        ("/v1/embeddings", b'{"model": "\\ud800", "input": "x"}', "", 0),
+    ],
+    ids=["malformed", "no-messages", "wrong-prompt", "lone-surrogate"],
+)
+def test_a_call_refused_by_validation_leaves_a_row(
+    client: TestClient, path: str, content: bytes, model: str, stream: int
+) -> None:
+    assert_error(client.post(path, content=content), 400, "invalid_request")
+    (row,) = call_rows(client)
+    assert (row["endpoint"], row["model_asked"], row["stream"]) == (path, model, stream)
+    assert (row["outcome"], row["http_status"], row["error_code"]) == (
+        "error", 400, "invalid_request")  # fmt: skip
+
+
+def test_management_bodies_refused_leave_no_call_row(client: TestClient) -> None:
+    assert_error(client.post("/v1/keys", content=b"{not json"), 400, "invalid_request")
+    assert call_rows(client) == []

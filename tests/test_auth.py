@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sqlite3
 import stat
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from fitbox import config
+from fitbox import cli, config
 from fitbox.server.app import create_app
 from fitbox.store.keys import create_key
 
@@ -149,3 +151,99 @@ def test_a_key_limited_to_models_sees_and_uses_only_those(started: Path) -> None
 def test_health_stays_open(started: Path) -> None:
     with client(started, OUTSIDE) as outside:
         assert outside.get("/health").json()["status"] == "ok"
+
+
+def test_a_damaged_key_row_never_breaks_a_listing_and_grants_nothing_new(
+    started: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    forever = make_key(started, "inference", expires_at=math.inf)  # what bodies let in before
+    past, revoked, scrambled = (make_key(started, "inference") for _ in range(3))
+    damage = [("expires_at", -math.inf, past), ("revoked_at", "garbage", revoked),
+              ("scopes", "not json", scrambled)]  # fmt: skip
+    with sqlite3.connect(started / "fitbox.sqlite3") as conn:
+        for column, value, key in damage:
+            conn.execute(f"UPDATE api_keys SET {column} = ? WHERE key_id = ?",
+                         (value, key.split("_")[1]))  # fmt: skip
+    with client(started, LOCAL) as local, client(started, OUTSIDE) as outside:
+        listed = local.get("/v1/keys")
+        assert listed.status_code == 200, listed.text
+        by_id = {k["id"]: k for k in listed.json()["data"]}
+        stored = [by_id[k.split("_")[1]] for k in (forever, past, revoked, scrambled)]
+        assert stored[0]["expires_at"] is None  # +Infinity meant no expiry
+        assert stored[1]["expires_at"] == 0.0 and stored[2]["revoked_at"] == 0.0  # long past
+        assert stored[3]["scopes"] == []
+        rows = local.get("/v1/telemetry/rows", params={"table": "api_keys"})
+        assert rows.status_code == 200 and len(rows.json()["rows"]) == len(by_id)
+        assert outside.get("/v1/models", headers=bearer(forever)).status_code == 200
+        for key in (past, revoked):
+            error(outside.get("/v1/models", headers=bearer(key)), 401, "authentication_error")
+        error(outside.get("/v1/models", headers=bearer(scrambled)), 403, "permission_error")
+        assert local.get(f"/v1/keys/{stored[1]['id']}").status_code == 200
+        assert local.delete(f"/v1/keys/{stored[0]['id']}").json()["revoked_at"] is not None
+    capsys.readouterr()
+    assert cli.main(["keys", "list", "--home", str(started), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))
+    assert len(printed["data"]) == len(by_id)
+
+
+LOG = ["srv  load_model: loading /home/me/models/tiny.gguf", "main: server is listening on :41234"]
+
+
+@pytest.mark.parametrize(
+    ("peer", "scopes", "sees"),
+    [
+        (LOCAL, None, True),  # the box itself
+        (LOCAL, "box", True),
+        (OUTSIDE, ("admin",), True),
+        (OUTSIDE, ("inference",), False),
+        (LOCAL, ("inference",), False),  # a key decides for itself, wherever it comes from
+        (LAN, None, False),  # a trusted network may infer, not read the engine's log
+    ],
+    ids=["box-itself", "box-key", "admin", "inference", "inference-on-loopback", "trusted-lan"],
+)
+def test_engine_logs_reach_the_box_and_admins_never_inference_callers(
+    started: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    peer: tuple[str, int],
+    scopes: tuple[str, ...] | str | None,
+    sees: bool,
+) -> None:
+    from fitbox.errors import EngineFailed
+    from fitbox.server import openai
+
+    async def failing(*args: object) -> None:
+        raise EngineFailed("llama-server could not load 'tiny': it exited (1)", log_tail=LOG)
+
+    monkeypatch.setattr(openai, "forward", failing)
+    headers = {}
+    if scopes == "box":
+        headers = bearer((started / "box.key").read_text().strip())
+    elif scopes is not None:
+        headers = bearer(make_key(started, *scopes))
+    with client(started, peer) as caller:
+        response = caller.post("/v1/chat/completions", headers=headers, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
+    body = error(response, 502, "server_error")
+    assert body["code"] == "engine_failed" and "could not load 'tiny'" in body["message"]
+    assert ("log_tail" in body) is sees and (":41234" in response.text) is sees
+    if not sees:
+        assert "admin keys" in body["message"]  # where the log can be had
+
+
+def test_a_stream_that_fails_mid_way_withholds_the_log_from_outsiders() -> None:
+    import asyncio
+
+    from fitbox.errors import EngineFailed
+    from fitbox.server import proxy
+
+    class Failing:
+        async def relay(self, response: object) -> Any:
+            yield b"data: {}\n\n"
+            raise EngineFailed("llama-server serving 'tiny' failed mid-call", log_tail=LOG)
+
+    async def events(insider: bool) -> bytes:
+        return b"".join([c async for c in proxy._sse(Failing(), None, insider)])  # type: ignore[arg-type]
+
+    outsider, inside = asyncio.run(events(False)), asyncio.run(events(True))
+    assert b"log_tail" not in outsider and b"failed mid-call" in outsider
+    assert b":41234" in inside and outsider.endswith(b"data: [DONE]\n\n")

@@ -74,6 +74,13 @@ def _kv_types(text: str) -> tuple[str, ...]:
     return kinds
 
 
+def _positive_size(text: str) -> int:
+    value = parse_size(text)
+    if value < 1:
+        raise ValueError("must be at least 1 byte")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -275,6 +282,14 @@ SETTINGS: tuple[Setting, ...] = (
         _bool,
     ),
     Setting(
+        "max_body",
+        "FITBOX_MAX_BODY",
+        "32MiB",
+        "largest request body fitbox reads (e.g. 64MiB); a larger one is refused with 413 "
+        "before it is read",
+        _positive_size,
+    ),
+    Setting(
         "aliases",
         "FITBOX_ALIASES",
         "",
@@ -315,6 +330,7 @@ class Config:
     trusted_networks: tuple[Network, ...]
     trusted_proxies: tuple[Network, ...]
     require_keys: bool
+    max_body: int
     aliases: Path
     extra: dict[str, str] = field(default_factory=dict)
 

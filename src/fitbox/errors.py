@@ -14,13 +14,16 @@ class FitboxError(Exception):
     type = "server_error"
     code = "internal_error"
     retry = False  # tells OpenAI SDKs (x-should-retry) whether retrying can help
+    closes = False  # the connection is not reused after it (its request was not read whole)
 
     def __init__(
-        self, message: str, *, param: str | None = None, code: str | None = None, **detail: Any
-    ) -> None:
+        self, message: str, *, param: str | None = None, code: str | None = None,
+        retry_after: float | None = None, **detail: Any,
+    ) -> None:  # fmt: skip
         super().__init__(message)
         self.message = message
         self.param = param
+        self.retry_after = retry_after  # seconds until a retry can help (Retry-After)
         if code is not None:
             self.code = code
         self.detail = detail
@@ -40,6 +43,15 @@ class InvalidRequest(FitboxError):
     status = 400
     type = "invalid_request_error"
     code = "invalid_request"
+
+
+class BodyTooLarge(FitboxError):
+    """A request body over the box's limit (FITBOX_MAX_BODY), refused before it is read whole."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+    closes = True
 
 
 class AuthenticationFailed(FitboxError):

@@ -99,12 +99,11 @@ def keys_command(config: Config, args: argparse.Namespace) -> int:
               "this once)", file=sys.stderr)  # fmt: skip
     else:
         for key in result.get("data", [result]):
+            expires = key["expires_at"]
             state = (
                 "revoked"
-                if key["revoked_at"]
-                else (
-                    "expired" if key["expires_at"] and key["expires_at"] < time.time() else "active"
-                )
+                if key["revoked_at"] is not None
+                else ("expired" if expires is not None and expires < time.time() else "active")
             )
             models = f" models {','.join(key['models'])}" if key["models"] else ""
             print(f"{key['id']}  {state:<7} {','.join(key['scopes']):<16} {key['name']}{models}")

@@ -106,8 +106,8 @@ class Admission:
                         f"'{named.asked}' waited for models that are serving calls or being "
                         f"reloaded ({', '.join(blockers)}); they did not make way within "
                         f"{max_wait:.0f} s",
-                        blockers=blockers,
-                    )
+                        blockers=blockers, retry_after=self._busy_for(blockers, max_wait),
+                    )  # fmt: skip
                 if waiter is None:
                     eta = waiter_eta(self.asks.speeds, self.asks.facts, named.first, max_tokens)
                     waiter = self.waiting.enter(named.first.name, call_id, remaining, max_wait,
@@ -119,6 +119,13 @@ class Admission:
             self.waiting.leave(waiter)
             if self.waiting:
                 self.registry.notify()  # the next in line may go now
+
+    def _busy_for(self, blockers: list[str], waited: float) -> float:
+        """Seconds until the blockers are expected idle (their calls' measured ends), or the
+        wait the call had when any of them is unmeasured: when a retry may find room."""
+        etas = [r.eta_idle() for r in self.registry if r.artifact.name in blockers]
+        known = [eta for eta in etas if eta is not None]
+        return max(known) if etas and len(known) == len(etas) else waited
 
     def _joinable(self, named: Named) -> Resident | None:
         """A resident that serves ``named`` as asked (any approved variant, pins honoured)."""

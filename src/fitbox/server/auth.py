@@ -8,6 +8,10 @@
 - `/health` is open. A presented fitbox key (``fb_…``) that is not valid is refused even
   where no key is needed: a client that sends a revoked key should hear about it. Any other
   bearer value (OpenAI SDKs insist on *some* api_key: "sk-no-key", "unused") is no key.
+- Engine internals (an engine's log lines: paths, ports, slot state) are for insiders: an
+  admin key (the box key is one), or no key from the box itself. A key decides for itself
+  wherever it comes from; a trusted network without a key is no insider. Routes and error
+  handlers read ``request.state.insider``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fitbox.errors import AuthenticationFailed, FitboxError, PermissionDenied
 from fitbox.server.errors import error_response
-from fitbox.server.trust import TrustSettings, origin_of
+from fitbox.server.trust import Origin, TrustSettings, origin_of
 from fitbox.store.keys import ApiKey, KeyChecker
 
 INFERENCE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
@@ -86,6 +90,11 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> A
         f"{origin.reason}.", code="missing_api_key")  # fmt: skip
 
 
+def insider(key: ApiKey | None, origin: Origin) -> bool:
+    """Whether the caller may see engine internals (see the module's last rule)."""
+    return "admin" in key.scopes if key is not None else origin.local
+
+
 class AuthMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -104,5 +113,8 @@ class AuthMiddleware:
             except FitboxError as exc:
                 await error_response(exc)(scope, receive, send)
                 return
-            scope.setdefault("state", {})["api_key"] = key
+            state = scope.setdefault("state", {})
+            state["api_key"] = key
+            origin = origin_of(client[0] if client else None, headers, gate.settings)
+            state["insider"] = insider(key, origin)
         await self.app(scope, receive, send)

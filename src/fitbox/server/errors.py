@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -13,14 +16,46 @@ from fitbox.errors import FitboxError
 log = logging.getLogger(__name__)
 
 
-def error_response(error: FitboxError) -> JSONResponse:
+class ErrorJSON(JSONResponse):
+    """An error body as ASCII JSON: whatever a message quotes (a lone surrogate a client
+    sent) it can always be encoded, so an error never becomes a second error."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":"), default=str).encode()
+
+
+INTERNAL = ("log_tail",)  # engine internals: paths, ports, slot state
+WITHHELD = " (the engine's log lines are shown to the box itself and to admin keys)"
+
+
+def body_for(error: FitboxError, insider: bool) -> dict[str, Any]:
+    """The error's body as this caller may see it: an outsider (an inference key, a trusted
+    network) gets the reason without the engine's internals (server/auth.py: insider)."""
+    body = error.body()
+    found = [k for k in INTERNAL if k in body["error"]]
+    if found and not insider:
+        for k in found:
+            del body["error"][k]
+        body["error"]["message"] += WITHHELD
+    return body
+
+
+def is_insider(request: Request) -> bool:
+    return bool(getattr(request.state, "insider", False))
+
+
+def error_response(error: FitboxError, insider: bool = False) -> JSONResponse:
     headers = {"x-should-retry": "true" if error.retry else "false"}
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    if error.closes:
+        headers["connection"] = "close"
+    if error.retry and error.retry_after is not None:
+        headers["retry-after"] = str(max(1, math.ceil(error.retry_after)))
+    return ErrorJSON(body_for(error, insider), status_code=error.status, headers=headers)
 
 
 async def on_fitbox_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, FitboxError)
-    return error_response(exc)
+    return error_response(exc, is_insider(request))
 
 
 async def on_http_exception(request: Request, exc: Exception) -> Response:
@@ -36,7 +71,10 @@ async def on_http_exception(request: Request, exc: Exception) -> Response:
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
+    """A bug: the body says so, and ``Connection: close`` says the connection ends with it
+    (the server closes it after an unhandled exception; a client that is not told would
+    send its next request into a closed socket)."""
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return error_response(
-        FitboxError(f"fitbox hit an internal error ({type(exc).__name__}); see its log")
-    )
+    error = FitboxError(f"fitbox hit an internal error ({type(exc).__name__}); see its log")
+    error.closes = True
+    return error_response(error)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import fitbox
 from fitbox.box.box import Box
+from fitbox.errors import FitboxError
 from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S
-from fitbox.server.bodies import json_body
-from fitbox.server.proxy import allowed_models, forward
+from fitbox.server.bodies import Kinds, check_fields, json_object
+from fitbox.server.proxy import allowed_models, forward, refused
 from fitbox.store.db import Store
 
 
@@ -57,16 +60,26 @@ async def list_models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
+async def _call(request: Request, path: str, required: Kinds) -> Response:
+    """Parse and check a call's body, then forward it. A body refused here (malformed, too
+    large, a field missing) still leaves a call row, with its error."""
+    body: dict[str, Any] = {}
+    try:
+        raw, body = await json_object(request)
+        check_fields(body, required)
+    except FitboxError as error:
+        refused(request, path, body, error)
+        raise
+    return await forward(request, path, raw, body)
+
+
 async def chat_completions(request: Request) -> Response:
-    raw, body = await json_body(request, {"model": str, "messages": list})
-    return await forward(request, "/v1/chat/completions", raw, body)
+    return await _call(request, "/v1/chat/completions", {"model": str, "messages": list})
 
 
 async def completions(request: Request) -> Response:
-    raw, body = await json_body(request, {"model": str, "prompt": (str, list)})
-    return await forward(request, "/v1/completions", raw, body)
+    return await _call(request, "/v1/completions", {"model": str, "prompt": (str, list)})
 
 
 async def embeddings(request: Request) -> Response:
-    raw, body = await json_body(request, {"model": str, "input": (str, list)})
-    return await forward(request, "/v1/embeddings", raw, body)
+    return await _call(request, "/v1/embeddings", {"model": str, "input": (str, list)})

@@ -21,6 +21,7 @@ from fitbox.box.box import Box
 from fitbox.box.calls import Call
 from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import FitboxError, PermissionDenied
+from fitbox.server.errors import body_for, is_insider
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,23 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return 0
 
 
+def _request_id(request: Request) -> str:
+    return request.headers.get("x-request-id") or uuid.uuid4().hex
+
+
+def refused(request: Request, path: str, body: dict[str, Any], error: FitboxError) -> None:
+    """A call refused before it was placed (its body) gets its row too: outcome error, and
+    the model and stream flag as far as the body said them."""
+    box: Box = request.app.state.box
+    model = body.get("model")
+    call = box.calls.open(path, model if isinstance(model, str) else "",
+                          body.get("stream") is True, _request_id(request))  # fmt: skip
+    call.failed(error)
+
+
 async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any]) -> Response:
     box: Box = request.app.state.box
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-    call = box.calls.open(path, body["model"], bool(body.get("stream")), request_id)
+    call = box.calls.open(path, body["model"], bool(body.get("stream")), _request_id(request))
     try:
         check_model_allowed(request, box, body["model"])
         max_tokens = _max_tokens(body)
@@ -91,7 +105,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     headers = {"x-fitbox-model": resident.artifact.name, "x-fitbox-device": resident.device}
     if call.stream and response.status < 400:
         return StreamingResponse(
-            _sse(call, response),
+            _sse(call, response, is_insider(request)),
             status_code=response.status,
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
             media_type=response.headers.get("content-type", "text/event-stream"),
@@ -114,12 +128,13 @@ async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) 
     return Response(content, status_code=response.status, headers=headers, media_type=media_type)
 
 
-async def _sse(call: Call, response: EngineResponse) -> AsyncIterator[bytes]:
+async def _sse(call: Call, response: EngineResponse, insider: bool) -> AsyncIterator[bytes]:
     """The engine's stream as it comes; a failure mid-stream ends it with an SSE error
-    event (the status line is long gone), recorded by the call."""
+    event (the status line is long gone), recorded by the call, shaped for the caller."""
     try:
         async for chunk in call.relay(response):
             yield chunk
     except FitboxError as error:
         log.error("%s", error.message)
-        yield b"data: " + json.dumps(error.body()).encode() + b"\n\ndata: [DONE]\n\n"
+        body = json.dumps(body_for(error, insider)).encode()
+        yield b"data: " + body + b"\n\ndata: [DONE]\n\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sqlite3
 
 from starlette.requests import Request
@@ -73,10 +74,25 @@ async def state(request: Request) -> Response:
 
 
 def _reader(store: Store) -> sqlite3.Connection:
-    """A read-only connection of the request's own: never the writer's, never a write."""
+    """A read-only connection of the request's own: never the writer's, never a write.
+    Text that is not UTF-8 (written by hand) reads with replacement characters."""
     conn = sqlite3.connect(f"{store.path.as_uri()}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
+    conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
     return conn
+
+
+def _as_json(row: sqlite3.Row) -> dict[str, object]:
+    """A stored row as JSON can carry it: blobs as hex, a number that is not finite (SQLite
+    keeps Infinity; JSON has no word for it) as null. A bad row never breaks a listing."""
+    out: dict[str, object] = {}
+    for key, value in dict(row).items():
+        if isinstance(value, bytes):
+            value = value.hex()
+        elif isinstance(value, float) and not math.isfinite(value):
+            value = None
+        out[key] = value
+    return out
 
 
 async def rows(request: Request) -> Response:
@@ -93,7 +109,7 @@ async def rows(request: Request) -> Response:
     limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
     cursor = "id" if table in READING_TABLES else "seq"
     with contextlib.closing(_reader(store)) as conn:
-        found = [dict(r) for r in conn.execute(
+        found = [_as_json(r) for r in conn.execute(
             f"SELECT * FROM {table} WHERE {cursor} > ? ORDER BY {cursor} LIMIT ?",  # noqa: S608
             (since, limit))]  # fmt: skip
     return JSONResponse({"table": table, "cursor": cursor, "rows": found,
@@ -143,11 +159,7 @@ async def table_rows(request: Request) -> Response:
         limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
         offset = int(_number(request, "offset", 0, 0, 2**62))
         select = ", ".join(f'"{c}"' for c in columns)
-        found = [dict(r) for r in conn.execute(
+        found = [_as_json(r) for r in conn.execute(
             f'SELECT {select} FROM "{table}" ORDER BY "{order}" {"DESC" if desc else "ASC"} '  # noqa: S608
             "LIMIT ? OFFSET ?", (limit, offset))]  # fmt: skip
-    for row in found:
-        for key, value in row.items():
-            if isinstance(value, bytes):
-                row[key] = value.hex()
     return JSONResponse({"table": table, "rows": found})

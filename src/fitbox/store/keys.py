@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import re
 import secrets
 import sqlite3
@@ -50,12 +51,42 @@ def _digest(salt: bytes, secret: str) -> bytes:
     return hashlib.sha256(salt + secret.encode()).digest()
 
 
+LONG_AGO = 0.0  # stands for a time a damaged row lost: the key is expired or revoked
+
+
+def _time(value: object) -> float | None:
+    """A stored time as a finite number, None for none; a time that is not a finite number
+    (a row written before bodies refused Infinity, or by hand) reads as ``LONG_AGO``."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return LONG_AGO
+
+
+def _names(text: object) -> tuple[str, ...]:
+    """A stored JSON list of names; a damaged one is no names (no scope, no model)."""
+    try:
+        names = json.loads(text) if isinstance(text, str | bytes) else None
+    except ValueError:
+        return ()
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return ()
+    return tuple(names)
+
+
 def _row(row: sqlite3.Row) -> ApiKey:
+    """A key as stored. A damaged row still reads (a listing never breaks on one) and fails
+    closed: it grants nothing it did not grant before. An expiry of +Infinity is no expiry,
+    what it meant; any other time that is not a finite number is long past."""
+    expires = row["expires_at"]
+    never = isinstance(expires, float) and expires == math.inf
     return ApiKey(
-        key_id=row["key_id"], name=row["name"], scopes=tuple(json.loads(row["scopes"])),
-        models=tuple(json.loads(row["models"])) if row["models"] else None,
-        created_at=row["created_at"], expires_at=row["expires_at"],
-        revoked_at=row["revoked_at"], is_box_key=bool(row["is_box_key"]),
+        key_id=str(row["key_id"]), name=str(row["name"]), scopes=_names(row["scopes"]),
+        models=_names(row["models"]) if row["models"] else None,
+        created_at=_time(row["created_at"]) or LONG_AGO,
+        expires_at=None if never else _time(expires), revoked_at=_time(row["revoked_at"]),
+        is_box_key=bool(row["is_box_key"]),
     )  # fmt: skip
 
 
