@@ -57,9 +57,11 @@ ROUTES = (
 )
 
 
-def create_app(config: Config) -> Starlette:
+def create_app(config: Config, store: Store | None = None) -> Starlette:
+    """``store``: one `fitbox serve` opened before it listened (else the app opens it)."""
+
     def lifespan(app: Starlette) -> contextlib.AbstractAsyncContextManager[None]:
-        return _serving(app, config)
+        return _serving(app, config, store)
 
     return Starlette(
         routes=list(ROUTES),
@@ -74,9 +76,9 @@ def create_app(config: Config) -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def _serving(app: Starlette, config: Config) -> AsyncIterator[None]:
+async def _serving(app: Starlette, config: Config, opened: Store | None) -> AsyncIterator[None]:
     """The store, catalog, box and gate of one serve, on ``app.state``; closed at its end."""
-    store = Store(config.store_path)
+    store = opened or Store(config.store_path)
     catalog = Catalog(config.models, config.aliases, config.facts_cache)
     gpus = open_gpu_probe(config.simulated_gpus)
     _log_gpus(gpus.read())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 from pathlib import Path
 
 from fitbox.store.db import Store
@@ -34,3 +35,16 @@ def ensure_box_key(store: Store, key_file: Path) -> None:
     _, secret = store.run(lambda conn: create_key(conn, "box key", ("admin",), is_box_key=True))
     write_secret(key_file, secret)
     log.info("box key (admin) written to %s", key_file)
+
+
+def open_with_box_key(store_path: Path, key_file: Path) -> Store:
+    """The store, opened, with a working box key: what a serve needs before it listens.
+    Raises :class:`StoreUnavailable` (or the OSError of the key file) when the drive
+    refuses; the store is closed again and nothing is moved or discarded."""
+    store = Store(store_path)
+    try:
+        ensure_box_key(store, key_file)
+    except (OSError, sqlite3.Error):
+        store.close()
+        raise
+    return store

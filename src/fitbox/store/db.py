@@ -32,11 +32,12 @@ from fitbox.store.facts import (
     RefusedWindowKey,
     read_measured,
 )
+from fitbox.store.failures import DAMAGE_CODES, StoreUnavailable, is_resource_failure, primary_code
 from fitbox.store.migrations import load_migrations, migrate
 
 # the fact types and read_measured are re-exported: callers import them from here
 __all__ = ["CURSOR_TABLES", "READING_TABLES", "CallStart", "MeasuredFootprint",
-           "MeasuredSpeed", "Store", "connect", "read_measured"]  # fmt: skip
+           "MeasuredSpeed", "Store", "StoreUnavailable", "connect", "read_measured"]  # fmt: skip
 log = logging.getLogger(__name__)
 LINGER_S = 0.02  # how long the writer lets work pile up after a wake-up
 
@@ -54,13 +55,17 @@ _CALL_COLUMNS = frozenset(
 def connect(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA busy_timeout = 5000")
-    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    if str(mode).lower() != "wal":
-        log.warning("store %s is in %s mode, not WAL", path, mode)
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("PRAGMA foreign_keys = ON")
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout = 5000")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            log.warning("store %s is in %s mode, not WAL", path, mode)
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -96,13 +101,7 @@ class Store:
         self.path = path
         self.write_failures = 0
         self.set_aside: Path | None = None  # where a damaged store file was moved, if one was
-        self._conn = self._open_checked(path)
-        migrate(self._conn, load_migrations())
-        closed = self._conn.execute(
-            "UPDATE call_log SET outcome = 'interrupted' WHERE outcome = 'pending'"
-        ).rowcount
-        if closed:
-            log.warning("closed %d call rows left pending by an earlier run", closed)
+        self._conn = self._open(path)
         row = self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM call_log").fetchone()
         self._next_call_id = int(row[0]) + 1
         self.counter = int(self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM events")
@@ -114,19 +113,50 @@ class Store:
         self._thread = threading.Thread(target=self._write_loop, name="fitbox-store", daemon=True)
         self._thread.start()
 
+    def _open(self, path: Path) -> sqlite3.Connection:
+        """Open, check and migrate the store. Raises :class:`StoreUnavailable` when the
+        drive, not the file, is the problem (full, failing, not ours): nothing is moved."""
+        try:
+            conn = self._open_checked(path)
+            try:
+                migrate(conn, load_migrations())
+                closed = conn.execute(
+                    "UPDATE call_log SET outcome = 'interrupted' WHERE outcome = 'pending'"
+                ).rowcount
+            except BaseException:
+                conn.close()
+                raise
+        except (sqlite3.Error, OSError) as exc:
+            if isinstance(exc, StoreUnavailable) or not is_resource_failure(exc):
+                raise
+            raise StoreUnavailable(path, "open", exc) from exc
+        if closed:
+            log.warning("closed %d call rows left pending by an earlier run", closed)
+        return conn
+
     def _open_checked(self, path: Path) -> sqlite3.Connection:
-        """Open the store; a file that fails its check is moved aside and started afresh, so
-        a damaged disk file costs the history, never the service."""
-        problem = None
+        """A file that fails its check when it *could* be read is damaged: it is moved aside
+        and a new one started, so damage costs the history, never the service. An error
+        reading it (full drive, I/O error, permission) is not damage and is raised."""
         try:
             conn = connect(path)
+        except sqlite3.DatabaseError as exc:
+            if primary_code(exc) not in DAMAGE_CODES:  # "file is not a database", malformed
+                raise
+            return self._set_aside(path, str(exc))
+        try:
             result = conn.execute("PRAGMA quick_check").fetchone()[0]
-            if result == "ok":
-                return conn
-            problem = str(result)
+        except sqlite3.DatabaseError as exc:
             conn.close()
-        except sqlite3.DatabaseError as exc:  # "file is not a database", malformed, ...
-            problem = str(exc)
+            if primary_code(exc) not in DAMAGE_CODES:
+                raise
+            return self._set_aside(path, str(exc))
+        if result == "ok":
+            return conn
+        conn.close()
+        return self._set_aside(path, str(result))
+
+    def _set_aside(self, path: Path, problem: str) -> sqlite3.Connection:
         stamp = time.strftime("%Y%m%dT%H%M%S")
         self.set_aside = path.with_name(f"{path.name}.damaged-{stamp}")
         for suffix in ("", "-wal", "-shm"):
