@@ -1,6 +1,5 @@
-"""A full drive loses nothing: the store sets aside only a file that is damaged, never one a
-full drive could not open, keeps the writes a full drive refused until it has room, and
-says so once, not once per write.
+"""A full drive loses nothing: the store opens only what is damaged aside, keeps the writes a
+full drive refused until it has room, says so once, and answers a refused change as data.
 
 Two ways to fill the drive: a real 20 MB tmpfs this test mounts (``drive``; skipped where a
 mount is refused) and SQLITE_FULL injection (``PRAGMA max_page_count`` on the writer's
@@ -18,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
 
+from fitbox import config
+from fitbox.server.app import create_app
 from fitbox.store.db import CallStart, Store
 from fitbox.store.keys import create_key, list_keys
 
@@ -91,6 +93,8 @@ def test_writes_a_full_drive_refused_are_kept_and_land_when_it_has_room(
         health = store.health()
         assert health["write_failures"] >= 100 and health["writes_waiting"] >= 100
         assert not health["writing"] and health["writes_lost"] == 0
+        [problem] = store.problems()
+        assert "is full" in problem and "Free space on it" in problem
         with pytest.raises(sqlite3.OperationalError, match="Free space there") as refused:
             store.run(lambda conn: create_key(conn, "during", ("inference",)))
         assert getattr(refused.value, "full", False)
@@ -99,7 +103,7 @@ def test_writes_a_full_drive_refused_are_kept_and_land_when_it_has_room(
         rows = calls(store)
         assert [r["id"] for r in rows] == ids  # every call, in order, none lost
         assert all(r["outcome"] == "ok" and r["completion_tokens"] == r["id"] for r in rows)
-        assert store.health()["writes_lost"] == 0
+        assert store.problems() == [] and store.health()["writes_lost"] == 0
     finally:
         store.close()
 
@@ -148,3 +152,39 @@ def test_the_log_throttle_lets_one_line_through_per_interval() -> None:
     throttle = Throttle(every=60.0)
     assert throttle.allow(0.0) and not throttle.allow(1.0) and not throttle.allow(59.9)
     assert throttle.allow(60.0) and throttle.held == 2
+
+
+@pytest.fixture
+def full_app(drive: SmallDrive) -> Any:
+    """The app with its home on a drive that is then filled to the last byte."""
+    cfg = config.load({"home": str(drive.path / "home"), "models": str(drive.path)}, env={})
+    with TestClient(create_app(cfg), client=("127.0.0.1", 50000)) as client:
+        drive.fill()
+        yield client
+        drive.free()
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [("/v1/keys", {"name": "k"}), ("/v1/settings/box", {"goal": "fast"})]
+)
+def test_a_change_the_store_cannot_keep_is_a_507_that_says_why(
+    full_app: TestClient, path: str, body: dict[str, Any]
+) -> None:
+    reply = full_app.post(path, json=body)
+    assert reply.status_code == 507, reply.text
+    error = reply.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "storage_full")
+    assert "database or disk is full" in error["message"] and "Free space" in error["message"]
+    assert "nothing was changed" in error["message"]
+    health = full_app.get("/health").json()
+    assert health["status"] == "degraded" and "is full" in health["problems"][0]
+
+
+def test_a_key_sqlite_full_refuses_is_a_507(tmp_path: Path) -> None:
+    cfg = config.load({"home": str(tmp_path / "home"), "models": str(tmp_path)}, env={})
+    with TestClient(create_app(cfg), client=("127.0.0.1", 50000)) as client:
+        cap_pages(client.app.state.store)  # type: ignore[attr-defined]
+        reply = client.post("/v1/keys", json={"name": "k" * 8000})  # needs pages of its own
+        assert reply.status_code == 507, reply.text
+        assert reply.json()["error"]["code"] == "storage_full"
+        assert [k["name"] for k in client.get("/v1/keys").json()["data"]] == ["box key"]

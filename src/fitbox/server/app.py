@@ -22,7 +22,7 @@ from fitbox.server import calls_page, errors, manage, openai, openapi, operate, 
 from fitbox.server.auth import AuthMiddleware, Gate
 from fitbox.server.trust import TrustSettings
 from fitbox.store.box_key import ensure_box_key
-from fitbox.store.db import Store
+from fitbox.store.db import Store, StoreUnavailable
 from fitbox.store.keys import KeyChecker
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ def create_app(config: Config, store: Store | None = None) -> Starlette:
         exception_handlers={
             FitboxError: errors.on_fitbox_error,
             HTTPException: errors.on_http_exception,
+            StoreUnavailable: errors.on_store_unavailable,
             Exception: errors.on_unexpected,
         },
     )

@@ -30,16 +30,20 @@ from fitbox.store.facts import (
 from fitbox.store.failures import (
     DAMAGE_CODES,
     StoreUnavailable,
+    drive_free,
     is_resource_failure,
     primary_code,
 )
 from fitbox.store.migrations import load_migrations, migrate
 from fitbox.store.writer import Job, Writer
+from fitbox.units import format_bytes
 
 # the fact types and read_measured are re-exported: callers import them from here
 __all__ = ["CURSOR_TABLES", "READING_TABLES", "CallStart", "MeasuredFootprint",
            "MeasuredSpeed", "Store", "StoreUnavailable", "connect", "read_measured"]  # fmt: skip
 log = logging.getLogger(__name__)
+FULL_BELOW = 1024 * 1024  # a drive with less than this free is full to the store (a WAL frame
+# is 4 KiB, but a checkpoint, a migration or a log line each want more)
 
 _CALL_COLUMNS = frozenset(
     {
@@ -169,6 +173,23 @@ class Store:
             "last_write_error": state.failing,
             "damaged_file_set_aside": str(self.set_aside) if self.set_aside else None,
         }
+
+    def problems(self) -> list[str]:
+        """What an operator must fix for the store to keep everything: a drive that is full
+        (whatever SQLite says yet), or writes refused by a failing drive. A write cap that
+        is not the drive's (SQLITE_FULL with room on it) shows in :meth:`health` only."""
+        state, found = self._writer.state, []
+        free = drive_free(self.path)
+        held = (f"{state.waiting} writes wait in memory and land when it has room, "
+                f"{state.lost} were lost" if state.failing else "writes still land")  # fmt: skip
+        if free is not None and free < FULL_BELOW:
+            found.append(f"the drive holding {self.path.parent} is full ({format_bytes(free)} "
+                         f"free): {held}; keys and settings cannot change and engine logs lose "
+                         "lines. Free space on it")  # fmt: skip
+        elif state.failing is not None and state.failing_code != sqlite3.SQLITE_FULL:
+            found.append(f"the store {self.path} cannot write ({state.failing}): {held}. "
+                         "Check the drive holding it")  # fmt: skip
+        return found
 
     # -- the writer thread -------------------------------------------------------
 
