@@ -1,9 +1,11 @@
 """A real fitbox on a real full drive (a 20 MB tmpfs each test mounts, ``drive``): a start
-keeps an intact store whole and says why it cannot go on. fitbox's own output goes to a
-file off the drive."""
+keeps an intact store whole and says why it cannot go on, and a running box keeps loading
+models and answering, says it is degraded, refuses changes as data and records the calls it
+answered once the drive has room again. fitbox's own output goes to a file off the drive."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -80,3 +82,40 @@ def test_a_new_home_on_a_full_drive_fails_with_a_sentence(drive: SmallDrive, smo
     drive.fill()
     last = assert_refused_with_a_sentence(serve_once(drive.path / "new-home", smollm2.parent))
     assert "free" in last.lower()
+
+
+def test_a_full_drive_loads_serves_and_records_the_calls_once_it_has_room(
+    tmp_path: Path, drive: SmallDrive, smollm2: Path, llama_server_bin: Path
+) -> None:
+    log = tmp_path / "serve.log"
+    with running_fitbox(drive.path / "home", [smollm2.parent], log_path=log) as box:
+        drive.fill()
+        filled_at, lines_before = time.monotonic(), len(log.read_text().splitlines())
+        answered = []
+        for _ in range(3):  # a failed mark takes three crashes: none of these may count
+            answered.append(chat(box).status_code)
+            httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL}, timeout=30)
+        health = health_until(box, lambda h: h["store"]["write_failures"] >= 20)
+        refused = [
+            httpx.post(f"{box.url}{path}", json=body)
+            for path, body in (("/v1/keys", {"name": "k"}), ("/v1/settings/box", {"goal": "fast"}))
+        ]
+        errors = re.findall(
+            r" ERROR fitbox\.store\.db: .*", "\n".join(log.read_text().splitlines()[lines_before:])
+        )
+        elapsed = time.monotonic() - filled_at
+        drive.free()
+        health_until(box, lambda h: h["status"] == "ok" and not h["store"].get("writes_waiting"))
+        after = chat(box).status_code
+        rows = [(c["endpoint"], c["outcome"]) for c in box.calls()]
+        state = box.models()[SMOL]["state"]
+        made = httpx.post(f"{box.url}/v1/keys", json={"name": "after"}).status_code
+    assert answered == [200, 200, 200] and after == 200 and state != "failed"
+    assert health["status"] == "degraded" and "is full" in health["problems"][0]
+    for reply in refused:
+        assert reply.status_code == 507, reply.text
+        assert reply.json()["error"]["code"] == "storage_full"
+        assert "Free space" in reply.json()["error"]["message"]
+    assert 1 <= len(errors) <= 1 + int(elapsed // 60), errors  # a line a minute, not per write
+    assert rows == [("/v1/chat/completions", "ok")] * 4  # the three while full landed later
+    assert made == 201
