@@ -284,11 +284,12 @@ def _start(config: settings.Config) -> tuple[Any, socket.socket, dict[str, Any]]
 
 
 def _open_home(config: settings.Config) -> Any:
-    """The home, its store and box key, opened before anything listens, so a drive that
-    cannot hold them stops the start with a reason."""
+    """The home (owner-only when made here), its store and box key, opened before anything
+    listens, so a drive that cannot hold them stops the start with a reason."""
+    from fitbox.home import make_private
     from fitbox.store.box_key import open_with_box_key
 
-    config.home.mkdir(parents=True, exist_ok=True)
+    make_private(config.home)
     return open_with_box_key(config.store_path, config.box_key_file)
 
 

@@ -13,6 +13,7 @@ import functools
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -74,6 +75,18 @@ def read_tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
     return list(deque((ln for ln in text.splitlines() if ln.strip()), maxlen=lines))
 
 
+def _open_log(path: Path) -> BinaryIO:
+    """A child's log, owner-only (at -lv 4 it holds paths, ports, prompts), in an owner-only
+    folder; a folder an older fitbox made readable by others is narrowed."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        mode = stat.S_IMODE(path.parent.stat().st_mode)
+        if mode & 0o077:
+            path.parent.chmod(mode & 0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    return os.fdopen(fd, "ab", buffering=0)
+
+
 class _LogPump:
     """Copies the child's output into its log file, rotating it past ``MAX_LOG_BYTES``
     (one ``.1`` kept), so an engine at -lv 4 cannot fill the disk. The load section (all
@@ -104,12 +117,11 @@ class _LogPump:
         del self.recent[:-TAIL_BYTES]
         try:
             if self.file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self.file = self.path.open("ab", buffering=0)
+                self.file = _open_log(self.path)
             if self.written + len(data) > MAX_LOG_BYTES:
                 self.file.close()
                 os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                self.file = self.path.open("ab", buffering=0)
+                self.file = _open_log(self.path)
                 self.written = 0
             self.file.write(data)
             self.written += len(data)

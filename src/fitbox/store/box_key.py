@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 def write_secret(path: Path, text: str) -> None:
     """Create or replace ``path`` with mode 0600 from the first byte (no window where it is
     readable by others)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a home made here: owner's
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -57,7 +58,7 @@ _CALL_COLUMNS = frozenset(
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _owner_only(path)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         conn.row_factory = sqlite3.Row
@@ -71,6 +72,22 @@ def connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _owner_only(path: Path) -> None:
+    """The store holds the call log, key names and their salted digests: its folder (when
+    made here) and file are its owner's alone. SQLite gives the -wal and -shm it makes the
+    file's mode, so making the file first 0600 covers all three; a store an older fitbox
+    left readable by others is narrowed (its owner, or root, may; anyone else just reads)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            part = Path(f"{path}{suffix}")
+            mode = stat.S_IMODE(part.stat().st_mode)
+            if mode & 0o077:
+                part.chmod(mode & 0o700)
 
 
 @dataclass
