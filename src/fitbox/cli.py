@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import socket
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -222,32 +223,13 @@ def serve(config: settings.Config, log_level: str) -> int:
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied call is noise
-    config.home.mkdir(parents=True, exist_ok=True)
-    from fitbox.box.limits import problems_on_this_box
-    from fitbox.probe.gpus import open_gpu_probe
-
-    gpus = open_gpu_probe(config.simulated_gpus).read()
-    refused = problems_on_this_box(lambda name: getattr(config, name, None), gpus, config.models)
-    if refused:
-        print(f"fitbox: refusing to start: {'; '.join(refused)}", file=sys.stderr)
-        return 2
-    try:
-        sock = _listen_socket(config.host, config.port)
-    except OSError as exc:
-        print(f"fitbox: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
-        return 1
-    port = sock.getsockname()[1]
-    url_host = f"[{config.host}]" if ":" in config.host else config.host
-    endpoint = {
-        "url": f"http://{url_host}:{port}",
-        "host": config.host,
-        "port": port,
-        "pid": os.getpid(),
-    }
-    (config.endpoint_file).write_text(json.dumps(endpoint) + "\n")
+    started = _start(config)
+    if isinstance(started, int):
+        return started
+    store, sock, endpoint = started
     print(f"fitbox {fitbox.__version__} listening on {endpoint['url']}", flush=True)
 
-    app = create_app(config)
+    app = create_app(config, store)
     server = uvicorn.Server(
         uvicorn.Config(
             app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
@@ -262,6 +244,63 @@ def serve(config: settings.Config, log_level: str) -> int:
     atexit.register(last_resort)
     server.run(sockets=[sock])
     return 0
+
+
+def _start(config: settings.Config) -> tuple[Any, socket.socket, dict[str, Any]] | int:
+    """What a serve needs before its app runs: the box's limits checked, the home, store and
+    box key open, the socket listening, endpoint.json written. Else an exit code, with the
+    reason printed as a sentence (a full drive is no traceback)."""
+    from fitbox.box.limits import problems_on_this_box
+    from fitbox.probe.gpus import open_gpu_probe
+
+    gpus = open_gpu_probe(config.simulated_gpus).read()
+    refused = problems_on_this_box(lambda name: getattr(config, name, None), gpus, config.models)
+    if refused:
+        print(f"fitbox: refusing to start: {'; '.join(refused)}", file=sys.stderr)
+        return 2
+    try:
+        store = _open_home(config)
+    except (OSError, sqlite3.Error, RuntimeError) as exc:  # a drive that refused, SchemaTooNew
+        print(f"fitbox: cannot start: {_why(exc, config.home)}", file=sys.stderr)
+        return 1
+    try:
+        sock = _listen_socket(config.host, config.port)
+    except OSError as exc:
+        store.close()
+        print(f"fitbox: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    port = sock.getsockname()[1]
+    url_host = f"[{config.host}]" if ":" in config.host else config.host
+    endpoint = {"url": f"http://{url_host}:{port}", "host": config.host, "port": port,
+                "pid": os.getpid()}  # fmt: skip
+    try:
+        config.endpoint_file.write_text(json.dumps(endpoint) + "\n")
+    except OSError as exc:
+        store.close()
+        sock.close()
+        print(f"fitbox: cannot start: {_why(exc, config.home)}", file=sys.stderr)
+        return 1
+    return store, sock, endpoint
+
+
+def _open_home(config: settings.Config) -> Any:
+    """The home (owner-only when made here), its store and box key, opened before anything
+    listens, so a drive that cannot hold them stops the start with a reason."""
+    from fitbox.home import make_private
+    from fitbox.store.box_key import open_with_box_key
+
+    make_private(config.home)
+    return open_with_box_key(config.store_path, config.box_key_file)
+
+
+def _why(exc: Exception, home: Path) -> str:
+    """One sentence for a start that cannot go on; nothing was moved or discarded."""
+    reason = getattr(exc, "reason", None) or str(exc)  # StoreUnavailable says it whole
+    if isinstance(exc, OSError):
+        reason = f"{exc.filename or home}: {exc.strerror or exc}"
+        if exc.errno == 28:  # ENOSPC
+            reason += f"; free space on the drive holding {home}, then start again"
+    return f"{reason}. Nothing was moved or discarded."
 
 
 def list_models(config: settings.Config, as_json: bool) -> int:

@@ -125,3 +125,12 @@ class ShuttingDown(FitboxError):
     type = "server_error"
     code = "shutting_down"
     retry = True
+
+
+class StorageFailed(FitboxError):
+    """The store could not keep a change (its drive is full or failing): nothing changed.
+    507 when the drive is full (``storage_full``); 503 ``storage_unavailable`` otherwise."""
+
+    status = 507
+    type = "server_error"
+    code = "storage_full"

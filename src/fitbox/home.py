@@ -51,3 +51,10 @@ def default_home() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("fitbox", appauthor=False))
+
+
+def make_private(path: Path) -> None:
+    """Make the folder ``path`` owner-only if it is made here (its parents as usual). One
+    that exists keeps its mode: a system install gives its home 0710, so the fitbox group
+    may pass through to the model store (installer/install.py)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)

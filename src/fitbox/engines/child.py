@@ -13,11 +13,13 @@ import functools
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 from collections import deque
 from pathlib import Path
+from typing import BinaryIO
 
 from fitbox.engines.http1 import EngineConnectionError, EnginePool
 
@@ -26,6 +28,7 @@ READY_POLL_S = (
 )
 TAIL_LINES = 30
 READ_CHUNK = 64 * 1024
+TAIL_BYTES = 64 * 1024  # the end of the output kept in memory: what read_tail reads of a file
 MAX_LOG_BYTES = 16 * 1024 * 1024  # per child log file; one rotated copy is kept
 MAX_LOAD_SECTION = 4 * 1024 * 1024
 
@@ -72,34 +75,62 @@ def read_tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
     return list(deque((ln for ln in text.splitlines() if ln.strip()), maxlen=lines))
 
 
+def _open_log(path: Path) -> BinaryIO:
+    """A child's log, owner-only (at -lv 4 it holds paths, ports, prompts), in an owner-only
+    folder; a folder an older fitbox made readable by others is narrowed."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        mode = stat.S_IMODE(path.parent.stat().st_mode)
+        if mode & 0o077:
+            path.parent.chmod(mode & 0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    return os.fdopen(fd, "ab", buffering=0)
+
+
 class _LogPump:
     """Copies the child's output into its log file, rotating it past ``MAX_LOG_BYTES``
     (one ``.1`` kept), so an engine at -lv 4 cannot fill the disk. The load section (all
-    output before readiness) stays readable by :meth:`Child.load_log`."""
+    output before readiness) stays readable by :meth:`Child.load_log`, and the last
+    ``TAIL_BYTES`` by :meth:`Child.tail`, from memory: a drive that refuses the file (full,
+    gone) loses log lines, never the child, its load or the reason it failed."""
 
     def __init__(self, path: Path, header: bytes) -> None:
         self.path = path
-        self.file = path.open("ab", buffering=0)
-        self.file.write(header)
-        self.written = len(header)
+        self.file: BinaryIO | None = None
+        self.written = 0
         self.load_section = bytearray(header)
+        self.recent = bytearray()
         self.loading = True
+        self._write(header)
 
     async def run(self, stream: asyncio.StreamReader) -> None:
         while data := await stream.read(READ_CHUNK):
             if self.loading and len(self.load_section) < MAX_LOAD_SECTION:
                 self.load_section += data
-            try:
-                if self.written + len(data) > MAX_LOG_BYTES:
-                    self.file.close()
-                    os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                    self.file = self.path.open("ab", buffering=0)
-                    self.written = 0
-                self.file.write(data)
-                self.written += len(data)
-            except OSError:  # a full disk loses log lines, never the child or the call
-                continue
-        self.file.close()
+            self._write(data)
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
+
+    def _write(self, data: bytes) -> None:
+        self.recent += data
+        del self.recent[:-TAIL_BYTES]
+        try:
+            if self.file is None:
+                self.file = _open_log(self.path)
+            if self.written + len(data) > MAX_LOG_BYTES:
+                self.file.close()
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                self.file = _open_log(self.path)
+                self.written = 0
+            self.file.write(data)
+            self.written += len(data)
+        except OSError:  # a full disk loses log lines, never the child or the call
+            pass
+
+    def tail(self, lines: int) -> list[str]:
+        text = bytes(self.recent).decode("utf-8", errors="replace")
+        return list(deque((ln for ln in text.splitlines() if ln.strip()), maxlen=lines))
 
 
 class Child:
@@ -128,6 +159,8 @@ class Child:
         return self.proc is not None and self.proc.returncode is None
 
     def tail(self, lines: int = TAIL_LINES) -> list[str]:
+        if self._pump is not None:  # what it printed, whether or not the drive kept it
+            return self._pump.tail(lines)
         return read_tail(self.log_path, lines)
 
     def load_log(self) -> str:
@@ -135,7 +168,6 @@ class Child:
         return bytes(self._pump.load_section).decode("utf-8", "replace") if self._pump else ""
 
     async def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._pump = _LogPump(self.log_path, f"$ {' '.join(self.argv)}\n".encode())
         self.started_at = time.monotonic()
         self.proc = await asyncio.create_subprocess_exec(

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from fitbox.engines.child import free_port
+from fitbox.home import make_private
 from fitbox.installer.units import ServiceLayout, exec_start, render_unit
 from fitbox.store.box_key import write_secret
 
@@ -73,6 +74,8 @@ def plan_install(
     """What installing means here, step by step; keeps what an earlier install chose."""
     env = _service_env(target, host, port, extra_env)
     plan = Plan(target, env)
+    plan.steps.append(Step(f"create {target.home.path} (owner-only; kept if it exists)",
+                           partial(make_private, target.home.path)))  # fmt: skip
     for directory in (target.env_file.parent, target.unit_file.parent, target.home.models,
                       target.cache):  # fmt: skip
         plan.steps.append(

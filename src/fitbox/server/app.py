@@ -22,7 +22,7 @@ from fitbox.server import calls_page, errors, manage, openai, openapi, operate, 
 from fitbox.server.auth import AuthMiddleware, Gate
 from fitbox.server.trust import TrustSettings
 from fitbox.store.box_key import ensure_box_key
-from fitbox.store.db import Store
+from fitbox.store.db import Store, StoreUnavailable
 from fitbox.store.keys import KeyChecker
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,11 @@ ROUTES = (
 )
 
 
-def create_app(config: Config) -> Starlette:
+def create_app(config: Config, store: Store | None = None) -> Starlette:
+    """``store``: one `fitbox serve` opened before it listened (else the app opens it)."""
+
     def lifespan(app: Starlette) -> contextlib.AbstractAsyncContextManager[None]:
-        return _serving(app, config)
+        return _serving(app, config, store)
 
     return Starlette(
         routes=list(ROUTES),
@@ -68,15 +70,16 @@ def create_app(config: Config) -> Starlette:
         exception_handlers={
             FitboxError: errors.on_fitbox_error,
             HTTPException: errors.on_http_exception,
+            StoreUnavailable: errors.on_store_unavailable,
             Exception: errors.on_unexpected,
         },
     )
 
 
 @contextlib.asynccontextmanager
-async def _serving(app: Starlette, config: Config) -> AsyncIterator[None]:
+async def _serving(app: Starlette, config: Config, opened: Store | None) -> AsyncIterator[None]:
     """The store, catalog, box and gate of one serve, on ``app.state``; closed at its end."""
-    store = Store(config.store_path)
+    store = opened or Store(config.store_path)
     catalog = Catalog(config.models, config.aliases, config.facts_cache)
     gpus = open_gpu_probe(config.simulated_gpus)
     _log_gpus(gpus.read())

@@ -11,7 +11,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from fitbox.errors import FitboxError
+from fitbox.errors import FitboxError, StorageFailed
+from fitbox.store.db import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,15 @@ async def on_http_exception(request: Request, exc: Exception) -> Response:
     error.status = exc.status_code
     error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
     error.code = codes.get(exc.status_code, "http_error")
+    return error_response(error)
+
+
+async def on_store_unavailable(request: Request, exc: Exception) -> Response:
+    """A change the store could not keep: the client hears why and what frees it."""
+    assert isinstance(exc, StoreUnavailable)
+    error = StorageFailed(f"{exc.reason}; nothing was changed.")
+    if not exc.full:
+        error.status, error.code = 503, "storage_unavailable"
     return error_response(error)
 
 

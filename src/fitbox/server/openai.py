@@ -23,8 +23,10 @@ async def health(request: Request) -> Response:
         for g in box.gpus.read()
     ]
     store: Store = request.app.state.store
+    problems = store.problems()  # still 200: a box whose drive is full serves, unrecorded
     return JSONResponse(
-        {"status": "ok", "service": "fitbox", "version": fitbox.__version__, "gpus": gpus,
+        {"status": "degraded" if problems else "ok", "problems": problems,
+         "service": "fitbox", "version": fitbox.__version__, "gpus": gpus,
          "store": store.health()}
     )  # fmt: skip
 

@@ -103,7 +103,8 @@ from fitbox.box.preferences import BOX_KNOBS, LIMIT_KNOBS, PAIR_KNOBS  # noqa: E
 PAIR_BODY = _knobs({"model": None, **PAIR_KNOBS}, ("model",))
 
 PATHS: dict[str, dict[str, Any]] = {
-    "/health": {"get": _op("Liveness, version, GPUs (simulated ones labelled), store", "open")},
+    "/health": {"get": _op("Liveness (200; status ok or degraded, with the problems to fix), "
+                           "version, GPUs (simulated ones labelled), store", "open")},
     "/v1/models": {"get": _op("The catalog, with residency", INFERENCE)},
     "/v1/chat/completions": {"post": _op("Chat (SSE with stream: true)", INFERENCE, CHAT)},
     "/v1/completions": {"post": _op("Text completion", INFERENCE, COMPLETION)},

@@ -1,23 +1,19 @@
-"""The store: one SQLite file, one writer thread that owns the connection.
+"""The store: one SQLite file, one writer thread that owns the connection (store/writer.py).
 
-Callers never wait for a write: they enqueue it and go on. The writer wakes at most once
-per ``LINGER_S``, drains what has queued up and commits it as one transaction (group
-commit), so a busy box pays one commit and one thread wake-up for many call-log updates
-instead of a GIL hand-off per write. Reads go through the same thread and are awaited.
-A failed write (disk full, a damaged file) is counted and logged; it never fails the call
-that caused it.
+Callers never wait for a write: they enqueue it and go on; reads are awaited. A failed
+write (disk full, a damaged file) is counted and logged; it never fails the call that
+caused it, and a write a full drive refused is kept and written when room returns.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import logging
 import os
 import sqlite3
-import threading
+import stat
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -32,13 +28,23 @@ from fitbox.store.facts import (
     RefusedWindowKey,
     read_measured,
 )
+from fitbox.store.failures import (
+    DAMAGE_CODES,
+    StoreUnavailable,
+    drive_free,
+    is_resource_failure,
+    primary_code,
+)
 from fitbox.store.migrations import load_migrations, migrate
+from fitbox.store.writer import Job, Writer
+from fitbox.units import format_bytes
 
 # the fact types and read_measured are re-exported: callers import them from here
 __all__ = ["CURSOR_TABLES", "READING_TABLES", "CallStart", "MeasuredFootprint",
-           "MeasuredSpeed", "Store", "connect", "read_measured"]  # fmt: skip
+           "MeasuredSpeed", "Store", "StoreUnavailable", "connect", "read_measured"]  # fmt: skip
 log = logging.getLogger(__name__)
-LINGER_S = 0.02  # how long the writer lets work pile up after a wake-up
+FULL_BELOW = 1024 * 1024  # a drive with less than this free is full to the store (a WAL frame
+# is 4 KiB, but a checkpoint, a migration or a log line each want more)
 
 _CALL_COLUMNS = frozenset(
     {
@@ -52,16 +58,36 @@ _CALL_COLUMNS = frozenset(
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _owner_only(path)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA busy_timeout = 5000")
-    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    if str(mode).lower() != "wal":
-        log.warning("store %s is in %s mode, not WAL", path, mode)
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("PRAGMA foreign_keys = ON")
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout = 5000")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            log.warning("store %s is in %s mode, not WAL", path, mode)
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def _owner_only(path: Path) -> None:
+    """The store holds the call log, key names and their salted digests: its folder (when
+    made here) and file are its owner's alone. SQLite gives the -wal and -shm it makes the
+    file's mode, so making the file first 0600 covers all three; a store an older fitbox
+    left readable by others is narrowed (its owner, or root, may; anyone else just reads)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            part = Path(f"{path}{suffix}")
+            mode = stat.S_IMODE(part.stat().st_mode)
+            if mode & 0o077:
+                part.chmod(mode & 0o700)
 
 
 @dataclass
@@ -79,54 +105,61 @@ CURSOR_TABLES = ("call_log", "operator_actions", "measured_footprints", "childre
 READING_TABLES = ("resource_log",)  # replayed by id: readings carry no event seq
 
 
-Job = Callable[[sqlite3.Connection], Any]
-
-
-@dataclass
-class _Queued:
-    job: Job
-    future: Future[Any] | None = None
-
-
-_STOP = _Queued(lambda conn: None)
-
-
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.write_failures = 0
         self.set_aside: Path | None = None  # where a damaged store file was moved, if one was
-        self._conn = self._open_checked(path)
-        migrate(self._conn, load_migrations())
-        closed = self._conn.execute(
-            "UPDATE call_log SET outcome = 'interrupted' WHERE outcome = 'pending'"
-        ).rowcount
+        conn = self._open(path)
+        row = conn.execute("SELECT COALESCE(MAX(id), 0) FROM call_log").fetchone()
+        self._next_call_id = int(row[0]) + 1
+        counter = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
+        self._conn = conn
+        self._writer = Writer(conn, path, counter)
+
+    def _open(self, path: Path) -> sqlite3.Connection:
+        """Open, check and migrate the store. Raises :class:`StoreUnavailable` when the
+        drive, not the file, is the problem (full, failing, not ours): nothing is moved."""
+        try:
+            conn = self._open_checked(path)
+            try:
+                migrate(conn, load_migrations())
+                closed = conn.execute(
+                    "UPDATE call_log SET outcome = 'interrupted' WHERE outcome = 'pending'"
+                ).rowcount
+            except BaseException:
+                conn.close()
+                raise
+        except (sqlite3.Error, OSError) as exc:
+            if isinstance(exc, StoreUnavailable) or not is_resource_failure(exc):
+                raise
+            raise StoreUnavailable(path, "open", exc) from exc
         if closed:
             log.warning("closed %d call rows left pending by an earlier run", closed)
-        row = self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM call_log").fetchone()
-        self._next_call_id = int(row[0]) + 1
-        self.counter = int(self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM events")
-                           .fetchone()[0])  # fmt: skip
-        self._batch_counter = self.counter
-        self._listeners: list[Callable[[int], None]] = []
-        self._queue: collections.deque[_Queued] = collections.deque()  # appends are atomic
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._write_loop, name="fitbox-store", daemon=True)
-        self._thread.start()
+        return conn
 
     def _open_checked(self, path: Path) -> sqlite3.Connection:
-        """Open the store; a file that fails its check is moved aside and started afresh, so
-        a damaged disk file costs the history, never the service."""
-        problem = None
+        """A file that fails its check when it *could* be read is damaged: it is moved aside
+        and a new one started, so damage costs the history, never the service. An error
+        reading it (full drive, I/O error, permission) is not damage and is raised."""
         try:
             conn = connect(path)
+        except sqlite3.DatabaseError as exc:
+            if primary_code(exc) not in DAMAGE_CODES:  # "file is not a database", malformed
+                raise
+            return self._set_aside(path, str(exc))
+        try:
             result = conn.execute("PRAGMA quick_check").fetchone()[0]
-            if result == "ok":
-                return conn
-            problem = str(result)
+        except sqlite3.DatabaseError as exc:
             conn.close()
-        except sqlite3.DatabaseError as exc:  # "file is not a database", malformed, ...
-            problem = str(exc)
+            if primary_code(exc) not in DAMAGE_CODES:
+                raise
+            return self._set_aside(path, str(exc))
+        if result == "ok":
+            return conn
+        conn.close()
+        return self._set_aside(path, str(result))
+
+    def _set_aside(self, path: Path, problem: str) -> sqlite3.Connection:
         stamp = time.strftime("%Y%m%dT%H%M%S")
         self.set_aside = path.with_name(f"{path.name}.damaged-{stamp}")
         for suffix in ("", "-wal", "-shm"):
@@ -137,75 +170,45 @@ class Store:
                   path, problem, self.set_aside)  # fmt: skip
         return connect(path)
 
+    @property
+    def write_failures(self) -> int:
+        return self._writer.state.failures
+
+    @property
+    def counter(self) -> int:
+        """The change counter: the newest committed event's id."""
+        return self._writer.counter
+
     def health(self) -> dict[str, Any]:
+        state = self._writer.state
         return {
             "path": str(self.path),
-            "write_failures": self.write_failures,
+            "write_failures": state.failures,
+            "writes_waiting": state.waiting,
+            "writes_lost": state.lost,
+            "writing": state.failing is None,
+            "last_write_error": state.failing,
             "damaged_file_set_aside": str(self.set_aside) if self.set_aside else None,
         }
 
+    def problems(self) -> list[str]:
+        """What an operator must fix for the store to keep everything: a drive that is full
+        (whatever SQLite says yet), or writes refused by a failing drive. A write cap that
+        is not the drive's (SQLITE_FULL with room on it) shows in :meth:`health` only."""
+        state, found = self._writer.state, []
+        free = drive_free(self.path)
+        held = (f"{state.waiting} writes wait in memory and land when it has room, "
+                f"{state.lost} were lost" if state.failing else "writes still land")  # fmt: skip
+        if free is not None and free < FULL_BELOW:
+            found.append(f"the drive holding {self.path.parent} is full ({format_bytes(free)} "
+                         f"free): {held}; keys and settings cannot change and engine logs lose "
+                         "lines. Free space on it")  # fmt: skip
+        elif state.failing is not None and state.failing_code != sqlite3.SQLITE_FULL:
+            found.append(f"the store {self.path} cannot write ({state.failing}): {held}. "
+                         "Check the drive holding it")  # fmt: skip
+        return found
+
     # -- the writer thread -------------------------------------------------------
-
-    def _write_loop(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()  # before draining: a later submit wakes us again
-            time.sleep(LINGER_S)
-            batch = []
-            while self._queue:
-                batch.append(self._queue.popleft())
-            stop = any(item is _STOP for item in batch)
-            self._apply([item for item in batch if item is not _STOP])
-            if stop:
-                return
-
-    def _apply(self, batch: list[_Queued]) -> None:
-        """Run a batch in one transaction. A statement that fails is counted and the rest go
-        on; if the failure rolled the whole transaction back (SQLITE_FULL does), the writes
-        it took with it are counted too and a new transaction carries on."""
-        if not batch:
-            return
-        results: list[tuple[_Queued, Any, BaseException | None]] = []
-        try:
-            self._conn.execute("BEGIN")
-            for item in batch:
-                try:
-                    results.append((item, item.job(self._conn), None))
-                except Exception as exc:  # a job's own error is its caller's, never the writer's
-                    if isinstance(exc, sqlite3.Error):
-                        self._failed(exc)
-                    results.append((item, None, exc))
-                    if not self._conn.in_transaction:
-                        results = self._lost(results, exc)
-                        self._batch_counter = int(self._conn.execute(
-                            "SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])  # fmt: skip
-                        self._conn.execute("BEGIN")
-            self._conn.execute("COMMIT")
-        except sqlite3.Error as exc:  # the commit itself failed: nothing in it landed
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            results = self._lost(results, exc)
-            self._batch_counter = int(self._conn.execute(
-                "SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])  # fmt: skip
-        if self._batch_counter != self.counter:
-            self.counter = self._batch_counter
-            for listener in self._listeners:
-                listener(self.counter)
-        for item, value, error in results:
-            if item.future is not None:
-                if error is None:
-                    item.future.set_result(value)
-                else:
-                    item.future.set_exception(error)
-
-    def _lost(
-        self, results: list[tuple[_Queued, Any, BaseException | None]], exc: BaseException
-    ) -> list[tuple[_Queued, Any, BaseException | None]]:
-        """Writes that had succeeded inside a transaction that was then rolled back."""
-        landed = [r for r in results if r[2] is None]
-        if landed:
-            self._failed(exc, count=len(landed))
-        return [(item, None, error or exc) for item, _, error in results]
 
     def _event(self, conn: sqlite3.Connection, kind: str, table: str, row_id: int) -> None:
         """Record an event for a row of a cursor table and stamp the row with it."""
@@ -215,22 +218,14 @@ class Store:
             (time.time(), kind, table, row_id),
         ).lastrowid
         conn.execute(f"UPDATE {table} SET seq = ? WHERE id = ?", (seq, row_id))  # noqa: S608
-        self._batch_counter = max(self._batch_counter, int(seq or 0))
+        self._writer.batch_counter = max(self._writer.batch_counter, int(seq or 0))
 
     def on_change(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(counter)`` (from the writer thread) after each commit that moved it."""
-        self._listeners.append(listener)
+        self._writer.listeners.append(listener)
 
-    def _failed(self, exc: BaseException, count: int = 1) -> None:
-        self.write_failures += count
-        log.error("store write failed (%d so far): %s", self.write_failures, exc)
-
-    def _submit(self, job: Job, wait: bool = False) -> Future[Any] | None:
-        future: Future[Any] | None = Future() if wait else None
-        self._queue.append(_Queued(job, future))
-        if not self._wake.is_set():
-            self._wake.set()
-        return future
+    def _submit(self, job: Job, wait: bool = False, keep: bool = True) -> Future[Any] | None:
+        return self._writer.submit(job, wait, keep)
 
     # -- the call log ------------------------------------------------------------
 
@@ -342,7 +337,7 @@ class Store:
             "INSERT INTO resource_log (at, device, simulated, total_bytes, free_bytes, "
             "fitbox_bytes, busy_percent, swap_free_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )
-        self._submit(lambda conn: conn.executemany(sql, rows))
+        self._submit(lambda conn: conn.executemany(sql, rows), keep=False)
 
     def gpu_process(self, device: str, pid: int, change: str, used: int | None, ours: bool,
                     simulated: bool) -> None:  # fmt: skip
@@ -354,7 +349,7 @@ class Store:
 
     def forget_readings(self, older_than: float) -> None:
         self._submit(lambda conn: conn.execute("DELETE FROM resource_log WHERE at < ?",
-                                               (older_than,)))  # fmt: skip
+                                               (older_than,)), keep=False)  # fmt: skip
 
     def evicted(
         self, model: str, artifact: str, devices: dict[str, int], reason: str,
@@ -454,7 +449,5 @@ class Store:
                 (now,),
             )
         )
-        self._queue.append(_STOP)
-        self._wake.set()
-        self._thread.join(timeout=30)
+        self._writer.stop()
         self._conn.close()

@@ -4,7 +4,8 @@ A resident registered ``starting`` (box/admit.py, under the placement lock) is b
 here, outside the lock: its victims are stopped, the device's memory is awaited, the child
 is launched through its engine's seam, waited for, measured, and moved to ``ready``. A
 child that exits on its own, hangs, or fails to load is counted in the crash ledger unless
-the cause was the room (out of memory) or the engine (none installed).
+the cause was the room (out of memory), the engine (none installed) or the box itself (an
+OSError launching it: a full drive, no fork): a resource failure is not the model's crash.
 """
 
 from __future__ import annotations
@@ -167,7 +168,10 @@ class Supervisor:
         tail = error.detail.get("log_tail", [])
         said = resident.engine.out_of_memory(tail)
         if resident.state is S.STARTING:  # not stopped by someone else meanwhile
-            if not isinstance(exc, EngineFailed) and said is None:
+            if isinstance(exc, OSError):  # launching it: no room, no fork, no descriptor
+                log.warning("%s: not counted as a crash: the box, not the model, failed (%s)",
+                            resident.artifact.name, exc)  # fmt: skip
+            elif not isinstance(exc, EngineFailed) and said is None:
                 self._crashed(resident, error.message, tail)  # the model, not engine or room
             if said is not None:
                 self._refuse_window(resident, error, said)
