@@ -193,8 +193,8 @@ class Store:
 
     def problems(self) -> list[str]:
         """What an operator must fix for the store to keep everything: a drive that is full
-        (whatever SQLite says yet), or writes refused by a failing drive. A write cap that
-        is not the drive's (SQLITE_FULL with room on it) shows in :meth:`health` only."""
+        (whatever SQLite says yet), or writes refused for any other reason (a failing drive,
+        a write cap that is not the drive's: SQLITE_FULL with room on it)."""
         state, found = self._writer.state, []
         free = drive_free(self.path)
         held = (f"{state.waiting} writes wait in memory and land when it has room, "
@@ -203,7 +203,7 @@ class Store:
             found.append(f"the drive holding {self.path.parent} is full ({format_bytes(free)} "
                          f"free): {held}; keys and settings cannot change and engine logs lose "
                          "lines. Free space on it")  # fmt: skip
-        elif state.failing is not None and state.failing_code != sqlite3.SQLITE_FULL:
+        elif state.failing is not None:
             found.append(f"the store {self.path} cannot write ({state.failing}): {held}. "
                          "Check the drive holding it")  # fmt: skip
         return found
