@@ -99,7 +99,11 @@ def start_fitbox(
         if proc.poll() is not None:
             raise RuntimeError(f"fitbox exited early:\n{log_path.read_text()}")
         if endpoint.exists():
-            url = json.loads(endpoint.read_text())["url"]
+            try:
+                url = json.loads(endpoint.read_text())["url"]
+            except ValueError:  # caught while fitbox is still writing it
+                time.sleep(0.05)
+                continue
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     return FitboxProcess(proc, url, home, log_path)
