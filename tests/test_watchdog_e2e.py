@@ -1,7 +1,7 @@
 """The hang watchdog against a real llama-server: a call queued for a slot inside a working
-engine is not a hang.
+engine is not a hang, and one hang seen by many calls is one crash.
 
-Holds are events the test controls: a stream it keeps open until it
+Holds are events the test controls: a SIGSTOP it sends, a stream it keeps open until it
 has seen what it waits for, a file whose existence keeps ``/health`` unanswered (the
 fronted fake, tests/fakes/fronted-llama-server, in front of the real engine). No test
 waits for generation to be slower than a timeout.
@@ -10,7 +10,10 @@ waits for generation to be slower than a timeout.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -119,3 +122,37 @@ def test_a_call_queued_for_a_slot_behind_a_working_engine_is_not_a_hang(
         assert engine_pids(box) == engines  # the same engine, never killed
         assert HUNG not in box.log()
 
+
+def test_one_hang_seen_by_four_calls_is_one_crash(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    """Four calls on one engine (two streaming, two queued for a slot) all find it silent
+    after a SIGSTOP. One episode: one "hung" line, one crash. With a crash limit of two, a
+    second count would mark the model failed and the next call would be refused."""
+    env = {"FITBOX_ENGINE_IDLE_TIMEOUT": "1", "FITBOX_STOP_GRACE": "1",
+           "FITBOX_CRASH_LIMIT": "2", "FITBOX_PARALLEL": "2"}  # fmt: skip
+    with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
+        warm = httpx.post(f"{box.url}/v1/chat/completions", json=chat(max_tokens=2), timeout=60)
+        assert warm.status_code == 200, warm.text
+        streams = [Stream(box, chat(max_tokens=4000, stream=True, ignore_eos=True))
+                   for _ in range(4)]  # fmt: skip
+        for stream in streams:
+            stream.start()
+        deadline = time.monotonic() + 60  # a bound, not a measurement: the two slots stream
+        while sum(bool(s.events) for s in streams) < 2:
+            assert time.monotonic() < deadline, "the two slots never streamed"
+            time.sleep(0.02)
+        stopped = engine_pids(box)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        for stream in streams:
+            stream.join(timeout=120)
+        codes = [(s.status, (s.error() or {}).get("code")) for s in streams]
+        assert all(code in ("engine_timeout", "engine_failed") for _, code in codes), codes
+        assert box.log().count(HUNG) == 1, box.log()
+        assert "marked failed" not in box.log()
+        again = httpx.post(f"{box.url}/v1/chat/completions", json=chat(max_tokens=2), timeout=60)
+        assert again.status_code == 200, again.text  # loaded again, not refused as failed
+        assert not set(engine_pids(box)) & set(stopped)
+        rows = box.calls()
+        assert sorted(str(r["error_code"]) for r in rows[1:5]) == sorted(str(c) for _, c in codes)
