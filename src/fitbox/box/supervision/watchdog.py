@@ -97,6 +97,10 @@ class Watchdog:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            elif not task.cancelled():
+                # it ended in the turn this call was cancelled (a stream's last anext() and
+                # the client's disconnect): read its outcome, or asyncio reports it unread
+                task.exception()
 
     async def _working(self, resident: Resident, limit: float) -> bool:
         """Whether a quiet engine answers /health, or else ran on the CPU meanwhile."""
