@@ -34,6 +34,11 @@ KEEP_TAIL = 16 * 1024  # the end of a reply kept for its usage and timings
 Acquire = Callable[[str, int | None, int, int], Awaitable[Lease]]
 
 
+def stream_ended(tail: bytes) -> bool:
+    """Whether an OpenAI event stream has sent its last event."""
+    return tail.rstrip().endswith(b"data: [DONE]")
+
+
 def usage_of(tail: bytes) -> dict[str, Any]:
     matches = _USAGE.findall(tail)
     if not matches:
@@ -133,10 +138,13 @@ class Call:
         return content
 
     async def relay(self, response: EngineResponse) -> AsyncIterator[bytes]:
-        """A streamed reply, piece by piece as the engine writes it; recorded at its end."""
+        """A streamed reply, piece by piece as the engine writes it. It is recorded as
+        finished once its end (``data: [DONE]``) has been handed on: what happens after
+        that (the client leaving, the engine dropping its framing's end) changes nothing."""
         first_byte_at: float | None = None
         tail = b""
         outcome, error_code, status = "ok", None, response.status
+        whole = False  # the stream's end went out: the row says ok, whatever comes next
         chunks = response.iter_bytes()
         try:
             while True:
@@ -148,20 +156,25 @@ class Call:
                     first_byte_at = time.time()
                 tail = (tail + chunk)[-KEEP_TAIL:]
                 yield chunk
-        except EngineConnectionError as exc:
-            error = self._engine_failed(exc)
+                # the consumer asked for more, so that piece is out; the rest of the body is
+                # still read, so a pooled connection is reused
+                if not whole and stream_ended(tail):
+                    whole = True
+                    self._ended("ok", status, None, first_byte_at, tail)
+        except (EngineConnectionError, EngineTimeout) as exc:
+            if whole:
+                return  # after the end: the client has all it asked for
+            error = self._engine_failed(exc) if isinstance(exc, EngineConnectionError) else exc
             outcome, error_code, status = "error", error.code, error.status
             raise error from None
-        except EngineTimeout as timeout:
-            outcome, error_code, status = "error", timeout.code, timeout.status
-            raise
         except BaseException:  # the client went away, or fitbox is stopping
             outcome = "interrupted"
             raise
         finally:
             response.close()
             self._release()
-            self._ended(outcome, status, error_code, first_byte_at, tail)
+            if not whole:
+                self._ended(outcome, status, error_code, first_byte_at, tail)
 
     def _ended(self, outcome: str, status: int, error_code: str | None,
                first_byte_at: float | None, tail: bytes) -> None:  # fmt: skip
