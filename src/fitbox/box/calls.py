@@ -3,6 +3,7 @@
     call = box.calls.open("/v1/chat/completions", model, stream, request_id)   # row: pending
     await call.place(need, max_tokens, prompt_tokens)   # a lease on a ready resident; placed
     response = await call.send(body, accept)            # under the hang watchdog
+    await call.written()                                # the row exists: a first byte may go
     content = await call.read(response)  |  async for chunk in call.relay(response): ...
     call.answered(status, content)       # ok, usage, timings → a measured speed
     call.failed(error) / call.interrupted()
@@ -13,10 +14,13 @@ Every way out releases the lease once. Engine failures arrive as ``FitboxError``
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +35,7 @@ from .supervision import Watchdog
 
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 KEEP_TAIL = 16 * 1024  # the end of a reply kept for its usage and timings
+ROW_WAIT_S = 5.0  # the longest a response waits for its row to be committed
 Acquire = Callable[[str, int | None, int, int], Awaitable[Lease]]
 
 
@@ -72,7 +77,24 @@ class Call:
             model_asked=model[:256],  # a client chooses it: keep rows bounded
             stream=stream, received_at=time.time(),
         ))  # fmt: skip
+        self._row = desk.store.barrier()  # set once the row above is committed
         self.lease: Lease | None = None
+
+    async def written(self) -> None:
+        """Wait until the call's row exists in the store file. The response's first byte
+        leaves after this, so a fitbox killed after it leaves the row (closed as
+        interrupted at the next start), never a call answered and forgotten."""
+        await self._committed(self._row)
+
+    async def _committed(self, row: Future[Any]) -> None:
+        """A store that cannot commit within ``ROW_WAIT_S`` is not waited for longer: its
+        failures are counted, and the call goes on."""
+        if row.done():
+            return
+        self.desk.store.hurry()
+        with contextlib.suppress(Exception):  # sqlite3.Error, TimeoutError
+            # shielded: a cancelled wait must not cancel the writer's future
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(row)), ROW_WAIT_S)
 
     def _record(self, **values: Any) -> None:
         self.desk.store.call_updated(self.id, **values)

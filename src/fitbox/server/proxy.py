@@ -84,12 +84,14 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
         response = await call.send(raw, request.headers.get("accept", "*/*"))
     except FitboxError as exc:
         call.failed(exc)
+        await call.written()  # an error is a first byte too: it leaves with its row stored
         raise
     except BaseException:
         call.interrupted()
         raise
     headers = {"x-fitbox-model": resident.artifact.name, "x-fitbox-device": resident.device}
     if call.stream and response.status < 400:
+        await call.written()  # the status line is the first byte: the row is stored first
         return StreamingResponse(
             _sse(call, response),
             status_code=response.status,
@@ -104,7 +106,9 @@ async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) 
         content = await call.read(response)
     except FitboxError as exc:
         call.failed(exc)
+        await call.written()
         raise
+    await call.written()  # mostly long done: a whole reply takes longer than a commit
     if response.status >= 400:
         body = engine_error_body(response.status, content, call.resident.artifact.name)
         call.refused_by_engine(response.status, body["error"]["code"])

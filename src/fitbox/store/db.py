@@ -3,7 +3,9 @@
 Callers never wait for a write: they enqueue it and go on. The writer wakes at most once
 per ``LINGER_S``, drains what has queued up and commits it as one transaction (group
 commit), so a busy box pays one commit and one thread wake-up for many call-log updates
-instead of a GIL hand-off per write. Reads go through the same thread and are awaited.
+instead of a GIL hand-off per write; ``hurry()`` cuts the linger short for a caller that
+waits on a ``barrier()`` (a call's row, before its first byte leaves). Reads go through the
+same thread and are awaited.
 A failed write (disk full, a damaged file) is counted and logged; it never fails the call
 that caused it.
 """
@@ -111,6 +113,7 @@ class Store:
         self._listeners: list[Callable[[int], None]] = []
         self._queue: collections.deque[_Queued] = collections.deque()  # appends are atomic
         self._wake = threading.Event()
+        self._hurry = threading.Event()  # someone waits on a commit: skip the linger
         self._thread = threading.Thread(target=self._write_loop, name="fitbox-store", daemon=True)
         self._thread.start()
 
@@ -150,7 +153,8 @@ class Store:
         while True:
             self._wake.wait()
             self._wake.clear()  # before draining: a later submit wakes us again
-            time.sleep(LINGER_S)
+            self._hurry.wait(LINGER_S)
+            self._hurry.clear()  # before draining: what is queued now goes in this batch
             batch = []
             while self._queue:
                 batch.append(self._queue.popleft())
@@ -436,6 +440,17 @@ class Store:
         future = self._submit(job, wait=True)
         assert future is not None
         return future.result(timeout=timeout)
+
+    def barrier(self) -> Future[Any]:
+        """A future set once everything queued before it is committed (or has failed)."""
+        future = self._submit(lambda conn: None, wait=True)
+        assert future is not None
+        return future
+
+    def hurry(self) -> None:
+        """Commit what is queued without lingering: a caller waits on a ``barrier()``."""
+        self._hurry.set()
+        self._wake.set()
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until everything queued so far is written (or has failed)."""
