@@ -102,3 +102,20 @@ def test_a_call_row_is_in_the_store_before_the_first_byte_of_its_response(
     with running_fitbox(home, [smollm2.parent]) as again:
         killed = [c for c in again.calls() if c["request_id"] == "killed"]
         assert [c["outcome"] for c in killed] == ["interrupted"]  # closed at start, not lost
+
+
+def test_a_reply_the_client_got_whole_is_stored_ok_before_its_last_byte(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    """The end of a call is committed before its last byte leaves: read the moment the
+    client has it all, the store file (what a SIGKILL then would leave) says ok."""
+    with running_fitbox(tmp_path / "home", [smollm2.parent]) as box:
+        for n in range(4):
+            for stream in (True, False):
+                request_id = f"last-byte-{n}-{stream}"
+                reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
+                                   json=chat(max_tokens=4, stream=stream),
+                                   headers={"x-request-id": request_id})  # fmt: skip
+                assert reply.status_code == 200, reply.text
+                row = row_of(box.home, request_id)
+                assert row is not None and row["outcome"] == "ok", (request_id, row)

@@ -7,6 +7,7 @@
     content = await call.read(response)  |  async for chunk in call.relay(response): ...
     call.answered(status, content)       # ok, usage, timings → a measured speed
     call.failed(error) / call.interrupted()
+    await call.finished()                               # the end is stored: the last byte may go
 
 Every way out releases the lease once. Engine failures arrive as ``FitboxError``s
 (``engine_failed``, ``engine_timeout``); the caller frames them for HTTP.
@@ -86,6 +87,12 @@ class Call:
         interrupted at the next start), never a call answered and forgotten."""
         await self._committed(self._row)
 
+    async def finished(self) -> None:
+        """Wait until what the call recorded so far (its end) is committed: its last byte
+        leaves after this, so a call a client got whole is never stored as interrupted."""
+        self._row = self.desk.store.barrier()
+        await self._committed(self._row)
+
     async def _committed(self, row: Future[Any]) -> None:
         """A store that cannot commit within ``ROW_WAIT_S`` is not waited for longer: its
         failures are counted, and the call goes on."""
@@ -161,12 +168,13 @@ class Call:
 
     async def relay(self, response: EngineResponse) -> AsyncIterator[bytes]:
         """A streamed reply, piece by piece as the engine writes it. It is recorded as
-        finished once its end (``data: [DONE]``) has been handed on: what happens after
-        that (the client leaving, the engine dropping its framing's end) changes nothing."""
+        finished (and committed) when its end (``data: [DONE]``) arrives, before that
+        piece is handed on: what happens after (the client leaving, the engine dropping
+        its framing's end, fitbox killed) changes nothing."""
         first_byte_at: float | None = None
         tail = b""
         outcome, error_code, status = "ok", None, response.status
-        whole = False  # the stream's end went out: the row says ok, whatever comes next
+        whole = False  # the stream's end came: the row says ok, whatever comes next
         chunks = response.iter_bytes()
         try:
             while True:
@@ -177,12 +185,11 @@ class Call:
                 if first_byte_at is None:
                     first_byte_at = time.time()
                 tail = (tail + chunk)[-KEEP_TAIL:]
-                yield chunk
-                # the consumer asked for more, so that piece is out; the rest of the body is
-                # still read, so a pooled connection is reused
-                if not whole and stream_ended(tail):
+                if not whole and stream_ended(tail):  # the engine's last event is here
                     whole = True
                     self._ended("ok", status, None, first_byte_at, tail)
+                    await self.finished()
+                yield chunk  # after the end, the rest of the body is read for the connection
         except (EngineConnectionError, EngineTimeout) as exc:
             if whole:
                 return  # after the end: the client has all it asked for

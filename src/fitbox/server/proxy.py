@@ -84,7 +84,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
         response = await call.send(raw, request.headers.get("accept", "*/*"))
     except FitboxError as exc:
         call.failed(exc)
-        await call.written()  # an error is a first byte too: it leaves with its row stored
+        await call.finished()  # an error is a first and last byte: it leaves once stored
         raise
     except BaseException:
         call.interrupted()
@@ -106,14 +106,15 @@ async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) 
         content = await call.read(response)
     except FitboxError as exc:
         call.failed(exc)
-        await call.written()
+        await call.finished()
         raise
-    await call.written()  # mostly long done: a whole reply takes longer than a commit
     if response.status >= 400:
         body = engine_error_body(response.status, content, call.resident.artifact.name)
         call.refused_by_engine(response.status, body["error"]["code"])
+        await call.finished()
         return JSONResponse(body, status_code=response.status, headers=headers)
     call.answered(response.status, content)
+    await call.finished()  # a whole reply's first byte is its last: it leaves once stored
     media_type = response.headers.get("content-type", "application/json")
     return Response(content, status_code=response.status, headers=headers, media_type=media_type)
 
@@ -126,4 +127,5 @@ async def _sse(call: Call, response: EngineResponse) -> AsyncIterator[bytes]:
             yield chunk
     except FitboxError as error:
         log.error("%s", error.message)
+        await call.finished()  # the error event is the last byte: its row is stored first
         yield b"data: " + json.dumps(error.body()).encode() + b"\n\ndata: [DONE]\n\n"
