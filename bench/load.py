@@ -9,6 +9,12 @@ OpenAI body), p50/p99 latency, and thrash: model loads per 100 calls (from the s
 3 loads (each model once) for the same calls.
 
     .venv/bin/python bench/load.py [--clients 32] [--calls 3] [--max-tokens 8]
+
+``--faults`` is the fault run instead (bench/load_faults.py): streaming clients over two
+models in a RAM budget that holds one, while the engines are killed (SIGKILL), stopped and
+continued (SIGSTOP/SIGCONT), and fitbox itself is killed and restarted.
+
+    .venv/bin/python bench/load.py --faults [--clients 16] [--calls 8] [--max-tokens 16]
 """
 
 from __future__ import annotations
@@ -109,10 +115,18 @@ def run_policy(policy: str, models: Path, budget: int, plan: list[list[str]],
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--calls", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--clients", type=int)
+    parser.add_argument("--calls", type=int)
+    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--faults", action="store_true", help="the fault run instead")
     args = parser.parse_args()
+    if args.faults:
+        from bench.load_faults import fault_run
+
+        fault_run(args.clients or 16, args.calls or 8, args.max_tokens or 16)
+        return
+    args.clients, args.calls = args.clients or 32, args.calls or 3
+    args.max_tokens = args.max_tokens or 8
     with tempfile.TemporaryDirectory() as tmp:
         models, names, budget = models_dir(Path(tmp) / "models")
         rng = random.Random(7)

@@ -9,6 +9,8 @@ the test sets (a resident leaving), or by a deadline nothing in the test can mov
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -252,3 +254,33 @@ def test_a_call_that_fails_or_is_cut_off_records_it_and_releases_its_lease(
         assert second["outcome"] == "interrupted" and second["artifact"] is not None
 
     asyncio.run(run())
+
+
+def test_a_watched_wait_that_ends_as_its_call_is_cancelled_leaves_no_unread_exception(
+    tmp_path: Path, models: Path
+) -> None:
+    """A stream's last ``anext()`` ends (StopAsyncIteration) in the same turn the client's
+    disconnect cancels the call: the watchdog reads that ending, so asyncio never reports
+    "Task exception was never retrieved". The turns are asyncio's own, in order."""
+
+    async def run() -> list[dict[str, Any]]:
+        box = make_box(tmp_path, models)
+        resident = resident_of(box, "tiny-a")
+        reported: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+
+        async def last_piece() -> bytes:
+            raise StopAsyncIteration
+
+        call = asyncio.ensure_future(box.watchdog.watched(resident, last_piece()))
+        await asyncio.sleep(0)  # the call starts its inner task and waits on it
+        await asyncio.sleep(0)  # the inner task ends with StopAsyncIteration
+        call.cancel()  # ... and the disconnect lands before the call sees that
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        del call
+        gc.collect()  # asyncio reports an unread task exception when the task is freed
+        return reported
+
+    reported = asyncio.run(run())
+    assert [ctx["message"] for ctx in reported] == []

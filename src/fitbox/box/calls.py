@@ -3,9 +3,11 @@
     call = box.calls.open("/v1/chat/completions", model, stream, request_id)   # row: pending
     await call.place(need, max_tokens, prompt_tokens)   # a lease on a ready resident; placed
     response = await call.send(body, accept)            # under the hang watchdog
+    await call.written()                                # the row exists: a first byte may go
     content = await call.read(response)  |  async for chunk in call.relay(response): ...
     call.answered(status, content)       # ok, usage, timings → a measured speed
     call.failed(error) / call.interrupted()
+    await call.finished()                               # the end is stored: the last byte may go
 
 Every way out releases the lease once. Engine failures arrive as ``FitboxError``s
 (``engine_failed``, ``engine_timeout``); the caller frames them for HTTP.
@@ -13,10 +15,13 @@ Every way out releases the lease once. Engine failures arrive as ``FitboxError``
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +36,13 @@ from .supervision import Watchdog
 
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 KEEP_TAIL = 16 * 1024  # the end of a reply kept for its usage and timings
+ROW_WAIT_S = 5.0  # the longest a response waits for its row to be committed
 Acquire = Callable[[str, int | None, int, int], Awaitable[Lease]]
+
+
+def stream_ended(tail: bytes) -> bool:
+    """Whether an OpenAI event stream has sent its last event."""
+    return tail.rstrip().endswith(b"data: [DONE]")
 
 
 def usage_of(tail: bytes) -> dict[str, Any]:
@@ -67,7 +78,30 @@ class Call:
             model_asked=model[:256],  # a client chooses it: keep rows bounded
             stream=stream, received_at=time.time(),
         ))  # fmt: skip
+        self._row = desk.store.barrier()  # set once the row above is committed
         self.lease: Lease | None = None
+
+    async def written(self) -> None:
+        """Wait until the call's row exists in the store file. The response's first byte
+        leaves after this, so a fitbox killed after it leaves the row (closed as
+        interrupted at the next start), never a call answered and forgotten."""
+        await self._committed(self._row)
+
+    async def finished(self) -> None:
+        """Wait until what the call recorded so far (its end) is committed: its last byte
+        leaves after this, so a call a client got whole is never stored as interrupted."""
+        self._row = self.desk.store.barrier()
+        await self._committed(self._row)
+
+    async def _committed(self, row: Future[Any]) -> None:
+        """A store that cannot commit within ``ROW_WAIT_S`` is not waited for longer: its
+        failures are counted, and the call goes on."""
+        if row.done():
+            return
+        self.desk.store.hurry()
+        with contextlib.suppress(Exception):  # sqlite3.Error, TimeoutError
+            # shielded: a cancelled wait must not cancel the writer's future
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(row)), ROW_WAIT_S)
 
     def _record(self, **values: Any) -> None:
         self.desk.store.call_updated(self.id, **values)
@@ -133,10 +167,14 @@ class Call:
         return content
 
     async def relay(self, response: EngineResponse) -> AsyncIterator[bytes]:
-        """A streamed reply, piece by piece as the engine writes it; recorded at its end."""
+        """A streamed reply, piece by piece as the engine writes it. It is recorded as
+        finished (and committed) when its end (``data: [DONE]``) arrives, before that
+        piece is handed on: what happens after (the client leaving, the engine dropping
+        its framing's end, fitbox killed) changes nothing."""
         first_byte_at: float | None = None
         tail = b""
         outcome, error_code, status = "ok", None, response.status
+        whole = False  # the stream's end came: the row says ok, whatever comes next
         chunks = response.iter_bytes()
         try:
             while True:
@@ -147,21 +185,25 @@ class Call:
                 if first_byte_at is None:
                     first_byte_at = time.time()
                 tail = (tail + chunk)[-KEEP_TAIL:]
-                yield chunk
-        except EngineConnectionError as exc:
-            error = self._engine_failed(exc)
+                if not whole and stream_ended(tail):  # the engine's last event is here
+                    whole = True
+                    self._ended("ok", status, None, first_byte_at, tail)
+                    await self.finished()
+                yield chunk  # after the end, the rest of the body is read for the connection
+        except (EngineConnectionError, EngineTimeout) as exc:
+            if whole:
+                return  # after the end: the client has all it asked for
+            error = self._engine_failed(exc) if isinstance(exc, EngineConnectionError) else exc
             outcome, error_code, status = "error", error.code, error.status
             raise error from None
-        except EngineTimeout as timeout:
-            outcome, error_code, status = "error", timeout.code, timeout.status
-            raise
         except BaseException:  # the client went away, or fitbox is stopping
             outcome = "interrupted"
             raise
         finally:
             response.close()
             self._release()
-            self._ended(outcome, status, error_code, first_byte_at, tail)
+            if not whole:
+                self._ended(outcome, status, error_code, first_byte_at, tail)
 
     def _ended(self, outcome: str, status: int, error_code: str | None,
                first_byte_at: float | None, tail: bytes) -> None:  # fmt: skip

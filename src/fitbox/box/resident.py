@@ -37,6 +37,9 @@ class Resident:
     _state: ResidentState = field(default=ResidentState.STARTING, init=False)
     calls: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    # the last byte any of its calls received (monotonic): the engine's progress, which the
+    # hang watchdog stamps and reads, so a call queued for a slot is not taken for a hang
+    progress_at: float = field(default_factory=time.monotonic)
     child: Child | None = None
     load_started_at: float | None = None  # unix stamps, for the call log
     ready_at: float | None = None

@@ -98,12 +98,14 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
         response = await call.send(raw, request.headers.get("accept", "*/*"))
     except FitboxError as exc:
         call.failed(exc)
+        await call.finished()  # an error is a first and last byte: it leaves once stored
         raise
     except BaseException:
         call.interrupted()
         raise
     headers = {"x-fitbox-model": resident.artifact.name, "x-fitbox-device": resident.device}
     if call.stream and response.status < 400:
+        await call.written()  # the status line is the first byte: the row is stored first
         return StreamingResponse(
             _sse(call, response, is_insider(request)),
             status_code=response.status,
@@ -118,12 +120,15 @@ async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) 
         content = await call.read(response)
     except FitboxError as exc:
         call.failed(exc)
+        await call.finished()
         raise
     if response.status >= 400:
         body = engine_error_body(response.status, content, call.resident.artifact.name)
         call.refused_by_engine(response.status, body["error"]["code"])
+        await call.finished()
         return JSONResponse(body, status_code=response.status, headers=headers)
     call.answered(response.status, content)
+    await call.finished()  # a whole reply's first byte is its last: it leaves once stored
     media_type = response.headers.get("content-type", "application/json")
     return Response(content, status_code=response.status, headers=headers, media_type=media_type)
 
@@ -136,5 +141,6 @@ async def _sse(call: Call, response: EngineResponse, insider: bool) -> AsyncIter
             yield chunk
     except FitboxError as error:
         log.error("%s", error.message)
+        await call.finished()  # the error event is the last byte: its row is stored first
         body = json.dumps(body_for(error, insider)).encode()
         yield b"data: " + body + b"\n\ndata: [DONE]\n\n"

@@ -432,6 +432,16 @@ class Store:
         assert future is not None
         return future.result(timeout=timeout)
 
+    def barrier(self) -> Future[Any]:
+        """A future set once everything queued before it is committed (or has failed)."""
+        future = self._submit(lambda conn: None, wait=True)
+        assert future is not None
+        return future
+
+    def hurry(self) -> None:
+        """Commit what is queued without lingering: a caller waits on a ``barrier()``."""
+        self._writer.hurry()
+
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until everything queued so far is written (or has failed)."""
         future = self._submit(lambda conn: None, wait=True)

@@ -3,7 +3,9 @@
 Callers never wait for a write: they queue it and go on. The thread wakes at most once per
 ``LINGER_S``, drains what has queued up and commits it as one transaction (group commit),
 so a busy box pays one commit and one thread wake-up for many call-log updates instead of a
-GIL hand-off per write. Reads go through the same thread and are awaited.
+GIL hand-off per write; ``hurry()`` cuts the linger short for a caller that waits on a
+``barrier()`` (a call's row, before its first byte leaves). Reads go through the same thread
+and are awaited.
 
 A full (or failing) drive costs no write made meanwhile: a queued write that fails for want
 of room (``SQLITE_FULL``, an I/O error) is kept in memory, in order, and tried again with
@@ -92,6 +94,7 @@ class Writer:
         self._retry_at = 0.0
         self._bugs = Throttle(LOG_EVERY_S)
         self._wake = threading.Event()
+        self._hurry = threading.Event()  # someone waits on a commit: skip the linger
         self._thread = threading.Thread(target=self._loop, name="fitbox-store", daemon=True)
         self._thread.start()
 
@@ -101,6 +104,11 @@ class Writer:
         if not self._wake.is_set():
             self._wake.set()
         return future
+
+    def hurry(self) -> None:
+        """Commit what is queued without lingering."""
+        self._hurry.set()
+        self._wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
         self._queue.append(_STOP)
@@ -113,7 +121,8 @@ class Writer:
         while True:
             self._wake.wait(timeout=RETRY_S if self._kept else None)  # kept writes retry
             self._wake.clear()  # before draining: a later submit wakes us again
-            time.sleep(LINGER_S)
+            self._hurry.wait(LINGER_S)
+            self._hurry.clear()  # before draining: what is queued now goes in this batch
             batch = []
             while self._queue:
                 batch.append(self._queue.popleft())

@@ -221,8 +221,8 @@ class Supervisor:
         however many calls found it silent."""
         if resident.state is not S.READY or not self.registry.holds(resident):
             return  # another call already found it hung
-        log.error("%s hung: nothing for %.0f s and no answer to /health; restarting it",
-                  resident.artifact.name, idle)  # fmt: skip
+        log.error("%s hung: nothing for %.0f s to any call, no answer to /health and no CPU "
+                  "time; restarting it", resident.artifact.name, idle)  # fmt: skip
         tail = resident.child.tail() if resident.child else []
         await self.stop(resident, "hung")
         self._crashed(resident, f"hung mid-call (nothing for {idle:.0f} s)", tail)
