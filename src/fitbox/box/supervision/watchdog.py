@@ -88,8 +88,8 @@ class Watchdog:
                 await self.supervisor.hung(resident, idle)
                 raise EngineTimeout(
                     f"{resident.engine.name} serving '{resident.artifact.name}' sent nothing "
-                    f"for {idle:.0f} s, did not answer its health probe and used no CPU; it "
-                    "was restarted. Retry the call.",
+                    f"for {idle:.0f} s and did not answer its health probe (nor used any CPU); "
+                    "it was restarted. Retry the call.",
                     log_tail=resident.child.tail() if resident.child else [],
                 )  # fmt: skip
         finally:
