@@ -62,9 +62,11 @@ def write_tiny_llama(
     extra_vocab: int = 0,
     with_tokenizer: bool = True,
     seed: int = 0,
+    tied: bool = False,
 ) -> Path:
     """Write a loadable llama-architecture GGUF. ``extra_vocab`` pads the vocabulary (and so
-    the embedding and output tensors) to make the file as large as a test needs."""
+    the embedding and output tensors) to make the file as large as a test needs; ``tied``
+    leaves out ``output.weight`` (the engine then uses ``token_embd`` as the output)."""
     rng = np.random.default_rng(seed)
     tokens = SPECIALS + WORDS + [f"w{i}" for i in range(extra_vocab)]
     n_vocab = len(tokens)
@@ -89,7 +91,8 @@ def write_tiny_llama(
 
     writer.add_tensor("token_embd.weight", weight(n_vocab, n_embd))
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    writer.add_tensor("output.weight", weight(n_vocab, n_embd))
+    if not tied:
+        writer.add_tensor("output.weight", weight(n_vocab, n_embd))
     for i in range(n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.attn_q.weight", weight(n_head * head_dim, n_embd))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fitbox.core.repack import CpuFeatures, WeightTensor, host_weights
 from fitbox.core.types import Footprint
 
 KV_PAD = 256  # llama-context.cpp: n_ctx = GGML_PAD(n_ctx, 256); the SWA cache is padded too
@@ -60,6 +61,8 @@ class ModelShape:
     n_ff: int = 0  # the widest FFN a token passes: dense, shared, or experts used x width
     ssm_values: int = 0  # extra f32 values per ubatch token in SSM layers (Mamba scans)
     weights_by_kind: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+    # every tensor, for the repack rule (core/repack.py); empty: priced by weights_bytes alone
+    tensors: tuple[WeightTensor, ...] = field(default=(), compare=False, hash=False)
 
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and il < len(self.swa_layers) and self.swa_layers[il]
@@ -243,11 +246,14 @@ def footprint(
     type_k: str = "f16",
     type_v: str = "f16",
     unified: bool = False,
+    cpu: CpuFeatures | None = None,
 ) -> Footprint:
+    """Everything in one place. ``cpu``: the engine's CPU features when that place is host
+    RAM (the repack rule, core/repack.py); None prices the file's bytes alone."""
     window = effective_window(shape, window)
     kv = kv_bytes(shape, window, parallel, type_k=type_k, type_v=type_v, unified=unified)
     return Footprint(
-        weights=shape.weights_bytes,
+        weights=shape.weights_bytes + host_weights(shape.tensors, cpu).extra,
         kv=kv.total + recurrent_bytes(shape, parallel),
         compute=compute_bytes(shape, window, parallel, unified),
         output=output_bytes(shape, parallel),

@@ -14,6 +14,13 @@ import bisect
 from dataclasses import dataclass
 
 from fitbox.core import sizing
+from fitbox.core.repack import (
+    MUL_MAT_ID,
+    CpuFeatures,
+    HostWeights,
+    WeightTensor,
+    host_weights,
+)
 from fitbox.core.types import Footprint
 
 HOST = "host"
@@ -63,6 +70,30 @@ def layer_devices(n_layer: int, placement: Placement) -> tuple[tuple[str, ...], 
     return tuple(device(il) for il in range(n_layer)), device(n_layer)
 
 
+def repack_extra(shape: sizing.ModelShape, placement: Placement, cpu: CpuFeatures | None) -> int:
+    """What the repack rule adds to the host's weights for this placement (core/repack.py)."""
+    found = in_ram(shape, placement, cpu)
+    return found.extra if found else 0
+
+
+def in_ram(shape: sizing.ModelShape, placement: Placement,
+           cpu: CpuFeatures | None) -> HostWeights | None:  # fmt: skip
+    """The host's model buffers under the repack rule: the tensors in RAM are the input
+    layer, the layers (and output layer) left on the host, and routed experts with
+    --cpu-moe. None when nothing can repack (no features, a GPU host buffer, no tensors)."""
+    if cpu is None or not cpu.repacks or not shape.tensors:
+        return None
+    layers, output_device = layer_devices(shape.n_layer, placement)
+
+    def stays(t: WeightTensor) -> bool:
+        if t.layer < 0 or (placement.experts_in_ram and t.op == MUL_MAT_ID):
+            return True
+        device = output_device if t.layer >= len(layers) else layers[t.layer]
+        return device == HOST
+
+    return host_weights(shape.tensors, cpu, stays)
+
+
 def footprint_by_device(
     shape: sizing.ModelShape,
     layout: Layout,
@@ -73,8 +104,10 @@ def footprint_by_device(
     type_k: str = "f16",
     type_v: str = "f16",
     unified: bool = False,
+    cpu: CpuFeatures | None = None,
 ) -> dict[str, Footprint]:
-    """Weights, KV (with recurrent state), compute and output bytes on every device used."""
+    """Weights, KV (with recurrent state), compute and output bytes on every device used;
+    ``cpu``: the engine's CPU features, for what it repacks in RAM."""
     window = sizing.effective_window(shape, window)
     layers, output_device = layer_devices(shape.n_layer, placement)
     cells, streams = sizing.kv_cells(window, parallel, unified)
@@ -93,6 +126,7 @@ def footprint_by_device(
     weights[output_device] = weights.get(output_device, 0) + layout.output_bytes
     if layout.output_tied and output_device != HOST:
         weights[output_device] += layout.input_bytes  # TENSOR_DUPLICATED onto the device
+    weights[HOST] += repack_extra(shape, placement, cpu)
     compute = sizing.compute_bytes(shape, window, parallel, unified)
     devices = set(weights) | set(kv_by)
     return {

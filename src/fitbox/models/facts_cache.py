@@ -15,16 +15,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from fitbox.core.repack import WeightTensor
 from fitbox.core.sizing import ModelShape
 from fitbox.core.split import Layout
 from fitbox.models.gguf_facts import GGUFFacts, read_facts
 
-VERSION = 1
+VERSION = 2  # 2: every tensor's layer, type, rows, op and offset (the repack rule)
+_TENSOR_FIELDS = ("layer", "type", "rows", "dims", "op", "offset", "n_bytes", "duplicate")
 
 
 def _encode(facts: GGUFFacts) -> dict[str, Any]:
     data = asdict(facts)
     data["path"] = str(facts.path)
+    data["shape"]["tensors"] = [[getattr(t, f) for f in _TENSOR_FIELDS]
+                                for t in facts.shape.tensors]  # compact rows  # fmt: skip
     return data
 
 
@@ -32,6 +36,7 @@ def _decode(data: dict[str, Any]) -> GGUFFacts:
     shape = data["shape"]
     for key in ("kv_heads", "swa_layers", "recurrent_layers"):
         shape[key] = tuple(shape[key])
+    shape["tensors"] = tuple(WeightTensor(*row) for row in shape.get("tensors", ()))
     raw = data.get("layout")
     layout = Layout(
         layer_bytes=tuple(raw["layer_bytes"]), routed_bytes=tuple(raw["routed_bytes"]),
