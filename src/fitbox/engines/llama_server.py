@@ -13,24 +13,33 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
 from fitbox.engines.load_log import parse_load_log
 from fitbox.engines.seam import CallTimings, EngineNotFound, Held, LaunchIntent, LaunchSpec
 
 __all__ = [  # LaunchIntent and EngineNotFound are the seam's; kept importable from here
     "BINARY", "EngineInfo", "EngineNotFound", "FoundBinary", "LaunchIntent", "LlamaServer",
-    "build_argv", "candidates", "find_binary", "inspect", "parse_help_flags",
+    "build_argv", "candidates", "find_binary", "inspect", "parse_devices", "parse_help_flags",
+    "parse_system_info",
 ]
 BINARY = "llama-server"
 ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 _OOM = re.compile(r"out of memory|failed to allocate|unable to allocate|cudaMalloc failed", re.I)
 _TIMINGS = re.compile(rb'"timings"\s*:\s*(\{[^{}]*\})')
 _FLAG_LINE = re.compile(r"^(--?[A-Za-z][^\s,]*(?:,\s+--?[A-Za-z][^\s,]*)*)")
+_SECTION = re.compile(r"\|\s*([A-Za-z][\w-]*)\s+:\s")  # "| CPU : " opens a backend's features
+_FEATURE = re.compile(r"([A-Z][A-Z0-9_]*)\s*=\s*(\d+)")
+_DEVICE = re.compile(r"^\s+([A-Za-z][\w-]*?)\d*:\s")  # "  CUDA0: NVIDIA ... (24576 MiB, ...)"
+# Backends whose device offers a pinned host buffer type: llama.cpp puts it before the CPU's
+# repack buffer for layers in RAM (llama-model.cpp make_cpu_buft_list); Metal, RPC have none.
+_HOST_BUFFER_BACKENDS = ("CUDA", "ROCm", "HIP", "Vulkan", "SYCL", "MUSA", "CANN")
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class EngineInfo:
     path: Path
     flags: frozenset[str]
     version: str
+    cpu: CpuFeatures = field(default_factory=CpuFeatures)  # its CPU backend: the repack input
 
     def has(self, flag: str) -> bool:
         return flag in self.flags
@@ -105,26 +115,60 @@ def parse_help_flags(help_text: str) -> frozenset[str]:
     return frozenset(flags)
 
 
+def parse_system_info(text: str, devices: Sequence[str] = ()) -> CpuFeatures:
+    """The CPU section of the ``system_info:`` line (``CPU : SSE3 = 1 | AVX2 = 1 | ... |``);
+    ``devices`` are the GPU backends ``--list-devices`` named (common.cpp, ggml-cpu.cpp
+    ggml_backend_cpu_get_features)."""
+    line = next((ln for ln in text.splitlines() if "system_info:" in ln), "")
+    sections = _SECTION.split(line)  # [before, name, body, name, body, ...]
+    body = next((sections[i + 1] for i in range(1, len(sections) - 1, 2)
+                 if sections[i] == "CPU"), "")  # fmt: skip
+    found = dict(_FEATURE.findall(body))
+    flags = frozenset(name for name, value in found.items() if value != "0")
+    host_buffer = any(d.startswith(_HOST_BUFFER_BACKENDS) for d in devices)
+    return CpuFeatures(flags, int(found.get("SVE_CNT", 0)), host_buffer)
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    """Device names from ``--list-devices`` (``  CUDA0: ...``), without their index."""
+    return tuple(m.group(1) for ln in text.splitlines() if (m := _DEVICE.match(ln)))
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+
+
+def _cpu_features(path: Path, flags: frozenset[str]) -> CpuFeatures:
+    """Start the binary on a file that is not there: it prints ``system_info`` and exits
+    before it loads anything (seconds, once per binary)."""
+    devices = parse_devices(_run([str(path), "--list-devices"]).stdout)
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [str(path), "-m", str(Path(tmp) / "none.gguf"), "--host", "127.0.0.1",
+                "--port", "0"]  # fmt: skip
+        argv += ["--verbosity", "4"] if "--verbosity" in flags else []
+        argv += ["--fit", "off"] if "--fit" in flags else []
+        probe = _run(argv)
+    return parse_system_info(probe.stdout + probe.stderr, devices)
+
+
 @lru_cache(maxsize=16)
 def _inspect(path: Path, size: int, mtime_ns: int) -> EngineInfo:
-    help_run = subprocess.run(
-        [str(path), "--help"], capture_output=True, text=True, timeout=30, check=False
-    )
-    version_run = subprocess.run(
-        [str(path), "--version"], capture_output=True, text=True, timeout=30, check=False
-    )
+    help_run = _run([str(path), "--help"])
+    version_run = _run([str(path), "--version"])
     version_line = next(
         (ln for ln in version_run.stderr.splitlines() if ln.startswith("version:")), "unknown"
     )
+    flags = parse_help_flags(help_run.stdout)
     return EngineInfo(
         path=path,
-        flags=parse_help_flags(help_run.stdout),
+        flags=flags,
         version=version_line.removeprefix("version:").strip(),
+        cpu=_cpu_features(path, flags),
     )
 
 
 def inspect(path: Path) -> EngineInfo:
-    """The binary's flags and version, read once per (path, size, mtime)."""
+    """The binary's flags, version and CPU features, read once per (path, size, mtime)."""
     stat = path.stat()
     return _inspect(path, stat.st_size, stat.st_mtime_ns)
 
@@ -192,6 +236,12 @@ class LlamaServer:
         self.locate()
         assert self._info is not None
         return self._info
+
+    def cpu_features(self) -> CpuFeatures | None:
+        try:
+            return self.info().cpu
+        except EngineNotFound:
+            return None
 
     def launch(self, intent: LaunchIntent) -> LaunchSpec:
         return LaunchSpec(tuple(build_argv(self.info(), intent)), intent.port)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
 
 
@@ -89,6 +90,11 @@ class Engine(Protocol):
 
     def locate(self) -> None:
         """Find a runnable engine now (cached); raises ``EngineNotFound`` with the fix."""
+        ...
+
+    def cpu_features(self) -> CpuFeatures | None:
+        """What the engine's CPU backend does with weights in RAM (the repack rule's input,
+        read once per binary); None: unknown, or nothing is repacked."""
         ...
 
     def launch(self, intent: LaunchIntent) -> LaunchSpec:
