@@ -26,16 +26,17 @@ class LoadSpec:
     unified: bool = False
     type_k: str = "f16"
     type_v: str = "f16"
+    flash_attn: bool = True
 
     def argv(self) -> list[str]:
         args = ["-c", str(self.window), "-np", str(self.parallel), "-ctk", self.type_k,
-                "-ctv", self.type_v, "-fa", "on", "-ngl", "0", "--fit", "off",
-                "--verbosity", "4", "--no-webui"]  # fmt: skip
+                "-ctv", self.type_v, "-fa", "on" if self.flash_attn else "off", "-ngl", "0",
+                "--fit", "off", "--verbosity", "4", "--no-webui"]  # fmt: skip
         return [*args, "-kvu"] if self.unified else args
 
     def label(self) -> str:
-        kvu = " kvu" if self.unified else ""
-        return f"c{self.window} np{self.parallel}{kvu} {self.type_k}/{self.type_v}"
+        flags = (" kvu" if self.unified else "") + ("" if self.flash_attn else " fa-off")
+        return f"c{self.window} np{self.parallel}{flags} {self.type_k}/{self.type_v}"
 
 
 def _healthy(port: int) -> bool:
