@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fitbox.core.projector import ProjectorShape, with_projector
 from fitbox.core.repack import CpuFeatures, WeightTensor, host_weights
 from fitbox.core.types import Footprint
 
@@ -299,15 +300,18 @@ def footprint(
     unified: bool = False,
     cpu: CpuFeatures | None = None,
     flash_attn: bool = True,
+    projector: ProjectorShape | None = None,
 ) -> Footprint:
     """Everything in one place. ``cpu``: the engine's CPU features when that place is host
-    RAM (the repack rule, core/repack.py); None prices the file's bytes alone."""
+    RAM (the repack rule, core/repack.py); None prices the file's bytes alone. ``projector``:
+    launched with ``--mmproj`` (core/projector.py)."""
     window = effective_window(shape, window)
     kv = kv_bytes(shape, window, parallel, type_k=type_k, type_v=type_v, unified=unified,
                   flash_attn=flash_attn)  # fmt: skip
-    return Footprint(
+    text = Footprint(
         weights=shape.weights_bytes + host_weights(shape.tensors, cpu).extra,
         kv=kv.total + recurrent_bytes(shape, parallel),
         compute=compute_bytes(shape, window, parallel, unified, flash_attn, type_k),
         output=output_bytes(shape, parallel),
     )
+    return with_projector(text, projector)

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from fitbox.core.projector import ProjectorShape
 from fitbox.core.repack import WeightTensor
 from fitbox.core.sizing import ModelShape
 from fitbox.core.split import Layout
@@ -37,6 +38,7 @@ def _decode(data: dict[str, Any]) -> GGUFFacts:
     for key in ("kv_heads", "swa_layers", "recurrent_layers"):
         shape[key] = tuple(shape[key])
     shape["tensors"] = tuple(WeightTensor(*row) for row in shape.get("tensors", ()))
+    projector = ProjectorShape(**data["projector"]) if data.get("projector") else None
     raw = data.get("layout")
     layout = Layout(
         layer_bytes=tuple(raw["layer_bytes"]), routed_bytes=tuple(raw["routed_bytes"]),
@@ -45,7 +47,8 @@ def _decode(data: dict[str, Any]) -> GGUFFacts:
     ) if raw else None  # fmt: skip
     return GGUFFacts(
         **{**data, "path": Path(data["path"]), "shape": ModelShape(**shape),
-           "bytes_by_layer": tuple(data["bytes_by_layer"]), "layout": layout},
+           "bytes_by_layer": tuple(data["bytes_by_layer"]), "layout": layout,
+           "projector": projector},
     )  # fmt: skip
 
 

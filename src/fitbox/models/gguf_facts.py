@@ -15,6 +15,7 @@ from typing import Any
 
 from gguf.constants import LlamaFileType
 
+from fitbox.core.projector import ProjectorShape, aligned
 from fitbox.core.repack import MUL_MAT, MUL_MAT_ID, WeightTensor
 from fitbox.core.sizing import ModelShape
 from fitbox.core.split import Layout
@@ -73,6 +74,7 @@ class GGUFFacts:
     bytes_by_layer: tuple[int, ...] = field(default=(), compare=False)
     unknown_architecture: bool = False
     layout: Layout | None = field(default=None, compare=False)
+    projector: ProjectorShape | None = None  # a vision projector file's own shape
 
 
 def _int(header: GGUFHeader, key: str, default: int = 0) -> int:
@@ -244,6 +246,24 @@ def quant_name(file_type: Any, tensors: tuple[TensorInfo, ...]) -> str:
     return type_name(max(by_type, key=lambda k: by_type[k]))
 
 
+def projector_shape(header: GGUFHeader) -> ProjectorShape | None:
+    """A vision projector's facts (tools/mtmd/clip.cpp load_hparams: ``clip.vision.*``)."""
+    if not header.get("clip.has_vision_encoder"):
+        return None
+    names = {t.name for t in header.tensors}
+    return ProjectorShape(
+        weights_bytes=sum(aligned(t.n_bytes) for t in header.tensors),
+        projector_type=str(header.get("clip.projector_type",
+                                      header.get("clip.vision.projector_type", ""))),
+        image_size=_int(header, "clip.vision.image_size"),
+        patch_size=_int(header, "clip.vision.patch_size"),
+        n_embd=_int(header, "clip.vision.embedding_length"),
+        n_ff=_int(header, "clip.vision.feed_forward_length"),
+        n_layer=_int(header, "clip.vision.block_count"),
+        class_token="v.class_embd" in names,
+    )  # fmt: skip
+
+
 def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
     arch = str(header.get("general.architecture", "unknown"))
     n_layer = _int(header, f"{arch}.block_count")
@@ -263,6 +283,7 @@ def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
         bytes_by_layer=per_layer,
         unknown_architecture=n_layer == 0,
         layout=layout_of(header.tensors, n_layer),
+        projector=projector_shape(header) if arch in PROJECTOR_ARCHES else None,
     )
 
 
