@@ -117,6 +117,15 @@ def test_cpu_features_come_from_the_system_info_line() -> None:
     assert not parse_system_info(SYSTEM_INFO, ("Metal",)).host_buffer
 
 
+def test_no_repack_reaches_the_argv_only_when_chosen_and_known(tmp_path: Path) -> None:
+    knows = EngineInfo(Path("/x/llama-server"), frozenset({"--no-repack"}), "")
+    chosen = LaunchIntent(model_path=tmp_path / "m.gguf", alias="m", window=512, parallel=1,
+                          gpu_layers=0, port=1, no_repack=True)  # fmt: skip
+    assert "--no-repack" in build_argv(knows, chosen)
+    assert "--no-repack" not in build_argv(knows, intent(tmp_path))
+    assert "--no-repack" not in build_argv(EngineInfo(Path("/x"), frozenset(), ""), chosen)
+
+
 @pytest.mark.engine
 def test_the_real_engine_reports_its_cpu_once(llama_server_bin: Path) -> None:
     info = inspect(llama_server_bin)

@@ -1,5 +1,5 @@
-"""The repack rule (core/repack.py): which tensors ggml-cpu repacks on which CPU, and what
-that costs in RAM."""
+"""The repack rule (core/repack.py): which tensors ggml-cpu repacks on which CPU, what that
+costs in RAM, and the --no-repack placement the core falls back to when RAM is short."""
 
 from __future__ import annotations
 
@@ -8,16 +8,22 @@ from dataclasses import replace
 import pytest
 
 from fitbox.core import sizing, split
+from fitbox.core.ask import Ask, Candidate, MeasuredFit
+from fitbox.core.decide import decide
+from fitbox.core.decision import Place, Refuse
 from fitbox.core.repack import (
     MUL_MAT,
     MUL_MAT_ID,
     CpuFeatures,
+    RepackReason,
     WeightTensor,
     host_weights,
     kernel,
     repacked,
+    without,
 )
 from fitbox.core.split import Layout, Placement
+from fitbox.core.types import Device, DeviceKind, Footprint, Rung, Snapshot
 
 MIB = 1 << 20
 X86 = CpuFeatures(frozenset({"SSE3", "AVX", "AVX2", "F16C", "FMA", "REPACK"}))
@@ -104,3 +110,55 @@ def test_the_footprint_follows_the_rule_in_ram_only() -> None:
     assert found is not None and (found.mapped, found.repacked) == (10 * MIB, 40 * MIB)
     assert by_device["host"].weights == 10 * MIB + 40 * MIB  # token_embd mapped, layer 0 copied
     assert by_device["gpu0"].weights == 50 * MIB
+
+
+def candidate(cpu: CpuFeatures | None = X86, **kw: object) -> Candidate:
+    return Candidate(key="m.gguf", quant="Q4_0", shape=SHAPE, layout=LAYOUT, cpu=cpu,
+                     **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def host_box(capacity: int) -> Snapshot:
+    return Snapshot(devices=(Device("host", DeviceKind.HOST, capacity),), residents=())
+
+
+def ask(c: Candidate) -> Ask:
+    return Ask(model="m", candidates=(c,), window=512, rungs=(Rung.RAM_ONLY,))
+
+
+def test_with_room_the_repacked_copy_is_kept_and_shown() -> None:
+    place = decide(host_box(8 << 30), ask(candidate()))
+    assert isinstance(place, Place) and place.repack is RepackReason.ON
+    assert not place.no_repack and place.where == "host"
+    assert dict(place.footprint)["host"].weights == 180 * MIB
+
+
+def test_when_only_the_unrepacked_file_fits_the_core_chooses_no_repack() -> None:
+    need = sizing.footprint(SHAPE, 512, 1)
+    place = decide(host_box(need.total + 10 * MIB), ask(candidate()))
+    assert isinstance(place, Place) and place.no_repack
+    assert place.repack is RepackReason.RAM_BOUND and place.where == "host/no-repack"
+    assert dict(place.footprint)["host"] == need
+    assert [r.reason.value for r in place.rejected] == ["larger_than_box"]  # the copy's miss
+
+
+def test_nothing_to_repack_means_no_flag_and_no_second_try() -> None:
+    for c in (candidate(cpu=None), candidate(cpu=CpuFeatures())):
+        place = decide(host_box(8 << 30), ask(c))
+        assert isinstance(place, Place) and place.repack is RepackReason.NONE
+    tight = sizing.footprint(SHAPE, 512, 1).total - 1
+    refused = decide(host_box(tight), ask(candidate()))
+    assert isinstance(refused, Refuse) and refused.needed == tight + 1  # the nearest miss
+    assert without(candidate(), Rung.GPU_ONLY) is None  # no weights in RAM on that rung
+
+
+def test_facts_of_a_no_repack_load_price_only_no_repack_placements() -> None:
+    small = Footprint(50 * MIB, 0, 0, 0)
+    c = candidate(measured=(MeasuredFit("host/no-repack", 512, "f16", "f16", small),),
+                  refused_windows=(("host", 512),))  # fmt: skip
+    plain = without(c, Rung.RAM_ONLY)
+    assert plain is not None and plain.no_repack
+    assert plain.measured_fit("host", 512, "f16", "f16") == small
+    assert c.measured_fit("host", 512, "f16", "f16") is None
+    assert plain.window_cap("host") is None and c.window_cap("host") == 512
+    place = decide(host_box(8 << 30), ask(c))  # the repacked window failed: no-repack is next
+    assert isinstance(place, Place) and place.no_repack and dict(place.footprint)["host"] == small

@@ -406,6 +406,12 @@ def plan_model(config: settings.Config, args: argparse.Namespace) -> int:
     band_text = f", band {band['kind']} {band['min']}..{band['max']}" if band else ""
     print(f"  window {report['window']} x {report['parallel']} slot(s), "
           f"K {report['type_k']} / V {report['type_v']}{band_text}")  # fmt: skip
+    if report.get("repack") in ("on", "ram_bound"):
+        print(
+            "  weights in RAM: repacked (faster)"
+            if report["repack"] == "on"
+            else "  weights in RAM: --no-repack (ram_bound: the repacked copy does not fit)"
+        )
     for row in report["devices"]:
         tag = " (SIMULATED)" if row["device"] in simulated else ""
         b = {k: format_bytes(v) for k, v in row.items() if k.endswith("_bytes")}

@@ -48,6 +48,7 @@ class Candidate:
     speeds: tuple[tuple[Rung, Speeds], ...] = ()
     terminal: str | None = None  # a bad artifact or an engine that cannot run it
     cpu: CpuFeatures | None = None  # the engine's CPU features: what repacks in RAM
+    no_repack: bool = False  # launched with --no-repack: priced by the mapped file alone
 
     @property
     def is_moe(self) -> bool:

@@ -24,7 +24,7 @@ class Sizer:
         self.candidate = candidate
         self.parallel = parallel
         self.type_k, self.type_v = type_k, type_v
-        self.cpu = candidate.cpu  # what the engine repacks in RAM
+        self.cpu = None if candidate.no_repack else candidate.cpu  # what repacks in RAM
         self._placements: dict[Placement, tuple[dict[str, int], dict[str, Counter[Signature]],
                                                 frozenset[str]]] = {}  # fmt: skip
         self._signatures: tuple[Signature, ...] = ()

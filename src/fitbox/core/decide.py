@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from fitbox.core import claims, evict, sizing
+from fitbox.core import claims, evict, repack, sizing, split
 from fitbox.core.ask import Ask, Candidate
 from fitbox.core.costs import Sizer
 from fitbox.core.decision import (
@@ -490,7 +490,9 @@ def _place(
         experts_in_ram=fit.placement.experts_in_ram, victims=victims, cores=claim.cores,
         cores_from=claim.taken_from, band=fit.band,
         predicted_seconds=_seconds(search.ask, candidate, rung),
-        where=placement_class(fit.placement, candidate.shape.n_layer if candidate.shape else 0),
+        where=placement_class(fit.placement, candidate.shape.n_layer if candidate.shape else 0)
+        + repack.placement_suffix(candidate),  # repack hook 2/2: facts of --no-repack apart
+        repack=split.repack_reason(candidate, fit.placement),
     )  # fmt: skip
 
 
@@ -572,6 +574,9 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
         for type_k, type_v in ask.kv_types:
             tried += 1
             _try(search, q, artifact, rung, type_k, type_v)
+            # repack hook 1/2 (core/repack.py): RAM kept the repacked copy out: --no-repack
+            if len(search.options) == before and (plain := repack.without(artifact, rung)):
+                _try(search, q, plain, rung, type_k, type_v)
             if len(search.options) > before:
                 break  # the first K/V type that fits is the one the ladder prefers
         if search.options and search.options[-1].seconds is None:

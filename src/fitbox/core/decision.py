@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from fitbox.core.repack import RepackReason
 from fitbox.core.types import Footprint, Rung
 
 
@@ -77,6 +78,11 @@ class Place:
     rejected: tuple[Rejected, ...] = ()
     predicted_seconds: float | None = None  # T, from measured rates only
     where: str = ""  # its placement class: what its measured facts are filed under
+    repack: RepackReason = RepackReason.NONE  # ram_bound: launched with --no-repack
+
+    @property
+    def no_repack(self) -> bool:
+        return self.repack is RepackReason.RAM_BOUND
 
     @property
     def device(self) -> str:

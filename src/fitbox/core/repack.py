@@ -12,11 +12,19 @@ them. Every rule below mirrors the build fitbox runs, with its source lines in F
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from fitbox.core.types import WEIGHTS_IN_RAM, Rung
+
+if TYPE_CHECKING:
+    from fitbox.core.ask import Candidate
 
 TENSOR_ALIGNMENT = 32  # ggml-impl.h: the repack buffer aligns every tensor to it
 MUL_MAT = "mul_mat"
 MUL_MAT_ID = "mul_mat_id"
+NO_REPACK_CLASS = "/no-repack"  # measured facts of a --no-repack load are filed apart
 
 
 @dataclass(frozen=True)
@@ -121,3 +129,42 @@ def host_weights(
             first = t.offset if first < 0 else min(first, t.offset)
             last = max(last, t.offset + t.n_bytes)
     return HostWeights(max(last - first, 0) if first >= 0 else 0, copies, summed)
+
+
+# -- the placement flag ----------------------------------------------------------------
+
+
+class RepackReason(StrEnum):
+    """Why a placement runs with the repacked copy or without it (``fitbox plan``)."""
+
+    ON = "on"  # the engine repacks some weights: faster matrix products, more RAM
+    NONE = "none"  # nothing to repack: the engine, the CPU, the types or the rows rule it out
+    RAM_BOUND = "ram_bound"  # --no-repack: the repacked copy did not fit, the file alone does
+
+
+def without(candidate: Candidate, rung: Rung) -> Candidate | None:
+    """The same variant launched with ``--no-repack``, priced by the file alone and by what
+    loads with that flag measured; None when the flag would change nothing (a rung with no
+    weights in RAM, an engine or file with nothing to repack)."""
+    shape, cpu = candidate.shape, candidate.cpu
+    if candidate.no_repack or rung not in WEIGHTS_IN_RAM or shape is None or cpu is None:
+        return None
+    if not host_weights(shape.tensors, cpu).repacked:
+        return None
+    suffix = NO_REPACK_CLASS
+
+    def own(pairs: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+        return tuple((w.removesuffix(suffix), n) for w, n in pairs if w.endswith(suffix))
+
+    return replace(
+        candidate, no_repack=True,
+        measured=tuple(replace(m, where=m.where.removesuffix(suffix))
+                       for m in candidate.measured if m.where.endswith(suffix)),
+        refused_windows=own(candidate.refused_windows),
+        loaded_windows=own(candidate.loaded_windows),
+    )  # fmt: skip
+
+
+def placement_suffix(candidate: Candidate) -> str:
+    """What a --no-repack load's facts are filed under, after its placement class."""
+    return NO_REPACK_CLASS if candidate.no_repack else ""

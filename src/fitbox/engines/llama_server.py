@@ -193,6 +193,8 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv += ["-ts", ",".join(f"{share:g}" for share in intent.tensor_split)]
     if intent.experts_in_ram:
         argv.append("--cpu-moe")
+    if intent.no_repack and engine.has("--no-repack"):
+        argv.append("--no-repack")  # the core chose the smaller, unrepacked weights
     if intent.threads:
         argv += ["-t", str(intent.threads)]
     if (intent.type_k, intent.type_v) != ("f16", "f16"):

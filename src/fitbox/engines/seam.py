@@ -39,6 +39,7 @@ class LaunchIntent:
     threads: int | None = None  # the cores the CPU claim holds
     type_k: str = "f16"
     type_v: str = "f16"
+    no_repack: bool = False  # weights in RAM stay as the file has them (--no-repack)
 
 
 @dataclass(frozen=True)
