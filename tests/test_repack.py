@@ -162,3 +162,12 @@ def test_facts_of_a_no_repack_load_price_only_no_repack_placements() -> None:
     assert plain.window_cap("host") is None and c.window_cap("host") == 512
     place = decide(host_box(8 << 30), ask(c))  # the repacked window failed: no-repack is next
     assert isinstance(place, Place) and place.no_repack and dict(place.footprint)["host"] == small
+
+
+def test_a_rejection_no_ram_changes_is_not_tried_again_without_the_copy() -> None:
+    only_host = Ask(model="m", candidates=(candidate(),), window=512,
+                    rungs=(Rung.MOE_SPLIT, Rung.MAX_RAM, Rung.RAM_ONLY))  # fmt: skip
+    place = decide(host_box(8 << 30), only_host)
+    assert isinstance(place, Place) and place.repack is RepackReason.ON
+    reasons = [(r.rung, r.reason.value) for r in place.rejected]
+    assert reasons == [(Rung.MOE_SPLIT, "no_gpu"), (Rung.MAX_RAM, "no_gpu")]  # once each

@@ -575,7 +575,8 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
             tried += 1
             _try(search, q, artifact, rung, type_k, type_v)
             # repack hook 1/2 (core/repack.py): RAM kept the repacked copy out: --no-repack
-            if len(search.options) == before and (plain := repack.without(artifact, rung)):
+            plain = repack.without(artifact, rung, search.rejected, len(search.options) > before)
+            if plain is not None:
                 _try(search, q, plain, rung, type_k, type_v)
             if len(search.options) > before:
                 break  # the first K/V type that fits is the one the ladder prefers
