@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fitbox.core.repack import CpuFeatures
 from fitbox.engines.llama_server import (
     EngineInfo,
     EngineNotFound,
@@ -91,7 +92,8 @@ SYSTEM_INFO = (
 
 def test_help_is_read_once_per_binary(tmp_path: Path) -> None:
     calls = tmp_path / "calls"
-    script = (f"#!/bin/sh\necho x >> {calls}\ncat <<'EOF'\n{HELP}EOF\n"
+    flags = "--verbosity N                           log verbosity\n--list-devices\n"
+    script = (f"#!/bin/sh\necho x >> {calls}\ncat <<'EOF'\n{HELP}{flags}EOF\n"
               f"echo '{SYSTEM_INFO}' >&2\n")  # fmt: skip
     binary = executable(tmp_path / "llama-server", script)
     first, second = inspect(binary), inspect(binary)
@@ -99,6 +101,9 @@ def test_help_is_read_once_per_binary(tmp_path: Path) -> None:
     assert first.cpu.has("AVX2") and first.cpu.repacks  # read from the probe's system_info
     # --help, --version, --list-devices and the system_info probe, once each
     assert calls.read_text().count("x") == 4
+    quiet = executable(tmp_path / "old" / "llama-server", f"#!/bin/sh\necho x >> {calls}\n")
+    assert inspect(quiet).cpu == CpuFeatures()  # lists no probe flags: never asked
+    assert calls.read_text().count("x") == 6  # --help and --version only
 
 
 def test_cpu_features_come_from_the_system_info_line() -> None:

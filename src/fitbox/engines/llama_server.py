@@ -40,6 +40,7 @@ _DEVICE = re.compile(r"^\s+([A-Za-z][\w-]*?)\d*:\s")  # "  CUDA0: NVIDIA ... (24
 # Backends whose device offers a pinned host buffer type: llama.cpp puts it before the CPU's
 # repack buffer for layers in RAM (llama-model.cpp make_cpu_buft_list); Metal, RPC have none.
 _HOST_BUFFER_BACKENDS = ("CUDA", "ROCm", "HIP", "Vulkan", "SYCL", "MUSA", "CANN")
+PROBE_S = 10  # the CPU-feature probes' bound (the real binary answers in ~0.3 s)
 
 
 @dataclass(frozen=True)
@@ -134,20 +135,28 @@ def parse_devices(text: str) -> tuple[str, ...]:
     return tuple(m.group(1) for ln in text.splitlines() if (m := _DEVICE.match(ln)))
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def _cpu_features(path: Path, flags: frozenset[str]) -> CpuFeatures:
     """Start the binary on a file that is not there: it prints ``system_info`` and exits
-    before it loads anything (seconds, once per binary)."""
-    devices = parse_devices(_run([str(path), "--list-devices"]).stdout)
-    with tempfile.TemporaryDirectory() as tmp:
-        argv = [str(path), "-m", str(Path(tmp) / "none.gguf"), "--host", "127.0.0.1",
-                "--port", "0"]  # fmt: skip
-        argv += ["--verbosity", "4"] if "--verbosity" in flags else []
-        argv += ["--fit", "off"] if "--fit" in flags else []
-        probe = _run(argv)
+    before it loads anything (well under a second, once per binary). A binary whose
+    ``--help`` lists neither probe's flags is not asked; one that does not answer in time
+    reports nothing (nothing is counted as repacked, the measured load corrects it)."""
+    try:
+        devices: tuple[str, ...] = ()
+        if "--list-devices" in flags:
+            devices = parse_devices(_run([str(path), "--list-devices"], PROBE_S).stdout)
+        if "--verbosity" not in flags:
+            return CpuFeatures()
+        with tempfile.TemporaryDirectory() as tmp:
+            argv = [str(path), "-m", str(Path(tmp) / "none.gguf"), "--host", "127.0.0.1",
+                    "--port", "0", "--verbosity", "4"]  # fmt: skip
+            argv += ["--fit", "off"] if "--fit" in flags else []
+            probe = _run(argv, PROBE_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return CpuFeatures()
     return parse_system_info(probe.stdout + probe.stderr, devices)
 
 
