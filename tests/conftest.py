@@ -55,6 +55,19 @@ def drive(tmp_path: Path) -> Iterator[SmallDrive]:
 
 
 @pytest.fixture(scope="session")
+def quant_cache(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Path:
+    """A test cache (FITBOX_TEST_CACHE layout) holding SmolLM2 and every quantized test
+    model, made once per session with the real llama-quantize (tests/quants.py)."""
+    from .quants import quantized_models
+
+    root = tmp_path_factory.mktemp("cache")
+    (root / "models").mkdir()
+    (root / "models" / smollm2.name).symlink_to(smollm2)
+    quantized_models(root / "quants")
+    return root
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
 

@@ -62,9 +62,11 @@ def write_tiny_llama(
     extra_vocab: int = 0,
     with_tokenizer: bool = True,
     seed: int = 0,
+    tied: bool = False,
 ) -> Path:
     """Write a loadable llama-architecture GGUF. ``extra_vocab`` pads the vocabulary (and so
-    the embedding and output tensors) to make the file as large as a test needs."""
+    the embedding and output tensors) to make the file as large as a test needs; ``tied``
+    leaves out ``output.weight`` (the engine then uses ``token_embd`` as the output)."""
     rng = np.random.default_rng(seed)
     tokens = SPECIALS + WORDS + [f"w{i}" for i in range(extra_vocab)]
     n_vocab = len(tokens)
@@ -89,7 +91,8 @@ def write_tiny_llama(
 
     writer.add_tensor("token_embd.weight", weight(n_vocab, n_embd))
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    writer.add_tensor("output.weight", weight(n_vocab, n_embd))
+    if not tied:
+        writer.add_tensor("output.weight", weight(n_vocab, n_embd))
     for i in range(n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.attn_q.weight", weight(n_head * head_dim, n_embd))
@@ -130,3 +133,60 @@ def two_models_one_at_a_time(root: Path, smollm2: Path) -> int:
     write_tiny_llama(root / "tiny.gguf", extra_vocab=50_000)
     sizes = [sizing.footprint(read_facts(p).shape, 512, 1).total for p in root.iterdir()]
     return max(sizes) + min(sizes) // 2
+
+
+def write_vision_projector(
+    path: Path, *, n_embd_text: int, image_size: int = 64, patch_size: int = 8,
+    n_embd: int = 128, n_head: int = 4, n_ff: int = 512, n_layer: int = 2, seed: int = 0,
+) -> Path:  # fmt: skip
+    """A loadable LLaVA-style (``mlp``) CLIP projector for ``--mmproj`` (tools/mtmd/clip.cpp
+    load_hparams/load_tensors): a ViT of ``n_layer`` blocks over (image/patch)^2 patches
+    plus a class token, and a two-layer MLP into the text model's ``n_embd_text``."""
+    rng = np.random.default_rng(seed)
+    writer = GGUFWriter(str(path), "clip")
+    writer.add_name(path.stem)
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", image_size)
+    writer.add_uint32("clip.vision.patch_size", patch_size)
+    writer.add_uint32("clip.vision.embedding_length", n_embd)
+    writer.add_uint32("clip.vision.feed_forward_length", n_ff)
+    writer.add_uint32("clip.vision.block_count", n_layer)
+    writer.add_uint32("clip.vision.projection_dim", n_embd_text)
+    writer.add_uint32("clip.vision.attention.head_count", n_head)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    writer.add_file_type(0)
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    def norm(name: str, n: int) -> None:
+        writer.add_tensor(f"{name}.weight", np.ones(n, dtype=np.float32))
+        writer.add_tensor(f"{name}.bias", np.zeros(n, dtype=np.float32))
+
+    def linear(name: str, n_in: int, n_out: int) -> None:
+        writer.add_tensor(f"{name}.weight", weight(n_out, n_in))
+        writer.add_tensor(f"{name}.bias", np.zeros(n_out, dtype=np.float32))
+
+    n_pos = (image_size // patch_size) ** 2 + 1
+    writer.add_tensor("v.class_embd", weight(n_embd))
+    writer.add_tensor("v.patch_embd.weight", weight(n_embd, 3, patch_size, patch_size))
+    writer.add_tensor("v.position_embd.weight", weight(n_pos, n_embd))
+    norm("v.pre_ln", n_embd)
+    for i in range(n_layer):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            linear(f"v.blk.{i}.{part}", n_embd, n_embd)
+        norm(f"v.blk.{i}.ln1", n_embd)
+        norm(f"v.blk.{i}.ln2", n_embd)
+        linear(f"v.blk.{i}.ffn_up", n_embd, n_ff)
+        linear(f"v.blk.{i}.ffn_down", n_ff, n_embd)
+    linear("mm.0", n_embd, n_embd_text)
+    linear("mm.2", n_embd_text, n_embd_text)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from fitbox.core import claims, evict, pins, tiers
 from fitbox.core.admission import Policy, Ticket, order
 from fitbox.core.ask import Candidate
 from fitbox.core.costs import Sizer
+from fitbox.core.repack import CpuFeatures, host_weights
 from fitbox.core.room import Room
 from fitbox.core.sizing import ModelShape
 from fitbox.core.split import Layout, Placement, footprint_by_device, layer_devices, layer_ranges
@@ -204,8 +206,19 @@ ZOO = [
 def test_sizer_matches_split_on_the_zoo(write: object, tmp_path: Path) -> None:
     facts = read_facts(write(tmp_path / "m.gguf"))  # type: ignore[operator]
     assert facts.layout is not None
-    candidate = Candidate("m", shape=facts.shape, layout=facts.layout)
-    n = facts.shape.n_layer
+    # the same tensors typed Q4_0 (their sizes unchanged): the repack rule takes the matmuls
+    as_q4 = tuple(replace(t, type="Q4_0") if t.op else t for t in facts.shape.tensors)
+    shape = replace(facts.shape, tensors=as_q4)
+    x86 = CpuFeatures(frozenset({"AVX2", "REPACK"}))
+    assert host_weights(shape.tensors, x86).repacked
+    for cpu in (None, x86):
+        sizer_matches_split(Candidate("m", shape=shape, layout=facts.layout, cpu=cpu))
+
+
+def sizer_matches_split(candidate: Candidate) -> None:
+    shape, layout = candidate.shape, candidate.layout
+    assert shape is not None and layout is not None
+    n = shape.n_layer
     placements = [Placement(), Placement(("gpu0",), n + 1), Placement(("gpu0",), max(n // 2, 1)),
                   Placement(("gpu0", "gpu1"), n + 1, (3.0, 1.0)),
                   Placement(("gpu0",), n + 1, (), True)]  # fmt: skip
@@ -215,8 +228,8 @@ def test_sizer_matches_split_on_the_zoo(write: object, tmp_path: Path) -> None:
             for placement in placements:
                 for window in (512, 1000, 4096):
                     assert sizer.on(placement, window) == footprint_by_device(
-                        facts.shape, facts.layout, placement, window, parallel,
-                        type_k=kv, type_v=kv,
+                        shape, layout, placement, window, parallel, type_k=kv, type_v=kv,
+                        cpu=candidate.cpu,
                     )  # fmt: skip
 
 

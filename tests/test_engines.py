@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fitbox.core.repack import CpuFeatures
 from fitbox.engines.llama_server import (
     EngineInfo,
     EngineNotFound,
@@ -15,7 +16,9 @@ from fitbox.engines.llama_server import (
     candidates,
     find_binary,
     inspect,
+    parse_devices,
     parse_help_flags,
+    parse_system_info,
     visible_gpus,
 )
 
@@ -81,13 +84,60 @@ def test_no_engine_says_how_to_get_one(tmp_path: Path, monkeypatch: pytest.Monke
         find_binary("", {"PATH": str(tmp_path)})
 
 
+SYSTEM_INFO = (
+    "0.00.023.619 I cmn  common_param: system_info: n_threads = 2 (n_threads_batch = 2) / 2 | "
+    "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
+    "LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
+)
+
+
 def test_help_is_read_once_per_binary(tmp_path: Path) -> None:
     calls = tmp_path / "calls"
-    script = f"#!/bin/sh\necho x >> {calls}\ncat <<'EOF'\n{HELP}EOF\n"
+    flags = "--verbosity N                           log verbosity\n--list-devices\n"
+    script = (f"#!/bin/sh\necho x >> {calls}\ncat <<'EOF'\n{HELP}{flags}EOF\n"
+              f"echo '{SYSTEM_INFO}' >&2\n")  # fmt: skip
     binary = executable(tmp_path / "llama-server", script)
     first, second = inspect(binary), inspect(binary)
     assert first is second and "--fit" in first.flags
-    assert calls.read_text().count("x") == 2  # --help and --version, once each
+    assert first.cpu.has("AVX2") and first.cpu.repacks  # read from the probe's system_info
+    # --help, --version, --list-devices and the system_info probe, once each
+    assert calls.read_text().count("x") == 4
+    quiet = executable(tmp_path / "old" / "llama-server", f"#!/bin/sh\necho x >> {calls}\n")
+    assert inspect(quiet).cpu == CpuFeatures()  # lists no probe flags: never asked
+    assert calls.read_text().count("x") == 6  # --help and --version only
+
+
+def test_cpu_features_come_from_the_system_info_line() -> None:
+    cpu = parse_system_info(SYSTEM_INFO)
+    assert {"AVX2", "REPACK", "FMA"} <= cpu.flags and "AVX512" not in cpu.flags
+    assert not cpu.host_buffer and cpu.repacks
+    arm = parse_system_info("system_info: n_threads = 8 / 8 | CPU : NEON = 1 | ARM_FMA = 1 | "
+                            "DOTPROD = 1 | SVE = 1 | SVE_CNT = 32 | REPACK = 1 | "
+                            "CUDA : ARCHS = 900 | USE_GRAPHS = 1 |")  # fmt: skip
+    assert arm.sve_cnt == 32 and "ARCHS" not in arm.flags and "USE_GRAPHS" not in arm.flags
+    assert parse_system_info("no such line").flags == frozenset()
+    listed = "Available devices:\n  CUDA0: NVIDIA H200 (143167 MiB, 142000 MiB free)\n"
+    assert parse_devices(listed) == ("CUDA",) and parse_devices("Available devices:\n") == ()
+    gpu_box = parse_system_info(SYSTEM_INFO, parse_devices(listed))
+    assert gpu_box.host_buffer and not gpu_box.repacks  # CUDA_Host comes first, then mmap
+    assert not parse_system_info(SYSTEM_INFO, ("Metal",)).host_buffer
+
+
+def test_no_repack_reaches_the_argv_only_when_chosen_and_known(tmp_path: Path) -> None:
+    knows = EngineInfo(Path("/x/llama-server"), frozenset({"--no-repack"}), "")
+    chosen = LaunchIntent(model_path=tmp_path / "m.gguf", alias="m", window=512, parallel=1,
+                          gpu_layers=0, port=1, no_repack=True)  # fmt: skip
+    assert "--no-repack" in build_argv(knows, chosen)
+    assert "--no-repack" not in build_argv(knows, intent(tmp_path))
+    assert "--no-repack" not in build_argv(EngineInfo(Path("/x"), frozenset(), ""), chosen)
+
+
+@pytest.mark.engine
+def test_the_real_engine_reports_its_cpu_once(llama_server_bin: Path) -> None:
+    info = inspect(llama_server_bin)
+    assert info.has("--no-repack") and info.cpu.has("REPACK")
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    assert info.cpu.has("AVX2") == (" avx2" in cpuinfo)  # a native build on this box
 
 
 def test_a_child_sees_only_the_gpus_its_layers_are_placed_on() -> None:

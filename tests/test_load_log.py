@@ -332,3 +332,22 @@ def test_shuffled_and_digit_mutated_lines_never_raise(name: str, data: st.DataOb
     digits = st.text(alphabet="0123456789.", min_size=1, max_size=30)
     mutated = [re.sub(r"\d+", lambda _m: data.draw(digits), line, count=3) for line in keep]
     assert isinstance(parse_load_log("\n".join(mutated)), LoadReport)
+
+
+def test_repack_and_projector_buffers_count_as_weights_and_compute() -> None:
+    """Lines a Q4_K_M load and a --mmproj projector print (seen running this build)."""
+    log = "\n".join([
+        "0.00.021.689 I load_tensors:   CPU_Mapped model buffer size =     3.26 MiB",
+        "0.00.021.712 I load_tensors:   CPU_REPACK model buffer size =     2.88 MiB",
+        "0.00.045.664 I sched_reserve:        CPU compute buffer size =     8.02 MiB",
+        "0.00.233.245 I load_hparams: model size:         2.02 MiB",
+        "0.00.233.248 I load_hparams: metadata size:      0.01 MiB",
+        "0.00.254.365 I reserve_compute_meta:        CPU compute buffer size =     0.21 MiB",
+    ])  # fmt: skip
+    report = parse_load_log(log)
+    assert report.model_buffers == {"CPU_Mapped": round(3.26 * MIB),
+                                    "CPU_REPACK": round(2.88 * MIB),
+                                    "mmproj": round(2.02 * MIB)}  # fmt: skip
+    kinds = report.bytes_by_kind()
+    assert kinds["model"] == round(3.26 * MIB) + round(2.88 * MIB) + round(2.02 * MIB)
+    assert kinds["compute"] == round(8.02 * MIB) + round(0.21 * MIB)

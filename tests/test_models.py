@@ -18,7 +18,7 @@ from fitbox.models.facts_cache import FactsCache
 from fitbox.models.gguf_facts import read_facts
 from fitbox.models.gguf_header import NotGGUF, read_header
 
-from .ggufs import write_projector, write_tiny_llama
+from .ggufs import write_projector, write_tiny_llama, write_vision_projector
 
 
 def test_header_matches_the_gguf_package(tmp_path: Path) -> None:
@@ -166,10 +166,48 @@ def test_facts_survive_a_restart_through_the_cache(tmp_path: Path) -> None:
     second = FactsCache(cache_file).facts(path)  # a new process: read from the cache
     assert second == first and second.layout == first.layout
     assert second.shape.weights_by_kind == first.shape.weights_by_kind
+    assert second.shape.tensors == first.shape.tensors and second.shape.tensors  # repack rule
+    projector = write_vision_projector(root / "mmproj.gguf", n_embd_text=64)
+    fresh = FactsCache(cache_file)
+    assert fresh.facts(projector).projector is not None
+    fresh.save()
+    assert FactsCache(cache_file).facts(projector).projector == read_facts(projector).projector
     cache_file.write_text("{not json")  # damaged: ignored, rebuilt
     assert FactsCache(cache_file).facts(path) == first
     write_tiny_llama(path, n_layer=3)  # the file changed: read again, not served stale
     assert FactsCache(cache_file).facts(path).shape.n_layer == 3
+
+
+def test_tensor_records_carry_layer_op_offset_and_the_tied_duplicate(tmp_path: Path) -> None:
+    from fitbox.core.repack import MUL_MAT
+    from fitbox.models.gguf_header import read_header
+
+    path = write_tiny_llama(tmp_path / "tied.gguf", tied=True)
+    header, facts = read_header(path), read_facts(path)
+    by_offset = {t.offset: t for t in header.tensors}
+    assert len(by_offset) == len(header.tensors)  # real, distinct data offsets
+    assert sorted(by_offset)[0] % 32 == 0  # the data section is aligned
+    records = facts.shape.tensors
+    embd = next(t for t in records if t.layer == -1)
+    assert embd.op == "" and not embd.duplicate  # token_embd: GET_ROWS, never repacked
+    (dup,) = [t for t in records if t.duplicate]
+    assert (dup.layer, dup.op, dup.offset) == (facts.shape.n_layer, MUL_MAT, embd.offset)
+    norms = [t for t in records if t.dims == 1]
+    assert norms and all(t.op == "" for t in norms)  # a norm is no matrix product
+    q = next(t for t in records if t.layer == 0 and t.rows == 64 and t.dims == 2)
+    assert q.op == MUL_MAT and q.type == "F32"
+
+
+def test_a_vision_projector_has_its_own_shape(tmp_path: Path) -> None:
+    path = write_vision_projector(tmp_path / "mmproj.gguf", n_embd_text=64, image_size=224,
+                                  patch_size=14, n_embd=128, n_ff=256, n_layer=3)  # fmt: skip
+    facts = read_facts(path)
+    assert facts.is_projector and facts.projector is not None
+    p = facts.projector
+    assert (p.projector_type, p.positions, p.n_embd, p.n_ff, p.n_layer) == ("mlp", 257, 128,
+                                                                           256, 3)  # fmt: skip
+    assert p.weights_bytes >= sum(t.n_bytes for t in facts.shape.tensors)
+    assert read_facts(write_tiny_llama(tmp_path / "t.gguf")).projector is None
 
 
 def test_transformers_dirs_are_listed_with_a_reason_and_hf_caches_once(tmp_path: Path) -> None:

@@ -99,3 +99,39 @@ def test_mla_keeps_k_only_and_recurrent_state_is_f32_per_sequence() -> None:
     )
     assert sizing.kv_bytes(mamba, 4096, 2).total == 0
     assert sizing.recurrent_bytes(mamba, 2) == 3 * (3 * 128 + 16 * 128) * 4 * 2
+
+
+# -- flash attention off ------------------------------------------------------------------
+# Figures the engine printed for the zoo's deci model (KV heads 4, 2, 1, 0; head dim 32) and
+# an F16 llama (n_embd 512, 8 heads, 4 KV heads, n_ff 1536), -fa off, bench/estimate_accuracy.
+
+DECI = ModelShape(0, 4, 4096, 128, 112, 4, (4, 2, 1, 0), 32, 32, n_ff=256)
+LLAMA = ModelShape(0, 2, 8192, 512, 112, 8, (4, 4), 64, 64, n_ff=1536)
+
+
+def test_without_flash_attention_a_varying_v_is_padded_to_the_widest_layer() -> None:
+    on = sizing.kv_bytes(DECI, 256, 1)
+    off = sizing.kv_bytes(DECI, 256, 1, flash_attn=False)
+    assert on.k == off.k == (4 + 2 + 1) * 32 * 2 * 256
+    assert on.v == on.k and off.v == 4 * 128 * 2 * 256  # every cache layer, the 0-head one too
+    assert sizing.padded_v_width(LLAMA) == 0  # equal widths: nothing padded
+    assert sizing.kv_bytes(LLAMA, 1024, 1, flash_attn=False) == sizing.kv_bytes(LLAMA, 1024, 1)
+
+
+def test_without_flash_attention_the_kq_matrix_joins_the_compute_buffer() -> None:
+    # measured: 26,224,886 B at 1024 cells, 82,847,990 at 4096 (0.01 MiB rounding aside)
+    assert abs(sizing.compute_bytes(LLAMA, 1024, 1, flash_attn=False) - 26_224_886) < 1024
+    assert abs(sizing.compute_bytes(LLAMA, 4096, 1, flash_attn=False) - 82_847_990) < 1024
+    per_cell = 512 * 4 * (8 + 1)  # n_ubatch x f32 x (n_head KQ + the f32 mask)
+    grows = (sizing.compute_bytes(LLAMA, 2048, 1, flash_attn=False)
+             - sizing.compute_bytes(LLAMA, 1024, 1, flash_attn=False))  # fmt: skip
+    assert grows == 1024 * per_cell
+    # a quantized K cache: 4 x n_embd + max(n_embd, 256) + 2 x K + 15 beside the KQ row
+    q8 = sizing.compute_bytes(LLAMA, 2048, 1, flash_attn=False, type_k="q8_0")
+    assert q8 == 512 * 4 * (2048 * 9 + 4 * 512 + 512 + 2 * 256 + 15)
+    assert q8 < sizing.compute_bytes(LLAMA, 2048, 1, flash_attn=False)
+    # the flash-attention buffer is far smaller: no KQ matrix, an f16 mask
+    assert (
+        sizing.compute_bytes(LLAMA, 4096, 1)
+        < sizing.compute_bytes(LLAMA, 4096, 1, flash_attn=False) / 4
+    )

@@ -449,6 +449,12 @@ def plan_model(config: settings.Config, args: argparse.Namespace) -> int:
         counts = [f"{c['count']} -> {c['window'] or 'none'} ({c['reason']})"
                   for c in report["device_counts"]]  # fmt: skip
         print(f"  by GPU count: {', '.join(counts)}")
+    if report.get("repack") in ("on", "ram_bound"):
+        print(
+            "  weights in RAM: repacked (faster)"
+            if report["repack"] == "on"
+            else "  weights in RAM: --no-repack (ram_bound: the repacked copy does not fit)"
+        )
     for row in report["devices"]:
         tag = " (SIMULATED)" if row["device"] in simulated else ""
         b = {k: format_bytes(v) for k, v in row.items() if k.endswith("_bytes")}

@@ -10,7 +10,7 @@ measured load seconds are the load term of T. Nothing here guesses a speed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from fitbox.config import Config
 from fitbox.core.ask import Ask, Candidate, MeasuredFit, Speeds
 from fitbox.core.pins import Pins
 from fitbox.core.pins import parse as parse_pins
+from fitbox.core.repack import NO_REPACK_CLASS, CpuFeatures
 from fitbox.core.types import Footprint, Goal, Rung
 from fitbox.models.catalog import Artifact, Catalog, is_four_bit
 from fitbox.store.db import MeasuredFootprint
@@ -57,6 +58,7 @@ def candidate(
     measured: Iterable[MeasuredFootprint],
     refused: Iterable[tuple[str, int]] = (),
     rates: Mapping[Rung, Speeds] | None = None,
+    cpu: CpuFeatures | None = None,
 ) -> Candidate:
     """One variant as the core sees it; ``measured`` holds this file's footprints only."""
     fits, loaded, speeds = [], [], {}
@@ -65,7 +67,8 @@ def candidate(
                                 Footprint(m.weights, m.kv, m.compute, m.output)))  # fmt: skip
         loaded.append((m.device, m.window))
         if m.load_seconds is not None:
-            rung = Rung.RAM_ONLY if m.device == "host" else Rung.GPU_ONLY
+            host = m.device.removesuffix(NO_REPACK_CLASS) == "host"  # a --no-repack load too
+            rung = Rung.RAM_ONLY if host else Rung.GPU_ONLY
             speeds[rung] = Speeds(load_seconds=m.load_seconds)
     for rung, rate in (rates or {}).items():  # engine timings: prompt and decode ms per token
         if rate.prompt_ms is not None or rate.decode_ms is not None:
@@ -75,15 +78,21 @@ def candidate(
         key=artifact.key, quant=artifact.facts.quant, shape=artifact.facts.shape,
         layout=artifact.facts.layout, four_bit=is_four_bit(artifact.facts.quant),
         measured=tuple(fits), loaded_windows=tuple(loaded), refused_windows=tuple(refused),
-        speeds=tuple(speeds.items()),
+        speeds=tuple(speeds.items()), cpu=cpu,
     )  # fmt: skip
+
+
+def _unknown(artifact: Artifact) -> CpuFeatures | None:
+    return None
 
 
 class Asks:
     def __init__(self, config: Config, catalog: Catalog, prefs: Preferences, facts: Facts,
-                 speeds: SpeedBook) -> None:  # fmt: skip
+                 speeds: SpeedBook,
+                 cpu: Callable[[Artifact], CpuFeatures | None] = _unknown) -> None:  # fmt: skip
         self.config, self.catalog, self.prefs = config, catalog, prefs
         self.facts, self.speeds = facts, speeds
+        self.cpu = cpu  # the CPU features of the engine that would load an artifact
 
     def named(self, name: str) -> Named:
         """Parse ``name`` and resolve its variants (``model_not_found`` when none)."""
@@ -105,7 +114,7 @@ class Asks:
         identity = artifact.identity()
         rates = {Rung(r): v for r, v in self.speeds.by_rung(artifact, identity).items()}
         return candidate(artifact, self.facts.of(identity, parallel),
-                         self.facts.refused(artifact), rates)  # fmt: skip
+                         self.facts.refused(artifact), rates, self.cpu(artifact))  # fmt: skip
 
     def ask(
         self, named: Named, *, window: int | None = None, parallel: int | None = None,

@@ -22,9 +22,10 @@ from fitbox.core import sizing
 from fitbox.core.ask import Ask
 from fitbox.core.decide import decide
 from fitbox.core.decision import Place
+from fitbox.core.repack import CpuFeatures
 from fitbox.core.types import Snapshot
 from fitbox.engines.kinds import EngineKinds, on_this_box
-from fitbox.errors import InvalidRequest
+from fitbox.errors import FitboxError, InvalidRequest
 from fitbox.models.catalog import Artifact, Catalog
 from fitbox.probe.gpus import GpuProbe
 from fitbox.store.db import MeasuredFootprint, Store
@@ -61,19 +62,26 @@ class Box:
                 self.prefs.restore(store.run(read_settings))
         self.registry, self.tasks = Registry(), Tasks()
         self.facts, self.speeds = Facts(store, measured), SpeedBook(store)
-        self.asks = Asks(config, catalog, self.prefs, self.facts, self.speeds)
+        self.engines = engines or on_this_box(config.engine_dir)
+        self.asks = Asks(config, catalog, self.prefs, self.facts, self.speeds, self._cpu)
         self.snapshots = Snapshots(gpus, self.registry, self.prefs)
         self.supervisor = Supervisor(config, self.registry, self.facts, gpus, store, self.tasks)
         self.watchdog = Watchdog(self.supervisor, config.engine_idle_timeout)
         self.admission = Admission(config, self.registry, self.asks, self.snapshots,
-                                   self.supervisor, engines or on_this_box(config.engine_dir),
-                                   self.tasks)  # fmt: skip
+                                   self.supervisor, self.engines, self.tasks)  # fmt: skip
         self.operator = Operator(catalog, self.registry, self.admission, self.supervisor)
         self.warmth = Warmth(config, self.registry, self.asks, self.admission, self.supervisor,
                              self.operator)  # fmt: skip
         self._calls = (
             CallDesk(store, self.speeds, self.watchdog, self.admission.acquire) if store else None
         )
+
+    def _cpu(self, artifact: Artifact) -> CpuFeatures | None:
+        """The CPU features of the engine that would load ``artifact`` (read once per binary)."""
+        try:
+            return self.engines.for_artifact(artifact).cpu_features()
+        except FitboxError:
+            return None
 
     @property
     def calls(self) -> CallDesk:

@@ -70,6 +70,7 @@ def report(
             "devices": [footprint_row(d, f) for d, f in decision.footprint],
             "gpu_layers": decision.gpu_layers, "tensor_split": list(decision.tensor_split),
             "experts_in_ram": decision.experts_in_ram, "cores": list(decision.cores),
+            "repack": decision.repack.value, "no_repack": decision.no_repack,
             "band": None if decision.band is None else {
                 "kind": decision.band.kind.value, "min": decision.band.feasible_min,
                 "max": decision.band.feasible_max},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitbox.core.repack import CpuFeatures
 from fitbox.core.sizing import ModelShape
 from fitbox.core.split import Layout
 from fitbox.core.types import RUNG_ORDER, Footprint, Goal, Priority, Rung
@@ -46,6 +47,8 @@ class Candidate:
     loaded_windows: tuple[tuple[str, int], ...] = ()  # (placement class, window): loaded
     speeds: tuple[tuple[Rung, Speeds], ...] = ()
     terminal: str | None = None  # a bad artifact or an engine that cannot run it
+    cpu: CpuFeatures | None = None  # the engine's CPU features: what repacks in RAM
+    no_repack: bool = False  # launched with --no-repack: priced by the mapped file alone
 
     @property
     def is_moe(self) -> bool:

@@ -36,6 +36,7 @@ class Sizer:
         self.candidate = candidate
         self.parallel = parallel
         self.type_k, self.type_v = type_k, type_v
+        self.cpu = None if candidate.no_repack else candidate.cpu  # what repacks in RAM
         self._placements: dict[Placement, tuple[dict[str, int], dict[str, Counter[Signature]],
                                                 frozenset[str]]] = {}  # fmt: skip
         self._signatures: tuple[Signature, ...] = ()
@@ -75,20 +76,21 @@ class Sizer:
         shape = self.candidate.shape
         return sizing.effective_window(shape, window) if shape else window
 
-    def whole(self, window: int) -> Footprint:
-        """Everything on one device (the first cut's model, and any device without layout)."""
+    def whole(self, window: int, in_ram: bool = True) -> Footprint:
+        """Everything on one device (the first cut's model, and any device without layout);
+        the repack rule applies only when that device is host RAM."""
         if self.candidate.fixed is not None:
             return self.candidate.fixed
         assert self.candidate.shape is not None
-        return sizing.footprint(self.candidate.shape, window, self.parallel,
-                                type_k=self.type_k, type_v=self.type_v)  # fmt: skip
+        return sizing.footprint(self.candidate.shape, window, self.parallel, type_k=self.type_k,
+                                type_v=self.type_v, cpu=self.cpu if in_ram else None)  # fmt: skip
 
     def on(self, placement: Placement, window: int) -> dict[str, Footprint]:
         """Bytes per device for ``placement`` at ``window`` (FORMULAS.md §Split)."""
         candidate = self.candidate
         if candidate.layout is None or candidate.shape is None:
-            where = placement.gpus[0] if placement.gpus and placement.gpu_layers else HOST
-            return {where: self.whole(window)}
+            on_gpu = bool(placement.gpus and placement.gpu_layers)
+            return {placement.gpus[0] if on_gpu else HOST: self.whole(window, not on_gpu)}
         shape = candidate.shape
         weights, groups, computes = self._grouped(placement)
         per_sig, compute = self._per_window(window)
@@ -161,6 +163,8 @@ class Sizer:
         weights[output_device] = weights.get(output_device, 0) + layout.output_bytes
         if layout.output_tied and output_device != HOST:
             weights[output_device] += layout.input_bytes
+        if self.candidate.shape is not None:
+            weights[HOST] += split.repack_extra(self.candidate.shape, placement, self.cpu)
         computes = frozenset(d for d, _, _ in ranges) | {output_device}
         result = (weights, groups, computes)
         self._placements[placement] = result

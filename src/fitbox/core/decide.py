@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from fitbox.core import bands, claims, evict, sizing
+from fitbox.core import bands, claims, evict, repack, sizing, split
 from fitbox.core.ask import Ask, Candidate
 from fitbox.core.bands import window_ticks
 from fitbox.core.conclude import conclude
@@ -235,7 +235,9 @@ def _place(candidate: Candidate, rung: Rung, type_k: str, type_v: str, fit: Fit,
         experts_in_ram=fit.placement.experts_in_ram, victims=victims, cores=claim.cores,
         cores_from=claim.taken_from, band=fit.band,
         predicted_seconds=_seconds(search.ask, candidate, rung),
-        where=placement_class(fit.placement, candidate.shape.n_layer if candidate.shape else 0),
+        where=placement_class(fit.placement, candidate.shape.n_layer if candidate.shape else 0)
+        + repack.placement_suffix(candidate),  # repack hook 2/2: facts of --no-repack apart
+        repack=split.repack_reason(candidate, fit.placement),
     )  # fmt: skip
 
 
@@ -294,8 +296,13 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
             and q > min(o.q for o in search.options)
         ):
             break  # q ranks first: a lower-quality variant can no longer win
+        before = len(search.options)
         tried += len(ask.kv_types)
         _try_rung(search, q, artifact, rung)
+        # repack hook 1/2 (core/repack.py): RAM kept the repacked copy out: --no-repack
+        plain = repack.without(artifact, rung, search.rejected, len(search.options) > before)
+        if plain is not None:
+            _try_rung(search, q, plain, rung)
         if search.options and search.options[-1].seconds is None:
             break  # ladder order decides from here: the first admissible option wins
     if tried == 0:

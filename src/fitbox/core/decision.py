@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from fitbox.core.repack import RepackReason
 from fitbox.core.types import Footprint, Rung
 
 
@@ -99,6 +100,11 @@ class Place:
     predicted_seconds: float | None = None  # T, from measured rates only
     where: str = ""  # its placement class: what its measured facts are filed under
     device_counts: tuple[DeviceCount, ...] = ()  # a GPU rung on a multi-GPU box: 1, 2, ... GPUs
+    repack: RepackReason = RepackReason.NONE  # ram_bound: launched with --no-repack
+
+    @property
+    def no_repack(self) -> bool:
+        return self.repack is RepackReason.RAM_BOUND
 
     @property
     def device(self) -> str:

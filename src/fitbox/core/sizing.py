@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fitbox.core.projector import ProjectorShape, with_projector
+from fitbox.core.repack import CpuFeatures, WeightTensor, host_weights
 from fitbox.core.types import Footprint
 
 KV_PAD = 256  # llama-context.cpp: n_ctx = GGML_PAD(n_ctx, 256); the SWA cache is padded too
@@ -18,6 +20,15 @@ F32_BYTES = 4
 COMPUTE_PER_EMBD = 5
 COMPUTE_PER_FF = 3
 COMPUTE_EXTRA = 16
+# Flash attention off: at the attention peak a ubatch token holds its f32 KQ row (n_head x
+# cells), its f32 mask row per cache, and 6 x n_embd + 2 x the widest K row + 5 f32 values
+# beside them; with a quantized K cache 4 x n_embd + max(n_embd, 256) + 2 x K + 15 (fitted
+# on llama shapes of n_embd 128-1024 and the zoo, FORMULAS.md §Compute).
+NO_FA_PER_EMBD = 6
+NO_FA_PER_K = 2
+NO_FA_EXTRA = 5
+NO_FA_QUANT_K_FLOOR = 256
+NO_FA_QUANT_K_EXTRA = 15
 
 # Every cache type llama-server accepts (-ctk/-ctv): (block size, bytes per block), from
 # ggml/src/ggml-common.h block structs and ggml.c type_traits.
@@ -60,6 +71,8 @@ class ModelShape:
     n_ff: int = 0  # the widest FFN a token passes: dense, shared, or experts used x width
     ssm_values: int = 0  # extra f32 values per ubatch token in SSM layers (Mamba scans)
     weights_by_kind: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+    # every tensor, for the repack rule (core/repack.py); empty: priced by weights_bytes alone
+    tensors: tuple[WeightTensor, ...] = field(default=(), compare=False, hash=False)
 
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and il < len(self.swa_layers) and self.swa_layers[il]
@@ -157,17 +170,30 @@ def swa_window(
     return cells if swa_full else pad(min(cells, n_swa * seqs + n_ubatch))
 
 
+def padded_v_width(shape: ModelShape) -> int:
+    """With flash attention off V is stored transposed, and when its width varies across
+    layers every layer's V takes the widest (llama-kv-cache.cpp TAG_V_CACHE_VARIABLE:
+    n_embd_v_gqa_max over all layers); 0 when the widths agree (nothing is padded)."""
+    widths = {shape.head_dims(il)[1] * (shape.kv_heads[il] if il < len(shape.kv_heads) else 0)
+              for il in range(shape.n_layer)}  # fmt: skip
+    return max(widths) if len(widths) > 1 else 0
+
+
 def layer_kv_bytes(
-    shape: ModelShape, il: int, cells: int, swa: int, streams: int, type_k: str, type_v: str
-) -> tuple[int, int]:
-    """(K, V) bytes of layer ``il``; (0, 0) for a layer that keeps no KV."""
+    shape: ModelShape, il: int, cells: int, swa: int, streams: int, type_k: str, type_v: str,
+    v_width: int = 0,
+) -> tuple[int, int]:  # fmt: skip
+    """(K, V) bytes of layer ``il``; (0, 0) for a layer that keeps no KV. ``v_width``: the
+    padded V row of a cache without flash attention (``padded_v_width``), 0 if unpadded;
+    a cache layer with no KV heads then still holds a V of that width."""
     heads = shape.kv_heads[il] if il < len(shape.kv_heads) else 0
-    if not shape.has_kv_cache or heads == 0 or shape.is_recurrent(il):
+    if not shape.has_kv_cache or shape.is_recurrent(il) or (heads == 0 and not v_width):
         return 0, 0
     k_dim, v_dim = shape.head_dims(il)
     layer_cells = swa if shape.is_swa(il) else cells
     k = row_bytes(type_k, k_dim * heads) * layer_cells * streams
-    v = 0 if shape.is_mla else row_bytes(type_v, v_dim * heads) * layer_cells * streams
+    v_row = row_bytes(type_v, v_width or v_dim * heads)
+    v = 0 if shape.is_mla else v_row * layer_cells * streams
     return k, v
 
 
@@ -181,13 +207,16 @@ def kv_bytes(
     unified: bool = False,
     swa_full: bool = False,
     n_ubatch: int = DEFAULT_UBATCH,
+    flash_attn: bool = True,
 ) -> KVBytes:
     """K and V for every layer that keeps KV (llama-kv-cache.cpp, -iswa.cpp; FORMULAS §KV)."""
     cells, streams = kv_cells(window, parallel, unified)
     swa = swa_cells(shape, cells, parallel, unified, swa_full, n_ubatch)
+    v_width = 0 if flash_attn else padded_v_width(shape)
     k = v = 0
     for il in range(shape.n_layer):
-        layer_k, layer_v = layer_kv_bytes(shape, il, cells, swa, streams, type_k, type_v)
+        layer_k, layer_v = layer_kv_bytes(shape, il, cells, swa, streams, type_k, type_v,
+                                          v_width)  # fmt: skip
         k, v = k + layer_k, v + layer_v
     return KVBytes(k=k, v=v, full_cells=cells, swa_cells=swa, streams=streams)
 
@@ -213,9 +242,13 @@ def ubatch(window: int) -> int:
     return min(DEFAULT_UBATCH, pad(window), 2048)
 
 
-def compute_bytes(shape: ModelShape, window: int, parallel: int, unified: bool = False) -> int:
-    """The compute buffer with flash attention (FORMULAS.md §Compute): per ubatch token, an
-    f16 KQ mask over each cache's cells plus the widest activations of a layer."""
+def compute_bytes(
+    shape: ModelShape, window: int, parallel: int, unified: bool = False,
+    flash_attn: bool = True, type_k: str = "f16",
+) -> int:  # fmt: skip
+    """The compute buffer (FORMULAS.md §Compute): per ubatch token, a KQ mask over each
+    cache's cells plus the widest activations of a layer; without flash attention also
+    the f32 KQ matrix, whichever peak is larger."""
     cells, _ = kv_cells(window, parallel, unified)
     attends = [
         il
@@ -224,15 +257,37 @@ def compute_bytes(shape: ModelShape, window: int, parallel: int, unified: bool =
     ]
     full = any(not shape.is_swa(il) for il in attends)
     swa = swa_cells(shape, cells, parallel, unified) if attends else 0
-    return compute_for_mask(shape, window, (cells if full else 0) + swa)
+    mask = (cells if full else 0) + swa
+    if flash_attn:
+        return compute_for_mask(shape, window, mask)
+    return compute_without_fa(shape, window, mask, cells if full else swa, type_k)
 
 
-def compute_for_mask(shape: ModelShape, window: int, mask_cells: int) -> int:
+def compute_for_mask(shape: ModelShape, window: int, mask_cells: int,
+                     mask_bytes: int = F16_BYTES) -> int:  # fmt: skip
     """The compute buffer once the KQ mask's cells are known (they depend on which layers
     attend, which a caller may have worked out once for many windows)."""
     values = (COMPUTE_PER_EMBD * shape.n_embd + COMPUTE_PER_FF * shape.n_ff + COMPUTE_EXTRA
               + shape.ssm_values)  # fmt: skip
-    return ubatch(window) * (F16_BYTES * mask_cells + F32_BYTES * values)
+    return ubatch(window) * (mask_bytes * mask_cells + F32_BYTES * values)
+
+
+def compute_without_fa(shape: ModelShape, window: int, mask_cells: int, kq_cells: int,
+                       type_k: str = "f16") -> int:  # fmt: skip
+    """Flash attention off (llama-graph.cpp build_attn_mha, the ``kq`` branch): the mask is
+    f32, and the peak is either the layer's activations or the attention step, where the
+    f32 KQ matrix [kq_cells, n_ubatch, n_head] (the widest cache's cells) is alive."""
+    layers = range(min(shape.n_layer, len(shape.kv_heads)))
+    widest_k = max((shape.head_dims(il)[0] * shape.kv_heads[il] for il in layers), default=0)
+    e = shape.n_embd
+    if KV_TYPES.get(type_k, (1, 0))[0] > 1:  # a quantized K cache
+        beside = 4 * e + max(e, NO_FA_QUANT_K_FLOOR) + NO_FA_QUANT_K_EXTRA
+    else:
+        beside = NO_FA_PER_EMBD * e + NO_FA_EXTRA
+    attention = ubatch(window) * F32_BYTES * (
+        shape.n_head * kq_cells + mask_cells + beside + NO_FA_PER_K * widest_k
+    )  # fmt: skip
+    return max(attention, compute_for_mask(shape, window, mask_cells, F32_BYTES))
 
 
 def footprint(
@@ -243,12 +298,20 @@ def footprint(
     type_k: str = "f16",
     type_v: str = "f16",
     unified: bool = False,
+    cpu: CpuFeatures | None = None,
+    flash_attn: bool = True,
+    projector: ProjectorShape | None = None,
 ) -> Footprint:
+    """Everything in one place. ``cpu``: the engine's CPU features when that place is host
+    RAM (the repack rule, core/repack.py); None prices the file's bytes alone. ``projector``:
+    launched with ``--mmproj`` (core/projector.py)."""
     window = effective_window(shape, window)
-    kv = kv_bytes(shape, window, parallel, type_k=type_k, type_v=type_v, unified=unified)
-    return Footprint(
-        weights=shape.weights_bytes,
+    kv = kv_bytes(shape, window, parallel, type_k=type_k, type_v=type_v, unified=unified,
+                  flash_attn=flash_attn)  # fmt: skip
+    text = Footprint(
+        weights=shape.weights_bytes + host_weights(shape.tensors, cpu).extra,
         kv=kv.total + recurrent_bytes(shape, parallel),
-        compute=compute_bytes(shape, window, parallel, unified),
+        compute=compute_bytes(shape, window, parallel, unified, flash_attn, type_k),
         output=output_bytes(shape, parallel),
     )
+    return with_projector(text, projector)

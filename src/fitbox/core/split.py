@@ -14,9 +14,21 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fitbox.core import sizing
+from fitbox.core.repack import (
+    MUL_MAT_ID,
+    CpuFeatures,
+    HostWeights,
+    RepackReason,
+    WeightTensor,
+    host_weights,
+)
 from fitbox.core.types import Footprint
+
+if TYPE_CHECKING:
+    from fitbox.core.ask import Candidate
 
 HOST = "host"
 
@@ -110,6 +122,40 @@ def layer_ranges(
     return tuple(ranges), output
 
 
+def repack_extra(shape: sizing.ModelShape, placement: Placement, cpu: CpuFeatures | None) -> int:
+    """What the repack rule adds to the host's weights for this placement (core/repack.py)."""
+    found = in_ram(shape, placement, cpu)
+    return found.extra if found else 0
+
+
+def in_ram(shape: sizing.ModelShape, placement: Placement,
+           cpu: CpuFeatures | None) -> HostWeights | None:  # fmt: skip
+    """The host's model buffers under the repack rule: the tensors in RAM are the input
+    layer, the layers (and output layer) left on the host, and routed experts with
+    --cpu-moe. None when nothing can repack (no features, a GPU host buffer, no tensors)."""
+    if cpu is None or not cpu.repacks or not shape.tensors:
+        return None
+    layers, output_device = layer_devices(shape.n_layer, placement)
+
+    def stays(t: WeightTensor) -> bool:
+        if t.layer < 0 or (placement.experts_in_ram and t.op == MUL_MAT_ID):
+            return True
+        device = output_device if t.layer >= len(layers) else layers[t.layer]
+        return device == HOST
+
+    return host_weights(shape.tensors, cpu, stays)
+
+
+def repack_reason(candidate: Candidate, placement: Placement) -> RepackReason:
+    """What the placement does about repacking: the flag fitbox launches it with."""
+    if candidate.no_repack:
+        return RepackReason.RAM_BOUND
+    found = in_ram(candidate.shape, placement, candidate.cpu) if candidate.shape else None
+    if found is None or not found.repacked:
+        return RepackReason.NONE
+    return RepackReason.ON
+
+
 def footprint_by_device(
     shape: sizing.ModelShape,
     layout: Layout,
@@ -120,8 +166,10 @@ def footprint_by_device(
     type_k: str = "f16",
     type_v: str = "f16",
     unified: bool = False,
+    cpu: CpuFeatures | None = None,
 ) -> dict[str, Footprint]:
-    """Weights, KV (with recurrent state), compute and output bytes on every device used."""
+    """Weights, KV (with recurrent state), compute and output bytes on every device used;
+    ``cpu``: the engine's CPU features, for what it repacks in RAM."""
     window = sizing.effective_window(shape, window)
     layers, output_device = layer_devices(shape.n_layer, placement)
     cells, streams = sizing.kv_cells(window, parallel, unified)
@@ -140,6 +188,7 @@ def footprint_by_device(
     weights[output_device] = weights.get(output_device, 0) + layout.output_bytes
     if layout.output_tied and output_device != HOST:
         weights[output_device] += layout.input_bytes  # TENSOR_DUPLICATED onto the device
+    weights[HOST] += repack_extra(shape, placement, cpu)
     compute = sizing.compute_bytes(shape, window, parallel, unified)
     devices = set(weights) | set(kv_by)
     return {

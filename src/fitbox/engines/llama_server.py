@@ -13,11 +13,13 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
 from fitbox.engines.load_log import parse_load_log
 from fitbox.engines.seam import CallTimings, EngineNotFound, Held, LaunchIntent, LaunchSpec
@@ -33,7 +35,9 @@ __all__ = [  # LaunchIntent and EngineNotFound are the seam's; kept importable f
     "candidates",
     "find_binary",
     "inspect",
+    "parse_devices",
     "parse_help_flags",
+    "parse_system_info",
     "visible_gpus",
 ]
 BINARY = "llama-server"
@@ -41,6 +45,13 @@ ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
 _OOM = re.compile(r"out of memory|failed to allocate|unable to allocate|cudaMalloc failed", re.I)
 _TIMINGS = re.compile(rb'"timings"\s*:\s*(\{[^{}]*\})')
 _FLAG_LINE = re.compile(r"^(--?[A-Za-z][^\s,]*(?:,\s+--?[A-Za-z][^\s,]*)*)")
+_SECTION = re.compile(r"\|\s*([A-Za-z][\w-]*)\s+:\s")  # "| CPU : " opens a backend's features
+_FEATURE = re.compile(r"([A-Z][A-Z0-9_]*)\s*=\s*(\d+)")
+_DEVICE = re.compile(r"^\s+([A-Za-z][\w-]*?)\d*:\s")  # "  CUDA0: NVIDIA ... (24576 MiB, ...)"
+# Backends whose device offers a pinned host buffer type: llama.cpp puts it before the CPU's
+# repack buffer for layers in RAM (llama-model.cpp make_cpu_buft_list); Metal, RPC have none.
+_HOST_BUFFER_BACKENDS = ("CUDA", "ROCm", "HIP", "Vulkan", "SYCL", "MUSA", "CANN")
+PROBE_S = 10  # the CPU-feature probes' bound (the real binary answers in ~0.3 s)
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,7 @@ class EngineInfo:
     path: Path
     flags: frozenset[str]
     version: str
+    cpu: CpuFeatures = field(default_factory=CpuFeatures)  # its CPU backend: the repack input
 
     def has(self, flag: str) -> bool:
         return flag in self.flags
@@ -115,26 +127,68 @@ def parse_help_flags(help_text: str) -> frozenset[str]:
     return frozenset(flags)
 
 
+def parse_system_info(text: str, devices: Sequence[str] = ()) -> CpuFeatures:
+    """The CPU section of the ``system_info:`` line (``CPU : SSE3 = 1 | AVX2 = 1 | ... |``);
+    ``devices`` are the GPU backends ``--list-devices`` named (common.cpp, ggml-cpu.cpp
+    ggml_backend_cpu_get_features)."""
+    line = next((ln for ln in text.splitlines() if "system_info:" in ln), "")
+    sections = _SECTION.split(line)  # [before, name, body, name, body, ...]
+    body = next((sections[i + 1] for i in range(1, len(sections) - 1, 2)
+                 if sections[i] == "CPU"), "")  # fmt: skip
+    found = dict(_FEATURE.findall(body))
+    flags = frozenset(name for name, value in found.items() if value != "0")
+    host_buffer = any(d.startswith(_HOST_BUFFER_BACKENDS) for d in devices)
+    return CpuFeatures(flags, int(found.get("SVE_CNT", 0)), host_buffer)
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    """Device names from ``--list-devices`` (``  CUDA0: ...``), without their index."""
+    return tuple(m.group(1) for ln in text.splitlines() if (m := _DEVICE.match(ln)))
+
+
+def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _cpu_features(path: Path, flags: frozenset[str]) -> CpuFeatures:
+    """Start the binary on a file that is not there: it prints ``system_info`` and exits
+    before it loads anything (well under a second, once per binary). A binary whose
+    ``--help`` lists neither probe's flags is not asked; one that does not answer in time
+    reports nothing (nothing is counted as repacked, the measured load corrects it)."""
+    try:
+        devices: tuple[str, ...] = ()
+        if "--list-devices" in flags:
+            devices = parse_devices(_run([str(path), "--list-devices"], PROBE_S).stdout)
+        if "--verbosity" not in flags:
+            return CpuFeatures()
+        with tempfile.TemporaryDirectory() as tmp:
+            argv = [str(path), "-m", str(Path(tmp) / "none.gguf"), "--host", "127.0.0.1",
+                    "--port", "0", "--verbosity", "4"]  # fmt: skip
+            argv += ["--fit", "off"] if "--fit" in flags else []
+            probe = _run(argv, PROBE_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return CpuFeatures()
+    return parse_system_info(probe.stdout + probe.stderr, devices)
+
+
 @lru_cache(maxsize=16)
 def _inspect(path: Path, size: int, mtime_ns: int) -> EngineInfo:
-    help_run = subprocess.run(
-        [str(path), "--help"], capture_output=True, text=True, timeout=30, check=False
-    )
-    version_run = subprocess.run(
-        [str(path), "--version"], capture_output=True, text=True, timeout=30, check=False
-    )
+    help_run = _run([str(path), "--help"])
+    version_run = _run([str(path), "--version"])
     version_line = next(
         (ln for ln in version_run.stderr.splitlines() if ln.startswith("version:")), "unknown"
     )
+    flags = parse_help_flags(help_run.stdout)
     return EngineInfo(
         path=path,
-        flags=parse_help_flags(help_run.stdout),
+        flags=flags,
         version=version_line.removeprefix("version:").strip(),
+        cpu=_cpu_features(path, flags),
     )
 
 
 def inspect(path: Path) -> EngineInfo:
-    """The binary's flags and version, read once per (path, size, mtime)."""
+    """The binary's flags, version and CPU features, read once per (path, size, mtime)."""
     stat = path.stat()
     return _inspect(path, stat.st_size, stat.st_mtime_ns)
 
@@ -170,6 +224,8 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv += ["-ts", ",".join(f"{share:g}" for share in intent.tensor_split)]
     if intent.experts_in_ram:
         argv.append("--cpu-moe")
+    if intent.no_repack and engine.has("--no-repack"):
+        argv.append("--no-repack")  # the core chose the smaller, unrepacked weights
     if intent.threads:
         argv += ["-t", str(intent.threads)]
     if (intent.type_k, intent.type_v) != ("f16", "f16"):
@@ -213,6 +269,12 @@ class LlamaServer:
         self.locate()
         assert self._info is not None
         return self._info
+
+    def cpu_features(self) -> CpuFeatures | None:
+        try:
+            return self.info().cpu
+        except EngineNotFound:
+            return None
 
     def launch(self, intent: LaunchIntent) -> LaunchSpec:
         return LaunchSpec(tuple(build_argv(self.info(), intent)), intent.port,

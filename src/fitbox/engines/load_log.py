@@ -33,6 +33,8 @@ _T = r"([^()\s]{1,32})"  # a ggml type name: f16, q8_0, bf16, …
 _TAG = r"^(?:[a-z]{2,5}\s+)?"  # an optional module tag, as server lines carry ("srv  ")
 
 _MODEL_BUF = re.compile(_TAG + r"load_tensors:\s+(\S+) model buffer size =\s+" + _F + " MiB")
+# a --mmproj projector (tools/mtmd/clip.cpp): its weights, filed as the "mmproj" model buffer
+_PROJ_SIZE = re.compile(_TAG + r"load_hparams: model size:\s+" + _F + " MiB")
 _OFFLOADED = re.compile(_TAG + r"load_tensors: offloaded " + _N + "/" + _N + " layers to GPU")
 _KV_BUF = re.compile(_TAG + r"llama_kv_cache\w*:\s+(\S+) KV buffer size =\s+" + _F + " MiB")
 _KV_NEW = re.compile(_TAG + r"llama_\w+: creating\s+(.{1,16}?) KV cache, size = \d+ cells")
@@ -244,6 +246,8 @@ class _Reading:
         """Buffer sizes and the KV and recurrent cache lines."""
         if m := _MODEL_BUF.match(msg):
             _add(self.buffers["model"], m.group(1), m.group(2))
+        elif m := _PROJ_SIZE.match(msg):
+            _add(self.buffers["model"], "mmproj", m.group(1))
         elif m := _KV_BUF.match(msg):
             _add(self.buffers["kv"], m.group(1), m.group(2))
         elif m := _KV_SIZE.match(msg):

@@ -26,16 +26,22 @@ class LoadSpec:
     unified: bool = False
     type_k: str = "f16"
     type_v: str = "f16"
+    flash_attn: bool = True
+    repack: bool = True
+    mmproj: Path | None = None  # a vision projector loaded beside the model
 
     def argv(self) -> list[str]:
         args = ["-c", str(self.window), "-np", str(self.parallel), "-ctk", self.type_k,
-                "-ctv", self.type_v, "-fa", "on", "-ngl", "0", "--fit", "off",
-                "--verbosity", "4", "--no-webui"]  # fmt: skip
+                "-ctv", self.type_v, "-fa", "on" if self.flash_attn else "off", "-ngl", "0",
+                "--fit", "off", "--verbosity", "4", "--no-webui"]  # fmt: skip
+        args += [] if self.repack else ["--no-repack"]
+        args += ["--mmproj", str(self.mmproj)] if self.mmproj else []
         return [*args, "-kvu"] if self.unified else args
 
     def label(self) -> str:
-        kvu = " kvu" if self.unified else ""
-        return f"c{self.window} np{self.parallel}{kvu} {self.type_k}/{self.type_v}"
+        flags = (" kvu" if self.unified else "") + ("" if self.flash_attn else " fa-off")
+        flags += ("" if self.repack else " no-repack") + (" mmproj" if self.mmproj else "")
+        return f"c{self.window} np{self.parallel}{flags} {self.type_k}/{self.type_v}"
 
 
 def _healthy(port: int) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
 
 
@@ -39,6 +40,7 @@ class LaunchIntent:
     threads: int | None = None  # the cores the CPU claim holds
     type_k: str = "f16"
     type_v: str = "f16"
+    no_repack: bool = False  # weights in RAM stay as the file has them (--no-repack)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,11 @@ class Engine(Protocol):
 
     def locate(self) -> None:
         """Find a runnable engine now (cached); raises ``EngineNotFound`` with the fix."""
+        ...
+
+    def cpu_features(self) -> CpuFeatures | None:
+        """What the engine's CPU backend does with weights in RAM (the repack rule's input,
+        read once per binary); None: unknown, or nothing is repacked."""
         ...
 
     def launch(self, intent: LaunchIntent) -> LaunchSpec:

@@ -15,17 +15,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from fitbox.core.projector import ProjectorShape
+from fitbox.core.repack import WeightTensor
 from fitbox.core.sizing import ModelShape
 from fitbox.core.split import Layout
 from fitbox.models.gguf_facts import GGUFFacts, read_facts
 from fitbox.models.identity import identity_of
 
-VERSION = 1
+VERSION = 2  # 2: every tensor's layer, type, rows, op and offset (the repack rule)
+_TENSOR_FIELDS = ("layer", "type", "rows", "dims", "op", "offset", "n_bytes", "duplicate")
 
 
 def _encode(facts: GGUFFacts) -> dict[str, Any]:
     data = asdict(facts)
     data["path"] = str(facts.path)
+    data["shape"]["tensors"] = [[getattr(t, f) for f in _TENSOR_FIELDS]
+                                for t in facts.shape.tensors]  # compact rows  # fmt: skip
     return data
 
 
@@ -33,6 +38,8 @@ def _decode(data: dict[str, Any]) -> GGUFFacts:
     shape = data["shape"]
     for key in ("kv_heads", "swa_layers", "recurrent_layers"):
         shape[key] = tuple(shape[key])
+    shape["tensors"] = tuple(WeightTensor(*row) for row in shape.get("tensors", ()))
+    projector = ProjectorShape(**data["projector"]) if data.get("projector") else None
     raw = data.get("layout")
     layout = Layout(
         layer_bytes=tuple(raw["layer_bytes"]), routed_bytes=tuple(raw["routed_bytes"]),
@@ -41,7 +48,8 @@ def _decode(data: dict[str, Any]) -> GGUFFacts:
     ) if raw else None  # fmt: skip
     return GGUFFacts(
         **{**data, "path": Path(data["path"]), "shape": ModelShape(**shape),
-           "bytes_by_layer": tuple(data["bytes_by_layer"]), "layout": layout},
+           "bytes_by_layer": tuple(data["bytes_by_layer"]), "layout": layout,
+           "projector": projector},
     )  # fmt: skip
 
 

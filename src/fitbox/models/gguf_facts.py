@@ -8,16 +8,18 @@ each one.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from gguf.constants import GGMLQuantizationType, LlamaFileType
+from gguf.constants import LlamaFileType
 
+from fitbox.core.projector import ProjectorShape, aligned
+from fitbox.core.repack import MUL_MAT, MUL_MAT_ID, WeightTensor
 from fitbox.core.sizing import ModelShape
 from fitbox.core.split import Layout
-from fitbox.models.gguf_header import ArrayLength, GGUFHeader, TensorInfo, read_header
+from fitbox.models.gguf_header import ArrayLength, GGUFHeader, TensorInfo, read_header, type_name
 from fitbox.models.identity import identity_of
 
 # Architectures whose GGUF files are projectors (vision/audio encoders), never models.
@@ -48,6 +50,14 @@ ALL_LAYERS_BOTH = frozenset({"falcon-h1"})  # attention and SSM side by side in 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 _ROUTED = re.compile(r"\.ffn_(gate|up|down|gate_up)_(ch)?exps\b")  # common.h: --cpu-moe
 _SHARED = re.compile(r"\.ffn_(gate|up|down)_shexp\b")
+# Weights the graph reads with something other than a matrix product (llama-arch.cpp
+# LLM_TENSOR_INFOS: GET_ROWS, SSM_CONV, IM2COL, SSM_SCAN, SCALE, ...): never repacked.
+_NOT_MATMUL = re.compile(
+    r"(^|\.)(token_embd|position_embd|token_types|per_layer_token_embd|nextn\.embed_tokens"
+    r"|attn_rel_b|attn_compressor_ape|indexer_compressor_ape|ffn_gate_tid2eid|d2t|markov_w1"
+    r"|selector_predecessor|selector_successor|ssm_conv1d|shortconv\.conv|conv1d|ssm_a"
+    r"|time_mix_first|attn_sinks|ffn_act)\.weight$"
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,7 @@ class GGUFFacts:
     bytes_by_layer: tuple[int, ...] = field(default=(), compare=False)
     unknown_architecture: bool = False
     layout: Layout | None = field(default=None, compare=False)
+    projector: ProjectorShape | None = None  # a vision projector file's own shape
 
 
 def _int(header: GGUFHeader, key: str, default: int = 0) -> int:
@@ -193,6 +204,35 @@ def layout_of(tensors: tuple[TensorInfo, ...], n_layer: int) -> Layout:
     return Layout(tuple(layer), tuple(routed), input_bytes, output_bytes, not has_output)
 
 
+def weight_tensors(tensors: tuple[TensorInfo, ...], n_layer: int) -> tuple[WeightTensor, ...]:
+    """Each tensor with its layer (-1 input, n_layer output, as ``layout_of`` counts them),
+    ggml type, rows and the op that reads it: what the repack rule needs (core/repack.py).
+    A file without ``output.weight`` gets the engine's duplicate of ``token_embd`` as the
+    output matrix (TENSOR_DUPLICATED): mapped once, but repacked as a copy of its own."""
+    out: list[WeightTensor] = []
+    for t in tensors:
+        match = _LAYER.match(t.name)
+        if match and int(match.group(1)) < n_layer:
+            layer = int(match.group(1))
+        else:
+            layer = n_layer if t.name.startswith("output") else -1
+        dims = max((i + 1 for i, n in enumerate(t.shape) if n > 1), default=1)
+        if _ROUTED.search(t.name):
+            op = MUL_MAT_ID
+        elif t.name.endswith(".weight") and dims > 1 and not _NOT_MATMUL.search(t.name):
+            op = MUL_MAT
+        else:
+            op = ""  # a norm, a bias, an embedding lookup, a convolution
+        rows = t.shape[1] if len(t.shape) > 1 else 1
+        out.append(WeightTensor(layer, type_name(t.type), rows, dims, op, t.offset, t.n_bytes))
+    names = {t.name for t in tensors}
+    embd = next((w for t, w in zip(tensors, out, strict=True) if t.name == "token_embd.weight"),
+                None)  # fmt: skip
+    if "output.weight" not in names and embd is not None:
+        out.append(replace(embd, layer=n_layer, op=MUL_MAT, duplicate=True))
+    return tuple(out)
+
+
 def quant_name(file_type: Any, tensors: tuple[TensorInfo, ...]) -> str:
     if isinstance(file_type, int):
         try:
@@ -204,7 +244,25 @@ def quant_name(file_type: Any, tensors: tuple[TensorInfo, ...]) -> str:
         by_type[t.type] = by_type.get(t.type, 0) + t.n_bytes
     if not by_type:
         return "unknown"
-    return GGMLQuantizationType(max(by_type, key=lambda k: by_type[k])).name
+    return type_name(max(by_type, key=lambda k: by_type[k]))
+
+
+def projector_shape(header: GGUFHeader) -> ProjectorShape | None:
+    """A vision projector's facts (tools/mtmd/clip.cpp load_hparams: ``clip.vision.*``)."""
+    if not header.get("clip.has_vision_encoder"):
+        return None
+    names = {t.name for t in header.tensors}
+    return ProjectorShape(
+        weights_bytes=sum(aligned(t.n_bytes) for t in header.tensors),
+        projector_type=str(header.get("clip.projector_type",
+                                      header.get("clip.vision.projector_type", ""))),
+        image_size=_int(header, "clip.vision.image_size"),
+        patch_size=_int(header, "clip.vision.patch_size"),
+        n_embd=_int(header, "clip.vision.embedding_length"),
+        n_ff=_int(header, "clip.vision.feed_forward_length"),
+        n_layer=_int(header, "clip.vision.block_count"),
+        class_token="v.class_embd" in names,
+    )  # fmt: skip
 
 
 def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
@@ -226,6 +284,7 @@ def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
         bytes_by_layer=per_layer,
         unknown_architecture=n_layer == 0,
         layout=layout_of(header.tensors, n_layer),
+        projector=projector_shape(header) if arch in PROJECTOR_ARCHES else None,
     )
 
 
@@ -269,6 +328,7 @@ def _shape(
         n_ff=_widest_feed_forward(header, arch, n_layer),
         ssm_values=ssm_values(header, arch),
         weights_by_kind=weights_by_kind,
+        tensors=weight_tensors(header.tensors, n_layer),
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,10 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 MAGIC = b"GGUF"
 KEEP_ARRAY_ITEMS = 4096  # per-layer arrays are kept; vocabularies are not
+DEFAULT_ALIGNMENT = 32  # gguf.h GGUF_DEFAULT_ALIGNMENT; a file may set general.alignment
+# ggml types newer than the gguf package: id -> (name, block size, bytes per block), from
+# ggml/include/ggml.h and ggml/src/ggml-common.h of the build fitbox runs.
+EXTRA_TYPES: dict[int, tuple[str, int, int]] = {42: ("Q2_0", 64, 18)}  # block_q2_0
 
 _SCALARS: dict[int, str] = {
     0: "<B",
@@ -46,6 +50,7 @@ class TensorInfo:
     shape: tuple[int, ...]  # ggml order, ne0 first
     type: int
     n_bytes: int
+    offset: int = 0  # where its data starts in the file (the engine maps from here)
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,18 @@ def has_gguf_magic(path: Path) -> bool:
         return False
 
 
+def type_name(type_id: int) -> str:
+    """The ggml type's name as gguf spells it ("Q4_K", "F32"), also for newer types."""
+    if type_id in EXTRA_TYPES:
+        return EXTRA_TYPES[type_id][0]
+    return GGMLQuantizationType(type_id).name
+
+
 def tensor_bytes(type_id: int, shape: tuple[int, ...]) -> int:
-    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
+    if type_id in EXTRA_TYPES:
+        _, block, size = EXTRA_TYPES[type_id]
+    else:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
     n_elements = 1
     for dim in shape:
         n_elements *= dim
@@ -162,10 +177,14 @@ def read_header(path: Path) -> GGUFHeader:
             n_dims = cur.unpack("<I")
             shape = tuple(cur.unpack("<Q") for _ in range(n_dims))
             type_id = cur.unpack("<I")
-            cur.unpack("<Q")  # data offset: not needed to size the tensor
+            offset = cur.unpack("<Q")  # relative to the data section
             try:
                 n_bytes = tensor_bytes(type_id, shape)
             except (ValueError, KeyError) as exc:
                 raise NotGGUF(f"tensor {name} has unknown type {type_id}") from exc
-            tensors.append(TensorInfo(name, shape, type_id, n_bytes))
-        return GGUFHeader(version=version, fields=fields, tensors=tuple(tensors))
+            tensors.append(TensorInfo(name, shape, type_id, n_bytes, offset))
+        align = fields.get("general.alignment", DEFAULT_ALIGNMENT)
+        align = align if isinstance(align, int) and align > 0 else DEFAULT_ALIGNMENT
+        data = (cur.pos + align - 1) // align * align  # gguf.cpp: the data section is aligned
+        placed = tuple(replace(t, offset=data + t.offset) for t in tensors)
+        return GGUFHeader(version=version, fields=fields, tensors=placed)

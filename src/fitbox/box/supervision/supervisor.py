@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fitbox.config import Config
+from fitbox.core.repack import NO_REPACK_CLASS
 from fitbox.core.types import Footprint, ResidentState, Rung
 from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
 from fitbox.engines.orphans import ChildRecord, reap, start_time
@@ -52,6 +53,7 @@ def intent_for(resident: Resident, port: int) -> LaunchIntent:
         port=port, tensor_split=place.tensor_split, experts_in_ram=place.experts_in_ram,
         gpus=tuple(int(d.removeprefix("gpu")) for d in place.devices if d.startswith("gpu")),
         threads=len(place.cores) or None, type_k=place.type_k, type_v=place.type_v,
+        no_repack=place.no_repack,
     )  # fmt: skip
 
 
@@ -145,9 +147,9 @@ class Supervisor:
         resident.footprint = Footprint(held.weights, held.kv, held.compute, held.output)
         resident.basis = "measured"
         resident.held[resident.device] = resident.footprint.total
-        self.facts.footprint_measured(held, resident.artifact, resident.device,
-                                      contract_of(resident), resident.load_seconds,
-                                      resident.loaded_by_call)  # fmt: skip
+        where = resident.device + (NO_REPACK_CLASS if place and place.no_repack else "")
+        self.facts.footprint_measured(held, resident.artifact, where, contract_of(resident),
+                                      resident.load_seconds, resident.loaded_by_call)  # fmt: skip
         error = (estimate - resident.footprint.total) / max(resident.footprint.total, 1)
         log.info("%s measured %s on %s (the estimate was %+.1f%%)", resident.artifact.name,
                  format_bytes(resident.footprint.total), resident.device, error * 100)  # fmt: skip
