@@ -435,6 +435,12 @@ def plan_model(config: settings.Config, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
+    _print_plan(report)
+    return 0
+
+
+def _print_plan(report: dict[str, Any]) -> None:
+    """``fitbox plan`` in words: the decision, its window, bytes per device, and why not."""
     simulated = {d["device"] for d in report["box"] if d["simulated"]}
     label = f"{report['decision']} on {report['device']}"
     if report.get("rung"):
@@ -473,7 +479,6 @@ def plan_model(config: settings.Config, args: argparse.Namespace) -> int:
     for r in report.get("rejected", []):
         print(f"  - {r['rung']} {r['artifact']}: {r['reason']} ({r['detail']})")
     print(f"  ({report['source']})")
-    return 0
 
 
 def list_engines(config: settings.Config) -> int:
