@@ -11,6 +11,7 @@ from fitbox.core import sizing, split
 from fitbox.core.ask import Ask, Candidate, MeasuredFit
 from fitbox.core.decide import decide
 from fitbox.core.decision import Place, Refuse
+from fitbox.core.norepack import without
 from fitbox.core.repack import (
     MUL_MAT,
     MUL_MAT_ID,
@@ -20,7 +21,6 @@ from fitbox.core.repack import (
     host_weights,
     kernel,
     repacked,
-    without,
 )
 from fitbox.core.split import Layout, Placement
 from fitbox.core.types import Device, DeviceKind, Footprint, Rung, Snapshot

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from fitbox.core import bands, claims, evict, repack, sizing, split
+from fitbox.core import bands, claims, evict, norepack, sizing
 from fitbox.core.ask import Ask, Candidate
 from fitbox.core.bands import window_ticks
 from fitbox.core.conclude import conclude
@@ -236,8 +236,8 @@ def _place(candidate: Candidate, rung: Rung, type_k: str, type_v: str, fit: Fit,
         cores_from=claim.taken_from, band=fit.band,
         predicted_seconds=_seconds(search.ask, candidate, rung),
         where=placement_class(fit.placement, candidate.shape.n_layer if candidate.shape else 0)
-        + repack.placement_suffix(candidate),  # repack hook 2/2: facts of --no-repack apart
-        repack=split.repack_reason(candidate, fit.placement),
+        + norepack.placement_suffix(candidate),  # repack hook 2/2: facts of --no-repack apart
+        repack=norepack.repack_reason(candidate, fit.placement),
     )  # fmt: skip
 
 
@@ -300,7 +300,7 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
         tried += len(ask.kv_types)
         _try_rung(search, q, artifact, rung)
         # repack hook 1/2 (core/repack.py): RAM kept the repacked copy out: --no-repack
-        plain = repack.without(artifact, rung, search.rejected, len(search.options) > before)
+        plain = norepack.without(artifact, rung, search.rejected, len(search.options) > before)
         if plain is not None:
             _try_rung(search, q, plain, rung)
         if search.options and search.options[-1].seconds is None:

@@ -12,25 +12,13 @@ them. Every rule below mirrors the build fitbox runs, with its source lines in F
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-from fitbox.core.types import WEIGHTS_IN_RAM, Rung
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from fitbox.core.ask import Candidate
-    from fitbox.core.decision import Rejected
 
 TENSOR_ALIGNMENT = 32  # ggml-impl.h: the repack buffer aligns every tensor to it
 MUL_MAT = "mul_mat"
 MUL_MAT_ID = "mul_mat_id"
 NO_REPACK_CLASS = "/no-repack"  # measured facts of a --no-repack load are filed apart
-# Rejections no amount of RAM changes (core/decision.py RejectReason values): no second try.
-NOT_ABOUT_ROOM = frozenset({"no_gpu", "not_moe", "needs_layout", "kv_type", "beyond_training",
-                            "no_cores"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -146,37 +134,3 @@ class RepackReason(StrEnum):
     ON = "on"  # the engine repacks some weights: faster matrix products, more RAM
     NONE = "none"  # nothing to repack: the engine, the CPU, the types or the rows rule it out
     RAM_BOUND = "ram_bound"  # --no-repack: the repacked copy did not fit, the file alone does
-
-
-def without(
-    candidate: Candidate, rung: Rung, rejected: Sequence[Rejected] = (), placed: bool = False
-) -> Candidate | None:
-    """The same variant launched with ``--no-repack``, priced by the file alone and by what
-    loads with that flag measured; None when there is no need (``placed``: the repacked try
-    fits) or the flag would change nothing: a rung with no weights in RAM, an engine or
-    file with nothing to repack, or a last rejection (``rejected[-1]``, the repacked try's)
-    that is not about room."""
-    shape, cpu = candidate.shape, candidate.cpu
-    if placed or candidate.no_repack or rung not in WEIGHTS_IN_RAM or not shape or not cpu:
-        return None
-    if rejected and rejected[-1].reason in NOT_ABOUT_ROOM:
-        return None
-    if not host_weights(shape.tensors, cpu).repacked:
-        return None
-    suffix = NO_REPACK_CLASS
-
-    def own(pairs: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
-        return tuple((w.removesuffix(suffix), n) for w, n in pairs if w.endswith(suffix))
-
-    return replace(
-        candidate, no_repack=True,
-        measured=tuple(replace(m, where=m.where.removesuffix(suffix))
-                       for m in candidate.measured if m.where.endswith(suffix)),
-        refused_windows=own(candidate.refused_windows),
-        loaded_windows=own(candidate.loaded_windows),
-    )  # fmt: skip
-
-
-def placement_suffix(candidate: Candidate) -> str:
-    """What a --no-repack load's facts are filed under, after its placement class."""
-    return NO_REPACK_CLASS if candidate.no_repack else ""

@@ -14,21 +14,16 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fitbox.core import sizing
 from fitbox.core.repack import (
     MUL_MAT_ID,
     CpuFeatures,
     HostWeights,
-    RepackReason,
     WeightTensor,
     host_weights,
 )
 from fitbox.core.types import Footprint
-
-if TYPE_CHECKING:
-    from fitbox.core.ask import Candidate
 
 HOST = "host"
 
@@ -144,16 +139,6 @@ def in_ram(shape: sizing.ModelShape, placement: Placement,
         return device == HOST
 
     return host_weights(shape.tensors, cpu, stays)
-
-
-def repack_reason(candidate: Candidate, placement: Placement) -> RepackReason:
-    """What the placement does about repacking: the flag fitbox launches it with."""
-    if candidate.no_repack:
-        return RepackReason.RAM_BOUND
-    found = in_ram(candidate.shape, placement, candidate.cpu) if candidate.shape else None
-    if found is None or not found.repacked:
-        return RepackReason.NONE
-    return RepackReason.ON
 
 
 def footprint_by_device(
