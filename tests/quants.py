@@ -15,7 +15,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from fitbox.engines.llama_server import find_binary
+import pytest
+
+from fitbox.core.repack import CpuFeatures, kernel
+from fitbox.engines.llama_server import find_binary, inspect
 
 from .gguf_zoo import write_moe
 from .ggufs import write_tiny_llama
@@ -70,3 +73,12 @@ def quantized_models(root: Path) -> dict[str, Path]:
             quantize(sources[source], target.with_suffix(".tmp"), qtype, *extra).rename(target)
         out[name] = target
     return out
+
+
+def repacking_cpu(binary: Path) -> CpuFeatures:
+    """The engine's CPU features, or a skip that says why: a CPU that repacks nothing (no
+    REPACK, or no Q4_0 kernel) cannot show the repack rule at all."""
+    cpu = inspect(binary).cpu
+    if kernel("Q4_0", 8, cpu) is None or not cpu.repacks:
+        pytest.skip("this engine's CPU repacks nothing (no REPACK, or no kernel for Q4_0)")
+    return cpu

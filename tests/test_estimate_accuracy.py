@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 
 from bench.estimate_accuracy import QUICK_GRID, Row, compare, jobs, predict
-from fitbox.core.repack import kernel
-from fitbox.engines.llama_server import inspect
 from fitbox.engines.measure import LoadSpec, measure_load
 from fitbox.models.gguf_facts import read_facts
-from tests.quants import quantized_models
+from tests.quants import quantized_models, repacking_cpu
 
 pytestmark = pytest.mark.engine
 MIB = 1 << 20
@@ -50,9 +48,7 @@ def test_every_zoo_model_and_quant_type_is_within_its_target(
 def test_the_repack_rule_is_exercised_and_switches_off_with_no_repack(
     quant_cache: Path, llama_server_bin: Path
 ) -> None:
-    cpu = inspect(llama_server_bin).cpu
-    if kernel("Q4_0", 8, cpu) is None or not cpu.repacks:
-        pytest.skip("this engine's CPU repacks nothing (no REPACK, or no kernel for Q4_0)")
+    cpu = repacking_cpu(llama_server_bin)
     quants = quantized_models(quant_cache / "quants")  # made by the fixture: read back
     for name in ("Q4_0", "Q4_K_M", "moe-MXFP4_MOE"):
         path = quants[name]

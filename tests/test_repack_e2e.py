@@ -10,13 +10,11 @@ import httpx
 import pytest
 
 from fitbox.core import sizing
-from fitbox.core.repack import kernel
-from fitbox.engines.llama_server import inspect
 from fitbox.models.gguf_facts import read_facts
 
 from .conftest import running_fitbox
 from .ggufs import write_tiny_llama
-from .quants import quantize
+from .quants import quantize, repacking_cpu
 
 pytestmark = pytest.mark.engine
 MIB = 1 << 20
@@ -30,9 +28,7 @@ def chat(url: str) -> httpx.Response:
 def test_ram_for_the_file_alone_loads_it_with_no_repack(
     tmp_path: Path, llama_server_bin: Path
 ) -> None:
-    cpu = inspect(llama_server_bin).cpu
-    if kernel("Q4_0", 8, cpu) is None or not cpu.repacks:
-        pytest.skip("this engine's CPU repacks nothing (no REPACK, or no kernel for Q4_0)")
+    cpu = repacking_cpu(llama_server_bin)
     models = tmp_path / "models"
     models.mkdir()
     source = write_tiny_llama(tmp_path / "f32.gguf", n_embd=512, n_head=8, n_ff=1536,
