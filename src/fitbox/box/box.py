@@ -130,9 +130,6 @@ class Box:
 
     # -- settings --------------------------------------------------------------------------
 
-    def settings_for(self, name: str, artifacts: list[Artifact] | None = None) -> dict[str, Any]:
-        return self.asks.settings_for(name, artifacts or [])
-
     def update_settings(self, scope: str, model: str, values: dict[str, Any]) -> None:
         """Persist, then apply: a knob the store could not keep is not applied."""
         if self.store is not None:
