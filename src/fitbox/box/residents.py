@@ -2,9 +2,9 @@
 
 It is the only code that changes a resident's state, and only along ``TRANSITIONS``:
 
-    starting ─▶ ready ─▶ stopping ─▶ stopped
-        │  └──────────────▲   │
-        └──▶ failed ◀───────── (ready: an exit or a hang nobody asked for)
+    starting ─▶ ready | stopping | failed   (loaded; stopped while loading; load failed)
+    ready    ─▶ stopping | failed            (evicted, unloaded, hung; exited on its own)
+    stopping ─▶ stopped                      (stopped and failed are final)
 
 A resident leaves the registry when it reaches ``stopped`` or ``failed``; every change
 wakes whoever waits for room (``notify``). Calls join and release residents here too, so
