@@ -236,6 +236,8 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv += ["--alias", intent.alias]
     if intent.embedding and engine.has("--embeddings"):
         argv.append("--embeddings")
+    if engine.has("--metrics"):
+        argv.append("--metrics")  # its llamacpp:* figures, re-exported by fitbox's /metrics
     if engine.has("--no-webui"):
         argv.append("--no-webui")
     if engine.has("--verbosity"):
@@ -313,6 +315,13 @@ class LlamaServer:
 
     def out_of_memory(self, lines: Sequence[str]) -> str | None:
         return next((line for line in reversed(lines) if _OOM.search(line)), None)
+
+    def metrics_path(self) -> str | None:
+        """``/metrics`` when the binary has ``--metrics`` (passed at launch, build_argv)."""
+        try:
+            return "/metrics" if self.info().has("--metrics") else None
+        except EngineNotFound:
+            return None
 
     def shape(self, path: str, body: bytes) -> tuple[str, bytes]:
         return path, body  # forwarded as the client sent it: llama-server speaks OpenAI

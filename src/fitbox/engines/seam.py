@@ -122,3 +122,8 @@ class Engine(Protocol):
     def shape(self, path: str, body: bytes) -> tuple[str, bytes]:
         """The path and body to send to a child for a client's call on ``path``."""
         ...
+
+    def metrics_path(self) -> str | None:
+        """Where a child serves its own Prometheus metrics (re-exported by fitbox's
+        ``/metrics`` with a ``model`` label); None: it serves none."""
+        ...

@@ -20,6 +20,7 @@ from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import GpuReading, open_gpu_probe
 from fitbox.server import calls_page, errors, manage, openai, openapi, operate, settings, telemetry
 from fitbox.server.auth import AuthMiddleware, Gate
+from fitbox.server.metrics import Metrics, scrape
 from fitbox.server.trust import TrustSettings
 from fitbox.store.box_key import ensure_box_key
 from fitbox.store.db import Store, StoreUnavailable
@@ -37,6 +38,7 @@ ROUTES = (
     Route("/v1/telemetry/tables", telemetry.tables, methods=["GET"]),
     Route("/v1/telemetry/rows", telemetry.table_rows, methods=["GET"]),
     Route("/calls", calls_page.calls_page, methods=["GET"]),
+    Route("/metrics", scrape, methods=["GET"]),
     Route("/v1/residents", operate.residents, methods=["GET"]),
     Route("/v1/storage", operate.storage, methods=["GET"]),
     Route("/v1/queue", operate.queue, methods=["GET"]),
@@ -94,6 +96,7 @@ async def _serving(app: Starlette, config: Config, opened: Store | None) -> Asyn
     async with anyio.create_task_group():
         pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
     app.state.config, app.state.store, app.state.box = config, store, box
+    app.state.metrics = Metrics(box, store)
     box.start()
     _log_models(catalog, config)
     try:

@@ -3,8 +3,9 @@
 - Inference (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`): a key
   with the inference or admin scope, or no key from the box itself or a trusted network
   (unless keys are required for inference).
-- Everything else under `/v1` is management: the box itself, or an admin key. Never "any
-  trusted network".
+- Telemetry (`/v1/telemetry*`, `/metrics`): a read or admin key, or the box itself.
+- Everything else under `/v1`, and the dashboard (`/`, `/dashboard/events`), is management:
+  the box itself, or an admin key. Never "any trusted network".
 - `/health` is open. A presented fitbox key (``fb_…``) that is not valid is refused even
   where no key is needed: a client that sends a revoked key should hear about it. Any other
   bearer value (OpenAI SDKs insist on *some* api_key: "sk-no-key", "unused") is no key.
@@ -29,7 +30,9 @@ from fitbox.store.keys import ApiKey, KeyChecker
 INFERENCE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                        "/v1/models"})  # fmt: skip
 OPEN = frozenset({"/health"})
-READ = ("/v1/telemetry",)  # telemetry and status: a read (or admin) key, or the box itself
+READ = ("/v1/telemetry", "/metrics")  # telemetry: a read (or admin) key, or the box itself
+# outside /v1 but guarded as it is: the metrics (read) and the dashboard (management)
+GUARDED = frozenset({"/metrics", "/", "/dashboard/events"})
 
 
 @dataclass
@@ -49,7 +52,7 @@ def presented_key(headers: dict[str, str]) -> str | None:
 
 def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> ApiKey | None:
     """The key the call runs under (None when trust alone admits it); raises if refused."""
-    if path in OPEN or not path.startswith("/v1"):
+    if path in OPEN or not (path.startswith("/v1") or path in GUARDED):
         return None
     presented = presented_key(headers)
     key = gate.checker.verify(presented, time.time()) if presented else None
