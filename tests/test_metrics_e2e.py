@@ -7,6 +7,8 @@ fitbox listens on 127.0.0.2; a client bound to 127.0.0.3 is not the box itself."
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -17,8 +19,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import FitboxProcess, running_fitbox
-from .holds import until
+from .conftest import REPO, FitboxProcess, running_fitbox
+from .holds import engine_stopped, until
 from .tools import required_tool
 
 pytestmark = pytest.mark.engine
@@ -137,6 +139,17 @@ def test_every_family_after_one_call_with_the_childs_own(box: FitboxProcess) -> 
     assert samples(families, "fitbox_change_counter")[0].value > 0
 
 
+def test_a_child_that_does_not_answer_is_left_out(box: FitboxProcess) -> None:
+    assert chat(box).status_code == 200
+    with engine_stopped(box, SMOL):  # SIGSTOP: it cannot answer its /metrics
+        families = scrape(box)
+    assert not [name for name in families if name.startswith("llamacpp:")]
+    (failed,) = samples(families, "fitbox_child_scrape_failures", model=SMOL)
+    assert failed.value >= 1
+    assert samples(families, "fitbox_residents", state="ready")  # the box's own are there
+    assert any(n.startswith("llamacpp:") for n in scrape(box))  # and back once it answers
+
+
 def test_an_eviction_is_counted_by_reason(box: FitboxProcess) -> None:
     assert chat(box).status_code == 200
     unloaded = httpx.post(f"{box.url}/v1/operator/unload", json={"model": "smollm2"}, timeout=60)
@@ -223,3 +236,25 @@ def test_scraped_by_the_real_prometheus(box: FitboxProcess, read_key: str,
         assert float(calls[0]["value"][1]) >= 1
         devices = until(lambda: query(url, "fitbox_device_capacity_bytes"), "the devices")
         assert {d["metric"]["device"] for d in devices} >= {"gpu0", "host"}
+        until(lambda: query(url, "llamacpp:requests_processing"), "the child's own")
+        # every query of the shipped Grafana dashboard is one Prometheus accepts, and each
+        # names families fitbox (or its child) exports
+        exported = set(scrape(box))
+        for expr, title in dashboard_queries():
+            reply = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10)
+            assert reply.json()["status"] == "success", (title, expr, reply.text)
+            named = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in
+                     re.findall(r"\b(fitbox_[a-z_]+|llamacpp:[a-z_]+)", expr)}  # fmt: skip
+            assert named <= exported, (title, named - exported)
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """Each panel's queries with Grafana's variables as a viewer's first look sets them."""
+    dashboard = json.loads((REPO / "packaging" / "grafana" / "fitbox.json").read_text())
+    found = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$__rate_interval", "1m").replace("$model", ".*")
+            found.append((expr, panel["title"]))
+    assert len(found) >= 20
+    return found
