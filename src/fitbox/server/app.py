@@ -20,6 +20,7 @@ from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import GpuReading, open_gpu_probe
 from fitbox.server import calls_page, errors, manage, openai, openapi, operate, settings, telemetry
 from fitbox.server.auth import AuthMiddleware, Gate
+from fitbox.server.dashboard import dashboard, events
 from fitbox.server.metrics import Metrics, scrape
 from fitbox.server.trust import TrustSettings
 from fitbox.store.box_key import ensure_box_key
@@ -39,6 +40,8 @@ ROUTES = (
     Route("/v1/telemetry/rows", telemetry.table_rows, methods=["GET"]),
     Route("/calls", calls_page.calls_page, methods=["GET"]),
     Route("/metrics", scrape, methods=["GET"]),
+    Route("/", dashboard, methods=["GET"]),
+    Route("/dashboard/events", events, methods=["GET"]),
     Route("/v1/residents", operate.residents, methods=["GET"]),
     Route("/v1/storage", operate.storage, methods=["GET"]),
     Route("/v1/queue", operate.queue, methods=["GET"]),
