@@ -21,6 +21,7 @@ from fitbox.probe.gpus import GpuReading, open_gpu_probe
 from fitbox.server import calls_page, errors, manage, openai, openapi, operate, settings, telemetry
 from fitbox.server.auth import AuthMiddleware, Gate
 from fitbox.server.dashboard import dashboard, events
+from fitbox.server.mcp_tools import McpDoor, door
 from fitbox.server.metrics import Metrics, scrape
 from fitbox.server.trust import TrustSettings
 from fitbox.store.box_key import ensure_box_key
@@ -42,6 +43,7 @@ ROUTES = (
     Route("/metrics", scrape, methods=["GET"]),
     Route("/", dashboard, methods=["GET"]),
     Route("/dashboard/events", events, methods=["GET"]),
+    Route("/mcp", door, methods=["GET", "POST", "DELETE"]),
     Route("/v1/residents", operate.residents, methods=["GET"]),
     Route("/v1/storage", operate.storage, methods=["GET"]),
     Route("/v1/queue", operate.queue, methods=["GET"]),
@@ -99,11 +101,12 @@ async def _serving(app: Starlette, config: Config, opened: Store | None) -> Asyn
     async with anyio.create_task_group():
         pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
     app.state.config, app.state.store, app.state.box = config, store, box
-    app.state.metrics = Metrics(box, store)
+    app.state.metrics, app.state.mcp = Metrics(box, store), McpDoor()
     box.start()
     _log_models(catalog, config)
     try:
-        yield
+        async with app.state.mcp.running():
+            yield
     finally:
         await box.close()
         app.state.gate.checker.close()

@@ -65,14 +65,20 @@ async def operator_action(request: Request) -> Response:
         target = body["model"]
     key = getattr(request.state, "api_key", None)
     origin = request.client.host if request.client else None
+    result = await perform(box, store, action, target, origin, key.key_id if key else None)
+    return JSONResponse(result)
+
+
+async def perform(box: Box, store: Store, action: str, target: str | None, origin: str | None,
+                  key_id: str | None) -> dict[str, Any]:  # fmt: skip
+    """Apply an operator action and record it, done or failed (the HTTP route and MCP)."""
     try:
         result = await _apply(box, action, target)
     except FitboxError as exc:
-        store.operator_action(action, target, origin, key.key_id if key else None, "error",
-                              exc.message)  # fmt: skip
+        store.operator_action(action, target, origin, key_id, "error", exc.message)
         raise
-    store.operator_action(action, target, origin, key.key_id if key else None, "ok")
-    return JSONResponse({"action": action, "model": target, **result})
+    store.operator_action(action, target, origin, key_id, "ok")
+    return {"action": action, "model": target, **result}
 
 
 async def _apply(box: Box, action: str, target: str | None) -> dict[str, Any]:
