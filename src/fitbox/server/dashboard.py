@@ -29,6 +29,9 @@ from .tally import REFUSALS, reader
 from .telemetry import ChangeSignal
 
 ROWS = 20  # calls, evictions and refusals shown
+# the least time between two updates to one page: a busy box moves the counter twice per
+# call, and rendering the page each time would cost every call (bench/operator_overhead.py)
+SPACING_S = 1.0
 
 
 def _rows(store: Store) -> tuple[list[dict[str, Any]], ...]:
@@ -111,7 +114,9 @@ async def events(request: Request) -> Response:
                 view = await gather(box, store)
                 shown = view.counter
                 yield _event(view)
-                continue  # anything that changed while it was gathered is looked at again
+                # changes meanwhile are gathered together, once the spacing has passed
+                await asyncio.sleep(SPACING_S)
+                continue
             await _changed(signal, registry, store, shown)
 
     return StreamingResponse(stream(), media_type="text/event-stream",

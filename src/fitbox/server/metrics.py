@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Iterator
 
-import httpx
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,6 +27,7 @@ from starlette.responses import Response
 from fitbox.box.box import Box
 from fitbox.box.resident import Resident
 from fitbox.core.types import ResidentState
+from fitbox.engines.http1 import EngineConnectionError
 from fitbox.probe.host import read_host
 from fitbox.store.db import Store
 
@@ -127,8 +127,7 @@ class Metrics:
                  and r.engine.metrics_path()]  # fmt: skip
         if not ready:
             return []
-        async with httpx.AsyncClient(timeout=CHILD_TIMEOUT_S) as client:
-            texts = await asyncio.gather(*(self._fetch(client, r) for r in ready))
+        texts = await asyncio.gather(*(self._fetch(r) for r in ready))
         merged: dict[str, Metric] = {}
         for resident, text in zip(ready, texts, strict=True):
             if text is None:
@@ -141,16 +140,20 @@ class Metrics:
                     into.samples.append(sample._replace(labels=labels))
         return list(merged.values())
 
-    async def _fetch(self, client: httpx.AsyncClient, resident: Resident) -> str | None:
+    async def _fetch(self, resident: Resident) -> str | None:
+        """Over the child's own pooled connection (engines/http1.py), as the watchdog's
+        health probe goes: no client to build per scrape."""
         assert resident.child is not None
-        path = resident.engine.metrics_path()
+        path = resident.engine.metrics_path() or "/metrics"
         try:
-            reply = await client.get(f"http://127.0.0.1:{resident.child.port}{path}")
-            reply.raise_for_status()
-        except httpx.HTTPError:
+            status, body = await asyncio.wait_for(resident.child.pool.get(path),
+                                                  CHILD_TIMEOUT_S)  # fmt: skip
+        except (TimeoutError, EngineConnectionError, OSError):
+            status, body = 0, b""
+        if status != 200:
             self.child_failures.labels(resident.artifact.name).inc()
             return None
-        return reply.text
+        return body.decode("utf-8", "replace")
 
 
 async def scrape(request: Request) -> Response:
