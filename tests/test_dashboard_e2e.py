@@ -6,6 +6,7 @@ client chose escaped, and the outside refused without an admin key."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 from .browser import Browser, Page, chromium
-from .conftest import CACHE, FitboxProcess, running_fitbox
+from .conftest import CACHE, FitboxProcess, running_fitbox, start_fitbox, stop_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -135,3 +136,24 @@ def test_the_outside_needs_an_admin_key(box: FitboxProcess) -> None:
         box_key = (box.home / "box.key").read_text().strip()
         page = client.get(f"{box.url}/", headers={"Authorization": f"Bearer {box_key}"})
         assert page.status_code == 200 and "<h2>Residents</h2>" in page.text
+
+
+def test_a_stop_ends_an_open_event_stream_at_once(tmp_path: Path) -> None:
+    """An open dashboard never holds a stop for uvicorn's grace period: the stream ends when
+    the stop signal comes, and the page's EventSource reconnects to the next fitbox."""
+    box = start_fitbox(tmp_path / "home", [tmp_path / "models"])
+    try:
+        with httpx.Client(timeout=60) as client, client.stream(
+            "GET", f"{box.url}/dashboard/events"  # no since: the first update comes at once
+        ) as events:
+            assert events.status_code == 200
+            assert events.headers["content-type"].startswith("text/event-stream")
+            lines = events.iter_lines()
+            assert next(lines) == "event: update"
+            box.proc.send_signal(signal.SIGTERM)
+            rest = list(lines)  # ends when fitbox ends the stream
+        assert not [line for line in rest if line.startswith("event:")]
+    finally:
+        stop_fitbox(box)
+    assert "graceful shutdown exceeded" not in box.log()
+    assert "Application shutdown complete" in box.log()

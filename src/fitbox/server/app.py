@@ -21,6 +21,7 @@ from fitbox.probe.gpus import GpuReading, open_gpu_probe
 from fitbox.server import calls_page, errors, manage, openai, openapi, operate, settings, telemetry
 from fitbox.server.auth import AuthMiddleware, Gate
 from fitbox.server.dashboard import dashboard, events
+from fitbox.server.leaving import Leaving
 from fitbox.server.mcp_tools import McpDoor, door
 from fitbox.server.metrics import Metrics, scrape
 from fitbox.server.trust import TrustSettings
@@ -102,6 +103,7 @@ async def _serving(app: Starlette, config: Config, opened: Store | None) -> Asyn
         pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
     app.state.config, app.state.store, app.state.box = config, store, box
     app.state.metrics, app.state.mcp = Metrics(box, store), McpDoor()
+    app.state.leaving = Leaving()  # told by `fitbox serve` when a stop signal comes
     box.start()
     _log_models(catalog, config)
     try:

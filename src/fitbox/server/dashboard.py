@@ -82,10 +82,11 @@ def _event(view: View) -> bytes:
 
 
 async def _changed(signal: ChangeSignal, registry: asyncio.Event, store: Store,
-                   shown: int) -> None:  # fmt: skip
-    """Until the store's counter moves past ``shown`` or the registry changes (``registry``:
-    its change event, taken before the state shown was read)."""
-    waits = [asyncio.ensure_future(signal.wait(3600.0)), asyncio.ensure_future(registry.wait())]
+                   shown: int, leaving: asyncio.Event) -> None:  # fmt: skip
+    """Until the store's counter moves past ``shown``, the registry changes (``registry``:
+    its change event, taken before the state shown was read), or the server is stopping."""
+    waits = [asyncio.ensure_future(signal.wait(3600.0)), asyncio.ensure_future(registry.wait()),
+             asyncio.ensure_future(leaving.wait())]  # fmt: skip
     try:
         await asyncio.sleep(0)  # both waits now hold their events: a later fire wakes them
         if store.counter != shown:
@@ -102,12 +103,13 @@ async def events(request: Request) -> Response:
     box: Box = request.app.state.box
     store: Store = request.app.state.store
     signal: ChangeSignal = request.app.state.changes
+    leaving: asyncio.Event = request.app.state.leaving.event
     raw = request.query_params.get("since", "")
     since = int(raw) if raw.isdigit() else -1
 
     async def stream() -> AsyncIterator[bytes]:
         shown, states = since, _states(box)
-        while True:
+        while not leaving.is_set():  # a stopping server ends the stream: the page reconnects
             registry = box.registry.change()
             if store.counter != shown or _states(box) != states:
                 states = _states(box)
@@ -115,9 +117,10 @@ async def events(request: Request) -> Response:
                 shown = view.counter
                 yield _event(view)
                 # changes meanwhile are gathered together, once the spacing has passed
-                await asyncio.sleep(SPACING_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(leaving.wait(), SPACING_S)
                 continue
-            await _changed(signal, registry, store, shown)
+            await _changed(signal, registry, store, shown, leaving)
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"cache-control": "no-store"})  # fmt: skip
