@@ -106,18 +106,24 @@ def test_every_family_after_one_call_with_the_childs_own(box: FitboxProcess) -> 
     assert ok.value == 1
     (not_found,) = samples(families, "fitbox_call_errors", code="model_not_found", model="")
     assert not_found.value == 1
-    assert samples(families, "fitbox_refusals", reason="larger_than_box")[0].value == 1
+    # refused before it had an artifact: named by the alias it asked for
+    (refusal,) = samples(families, "fitbox_refusals", reason="larger_than_box")
+    assert refusal.value == 1 and refusal.labels["model"] == SMOL
     (tokens,) = samples(families, "fitbox_completion_tokens", "fitbox_completion_tokens_total",
                         model=SMOL)
     assert 1 <= tokens.value <= 4
-    # the first call waited on the load: one load observation, and queue/ttft/total for both
+    # the answered call waited on the load: one load observation; the refused one and it
+    # both have a total, only the answered one was admitted (a queue time)
     (load,) = samples(families, "fitbox_call_load_seconds", "fitbox_call_load_seconds_count")
     assert load.value == 1
     (load_sum,) = samples(families, "fitbox_call_load_seconds", "fitbox_call_load_seconds_sum")
     assert 0 < load_sum.value < 120
     (total,) = samples(families, "fitbox_call_total_seconds", "fitbox_call_total_seconds_count",
                        model=SMOL)  # fmt: skip
-    assert total.value == 1
+    assert total.value == 2
+    (queue,) = samples(families, "fitbox_call_queue_seconds", "fitbox_call_queue_seconds_count",
+                       model=SMOL)  # fmt: skip
+    assert queue.value == 1
     assert samples(families, "fitbox_loads", "fitbox_loads_total")[0].value == 1
     # the load was measured: its estimate error is observed, from file-header estimates
     (errors,) = samples(families, "fitbox_load_estimate_error_ratio",

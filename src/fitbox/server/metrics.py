@@ -110,9 +110,12 @@ class Metrics:
         self._lock = asyncio.Lock()  # one catch-up at a time: the cursors are one reader's
 
     async def render(self) -> bytes:
-        names = {str(a.path): a.name for a in self.box.catalog.artifacts()}
+        catalog = self.box.catalog
+        names = {str(a.path): a.name for a in catalog.artifacts()}
+        asked = {alias: a.name for a in catalog.artifacts()
+                 for alias in (a.name, *catalog.aliases_of(a.name))}  # fmt: skip
         async with self._lock:
-            await asyncio.to_thread(self.tally.catch_up, names)
+            await asyncio.to_thread(self.tally.catch_up, names, asked)
         children = await self._children()
         page = generate_latest(self.registry)
         if children:

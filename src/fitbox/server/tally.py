@@ -99,23 +99,28 @@ class Tally:
         row = conn.execute(f"SELECT COALESCE(MAX({column}), 0) FROM {table}").fetchone()  # noqa: S608
         return int(row[0])
 
-    def catch_up(self, names: dict[str, str]) -> None:
+    def catch_up(self, names: dict[str, str], asked: dict[str, str] | None = None) -> None:
         """Count what changed since the last scrape. ``names``: artifact path -> model name
-        (a path the catalog no longer lists is named by its file stem)."""
+        (a path the catalog no longer lists is named by its file stem); ``asked``: each name
+        and alias the catalog knows -> its model, for calls refused before they had an
+        artifact (any other name a client sent is "": labels stay a bounded set)."""
         with contextlib.closing(reader(self.store.path)) as conn:
-            self._calls_since(conn, names)
+            self._calls_since(conn, names, asked or {})
             self._children_since(conn, names)
             self._evictions_since(conn)
             self._measured_since(conn, names)
 
-    def _calls_since(self, conn: sqlite3.Connection, names: dict[str, str]) -> None:
+    def _calls_since(self, conn: sqlite3.Connection, names: dict[str, str],
+                     asked: dict[str, str]) -> None:  # fmt: skip
         rows = conn.execute("SELECT * FROM call_log WHERE seq > ? ORDER BY seq LIMIT ?",
                             (self._call_seq, BATCH)).fetchall()  # fmt: skip
         for row in rows:
             self._call_seq = max(self._call_seq, int(row["seq"]))
             if row["outcome"] == "pending" or row["id"] in self._counted_set:
                 continue
-            self._count_call(row, _name(row["artifact"], names))
+            model = _name(row["artifact"], names) or asked.get(
+                (row["model_asked"] or "").split("@", 1)[0], "")
+            self._count_call(row, model)
 
     def _count_call(self, row: sqlite3.Row, model: str) -> None:
         if len(self._counted) == KEEP_COUNTED:
