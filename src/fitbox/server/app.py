@@ -20,6 +20,7 @@ from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import GpuReading, open_gpu_probe
 from fitbox.server import calls_page, errors, manage, openai, openapi, operate, settings, telemetry
 from fitbox.server.auth import AuthMiddleware, Gate
+from fitbox.server.timing import ServerTimingMiddleware
 from fitbox.server.trust import TrustSettings
 from fitbox.store.box_key import ensure_box_key
 from fitbox.store.db import Store, StoreUnavailable
@@ -65,7 +66,7 @@ def create_app(config: Config, store: Store | None = None) -> Starlette:
 
     return Starlette(
         routes=list(ROUTES),
-        middleware=[Middleware(AuthMiddleware)],
+        middleware=[Middleware(ServerTimingMiddleware), Middleware(AuthMiddleware)],
         lifespan=lifespan,
         exception_handlers={
             FitboxError: errors.on_fitbox_error,

@@ -21,6 +21,7 @@ from fitbox.box.box import Box
 from fitbox.box.calls import Call
 from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import FitboxError, PermissionDenied
+from fitbox.server import timing
 from fitbox.server.errors import body_for, is_insider
 
 log = logging.getLogger(__name__)
@@ -82,12 +83,14 @@ def refused(request: Request, path: str, body: dict[str, Any], error: FitboxErro
     model = body.get("model")
     call = box.calls.open(path, model if isinstance(model, str) else "",
                           body.get("stream") is True, _request_id(request))  # fmt: skip
+    setattr(request.state, timing.STAMPS_STATE, call.stamps)
     call.failed(error)
 
 
 async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any]) -> Response:
     box: Box = request.app.state.box
     call = box.calls.open(path, body["model"], bool(body.get("stream")), _request_id(request))
+    setattr(request.state, timing.STAMPS_STATE, call.stamps)
     try:
         check_model_allowed(request, box, body["model"])
         max_tokens = _max_tokens(body)
@@ -137,10 +140,10 @@ async def _sse(call: Call, response: EngineResponse, insider: bool) -> AsyncIter
     """The engine's stream as it comes; a failure mid-stream ends it with an SSE error
     event (the status line is long gone), recorded by the call, shaped for the caller."""
     try:
-        async for chunk in call.relay(response):
+        async for chunk in timing.annotated(call.relay(response), call.stamps):
             yield chunk
     except FitboxError as error:
         log.error("%s", error.message)
         await call.finished()  # the error event is the last byte: its row is stored first
         body = json.dumps(body_for(error, insider)).encode()
-        yield b"data: " + body + b"\n\ndata: [DONE]\n\n"
+        yield b"data: " + body + b"\n\n" + timing.done_frame(call.stamps)
