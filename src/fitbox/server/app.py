@@ -45,6 +45,7 @@ ROUTES = (
     Route("/v1/limits", settings.limits, methods=["GET", "POST"]),
     Route("/v1/settings/box", settings.box_settings, methods=["GET", "POST"]),
     Route("/v1/settings/pair", settings.pair_settings, methods=["GET", "POST"]),
+    Route("/v1/settings/key", settings.key_settings, methods=["GET", "POST"]),
     Route("/v1/verdicts", settings.verdicts, methods=["GET"]),
     Route("/v1/operator/{action}", operate.operator_action, methods=["POST"]),
     Route("/openapi.json", openapi.document, methods=["GET"]),

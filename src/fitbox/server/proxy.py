@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -21,7 +21,7 @@ from fitbox.box.box import Box
 from fitbox.box.calls import Call
 from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import FitboxError, PermissionDenied
-from fitbox.server import timing
+from fitbox.server import progress, timing
 from fitbox.server.errors import body_for, is_insider
 
 log = logging.getLogger(__name__)
@@ -91,14 +91,18 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     box: Box = request.app.state.box
     call = box.calls.open(path, body["model"], bool(body.get("stream")), _request_id(request))
     setattr(request.state, timing.STAMPS_STATE, call.stamps)
+    accept = request.headers.get("accept", "*/*")
     try:
         check_model_allowed(request, box, body["model"])
         max_tokens = _max_tokens(body)
         # the prompt's tokens are not known before a tokenizer runs: ~4 bytes of request per
         # token is the estimate, used only to pick the smallest window the call may get
         prompt = len(raw) // 4
+        if call.stream and progress.must_load(box, body["model"]):  # 200 now, the load after
+            return _waiting(request, call, raw, accept, (prompt + max_tokens, max_tokens, prompt),
+                            body)  # fmt: skip
         resident = await call.place(prompt + max_tokens, max_tokens, prompt)
-        response = await call.send(raw, request.headers.get("accept", "*/*"))
+        response = await call.send(raw, accept)
     except FitboxError as exc:
         call.failed(exc)
         await call.finished()  # an error is a first and last byte: it leaves once stored
@@ -116,6 +120,33 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
             media_type=response.headers.get("content-type", "text/event-stream"),
         )
     return await _whole(call, response, headers)
+
+
+def _waiting(request: Request, call: Call, raw: bytes, accept: str, sizes: tuple[int, int, int],
+             body: dict[str, Any]) -> Response:  # fmt: skip
+    insider = is_insider(request)
+
+    async def start() -> EngineResponse:
+        await call.place(*sizes)
+        return await call.send(raw, accept)
+
+    async def relay(response: EngineResponse) -> AsyncGenerator[bytes, None]:
+        if response.status < 400:
+            async for chunk in _sse(call, response, insider):
+                yield chunk
+            return
+        content = await call.read(response)  # the engine refused it: its error, as an event
+        error = engine_error_body(response.status, content, call.resident.artifact.name)
+        call.refused_by_engine(response.status, error["error"]["code"])
+        await call.finished()
+        yield b"data: " + json.dumps(error).encode() + b"\n\n" + timing.done_frame(call.stamps)
+
+    box: Box = request.app.state.box
+    stream = progress.waiting_stream(box, call, start, relay, progress.wanted(request, body),
+                                     insider)  # fmt: skip
+    return StreamingResponse(stream, headers={"cache-control": "no-cache",
+                                              "x-accel-buffering": "no"},
+                             media_type="text/event-stream")  # fmt: skip
 
 
 async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) -> Response:

@@ -1,0 +1,122 @@
+"""Loading progress, seen by the openai SDK's own stream iterator, on a real cold load of
+SmolLM2 held by the gated fake's load gate (its /health says "Loading model" until the test
+opens the gate), and a load that fails after the 200, seen as an error event."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from .conftest import FitboxProcess, running_fitbox
+from .holds import GATED, HOLD_IDLE_TIMEOUT, until
+
+pytestmark = pytest.mark.engine
+SMOL = "SmolLM2-135M-Instruct.Q4_1"
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gate") / "load-gate"
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path,
+        gate: Path) -> Iterator[FitboxProcess]:  # fmt: skip
+    env = {"LLAMA_SERVER_BIN": str(GATED), "FAKE_REAL_LLAMA_SERVER": str(llama_server_bin),
+           "FAKE_LOAD_GATE": str(gate), **HOLD_IDLE_TIMEOUT}  # fmt: skip
+    with running_fitbox(tmp_path_factory.mktemp("home"), [smollm2.parent], env=env) as running:
+        yield running
+
+
+def _client(box: FitboxProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", max_retries=0)
+
+
+def _unloaded(box: FitboxProcess) -> None:
+    httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL}, timeout=60)
+    until(lambda: box.models()[SMOL]["state"] in ("unloaded", "failed"), "the model is out")
+
+
+def test_a_cold_stream_shows_progress_then_the_reply(box: FitboxProcess, gate: Path,
+                                                     smollm2: Path) -> None:  # fmt: skip
+    gate.unlink(missing_ok=True)
+    with _client(box) as client:
+        # create() returns with the status line: the 200 came while the load is held
+        stream = client.chat.completions.create(
+            model=SMOL,
+            messages=HELLO,
+            max_tokens=4,
+            stream=True,  # type: ignore[arg-type]
+            metadata={"fitbox_progress": "true"},
+        )
+        chunks = iter(stream)
+        seen = []
+        for chunk in chunks:  # the load is held: only progress comes, however long this takes
+            assert chunk.choices == []
+            extra = chunk.model_extra or {}
+            seen.append(extra["fitbox_progress"])
+            if seen[-1]["bytes_total"] and seen[-1]["bytes_loaded"]:
+                break
+        progress = seen[-1]
+        assert progress["state"] == "loading" and progress["queue_position"] is None
+        assert 0 < progress["bytes_loaded"] <= progress["bytes_total"]
+        assert progress["bytes_total"] <= smollm2.stat().st_size
+        assert progress["seconds"] >= seen[0]["seconds"] >= 0
+        gate.touch()  # the load completes
+        text = ""
+        for chunk in chunks:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+        assert text
+    row = box.calls()[-1]
+    assert row["outcome"] == "ok" and row["load_ready_at"] > row["load_start_at"]
+
+
+def test_without_opting_in_a_cold_stream_gets_keep_alives_only(box: FitboxProcess,
+                                                               gate: Path) -> None:  # fmt: skip
+    _unloaded(box)
+    gate.unlink(missing_ok=True)
+    body = {"model": SMOL, "messages": HELLO, "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body, timeout=120) as reply:
+        assert reply.status_code == 200  # before the load is done
+        lines = reply.iter_lines()
+        assert next(lines) == ": fitbox: loading the model"
+        gate.touch()
+        rest = [line for line in lines if line]
+    assert "fitbox_progress" not in "".join(rest)
+    assert rest[-1] == "data: [DONE]" and rest[-2].startswith(": server-timing ")
+
+
+def test_a_load_that_fails_after_the_200_ends_in_an_error_event(box: FitboxProcess,
+                                                               gate: Path) -> None:  # fmt: skip
+    _unloaded(box)
+    gate.unlink(missing_ok=True)
+    failing = Path(f"{gate}.fail")
+    try:
+        with _client(box) as client:
+            stream = client.chat.completions.create(
+                model=SMOL,
+                messages=HELLO,
+                max_tokens=4,
+                stream=True,  # type: ignore[arg-type]
+                metadata={"fitbox_progress": "true"},
+            )
+            chunks = iter(stream)
+            first = next(chunks)  # the 200 and a first progress line came
+            assert (first.model_extra or {})["fitbox_progress"]["state"] in ("queued", "loading")
+            failing.touch()  # the engine dies halfway through its load
+            with pytest.raises(openai.APIError) as raised:
+                for _chunk in chunks:
+                    pass
+        assert "exited" in raised.value.message or "failed" in raised.value.message
+        body = raised.value.body
+        assert isinstance(body, dict) and body["code"] in ("engine_failed", "model_failed")
+    finally:
+        failing.unlink(missing_ok=True)
+    row = box.calls()[-1]
+    assert row["outcome"] == "error" and row["http_status"] >= 500
