@@ -10,13 +10,14 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from .conftest import FitboxProcess, running_fitbox
 from .holds import GATED, HOLD_IDLE_TIMEOUT, until
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
-HELLO = [{"role": "user", "content": "Say hello."}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def test_a_cold_stream_shows_progress_then_the_reply(box: FitboxProcess, gate: P
             model=SMOL,
             messages=HELLO,
             max_tokens=4,
-            stream=True,  # type: ignore[arg-type]
+            stream=True,
             metadata={"fitbox_progress": "true"},
         )
         chunks = iter(stream)
@@ -103,7 +104,7 @@ def test_a_load_that_fails_after_the_200_ends_in_an_error_event(box: FitboxProce
                 model=SMOL,
                 messages=HELLO,
                 max_tokens=4,
-                stream=True,  # type: ignore[arg-type]
+                stream=True,
                 metadata={"fitbox_progress": "true"},
             )
             chunks = iter(stream)
