@@ -21,7 +21,7 @@ from fitbox.box.box import Box
 from fitbox.box.calls import Call
 from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import FitboxError, PermissionDenied
-from fitbox.server import progress, timing
+from fitbox.server import progress, reasoning, timing
 from fitbox.server.errors import body_for, is_insider
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,8 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     call = box.calls.open(path, body["model"], bool(body.get("stream")), _request_id(request))
     setattr(request.state, timing.STAMPS_STATE, call.stamps)
     accept = request.headers.get("accept", "*/*")
+    field = reasoning.field_for(request, path, body)
+    raw = reasoning.request_body(raw, field)
     try:
         check_model_allowed(request, box, body["model"])
         max_tokens = _max_tokens(body)
@@ -99,8 +101,8 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
         # token is the estimate, used only to pick the smallest window the call may get
         prompt = len(raw) // 4
         if call.stream and progress.must_load(box, body["model"]):  # 200 now, the load after
-            return _waiting(request, call, raw, accept, (prompt + max_tokens, max_tokens, prompt),
-                            body)  # fmt: skip
+            sizes = (prompt + max_tokens, max_tokens, prompt)
+            return _waiting(request, call, raw, accept, sizes, body, field)
         resident = await call.place(prompt + max_tokens, max_tokens, prompt)
         response = await call.send(raw, accept)
     except FitboxError as exc:
@@ -114,16 +116,16 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     if call.stream and response.status < 400:
         await call.written()  # the status line is the first byte: the row is stored first
         return StreamingResponse(
-            _sse(call, response, is_insider(request)),
+            _sse(call, response, is_insider(request), field),
             status_code=response.status,
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
             media_type=response.headers.get("content-type", "text/event-stream"),
         )
-    return await _whole(call, response, headers)
+    return await _whole(call, response, headers, field)
 
 
 def _waiting(request: Request, call: Call, raw: bytes, accept: str, sizes: tuple[int, int, int],
-             body: dict[str, Any]) -> Response:  # fmt: skip
+             body: dict[str, Any], field: str | None) -> Response:  # fmt: skip
     insider = is_insider(request)
 
     async def start() -> EngineResponse:
@@ -132,7 +134,7 @@ def _waiting(request: Request, call: Call, raw: bytes, accept: str, sizes: tuple
 
     async def relay(response: EngineResponse) -> AsyncGenerator[bytes, None]:
         if response.status < 400:
-            async for chunk in _sse(call, response, insider):
+            async for chunk in _sse(call, response, insider, field):
                 yield chunk
             return
         content = await call.read(response)  # the engine refused it: its error, as an event
@@ -149,7 +151,8 @@ def _waiting(request: Request, call: Call, raw: bytes, accept: str, sizes: tuple
                              media_type="text/event-stream")  # fmt: skip
 
 
-async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) -> Response:
+async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],
+                 field: str | None) -> Response:  # fmt: skip
     try:
         content = await call.read(response)
     except FitboxError as exc:
@@ -162,16 +165,19 @@ async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) 
         await call.finished()
         return JSONResponse(body, status_code=response.status, headers=headers)
     call.answered(response.status, content)
+    content = reasoning.whole(content, field)
     await call.finished()  # a whole reply's first byte is its last: it leaves once stored
     media_type = response.headers.get("content-type", "application/json")
     return Response(content, status_code=response.status, headers=headers, media_type=media_type)
 
 
-async def _sse(call: Call, response: EngineResponse, insider: bool) -> AsyncIterator[bytes]:
+async def _sse(call: Call, response: EngineResponse, insider: bool,
+               field: str | None) -> AsyncIterator[bytes]:  # fmt: skip
     """The engine's stream as it comes; a failure mid-stream ends it with an SSE error
     event (the status line is long gone), recorded by the call, shaped for the caller."""
     try:
-        async for chunk in timing.annotated(call.relay(response), call.stamps):
+        shaped = reasoning.shaped(call.relay(response), field)
+        async for chunk in timing.annotated(shaped, call.stamps):
             yield chunk
     except FitboxError as error:
         log.error("%s", error.message)
