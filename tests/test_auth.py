@@ -237,7 +237,8 @@ def test_a_stream_that_fails_mid_way_withholds_the_log_from_outsiders() -> None:
     from fitbox.server import proxy
 
     class Failing:
-        stamps: dict[str, float | None] = {"received_at": 0.0}  # Server-Timing's figures
+        def __init__(self) -> None:
+            self.stamps: dict[str, float | None] = {"received_at": 0.0}  # Server-Timing's
 
         async def relay(self, response: object) -> Any:
             yield b"data: {}\n\n"

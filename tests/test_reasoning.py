@@ -18,7 +18,7 @@ PIECES = st.lists(st.sampled_from(["<think>", "</think>", "<", "</", "<th", "thi
 
 def _split(text: str, cuts: list[int]) -> tuple[str, str]:
     splitter, reasoning, content, at = ThinkSplitter(), "", "", 0
-    for cut in sorted({min(c, len(text)) for c in cuts}) + [len(text)]:
+    for cut in [*sorted({min(c, len(text)) for c in cuts}), len(text)]:
         r, c = splitter.feed(text[at:cut])
         reasoning, content, at = reasoning + r, content + c, cut
     r, c = splitter.finish()
@@ -82,7 +82,7 @@ def test_a_stream_over_any_chunking_carries_the_thinking_in_its_field(
 ) -> None:
     raw = _events([*pieces, None])
     shaper, out, at = StreamShaper(field), b"", 0
-    for cut in sorted({min(c, len(raw)) for c in cuts}) + [len(raw)]:
+    for cut in [*sorted({min(c, len(raw)) for c in cuts}), len(raw)]:
         out += shaper.feed(raw[at:cut])
         at = cut
     out += shaper.finish()
