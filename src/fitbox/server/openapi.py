@@ -62,8 +62,9 @@ CHAT = {
                 "fitbox_progress": {
                     "type": "string",
                     "enum": ["true", "false"],
-                    "description": "A stream that waits for a load gets progress chunks: choices [] "
-                    "and fitbox_progress {state, queue_position, bytes_loaded, bytes_total, seconds}",
+                    "description": "A stream that waits for a load gets progress chunks: "
+                    "choices [] and fitbox_progress {state, queue_position, bytes_loaded, "
+                    "bytes_total, seconds}",
                 }
             },
         },
