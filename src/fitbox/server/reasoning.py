@@ -148,6 +148,8 @@ class StreamShaper:
         self.splitters: dict[int, ThinkSplitter] = {}
 
     def feed(self, chunk: bytes) -> bytes:
+        if not self.pending and chunk.endswith(b"\n\n") and self._untouched(chunk):
+            return chunk  # whole events, none of which needs a change: as they came
         self.pending += chunk
         end = self.pending.rfind(b"\n\n")
         if end < 0:
@@ -159,11 +161,13 @@ class StreamShaper:
         rest, self.pending = self.pending, b""
         return rest
 
+    def _untouched(self, data: bytes) -> bool:
+        """No splitter is inside or holding, no tag may start here, and nothing to rename."""
+        return (b"<" not in data and all(s.idle for s in self.splitters.values())
+                and (self.field == ENGINE_FIELD or b'"reasoning_content"' not in data))  # fmt: skip
+
     def _event(self, event: bytes) -> bytes:
-        quiet = all(s.idle for s in self.splitters.values())
-        if not event.startswith(b"data: {") or (
-            quiet and b"<" not in event and (self.field == ENGINE_FIELD or b'"reasoning_content"'
-                                             not in event)):  # fmt: skip
+        if not event.startswith(b"data: {") or self._untouched(event):
             return event  # the fast path: most events hold no tag and need no change
         try:
             body = json.loads(event[6:])
