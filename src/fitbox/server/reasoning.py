@@ -98,7 +98,7 @@ def field_for(request: Request, path: str, body: dict[str, Any]) -> str | None:
 def request_body(raw: bytes, field: str | None) -> bytes:
     """The call as the engine gets it: with ``none``, ``"reasoning_format": "none"`` put
     first in the object (a field the client sent itself comes later, and wins)."""
-    if field != NONE:
+    if field != NONE or not raw.lstrip().startswith(b"{"):  # (a UTF-16 body goes as it came)
         return raw
     at = raw.find(b"{")
     return raw[: at + 1] + b'"reasoning_format":"none",' + raw[at + 1 :]
