@@ -34,8 +34,8 @@ def box(tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bi
         yield running
 
 
-def _client(box: FitboxProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", max_retries=0)
+def _client(box: FitboxProcess, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{box.url}/v1", api_key=key, max_retries=0)
 
 
 def _unloaded(box: FitboxProcess) -> None:
@@ -121,3 +121,22 @@ def test_a_load_that_fails_after_the_200_ends_in_an_error_event(box: FitboxProce
         failing.unlink(missing_ok=True)
     row = box.calls()[-1]
     assert row["outcome"] == "error" and row["http_status"] >= 500
+
+
+def test_progress_is_a_key_setting_too(box: FitboxProcess, gate: Path) -> None:
+    made = httpx.post(f"{box.url}/v1/keys", json={"name": "progress", "scopes": ["inference"]},
+                      timeout=30).json()  # fmt: skip
+    opted = httpx.post(f"{box.url}/v1/settings/key", json={"key": made["id"], "progress": True},
+                       timeout=30)  # fmt: skip
+    assert opted.json()["effective"] == {"reasoning_field": "reasoning_content", "progress": True}
+    _unloaded(box)
+    gate.unlink(missing_ok=True)
+    with _client(box, made["key"]) as client:
+        stream = client.chat.completions.create(
+            model=SMOL, messages=HELLO, max_tokens=4, stream=True
+        )  # no metadata: the key opted in
+        chunks = iter(stream)
+        first = next(chunks)
+        assert first.choices == [] and "fitbox_progress" in (first.model_extra or {})
+        gate.touch()
+        assert any(c.choices for c in chunks)
