@@ -24,12 +24,14 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from .conftest import FitboxProcess, running_fitbox
+from .ggufs import write_tiny_llama
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 ALIAS = "smollm2"  # the name `fitbox pull smollm2` gives it (models/pull.py)
 FAMILY = "SmolLM2-135M-Instruct"  # the file name without its quant tag
 ORIGIN = "http://app.example"
+RERANKER, DECODER = "tiny-reranker", "tiny-decoder"  # written by the module's fixture
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hi."}]
 DETERMINISTIC: dict[str, Any] = {"temperature": 0, "seed": 7}
 
@@ -78,8 +80,12 @@ def pair(
     tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path
 ) -> Iterator[Pair]:
     home = tmp_path_factory.mktemp("compat")
+    tiny = home / "tiny"
+    tiny.mkdir()
+    write_tiny_llama(tiny / f"{RERANKER}.gguf", arch="qwen3", reranker=True)
+    write_tiny_llama(tiny / f"{DECODER}.gguf")
     env = {"FITBOX_CORS_ORIGINS": ORIGIN, "FITBOX_DEFAULT_MODEL": ALIAS}
-    with running_fitbox(home, [smollm2.parent], env=env) as box:
+    with running_fitbox(home, [smollm2.parent, tiny], env=env) as box:
         loaded = httpx.post(f"{box.url}/v1/operator/load", json={"model": SMOL}, timeout=120)
         assert loaded.status_code == 200, loaded.text
         argv = _child_argv(box)
@@ -270,8 +276,8 @@ def test_props_and_slots_by_the_model_query_parameter(pair: Pair) -> None:
 
 
 def test_routes_the_model_does_not_serve_are_not_retried(pair: Pair) -> None:
-    """Infill (no FIM tokens), rerank and embeddings (a chat model): the engine's 501, with
-    a reason about the model and x-should-retry: false, so the SDK (default retries) asks
+    """Infill (no FIM tokens) and embeddings (a chat model): the engine's 501, with a
+    reason about the model and x-should-retry: false, so the SDK (default retries) asks
     once."""
     _, fitbox = pair.clients()  # max_retries left at the SDK's default
     before = pair.rows("/v1/embeddings")
@@ -281,13 +287,49 @@ def test_routes_the_model_does_not_serve_are_not_retried(pair: Pair) -> None:
     assert refused.value.response.headers["x-should-retry"] == "false"
     assert f"'{SMOL}' is not an embeddings model" in refused.value.message
     assert pair.rows("/v1/embeddings") == before + 1  # the SDK did not retry
-    for path, body in (("/infill", {"input_prefix": "def f(", "input_suffix": "):"}),
-                       ("/v1/rerank", {"query": "hi", "documents": ["a", "b"]})):  # fmt: skip
-        a = httpx.post(f"{pair.direct}{path}", json=body, timeout=60)
-        b = httpx.post(f"{pair.box.url}{path}", json={"model": SMOL, **body}, timeout=60)
-        assert b.status_code == a.status_code == 501
-        assert b.json()["error"]["type"] == a.json()["error"]["type"] == "not_supported_error"
-        assert b.headers["x-should-retry"] == "false" and SMOL in b.json()["error"]["message"]
+    body = {"input_prefix": "def f(", "input_suffix": "):"}
+    a = httpx.post(f"{pair.direct}/infill", json=body, timeout=60)
+    b = httpx.post(f"{pair.box.url}/infill", json={"model": SMOL, **body}, timeout=60)
+    assert b.status_code == a.status_code == 501
+    assert b.json()["error"]["type"] == a.json()["error"]["type"] == "not_supported_error"
+    assert b.headers["x-should-retry"] == "false" and SMOL in b.json()["error"]["message"]
+
+
+def test_rerank_launches_a_reranker_with_reranking_and_refuses_a_chat_model(pair: Pair) -> None:
+    body = {"query": "hi", "documents": ["the yes", "a b"]}
+    a = httpx.post(f"{pair.direct}/v1/rerank", json=body, timeout=60)
+    assert a.status_code == 501  # the direct engine is a chat model, as fitbox's SMOL is
+    refused = httpx.post(f"{pair.box.url}/v1/rerank", json={"model": SMOL, **body}, timeout=60)
+    assert refused.status_code == 400 and refused.headers["x-should-retry"] == "false"
+    assert refused.json()["error"]["code"] == "not_a_reranker"
+    for path in ("/v1/rerank", "/rerank"):
+        ranked = httpx.post(f"{pair.box.url}{path}", json={"model": RERANKER, **body},
+                            timeout=60)  # fmt: skip
+        assert ranked.status_code == 200, ranked.text
+        results = ranked.json()["results"]
+        assert sorted(r["index"] for r in results) == [0, 1]
+        assert all(isinstance(r["relevance_score"], float) for r in results)
+    argv = next(c.cmdline() for c in psutil.Process(pair.box.proc.pid).children(recursive=True)
+                if any(RERANKER in part for part in c.cmdline()))  # fmt: skip
+    assert "--reranking" in argv
+
+
+def test_a_decoder_serves_embeddings_when_asked(pair: Pair) -> None:
+    _, fitbox = pair.clients(max_retries=0)
+    with pytest.raises(openai.APIStatusError) as refused:
+        fitbox.embeddings.create(model=DECODER, input="hi")
+    assert "/v1/settings/pair" in refused.value.message  # says how to turn it on
+    httpx.post(f"{pair.box.url}/v1/operator/unload", json={"model": DECODER}, timeout=60)
+    turned_on = httpx.post(f"{pair.box.url}/v1/settings/pair",
+                           json={"model": DECODER, "embeddings": True}, timeout=30)  # fmt: skip
+    assert turned_on.status_code == 200, turned_on.text
+    vectors = fitbox.embeddings.create(model=DECODER, input=["hi", "the yes"])
+    assert len(vectors.data) == 2 and len(vectors.data[0].embedding) == 64  # n_embd
+    argv = next(c.cmdline() for c in psutil.Process(pair.box.proc.pid).children(recursive=True)
+                if any(DECODER in part for part in c.cmdline()))  # fmt: skip
+    assert "--embeddings" in argv and argv[argv.index("--pooling") + 1] == "mean"
+    chat = fitbox.chat.completions.create(model=DECODER, messages=HI, max_tokens=2)
+    assert chat.choices[0].finish_reason == "length"  # it still chats
 
 
 # -- models, CORS, names ---------------------------------------------------------------

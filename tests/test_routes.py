@@ -175,13 +175,14 @@ def test_slots_are_for_insiders(home: Path) -> None:
         error_of(keyed, 403, "insider_only")
 
 
-def test_a_route_without_its_model_is_refused_and_recorded(local: TestClient, home: Path) -> None:
-    missing = error_of(local.get("/props"), 400, "invalid_request")
-    assert missing["param"] == "model" and "/props?model=NAME" in missing["message"]
-    error_of(local.post("/tokenize", json={"content": "hi"}), 400, "invalid_request")
-    error_of(local.post("/v1/messages", json={"model": "tiny.Q8_0", "messages": []}), 400,
-             "invalid_request")  # no max_tokens  # fmt: skip
-    with sqlite3.connect(home / "fitbox.sqlite3") as conn:
+def test_a_route_without_its_model_is_refused_and_recorded(home: Path) -> None:
+    with app_client(home, LOCAL) as local:
+        missing = error_of(local.get("/props"), 400, "invalid_request")
+        assert missing["param"] == "model" and "/props?model=NAME" in missing["message"]
+        error_of(local.post("/tokenize", json={"content": "hi"}), 400, "invalid_request")
+        no_max = {"model": "tiny.Q8_0", "messages": []}
+        error_of(local.post("/v1/messages", json=no_max), 400, "invalid_request")
+    with sqlite3.connect(home / "fitbox.sqlite3") as conn:  # written whole at the close
         rows = conn.execute("SELECT endpoint, error_code FROM call_log").fetchall()
     assert ("/props", "invalid_request") in rows and ("/tokenize", "invalid_request") in rows
 
@@ -237,3 +238,24 @@ def test_the_default_model_stands_in_only_for_unknown_names(home: Path) -> None:
         error_of(local.post("/v1/chat/completions", json=body), 507, "does_not_fit")
     with app_client(home, LOCAL) as local:
         error_of(local.post("/v1/chat/completions", json=body), 404, "model_not_found")
+
+
+def test_a_route_the_models_engine_kind_lacks_is_refused_before_loading() -> None:
+    """A recording stand-in for the box: one artifact whose engine kind serves chat only."""
+    from types import SimpleNamespace
+
+    from fitbox.errors import InvalidRequest, RouteNotServed
+    from fitbox.server.proxy import check_served
+
+    kind = SimpleNamespace(name="a-chat-engine", routes=lambda: frozenset({"/v1/chat/completions"}))
+    artifact = SimpleNamespace(facts=SimpleNamespace(is_reranker=False))
+    box: Any = SimpleNamespace(
+        asks=SimpleNamespace(named=lambda name: SimpleNamespace(artifacts=(artifact,))),
+        engines=SimpleNamespace(for_artifact=lambda a: kind),
+    )
+    check_served(box, "m", "/v1/chat/completions")
+    with pytest.raises(RouteNotServed, match="a-chat-engine, which does not serve /tokenize"):
+        check_served(box, "m", "/tokenize")
+    kind.routes = lambda: frozenset({"/v1/rerank"})
+    with pytest.raises(InvalidRequest, match="not a reranker"):
+        check_served(box, "m", "/v1/rerank")

@@ -17,10 +17,12 @@ OPENAI_CODES = {"exceed_context_size_error": "context_length_exceeded"}
 ENVELOPE = ("message", "type", "code", "param")
 # What llama-server tells its own operator ("Start it with `--embeddings`"): fitbox starts
 # the engine, so the reason a client needs is which model does not serve the route
-NOT_SERVED = {
-    "embeddings": "an embeddings model",
-    "reranking": "a reranker",
-    "infill": "a model with fill-in-the-middle tokens",
+NOT_SERVED = {  # a word of the engine's message -> what the model is not, and the fix
+    "embeddings": ("an embeddings model", ' POST /v1/settings/pair {"model": "{model}", '
+                   '"embeddings": true} makes a decoder serve mean-pooled embeddings from its '
+                   "next load."),
+    "reranking": ("a reranker", ""),
+    "infill": ("a model with fill-in-the-middle tokens", ""),
 }
 
 
@@ -72,8 +74,8 @@ def engine_error_body(status: int, content: bytes, model: str) -> dict[str, Any]
 
 def _not_served(message: str, model: str) -> str:
     lowered = message.lower()
-    for word, what in NOT_SERVED.items():
+    for word, (what, fix) in NOT_SERVED.items():
         if word in lowered:
-            return f"'{model}' is not {what} on this box, so it does not serve this route " \
-                   f"(engine: {message})"  # fmt: skip
+            return (f"'{model}' is not {what} on this box, so it does not serve this route "
+                    f"(engine: {message}).{fix.replace('{model}', model)}")  # fmt: skip
     return f"'{model}' does not serve this route on this box (engine: {message})"

@@ -22,7 +22,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from fitbox.box.box import Box
 from fitbox.box.calls import Call
 from fitbox.engines.http1 import EngineResponse
-from fitbox.errors import FitboxError, ModelNotFound, PermissionDenied
+from fitbox.errors import (
+    FitboxError,
+    InvalidRequest,
+    ModelNotFound,
+    PermissionDenied,
+    RouteNotServed,
+)
 from fitbox.server.engine_errors import engine_error_body, retry_headers
 from fitbox.server.errors import body_for, is_insider
 from fitbox.server.names import NameRewrite, rewrite_for
@@ -59,6 +65,22 @@ def routed_name(box: Box, asked: str) -> tuple[str, dict[str, str]]:
     return asked, {}
 
 
+def check_served(box: Box, name: str, path: str) -> None:
+    """Refuse, before anything is loaded, a route no variant of ``name`` can serve: its
+    engine kind has no such route, or ``/v1/rerank`` on a model that is not a reranker."""
+    artifacts = box.asks.named(name).artifacts
+    kinds = [box.engines.for_artifact(a) for a in artifacts]
+    if not any(path in kind.routes() for kind in kinds):
+        served_by = ", ".join(sorted({kind.name for kind in kinds}))
+        raise RouteNotServed(f"'{name}' runs on {served_by}, which does not serve {path}.",
+                             param="model")  # fmt: skip
+    if path == "/v1/rerank" and not any(a.facts.is_reranker for a in artifacts):
+        raise InvalidRequest(
+            f"'{name}' is not a reranker (its GGUF's pooling type is not rank), so it cannot "
+            "serve /v1/rerank; name a reranker model (GET /v1/models lists them).",
+            param="model", code="not_a_reranker")  # fmt: skip
+
+
 def _max_tokens(body: dict[str, Any]) -> int:
     for key in ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict"):
         value = body.get(key)
@@ -92,6 +114,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
         name, headers = routed_name(box, asked)
         if name != asked:
             check_model_allowed(request, box, name)  # a key's limit holds for what serves
+        check_served(box, name, path)
         max_tokens = _max_tokens(body)
         # the prompt's tokens are not known before a tokenizer runs: ~4 bytes of request per
         # token is the estimate, used only to pick the smallest window the call may get
