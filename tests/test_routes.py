@@ -238,6 +238,9 @@ def test_the_default_model_stands_in_only_for_unknown_names(home: Path) -> None:
         error_of(local.post("/v1/chat/completions", json=body), 507, "does_not_fit")
     with app_client(home, LOCAL) as local:
         error_of(local.post("/v1/chat/completions", json=body), 404, "model_not_found")
+    with app_client(home, LOCAL, default_model="gone") as local:
+        missing = error_of(local.post("/v1/chat/completions", json=body), 404, "model_not_found")
+        assert "'gpt-4o-mini'" in missing["message"] and "'gone'" in missing["message"]
 
 
 def test_a_route_the_models_engine_kind_lacks_is_refused_before_loading() -> None:

@@ -60,7 +60,13 @@ def routed_name(box: Box, asked: str) -> tuple[str, dict[str, str]]:
         return asked, {}
     try:
         box.asks.named(asked)
-    except ModelNotFound:
+    except ModelNotFound as missing:
+        try:
+            box.asks.named(default)
+        except ModelNotFound:
+            raise ModelNotFound(
+                f"{missing.message} Its stand-in, FITBOX_DEFAULT_MODEL '{default}', is not on "
+                "this box either.", param="model") from None  # fmt: skip
         return default, {"x-fitbox-default-model": default}
     return asked, {}
 
