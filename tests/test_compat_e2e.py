@@ -271,8 +271,18 @@ def test_props_and_slots_by_the_model_query_parameter(pair: Pair) -> None:
     ]
     slots = httpx.get(f"{pair.box.url}/slots", params={"model": SMOL}, timeout=30)
     assert slots.status_code == 200 and len(slots.json()) == a["total_slots"]
+    assert "model_path" in b.json()  # the box itself is an insider
     missing = httpx.get(f"{pair.box.url}/props", timeout=30)
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "model"
+    # an inference key is no insider, wherever it calls from: no paths, no other prompts
+    made = httpx.post(f"{pair.box.url}/v1/keys", json={"name": "app", "scopes": ["inference"]},
+                      timeout=30)  # fmt: skip
+    key = {"Authorization": f"Bearer {made.json()['key']}"}
+    outsider = httpx.get(f"{pair.box.url}/props", params={"model": SMOL}, headers=key, timeout=30)
+    assert outsider.status_code == 200 and "model_path" not in outsider.json()
+    assert outsider.json()["total_slots"] == a["total_slots"]
+    refused = httpx.get(f"{pair.box.url}/slots", params={"model": SMOL}, headers=key, timeout=30)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "insider_only"
 
 
 def test_routes_the_model_does_not_serve_are_not_retried(pair: Pair) -> None:
