@@ -391,7 +391,14 @@ def test_the_asked_name_comes_back_whole_and_streamed(pair: Pair) -> None:
     raw_r = fitbox.responses.with_raw_response.create(model=ALIAS, input="hi",
                                                       max_output_tokens=3)  # fmt: skip
     assert raw_r.parse().model == ALIAS
+    done = [e for e in fitbox.responses.create(model=ALIAS, input="hi", max_output_tokens=3,
+                                               stream=True) if e.type == "response.completed"]
+    assert done and done[0].response.model == ALIAS
     assert _messages_as(pair.box.url, ALIAS)["model"] == ALIAS
+    body = {"model": ALIAS, "max_tokens": 3, "messages": HI, "stream": True}
+    streamed = httpx.post(f"{pair.box.url}/v1/messages", json=body, timeout=60).text
+    start = next(ln for ln in streamed.splitlines() if '"message_start"' in ln)
+    assert json.loads(start.removeprefix("data: "))["message"]["model"] == ALIAS
 
 
 def _messages_as(url: str, model: str) -> dict[str, Any]:
