@@ -81,6 +81,7 @@ PAIR_KNOBS: dict[str, Callable[[Any], Any]] = {
     "preload": _flag,  # load at start
     "pinned": _flag,  # never evicted; loaded at start
     "idle_ttl": _number(0, 7 * 86400),  # unload after this many idle seconds (0: never)
+    "embeddings": _flag,  # a decoder serves mean-pooled embeddings too, from its next load
 }
 REASONING_FIELDS = ("reasoning_content", "reasoning", "none")
 
@@ -96,9 +97,14 @@ KEY_KNOBS: dict[str, Callable[[Any], Any]] = {
     "reasoning_field": _reasoning_field,  # reasoning_content | reasoning | none (in content)
     "progress": _flag,  # a streamed call that waits for a load sees progress chunks
 }
-BOX_KNOBS: dict[str, Callable[[Any], Any]] = KEY_KNOBS | {
-    name: PAIR_KNOBS[name] for name in ("goal", "max_wait", "window", "kv_types", "idle_ttl")
-} | {"admission": _admission, "cpu_floor": _number(1, 1024, integer=True)}
+BOX_KNOBS: dict[str, Callable[[Any], Any]] = (
+    KEY_KNOBS
+    | {
+        name: PAIR_KNOBS[name]
+        for name in ("goal", "max_wait", "window", "kv_types", "idle_ttl", "embeddings")
+    }
+    | {"admission": _admission, "cpu_floor": _number(1, 1024, integer=True)}
+)
 
 
 def _size(value: Any) -> int:
@@ -151,7 +157,8 @@ class Preferences:
                 "kv_types": list(c.kv_types), "idle_ttl": 0.0, "admission": c.admission,
                 "cpu_floor": c.cpu_floor, "rungs": [r.value for r in Rung], "quant": None,
                 "band": 1, "preload": False, "pinned": False,
-                "reasoning_field": "reasoning_content", "progress": False}  # fmt: skip
+                "embeddings": False, "reasoning_field": "reasoning_content",
+                "progress": False}  # fmt: skip
 
     def effective(self, model: str | None = None) -> dict[str, Any]:
         merged = self.defaults() | self.box

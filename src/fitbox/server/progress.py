@@ -39,7 +39,9 @@ from fitbox.server.timing import done_frame
 
 TICK_S = 1.0  # a keep-alive comment (or a progress chunk) this often while the call waits
 KEEP_ALIVE = b": fitbox: loading the model\n\n"
+PROGRESS_PATHS = ("/v1/chat/completions", "/v1/completions")
 Relay = Callable[[EngineResponse], AsyncGenerator[bytes, None]]
+Start = Callable[[], Awaitable[EngineResponse]]  # places the call and sends it
 
 
 def must_load(box: Box, name: str) -> bool:
@@ -57,7 +59,11 @@ def must_load(box: Box, name: str) -> bool:
 
 
 def wanted(request: Request, body: dict[str, Any]) -> bool:
-    """Whether this call opted in to progress chunks (see the module's last paragraph)."""
+    """Whether this call opted in to progress chunks (see the module's last paragraph).
+    Only OpenAI chat and text completions: other streams' clients (Responses, Anthropic
+    Messages) have no chunk of that shape, so they get the keep-alive comments only."""
+    if request.url.path not in PROGRESS_PATHS:
+        return False
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and "fitbox_progress" in metadata:
         return metadata["fitbox_progress"] in (True, "true", "1", "yes")
@@ -95,7 +101,7 @@ def _chunk(call: Call, progress: dict[str, Any]) -> bytes:
 
 
 async def waiting_stream(
-    box: Box, call: Call, start: Callable[[], Awaitable[EngineResponse]], relay: Relay,
+    box: Box, call: Call, start: Start, relay: Relay,
     progress: bool, insider: bool,
 ) -> AsyncIterator[bytes]:  # fmt: skip
     """The body of a stream whose 200 went before its model was ready. ``start`` places
