@@ -13,7 +13,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from .conftest import FitboxProcess, running_fitbox
-from .holds import GATED, HOLD_IDLE_TIMEOUT, until
+from .holds import GATED, HOLD_IDLE_TIMEOUT, calls_on, until
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -140,3 +140,22 @@ def test_progress_is_a_key_setting_too(box: FitboxProcess, gate: Path) -> None:
         assert first.choices == [] and "fitbox_progress" in (first.model_extra or {})
         gate.touch()
         assert any(c.choices for c in chunks)
+
+
+def test_a_client_that_leaves_during_the_load_is_recorded_and_holds_nothing(
+    box: FitboxProcess, gate: Path
+) -> None:
+    _unloaded(box)
+    gate.unlink(missing_ok=True)
+    body = {"model": SMOL, "messages": HELLO, "max_tokens": 4, "stream": True,
+            "metadata": {"fitbox_progress": "true"}, "user": "leaves"}  # fmt: skip
+    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body, timeout=120) as reply:
+        lines = reply.iter_lines()
+        assert next(lines) == ": fitbox: loading the model"
+    # the client is gone; the load goes on
+    row = until(lambda: next((r for r in box.calls() if r["outcome"] == "interrupted"), None),
+                "the call that left is recorded")  # fmt: skip
+    assert row["stream"] == 1
+    gate.touch()
+    until(lambda: box.models()[SMOL]["state"] == "ready", "the load completes")
+    assert calls_on(box, SMOL) == 0  # no lease left behind

@@ -100,6 +100,15 @@ def _chunk(call: Call, progress: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
+def _abandoned(call: Call, task: asyncio.Future[EngineResponse]) -> None:
+    """A start whose client left: should it have placed the call all the same (a cancel
+    can be lost in Python 3.11's ``wait_for``), its reply is closed and its lease let go."""
+    if task.cancelled() or task.exception() is not None:  # (the exception is retrieved)
+        return
+    task.result().close()
+    call.interrupted()
+
+
 async def waiting_stream(
     box: Box, call: Call, start: Start, relay: Relay,
     progress: bool, insider: bool,
@@ -128,6 +137,7 @@ async def waiting_stream(
         return
     except BaseException:  # the client went away, or fitbox is stopping
         started.cancel()
+        started.add_done_callback(lambda task: _abandoned(call, task))
         call.interrupted()
         raise
     chunks = relay(response)
