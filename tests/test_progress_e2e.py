@@ -91,6 +91,10 @@ def test_without_opting_in_a_cold_stream_gets_keep_alives_only(box: FitboxProces
         rest = [line for line in lines if line]
     assert "fitbox_progress" not in "".join(rest)
     assert rest[-1] == "data: [DONE]" and rest[-2].startswith(": server-timing ")
+    # nothing was known when the 200 left; the comment before [DONE] has the load's time
+    assert "server-timing" not in reply.headers
+    figures = dict(part.strip().split(";dur=") for part in rest[-2][16:].split(","))
+    assert list(figures) == ["queue", "load", "ttft", "total"] and float(figures["load"]) > 0
 
 
 def test_a_load_that_fails_after_the_200_ends_in_an_error_event(box: FitboxProcess,
