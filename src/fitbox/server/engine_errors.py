@@ -18,12 +18,9 @@ ENVELOPE = ("message", "type", "code", "param")
 # What llama-server tells its own operator ("Start it with `--embeddings`"): fitbox starts
 # the engine, so the reason a client needs is which model does not serve the route
 NOT_SERVED = {  # a word of the engine's message -> what the model is not, and the fix
-    "embeddings": (
-        "an embeddings model",
-        ' POST /v1/settings/pair {"model": "{model}", '
-        '"embeddings": true} makes a decoder serve mean-pooled embeddings from its '
-        "next load.",
-    ),
+    "embeddings": ("an embeddings model", ' POST /v1/settings/pair {"model": "{model}", '
+                   '"embeddings": true} makes a decoder serve mean-pooled embeddings from its '
+                   "next load."),
     "reranking": ("a reranker", ""),
     "infill": ("a model with fill-in-the-middle tokens", ""),
 }
