@@ -120,7 +120,8 @@ class Call:
         self.desk.store.hurry()
         with contextlib.suppress(Exception):  # sqlite3.Error, TimeoutError
             # shielded: a cancelled wait must not cancel the writer's future
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(row)), ROW_WAIT_S)
+            async with asyncio.timeout(ROW_WAIT_S):
+                await asyncio.shield(asyncio.wrap_future(row))
 
     def _record(self, **values: Any) -> None:
         self.stamps.update((k, v) for k, v in values.items() if k.endswith("_at"))
