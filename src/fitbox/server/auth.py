@@ -1,6 +1,7 @@
 """Keys and trust at the door, before any route runs.
 
-- Inference (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`): a key
+- Inference (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`,
+  `/v1/responses`, `/v1/messages`, the engine's `/tokenize`, `/props`… of INFERENCE): a key
   with the inference or admin scope, or no key from the box itself or a trusted network
   (unless keys are required for inference).
 - Telemetry (`/v1/telemetry*`, `/metrics`): a read or admin key, or the box itself.
@@ -31,7 +32,9 @@ from fitbox.server.trust import Origin, TrustSettings, origin_of
 from fitbox.store.keys import ApiKey, KeyChecker
 
 INFERENCE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                       "/v1/models"})  # fmt: skip
+                       "/v1/models", "/v1/responses", "/v1/messages", "/v1/rerank", "/rerank",
+                       "/tokenize", "/detokenize", "/apply-template", "/infill", "/props",
+                       "/slots"})  # fmt: skip
 OPEN = frozenset({"/health"})
 READ = ("/v1/telemetry", "/metrics")  # telemetry: a read (or admin) key, or the box itself
 # outside /v1 but guarded as it is: the metrics (read) and the dashboard (management)
@@ -54,9 +57,15 @@ def presented_key(headers: dict[str, str]) -> str | None:
     return value if value.startswith("fb_") else None
 
 
+def is_inference(path: str) -> bool:
+    """The engine's own routes outside ``/v1`` (``/tokenize``, ``/props``…) are inference
+    too: they reach a child, so they meet the same key check as chat."""
+    return path in INFERENCE or path.startswith("/v1/models/")
+
+
 def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> ApiKey | None:
     """The key the call runs under (None when trust alone admits it); raises if refused."""
-    if path in OPEN or not (path.startswith("/v1") or path in GUARDED):
+    if path in OPEN or not (path.startswith("/v1") or is_inference(path) or path in GUARDED):
         return None
     presented = presented_key(headers)
     key = gate.checker.verify(presented, time.time()) if presented else None
@@ -76,7 +85,7 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> A
                                    "localhost), not a host name: send a key.",
                                    code="host_not_allowed")  # fmt: skip
         return None
-    if path in INFERENCE:
+    if is_inference(path):
         if key is not None:
             if not {"admin", "inference"} & set(key.scopes):
                 raise PermissionDenied(f"This key's scopes ({', '.join(key.scopes)}) do not "

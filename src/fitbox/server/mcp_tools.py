@@ -25,7 +25,7 @@ from fitbox import __version__
 from fitbox.box.box import Box
 from fitbox.box.limits import describe, on_this_box
 from fitbox.errors import FitboxError, RouteNotFound
-from fitbox.server import openai
+from fitbox.server import models
 from fitbox.server.auth import admit
 from fitbox.server.errors import error_response
 from fitbox.server.operate import perform
@@ -115,7 +115,7 @@ def build() -> MCPServer:
     @server.tool(description="The models this box can serve (GET /v1/models).")
     @mirrors("/v1/models")
     async def list_models(ctx: Context) -> dict[str, Any]:
-        reply = await openai.list_models(_request(ctx))
+        reply = await models.list_models(_request(ctx))
         found: dict[str, Any] = json.loads(bytes(reply.body))
         return found
 
