@@ -142,6 +142,14 @@ SETTINGS: tuple[Setting, ...] = (
         _optional_size,
     ),
     Setting(
+        "transfer_max",
+        "FITBOX_TRANSFER_MAX",
+        "4",
+        "files this box sends to other boxes at once (GET /v1/transfer/…/file); one more is "
+        "answered 429 with Retry-After",
+        _positive_int,
+    ),
+    Setting(
         "goal",
         "FITBOX_GOAL",
         "quality",
@@ -309,6 +317,7 @@ class Config:
     vram_max: int | None
     cpu_max: int | None
     storage_max: int | None
+    transfer_max: int
     goal: str
     kv_types: tuple[str, ...]
     admission: str

@@ -18,7 +18,17 @@ from fitbox.config import Config
 from fitbox.errors import FitboxError
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import GpuReading, open_gpu_probe
-from fitbox.server import calls_page, errors, manage, openai, openapi, operate, settings, telemetry
+from fitbox.server import (
+    calls_page,
+    errors,
+    manage,
+    openai,
+    openapi,
+    operate,
+    settings,
+    telemetry,
+    transfer,
+)
 from fitbox.server.auth import AuthMiddleware, Gate
 from fitbox.server.trust import TrustSettings
 from fitbox.store.box_key import ensure_box_key
@@ -47,6 +57,10 @@ ROUTES = (
     Route("/v1/verdicts", settings.verdicts, methods=["GET"]),
     Route("/v1/operator/{action}", operate.operator_action, methods=["POST"]),
     Route("/openapi.json", openapi.document, methods=["GET"]),
+    Route("/v1/transfer/{model}/manifest", transfer.manifest, methods=["GET"]),
+    Route("/v1/transfer/{model}/chunksums", transfer.chunksums, methods=["GET"]),
+    Route("/v1/transfer/{model}/file", transfer.file, methods=["GET"]),
+    Route("/v1/hashes", transfer.kept_hashes, methods=["GET"]),
     Route("/v1/keys", manage.list_keys, methods=["GET"]),
     Route("/v1/keys", manage.create_key, methods=["POST"]),
     Route("/v1/keys/{key_id}", manage.show_key, methods=["GET"]),
