@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     for add_command in (_add_serve, _add_models, _add_plan, _add_keys, _add_install,
                         _add_engines, _add_update, _add_pull):  # fmt: skip
         add_command(sub)
+    from fitbox.scout_cli import add_scout
+
+    add_scout(sub, _add_catalog_options)
     return parser
 
 
@@ -206,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fitbox.keys_cli import keys_command
 
         return keys_command(config, args)
+    if args.command == "scout":
+        from fitbox.scout_cli import scout_command
+
+        return scout_command(config, args)
     return 2
 
 
@@ -398,19 +405,10 @@ def _pull_from_box(config: settings.Config, spec: str, dest: Path, key: str | No
         print(f"{o.path} ({format_bytes(o.size)}, sha256 verified; fetched "
               f"{format_bytes(o.fetched_bytes)} at {format_bytes(int(rate))}/s, "
               f"{o.reused_chunks} chunks reused, {o.refetched_chunks} re-fetched)")  # fmt: skip
-    _refresh_running_box(config)
+    from fitbox.scout_cli import refresh_running_box
+
+    refresh_running_box(config)
     return 0
-
-
-def _refresh_running_box(config: settings.Config) -> None:
-    """Tell the fitbox serving this home to rescan its models (none running: nothing to do)."""
-    import httpx
-
-    try:
-        url = json.loads(config.endpoint_file.read_text())["url"]
-        httpx.post(f"{url}/v1/operator/refresh-models", timeout=10)
-    except (OSError, ValueError, KeyError, TypeError, httpx.HTTPError):
-        return
 
 
 def _record_pull(

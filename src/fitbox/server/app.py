@@ -46,6 +46,7 @@ ROUTES = (
     Route("/v1/telemetry", telemetry.rows, methods=["GET"]),
     Route("/v1/telemetry/tables", telemetry.tables, methods=["GET"]),
     Route("/v1/telemetry/rows", telemetry.table_rows, methods=["GET"]),
+    Route("/v1/telemetry/scout", telemetry.scout_findings, methods=["GET"]),
     Route("/calls", calls_page.calls_page, methods=["GET"]),
     Route("/v1/residents", operate.residents, methods=["GET"]),
     Route("/v1/storage", operate.storage, methods=["GET"]),

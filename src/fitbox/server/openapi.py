@@ -133,6 +133,10 @@ PATHS: dict[str, dict[str, Any]] = {
         params=[_query("table", "string", True), _query("order", "string"),
                 _query("desc", "boolean"), _query("limit", "integer"),
                 _query("offset", "integer")])},
+    "/v1/telemetry/scout": {"get": _op(
+        "The newest findings of `fitbox scout`: path, what led to it, live or historical, "
+        "servable once its header was read", "the box itself, or a key with the read scope",
+        params=[_query("limit", "integer"), _query("servable", "boolean")])},
     "/calls": {"get": _op("An HTML page of the latest calls", "the box itself only")},
     "/v1/residents": {"get": _op("Loaded models: device, bytes, state, calls", MANAGEMENT)},
     "/v1/storage": {"get": _op("Drives holding models", MANAGEMENT)},

@@ -372,6 +372,15 @@ class Store:
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (now, source, path, size, int(verified), outcome, detail, seconds)))  # fmt: skip
 
+    def scouted(self, rows: list[tuple[Any, ...]]) -> None:
+        """Scout's findings (path, name, bytes, source, evidence, led_by, servable, detail),
+        an event each, so a central's mirror replays them (migrations/0016)."""
+        now, sql = time.time(), (
+            "INSERT INTO scout_findings (at, path, name, bytes, source, evidence, led_by, "
+            "servable, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")  # fmt: skip
+        self._submit(lambda conn: [self._insert(conn, "scout", "scout_findings", sql, (now, *r))
+                                   for r in rows])  # fmt: skip
+
     def window_refused(self, artifact: Path, placement: str, window: int, type_k: str,
                        type_v: str, detail: str | None, call_id: int | None) -> None:  # fmt: skip
         try:
