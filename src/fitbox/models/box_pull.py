@@ -12,18 +12,23 @@ each name must be a plain file name (models/transfer.py ``refuse_name``).
 from __future__ import annotations
 
 import hashlib
+import http.client
+import json
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import httpx
 
 from fitbox.models.pull import PullError
-from fitbox.models.transfer import READ_BLOCK, PathRefused, refuse_name
+from fitbox.models.transfer import PathRefused, refuse_name
 
 _SPEC = re.compile(
     r"^box://(?P<host>\[[0-9A-Fa-f:.]+\]|[^/:\[\]]+):(?P<port>\d{1,5})/(?P<model>[^/]+)$"
@@ -178,20 +183,20 @@ class BoxPull:
                             "manifest (did the file change?); pull again")  # fmt: skip
         outcome.chunk_bytes, outcome.chunks = chunk_bytes, tuple(chunks)
         part = outcome.path.with_name(outcome.path.name + ".part")
-        whole = hashlib.sha256()
-        done = _reuse_part(part, chunks, chunk_bytes, outcome.size, whole)
-        outcome.reused_chunks = done
-        for index in range(done):
-            self._event("reused", outcome.name, index)
-        failures = {index: 0 for index in range(len(chunks))}
-        lost_in_a_row = 0
-        with part.open("r+b" if part.exists() else "wb") as out:
-            out.truncate(done * chunk_bytes)
-            while done < len(chunks):
-                before = done
-                done, whole, cut = self._fetch_from(outcome, out, chunks, chunk_bytes, done, whole,
-                                                    failures)  # fmt: skip
-                if cut:
+        with WholeHash() as whole:
+            done = _reuse_part(part, chunks, chunk_bytes, outcome.size, whole)
+            outcome.reused_chunks = done
+            for index in range(done):
+                self._event("reused", outcome.name, index)
+            failures = {index: 0 for index in range(len(chunks))}
+            lost_in_a_row = 0
+            with part.open("r+b" if part.exists() else "wb") as out:
+                out.truncate(done * chunk_bytes)
+                while done < len(chunks):
+                    before = done
+                    done, cut = self._fetch_from(outcome, out, chunks, done, whole, failures)
+                    if not cut:
+                        continue
                     outcome.cuts += 1
                     lost_in_a_row = 0 if done > before else lost_in_a_row + 1
                     self._event("cut", outcome.name, done)
@@ -200,79 +205,104 @@ class BoxPull:
                                         f" times at chunk {done} of {outcome.name}; {done} of "
                                         f"{len(chunks)} chunks are kept in {part} and a new "
                                         "pull resumes there")  # fmt: skip
-            out.flush()
-            os.fsync(out.fileno())
-        if whole.hexdigest() != outcome.sha256:
+                out.flush()
+                os.fsync(out.fileno())
+            digest = whole.hexdigest()
+        if digest != outcome.sha256:
             part.unlink()
-            raise PullError(
-                f"{outcome.name}: every chunk verified but the whole file's sha256 is "
-                f"{whole.hexdigest()}, not {outcome.sha256}; nothing was kept"
-            )
+            raise PullError(f"{outcome.name}: every chunk verified but the whole file's sha256 "
+                            f"is {digest}, not {outcome.sha256}; nothing was kept")  # fmt: skip
         os.replace(part, outcome.path)
         _sync_dir(outcome.path.parent)
 
     def _fetch_from(
-        self, outcome: FileOutcome, out: Any, chunks: list[str], chunk_bytes: int, done: int,
-        whole: Any, failures: dict[int, int],
-    ) -> tuple[int, Any, bool]:  # fmt: skip
-        """Stream from chunk ``done`` on; (chunks done, whole-file hash, connection cut)."""
+        self, outcome: FileOutcome, out: Any, chunks: list[str], done: int, whole: WholeHash,
+        failures: dict[int, int],
+    ) -> tuple[int, bool]:  # fmt: skip
+        """Stream from chunk ``done`` on, each chunk read whole into its own buffer, checked,
+        and only then written: (chunks done, whether the connection was cut). The bulk
+        bytes go through http.client's ``readinto``, straight from the socket into the
+        chunk's buffer (httpx's per-block parsing cost most of a core here)."""
+        chunk_bytes = outcome.chunk_bytes
         start = done * chunk_bytes
+        conn = http.client.HTTPConnection(self.source.host.strip("[]"), self.source.port,
+                                          timeout=self.timeout_s)  # fmt: skip
+        path = (f"/v1/transfer/{quote(self.source.model, safe='')}/file?"
+                f"{urlencode({'path': outcome.name})}")  # fmt: skip
         headers = {"range": f"bytes={start}-"}
-        params = {"path": outcome.name}
-        at_chunk_start = whole.copy()
+        if self.key:
+            headers["authorization"] = f"Bearer {self.key}"
         try:
-            with self._client().stream("GET", f"/v1/transfer/{self.source.model}/file",
-                                       params=params, headers=headers) as response:  # fmt: skip
-                if response.status_code == 429:  # counted as a lost connection
-                    _wait_retry_after(response)
-                    return done, whole, True
-                if response.status_code not in (200, 206) or (
-                    response.status_code == 200 and start
-                ):
-                    response.read()
-                    raise PullError(f"{self.source} answered the file {outcome.name} with HTTP "
-                                    f"{response.status_code}: {_reason(response)}")  # fmt: skip
-                out.seek(start)
-                chunk, filled = hashlib.sha256(), 0
+            conn.request("GET", path, headers=headers)
+            response = conn.getresponse()
+            if response.status == 429:  # counted as a lost connection
+                _wait(response.getheader("retry-after"))
+                return done, True
+            if response.status not in (200, 206) or (response.status == 200 and start):
+                raise PullError(f"{self.source} answered the file {outcome.name} with HTTP "
+                                f"{response.status}: {_reason_of(response.read())}")  # fmt: skip
+            out.seek(start)
+            while done < len(chunks):
                 want = min(chunk_bytes, outcome.size - done * chunk_bytes)
-                for block in response.iter_raw(READ_BLOCK):
-                    outcome.fetched_bytes += len(block)
-                    view = memoryview(block)
-                    while view:
-                        piece = view[: want - filled]
-                        view = view[len(piece) :]
-                        chunk.update(piece)
-                        whole.update(piece)
-                        out.write(piece)
-                        filled += len(piece)
-                        if filled < want:
-                            continue
-                        if chunk.hexdigest() != chunks[done]:
-                            failures[done] += 1
-                            outcome.refetched_chunks += 1
-                            self._event("chunk_bad", outcome.name, done)
-                            out.truncate(done * chunk_bytes)
-                            if failures[done] > self.chunk_retries:
-                                raise PullError(
-                                    f"{self.source}: chunk {done} of {outcome.name} failed its "
-                                    f"sha256 {failures[done]} times; the source's file may be "
-                                    "damaged or changing")  # fmt: skip
-                            return done, at_chunk_start, False
-                        self._event("chunk_ok", outcome.name, done)
-                        done += 1
-                        if done == len(chunks):
-                            return done, whole, False
-                        at_chunk_start = whole.copy()
-                        chunk, filled = hashlib.sha256(), 0
-                        want = min(chunk_bytes, outcome.size - done * chunk_bytes)
-                out.truncate(done * chunk_bytes)  # the body ended short: a cut
-                return done, at_chunk_start, True
-        except httpx.TransportError:
-            out.truncate(done * chunk_bytes)
-            return done, at_chunk_start, True
+                buffer = bytearray(want)
+                view, filled = memoryview(buffer), 0
+                while filled < want:
+                    got = response.readinto(view[filled:])
+                    if not got:
+                        return done, True  # the body ended short: a cut
+                    filled += got
+                    outcome.fetched_bytes += got
+                if hashlib.sha256(buffer).hexdigest() != chunks[done]:
+                    failures[done] += 1
+                    outcome.refetched_chunks += 1
+                    self._event("chunk_bad", outcome.name, done)
+                    if failures[done] > self.chunk_retries:
+                        raise PullError(f"{self.source}: chunk {done} of {outcome.name} failed "
+                                        f"its sha256 {failures[done]} times; the source's file "
+                                        "may be damaged or changing")  # fmt: skip
+                    return done, False  # fetched again from this chunk, on a new connection
+                out.write(buffer)
+                whole.feed(buffer)
+                self._event("chunk_ok", outcome.name, done)
+                done += 1
+            return done, False
+        except (OSError, http.client.HTTPException):
+            return done, True
+        finally:
+            conn.close()
 
 
-def _reuse_part(part: Path, chunks: list[str], chunk_bytes: int, size: int, whole: Any) -> int:
+class WholeHash:
+    """The whole file's sha256, fed verified chunks in order and updated on a thread of its
+    own (hashlib lets go of the GIL), so checking each chunk and the whole file overlap."""
+
+    IN_FLIGHT = 4  # chunks handed over and not yet hashed, at most
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="whole-sha256")
+        self._pending: deque[Future[None]] = deque()
+
+    def feed(self, data: bytes | bytearray) -> None:
+        while len(self._pending) >= self.IN_FLIGHT:
+            self._pending.popleft().result()
+        self._pending.append(self._worker.submit(self._digest.update, data))
+
+    def hexdigest(self) -> str:
+        while self._pending:
+            self._pending.popleft().result()
+        return self._digest.hexdigest()
+
+    def __enter__(self) -> WholeHash:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._worker.shutdown(wait=True)
+
+
+def _reuse_part(
+    part: Path, chunks: list[str], chunk_bytes: int, size: int, whole: WholeHash
+) -> int:
     """How many leading chunks of ``part`` verify (fed to ``whole``); the rest is cut off."""
     if not part.exists():
         return 0
@@ -283,7 +313,7 @@ def _reuse_part(part: Path, chunks: list[str], chunk_bytes: int, size: int, whol
             block = f.read(want)
             if len(block) != want or hashlib.sha256(block).hexdigest() != chunks[done]:
                 break
-            whole.update(block)
+            whole.feed(block)
             done += 1
     return done
 
@@ -310,9 +340,20 @@ def _reason(response: httpx.Response) -> str:
         return response.text[:200] or response.reason_phrase
 
 
-def _wait_retry_after(response: httpx.Response) -> None:
+def _reason_of(body: bytes) -> str:
     try:
-        wait = float(response.headers.get("retry-after", "1"))
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")
+
+
+def _wait_retry_after(response: httpx.Response) -> None:
+    _wait(response.headers.get("retry-after"))
+
+
+def _wait(retry_after: str | None) -> None:
+    try:
+        wait = float(retry_after or "1")
     except ValueError:
         wait = 1.0
     time.sleep(min(max(wait, 0.1), RETRY_AFTER_AT_MOST_S))
