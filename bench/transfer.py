@@ -1,7 +1,7 @@
 """Box-to-box transfer and scout: pull throughput against curl of the same file from the
 same box in the same run, and scout's walk of a 100,000-directory tree.
 
-    python bench/transfer.py [--rounds 5] [--copies 4] [--dirs 100000]
+    python bench/transfer.py [--rounds 5] [--copies 4] [--dirs 100000] [--work DIR]
 
 The source is a real `fitbox serve` whose model store holds a GGUF of ``--copies`` times
 SmolLM2's bytes (SmolLM2's header and tensors, then its bytes repeated: a real GGUF the
@@ -80,8 +80,8 @@ def bench_transfer(rounds: int, copies: int, work: Path) -> None:
         for i in range(rounds):
             out = work / f"curl-{i}"
             started = time.perf_counter()
-            subprocess.run(["curl", "-sf", "-o", str(out),
-                            f"{url}/v1/transfer/{NAME}/file?path={source.name}"], check=True)  # fmt: skip
+            target = f"{url}/v1/transfer/{NAME}/file?path={source.name}"
+            subprocess.run(["curl", "-sf", "-o", str(out), target], check=True)
             curl_s.append(time.perf_counter() - started)
             assert out.stat().st_size == size
             out.unlink()
@@ -123,8 +123,9 @@ def bench_scout(dirs: int, work: Path) -> None:
         report = scout([top], env={}, home=work, limits=limits, mountinfo=work / "none")
         took = time.perf_counter() - started
         t = report.tally
+        reached = ", limit reached" if t.dirs_left else ""
         print(f"  {label:15} {took:6.2f} s  {t.dirs_visited:>7,} directories listed "
-              f"({t.dirs_visited / took:,.0f}/s){', limit reached' if t.dirs_left else ''}")  # fmt: skip
+              f"({t.dirs_visited / took:,.0f}/s){reached}")  # fmt: skip
 
 
 def main() -> int:
@@ -132,8 +133,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--copies", type=int, default=4)
     parser.add_argument("--dirs", type=int, default=100_000)
+    parser.add_argument("--work", metavar="DIR", help="where the files go (default: the temp dir;"
+                        " /dev/shm takes the disk out of the comparison)")  # fmt: skip
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="fitbox-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fitbox-bench-", dir=args.work) as tmp:
         bench_transfer(args.rounds, args.copies, Path(tmp))
         bench_scout(args.dirs, Path(tmp))
     return 0

@@ -34,6 +34,7 @@ _SPEC = re.compile(
     r"^box://(?P<host>\[[0-9A-Fa-f:.]+\]|[^/:\[\]]+):(?P<port>\d{1,5})/(?P<model>[^/]+)$"
 )
 RETRY_AFTER_AT_MOST_S = 10.0
+SYNC_EVERY_CHUNKS = 8  # 32 MiB: the disk writes while the network reads
 
 # (kind, file name, chunk index): "chunk_ok", "chunk_bad", "reused", "cut"
 Events = Callable[[str, str, int], None]
@@ -265,6 +266,9 @@ class BoxPull:
                 whole.feed(buffer)
                 self._event("chunk_ok", outcome.name, done)
                 done += 1
+                if done % SYNC_EVERY_CHUNKS == 0:  # write back as it lands, not all at the end
+                    out.flush()
+                    whole.sync(out.fileno())
             return done, False
         except (OSError, http.client.HTTPException):
             return done, True
@@ -274,7 +278,8 @@ class BoxPull:
 
 class WholeHash:
     """The whole file's sha256, fed verified chunks in order and updated on a thread of its
-    own (hashlib lets go of the GIL), so checking each chunk and the whole file overlap."""
+    own (hashlib lets go of the GIL), so checking each chunk and the whole file overlap; and
+    the staging file's write-back, started as it grows."""
 
     IN_FLIGHT = 4  # chunks handed over and not yet hashed, at most
 
@@ -282,11 +287,19 @@ class WholeHash:
         self._digest = hashlib.sha256()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="whole-sha256")
         self._pending: deque[Future[None]] = deque()
+        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="part-sync")
+        self._syncing: Future[None] | None = None
 
     def feed(self, data: bytes | bytearray) -> None:
         while len(self._pending) >= self.IN_FLIGHT:
             self._pending.popleft().result()
         self._pending.append(self._worker.submit(self._digest.update, data))
+
+    def sync(self, fd: int) -> None:
+        """Start ``fdatasync(fd)`` on a thread of its own, unless one still runs: the disk
+        writes while the network reads, and the last fsync has little left to do."""
+        if self._syncing is None or self._syncing.done():
+            self._syncing = self._syncer.submit(os.fdatasync, fd)
 
     def hexdigest(self) -> str:
         while self._pending:
@@ -298,6 +311,7 @@ class WholeHash:
 
     def __exit__(self, *_: object) -> None:
         self._worker.shutdown(wait=True)
+        self._syncer.shutdown(wait=True)
 
 
 def _reuse_part(
