@@ -198,6 +198,8 @@ def test_pull_from_another_box_end_to_end(source: Source, tmp_path: Path) -> Non
         assert again.returncode == 1 and "already here" in again.stderr
         hashes = httpx.get(f"{dest_box.url}/v1/hashes", timeout=30).json()["data"]
         assert [h["sha256"] for h in hashes] == [source.sha256]
+        (drive,) = httpx.get(f"{dest_box.url}/v1/storage", timeout=30).json()["data"]
+        assert drive["role"] == "worker" and "first model root" in drive["role_from"]
     with contextlib.closing(sqlite3.connect(home / "fitbox.sqlite3")) as conn:
         rows = conn.execute("SELECT bytes, seconds, outcome, verified, detail FROM pulls "
                             "ORDER BY id").fetchall()  # fmt: skip

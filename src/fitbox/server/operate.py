@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
+from fitbox.box.drives import role_of
 from fitbox.box.transfers import pull_from_box
 from fitbox.errors import Conflict, EngineFailed, FitboxError, InvalidRequest, RouteNotFound
 from fitbox.models.box_pull import PullRefused
@@ -41,8 +42,10 @@ async def storage(request: Request) -> Response:
             continue
         device = os.stat(root).st_dev
         usage = read_drive(root)
+        role, why = role_of(root, box.catalog.roots, box.config.drive_roles)
         drive = drives.setdefault(device, {"roots": [], "total_bytes": usage.total,
-                                           "free_bytes": usage.free, "models": []})  # fmt: skip
+                                           "free_bytes": usage.free, "role": role.value,
+                                           "role_from": why, "models": []})  # fmt: skip
         drive["roots"].append(str(root))
     for artifact in box.catalog.artifacts():
         try:
