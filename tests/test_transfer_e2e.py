@@ -349,3 +349,20 @@ def test_transfers_beyond_the_cap_wait_with_429(source: Source) -> None:
     tail = {"range": "bytes=-4"}
     until(lambda: httpx.get(url, params=params, headers=tail).status_code == 206,
           "a slot is free once the held transfers are closed")  # fmt: skip
+
+
+def test_a_key_without_the_admin_scope_is_refused_even_from_the_box(source: Source) -> None:
+    made = httpx.post(f"{source.box.url}/v1/keys", json={"name": "infer", "scopes": ["inference"]})
+    key = made.json()["key"]
+    headers = {"authorization": f"Bearer {key}"}
+    for route in (
+        "manifest",
+        f"file?path={source.smol.name}",
+        f"chunksums?path={source.smol.name}",
+    ):
+        got = httpx.get(f"{source.box.url}/v1/transfer/{SMOL}/{route}", headers=headers)
+        assert got.status_code == 403 and got.json()["error"]["code"] == "insufficient_scope"
+    box_key = (source.box.home / "box.key").read_text().strip()  # an admin key
+    got = httpx.get(f"{source.box.url}/v1/transfer/{SMOL}/manifest", timeout=60,
+                    headers={"authorization": f"Bearer {box_key}"})  # fmt: skip
+    assert got.status_code == 200
