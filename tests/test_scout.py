@@ -6,6 +6,7 @@ are checked by counts (directories listed), never by time, on a 100,000-director
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -19,14 +20,19 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fitbox import config
+from fitbox.box.residents import Registry
+from fitbox.box.sensors import sense
 from fitbox.models.scout import HISTORICAL, LIVE, Finding, Limits, scout
 from fitbox.models.scout.mounts import automounts, drives, read_mounts
 from fitbox.models.scout.processes import model_args
+from fitbox.probe.gpus import GpuProbe, GpuReading
 from fitbox.store.db import Store
 from fitbox.store.past_paths import past_paths
 
 from .conftest import running_fitbox
 from .ggufs import write_tiny_llama
+from .holds import until
 
 BLOB = "sha256-" + "ab" * 32
 
@@ -245,3 +251,47 @@ def test_cli_records_findings_and_attach_links_in_place(tree: Path, tmp_path: Pa
         assert "tiny-latest" in box.models()  # the running box's catalog was refreshed
     with contextlib.closing(sqlite3.connect(home / "fitbox.sqlite3")) as conn:
         assert conn.execute("SELECT COUNT(*) FROM scout_findings").fetchone()[0] >= 2
+
+
+class ForeignProcessOnGpu(GpuProbe):
+    """NVML as a GPU box's driver answers it when a process fitbox did not start holds
+    memory on gpu0 (this machine may have no GPU: the process is real, the driver is not)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def read(self) -> list[GpuReading]:
+        return [GpuReading(0, "GPU-test", "test GPU", 8 << 30, 7 << 30, False)]
+
+    def processes(self) -> dict[str, dict[int, int]]:
+        return {"gpu0": {self.pid: 1 << 30}}
+
+
+def test_a_gpu_process_fitbox_did_not_start_is_scouted(
+    tmp_path: Path, engine: subprocess.Popen[bytes]
+) -> None:
+    settings = config.load({"home": str(tmp_path)}, env={"FITBOX_READING_INTERVAL": "0.01"})
+    store = Store(tmp_path / "fitbox.sqlite3")
+
+    def findings() -> list[tuple[str, str]]:
+        store.flush()
+        with contextlib.closing(sqlite3.connect(store.path)) as conn:
+            return conn.execute("SELECT path, led_by FROM scout_findings").fetchall()
+
+    async def until_scouted() -> list[tuple[str, str]]:
+        task = asyncio.create_task(sense(settings, Registry(), ForeignProcessOnGpu(engine.pid),
+                                         store, started_pids=set()))  # fmt: skip
+        try:
+            return await asyncio.to_thread(until, findings, "the foreign process scouted")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    try:
+        found = asyncio.run(until_scouted())
+    finally:
+        store.close()
+    ((path, led_by),) = found
+    assert path.endswith("served-elsewhere.gguf")
+    assert led_by.startswith("a process fitbox did not start appeared on gpu0: pid ")

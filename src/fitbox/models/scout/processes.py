@@ -3,7 +3,7 @@ KoboldCpp): live use, read from /proc through psutil, never by signalling anythi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import psutil
@@ -38,7 +38,13 @@ def model_args(argv: list[str]) -> list[str]:
 
 
 def process_hints(pid: int | None = None) -> Iterator[Hint]:
-    procs = [psutil.Process(pid)] if pid is not None else psutil.process_iter()
+    if pid is None:
+        procs: Iterable[psutil.Process] = psutil.process_iter()
+    else:
+        try:
+            procs = [psutil.Process(pid)]
+        except psutil.Error:
+            return  # gone already: nothing to say
     for proc in procs:
         try:
             argv, name, cwd = proc.cmdline(), proc.name(), proc.cwd()
