@@ -173,6 +173,7 @@ def test_paths_outside_the_model_are_refused(
     assert got.status_code == status, got.text
     error = got.json()["error"]
     assert set(error) >= {"message", "type", "code", "param"} and error["param"] == "path"
+    assert str(source.models) not in got.text  # the reason, never the box's own paths
 
 
 def test_a_symlink_out_of_the_model_directory_is_refused(source: Source) -> None:

@@ -86,11 +86,14 @@ def jailed(model_dir: Path, name: str) -> OfferedFile:
         real = path.resolve(strict=True)
         dir_real = model_dir.resolve(strict=True)
         st = os.stat(real)
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
-        raise PathRefused(f"{name!r} cannot be read: {exc}", outside=False) from None
+    except OSError as exc:  # the reason only: the box's own paths stay its own
+        raise PathRefused(f"{name!r} cannot be read: {exc.strerror or 'error'}",
+                          outside=False) from None  # fmt: skip
+    except RuntimeError:  # a symlink loop
+        raise PathRefused(f"{name!r} is a symlink loop") from None
     if real.parent != dir_real and not _in_hf_blobs(real, dir_real):
-        raise PathRefused(f"{name!r} is a symlink out of the model's directory (to {real}); "
-                          "only Hugging Face cache blobs may be linked")  # fmt: skip
+        raise PathRefused(f"{name!r} is a symlink out of the model's directory; only "
+                          "Hugging Face cache blobs may be linked")  # fmt: skip
     if not os.path.isfile(real):
         raise PathRefused(f"{name!r} is not a regular file", outside=False)
     return OfferedFile(name, path, real, st.st_size, st.st_mtime_ns)
