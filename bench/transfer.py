@@ -43,7 +43,7 @@ def start_fitbox(home: Path, models: Path) -> tuple[subprocess.Popen[bytes], str
     argv = [sys.executable, "-m", "fitbox", "serve", "--port", "auto", "--home", str(home),
             "--models", str(models), "--log-level", "warning"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # a loaded shared machine starts slowly
     while time.monotonic() < deadline:
         try:
             url = str(json.loads((home / "endpoint.json").read_text())["url"])
