@@ -367,3 +367,10 @@ def test_a_key_without_the_admin_scope_is_refused_even_from_the_box(source: Sour
     got = httpx.get(f"{source.box.url}/v1/transfer/{SMOL}/manifest", timeout=60,
                     headers={"authorization": f"Bearer {box_key}"})  # fmt: skip
     assert got.status_code == 200
+
+
+def test_a_model_that_offers_no_file_is_no_pull(source: Source, dest: tuple[Path, Store]) -> None:
+    models, store = dest
+    with pytest.raises(PullError, match="offers no file of evil"):
+        pull_from_box(f"box://127.0.0.1:{source.port}/evil", models, store)
+    assert not models.exists() or not any(models.iterdir())

@@ -133,13 +133,20 @@ class BoxPull:
         raise PullError(f"{self.source} is busy sending other transfers; try again later")
 
     def manifest(self) -> dict[str, Any]:
-        return self._get_json(f"/v1/transfer/{self.source.model}/manifest")
+        return self._get_json(f"{self._route}/manifest")
+
+    @property
+    def _route(self) -> str:
+        return f"/v1/transfer/{quote(self.source.model, safe='')}"
 
     def run(self) -> list[FileOutcome]:
         """Pull every file of the model; raises :class:`PullError` on the first that fails
         (its outcome, with the error, is in ``outcomes``)."""
         manifest = self.manifest()
         files = manifest.get("files") or []
+        if not files:
+            raise PullError(f"{self.source} offers no file of {self.source.model} (a model "
+                            "whose GGUF links out of its directory is never offered)")  # fmt: skip
         for f in files:
             try:
                 refuse_name(str(f["path"]))
@@ -176,7 +183,7 @@ class BoxPull:
                                   f"{self.source}'s; move it away to pull this one")  # fmt: skip
 
     def _pull_file(self, outcome: FileOutcome) -> None:
-        sums = self._get_json(f"/v1/transfer/{self.source.model}/chunksums",
+        sums = self._get_json(f"{self._route}/chunksums",
                               {"path": outcome.name})  # fmt: skip
         chunk_bytes, chunks = int(sums["chunk_bytes"]), [str(c) for c in sums["chunks"]]
         if sums.get("sha256") != outcome.sha256 or len(chunks) != -(-outcome.size // chunk_bytes):
@@ -228,8 +235,7 @@ class BoxPull:
         start = done * chunk_bytes
         conn = http.client.HTTPConnection(self.source.host.strip("[]"), self.source.port,
                                           timeout=self.timeout_s)  # fmt: skip
-        path = (f"/v1/transfer/{quote(self.source.model, safe='')}/file?"
-                f"{urlencode({'path': outcome.name})}")  # fmt: skip
+        path = f"{self._route}/file?{urlencode({'path': outcome.name})}"
         headers = {"range": f"bytes={start}-"}
         if self.key:
             headers["authorization"] = f"Bearer {self.key}"
