@@ -76,7 +76,7 @@ def bench_transfer(rounds: int, copies: int, work: Path) -> None:
     try:
         httpx.get(f"{url}/v1/transfer/{NAME}/manifest", timeout=600).raise_for_status()  # hashed
         port = url.rsplit(":", 1)[1]
-        curl_s, pull_s = [], []
+        curl_s, synced_s, pull_s = [], [], []
         for i in range(rounds):
             out = work / f"curl-{i}"
             started = time.perf_counter()
@@ -84,6 +84,11 @@ def bench_transfer(rounds: int, copies: int, work: Path) -> None:
             subprocess.run(["curl", "-sf", "-o", str(out), target], check=True)
             curl_s.append(time.perf_counter() - started)
             assert out.stat().st_size == size
+            out.unlink()
+            started = time.perf_counter()  # curl, then the file made durable as a pull's is
+            subprocess.run(["curl", "-sf", "-o", str(out), target], check=True)
+            subprocess.run(["sync", str(out)], check=True)
+            synced_s.append(time.perf_counter() - started)
             out.unlink()
             dest = work / f"pull-{i}"
             store = Store(dest / "fitbox.sqlite3")
@@ -99,11 +104,14 @@ def bench_transfer(rounds: int, copies: int, work: Path) -> None:
         proc.terminate()
         proc.wait(30)
     curl_m, pull_m = statistics.median(curl_s), statistics.median(pull_s)
+    synced_m = statistics.median(synced_s)
     mib = size / (1 << 20)
     print(f"transfer of {mib:.0f} MiB over loopback, median of {rounds} interleaved rounds:")
     print(f"  curl            {curl_m:6.2f} s  {mib / curl_m:7.0f} MiB/s")
+    print(f"  curl + sync     {synced_m:6.2f} s  {mib / synced_m:7.0f} MiB/s  (durable, as a pull)")
     print(f"  fitbox pull     {pull_m:6.2f} s  {mib / pull_m:7.0f} MiB/s  (chunks + whole sha256)")
-    print(f"  pull/curl throughput {curl_m / pull_m:.1%} (aim >= 90 %)")
+    print(f"  pull/curl throughput {curl_m / pull_m:.1%} (aim >= 90 %); "
+          f"pull/(curl + sync) {synced_m / pull_m:.1%}")
 
 
 def bench_scout(dirs: int, work: Path) -> None:
