@@ -50,7 +50,8 @@ except Exception:
 print(json.dumps({"modules": found, "four_bit": four_bit, "cuda": torch.cuda.is_available()}))
 """
 NEEDED = ("torch", "transformers", "safetensors")
-BOOT = "import sys; sys.path.append(sys.argv[1]); from tf_child.__main__ import main; main(sys.argv[2:])"
+BOOT = ("import sys; sys.path.append(sys.argv[1]); "
+        "from tf_child.__main__ import main; main(sys.argv[2:])")
 _OOM = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory")
 
 
@@ -90,7 +91,8 @@ def candidates(engine_dir: Path | None, env: dict[str, str] | None = None) -> li
     if env.get("FITBOX_TF_PYTHON"):
         found.append(Candidate(Path(env["FITBOX_TF_PYTHON"]), "FITBOX_TF_PYTHON"))
     if engine_dir is not None:
-        found.append(Candidate(_venv_python(venv_dir(engine_dir)), "engine dir (fitbox install --tf)"))
+        found.append(Candidate(_venv_python(venv_dir(engine_dir)),
+                               "engine dir (fitbox install --tf)"))  # fmt: skip
     for name in ("VIRTUAL_ENV", "CONDA_PREFIX"):
         if env.get(name):
             found.append(Candidate(_venv_python(Path(env[name])), name))
@@ -226,7 +228,9 @@ class Transformers:
         from fitbox.models.transformers_facts import adapter_of, kv_bytes, read_transformers_facts
 
         folder = Path(intent.model_path)
-        facts = read_transformers_facts(folder, kv_dtype_bytes=4)  # f32 or bf16: f32 bounds
+        facts = read_transformers_facts(folder)
+        if facts.dtype == "float32":  # the cache is kept in the model's own dtype
+            facts = read_transformers_facts(folder, kv_dtype_bytes=4)
         self._kv_budget[intent.port] = 0 if intent.embedding else kv_bytes(facts, intent.window)
         argv = build_argv(self.selected().python, intent, adapter_of(folder))
         env = _child_env()

@@ -92,7 +92,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     loaded: Loaded  # set on the class by main()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # fitbox logs every call itself; this output is the load log
 
     def _send(self, status: int, body: bytes) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,7 +149,7 @@ class Chat:
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
         return int(torch.multinomial(probs.cpu(), 1, generator=rng).item())
 
-    def run(self, gen: Generation) -> Iterator[Piece]:
+    def run(self, gen: Generation) -> Generator[Piece, None, None]:
         """Text pieces as tokens are made; the last piece carries the finish reason."""
         torch = self.torch
         from transformers import DynamicCache
