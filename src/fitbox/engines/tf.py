@@ -41,13 +41,15 @@ for name in ("torch", "transformers", "safetensors", "accelerate", "peft",
         found[name] = getattr(importlib.import_module(name), "__version__", "?")
     except Exception as exc:
         found[name] = None
-import torch
+cuda = four_bit = False
 try:
+    import torch
+    cuda = torch.cuda.is_available()
     import bitsandbytes
-    four_bit = torch.cuda.is_available()
+    four_bit = cuda
 except Exception:
-    four_bit = False
-print(json.dumps({"modules": found, "four_bit": four_bit, "cuda": torch.cuda.is_available()}))
+    pass
+print(json.dumps({"modules": found, "four_bit": four_bit, "cuda": cuda}))
 """
 NEEDED = ("torch", "transformers", "safetensors")
 BOOT = ("import sys; sys.path.append(sys.argv[1]); "

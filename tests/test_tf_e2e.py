@@ -1,0 +1,161 @@
+"""The transformers engine end to end: real fitbox, real children in the engine's own venv,
+real weights (SmolLM2 rebuilt into a safetensors folder, all-MiniLM-L6-v2), the openai SDK.
+
+One fitbox serves the module's calls (each child loads once); the faults and the eviction
+run their own fitbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from .conftest import FitboxProcess, running_fitbox
+from .tf_engine import MINILM_DIM, minilm_tf, smol_tf, tf_python  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.engine
+SMOL = "SmolLM2-135M-Instruct-f32"
+MINILM = "all-MiniLM-L6-v2"
+HELLO = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def models_root(root: Path, *folders: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for folder in folders:
+        (root / folder.name).symlink_to(folder)
+    return root
+
+
+def engine_env(python: Path, home: Path) -> dict[str, str]:
+    """Only the named interpreter: no venv of the test machine is a candidate."""
+    return {"FITBOX_TF_PYTHON": str(python), "HOME": str(home), "VIRTUAL_ENV": "",
+            "CONDA_PREFIX": ""}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def box(
+    tmp_path_factory: pytest.TempPathFactory, tf_python: Path, smol_tf: Path, minilm_tf: Path
+) -> Iterator[FitboxProcess]:
+    tmp = tmp_path_factory.mktemp("tf")
+    root = models_root(tmp / "models", smol_tf, minilm_tf)
+    with running_fitbox(tmp / "home", [root], env=engine_env(tf_python, tmp)) as running:
+        yield running
+
+
+def client_for(box: FitboxProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", timeout=300)
+
+
+def test_chat_whole_and_streamed_give_the_same_greedy_answer(box: FitboxProcess) -> None:
+    client = client_for(box)
+    whole = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=8,
+                                           temperature=0)  # fmt: skip
+    text = whole.choices[0].message.content
+    assert text and "Paris" in text  # the real model, through its own chat template
+    assert whole.usage is not None and whole.usage.completion_tokens <= 8
+    stream = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=8,
+                                            temperature=0, stream=True)  # fmt: skip
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert "".join(pieces) == text and len([p for p in pieces if p]) > 1
+    cut = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=8,
+                                         temperature=0, stop=["Paris"])  # fmt: skip
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[: text.index("Paris")]
+    rows = [r for r in box.calls() if r["model"] == SMOL]
+    assert [r["outcome"] for r in rows] == ["ok", "ok", "ok"]
+
+
+def test_the_first_load_is_measured_and_priced_from_next_time(box: FitboxProcess) -> None:
+    client_for(box).chat.completions.create(model=SMOL, messages=HELLO, max_tokens=1)
+    residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["residents"]
+    smol = next(r for r in residents if r["model"] == SMOL)
+    assert smol["basis"] == "measured"
+    header = sum((Path(smol["artifact"]) / "model.safetensors").stat().st_size for _ in [0])
+    # counted weights: the tied embedding once, every tensor float32, within the file's size
+    assert 0.9 * header < smol["footprint"]["weights"] <= header
+    assert smol["footprint"]["kv"] > 0  # the window's budget, held as the cache grows
+    plan = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL}, timeout=30).json()
+    assert "measured" in json.dumps(plan)
+
+
+def test_embeddings_have_the_models_dimension(box: FitboxProcess) -> None:
+    client = client_for(box)
+    reply = client.embeddings.create(model=MINILM, input=["a cat", "a dog", "tax law"])
+    vectors = [d.embedding for d in reply.data]
+    assert [len(v) for v in vectors] == [MINILM_DIM] * 3
+
+    def cosine(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b, strict=True))  # normalised by the folder
+
+    assert abs(cosine(vectors[0], vectors[0]) - 1) < 1e-3  # the Normalize module ran
+    assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2])
+
+
+def test_a_chat_call_to_an_embedding_model_is_refused_with_a_reason(box: FitboxProcess) -> None:
+    refused = httpx.post(f"{box.url}/v1/chat/completions", timeout=120,
+                         json={"model": MINILM, "messages": HELLO})  # fmt: skip
+    assert refused.status_code >= 400
+    error = refused.json()["error"]
+    assert set(error) >= {"message", "type", "code", "param"} and error["message"]
+
+
+def test_fitbox_engines_names_the_selected_interpreter(tf_python: Path, tmp_path: Path) -> None:
+    env = {**os.environ, **engine_env(tf_python, tmp_path),
+           "FITBOX_HOME": str(tmp_path / "home")}  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "fitbox", "engines"], capture_output=True,
+                         text=True, timeout=120, env=env, check=False).stdout  # fmt: skip
+    line = next(ln for ln in out.splitlines() if str(tf_python) in ln)
+    assert line.startswith("*") and "selected" in line and "4-bit no" in line
+    missing = tmp_path / "home" / "engines" / "tf" / "bin" / "python"
+    assert f"  {missing}  (engine dir (fitbox install --tf); not there" in out
+
+
+def test_without_an_engine_a_call_fails_naming_the_command_that_fixes_it(
+    tmp_path: Path, smol_tf: Path
+) -> None:
+    root = models_root(tmp_path / "models", smol_tf)
+    env = engine_env(tmp_path / "no" / "python", tmp_path)
+    with running_fitbox(tmp_path / "home", [root], env=env) as bare:
+        failed = httpx.post(f"{bare.url}/v1/chat/completions", timeout=60,
+                            json={"model": SMOL, "messages": HELLO})  # fmt: skip
+        assert failed.status_code >= 500
+        error = failed.json()["error"]
+        assert error["code"] == "engine_failed" and error["type"]
+        assert "fitbox install --tf" in error["message"] and "FITBOX_TF_PYTHON" in error["message"]
+
+
+def test_a_child_killed_mid_stream_ends_the_stream_with_an_error_and_loads_again(
+    tmp_path: Path, tf_python: Path, smol_tf: Path
+) -> None:
+    root = models_root(tmp_path / "models", smol_tf)
+    with running_fitbox(tmp_path / "home", [root], env=engine_env(tf_python, tmp_path)) as box:
+        body = {"model": SMOL, "messages": [{"role": "user", "content": "Tell me a story."}],
+                "max_tokens": 400, "temperature": 0, "stream": True}  # fmt: skip
+        events: list[str] = []
+        with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
+                          timeout=300) as response:  # fmt: skip
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 3:  # the test's own event: the kill lands mid-stream
+                        for child in psutil.Process(box.proc.pid).children(recursive=True):
+                            os.kill(child.pid, signal.SIGKILL)
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "engine_failed" and "failed mid-call" in error["message"]
+        row = box.calls()[-1]
+        assert (row["outcome"], row["error_code"]) == ("error", "engine_failed")
+        again = client_for(box).chat.completions.create(model=SMOL, messages=HELLO,
+                                                        max_tokens=2)  # fmt: skip
+        assert again.choices[0].message.content
