@@ -19,14 +19,17 @@ import httpx
 import openai
 import psutil
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from .conftest import FitboxProcess, running_fitbox
-from .tf_engine import MINILM_DIM, minilm_tf, smol_tf, tf_python  # noqa: F401 (fixtures)
+from .tf_engine import MINILM_DIM, adapted_folder
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct-f32"
 MINILM = "all-MiniLM-L6-v2"
-HELLO = [{"role": "user", "content": "What is the capital of France?"}]
+HELLO: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the capital of France?"}
+]
 
 
 def models_root(root: Path, *folders: Path) -> Path:
@@ -159,3 +162,54 @@ def test_a_child_killed_mid_stream_ends_the_stream_with_an_error_and_loads_again
         again = client_for(box).chat.completions.create(model=SMOL, messages=HELLO,
                                                         max_tokens=2)  # fmt: skip
         assert again.choices[0].message.content
+
+
+def test_a_transformers_model_and_a_gguf_evict_each_other_by_memory(
+    tmp_path: Path, tf_python: Path, smol_tf: Path, smollm2: Path
+) -> None:
+    """Both load once with room to measure them; then a RAM cap that holds either one but
+    not both makes each call evict the other, priced from the measured footprints."""
+    root = models_root(tmp_path / "models", smol_tf, smollm2)
+    gguf = smollm2.stem
+    with running_fitbox(tmp_path / "home", [root], env=engine_env(tf_python, tmp_path)) as box:
+        client = client_for(box)
+        for model in (SMOL, gguf):
+            client.chat.completions.create(model=model, messages=HELLO, max_tokens=1)
+        residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["residents"]
+        sizes = {r["model"]: r["bytes"] for r in residents}
+        assert set(sizes) == {SMOL, gguf} and all(r["basis"] == "measured" for r in residents)
+        cap = max(sizes.values()) + min(sizes.values()) // 2
+        limited = httpx.post(f"{box.url}/v1/limits", json={"ram_max": cap}, timeout=30)
+        assert limited.status_code == 200, limited.text
+        for model in (SMOL, gguf, SMOL):
+            reply = client.chat.completions.create(model=model, messages=HELLO, max_tokens=2)
+            assert reply.choices[0].message.content
+            resident = [m for m in box.models().values() if m["resident"]]
+            assert [m["id"] for m in resident] == [model]
+        evicted = [json.loads(str(r["evicted"])) for r in box.calls() if r["evicted"]]
+        assert [SMOL] in evicted and [gguf] in evicted
+
+
+def test_an_adapter_changes_the_greedy_answer_and_a_broken_one_fails_the_launch(
+    tmp_path: Path, tf_python: Path, smol_tf: Path, box: FitboxProcess
+) -> None:
+    root = tmp_path / "models"
+    adapted_folder(tf_python, smol_tf, root / "smol-lora")
+    adapted_folder(tf_python, smol_tf, root / "smol-broken", broken=True)
+    client = client_for(box)
+    base = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=6,
+                                          temperature=0).choices[0].message.content  # fmt: skip
+    env = engine_env(tf_python, tmp_path)
+    with running_fitbox(tmp_path / "home", [root], env=env) as adapted_box:
+        listed = adapted_box.models()
+        assert int(str(listed["smol-lora"]["size_bytes"])) > int(
+            str(box.models()[SMOL]["size_bytes"]))  # the adapter's bytes join the footprint
+        adapted = client_for(adapted_box).chat.completions.create(
+            model="smol-lora", messages=HELLO, max_tokens=6, temperature=0)
+        assert adapted.choices[0].message.content != base
+        broken = httpx.post(f"{adapted_box.url}/v1/chat/completions", timeout=300,
+                            json={"model": "smol-broken", "messages": HELLO})  # fmt: skip
+        assert broken.status_code >= 500
+        error = broken.json()["error"]
+        assert error["code"] == "engine_failed"
+        assert "could not load 'smol-broken'" in error["message"]

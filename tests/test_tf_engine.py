@@ -64,7 +64,7 @@ def test_an_adapter_named_by_fitbox_json_must_be_there(tmp_path: Path) -> None:
     folder = llama_dir(tmp_path / "base")
     assert adapter_of(folder) is None and adapter_bytes(folder) == 0
     (folder / "fitbox.json").write_text(json.dumps({"adapter_dir": "lora"}))
-    with pytest.raises(BadModelDir, match="no adapter_config.json"):
+    with pytest.raises(BadModelDir, match=r"no adapter_config\.json"):
         adapter_of(folder)
     (folder / "lora").mkdir()
     (folder / "lora" / "adapter_config.json").write_text("{}")

@@ -21,8 +21,6 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from fitbox.engines.tf import probe
 from fitbox.installer.tf_engine import build_venv, requirements, requirements_key
 
@@ -50,6 +48,37 @@ plain.load_state_dict(loaded.state_dict())
 plain.save_pretrained(out)
 tokenizer.save_pretrained(out)
 """
+
+
+# A LoRA on the attention projections with random (not zero) B matrices: the adapter
+# changes every greedy answer, so a reply tells whether it was applied.
+MAKE_LORA = """
+import sys
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+torch.manual_seed(0)
+base = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+config = LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"],
+                    init_lora_weights=False)
+get_peft_model(base, config).save_pretrained(sys.argv[2])
+"""
+
+
+def adapted_folder(python: Path, base: Path, out: Path, *, broken: bool = False) -> Path:
+    """A model folder of ``base``'s files whose fitbox.json names a PEFT LoRA beside them;
+    ``broken``: the adapter's config is there, its weights are not."""
+    out.mkdir(parents=True)
+    for item in base.iterdir():
+        (out / item.name).symlink_to(item)
+    if broken:
+        (out / "lora").mkdir()
+        (out / "lora" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    else:
+        subprocess.run([str(python), "-c", MAKE_LORA, str(base), str(out / "lora")],
+                       check=True, timeout=300, capture_output=True)  # fmt: skip
+    (out / "fitbox.json").write_text('{"adapter_dir": "lora"}')
+    return out
 
 
 @contextlib.contextmanager
@@ -110,18 +139,3 @@ def minilm_folder() -> Path:
             shutil.rmtree(out, ignore_errors=True)
             os.rename(building, out)
     return out
-
-
-@pytest.fixture(scope="session")
-def tf_python() -> Path:
-    return tf_venv()
-
-
-@pytest.fixture(scope="session")
-def smol_tf(tf_python: Path, smollm2: Path) -> Path:
-    return smol_folder(tf_python, smollm2)
-
-
-@pytest.fixture(scope="session")
-def minilm_tf() -> Path:
-    return minilm_folder()
