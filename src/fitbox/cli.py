@@ -327,6 +327,7 @@ def list_models(config: settings.Config, as_json: bool) -> int:
             "aliases": catalog.aliases_of(a.name),
             "path": str(a.path),
             "architecture": a.facts.architecture,
+            "format": a.format,  # which engine kind serves it (gguf: llama-server)
             "weights_bytes": a.facts.shape.weights_bytes,
             "context_length": a.facts.shape.n_ctx_train,
         }
@@ -347,7 +348,7 @@ def list_models(config: settings.Config, as_json: bool) -> int:
     for row in rows:
         aliases = f" (aka {', '.join(row['aliases'])})" if row["aliases"] else ""
         print(
-            f"{row['name']}{aliases}  {row['architecture']}  "
+            f"{row['name']}{aliases}  {row['architecture']} ({row['format']})  "
             f"{format_bytes(int(row['weights_bytes']))}  ctx {row['context_length']}  "
             f"{row['path']}"
         )
