@@ -74,7 +74,7 @@ def test_chat_whole_and_streamed_give_the_same_greedy_answer(box: FitboxProcess)
                                          temperature=0, stop=["Paris"])  # fmt: skip
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].message.content == text[: text.index("Paris")]
-    rows = [r for r in box.calls() if r["model"] == SMOL]
+    rows = [r for r in box.calls() if r["model_asked"] == SMOL]
     assert [r["outcome"] for r in rows] == ["ok", "ok", "ok"]
 
 
