@@ -27,6 +27,7 @@ from .tf_engine import MINILM_DIM, adapted_folder
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct-f32"
 MINILM = "all-MiniLM-L6-v2"
+IDLE_S = 3
 HELLO: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "What is the capital of France?"}
 ]
@@ -51,7 +52,10 @@ def box(
 ) -> Iterator[FitboxProcess]:
     tmp = tmp_path_factory.mktemp("tf")
     root = models_root(tmp / "models", smol_tf, minilm_tf)
-    with running_fitbox(tmp / "home", [root], env=engine_env(tf_python, tmp)) as running:
+    # a short quiet bound for the hang test: a working child answers /health meanwhile
+    env = engine_env(tf_python, tmp) | {"FITBOX_ENGINE_IDLE_TIMEOUT": str(IDLE_S),
+                                        "FITBOX_STOP_GRACE": "1"}  # fmt: skip
+    with running_fitbox(tmp / "home", [root], env=env) as running:
         yield running
 
 
@@ -80,15 +84,18 @@ def test_chat_whole_and_streamed_give_the_same_greedy_answer(box: FitboxProcess)
 
 def test_the_first_load_is_measured_and_priced_from_next_time(box: FitboxProcess) -> None:
     client_for(box).chat.completions.create(model=SMOL, messages=HELLO, max_tokens=1)
-    residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["residents"]
+    residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
     smol = next(r for r in residents if r["model"] == SMOL)
     assert smol["basis"] == "measured"
     header = sum((Path(smol["artifact"]) / "model.safetensors").stat().st_size for _ in [0])
     # counted weights: the tied embedding once, every tensor float32, within the file's size
     assert 0.9 * header < smol["footprint"]["weights"] <= header
     assert smol["footprint"]["kv"] > 0  # the window's budget, held as the cache grows
+    unloaded = httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL}, timeout=60)
+    assert unloaded.status_code == 200, unloaded.text
     plan = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL}, timeout=30).json()
-    assert "measured" in json.dumps(plan)
+    assert plan["basis"] == "measured", plan  # the next decision prices from the load
+    assert plan["devices"][0]["weights_bytes"] == smol["footprint"]["weights"]
 
 
 def test_embeddings_have_the_models_dimension(box: FitboxProcess) -> None:
@@ -137,31 +144,50 @@ def test_without_an_engine_a_call_fails_naming_the_command_that_fixes_it(
         assert "fitbox install --tf" in error["message"] and "FITBOX_TF_PYTHON" in error["message"]
 
 
+def signal_children_mid_stream(box: FitboxProcess, sig: signal.Signals) -> list[str]:
+    """Stream a long reply; on its third event (the test's own event, so the signal lands
+    mid-stream) send ``sig`` to every engine child. Returns the data events."""
+    body = {"model": SMOL, "messages": [{"role": "user", "content": "Tell me a story."}],
+            "max_tokens": 400, "temperature": 0, "stream": True}  # fmt: skip
+    events: list[str] = []
+    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
+                      timeout=300) as response:  # fmt: skip
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 3:
+                    for child in psutil.Process(box.proc.pid).children(recursive=True):
+                        os.kill(child.pid, sig)
+    return events
+
+
 def test_a_child_killed_mid_stream_ends_the_stream_with_an_error_and_loads_again(
-    tmp_path: Path, tf_python: Path, smol_tf: Path
+    box: FitboxProcess,
 ) -> None:
-    root = models_root(tmp_path / "models", smol_tf)
-    with running_fitbox(tmp_path / "home", [root], env=engine_env(tf_python, tmp_path)) as box:
-        body = {"model": SMOL, "messages": [{"role": "user", "content": "Tell me a story."}],
-                "max_tokens": 400, "temperature": 0, "stream": True}  # fmt: skip
-        events: list[str] = []
-        with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
-                          timeout=300) as response:  # fmt: skip
-            assert response.status_code == 200
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    if len(events) == 3:  # the test's own event: the kill lands mid-stream
-                        for child in psutil.Process(box.proc.pid).children(recursive=True):
-                            os.kill(child.pid, signal.SIGKILL)
-        assert events[-1] == "[DONE]"
-        error = json.loads(events[-2])["error"]
-        assert error["code"] == "engine_failed" and "failed mid-call" in error["message"]
-        row = box.calls()[-1]
-        assert (row["outcome"], row["error_code"]) == ("error", "engine_failed")
-        again = client_for(box).chat.completions.create(model=SMOL, messages=HELLO,
-                                                        max_tokens=2)  # fmt: skip
-        assert again.choices[0].message.content
+    events = signal_children_mid_stream(box, signal.SIGKILL)
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "engine_failed" and "failed mid-call" in error["message"]
+    row = box.calls()[-1]
+    assert (row["outcome"], row["error_code"]) == ("error", "engine_failed")
+    again = client_for(box).chat.completions.create(model=SMOL, messages=HELLO, max_tokens=2)
+    assert again.choices[0].message.content
+
+
+def test_a_child_hung_mid_stream_ends_it_with_engine_timeout_and_is_restarted(
+    box: FitboxProcess,
+) -> None:
+    """SIGSTOP hangs the real child on demand: no byte, no /health, no CPU."""
+    events = signal_children_mid_stream(box, signal.SIGSTOP)
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "engine_timeout"
+    assert f"sent nothing for {IDLE_S} s and did not answer its health probe" in error["message"]
+    row = box.calls()[-1]
+    assert (row["outcome"], row["error_code"]) == ("error", "engine_timeout")
+    again = client_for(box).chat.completions.create(model=SMOL, messages=HELLO, max_tokens=2)
+    assert again.choices[0].message.content
 
 
 def test_a_transformers_model_and_a_gguf_evict_each_other_by_memory(
@@ -175,7 +201,7 @@ def test_a_transformers_model_and_a_gguf_evict_each_other_by_memory(
         client = client_for(box)
         for model in (SMOL, gguf):
             client.chat.completions.create(model=model, messages=HELLO, max_tokens=1)
-        residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["residents"]
+        residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
         sizes = {r["model"]: r["bytes"] for r in residents}
         assert set(sizes) == {SMOL, gguf} and all(r["basis"] == "measured" for r in residents)
         cap = max(sizes.values()) + min(sizes.values()) // 2
