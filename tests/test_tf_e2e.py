@@ -48,10 +48,15 @@ def engine_env(python: Path, home: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def box(
-    tmp_path_factory: pytest.TempPathFactory, tf_python: Path, smol_tf: Path, minilm_tf: Path
+    tmp_path_factory: pytest.TempPathFactory, tf_python: Path, smol_tf: Path, minilm_tf: Path,
+    smollm2: Path,
 ) -> Iterator[FitboxProcess]:
+    """One fitbox for the module: SmolLM2 as a folder, with a LoRA and with a broken one, as
+    the GGUF, and MiniLM."""
     tmp = tmp_path_factory.mktemp("tf")
-    root = models_root(tmp / "models", smol_tf, minilm_tf)
+    root = models_root(tmp / "models", smol_tf, minilm_tf, smollm2)
+    adapted_folder(tf_python, smol_tf, root / "smol-lora")
+    adapted_folder(tf_python, smol_tf, root / "smol-broken", broken=True)
     # a short quiet bound for the hang test: a working child answers /health meanwhile
     env = engine_env(tf_python, tmp) | {"FITBOX_ENGINE_IDLE_TIMEOUT": str(IDLE_S),
                                         "FITBOX_STOP_GRACE": "1"}  # fmt: skip
@@ -117,6 +122,22 @@ def test_a_chat_call_to_an_embedding_model_is_refused_with_a_reason(box: FitboxP
     assert refused.status_code >= 400
     error = refused.json()["error"]
     assert set(error) >= {"message", "type", "code", "param"} and error["message"]
+
+
+def test_an_image_for_a_text_model_and_an_http_image_are_refused_with_reasons(
+    box: FitboxProcess,
+) -> None:
+    def ask(url: str) -> dict[str, str]:
+        content = [{"type": "text", "text": "What is this?"},
+                   {"type": "image_url", "image_url": {"url": url}}]  # fmt: skip
+        reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=120, json={
+            "model": SMOL, "messages": [{"role": "user", "content": content}]})  # fmt: skip
+        assert reply.status_code == 400
+        error: dict[str, str] = reply.json()["error"]
+        return error
+
+    assert "data: URL" in ask("http://example.com/cat.png")["message"]
+    assert "reads text only" in ask("data:image/png;base64,iVBORw0KGgo=")["message"]
 
 
 def test_fitbox_engines_names_the_selected_interpreter(tf_python: Path, tmp_path: Path) -> None:
@@ -191,51 +212,47 @@ def test_a_child_hung_mid_stream_ends_it_with_engine_timeout_and_is_restarted(
 
 
 def test_a_transformers_model_and_a_gguf_evict_each_other_by_memory(
-    tmp_path: Path, tf_python: Path, smol_tf: Path, smollm2: Path
+    box: FitboxProcess, smollm2: Path
 ) -> None:
     """Both load once with room to measure them; then a RAM cap that holds either one but
     not both makes each call evict the other, priced from the measured footprints."""
-    root = models_root(tmp_path / "models", smol_tf, smollm2)
-    gguf = smollm2.stem
-    with running_fitbox(tmp_path / "home", [root], env=engine_env(tf_python, tmp_path)) as box:
-        client = client_for(box)
-        for model in (SMOL, gguf):
-            client.chat.completions.create(model=model, messages=HELLO, max_tokens=1)
-        residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
-        sizes = {r["model"]: r["bytes"] for r in residents}
-        assert set(sizes) == {SMOL, gguf} and all(r["basis"] == "measured" for r in residents)
-        cap = max(sizes.values()) + min(sizes.values()) // 2
-        limited = httpx.post(f"{box.url}/v1/limits", json={"ram_max": cap}, timeout=30)
-        assert limited.status_code == 200, limited.text
+    gguf, client = smollm2.stem, client_for(box)
+    for model in (SMOL, gguf):
+        client.chat.completions.create(model=model, messages=HELLO, max_tokens=1)
+    residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
+    sizes = {r["model"]: r["bytes"] for r in residents if r["model"] in (SMOL, gguf)}
+    assert len(sizes) == 2 and all(r["basis"] == "measured" for r in residents)
+    for model in {r["model"] for r in residents}:
+        httpx.post(f"{box.url}/v1/operator/unload", json={"model": model}, timeout=60)
+    cap = max(sizes.values()) + min(sizes.values()) // 2
+    limited = httpx.post(f"{box.url}/v1/limits", json={"ram_max": cap}, timeout=30)
+    assert limited.status_code == 200, limited.text
+    try:
         for model in (SMOL, gguf, SMOL):
             reply = client.chat.completions.create(model=model, messages=HELLO, max_tokens=2)
             assert reply.choices[0].message.content
             resident = [m for m in box.models().values() if m["resident"]]
             assert [m["id"] for m in resident] == [model]
-        evicted = [json.loads(str(r["evicted"])) for r in box.calls() if r["evicted"]]
-        assert [SMOL] in evicted and [gguf] in evicted
+    finally:
+        httpx.post(f"{box.url}/v1/limits", json={"ram_max": None}, timeout=30)
+    evicted = [json.loads(str(r["evicted"])) for r in box.calls() if r["evicted"]]
+    assert [SMOL] in evicted and [gguf] in evicted
 
 
 def test_an_adapter_changes_the_greedy_answer_and_a_broken_one_fails_the_launch(
-    tmp_path: Path, tf_python: Path, smol_tf: Path, box: FitboxProcess
+    box: FitboxProcess,
 ) -> None:
-    root = tmp_path / "models"
-    adapted_folder(tf_python, smol_tf, root / "smol-lora")
-    adapted_folder(tf_python, smol_tf, root / "smol-broken", broken=True)
     client = client_for(box)
     base = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=6,
                                           temperature=0).choices[0].message.content  # fmt: skip
-    env = engine_env(tf_python, tmp_path)
-    with running_fitbox(tmp_path / "home", [root], env=env) as adapted_box:
-        listed = adapted_box.models()
-        assert int(str(listed["smol-lora"]["size_bytes"])) > int(
-            str(box.models()[SMOL]["size_bytes"]))  # the adapter's bytes join the footprint
-        adapted = client_for(adapted_box).chat.completions.create(
-            model="smol-lora", messages=HELLO, max_tokens=6, temperature=0)
-        assert adapted.choices[0].message.content != base
-        broken = httpx.post(f"{adapted_box.url}/v1/chat/completions", timeout=300,
-                            json={"model": "smol-broken", "messages": HELLO})  # fmt: skip
-        assert broken.status_code >= 500
-        error = broken.json()["error"]
-        assert error["code"] == "engine_failed"
-        assert "could not load 'smol-broken'" in error["message"]
+    listed = box.models()
+    assert int(str(listed["smol-lora"]["size_bytes"])) > int(str(listed[SMOL]["size_bytes"]))
+    adapted = client.chat.completions.create(model="smol-lora", messages=HELLO, max_tokens=6,
+                                             temperature=0)  # fmt: skip
+    assert adapted.choices[0].message.content != base
+    broken = httpx.post(f"{box.url}/v1/chat/completions", timeout=300,
+                        json={"model": "smol-broken", "messages": HELLO})  # fmt: skip
+    assert broken.status_code >= 500
+    error = broken.json()["error"]
+    assert error["code"] == "engine_failed"
+    assert "could not load 'smol-broken'" in error["message"]

@@ -69,6 +69,10 @@ def _text_content(content: Any) -> str:
             if kind == "text":
                 parts.append(str(part.get("text", "")))
             elif kind == "image_url":
+                url = str((part.get("image_url") or {}).get("url", ""))
+                if not url.startswith("data:"):
+                    raise BadRequest("image URLs are never fetched by the engine; send the "
+                                     "image inline as a data: URL", "messages")  # fmt: skip
                 raise BadRequest("this model reads text only; send the message without "
                                  "image_url parts, or ask a vision model", "messages")  # fmt: skip
             else:
