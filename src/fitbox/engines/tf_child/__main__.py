@@ -91,6 +91,7 @@ def error_body(message: str, kind: str, code: str, param: str | None = None) -> 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     loaded: Loaded  # set on the class by main()
+    streaming = False
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # fitbox logs every call itself; this output is the load log
@@ -114,6 +115,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, error_body(f"no route {self.path}", "not_found_error", "not_found"))
 
     def do_POST(self) -> None:
+        self.streaming = False  # once a stream's headers are out, no other reply can follow
         length = int(self.headers.get("Content-Length") or 0)
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
@@ -133,6 +135,12 @@ class Handler(BaseHTTPRequestHandler):
         except (BadRequest, json.JSONDecodeError, ValueError, TypeError) as exc:
             param = exc.param if isinstance(exc, BadRequest) else None
             self._send(400, error_body(str(exc), "invalid_request_error", "bad_request", param))
+        except Exception as exc:  # torch failed mid-call: say so, if no reply has begun
+            traceback.print_exc()
+            if self.streaming:
+                raise  # the stream breaks off: fitbox ends it with an error event
+            self._send(500, error_body(f"the engine failed: {exc}", "server_error",
+                                       "engine_failed"))  # fmt: skip
 
     def _chat(self, body: dict[str, Any]) -> None:
         chat = self.loaded.chat
@@ -151,6 +159,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps(reply).encode())
             return
         first = next(pieces)  # a bad prompt fails here, before any header is sent
+        self.streaming = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
