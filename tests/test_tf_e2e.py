@@ -87,22 +87,6 @@ def test_chat_whole_and_streamed_give_the_same_greedy_answer(box: FitboxProcess)
     assert [r["outcome"] for r in rows] == ["ok", "ok", "ok"]
 
 
-def test_the_first_load_is_measured_and_priced_from_next_time(box: FitboxProcess) -> None:
-    client_for(box).chat.completions.create(model=SMOL, messages=HELLO, max_tokens=1)
-    residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
-    smol = next(r for r in residents if r["model"] == SMOL)
-    assert smol["basis"] == "measured"
-    header = sum((Path(smol["artifact"]) / "model.safetensors").stat().st_size for _ in [0])
-    # counted weights: the tied embedding once, every tensor float32, within the file's size
-    assert 0.9 * header < smol["footprint"]["weights"] <= header
-    assert smol["footprint"]["kv"] > 0  # the window's budget, held as the cache grows
-    unloaded = httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL}, timeout=60)
-    assert unloaded.status_code == 200, unloaded.text
-    plan = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL}, timeout=30).json()
-    assert plan["basis"] == "measured", plan  # the next decision prices from the load
-    assert plan["devices"][0]["weights_bytes"] == smol["footprint"]["weights"]
-
-
 def test_embeddings_have_the_models_dimension(box: FitboxProcess) -> None:
     client = client_for(box)
     reply = client.embeddings.create(model=MINILM, input=["a cat", "a dog", "tax law"])
@@ -209,6 +193,22 @@ def test_a_child_hung_mid_stream_ends_it_with_engine_timeout_and_is_restarted(
     assert (row["outcome"], row["error_code"]) == ("error", "engine_timeout")
     again = client_for(box).chat.completions.create(model=SMOL, messages=HELLO, max_tokens=2)
     assert again.choices[0].message.content
+
+
+def test_the_first_load_is_measured_and_priced_from_next_time(box: FitboxProcess) -> None:
+    client_for(box).chat.completions.create(model=SMOL, messages=HELLO, max_tokens=1)
+    residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
+    smol = next(r for r in residents if r["model"] == SMOL)
+    assert smol["basis"] == "measured"
+    header = sum((Path(smol["artifact"]) / "model.safetensors").stat().st_size for _ in [0])
+    # counted weights: the tied embedding once, every tensor float32, within the file's size
+    assert 0.9 * header < smol["footprint"]["weights"] <= header
+    assert smol["footprint"]["kv"] > 0  # the window's budget, held as the cache grows
+    unloaded = httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL}, timeout=60)
+    assert unloaded.status_code == 200, unloaded.text
+    plan = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL}, timeout=30).json()
+    assert plan["basis"] == "measured", plan  # the next decision prices from the load
+    assert plan["devices"][0]["weights_bytes"] == smol["footprint"]["weights"]
 
 
 def test_a_transformers_model_and_a_gguf_evict_each_other_by_memory(
