@@ -256,3 +256,19 @@ def test_an_adapter_changes_the_greedy_answer_and_a_broken_one_fails_the_launch(
     error = broken.json()["error"]
     assert error["code"] == "engine_failed"
     assert "could not load 'smol-broken'" in error["message"]
+
+
+def test_install_tf_keeps_an_engine_built_from_the_same_requirements(
+    tf_python: Path, tmp_path: Path
+) -> None:
+    """The tests' engine venv was built by the installer's code: `fitbox install --tf` on an
+    engine dir holding it keeps it (a re-run is safe) and reports what it can do."""
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    (engines / "tf").symlink_to(tf_python.parents[1])
+    env = {**os.environ, "FITBOX_ENGINE_DIR": str(engines), "FITBOX_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "fitbox", "install", "--tf"], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "kept" in done.stdout and "transformers engine ready" in done.stdout
+    assert "4-bit: no" in done.stdout

@@ -22,7 +22,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fitbox.engines.tf import probe
-from fitbox.installer.tf_engine import build_venv, requirements, requirements_key
+from fitbox.installer.tf_engine import (
+    BUILT_FROM,
+    build_venv,
+    built_from,
+    requirements,
+    requirements_key,
+)
 
 from .conftest import CACHE
 
@@ -98,6 +104,8 @@ def tf_venv() -> Path:
     with _locked(target.with_suffix(".lock")):
         if not probe(python).usable:
             build_venv(target, reqs, four_bit=False)
+        elif built_from(target) is None:  # built before venvs said what they were built from
+            (target / BUILT_FROM).write_text("\n".join(reqs) + "\n")
     found = probe(python)
     assert found.usable, f"the test engine venv at {target} is not usable: {found.problem}"
     return python

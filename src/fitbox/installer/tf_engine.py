@@ -20,6 +20,7 @@ from importlib.metadata import PackageNotFoundError, requires
 from pathlib import Path
 
 EXTRA = "tf-engine"
+BUILT_FROM = "fitbox-requirements.txt"  # in the venv: the list it was built from
 FOUR_BIT = "bitsandbytes"
 PIP_TIMEOUT_S = 1800
 _EXTRA_MARKER = re.compile(r";\s*extra\s*==\s*['\"]" + re.escape(EXTRA) + r"['\"]\s*$")
@@ -73,6 +74,7 @@ def build_venv(target: Path, reqs: list[str], *, four_bit: bool = True,
                 _run([*pip, FOUR_BIT], f"installing {FOUR_BIT}")
             except EngineBuildFailed as exc:
                 print(f"note: {exc}; the engine runs without 4-bit", flush=True)
+        (building / BUILT_FROM).write_text("\n".join(reqs) + "\n")
         shutil.rmtree(target, ignore_errors=True)
         os.rename(building, target)
     finally:
@@ -80,13 +82,27 @@ def build_venv(target: Path, reqs: list[str], *, four_bit: bool = True,
     return target / "bin" / "python"
 
 
+def built_from(target: Path) -> list[str] | None:
+    """The requirement list a venv fitbox built holds; None: not one of fitbox's."""
+    try:
+        return (target / BUILT_FROM).read_text().split()
+    except OSError:
+        return None
+
+
 def install_tf(engines_dir: Path) -> int:
-    """``fitbox install --tf``: build ``<engines dir>/tf``, then probe it as a child would."""
+    """``fitbox install --tf``: build ``<engines dir>/tf`` (kept when it was built from the
+    same requirements and still imports them: a re-run is safe), then probe it."""
     from fitbox.engines.tf import probe, venv_dir
 
     target = venv_dir(engines_dir)
+    reqs = requirements()
+    python = target / "bin" / "python"
     try:
-        python = build_venv(target, requirements())
+        if built_from(target) == reqs and probe(python).usable:
+            print(f"kept {target}: built from the same requirements")
+        else:
+            python = build_venv(target, reqs)
     except (EngineBuildFailed, OSError, subprocess.TimeoutExpired) as exc:
         print(f"fitbox install --tf: {exc}", file=sys.stderr)
         return 1
