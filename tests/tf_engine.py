@@ -102,7 +102,7 @@ def tf_venv() -> Path:
     target = VENVS / f"tf-{requirements_key(reqs)}"
     python = target / "bin" / "python"
     with _locked(target.with_suffix(".lock")):
-        if not probe(python).usable:
+        if not python.exists():  # a venv that is there but fails its probe is reported
             build_venv(target, reqs, four_bit=False)
         elif built_from(target) is None:  # built before venvs said what they were built from
             (target / BUILT_FROM).write_text("\n".join(reqs) + "\n")

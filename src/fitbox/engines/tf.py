@@ -30,26 +30,27 @@ from fitbox.engines.seam import CallTimings, EngineNotFound, Held, LaunchIntent,
 NAME = "transformers"
 ROUTES = frozenset({"/v1/chat/completions", "/v1/embeddings"})
 INSTALL_COMMAND = "fitbox install --tf"
-PROBE_S = 60  # importing torch and transformers cold takes ~5-15 s on a small box
-# The modules a child imports; the probe imports each and reports versions and 4-bit.
+PROBE_S = 180  # importing torch and transformers cold: ~5-15 s alone, minutes on a busy box
+# The probe imports what every child imports, and only looks for the rest (an import of
+# peft or sentence-transformers costs seconds more and is needed by some folders only).
 PROBE = """
-import json, importlib
+import importlib, importlib.util, json
 found = {}
-for name in ("torch", "transformers", "safetensors", "accelerate", "peft",
-             "sentence_transformers"):
+for name in ("torch", "transformers", "safetensors"):
     try:
         found[name] = getattr(importlib.import_module(name), "__version__", "?")
-    except Exception as exc:
+    except Exception:
         found[name] = None
-cuda = four_bit = False
+for name in ("accelerate", "peft", "sentence_transformers", "bitsandbytes"):
+    found[name] = "present" if importlib.util.find_spec(name) else None
+cuda = False
 try:
     import torch
     cuda = torch.cuda.is_available()
-    import bitsandbytes
-    four_bit = cuda
 except Exception:
     pass
-print(json.dumps({"modules": found, "four_bit": four_bit, "cuda": cuda}))
+print(json.dumps({"modules": found, "four_bit": cuda and bool(found["bitsandbytes"]),
+                  "cuda": cuda}))
 """
 NEEDED = ("torch", "transformers", "safetensors")
 BOOT = ("import sys; sys.path.append(sys.argv[1]); "
