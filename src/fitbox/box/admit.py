@@ -80,8 +80,8 @@ class Admission:
                 self.supervisor.refuse_if_failed(named.first)
         lease = await self._admitted(named, call_id, need, max_tokens, deadline, max_wait)
         try:
-            await asyncio.wait_for(asyncio.shield(lease.resident.ready),
-                                   timeout=self.config.load_timeout + READY_SLACK_S)  # fmt: skip
+            async with asyncio.timeout(self.config.load_timeout + READY_SLACK_S):
+                await asyncio.shield(lease.resident.ready)
         except BaseException:
             lease.release()
             raise
@@ -113,8 +113,12 @@ class Admission:
                     waiter = self.waiting.enter(named.first.name, call_id, remaining, max_wait,
                                                 eta)  # fmt: skip
                 waiter.blocked_by = blockers
+                # asyncio.timeout, not wait_for: on Python 3.11 a wait_for whose wait has
+                # just ended swallows a cancel that comes with it, and a call whose client
+                # left would wait out its whole max_wait
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), timeout=remaining)
+                    async with asyncio.timeout(remaining):
+                        await changed.wait()
         finally:
             self.waiting.leave(waiter)
             if self.waiting:
@@ -184,6 +188,7 @@ class Admission:
             place=decision,
             held={d: f.total for d, f in decision.footprint}, asked=named.family,
             band=int(self.asks.knobs(named)["band"]),
+            embeddings=bool(self.asks.knobs(named)["embeddings"]),
             cpus=self.snapshots.cpus_of(decision.cores),
         )  # fmt: skip
         self.registry.add(resident)

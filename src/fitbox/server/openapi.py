@@ -10,6 +10,12 @@ from starlette.responses import JSONResponse, Response
 import fitbox
 
 ERROR = {"$ref": "#/components/schemas/Error"}
+TIMING = {"Server-Timing": {
+    "description": "W3C Server Timing, ms: queue;dur, load;dur (0 when resident), ttft;dur, "
+    "total;dur (a call's figures, as its call row has them); total;dur on a response that is "
+    "no call. A stream's header has those known when it leaves (queue, load; none when the "
+    "200 goes before a load); all four come in an SSE comment before data: [DONE].",
+    "schema": {"type": "string"}}}  # fmt: skip
 MODEL_BODY = {"type": "object", "required": ["model"], "properties": {"model": {"type": "string"}}}
 
 
@@ -22,8 +28,8 @@ def _op(
     operation: dict[str, Any] = {
         "summary": summary,
         "description": f"Access: {access}.",
-        "responses": {"200": {"description": "OK"},
-                      "default": {"description": "An OpenAI error body",
+        "responses": {"200": {"description": "OK", "headers": TIMING},
+                      "default": {"description": "An OpenAI error body", "headers": TIMING,
                                   "content": {"application/json": {"schema": ERROR}}}},
     }  # fmt: skip
     if body is not None:
@@ -50,8 +56,30 @@ CHAT = {
         "messages": {"type": "array"},
         "stream": {"type": "boolean"},
         "max_tokens": {"type": "integer"},
+        "metadata": {
+            "type": "object",
+            "properties": {
+                "fitbox_progress": {
+                    "type": "string",
+                    "enum": ["true", "false"],
+                    "description": "A stream that waits for a load gets progress chunks: "
+                    "choices [] and fitbox_progress {state, queue_position, bytes_loaded, "
+                    "bytes_total, seconds}",
+                }
+            },
+        },
+        "reasoning_format": {
+            "type": "string",
+            "enum": ["none"],
+            "description": "none: the model's thinking stays in content",
+        },
     },
 }
+REPLY = (
+    "The reply. A model's thinking is in message.reasoning_content (delta. when "
+    "streamed), or reasoning, or left in content: the key's reasoning_field setting, "
+    "else the box's"
+)
 COMPLETION = {
     "type": "object",
     "required": ["model", "prompt"],
@@ -67,6 +95,33 @@ EMBEDDING = {
     "required": ["model", "input"],
     "properties": {"model": {"type": "string"}, "input": {"type": "string"}},
 }
+RESPONSES = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {"model": {"type": "string"}, "input": {"type": "string"},
+                   "stream": {"type": "boolean"}, "max_output_tokens": {"type": "integer"}},
+}  # fmt: skip
+MESSAGES = {
+    "type": "object",
+    "required": ["model", "messages", "max_tokens"],
+    "properties": {"model": {"type": "string"}, "messages": {"type": "array"},
+                   "max_tokens": {"type": "integer"}, "stream": {"type": "boolean"}},
+}  # fmt: skip
+RERANK = {
+    "type": "object",
+    "required": ["model", "query", "documents"],
+    "properties": {"model": {"type": "string"}, "query": {"type": "string"},
+                   "documents": {"type": "array", "items": {"type": "string"}}},
+}  # fmt: skip
+
+
+def _engine_body(*required: str) -> dict[str, Any]:
+    """A body llama-server reads, plus the ``model`` fitbox places it by (or ``?model=``)."""
+    return {"type": "object", "required": list(required),
+            "properties": {"model": {"type": "string"}, **{r: {} for r in required}}}  # fmt: skip
+
+
+MODEL_QUERY = [_query("model", "string")]  # instead of the body's model
 KEY = {
     "type": "object",
     "properties": {
@@ -98,17 +153,45 @@ def _knobs(names: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, A
             "properties": {name: {} for name in names}}  # fmt: skip
 
 
-from fitbox.box.preferences import BOX_KNOBS, LIMIT_KNOBS, PAIR_KNOBS  # noqa: E402
+from fitbox.box.preferences import BOX_KNOBS, KEY_KNOBS, LIMIT_KNOBS, PAIR_KNOBS  # noqa: E402
 
 PAIR_BODY = _knobs({"model": None, **PAIR_KNOBS}, ("model",))
+KEY_BODY = _knobs({"key": None, **KEY_KNOBS}, ("key",))
 
 PATHS: dict[str, dict[str, Any]] = {
     "/health": {"get": _op("Liveness (200; status ok or degraded, with the problems to fix), "
                            "version, GPUs (simulated ones labelled), store", "open")},
     "/v1/models": {"get": _op("The catalog, with residency", INFERENCE)},
-    "/v1/chat/completions": {"post": _op("Chat (SSE with stream: true)", INFERENCE, CHAT)},
+    "/v1/chat/completions": {"post": _op("Chat (SSE with stream: true). " + REPLY, INFERENCE,
+                                         CHAT)},
     "/v1/completions": {"post": _op("Text completion", INFERENCE, COMPLETION)},
-    "/v1/embeddings": {"post": _op("Embeddings (embedding models)", INFERENCE, EMBEDDING)},
+    "/v1/embeddings": {"post": _op("Embeddings (embedding models; a decoder with the "
+                                   "embeddings setting)", INFERENCE, EMBEDDING)},
+    "/v1/models/{model_id}": {"get": _op(
+        "One model by name, alias or family name (OpenAI's retrieve), with meta", INFERENCE,
+        params=[{"name": "model_id", "in": "path", "required": True,
+                 "schema": {"type": "string"}}])},
+    "/v1/responses": {"post": _op("OpenAI Responses API (SSE with stream: true)", INFERENCE,
+                                  RESPONSES, MODEL_QUERY)},
+    "/v1/messages": {"post": _op("Anthropic Messages API shape (SSE with stream: true)",
+                                 INFERENCE, MESSAGES, MODEL_QUERY)},
+    "/v1/rerank": {"post": _op("Rerank documents (reranker models)", INFERENCE, RERANK,
+                               MODEL_QUERY)},
+    "/rerank": {"post": _op("Rerank documents: /v1/rerank's alias", INFERENCE, RERANK,
+                            MODEL_QUERY)},
+    "/tokenize": {"post": _op("The model's tokens for content", INFERENCE,
+                              _engine_body("content"), MODEL_QUERY)},
+    "/detokenize": {"post": _op("Text for tokens", INFERENCE, _engine_body("tokens"),
+                                MODEL_QUERY)},
+    "/apply-template": {"post": _op("The prompt the model's chat template makes of messages",
+                                    INFERENCE, _engine_body("messages"), MODEL_QUERY)},
+    "/infill": {"post": _op("Fill in the middle (models with FIM tokens)", INFERENCE,
+                            _engine_body(), MODEL_QUERY)},
+    "/props": {"get": _op("The loaded child's properties (model_path for insiders only)",
+                          INFERENCE, params=[_query("model", "string", True)])},
+    "/slots": {"get": _op("The loaded child's slots (every caller's prompt: insiders only)",
+                          "the box itself, or a key with the admin scope",
+                          params=[_query("model", "string", True)])},
     "/v1/plan": {"get": _op("What the box would load for a model, and where", MANAGEMENT,
                             params=[_query("model", "string", True), _query("ctx", "integer"),
                                     _query("parallel", "integer"), _query("kv", "string"),
@@ -148,6 +231,10 @@ PATHS: dict[str, dict[str, Any]] = {
                                      params=[_query("model", "string")]),
                           "post": _op("Set a model's knobs (null clears one)", MANAGEMENT,
                                       PAIR_BODY)},
+    "/v1/settings/key": {"get": _op("Per-key knobs (reasoning_field, progress): own, effective",
+                                    MANAGEMENT, params=[_query("key", "string")]),
+                         "post": _op("Set a key's knobs (null clears one)", MANAGEMENT,
+                                     KEY_BODY)},
     "/v1/verdicts": {"get": _op("Every variant x rung x K/V type priced now, and the Auto "
                                 "pick", MANAGEMENT, params=[_query("model", "string")])},
     "/v1/keys": {"get": _op("API keys, without secrets", MANAGEMENT),

@@ -36,7 +36,8 @@ class ChangeSignal:
 
     async def wait(self, limit_s: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), limit_s)
+            async with asyncio.timeout(limit_s):  # not wait_for: it can swallow a cancel
+                await self._event.wait()
 
 
 def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
