@@ -137,13 +137,17 @@ def _add_install(sub: Commands) -> None:
     install.add_argument("--central", metavar="URL", help="register with a fitbox central")
     install.add_argument("--central-key", metavar="KEY", help="the key the central gave")
     install.add_argument("--health-timeout", type=float, default=180.0)
+    install.add_argument("--tf", action="store_true",
+                         help="only build the transformers engine's venv (<engine dir>/tf: "
+                         "FITBOX_ENGINE_DIR, else <home>/engines)")  # fmt: skip
     uninstall.add_argument(
         "--purge", action="store_true", help="also state and cache (the model store is always kept)"
     )
 
 
 def _add_engines(sub: Commands) -> None:
-    sub.add_parser("engines", help="every llama-server fitbox can see, and the one it uses")
+    sub.add_parser("engines", help="every engine fitbox can see (llama-server, transformers), "
+                   "and the one of each kind it uses")  # fmt: skip
 
 
 def _add_update(sub: Commands) -> None:
@@ -195,6 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return pull_model(config, args)
     if args.command == "plan":
         return plan_model(config, args)
+    if args.command == "install" and args.tf:
+        from fitbox.engines.kinds import engines_home
+        from fitbox.installer.tf_engine import install_tf
+
+        where = engines_home(config.engine_dir, config.home)
+        assert where is not None  # a config always has a home
+        return install_tf(where)
     if args.command in ("install", "uninstall"):
         from fitbox.installer.cli import run as run_installer
 
@@ -337,6 +348,7 @@ def list_models(config: settings.Config, as_json: bool) -> int:
             "aliases": catalog.aliases_of(a.name),
             "path": str(a.path),
             "architecture": a.facts.architecture,
+            "format": a.format,  # which engine kind serves it (gguf: llama-server)
             "weights_bytes": a.facts.shape.weights_bytes,
             "context_length": a.facts.shape.n_ctx_train,
         }
@@ -357,7 +369,7 @@ def list_models(config: settings.Config, as_json: bool) -> int:
     for row in rows:
         aliases = f" (aka {', '.join(row['aliases'])})" if row["aliases"] else ""
         print(
-            f"{row['name']}{aliases}  {row['architecture']}  "
+            f"{row['name']}{aliases}  {row['architecture']} ({row['format']})  "
             f"{format_bytes(int(row['weights_bytes']))}  ctx {row['context_length']}  "
             f"{row['path']}"
         )
@@ -535,6 +547,7 @@ def _print_plan(report: dict[str, Any]) -> None:
 def list_engines(config: settings.Config) -> int:
     from fitbox.engines.llama_server import candidates, find_binary, inspect
 
+    print("llama-server (GGUF files):")
     try:
         chosen = find_binary(config.engine_dir).path
     except Exception as exc:
@@ -551,4 +564,31 @@ def list_engines(config: settings.Config) -> int:
         except OSError as exc:
             detail = f"not runnable: {exc}"
         print(f"{mark} {candidate.path}  ({candidate.source}; {detail})")
+    list_tf_engines(config)
     return 0 if chosen else 1
+
+
+def list_tf_engines(config: settings.Config) -> bool:
+    """The transformers engine's candidate interpreters, each probed; the first usable one
+    (in discovery order) is selected. Returns whether one is."""
+    from fitbox.engines.kinds import engines_home
+    from fitbox.engines.tf import INSTALL_COMMAND, candidates, probe
+
+    print("transformers (Hugging Face folders):")
+    selected = False
+    for candidate in candidates(engines_home(config.engine_dir, config.home)):
+        found = probe(candidate.python)
+        mark = "*" if found.usable and not selected else " "
+        if found.usable:
+            why = "selected: first usable in discovery order" if not selected else "usable"
+            selected = True
+            mods = found.modules
+            detail = (f"{why}; torch {mods.get('torch')}, transformers {mods.get('transformers')}"
+                      f", 4-bit {'yes' if found.four_bit else 'no (no bitsandbytes with CUDA)'}"
+                      f", GPU {'yes' if found.cuda else 'no'}")  # fmt: skip
+        else:
+            detail = str(found.problem)
+        print(f"{mark} {candidate.python}  ({candidate.source}; {detail})")
+    if not selected:
+        print(f"  none usable: build one with '{INSTALL_COMMAND}' or set FITBOX_TF_PYTHON")
+    return selected

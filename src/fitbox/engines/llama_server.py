@@ -38,6 +38,7 @@ __all__ = [  # LaunchIntent and EngineNotFound are the seam's; kept importable f
     "parse_devices",
     "parse_help_flags",
     "parse_system_info",
+    "parse_timings",
     "visible_gpus",
 ]
 BINARY = "llama-server"
@@ -258,6 +259,24 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
     return argv
 
 
+def parse_timings(tail: bytes) -> CallTimings | None:
+    """The ``timings`` object llama-server adds to a reply (a stream's last chunk)."""
+    matches = _TIMINGS.findall(tail)
+    try:
+        found = json.loads(matches[-1]) if matches else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(found, dict) or not found:
+        return None
+    return CallTimings(
+        prompt_n=found.get("prompt_n") or 0, prompt_ms=found.get("prompt_ms"),
+        prompt_per_token_ms=found.get("prompt_per_token_ms"),
+        decode_n=found.get("predicted_n") or 0, decode_ms=found.get("predicted_ms"),
+        decode_per_token_ms=found.get("predicted_per_token_ms"),
+        cache_n=found.get("cache_n"),
+    )  # fmt: skip
+
+
 class LlamaServer:
     """llama-server behind the engine seam (engines/seam.py): GGUF files, the OpenAI
     routes it serves, flags read from its ``--help``, buffers read from its load log."""
@@ -308,21 +327,7 @@ class LlamaServer:
         )  # fmt: skip
 
     def timings(self, tail: bytes) -> CallTimings | None:
-        """The ``timings`` object llama-server adds to a reply (a stream's last chunk)."""
-        matches = _TIMINGS.findall(tail)
-        try:
-            found = json.loads(matches[-1]) if matches else None
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(found, dict) or not found:
-            return None
-        return CallTimings(
-            prompt_n=found.get("prompt_n") or 0, prompt_ms=found.get("prompt_ms"),
-            prompt_per_token_ms=found.get("prompt_per_token_ms"),
-            decode_n=found.get("predicted_n") or 0, decode_ms=found.get("predicted_ms"),
-            decode_per_token_ms=found.get("predicted_per_token_ms"),
-            cache_n=found.get("cache_n"),
-        )  # fmt: skip
+        return parse_timings(tail)
 
     def out_of_memory(self, lines: Sequence[str]) -> str | None:
         return next((line for line in reversed(lines) if _OOM.search(line)), None)
