@@ -135,6 +135,24 @@ def test_json_nested_five_thousand_levels_is_a_400(client: TestClient, body: byt
     assert "nested too deeply" in str(error["message"])
 
 
+@pytest.mark.parametrize("depth", [65, 200, 900])
+def test_a_body_nested_past_the_limit_is_a_400_however_deep_the_stack(
+    client: TestClient, depth: int
+) -> None:
+    """Past 64 levels a body is refused by fitbox's own rule, not by where Python's parser
+    happens to run out of stack: a 200-deep object sent to /v1/keys created a key."""
+    body = b'{"a": ' * depth + b"1" + b"}" * depth
+    error = assert_error(client.post("/v1/keys", content=body), 400, "invalid_request")
+    assert "more than 64 levels" in str(error["message"])
+    listed = client.get("/v1/keys").json()["data"]
+    assert all(k["box_key"] for k in listed)  # no key was made of it
+
+
+def test_a_body_sixty_four_levels_deep_is_read(client: TestClient) -> None:
+    body = b'{"name": "deep", "x": ' + b"[" * 63 + b"]" * 63 + b"}"
+    assert client.post("/v1/keys", content=body).status_code == 201
+
+
 def test_an_integer_past_the_digit_limit_is_a_400(client: TestClient) -> None:
     body = b'{"model": "tiny", "messages": [], "seed": ' + b"7" * 5000 + b"}"
     assert_error(client.post(CHAT, content=body), 400, "invalid_request")

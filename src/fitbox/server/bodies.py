@@ -23,6 +23,8 @@ from fitbox.units import format_bytes
 Kinds = dict[str, type | tuple[type, ...]]
 _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+MAX_DEPTH = 64  # levels of nesting a body may have: no OpenAI body needs a tenth of it, and
+# where Python's parser gives up depends on how deep its caller's stack already is
 
 
 class _NotFinite(ValueError):
@@ -57,6 +59,20 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` containers deep. Walked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
 def parse_json(raw: bytes) -> Any:
     """``raw`` as JSON that fitbox, SQLite and an engine can all take; InvalidRequest if not."""
     try:
@@ -75,6 +91,10 @@ def parse_json(raw: bytes) -> Any:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
     except ValueError as exc:  # an integer over Python's digit limit
         raise InvalidRequest(f"The request body holds a number fitbox cannot read: {exc}") from None
+    if (text.count("[") + text.count("{") > MAX_DEPTH and isinstance(value, dict | list)
+            and _deeper_than(value, MAX_DEPTH)):  # the counts spare most bodies the walk
+        raise InvalidRequest(f"The request body is nested more than {MAX_DEPTH} levels deep; "
+                             "flatten it.")  # fmt: skip
     if _ESCAPED_SURROGATE.search(text) and _has_lone_surrogate(value):
         raise InvalidRequest("The request body holds a lone UTF-16 surrogate (an escape in "
                              "\\ud800-\\udfff without its pair): send valid Unicode.")  # fmt: skip
