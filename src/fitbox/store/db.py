@@ -15,6 +15,7 @@ import os
 import sqlite3
 import stat
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -424,6 +425,17 @@ class Store:
             result: list[dict[str, Any]] = await asyncio.wrap_future(future)
         except sqlite3.Error:
             return []
+        return result
+
+    def box_id(self) -> str:
+        """The box's persistent id (made at the first call, then read; see 0020)."""
+
+        def read_or_make(conn: sqlite3.Connection) -> str:
+            conn.execute("INSERT OR IGNORE INTO box_identity (only_row, box_id, created_at) "
+                         "VALUES (1, ?, ?)", (str(uuid.uuid4()), time.time()))  # fmt: skip
+            return str(conn.execute("SELECT box_id FROM box_identity").fetchone()[0])
+
+        result: str = self.run(read_or_make)
         return result
 
     def run(self, job: Job, timeout: float = 30.0) -> Any:
