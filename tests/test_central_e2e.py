@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -95,8 +94,23 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
           llama_server_bin: Path) -> Iterator[Fleet]:  # fmt: skip
     central = Central(tmp_path_factory.mktemp("central"))
     made = subprocess.run(
-        [sys.executable, "-m", "fitbox", "central", "keys", "create", "--scope", "worker",
-         "--home", str(central.home)], capture_output=True, text=True, timeout=60, check=True)
+        [
+            sys.executable,
+            "-m",
+            "fitbox",
+            "central",
+            "keys",
+            "create",
+            "--scope",
+            "worker",
+            "--home",
+            str(central.home),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     worker_key = made.stdout.strip()
     central.start()
     boxes: list[FitboxProcess] = []
@@ -139,13 +153,15 @@ def _mirrored_exactly(central: Central, box: FitboxProcess, box_id: str) -> bool
     assert len(ids) == len(set(ids)), f"a row came twice: {ids}"
     assert all(r["box_id"] == box_id for r in theirs)
     return {r["id"]: (r["outcome"], r["seq"]) for r in theirs} == {
-        i: (r["outcome"], r["seq"]) for i, r in own.items()}
+        i: (r["outcome"], r["seq"]) for i, r in own.items()
+    }
 
 
 def test_boxes_register_with_a_persistent_id_reported_by_health(fleet: Fleet) -> None:
     for box, box_id in zip(fleet.boxes, fleet.ids, strict=True):
         health = httpx.get(f"{box.url}/health", timeout=10).json()
-        assert uuid.UUID(health["box_id"]) and health["address"] == box.url
+        assert uuid.UUID(health["box_id"]) and health["box_id"] == box_id
+        assert health["address"] == box.url
         assert health["name"] and health["version"]
     assert fleet.ids[0] != fleet.ids[1]  # one host, one hostname, two boxes
     seen = fleet.central.fleet()
@@ -160,7 +176,8 @@ def test_a_named_box_serves_and_the_reply_says_which(fleet: Fleet) -> None:
     a = fleet.ids[0]
     with fleet.central.client() as client:
         raw = client.chat.completions.with_raw_response.create(
-            model=f"{a}/{SMOL}", messages=HELLO, max_tokens=8)
+            model=f"{a}/{SMOL}", messages=HELLO, max_tokens=8
+        )
     assert raw.headers["x-fitbox-box"] == a
     assert f'box;desc="{a}"' in raw.headers["server-timing"]
     assert raw.parse().choices[0].message.content
@@ -170,14 +187,17 @@ def test_a_named_box_serves_and_the_reply_says_which(fleet: Fleet) -> None:
 
 def test_a_bare_name_goes_to_the_box_where_it_is_resident(fleet: Fleet) -> None:
     a = fleet.ids[0]
-    until(lambda: fleet.central.get("/v1/fleet/models")["data"][0]["resident_on"] == [a],
-          "the central seeing the model resident on box a")
+    until(
+        lambda: fleet.central.get("/v1/fleet/models")["data"][0]["resident_on"] == [a],
+        "the central seeing the model resident on box a",
+    )
     models = fleet.central.get("/v1/fleet/models")["data"]
     assert models == [{"id": SMOL, "resident_on": [a], "on_disk_on": fleet.ids,
                        "fits_on": fleet.ids}]  # fmt: skip
     with fleet.central.client() as client:
         raw = client.chat.completions.with_raw_response.create(
-            model=SMOL, messages=HELLO, max_tokens=8)
+            model=SMOL, messages=HELLO, max_tokens=8
+        )
         listed = {m.id for m in client.models.list()}
     assert raw.headers["x-fitbox-box"] == a and raw.headers["x-fitbox-route"] == "resident"
     assert {SMOL, f"{a}/{SMOL}", f"{fleet.ids[1]}/{SMOL}"} <= listed
@@ -200,8 +220,10 @@ def test_every_call_is_mirrored_once_in_its_final_form(fleet: Fleet) -> None:
             for _ in range(3):
                 direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
     for box, box_id in zip(fleet.boxes, fleet.ids, strict=True):
-        until(lambda b=box, i=box_id: _mirrored_exactly(fleet.central, b, i),  # type: ignore[misc]
-              "every call row mirrored once")
+        until(
+            lambda b=box, i=box_id: _mirrored_exactly(fleet.central, b, i),  # type: ignore[misc]
+            "every call row mirrored once",
+        )
     tables = {t["name"]: t for t in fleet.central.get("/v1/telemetry/tables")["data"]}
     assert {"call_log", "children", "resource_log", "mirror_rejects"} <= set(tables)
     assert tables["call_log"]["columns"][0] == "box_id"
@@ -230,8 +252,12 @@ def test_a_row_the_mirror_cannot_take_is_kept_raw_and_the_rest_syncs(fleet: Flee
     found = until(rejected, "the hand-written row kept raw")
     assert "prompt_tokens" in found[0]["reason"] and json.loads(found[0]["raw"])["id"] == bad_id
     own = [r for r in box.calls() if r["id"] != bad_id]
-    until(lambda: {r["id"] for r in fleet.central.mirrored("call_log", box_id)}
-          == {r["id"] for r in own}, "the rest of the box's calls mirrored")
+    until(
+        lambda: (
+            {r["id"] for r in fleet.central.mirrored("call_log", box_id)} == {r["id"] for r in own}
+        ),
+        "the rest of the box's calls mirrored",
+    )
 
 
 def test_the_mirror_resumes_after_a_kill_9_of_the_central(fleet: Fleet) -> None:
@@ -244,13 +270,13 @@ def test_the_mirror_resumes_after_a_kill_9_of_the_central(fleet: Fleet) -> None:
     central.start()
     until(lambda: _all_up(central, fleet.ids), "the boxes followed again after the restart")
     for box, box_id in zip(fleet.boxes, fleet.ids, strict=True):
-        until(lambda b=box, i=box_id: _mirrored_exactly(central, b, i),  # type: ignore[misc]
-              "every call row mirrored once after the restart")
+        until(
+            lambda b=box, i=box_id: _mirrored_exactly(central, b, i),  # type: ignore[misc]
+            "every call row mirrored once after the restart",
+        )
 
 
-def test_a_box_that_moves_port_reregisters_under_the_same_id(
-    fleet: Fleet, tmp_path: Path
-) -> None:
+def test_a_box_that_moves_port_reregisters_under_the_same_id(fleet: Fleet, tmp_path: Path) -> None:
     old = fleet.boxes[1]
     _stop_box(old)
     with openai.OpenAI(base_url=f"{fleet.central.url}/v1", api_key="unused") as client:
@@ -260,8 +286,10 @@ def test_a_box_that_moves_port_reregisters_under_the_same_id(
     assert moved.url != old.url and _box_id(moved) == fleet.ids[1]
     until(lambda: fleet.central.fleet()[fleet.ids[1]]["url"] == moved.url, "the new address")
     assert len(fleet.central.fleet()) == 2
-    until(lambda: _mirrored_exactly(fleet.central, moved, fleet.ids[1]),
-          "the moved box's rows, once each")
+    until(
+        lambda: _mirrored_exactly(fleet.central, moved, fleet.ids[1]),
+        "the moved box's rows, once each",
+    )
 
 
 def test_a_box_dead_before_the_first_byte_is_retried_on_the_next(fleet: Fleet) -> None:
@@ -269,14 +297,17 @@ def test_a_box_dead_before_the_first_byte_is_retried_on_the_next(fleet: Fleet) -
     id first: the test kills that box; the call is answered by the other."""
     with openai.OpenAI(base_url=f"{fleet.boxes[1].url}/v1", api_key="unused") as direct:
         direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)  # resident on both
-    until(lambda: len(fleet.central.get("/v1/fleet/models")["data"][0]["resident_on"]) == 2,
-          "the model resident on both boxes")
+    until(
+        lambda: len(fleet.central.get("/v1/fleet/models")["data"][0]["resident_on"]) == 2,
+        "the model resident on both boxes",
+    )
     first = min(fleet.ids)
     other = max(fleet.ids)
     _stop_box(fleet.boxes[fleet.ids.index(first)], signal.SIGKILL)
     with fleet.central.client() as client:
         raw = client.chat.completions.with_raw_response.create(
-            model=SMOL, messages=HELLO, max_tokens=8)
+            model=SMOL, messages=HELLO, max_tokens=8
+        )
         assert raw.headers["x-fitbox-box"] == other
         assert raw.headers["x-fitbox-retried-from"].startswith(first)
         with pytest.raises(openai.InternalServerError) as caught:

@@ -110,7 +110,10 @@ def _serve(config: Config, home: CentralHome, log_level: str) -> int:
     os.replace(partial, home.endpoint)
     print(f"fitbox central {fitbox.__version__} listening on {endpoint['url']}", flush=True)
     app = create_central_app(config, home.store)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False,
-                                           lifespan="on", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+        )
+    )
     server.run(sockets=[sock])
     return 0

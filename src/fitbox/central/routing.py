@@ -131,8 +131,11 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
             link.refused_calls = True
             tried.append(f"{link.record.box_id} ({type(exc).__name__})")
             continue
-        return StreamingResponse(_relay(response, link), status_code=response.status_code,
-                                 headers=_passed_headers(response, candidate, tried, started))
+        return StreamingResponse(
+            _relay(response, link),
+            status_code=response.status_code,
+            headers=_passed_headers(response, candidate, tried, started),
+        )
     raise EngineFailed(f"No box could take the call for '{model}': tried {', '.join(tried)}; "
                        "GET /v1/fleet shows each box's state.", param="model")  # fmt: skip
 
