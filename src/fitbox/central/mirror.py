@@ -114,7 +114,7 @@ class Fleet:
                 link.state, link.last_error, link.refused_calls = "up", None, False
                 link.waiting = int(state.get("waiting", 0))
                 if counter != link.counter:
-                    await self.sync(link)
+                    await self.sync(link, state.get("changed", CURSOR_TABLES))
                     link.counter = counter
                     await asyncio.to_thread(self.store.seen, link.record.box_id, counter)
                 link.synced_at = time.time()
@@ -129,13 +129,22 @@ class Fleet:
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, RETRY_MOST_S)
 
-    async def sync(self, link: BoxLink) -> None:
-        """Replay every table from its cursor, then refresh the snapshots."""
-        for table in MIRRORED_TABLES:
-            await self._replay(link, table)
-        link.health = await self._get(link, "/health")
-        link.residents = (await self._get(link, "/v1/residents"))["data"]
-        link.models = (await self._get(link, "/v1/models"))["data"]
+    async def sync(self, link: BoxLink, changed: list[str] | tuple[str, ...]) -> None:
+        """Replay the tables the box says changed, each from its cursor (a table replayed
+        without need costs a request, never a row twice). The snapshots and the readings
+        (which move no counter) follow any change but a call's: a call changes no resident
+        set, and the queue length comes with every long-poll answer."""
+        tables = [t for t in changed if t in CURSOR_TABLES]
+        calls_only = set(tables) <= {"call_log"} and link.synced_at is not None
+        if not calls_only:
+            tables += list(READING_TABLES)
+        await asyncio.gather(*(self._replay(link, table) for table in tables))
+        if calls_only:
+            return
+        health, residents, models = await asyncio.gather(
+            self._get(link, "/health"), self._get(link, "/v1/residents"),
+            self._get(link, "/v1/models"))  # fmt: skip
+        link.health, link.residents, link.models = health, residents["data"], models["data"]
 
     async def _replay(self, link: BoxLink, table: str) -> None:
         box_id = link.record.box_id
