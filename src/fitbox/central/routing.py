@@ -60,7 +60,10 @@ async def fits_where(fleet: Fleet, links: list[BoxLink], model: str) -> dict[str
     return {link.record.box_id: ok for link, ok in zip(links, found, strict=True)}
 
 
-async def candidates(fleet: Fleet, model: str) -> list[Candidate]:
+async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Candidate]:
+    """The boxes to try, best first. The boxes' plans (where it fits) are asked only when
+    fewer than ``enough`` boxes hold it resident: a call to a resident model costs no
+    request to any other box."""
     if "/" in model:
         box_name, _, rest = model.partition("/")
         link = fleet.find(box_name)
@@ -80,7 +83,7 @@ async def candidates(fleet: Fleet, model: str) -> list[Candidate]:
     resident = sorted((link for link in usable if (holding(link, model) or {}).get("resident")),
                       key=order)  # fmt: skip
     found = [Candidate(link, model, "resident") for link in resident]
-    if len(found) < TRIES:
+    if len(found) < enough:
         others = sorted((link for link in usable if link not in resident), key=order)
         fits = await fits_where(fleet, others, model)
         found += [Candidate(link, model, "fits") for link in others if fits[link.record.box_id]]
@@ -112,10 +115,15 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
     model = body.get("model") if isinstance(body, dict) else None
     if not isinstance(model, str) or not model:
         raise InvalidRequest("The body needs 'model': a model name or BOX/MODEL.", param="model")
-    found = await candidates(fleet, model)
+    found = await candidates(fleet, model, enough=1)
     tried: list[str] = []
     started = time.perf_counter()
-    for candidate in found[:TRIES]:
+    for attempt in range(TRIES):
+        if attempt == len(found) == 1 and found[0].why != "named":  # the first failed
+            found += [c for c in await candidates(fleet, model) if c.link is not found[0].link]
+        if attempt >= len(found):
+            break
+        candidate = found[attempt]
         link = candidate.link
         content = raw if candidate.model == model else json.dumps(
             {**body, "model": candidate.model}).encode()  # fmt: skip
