@@ -118,6 +118,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
         for name in ("a", "b"):
             boxes.append(_join(tmp_path_factory.mktemp(f"box-{name}"), smollm2.parent,
                                central, worker_key))  # fmt: skip
+        boxes.sort(key=_box_id)  # ids[0] is the lower id: the one a tie goes to first
         ids = [_box_id(b) for b in boxes]
         until(lambda: _all_up(central, ids), "both boxes registered and mirrored")
         yield Fleet(central, boxes, ids, worker_key, smollm2.parent)
@@ -172,6 +173,18 @@ def test_boxes_register_with_a_persistent_id_reported_by_health(fleet: Fleet) ->
         assert seen[box_id]["devices"] is not None
 
 
+def test_a_bare_name_resident_nowhere_goes_where_the_box_s_plan_says_it_fits(
+    fleet: Fleet,
+) -> None:
+    assert not any(m["resident_on"] for m in fleet.central.get("/v1/fleet/models")["data"])
+    with fleet.central.client() as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=SMOL, messages=HELLO, max_tokens=8
+        )
+    assert raw.headers["x-fitbox-route"] == "fits"
+    assert raw.headers["x-fitbox-box"] == fleet.ids[0]  # neither busy: the lower id
+
+
 def test_a_named_box_serves_and_the_reply_says_which(fleet: Fleet) -> None:
     a = fleet.ids[0]
     with fleet.central.client() as client:
@@ -208,9 +221,11 @@ def test_sse_passes_through_as_events(fleet: Fleet) -> None:
     with fleet.central.client() as client:
         stream = client.chat.completions.create(
             model=f"{b}/{SMOL}", messages=HELLO, max_tokens=16, stream=True,
-            extra_body={"ignore_eos": True})  # fmt: skip
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})  # fmt: skip
         chunks = list(stream)
-    assert len(chunks) >= 16
+    usage = next((c.usage for c in chunks if c.usage), None)
+    assert usage is not None and usage.completion_tokens == 16  # the stream's end came too
+    assert len(chunks) > 3  # as events, not one body
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 

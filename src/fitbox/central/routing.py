@@ -27,7 +27,7 @@ from fitbox.errors import EngineFailed, InvalidRequest, ModelNotFound
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer",
                         "upgrade", "proxy-authenticate", "proxy-authorization"})  # fmt: skip
 TRIES = 2  # the first candidate and, when it fails before its first byte, the next
-PLAN_TIMEOUT_S = 5.0
+PLAN_TIMEOUT_S = 30.0  # a plan prices, it loads nothing; a loaded box may be slow to
 
 
 @dataclass(frozen=True)
