@@ -136,7 +136,7 @@ async def _serving(
         store.close()
 
 
-def _identity(config: Config, store: Store, address: str | None) -> dict[str, str]:
+def _identity(config: Config, store: Store, address: str | None) -> dict[str, str | None]:
     """What /health and a central know this box by: its persistent id (never its hostname),
     its name, version and the address it answers on."""
     port = config.port or 0
@@ -148,9 +148,13 @@ def _identity(config: Config, store: Store, address: str | None) -> dict[str, st
             "version": fitbox.__version__, "address": where}  # fmt: skip
 
 
-def _join_central(config: Config, identity: dict[str, str]) -> asyncio.Task[None] | None:
+def _join_central(config: Config, identity: dict[str, str | None]) -> asyncio.Task[None] | None:
     """Register with the central in the background: a start never waits on one."""
     if not config.central_url:
+        return None
+    box_id, name, address = identity["box_id"], identity["name"], identity["address"]
+    if box_id is None or name is None or address is None:
+        log.error("not registering with the central: the store holds no box id yet")
         return None
     try:
         box_key = config.box_key_file.read_text().strip()
@@ -158,8 +162,7 @@ def _join_central(config: Config, identity: dict[str, str]) -> asyncio.Task[None
         log.error("not registering with the central: the box key cannot be read (%s)", exc)
         return None
     registration = joining.Registration(
-        config.central_url, config.central_key, identity["box_id"], identity["name"],
-        identity["address"], box_key)  # fmt: skip
+        config.central_url, config.central_key, box_id, name, address, box_key)  # fmt: skip
     return asyncio.get_running_loop().create_task(joining.keep_registering(registration))
 
 
