@@ -88,6 +88,8 @@ def test_a_long_poll_wakes_on_the_event_not_at_its_bound(tmp_path: Path) -> None
         answered = time.monotonic()
         waiting.close()
         assert answer["counter"] > start
+        assert answer["changed"] == ["operator_actions"]  # a mirror replays that table only
+        assert idle["changed"] == []
         assert answered - sent < 30  # before its bound: the event woke it
         print(f"long-poll answered {answered - woke:.3f} s after the event was asked for")
 

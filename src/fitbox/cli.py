@@ -39,6 +39,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, str | None]:
     for name in ("host", "port", "ram_max"):
         value = getattr(args, name, None)
         values[name] = str(value) if value is not None else None
+    if getattr(args, "command", None) == "serve":  # install's --central goes to the service
+        values["central_url"] = args.central
+        values["central_key"] = args.central_key
     return values
 
 
@@ -56,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     from fitbox.scout_cli import add_scout
 
     add_scout(sub, _add_catalog_options)
+
+    from fitbox.central.cli import add_commands as add_central
+
+    add_central(sub)
     return parser
 
 
@@ -65,6 +72,8 @@ def _add_serve(sub: Commands) -> None:
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", help="port, or 'auto' for a free one (default 8484)")
     serve.add_argument("--ram-max", help="cap on host RAM for models, e.g. 8GiB")
+    serve.add_argument("--central", metavar="URL", help="register with this fitbox central")
+    serve.add_argument("--central-key", metavar="KEY", help="the worker key it gave")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -193,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "serve":
         return serve(config, args.log_level)
+    if args.command == "central":
+        from fitbox.central.cli import run as run_central
+
+        return run_central(config, args)
     if args.command == "models":
         return list_models(config, args.json)
     if args.command == "pull":
@@ -254,7 +267,8 @@ def serve(config: settings.Config, log_level: str) -> int:
     store, sock, endpoint = started
     print(f"fitbox {fitbox.__version__} listening on {endpoint['url']}", flush=True)
 
-    app = create_app(config, store)
+    app = create_app(config, store, endpoint["url"])
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             leaving = getattr(app.state, "leaving", None)

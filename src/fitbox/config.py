@@ -349,6 +349,19 @@ SETTINGS: tuple[Setting, ...] = (
         "x-fitbox-default-model; default: off",
     ),
     Setting(
+        "central_url",
+        "FITBOX_CENTRAL_URL",
+        "",
+        "a fitbox central to register with at start (and whenever this box's address "
+        "changes); default: none. A central that refuses or is down never stops the box",
+    ),
+    Setting(
+        "central_key",
+        "FITBOX_CENTRAL_KEY",
+        "",
+        "the worker key the central printed for this box (fitbox central keys create)",
+    ),
+    Setting(
         "aliases",
         "FITBOX_ALIASES",
         "",
@@ -395,6 +408,8 @@ class Config:
     aliases: Path
     cors_origins: tuple[str, ...] = ()
     default_model: str = ""
+    central_url: str = ""
+    central_key: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -449,6 +464,10 @@ def load(
             "FITBOX_REQUIRE_KEYS=true, or list the origins."
         )
     values["default_model"] = values["default_model"].strip()
+    values["central_url"] = values["central_url"].strip().rstrip("/")
+    if values["central_url"] and not values["central_url"].startswith(("http://", "https://")):
+        raise ConfigError(f"Setting 'central_url' (FITBOX_CENTRAL_URL) has value "
+                          f"{values['central_url']!r}. Write http://HOST:PORT.")  # fmt: skip
     return Config(**values)
 
 

@@ -52,6 +52,21 @@ class Home:
         return self.path / "aliases.toml"
 
 
+@dataclass(frozen=True)
+class CentralHome:
+    """A central's data dir: its own store and endpoint file, never a box's."""
+
+    path: Path
+
+    @property
+    def store(self) -> Path:
+        return self.path / "central.sqlite3"
+
+    @property
+    def endpoint(self) -> Path:
+        return self.path / "central-endpoint.json"
+
+
 def default_home() -> Path:
     """A user's data dir when FITBOX_HOME is not set (a system install sets it)."""
     import platformdirs

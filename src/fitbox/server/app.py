@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator
 
 import anyio
@@ -13,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
+import fitbox
 from fitbox.box.box import Box
 from fitbox.config import Config
 from fitbox.errors import FitboxError
@@ -22,6 +24,7 @@ from fitbox.server import (
     calls_page,
     cors,
     errors,
+    joining,
     manage,
     models,
     openai,
@@ -95,11 +98,12 @@ ROUTES = (
 )
 
 
-def create_app(config: Config, store: Store | None = None) -> Starlette:
-    """``store``: one `fitbox serve` opened before it listened (else the app opens it)."""
+def create_app(config: Config, store: Store | None = None, address: str | None = None) -> Starlette:
+    """``store``: one `fitbox serve` opened before it listened (else the app opens it);
+    ``address``: the URL it answers on (a serve knows its port once it has bound it)."""
 
     def lifespan(app: Starlette) -> contextlib.AbstractAsyncContextManager[None]:
-        return _serving(app, config, store)
+        return _serving(app, config, store, address)
 
     return Starlette(
         routes=list(ROUTES),
@@ -119,7 +123,9 @@ def create_app(config: Config, store: Store | None = None) -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def _serving(app: Starlette, config: Config, opened: Store | None) -> AsyncIterator[None]:
+async def _serving(
+    app: Starlette, config: Config, opened: Store | None, address: str | None
+) -> AsyncIterator[None]:
     """The store, catalog, box and gate of one serve, on ``app.state``; closed at its end."""
     store = opened or Store(config.store_path)
     catalog = Catalog(config.models, config.aliases, config.facts_cache)
@@ -138,15 +144,49 @@ async def _serving(app: Starlette, config: Config, opened: Store | None) -> Asyn
     app.state.config, app.state.store, app.state.box = config, store, box
     app.state.metrics, app.state.mcp = Metrics(box, store), McpDoor()
     app.state.leaving = Leaving()  # told by `fitbox serve` when a stop signal comes
+    app.state.identity = _identity(config, store, address)
     box.start()
     _log_models(catalog, config)
+    joining = _join_central(config, app.state.identity)
     try:
         async with app.state.mcp.running():
             yield
     finally:
+        if joining is not None:
+            joining.cancel()
         await box.close()
         app.state.gate.checker.close()
         store.close()
+
+
+def _identity(config: Config, store: Store, address: str | None) -> dict[str, str | None]:
+    """What /health and a central know this box by: its persistent id (never its hostname),
+    its name, version and the address it answers on."""
+    port = config.port or 0
+    where = address or f"http://{config.host}:{port}"
+    if config.central_url and config.host in ("0.0.0.0", "::"):
+        where = joining.reachable_address(config.host, int(where.rsplit(":", 1)[1]),
+                                          config.central_url)  # fmt: skip
+    return {"box_id": store.box_id(), "name": socket.gethostname(),
+            "version": fitbox.__version__, "address": where}  # fmt: skip
+
+
+def _join_central(config: Config, identity: dict[str, str | None]) -> asyncio.Task[None] | None:
+    """Register with the central in the background: a start never waits on one."""
+    if not config.central_url:
+        return None
+    box_id, name, address = identity["box_id"], identity["name"], identity["address"]
+    if box_id is None or name is None or address is None:
+        log.error("not registering with the central: the store holds no box id yet")
+        return None
+    try:
+        box_key = config.box_key_file.read_text().strip()
+    except OSError as exc:
+        log.error("not registering with the central: the box key cannot be read (%s)", exc)
+        return None
+    registration = joining.Registration(
+        config.central_url, config.central_key, box_id, name, address, box_key)  # fmt: skip
+    return asyncio.get_running_loop().create_task(joining.keep_registering(registration))
 
 
 def _change_signal(store: Store) -> telemetry.ChangeSignal:

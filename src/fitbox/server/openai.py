@@ -28,6 +28,7 @@ async def health(request: Request) -> Response:
     return JSONResponse(
         {"status": "degraded" if problems else "ok", "problems": problems,
          "service": "fitbox", "version": fitbox.__version__, "gpus": gpus,
+         **getattr(request.app.state, "identity", {}),
          "store": store.health()}
     )  # fmt: skip
 

@@ -66,12 +66,25 @@ async def state(request: Request) -> Response:
     deadline = loop.time() + wait
     while store.counter <= since and loop.time() < deadline:
         await signal.wait(deadline - loop.time())
+    with contextlib.closing(_reader(store)) as conn:
+        changed = _changed_since(conn, since)
     return JSONResponse({
         "counter": store.counter,
+        "changed": changed,
         "residents": len(box.residents()),
         "waiting": len(box.queue()),
         "store": store.health(),
     })  # fmt: skip
+
+
+def _changed_since(conn: sqlite3.Connection, since: int) -> list[str]:
+    """The cursor tables with an event after ``since`` (all of them for no cursor): a
+    mirror replays only these."""
+    if since < 0:
+        return list(CURSOR_TABLES)
+    found = {row[0] for row in conn.execute("SELECT DISTINCT tbl FROM events WHERE id > ?",
+                                            (since,))}  # fmt: skip
+    return [t for t in CURSOR_TABLES if t in found]
 
 
 def _reader(store: Store) -> sqlite3.Connection:

@@ -15,6 +15,7 @@ import os
 import sqlite3
 import stat
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -435,6 +436,27 @@ class Store:
         except sqlite3.Error:
             return []
         return result
+
+    def box_id(self) -> str | None:
+        """The box's persistent id (made at the first start, then read; see 0020). None
+        when a store that cannot write (a full drive) has none yet: the box still serves,
+        and a later start makes it."""
+
+        def read(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute("SELECT box_id FROM box_identity").fetchone()
+            return str(row[0]) if row else None
+
+        def read_or_make(conn: sqlite3.Connection) -> str | None:
+            conn.execute("INSERT OR IGNORE INTO box_identity (only_row, box_id, created_at) "
+                         "VALUES (1, ?, ?)", (str(uuid.uuid4()), time.time()))  # fmt: skip
+            return read(conn)
+
+        try:
+            found: str | None = self.run(read, timeout=10) or self.run(read_or_make, timeout=10)
+        except (sqlite3.Error, TimeoutError) as exc:
+            log.warning("the box id cannot be read or made (%s); /health reports none", exc)
+            return None
+        return found
 
     def run(self, job: Job, timeout: float = 30.0) -> Any:
         """Run ``job`` on the writer's connection, in order with queued writes; its result."""

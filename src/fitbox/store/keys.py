@@ -97,11 +97,13 @@ def create_key(
     models: tuple[str, ...] | None = None,
     expires_at: float | None = None,
     is_box_key: bool = False,
+    known: tuple[str, ...] = SCOPES,
 ) -> tuple[ApiKey, str]:
-    """Store a new key; returns it and the full ``fb_<id>_<secret>`` (shown once)."""
-    unknown = [s for s in scopes if s not in SCOPES]
+    """Store a new key; returns it and the full ``fb_<id>_<secret>`` (shown once).
+    ``known``: the scopes this store's keys may have (a central's add worker)."""
+    unknown = [s for s in scopes if s not in known]
     if not scopes or unknown:
-        raise KeyError_(f"scopes must be some of {', '.join(SCOPES)}; got {list(scopes)}")
+        raise KeyError_(f"scopes must be some of {', '.join(known)}; got {list(scopes)}")
     key_id, secret, salt = secrets.token_hex(6), secrets.token_urlsafe(32), secrets.token_bytes(16)
     now = time.time()
     conn.execute(

@@ -1,0 +1,200 @@
+"""The central, one run: what it adds to a call, how far its mirror lags, what syncing costs.
+
+    python bench/central.py [--requests 100] [--lag-calls 50] [--rows 10000]
+
+1. Latency: short completions (max_tokens=1) to llama-server directly, through the box,
+   and through a central in front of that box, interleaved; p50 and p95 of each, the box's
+   added latency over llama-server and the central's over the box (the aim: the central
+   adds no more than the box does).
+2. Mirror lag: a call made on the box directly, then the time from its reply until the
+   central serves its row in its final form (polled every millisecond); p50 and p99.
+3. Sync cost on SQLite, in process: --rows call rows landed by the mirror's own page write
+   (CentralStore.take_page: checked, upserted, cursor stored) against a plain executemany of
+   the same rows into a table with the same key; seconds per 10k rows and the ratio.
+   (PostgreSQL is not built: the central has only its SQLite store so far.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.proxy_overhead import MODEL, REPO, child_url, percentile
+from fitbox.central.store import CentralStore
+from fitbox.models.pull import pull
+
+
+def _answering(proc: subprocess.Popen[bytes], endpoint: Path) -> str:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("a fitbox process exited at start")
+        try:
+            url = str(json.loads(endpoint.read_text())["url"])
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return url
+        except (OSError, ValueError, KeyError, httpx.TransportError):
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"nothing answered at {endpoint}")
+
+
+def _start(argv: list[str], endpoint: Path) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "fitbox", *argv, "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    return proc, _answering(proc, endpoint)
+
+
+def short_call(client: httpx.Client, base: str, model: str = MODEL) -> float:
+    body = {"model": model, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    for attempt in (1, 2):
+        started = time.perf_counter()
+        try:
+            response = client.post(f"{base}/v1/completions", json=body)
+        except httpx.RemoteProtocolError:  # llama-server drops idle keep-alives unannounced
+            if attempt == 2:
+                raise
+            continue
+        elapsed = time.perf_counter() - started
+        response.raise_for_status()
+        return elapsed
+    raise AssertionError("unreachable")
+
+
+def newest_final_id(client: httpx.Client, central: str, box_id: str) -> int:
+    rows = client.get(
+        f"{central}/v1/telemetry/rows",
+        params={"table": "call_log", "box_id": box_id, "desc": "true", "limit": 1},
+    ).json()["rows"]
+    return int(rows[0]["id"]) if rows and rows[0]["outcome"] != "pending" else 0
+
+
+def _resident_seen(client: httpx.Client, central: str, box_id: str) -> bool:
+    models = client.get(f"{central}/v1/models").json()["data"]
+    return any(m["resident"] for m in models if m.get("box_id") == box_id)
+
+
+def mirror_lag(
+    client: httpx.Client, box: str, central: str, box_id: str, calls: int
+) -> list[float]:
+    lags = []
+    for _ in range(calls):
+        before = newest_final_id(client, central, box_id)
+        short_call(client, box)
+        replied = time.perf_counter()
+        while newest_final_id(client, central, box_id) <= before:
+            time.sleep(0.001)
+        lags.append(time.perf_counter() - replied)
+    return lags
+
+
+def sync_cost(rows: int, folder: Path) -> tuple[float, float]:
+    """Seconds for ``rows`` rows: the mirror's page writes, and a plain executemany."""
+    page = [{"id": i, "seq": i, "request_id": f"r{i}", "endpoint": "/v1/completions",
+             "outcome": "ok", "received_at": 1.0 + i, "prompt_tokens": 5,
+             "completion_tokens": 1} for i in range(1, rows + 1)]  # fmt: skip
+    store = CentralStore(folder / "central.sqlite3")
+    started = time.perf_counter()
+    for first in range(0, rows, 1000):
+        chunk = page[first : first + 1000]
+        store.take_page("box", "call_log", "seq", chunk, first + len(chunk))
+    mirrored = time.perf_counter() - started
+    store.close()
+    conn = sqlite3.connect(folder / "plain.sqlite3", isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("CREATE TABLE t (box_id TEXT, tbl TEXT, source_id INTEGER, seq INTEGER, "
+                 "data TEXT, PRIMARY KEY (box_id, tbl, source_id))")  # fmt: skip
+    started = time.perf_counter()
+    for first in range(0, rows, 1000):
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO t VALUES ('box', 'call_log', ?, ?, ?)",
+            [(r["id"], r["seq"], json.dumps(r)) for r in page[first : first + 1000]],
+        )
+        conn.execute("COMMIT")
+    plain = time.perf_counter() - started
+    conn.close()
+    return mirrored, plain
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--lag-calls", type=int, default=50)
+    parser.add_argument("--rows", type=int, default=10000)
+    args = parser.parse_args()
+    model_path = pull(
+        "smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        central_proc, central = _start(
+            ["central", "serve", "--port", "auto", "--home", str(root / "central")],
+            root / "central" / "central-endpoint.json",
+        )
+        box_proc, box = _start(["serve", "--port", "auto", "--home", str(root / "box"), "--models",
+                                str(model_path.parent), "--central", central],
+                               root / "box" / "endpoint.json")  # fmt: skip
+        try:
+            box_id = httpx.get(f"{box}/health").json()["box_id"]
+            with httpx.Client(timeout=120, limits=httpx.Limits(keepalive_expiry=2.0)) as client:
+                short_call(client, box)  # loads the model
+                deadline = time.monotonic() + 30
+                while not _resident_seen(client, central, box_id):
+                    if time.monotonic() > deadline:
+                        raise SystemExit("the central never saw the box's model resident")
+                    time.sleep(0.05)
+                direct = child_url(box_proc.pid)
+                paths = [("direct", direct), ("box", box), ("central", central)]
+                for _ in range(10):
+                    for _, base in paths:
+                        short_call(client, base)
+                lat: dict[str, list[float]] = {name: [] for name, _ in paths}
+                for i in range(args.requests):
+                    for name, base in paths if i % 2 else list(reversed(paths)):
+                        lat[name].append(short_call(client, base))
+                lags = mirror_lag(client, box, central, box_id, args.lag_calls)
+        finally:
+            for proc in (box_proc, central_proc):
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+        mirrored, plain = sync_cost(args.rows, root)
+
+    ms = 1000.0
+    p50 = {name: percentile(v, 50) * ms for name, v in lat.items()}
+    p95 = {name: percentile(v, 95) * ms for name, v in lat.items()}
+    print(f"short completions ({args.requests} each, max_tokens=1, interleaved)")
+    for label, p in (("p50", p50), ("p95", p95)):
+        print(f"  {label}  direct {p['direct']:7.2f} ms   box {p['box']:7.2f} ms   central "
+              f"{p['central']:7.2f} ms")  # fmt: skip
+    box_added, central_added = p50["box"] - p50["direct"], p50["central"] - p50["box"]
+    print(
+        f"  p50 added: box over llama-server {box_added:+.2f} ms, central over box "
+        f"{central_added:+.2f} ms, ratio central/box added {central_added / box_added:.2f}"
+    )
+    print(f"mirror lag ({args.lag_calls} calls, reply on the box -> final row on the central)")
+    print(f"  p50 {percentile(lags, 50) * ms:.1f} ms   p99 {percentile(lags, 99) * ms:.1f} ms")
+    per_10k = 10000 / args.rows
+    print(
+        f"sync cost on SQLite, {args.rows} rows in pages of 1000: mirror "
+        f"{mirrored * per_10k:.3f} s per 10k rows, plain executemany {plain * per_10k:.3f} s, "
+        f"ratio {mirrored / plain:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

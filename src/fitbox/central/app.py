@@ -1,0 +1,253 @@
+"""The central's Starlette application: registration, the fleet view, the mirrored tables,
+and the OpenAI routes forwarded to the boxes. Keys and trust as on a box (server/auth.py),
+plus one rule: a worker key may register a box and do nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import fitbox
+from fitbox.central import routing
+from fitbox.central.mirror import MIRRORED_TABLES, Fleet
+from fitbox.central.store import CentralStore
+from fitbox.config import Config
+from fitbox.errors import AuthenticationFailed, FitboxError, InvalidRequest, PermissionDenied
+from fitbox.server import errors
+from fitbox.server.auth import Gate, admit, presented_key
+from fitbox.server.joining import is_loopback
+from fitbox.server.trust import TrustSettings, origin_of
+from fitbox.store.keys import KeyChecker
+
+log = logging.getLogger(__name__)
+REGISTER = "/v1/boxes"
+REJECTS = "mirror_rejects"
+MAX_ROWS = 1000
+
+
+def admit_central(path: str, method: str, peer: str | None, headers: dict[str, str],
+                  gate: Gate) -> None:  # fmt: skip
+    """Registration: a worker or admin key, or no key from the central's own host. Every
+    other route: the box's rules (a worker key has none of their scopes)."""
+    if path == REGISTER and method == "POST":
+        presented = presented_key(headers)
+        key = gate.checker.verify(presented, time.time()) if presented else None
+        if presented and key is None:
+            raise AuthenticationFailed("The key is not valid: unknown, revoked or expired.")
+        if key is not None:
+            if not {"worker", "admin"} & set(key.scopes):
+                raise PermissionDenied("Registering a box needs a worker (or admin) key: "
+                                       "'fitbox central keys create --scope worker'.")  # fmt: skip
+            return
+        if origin_of(peer, headers, gate.settings).local:
+            return
+        raise AuthenticationFailed("Registering a box needs the worker key the central "
+                                   "printed: fitbox serve --central URL --central-key KEY.",
+                                   code="missing_api_key")  # fmt: skip
+    admit(path, peer, headers, gate)
+
+
+class CentralAuth:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gate: Gate | None = getattr(scope["app"].state, "gate", None)
+        if scope["type"] == "http" and gate is not None:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                       for k, v in scope.get("headers", [])}  # fmt: skip
+            client = scope.get("client")
+            try:
+                admit_central(scope["path"], scope["method"], client[0] if client else None,
+                              headers, gate)  # fmt: skip
+            except FitboxError as exc:
+                await errors.error_response(exc)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _fleet(request: Request) -> Fleet:
+    fleet: Fleet = request.app.state.fleet
+    return fleet
+
+
+async def health(request: Request) -> Response:
+    fleet = _fleet(request)
+    states = [link.state for link in fleet.links.values()]
+    return JSONResponse({"status": "ok", "service": "fitbox-central",
+                         "version": fitbox.__version__, "boxes": len(states),
+                         "boxes_up": states.count("up")})  # fmt: skip
+
+
+async def register(request: Request) -> Response:
+    """POST /v1/boxes {box_id, name, version, url, admin_key}: add a box, or move one."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise InvalidRequest("The body is not JSON.") from None
+    fields = ("box_id", "name", "version", "url", "admin_key")
+    for name in fields:
+        if not isinstance(body, dict) or not isinstance(body.get(name), str) or not body[name]:
+            raise InvalidRequest(f"The registration needs '{name}' (text).", param=name)
+    url = body["url"].rstrip("/")
+    host = urlsplit(url).hostname or ""
+    config: Config = request.app.state.config
+    if not url.startswith(("http://", "https://")) or not host:
+        raise InvalidRequest(f"'url' must be http://HOST:PORT; got {url!r}.", param="url")
+    if is_loopback(host) and not is_loopback(config.host):
+        raise InvalidRequest(
+            f"The box's address {url} is loopback: this central (on {config.host}) could "
+            "never reach it. Start the box with --host 0.0.0.0 or an address the central "
+            "can reach.", param="url", code="box_unreachable")  # fmt: skip
+    store: CentralStore = request.app.state.store
+    moved = await asyncio.to_thread(store.register, body["box_id"], body["name"],
+                                    body["version"], url, body["admin_key"])  # fmt: skip
+    fleet = _fleet(request)
+    record = next(r for r in await asyncio.to_thread(store.boxes) if r.box_id == body["box_id"])
+    if moved or body["box_id"] not in fleet.links:
+        fleet.follow(record)
+    else:
+        fleet.links[record.box_id].record = record  # a new key, name or version
+    log.info("box %s (%s) registered at %s", record.box_id, record.name, url)
+    return JSONResponse({"box_id": record.box_id, "registered": True, "moved": moved},
+                        status_code=201 if moved else 200)  # fmt: skip
+
+
+async def fleet_view(request: Request) -> Response:
+    links = _fleet(request).links.values()
+    return JSONResponse({"object": "list", "data": [link.describe() for link in links]})
+
+
+async def fleet_models(request: Request) -> Response:
+    """Every model on any box: resident where, on disk where, fits where (the boxes' plans)."""
+    fleet = _fleet(request)
+    names = sorted({e["id"] for link in fleet.links.values() for e in link.models})
+    data = []
+    for name in names:
+        holders = [link for link in fleet.links.values() if routing.holding(link, name)]
+        fits = await routing.fits_where(fleet, holders, name)
+        data.append({
+            "id": name,
+            "resident_on": [h.record.box_id for h in holders
+                            if (routing.holding(h, name) or {}).get("resident")],
+            "on_disk_on": [h.record.box_id for h in holders],
+            "fits_on": [box_id for box_id, ok in fits.items() if ok],
+        })  # fmt: skip
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def tables(request: Request) -> Response:
+    store: CentralStore = request.app.state.store
+    known = await asyncio.to_thread(store.table_columns)
+    data = [{"name": t, "kind": "table", "columns": known.get(t, ["box_id"]), "withheld": []}
+            for t in MIRRORED_TABLES]  # fmt: skip
+    data.append({"name": REJECTS, "kind": "table", "withheld": [],
+                 "columns": ["box_id", "tbl", "source_id", "raw", "reason", "at"]})  # fmt: skip
+    return JSONResponse({"object": "list", "data": data})
+
+
+def _int(request: Request, name: str, default: int, high: int) -> int:
+    raw = request.query_params.get(name) or str(default)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"Query parameter '{name}' must be a whole number.",
+                             param=name) from None  # fmt: skip
+    if not 0 <= value <= high:
+        raise InvalidRequest(f"Query parameter '{name}' must be within 0..{high}.", param=name)
+    return value
+
+
+async def table_rows(request: Request) -> Response:
+    """GET /v1/telemetry/rows?table=T[&box_id=B&limit=L&offset=N&desc=true]: mirrored rows,
+    each with its box_id (the box's own shape)."""
+    store: CentralStore = request.app.state.store
+    table = request.query_params.get("table", "")
+    limit, offset = _int(request, "limit", 100, MAX_ROWS), _int(request, "offset", 0, 2**62)
+    if table == REJECTS:
+        rows: list[dict[str, Any]] = await asyncio.to_thread(store.rejects, limit, offset)
+        return JSONResponse({"table": table, "rows": rows})
+    if table not in MIRRORED_TABLES:
+        raise InvalidRequest(f"No mirrored table {table!r}; GET /v1/telemetry/tables lists "
+                             "them.", param="table")  # fmt: skip
+    desc = request.query_params.get("desc", "").lower() in ("1", "true", "yes")
+    rows = await asyncio.to_thread(store.mirrored, table, request.query_params.get("box_id"),
+                                   limit, offset, desc)  # fmt: skip
+    return JSONResponse({"table": table, "rows": rows})
+
+
+async def models(request: Request) -> Response:
+    return JSONResponse(routing.model_list(_fleet(request)))
+
+
+def _forwarded(path: str) -> Any:
+    async def route(request: Request) -> Response:
+        return await routing.forward(request, _fleet(request), path)
+
+    return route
+
+
+ROUTES = (
+    Route("/health", health, methods=["GET"]),
+    Route(REGISTER, register, methods=["POST"]),
+    Route("/v1/fleet", fleet_view, methods=["GET"]),
+    Route("/v1/fleet/models", fleet_models, methods=["GET"]),
+    Route("/v1/telemetry/tables", tables, methods=["GET"]),
+    Route("/v1/telemetry/rows", table_rows, methods=["GET"]),
+    Route("/v1/models", models, methods=["GET"]),
+    *(Route(p, _forwarded(p), methods=["POST"])
+      for p in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")),
+)  # fmt: skip
+
+
+def create_central_app(config: Config, store_path: Path) -> Starlette:
+    def lifespan(app: Starlette) -> contextlib.AbstractAsyncContextManager[None]:
+        return _serving(app, config, store_path)
+
+    return Starlette(
+        routes=list(ROUTES),
+        middleware=[Middleware(CentralAuth)],
+        lifespan=lifespan,
+        exception_handlers={
+            FitboxError: errors.on_fitbox_error,
+            HTTPException: errors.on_http_exception,
+            Exception: errors.on_unexpected,
+        },
+    )
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: Starlette, config: Config, store_path: Path) -> AsyncIterator[None]:
+    store = CentralStore(store_path)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=60.0)
+    client = httpx.AsyncClient(limits=limits, timeout=timeout)
+    fleet = Fleet(store, client)
+    app.state.config, app.state.store, app.state.fleet = config, store, fleet
+    app.state.gate = Gate(
+        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
+        KeyChecker(store_path), config.require_keys,
+    )  # fmt: skip
+    fleet.start()
+    try:
+        yield
+    finally:
+        await fleet.close()
+        await client.aclose()
+        app.state.gate.checker.close()
+        store.close()

@@ -1,0 +1,119 @@
+"""`fitbox central serve | keys create`: the central's commands (cli.py parses them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+import fitbox
+from fitbox.central.store import CentralStore
+from fitbox.config import Config
+from fitbox.home import CentralHome, default_home, make_private
+from fitbox.store.keys import SCOPES, KeyError_, create_key
+
+CENTRAL_SCOPES = (*SCOPES, "worker")
+
+
+def central_home(args: argparse.Namespace, env: dict[str, str] | None = None) -> CentralHome:
+    """--home, else FITBOX_HOME (like a box), else a folder of its own in the data dir (a
+    box and a central on one host never share a store)."""
+    env = dict(os.environ) if env is None else env
+    chosen = getattr(args, "home", None) or env.get("FITBOX_HOME")
+    return CentralHome(Path(chosen).expanduser().absolute() if chosen
+                       else default_home() / "central")  # fmt: skip
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    central = sub.add_parser("central", help="the central: many boxes behind one address")
+    verbs = central.add_subparsers(dest="central_command", required=True)
+    serve = verbs.add_parser("serve", help="run the central")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", help="port, or 'auto' for a free one (default 8484)")
+    serve.add_argument("--home", metavar="DIR", help="its data dir (FITBOX_HOME)")
+    serve.add_argument("--log-level", default="info",
+                       choices=["debug", "info", "warning", "error"])  # fmt: skip
+    keys = verbs.add_parser("keys", help="the central's keys")
+    key_verbs = keys.add_subparsers(dest="keys_command", required=True)
+    create = key_verbs.add_parser("create", help="make a key; its secret is printed once")
+    create.add_argument("--scope", action="append", choices=list(CENTRAL_SCOPES),
+                        help="repeatable; worker keys can only register a box")  # fmt: skip
+    create.add_argument("--name", default="unnamed")
+    create.add_argument("--home", metavar="DIR", help="its data dir (FITBOX_HOME)")
+    create.add_argument("--json", action="store_true")
+
+
+def run(config: Config, args: argparse.Namespace) -> int:
+    home = central_home(args)
+    if args.central_command == "keys":
+        return _create_key(home, args)
+    return _serve(config, home, args.log_level)
+
+
+def _create_key(home: CentralHome, args: argparse.Namespace) -> int:
+    make_private(home.path)
+    scopes = tuple(args.scope or ["inference"])
+    store = CentralStore(home.store)
+    try:
+        key, secret = store.run(lambda conn: create_key(conn, args.name, scopes,
+                                                        known=CENTRAL_SCOPES))  # fmt: skip
+    except KeyError_ as exc:
+        print(f"fitbox central keys: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps({**key.public(), "key": secret}, indent=2))
+        return 0
+    print(secret)
+    print(f"(id {key.key_id}, scopes {', '.join(scopes)}: the secret is shown this once)",
+          file=sys.stderr)  # fmt: skip
+    if "worker" in scopes:
+        try:
+            url = json.loads(home.endpoint.read_text())["url"]
+        except (OSError, ValueError, KeyError):
+            url = "http://THIS-CENTRAL:PORT"
+        print(f"a new box joins with: fitbox serve --host 0.0.0.0 --central {url} "
+              f"--central-key {secret}", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def _serve(config: Config, home: CentralHome, log_level: str) -> int:
+    import uvicorn
+
+    from fitbox.central.app import create_central_app
+
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    make_private(home.path)
+    try:
+        CentralStore(home.store).close()  # made and migrated before anything listens
+        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((config.host, config.port or 0))
+        sock.listen(2048)
+    except (OSError, RuntimeError) as exc:
+        print(f"fitbox central: cannot start: {exc}", file=sys.stderr)
+        return 1
+    port = sock.getsockname()[1]
+    url_host = f"[{config.host}]" if ":" in config.host else config.host
+    endpoint = {"url": f"http://{url_host}:{port}", "host": config.host, "port": port,
+                "pid": os.getpid()}  # fmt: skip
+    partial = home.endpoint.with_name(home.endpoint.name + ".part")
+    partial.write_text(json.dumps(endpoint) + "\n")
+    os.replace(partial, home.endpoint)
+    print(f"fitbox central {fitbox.__version__} listening on {endpoint['url']}", flush=True)
+    app = create_central_app(config, home.store)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+        )
+    )
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,164 @@
+"""Each box as the central follows it: one task per box long-polls the box's change counter
+(``/v1/telemetry/state``) and, whenever it moves, replays every cursor table from the cursors
+the central stored, then refreshes the box's snapshots (health, residents, models). No
+heartbeat: liveness is the long-poll itself. A cut or a restart of either side resumes from
+the stored cursors (store.py writes each page with its cursor)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from fitbox.central.store import BoxRecord, CentralStore
+from fitbox.store.db import CURSOR_TABLES, READING_TABLES
+
+log = logging.getLogger(__name__)
+LONG_POLL_S = 25.0  # the box answers at most after this long with nothing new
+PAGE = 1000  # the box's MAX_ROWS
+RETRY_MOST_S = 5.0
+MIRRORED_TABLES = (*CURSOR_TABLES, *READING_TABLES)
+
+
+@dataclass
+class BoxLink:
+    """What the central knows of one box now. Owned by its follower task, except
+    ``in_flight`` and ``refused_calls`` (routing's, on the same loop)."""
+
+    record: BoxRecord
+    state: str = "connecting"  # connecting | up | unreachable
+    last_error: str | None = None
+    counter: int = -1
+    waiting: int = 0
+    health: dict[str, Any] = field(default_factory=dict)
+    residents: list[dict[str, Any]] = field(default_factory=list)
+    models: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: int = 0
+    refused_calls: bool = False  # a call failed before its first byte; cleared when it answers
+    synced_at: float | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.record.admin_key}"}
+
+    def busy(self) -> int:
+        return self.waiting + self.in_flight
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.record.public(), "state": self.state, "last_error": self.last_error,
+                "devices": self.health.get("gpus", []), "residents": self.residents,
+                "waiting": self.waiting, "in_flight": self.in_flight,
+                "synced_at": self.synced_at,
+                "last_seen_at": self.record.last_seen_at if self.synced_at is None
+                else self.synced_at}  # fmt: skip
+
+
+class Fleet:
+    """Every registered box and its follower; the one owner of the links."""
+
+    def __init__(self, store: CentralStore, client: httpx.AsyncClient) -> None:
+        self.store = store
+        self.client = client
+        self.links: dict[str, BoxLink] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self) -> None:
+        for record in self.store.boxes():
+            self.follow(record)
+
+    def follow(self, record: BoxRecord) -> None:
+        """Follow a box (again, at its new address when it moved)."""
+        old = self._tasks.pop(record.box_id, None)
+        if old is not None:
+            old.cancel()
+        link = self.links.get(record.box_id)
+        if link is None:
+            link = self.links[record.box_id] = BoxLink(record)
+        else:
+            link.record, link.state, link.counter = record, "connecting", -1
+        self._tasks[record.box_id] = asyncio.get_running_loop().create_task(self._follow(link))
+
+    def find(self, name: str) -> BoxLink | None:
+        """A box by its id, or by its name when only one box has that name."""
+        if name in self.links:
+            return self.links[name]
+        named = [link for link in self.links.values() if link.record.name == name]
+        return named[0] if len(named) == 1 else None
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        for task in self._tasks.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _get(self, link: BoxLink, path: str, limit_s: float = 10.0,
+                   **params: Any) -> Any:  # fmt: skip
+        response = await self.client.get(f"{link.record.url}{path}", params=params,
+                                         headers=link.headers, timeout=limit_s)  # fmt: skip
+        response.raise_for_status()
+        return response.json()
+
+    async def _follow(self, link: BoxLink) -> None:
+        wait = 0.5
+        while True:
+            try:
+                state = await self._get(link, "/v1/telemetry/state", LONG_POLL_S + 10,
+                                        since=link.counter, wait=LONG_POLL_S)  # fmt: skip
+                counter = int(state["counter"])
+                link.state, link.last_error, link.refused_calls = "up", None, False
+                link.waiting = int(state.get("waiting", 0))
+                if counter != link.counter:
+                    await self.sync(link, state.get("changed", CURSOR_TABLES))
+                    link.counter = counter
+                    await asyncio.to_thread(self.store.seen, link.record.box_id, counter)
+                link.synced_at = time.time()
+                wait = 0.5
+            except asyncio.CancelledError:
+                raise
+            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+                if link.state != "unreachable":
+                    log.warning("box %s (%s) unreachable: %r", link.record.box_id,
+                                link.record.url, exc)  # fmt: skip
+                link.state, link.last_error = "unreachable", repr(exc)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, RETRY_MOST_S)
+
+    async def sync(self, link: BoxLink, changed: list[str] | tuple[str, ...]) -> None:
+        """Replay the tables the box says changed, each from its cursor (a table replayed
+        without need costs a request, never a row twice). The snapshots and the readings
+        (which move no counter) follow any change but a call's: a call changes no resident
+        set, and the queue length comes with every long-poll answer."""
+        tables = [t for t in changed if t in CURSOR_TABLES]
+        calls_only = set(tables) <= {"call_log"} and link.synced_at is not None
+        if not calls_only:
+            tables += list(READING_TABLES)
+        await asyncio.gather(*(self._replay(link, table) for table in tables))
+        if calls_only:
+            return
+        health, residents, models = await asyncio.gather(
+            self._get(link, "/health"), self._get(link, "/v1/residents"),
+            self._get(link, "/v1/models"))  # fmt: skip
+        link.health, link.residents, link.models = health, residents["data"], models["data"]
+
+    async def _replay(self, link: BoxLink, table: str) -> None:
+        box_id = link.record.box_id
+        since = await asyncio.to_thread(self.store.cursor, box_id, table)
+        while True:
+            page = await self._get(link, "/v1/telemetry", table=table, since=since, limit=PAGE)
+            rows, after = page["rows"], int(page["next"])
+            if not rows:
+                return
+            rejected = await asyncio.to_thread(self.store.take_page, box_id, table,
+                                               page["cursor"], rows, after)  # fmt: skip
+            if rejected:
+                log.warning("box %s: %d %s row(s) kept raw (see mirror_rejects)", box_id,
+                            rejected, table)  # fmt: skip
+            since = after
+            if len(rows) < PAGE:
+                return

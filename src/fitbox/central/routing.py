@@ -1,0 +1,175 @@
+"""Calls through the central: which box takes a model, and the forwarding itself.
+
+``box/model`` goes to that box (by id, or by a name only one box has). A bare name goes,
+in this order, to the boxes where it is resident (least busy first), then where it fits
+without evicting a serving model (by the box's own ``/v1/plan``), then where its file is.
+A box that fails before the first byte of its answer (refused, reset, no reply) is retried
+once on the next candidate and left out of bare-name routing until its mirror hears from
+it again; after the first byte the box's answer, error or not, is the client's. Bytes pass
+through as they come (SSE included)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from fitbox.central.mirror import BoxLink, Fleet
+from fitbox.errors import EngineFailed, InvalidRequest, ModelNotFound
+
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer",
+                        "upgrade", "proxy-authenticate", "proxy-authorization"})  # fmt: skip
+TRIES = 2  # the first candidate and, when it fails before its first byte, the next
+PLAN_TIMEOUT_S = 30.0  # a plan prices, it loads nothing; a loaded box may be slow to
+
+
+@dataclass(frozen=True)
+class Candidate:
+    link: BoxLink
+    model: str  # the name the box knows it by
+    why: str  # named | resident | fits | on_disk
+
+
+def holding(link: BoxLink, model: str) -> dict[str, Any] | None:
+    for entry in link.models:
+        if entry.get("id") == model or model in (entry.get("aliases") or []):
+            return entry
+    return None
+
+
+async def _fits(fleet: Fleet, link: BoxLink, model: str) -> bool:
+    """The box's own plan says it places the model without evicting a serving one."""
+    try:
+        response = await fleet.client.get(f"{link.record.url}/v1/plan", params={"model": model},
+                                          headers=link.headers, timeout=PLAN_TIMEOUT_S)  # fmt: skip
+        plan = response.json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    return bool(plan.get("decision") == "place" and not plan.get("victims"))
+
+
+async def fits_where(fleet: Fleet, links: list[BoxLink], model: str) -> dict[str, bool]:
+    found = await asyncio.gather(*(_fits(fleet, link, model) for link in links))
+    return {link.record.box_id: ok for link, ok in zip(links, found, strict=True)}
+
+
+async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Candidate]:
+    """The boxes to try, best first. The boxes' plans (where it fits) are asked only when
+    fewer than ``enough`` boxes hold it resident: a call to a resident model costs no
+    request to any other box."""
+    if "/" in model:
+        box_name, _, rest = model.partition("/")
+        link = fleet.find(box_name)
+        if link is not None:
+            return [Candidate(link, rest, "named")]
+    holders = [link for link in fleet.links.values() if holding(link, model) is not None]
+    if not holders:
+        names = sorted({e["id"] for link in fleet.links.values() for e in link.models})
+        raise ModelNotFound(f"No box of this fleet has the model '{model}'; GET /v1/models "
+                            f"lists what they have ({', '.join(names[:20]) or 'nothing yet'}). "
+                            "Name one box's as BOX/MODEL.", param="model")  # fmt: skip
+    usable = [link for link in holders if not link.refused_calls] or holders
+
+    def order(link: BoxLink) -> tuple[int, str]:
+        return link.busy(), link.record.box_id
+
+    resident = sorted((link for link in usable if (holding(link, model) or {}).get("resident")),
+                      key=order)  # fmt: skip
+    found = [Candidate(link, model, "resident") for link in resident]
+    if len(found) < enough:
+        others = sorted((link for link in usable if link not in resident), key=order)
+        fits = await fits_where(fleet, others, model)
+        found += [Candidate(link, model, "fits") for link in others if fits[link.record.box_id]]
+        found += [Candidate(link, model, "on_disk") for link in others
+                  if not fits[link.record.box_id]]  # fmt: skip
+    return found
+
+
+def _passed_headers(response: httpx.Response, candidate: Candidate, tried: list[str],
+                    started: float) -> dict[str, str]:  # fmt: skip
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
+    box_id = candidate.link.record.box_id
+    timing = f'box;desc="{box_id}";dur={(time.perf_counter() - started) * 1000:.1f}'
+    headers["server-timing"] = ", ".join(filter(None, [headers.get("server-timing"), timing]))
+    headers["x-fitbox-box"] = box_id
+    headers["x-fitbox-route"] = candidate.why
+    if tried:
+        headers["x-fitbox-retried-from"] = ", ".join(tried)
+    return headers
+
+
+async def forward(request: Request, fleet: Fleet, path: str) -> Response:
+    """POST ``path`` (chat, completions, embeddings) to the box that takes its model."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise InvalidRequest("The body is not JSON.") from None
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("The body needs 'model': a model name or BOX/MODEL.", param="model")
+    found = await candidates(fleet, model, enough=1)
+    tried: list[str] = []
+    started = time.perf_counter()
+    for attempt in range(TRIES):
+        if attempt == len(found) == 1 and found[0].why != "named":  # the first failed
+            found += [c for c in await candidates(fleet, model) if c.link is not found[0].link]
+        if attempt >= len(found):
+            break
+        candidate = found[attempt]
+        link = candidate.link
+        content = raw if candidate.model == model else json.dumps(
+            {**body, "model": candidate.model}).encode()  # fmt: skip
+        headers = {**link.headers, "content-type": "application/json",
+                   "accept": request.headers.get("accept", "*/*")}  # fmt: skip
+        outgoing = fleet.client.build_request("POST", f"{link.record.url}{path}",
+                                              content=content, headers=headers)  # fmt: skip
+        link.in_flight += 1
+        try:
+            response = await fleet.client.send(outgoing, stream=True)
+        except httpx.TransportError as exc:  # before the first byte: the next one may serve
+            link.in_flight -= 1
+            link.refused_calls = True
+            tried.append(f"{link.record.box_id} ({type(exc).__name__})")
+            continue
+        return StreamingResponse(
+            _relay(response, link),
+            status_code=response.status_code,
+            headers=_passed_headers(response, candidate, tried, started),
+        )
+    raise EngineFailed(f"No box could take the call for '{model}': tried {', '.join(tried)}; "
+                       "GET /v1/fleet shows each box's state.", param="model")  # fmt: skip
+
+
+async def _relay(response: httpx.Response, link: BoxLink) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in response.aiter_raw():
+            yield chunk
+    finally:
+        link.in_flight -= 1
+        await response.aclose()
+
+
+def model_list(fleet: Fleet) -> dict[str, Any]:
+    """Every model of the fleet once by its bare name, and once per box as BOX/MODEL."""
+    bare: dict[str, dict[str, Any]] = {}
+    per_box: list[dict[str, Any]] = []
+    for link in fleet.links.values():
+        for entry in link.models:
+            name = entry["id"]
+            one = bare.setdefault(name, {"id": name, "object": "model", "owned_by": "fitbox",
+                                         "created": entry.get("created", 0), "boxes": [],
+                                         "resident_on": []})  # fmt: skip
+            one["boxes"].append(link.record.box_id)
+            if entry.get("resident"):
+                one["resident_on"].append(link.record.box_id)
+            per_box.append({**entry, "id": f"{link.record.box_id}/{name}",
+                            "box_id": link.record.box_id})  # fmt: skip
+    return {"object": "list", "data": [*bare.values(), *per_box]}

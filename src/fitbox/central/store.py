@@ -1,0 +1,189 @@
+"""The central's store: one SQLite file (owner-only, WAL) with its own migration sequence
+(migrations/central/). One connection behind a lock: the central's writes are few and short
+(a registration, a mirrored page), and every mirrored page lands with its cursor in one
+transaction, which is what "nothing lost, nothing twice" rests on."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fitbox.store.db import connect
+from fitbox.store.migrations import load_migrations, migrate, migrations_dir
+
+# a value in a column named like this is a number (or null) on every box: text there is a
+# row the mirror does not expect, kept raw with the reason
+NUMERIC_NAMES = frozenset({"id", "seq", "pid", "port", "http_status", "window", "stream"})
+NUMERIC_ENDINGS = ("_at", "_bytes", "_tokens", "_ms", "_percent", "_time", "_seconds")
+
+
+def central_migrations() -> Path:
+    return migrations_dir() / "central"
+
+
+@dataclass(frozen=True)
+class BoxRecord:
+    box_id: str
+    name: str
+    version: str
+    url: str
+    admin_key: str
+    registered_at: float
+    last_seen_at: float | None
+    counter: int | None
+
+    def public(self) -> dict[str, Any]:
+        """Without its key: the box's admin key never leaves the central."""
+        return {"box_id": self.box_id, "name": self.name, "version": self.version,
+                "url": self.url, "registered_at": self.registered_at,
+                "last_seen_at": self.last_seen_at, "counter": self.counter}  # fmt: skip
+
+
+def rejection(row: object, cursor: str) -> str | None:
+    """Why the mirror cannot take ``row``, or None when it can."""
+    if not isinstance(row, dict):
+        return f"a row is a JSON object; this is {type(row).__name__}"
+    for column in ("id", cursor):
+        value = row.get(column)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"column {column!r} must be an integer; it is {value!r}"
+    for column, value in row.items():
+        if isinstance(value, dict | list):
+            return f"column {column!r} holds a {type(value).__name__}, not a single value"
+        numeric = column in NUMERIC_NAMES or column.endswith(NUMERIC_ENDINGS)
+        if numeric and value is not None and (
+            not isinstance(value, int | float) or isinstance(value, bool)
+            or not math.isfinite(value)
+        ):  # fmt: skip
+            return f"column {column!r} must be a number or null; it is {value!r}"
+    return None
+
+
+class CentralStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._conn = connect(path)
+        migrate(self._conn, load_migrations(central_migrations()))
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def run(self, job: Any) -> Any:
+        """``job(conn)`` in one transaction (the keys functions of store/keys.py)."""
+        with self._transaction() as conn:
+            return job(conn)
+
+    # -- boxes ---------------------------------------------------------------------
+
+    def register(self, box_id: str, name: str, version: str, url: str, admin_key: str) -> bool:
+        """Add or update a box by its id; True when its address changed (or it is new)."""
+        with self._transaction() as conn:
+            old = conn.execute("SELECT url FROM boxes WHERE box_id = ?", (box_id,)).fetchone()
+            conn.execute(
+                "INSERT INTO boxes (box_id, name, version, url, admin_key, registered_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (box_id) DO UPDATE SET name = "
+                "excluded.name, version = excluded.version, url = excluded.url, "
+                "admin_key = excluded.admin_key", (box_id, name, version, url, admin_key,
+                                                   time.time()))  # fmt: skip
+        return old is None or old[0] != url
+
+    def boxes(self) -> list[BoxRecord]:
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM boxes ORDER BY registered_at").fetchall()
+        return [BoxRecord(**dict(r)) for r in rows]
+
+    def seen(self, box_id: str, counter: int) -> None:
+        with self._transaction() as conn:
+            conn.execute("UPDATE boxes SET last_seen_at = ?, counter = ? WHERE box_id = ?",
+                         (time.time(), counter, box_id))  # fmt: skip
+
+    # -- the mirror ----------------------------------------------------------------
+
+    def cursor(self, box_id: str, table: str) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT cursor FROM mirror_cursors WHERE box_id = ? AND "
+                                     "tbl = ?", (box_id, table)).fetchone()  # fmt: skip
+        return int(row[0]) if row else 0
+
+    def take_page(self, box_id: str, table: str, cursor: str, rows: list[Any],
+                  next_cursor: int) -> int:  # fmt: skip
+        """Store one page of a table's replay and its cursor, together. Returns how many
+        rows were rejected (kept raw)."""
+        rejected = 0
+        now = time.time()
+        with self._transaction() as conn:
+            for row in rows:
+                reason = rejection(row, cursor)
+                raw = json.dumps(row, sort_keys=True)
+                source = row.get("id") if isinstance(row, dict) else None
+                if reason is None:
+                    conn.execute(
+                        "INSERT INTO mirrored_rows (box_id, tbl, source_id, seq, data) VALUES "
+                        "(?, ?, ?, ?, ?) ON CONFLICT (box_id, tbl, source_id) DO UPDATE SET "
+                        "seq = excluded.seq, data = excluded.data",
+                        (box_id, table, row["id"], row.get("seq"), raw))  # fmt: skip
+                    conn.execute("DELETE FROM mirror_rejects WHERE box_id = ? AND tbl = ? AND "
+                                 "source_id = ?", (box_id, table, str(row["id"])))  # fmt: skip
+                    continue
+                rejected += 1
+                conn.execute(
+                    "INSERT INTO mirror_rejects (box_id, tbl, source_id, raw, reason, at) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (box_id, tbl, source_id) DO UPDATE "
+                    "SET raw = excluded.raw, reason = excluded.reason, at = excluded.at",
+                    (box_id, table, str(source) if source is not None else raw, raw, reason,
+                     now))  # fmt: skip
+            conn.execute(
+                "INSERT INTO mirror_cursors (box_id, tbl, cursor) VALUES (?, ?, ?) ON CONFLICT "
+                "(box_id, tbl) DO UPDATE SET cursor = excluded.cursor",
+                (box_id, table, next_cursor))  # fmt: skip
+        return rejected
+
+    def mirrored(self, table: str, box_id: str | None, limit: int, offset: int,
+                 desc: bool) -> list[dict[str, Any]]:  # fmt: skip
+        """Mirrored rows of one table (of one box, or all), each with its ``box_id``."""
+        where, params = "tbl = ?", [table]
+        if box_id:
+            where, params = where + " AND box_id = ?", [*params, box_id]
+        order = "DESC" if desc else "ASC"
+        with self._lock:
+            found = self._conn.execute(
+                f"SELECT box_id, data FROM mirrored_rows WHERE {where} "  # noqa: S608
+                f"ORDER BY box_id {order}, source_id {order} LIMIT ? OFFSET ?",
+                (*params, limit, offset)).fetchall()  # fmt: skip
+        return [{"box_id": r[0], **json.loads(r[1])} for r in found]
+
+    def rejects(self, limit: int, offset: int) -> list[dict[str, Any]]:
+        with self._lock:
+            found = self._conn.execute(
+                "SELECT box_id, tbl, source_id, raw, reason, at FROM mirror_rejects ORDER BY at "
+                "LIMIT ? OFFSET ?", (limit, offset)).fetchall()  # fmt: skip
+        return [dict(r) for r in found]
+
+    def table_columns(self) -> dict[str, list[str]]:
+        """Each mirrored table with the columns its rows carry (box_id first)."""
+        with self._lock:
+            found = self._conn.execute(
+                "SELECT tbl, data FROM mirrored_rows WHERE rowid IN (SELECT MAX(rowid) FROM "
+                "mirrored_rows GROUP BY tbl)").fetchall()  # fmt: skip
+        return {r[0]: ["box_id", *json.loads(r[1])] for r in found}
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

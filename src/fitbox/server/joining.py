@@ -1,0 +1,108 @@
+"""A box joining a central (``FITBOX_CENTRAL_URL``): it registers its persistent id, name,
+version, address and box key at start, and keeps trying in the background until the
+central takes it. A central that refuses or cannot be reached never stops the box: it is
+logged, with the central's reason, and tried again (a refusal less often than a cut)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+
+import fitbox
+
+log = logging.getLogger(__name__)
+RETRY_FIRST_S = 1.0
+RETRY_MOST_S = 30.0
+REFUSED_RETRY_S = 60.0  # a refusal (bad key, a loopback box) waits on a person: ask less often
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def reachable_address(host: str, port: int, central_url: str) -> str:
+    """The URL a central can call this box on. A box bound to every address (0.0.0.0, ::)
+    names the one its route to the central leaves from (no packet is sent: a UDP connect
+    only picks the route)."""
+    if host in ("0.0.0.0", "::", ""):
+        target = urlsplit(central_url).hostname or "127.0.0.1"
+        family = socket.AF_INET6 if ":" in target else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect((target, 9))
+                host = probe.getsockname()[0]
+        except OSError:
+            host = socket.gethostname()
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@dataclass(frozen=True)
+class Registration:
+    central_url: str
+    central_key: str
+    box_id: str
+    name: str
+    address: str
+    box_key: str
+
+    def body(self) -> dict[str, str]:
+        return {"box_id": self.box_id, "name": self.name, "version": fitbox.__version__,
+                "url": self.address, "admin_key": self.box_key}  # fmt: skip
+
+    def loopback_problem(self) -> str | None:
+        """Why a central elsewhere could never call this box back, if it could not."""
+        box_host = urlsplit(self.address).hostname or ""
+        central_host = urlsplit(self.central_url).hostname or ""
+        if is_loopback(box_host) and not is_loopback(central_host):
+            return (f"this box listens on loopback only ({self.address}), so the central at "
+                    f"{self.central_url} could never reach it; start it with --host 0.0.0.0 "
+                    "(or an address the central can reach)")  # fmt: skip
+        return None
+
+
+async def register_once(reg: Registration) -> tuple[bool, str]:
+    """(taken, what happened in words)."""
+    headers = {"Authorization": f"Bearer {reg.central_key}"} if reg.central_key else {}
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            response = await client.post(f"{reg.central_url}/v1/boxes", json=reg.body(),
+                                         headers=headers)  # fmt: skip
+    except httpx.HTTPError as exc:
+        return False, f"the central at {reg.central_url} could not be reached ({exc!r})"
+    if response.status_code >= 400:
+        try:
+            reason = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            reason = response.text[:300]
+        return False, (f"the central at {reg.central_url} refused this box (HTTP "
+                       f"{response.status_code}): {reason}")  # fmt: skip
+    return True, f"registered with the central at {reg.central_url} as {reg.box_id}"
+
+
+async def keep_registering(reg: Registration) -> None:
+    """Register until the central takes this box; a task the serve cancels at its end."""
+    problem = reg.loopback_problem()
+    if problem:
+        log.error("not registering with the central: %s", problem)
+        return
+    wait = RETRY_FIRST_S
+    while True:
+        taken, said = await register_once(reg)
+        if taken:
+            log.info("%s", said)
+            return
+        refused = "refused" in said
+        log.warning("%s; trying again in %.0f s", said, REFUSED_RETRY_S if refused else wait)
+        await asyncio.sleep(REFUSED_RETRY_S if refused else wait)
+        wait = min(wait * 2, RETRY_MOST_S)

@@ -1,0 +1,331 @@
+"""The central with real boxes: two `fitbox serve` processes (own homes, own loopback ports,
+real llama-server children on SmolLM2) and one `fitbox central serve`, all on loopback.
+Registration, mirroring (exactly once, through a kill -9 of the central and a box that moves
+port), the fleet view, routing by BOX/MODEL and by bare name with the openai SDK, SSE
+through, and the retry before the first byte on a box the test kills."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from .conftest import FitboxProcess, _answering, start_fitbox, stop_fitbox
+from .holds import until
+
+pytestmark = pytest.mark.engine
+SMOL = "SmolLM2-135M-Instruct.Q4_1"
+HELLO: list[Any] = [{"role": "user", "content": "Say hello."}]
+
+
+@dataclass
+class Central:
+    home: Path
+    proc: subprocess.Popen[bytes] | None = None
+    url: str = ""
+
+    def start(self) -> None:
+        log_path = self.home / "central.log"
+        argv = [sys.executable, "-m", "fitbox", "central", "serve", "--port", "auto",
+                "--home", str(self.home)]  # fmt: skip
+        with log_path.open("ab") as log_file:
+            self.proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
+        self.url = _answering(self.proc, self.home / "central-endpoint.json", log_path)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=20)
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = httpx.get(f"{self.url}{path}", params=params, timeout=30)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def fleet(self) -> dict[str, dict[str, Any]]:
+        return {b["box_id"]: b for b in self.get("/v1/fleet")["data"]}
+
+    def mirrored(self, table: str, box_id: str) -> list[dict[str, Any]]:
+        return list(self.get("/v1/telemetry/rows", table=table, box_id=box_id,
+                             limit=1000)["rows"])  # fmt: skip
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
+
+
+@dataclass
+class Fleet:
+    central: Central
+    boxes: list[FitboxProcess]
+    ids: list[str]
+    worker_key: str
+    models: Path
+
+
+def _box_id(box: FitboxProcess) -> str:
+    return str(httpx.get(f"{box.url}/health", timeout=10).json()["box_id"])
+
+
+def _join(home: Path, models: Path, central: Central, key: str) -> FitboxProcess:
+    return start_fitbox(home, [models], "--central", central.url, "--central-key", key)
+
+
+def _all_up(central: Central, ids: list[str]) -> bool:
+    fleet = central.fleet()
+    return all(fleet.get(i, {}).get("state") == "up" for i in ids)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
+          llama_server_bin: Path) -> Iterator[Fleet]:  # fmt: skip
+    central = Central(tmp_path_factory.mktemp("central"))
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fitbox",
+            "central",
+            "keys",
+            "create",
+            "--scope",
+            "worker",
+            "--home",
+            str(central.home),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    worker_key = made.stdout.strip()
+    central.start()
+    boxes: list[FitboxProcess] = []
+    try:
+        for name in ("a", "b"):
+            boxes.append(_join(tmp_path_factory.mktemp(f"box-{name}"), smollm2.parent,
+                               central, worker_key))  # fmt: skip
+        boxes.sort(key=_box_id)  # ids[0] is the lower id: the one a tie goes to first
+        ids = [_box_id(b) for b in boxes]
+        until(lambda: _all_up(central, ids), "both boxes registered and mirrored")
+        yield Fleet(central, boxes, ids, worker_key, smollm2.parent)
+    finally:
+        for box in boxes:
+            _stop_box(box)
+        central.stop()
+
+
+def _stop_box(box: FitboxProcess, sig: int = signal.SIGTERM) -> None:
+    """SIGTERM (the box stops its children) or SIGKILL (the test ends them itself)."""
+    if box.proc.poll() is not None:
+        return
+    children = psutil.Process(box.proc.pid).children(recursive=True)
+    if sig == signal.SIGTERM:
+        stop_fitbox(box)
+    else:
+        box.proc.kill()
+        box.proc.wait()
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+
+
+def _mirrored_exactly(central: Central, box: FitboxProcess, box_id: str) -> bool:
+    """The central holds every call row of the box once, each in its final form (a row it
+    kept raw as a reject is in neither list)."""
+    rejects = central.get("/v1/telemetry/rows", table="mirror_rejects")["rows"]
+    kept_raw = {int(r["source_id"]) for r in rejects if r["box_id"] == box_id}
+    own = {r["id"]: r for r in box.calls() if r["id"] not in kept_raw}
+    theirs = central.mirrored("call_log", box_id)
+    ids = [r["id"] for r in theirs]
+    assert len(ids) == len(set(ids)), f"a row came twice: {ids}"
+    assert all(r["box_id"] == box_id for r in theirs)
+    return {r["id"]: (r["outcome"], r["seq"]) for r in theirs} == {
+        i: (r["outcome"], r["seq"]) for i, r in own.items()
+    }
+
+
+def test_boxes_register_with_a_persistent_id_reported_by_health(fleet: Fleet) -> None:
+    for box, box_id in zip(fleet.boxes, fleet.ids, strict=True):
+        health = httpx.get(f"{box.url}/health", timeout=10).json()
+        assert uuid.UUID(health["box_id"]) and health["box_id"] == box_id
+        assert health["address"] == box.url
+        assert health["name"] and health["version"]
+    assert fleet.ids[0] != fleet.ids[1]  # one host, one hostname, two boxes
+    seen = fleet.central.fleet()
+    assert set(seen) == set(fleet.ids)
+    for box, box_id in zip(fleet.boxes, fleet.ids, strict=True):
+        assert seen[box_id]["url"] == box.url and seen[box_id]["state"] == "up"
+        assert "admin_key" not in seen[box_id]  # the box's key never leaves the central
+        assert seen[box_id]["devices"] is not None
+
+
+def test_a_bare_name_resident_nowhere_goes_where_the_box_s_plan_says_it_fits(
+    fleet: Fleet,
+) -> None:
+    assert not any(m["resident_on"] for m in fleet.central.get("/v1/fleet/models")["data"])
+    with fleet.central.client() as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=SMOL, messages=HELLO, max_tokens=8
+        )
+    assert raw.headers["x-fitbox-route"] == "fits"
+    assert raw.headers["x-fitbox-box"] == fleet.ids[0]  # neither busy: the lower id
+
+
+def test_a_named_box_serves_and_the_reply_says_which(fleet: Fleet) -> None:
+    a = fleet.ids[0]
+    with fleet.central.client() as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=f"{a}/{SMOL}", messages=HELLO, max_tokens=8
+        )
+    assert raw.headers["x-fitbox-box"] == a
+    assert f'box;desc="{a}"' in raw.headers["server-timing"]
+    assert raw.parse().choices[0].message.content
+    assert fleet.boxes[0].models()[SMOL]["resident"] is True
+    assert fleet.boxes[1].models()[SMOL]["resident"] is False
+
+
+def test_a_bare_name_goes_to_the_box_where_it_is_resident(fleet: Fleet) -> None:
+    a = fleet.ids[0]
+    until(
+        lambda: fleet.central.get("/v1/fleet/models")["data"][0]["resident_on"] == [a],
+        "the central seeing the model resident on box a",
+    )
+    models = fleet.central.get("/v1/fleet/models")["data"]
+    assert models == [{"id": SMOL, "resident_on": [a], "on_disk_on": fleet.ids,
+                       "fits_on": fleet.ids}]  # fmt: skip
+    with fleet.central.client() as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=SMOL, messages=HELLO, max_tokens=8
+        )
+        listed = {m.id for m in client.models.list()}
+    assert raw.headers["x-fitbox-box"] == a and raw.headers["x-fitbox-route"] == "resident"
+    assert {SMOL, f"{a}/{SMOL}", f"{fleet.ids[1]}/{SMOL}"} <= listed
+
+
+def test_sse_passes_through_as_events(fleet: Fleet) -> None:
+    b = fleet.ids[1]
+    with fleet.central.client() as client:
+        stream = client.chat.completions.create(
+            model=f"{b}/{SMOL}", messages=HELLO, max_tokens=16, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})  # fmt: skip
+        chunks = list(stream)
+    usage = next((c.usage for c in chunks if c.usage), None)
+    assert usage is not None and usage.completion_tokens == 16  # the stream's end came too
+    assert len(chunks) > 3  # as events, not one body
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_every_call_is_mirrored_once_in_its_final_form(fleet: Fleet) -> None:
+    for box in fleet.boxes:
+        with openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused") as direct:
+            for _ in range(3):
+                direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
+    for box, box_id in zip(fleet.boxes, fleet.ids, strict=True):
+        until(
+            lambda b=box, i=box_id: _mirrored_exactly(fleet.central, b, i),  # type: ignore[misc]
+            "every call row mirrored once",
+        )
+    tables = {t["name"]: t for t in fleet.central.get("/v1/telemetry/tables")["data"]}
+    assert {"call_log", "children", "resource_log", "mirror_rejects"} <= set(tables)
+    assert tables["call_log"]["columns"][0] == "box_id"
+    children = fleet.central.mirrored("children", fleet.ids[0])
+    assert children and all(c["artifact"] for c in children)
+
+
+def test_a_row_the_mirror_cannot_take_is_kept_raw_and_the_rest_syncs(fleet: Fleet) -> None:
+    box, box_id = fleet.boxes[1], fleet.ids[1]
+    bad_id = 10**9  # far above the ids the box hands out
+    with contextlib.closing(sqlite3.connect(box.home / "fitbox.sqlite3", timeout=10)) as conn:
+        conn.execute("INSERT INTO call_log (id, request_id, endpoint, received_at, outcome, "
+                     "prompt_tokens) VALUES (?, 'by-hand', '/v1/completions', ?, 'ok', "
+                     "'many')", (bad_id, time.time()))  # fmt: skip
+        seq = conn.execute("INSERT INTO events (at, kind, tbl, row_id) VALUES (?, 'call', "
+                           "'call_log', ?)", (time.time(), bad_id)).lastrowid  # fmt: skip
+        conn.execute("UPDATE call_log SET seq = ? WHERE id = ?", (seq, bad_id))
+        conn.commit()
+    with openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused") as direct:
+        direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)  # moves the counter
+
+    def rejected() -> list[dict[str, Any]]:
+        rows = fleet.central.get("/v1/telemetry/rows", table="mirror_rejects")["rows"]
+        return [r for r in rows if r["box_id"] == box_id and r["source_id"] == str(bad_id)]
+
+    found = until(rejected, "the hand-written row kept raw")
+    assert "prompt_tokens" in found[0]["reason"] and json.loads(found[0]["raw"])["id"] == bad_id
+    own = [r for r in box.calls() if r["id"] != bad_id]
+    until(
+        lambda: (
+            {r["id"] for r in fleet.central.mirrored("call_log", box_id)} == {r["id"] for r in own}
+        ),
+        "the rest of the box's calls mirrored",
+    )
+
+
+def test_the_mirror_resumes_after_a_kill_9_of_the_central(fleet: Fleet) -> None:
+    central = fleet.central
+    with openai.OpenAI(base_url=f"{fleet.boxes[0].url}/v1", api_key="unused") as direct:
+        direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
+        central.stop(signal.SIGKILL)  # mid-sync, as like as not
+        for _ in range(3):
+            direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
+    central.start()
+    until(lambda: _all_up(central, fleet.ids), "the boxes followed again after the restart")
+    for box, box_id in zip(fleet.boxes, fleet.ids, strict=True):
+        until(
+            lambda b=box, i=box_id: _mirrored_exactly(central, b, i),  # type: ignore[misc]
+            "every call row mirrored once after the restart",
+        )
+
+
+def test_a_box_that_moves_port_reregisters_under_the_same_id(fleet: Fleet, tmp_path: Path) -> None:
+    old = fleet.boxes[1]
+    _stop_box(old)
+    with openai.OpenAI(base_url=f"{fleet.central.url}/v1", api_key="unused") as client:
+        client.models.list()  # the central still lists it while it is away
+    moved = _join(old.home, fleet.models, fleet.central, fleet.worker_key)
+    fleet.boxes[1] = moved
+    assert moved.url != old.url and _box_id(moved) == fleet.ids[1]
+    until(lambda: fleet.central.fleet()[fleet.ids[1]]["url"] == moved.url, "the new address")
+    assert len(fleet.central.fleet()) == 2
+    until(
+        lambda: _mirrored_exactly(fleet.central, moved, fleet.ids[1]),
+        "the moved box's rows, once each",
+    )
+
+
+def test_a_box_dead_before_the_first_byte_is_retried_on_the_next(fleet: Fleet) -> None:
+    """Both boxes hold the model and neither is busy, so the bare name goes to the lower
+    id first: the test kills that box; the call is answered by the other."""
+    with openai.OpenAI(base_url=f"{fleet.boxes[1].url}/v1", api_key="unused") as direct:
+        direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)  # resident on both
+    until(
+        lambda: len(fleet.central.get("/v1/fleet/models")["data"][0]["resident_on"]) == 2,
+        "the model resident on both boxes",
+    )
+    first = min(fleet.ids)
+    other = max(fleet.ids)
+    _stop_box(fleet.boxes[fleet.ids.index(first)], signal.SIGKILL)
+    with fleet.central.client() as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=SMOL, messages=HELLO, max_tokens=8
+        )
+        assert raw.headers["x-fitbox-box"] == other
+        assert raw.headers["x-fitbox-retried-from"].startswith(first)
+        with pytest.raises(openai.InternalServerError) as caught:
+            client.chat.completions.create(model=f"{first}/{SMOL}", messages=HELLO)
+    assert caught.value.status_code == 502
+    assert isinstance(caught.value.body, dict) and "GET /v1/fleet" in caught.value.body["message"]
