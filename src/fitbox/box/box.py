@@ -113,8 +113,8 @@ class Box:
     # -- calls and operator actions --------------------------------------------------------
 
     async def acquire(self, name: str, call_id: int | None = None, need: int = 1,
-                      max_tokens: int = 0) -> Lease:  # fmt: skip
-        return await self.admission.acquire(name, call_id, need, max_tokens)
+                      max_tokens: int = 0, slots: int = 1) -> Lease:  # fmt: skip
+        return await self.admission.acquire(name, call_id, need, max_tokens, slots)
 
     async def load(self, name: str) -> Resident:
         return await self.operator.load(name)

@@ -37,7 +37,7 @@ from .supervision import Watchdog
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 KEEP_TAIL = 16 * 1024  # the end of a reply kept for its usage and timings
 ROW_WAIT_S = 5.0  # the longest a response waits for its row to be committed
-Acquire = Callable[[str, int | None, int, int], Awaitable[Lease]]
+Acquire = Callable[[str, int | None, int, int, int], Awaitable[Lease]]
 
 
 def stream_ended(tail: bytes) -> bool:
@@ -117,9 +117,12 @@ class Call:
 
     # -- placing and sending -----------------------------------------------------------
 
-    async def place(self, need: int, max_tokens: int, prompt_tokens: int) -> Resident:
-        """Hold a ready resident for this call (loading, evicting or waiting as decided)."""
-        self.lease = lease = await self.desk.acquire(self.model, self.id, need, max_tokens)
+    async def place(self, need: int, max_tokens: int, prompt_tokens: int,
+                    slots: int = 1) -> Resident:  # fmt: skip
+        """Hold ``slots`` slots of a ready resident for this call (loading, evicting or
+        waiting as decided)."""
+        self.lease = lease = await self.desk.acquire(self.model, self.id, need, max_tokens,
+                                                     slots)  # fmt: skip
         r = lease.resident
         lease.expect(self.desk.speeds.of(r.artifact, r.rung.value), prompt_tokens, max_tokens)
         self._record(

@@ -224,6 +224,8 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv += ["-ts", ",".join(f"{share:g}" for share in intent.tensor_split)]
     if intent.experts_in_ram:
         argv.append("--cpu-moe")
+    if intent.kv_unified and engine.has("--kv-unified"):
+        argv.append("--kv-unified")  # -np given: the engine's default is then not unified
     if intent.no_repack and engine.has("--no-repack"):
         argv.append("--no-repack")  # the core chose the smaller, unrepacked weights
     if intent.threads:

@@ -41,6 +41,7 @@ class LaunchIntent:
     type_k: str = "f16"
     type_v: str = "f16"
     no_repack: bool = False  # weights in RAM stay as the file has them (--no-repack)
+    kv_unified: bool = False  # the slots share one KV cache: each may fill the window
 
 
 @dataclass(frozen=True)
