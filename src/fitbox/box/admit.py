@@ -131,7 +131,7 @@ class Admission:
         known = [eta for eta in etas if eta is not None]
         return max(known) if etas and len(known) == len(etas) else waited
 
-    def _joinable(self, named: Named) -> Resident | None:
+    def joinable(self, named: Named) -> Resident | None:
         """A resident that serves ``named`` as asked (any approved variant, pins honoured)."""
         for artifact in named.artifacts:
             resident = self.registry.get(artifact.key)
@@ -144,7 +144,7 @@ class Admission:
         max_tokens: int, slots: int,
     ) -> tuple[Lease | None, list[str]]:  # fmt: skip
         """Under the lock: join a resident, place a new one, or say who blocks."""
-        existing = self._joinable(named)
+        existing = self.joinable(named)
         if existing is not None:  # the hot path: no pricing for a model already loaded
             if existing.state is S.STOPPING or self._outgrown(existing, max(need - max_tokens, 0)):
                 return None, [existing.artifact.name]

@@ -135,6 +135,11 @@ class Call:
         )  # fmt: skip
         return r
 
+    def unplace(self) -> None:
+        """Give the lease back before anything was sent (the call is placed again, with
+        what its engine counted, or refused)."""
+        self._release()
+
     def _watched(self, awaitable: Awaitable[Any]) -> Awaitable[Any]:
         return self.desk.watchdog.watched(self.resident, awaitable)
 

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
+from fitbox.engines.http1 import EnginePool
 
 
 class EngineNotFound(RuntimeError):
@@ -122,4 +123,9 @@ class Engine(Protocol):
 
     def shape(self, path: str, body: bytes) -> tuple[str, bytes]:
         """The path and body to send to a child for a client's call on ``path``."""
+        ...
+
+    async def count_prompt(self, pool: EnginePool, path: str, body: bytes) -> int | None:
+        """The tokens a call's prompt takes in a ready child, as its model's own chat
+        template and tokenizer make them; None: this engine or call cannot say."""
         ...

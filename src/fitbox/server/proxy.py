@@ -19,6 +19,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fitbox.box.box import Box
 from fitbox.box.calls import Call
+from fitbox.box.needs import PromptSize
+from fitbox.box.resident import Resident
 from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import FitboxError, PermissionDenied
 from fitbox.server.errors import body_for, is_insider
@@ -90,11 +92,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     call = box.calls.open(path, body["model"], bool(body.get("stream")), _request_id(request))
     try:
         check_model_allowed(request, box, body["model"])
-        max_tokens = _max_tokens(body)
-        # the prompt's tokens are not known before a tokenizer runs: ~4 bytes of request per
-        # token is the estimate, used only to pick the smallest window the call may get
-        prompt = len(raw) // 4
-        resident = await call.place(prompt + max_tokens, max_tokens, prompt)
+        resident = await _placed(box, call, path, raw, body)
         response = await call.send(raw, request.headers.get("accept", "*/*"))
     except FitboxError as exc:
         call.failed(exc)
@@ -113,6 +111,26 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
             media_type=response.headers.get("content-type", "text/event-stream"),
         )
     return await _whole(call, response, headers)
+
+
+async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, Any]) -> Resident:
+    """Place a call by its prompt's tokens (box/needs.py): counted by the model when it is
+    ready, else bounded, counted once placed, and placed again with a larger window (or
+    refused with both numbers) when the count outgrows the slot it got."""
+    max_tokens, slots = _max_tokens(body), box.needs.choices(body)
+    param = "messages" if "messages" in body else "prompt"
+    size = await box.needs.prompt(body["model"], path, raw, body)
+    size.refuse_if_too_long(param)
+    resident = await call.place(size.need(max_tokens), max_tokens, size.tokens, slots)
+    if size.exact:
+        return resident
+    counted = await box.needs.counted(resident, path, raw)
+    if counted is None or counted < resident.slots.window_each(resident.window):
+        return resident
+    call.unplace()
+    size = PromptSize(counted, True, size.largest)
+    size.refuse_if_too_long(param)
+    return await call.place(size.need(max_tokens), max_tokens, counted, slots)
 
 
 async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) -> Response:
