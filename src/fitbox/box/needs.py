@@ -11,6 +11,7 @@ largest slot is refused with both numbers, in llama-server's own error shape.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,8 @@ from .admit import Admission
 from .asks import Asks
 from .resident import Resident
 
+COUNT_S = 10.0  # the longest a call waits for its engine to count its prompt
+
 
 @dataclass(frozen=True)
 class PromptSize:
@@ -36,6 +39,16 @@ class PromptSize:
         """Tokens of window one call needs: prompt, the engine's next cell, the reply."""
         need = self.tokens + 1 + max_tokens
         return min(need, self.largest) if self.largest else need
+
+    def split(self, max_tokens: int) -> tuple[int, int]:
+        """(need, the reply's part of it) as admission reads them: need minus reply is
+        the prompt a loaded window must hold, which reloads a model whose slot is smaller
+        (box/admit.py _outgrown). A bound claims one token of it (a loose bound never
+        reloads a model; the engine's count does, once placed); a reply cut by the
+        largest slot claims what is left."""
+        need = self.need(max_tokens)
+        prompt = min(self.tokens + 1, need) if self.exact else 1
+        return need, need - prompt
 
     def refuse_if_too_long(self, param: str) -> None:
         """A counted prompt no window holds is refused before it reaches an engine."""
@@ -69,22 +82,33 @@ class Needs:
         return n
 
     async def prompt(self, name: str, path: str, raw: bytes, body: dict[str, Any]) -> PromptSize:
+        """The prompt's size before placement: the bound when it already fits the slot of
+        a loaded model (no engine round trip for the common call), else the loaded
+        model's own count, else the bound."""
         named = self.asks.named(name)
         trained = named.first.facts.shape.n_ctx_train
         largest = self.slots.window_each(trained) if trained > 0 else 0
+        bound = PromptSize(prompt_bound(body, chat_template_bytes(named.first.path)), False,
+                           largest)  # fmt: skip
         resident = self.admission.joinable(named)
-        if resident is not None:
-            counted = await self.counted(resident, path, raw)
-            if counted is not None:
-                return PromptSize(counted, True, largest)
-        bound = prompt_bound(body, chat_template_bytes(named.first.path))
-        return PromptSize(bound, False, largest)
+        if resident is None or fits(bound, resident):
+            return bound
+        counted = await self.counted(resident, path, raw)
+        return bound if counted is None else PromptSize(counted, True, largest)
 
     async def counted(self, resident: Resident, path: str, raw: bytes) -> int | None:
-        """The prompt's tokens by a ready resident's own engine; None when it cannot say."""
+        """The prompt's tokens by a ready resident's own engine; None when it cannot say
+        (within ``COUNT_S``: a stopped or hung engine leaves the bound standing, and the
+        call then meets the hang watchdog like any other)."""
         if resident.state is not ResidentState.READY or resident.child is None:
             return None
+        counting = resident.engine.count_prompt(resident.child.pool, path, raw)
         try:
-            return await resident.engine.count_prompt(resident.child.pool, path, raw)
-        except EngineConnectionError:
-            return None  # it is going away: the bound stands, the engine still checks
+            return await asyncio.wait_for(counting, COUNT_S)
+        except (EngineConnectionError, TimeoutError):
+            return None  # it is going away, or busy: the bound stands, the engine checks
+
+
+def fits(size: PromptSize, resident: Resident) -> bool:
+    """Whether the prompt surely fits a slot of ``resident`` (a bound is never below)."""
+    return size.tokens < resident.slots.window_each(resident.window)

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fitbox.box.box import Box
 from fitbox.box.calls import Call
-from fitbox.box.needs import PromptSize
+from fitbox.box.needs import PromptSize, fits
 from fitbox.box.resident import Resident
 from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import FitboxError, PermissionDenied
@@ -121,16 +121,18 @@ async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, A
     param = "messages" if "messages" in body else "prompt"
     size = await box.needs.prompt(body["model"], path, raw, body)
     size.refuse_if_too_long(param)
-    resident = await call.place(size.need(max_tokens), max_tokens, size.tokens, slots)
-    if size.exact:
+    need, reply = size.split(max_tokens)
+    resident = await call.place(need, reply, size.tokens, slots)
+    if size.exact or fits(size, resident):
         return resident
     counted = await box.needs.counted(resident, path, raw)
-    if counted is None or counted < resident.slots.window_each(resident.window):
+    if counted is None or fits(PromptSize(counted, True, size.largest), resident):
         return resident
     call.unplace()
     size = PromptSize(counted, True, size.largest)
     size.refuse_if_too_long(param)
-    return await call.place(size.need(max_tokens), max_tokens, counted, slots)
+    need, reply = size.split(max_tokens)
+    return await call.place(need, reply, counted, slots)
 
 
 async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) -> Response:
