@@ -251,8 +251,8 @@ def test_a_model_too_big_for_the_box_is_refused_and_nothing_is_evicted(
     with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
         client = client_for(box)
         client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2)
-        with pytest.raises(openai.APIStatusError) as caught:
-            client.chat.completions.create(model=SMOL, messages=HELLO)
+        with pytest.raises(openai.APIStatusError) as caught:  # a prompt of a few tokens:
+            client.completions.create(model=SMOL, prompt="Hi")  # the smallest window holds it
         assert caught.value.status_code == 507
         body = caught.value.body
         assert isinstance(body, dict) and body["code"] == "does_not_fit"
