@@ -11,7 +11,7 @@ import string
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, TokenType
+from gguf import GGUFWriter, PoolingType, TokenType
 
 SPECIALS = ["<unk>", "<s>", "</s>"]
 CONTROL = {"<s>", "</s>", "<|im_start|>", "<|im_end|>"}  # never sampled back as text
@@ -63,15 +63,20 @@ def write_tiny_llama(
     with_tokenizer: bool = True,
     seed: int = 0,
     tied: bool = False,
+    arch: str = "llama",
+    reranker: bool = False,
 ) -> Path:
     """Write a loadable llama-architecture GGUF. ``extra_vocab`` pads the vocabulary (and so
     the embedding and output tensors) to make the file as large as a test needs; ``tied``
-    leaves out ``output.weight`` (the engine then uses ``token_embd`` as the output)."""
+    leaves out ``output.weight`` (the engine then uses ``token_embd`` as the output).
+    ``arch="qwen3"``: the same with the Q/K norms Qwen3 adds; ``reranker``: a
+    Qwen3-Reranker-like one (rank pooling, a one-label classifier head ``cls.output``),
+    which llama-server serves with ``--reranking``."""
     rng = np.random.default_rng(seed)
     tokens = SPECIALS + WORDS + [f"w{i}" for i in range(extra_vocab)]
     n_vocab = len(tokens)
     head_dim = n_embd // n_head
-    writer = GGUFWriter(str(path), "llama")
+    writer = GGUFWriter(str(path), arch)
     writer.add_name(path.stem)
     writer.add_block_count(n_layer)
     writer.add_context_length(n_ctx)
@@ -83,6 +88,9 @@ def write_tiny_llama(
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_file_type(0)  # all F32
+    if reranker:
+        writer.add_pooling_type(PoolingType.RANK)
+        writer.add_classifier_output_labels(["yes"])
     if with_tokenizer:
         add_tokenizer(writer, tokens)
 
@@ -93,12 +101,17 @@ def write_tiny_llama(
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     if not tied:
         writer.add_tensor("output.weight", weight(n_vocab, n_embd))
+    if reranker:
+        writer.add_tensor("cls.output.weight", weight(1, n_embd))
     for i in range(n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.attn_q.weight", weight(n_head * head_dim, n_embd))
         writer.add_tensor(f"blk.{i}.attn_k.weight", weight(n_head_kv * head_dim, n_embd))
         writer.add_tensor(f"blk.{i}.attn_v.weight", weight(n_head_kv * head_dim, n_embd))
         writer.add_tensor(f"blk.{i}.attn_output.weight", weight(n_embd, n_head * head_dim))
+        if arch == "qwen3":
+            for norm in ("attn_q_norm", "attn_k_norm"):
+                writer.add_tensor(f"blk.{i}.{norm}.weight", np.ones(head_dim, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
         writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))

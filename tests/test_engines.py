@@ -132,6 +132,19 @@ def test_no_repack_reaches_the_argv_only_when_chosen_and_known(tmp_path: Path) -
     assert "--no-repack" not in build_argv(EngineInfo(Path("/x"), frozenset(), ""), chosen)
 
 
+def test_reranking_and_pooling_reach_the_argv_only_when_asked_and_known(tmp_path: Path) -> None:
+    knows = EngineInfo(Path("/x/llama-server"),
+                       frozenset({"--reranking", "--pooling", "--embeddings"}), "")  # fmt: skip
+    asked = LaunchIntent(model_path=tmp_path / "m.gguf", alias="m", window=512, parallel=1,
+                         gpu_layers=0, port=1, embedding=True, reranking=True,
+                         pooling="mean")  # fmt: skip
+    argv = build_argv(knows, asked)
+    assert "--reranking" in argv and argv[argv.index("--pooling") + 1] == "mean"
+    plain = build_argv(knows, intent(tmp_path))
+    assert not {"--reranking", "--pooling", "--embeddings"} & set(plain)
+    assert "--reranking" not in build_argv(EngineInfo(Path("/x"), frozenset(), ""), asked)
+
+
 @pytest.mark.engine
 def test_the_real_engine_reports_its_cpu_once(llama_server_bin: Path) -> None:
     info = inspect(llama_server_bin)

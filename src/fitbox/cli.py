@@ -274,7 +274,10 @@ def _start(config: settings.Config) -> tuple[Any, socket.socket, dict[str, Any]]
     endpoint = {"url": f"http://{url_host}:{port}", "host": config.host, "port": port,
                 "pid": os.getpid()}  # fmt: skip
     try:
-        config.endpoint_file.write_text(json.dumps(endpoint) + "\n")
+        # written beside and renamed: a reader never sees half a file
+        partial = config.endpoint_file.with_name(config.endpoint_file.name + ".part")
+        partial.write_text(json.dumps(endpoint) + "\n")
+        os.replace(partial, config.endpoint_file)
     except OSError as exc:
         store.close()
         sock.close()

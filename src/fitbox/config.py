@@ -81,6 +81,16 @@ def _positive_size(text: str) -> int:
     return value
 
 
+def _origins(text: str) -> tuple[str, ...]:
+    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    if "*" in origins and len(origins) > 1:
+        raise ValueError("write * alone, or a list of origins")
+    for origin in origins:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise ValueError(f"an origin is scheme://host[:port]; {origin!r} is not one")
+    return origins
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -292,6 +302,22 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_size,
     ),
     Setting(
+        "cors_origins",
+        "FITBOX_CORS_ORIGINS",
+        "",
+        "browser origins allowed to call fitbox (comma list, e.g. https://app.example), or * "
+        "(only with FITBOX_REQUIRE_KEYS); default: CORS off",
+        _origins,
+    ),
+    Setting(
+        "default_model",
+        "FITBOX_DEFAULT_MODEL",
+        "",
+        "the model a call naming a model this box does not have goes to (for apps that "
+        "hard-code a hosted name such as gpt-4o-mini); the reply says so in "
+        "x-fitbox-default-model; default: off",
+    ),
+    Setting(
         "aliases",
         "FITBOX_ALIASES",
         "",
@@ -334,6 +360,8 @@ class Config:
     require_keys: bool
     max_body: int
     aliases: Path
+    cors_origins: tuple[str, ...] = ()
+    default_model: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -380,6 +408,14 @@ def load(
     values["aliases"] = (
         Path(values["aliases"]).expanduser() if values["aliases"] else Home(home).aliases
     )
+    if values["cors_origins"] == ("*",) and not values["require_keys"]:
+        raise ConfigError(
+            "Setting 'cors_origins' (FITBOX_CORS_ORIGINS) has value '*' while "
+            "'require_keys' (FITBOX_REQUIRE_KEYS) is false: any web page a visitor opens could "
+            "then call this box without a key from the visitor's own machine. Set "
+            "FITBOX_REQUIRE_KEYS=true, or list the origins."
+        )
+    values["default_model"] = values["default_model"].strip()
     return Config(**values)
 
 

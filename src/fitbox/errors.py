@@ -88,6 +88,14 @@ class RouteNotFound(FitboxError):
     code = "not_found"
 
 
+class RouteNotServed(FitboxError):
+    """The model's engine kind has no such route (engines/seam.py ``routes()``)."""
+
+    status = 501
+    type = "not_supported_error"
+    code = "route_not_served"
+
+
 class DoesNotFit(FitboxError):
     """Even an empty box could not hold the model: retrying will not help."""
 

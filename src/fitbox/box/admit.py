@@ -195,6 +195,7 @@ class Admission:
             place=decision,
             held={d: f.total for d, f in decision.footprint}, asked=named.family,
             band=int(self.asks.knobs(named)["band"]),
+            embeddings=bool(self.asks.knobs(named)["embeddings"]),
             cpus=self.snapshots.cpus_of(decision.cores),
         )  # fmt: skip
         self.registry.add(resident)

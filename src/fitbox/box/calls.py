@@ -40,9 +40,20 @@ ROW_WAIT_S = 5.0  # the longest a response waits for its row to be committed
 Acquire = Callable[[str, int | None, int, int, int], Awaitable[Lease]]
 
 
+# The last event of the streams that end without ``data: [DONE]``: the Responses API's and
+# the Anthropic Messages API's (llama-server server-context.cpp sends none after them)
+_LAST_EVENTS = (b"event: response.completed", b"event: message_stop")
+
+
 def stream_ended(tail: bytes) -> bool:
-    """Whether an OpenAI event stream has sent its last event."""
-    return tail.rstrip().endswith(b"data: [DONE]")
+    """Whether an OpenAI (or Responses, or Anthropic) event stream has sent its last event."""
+    ended = tail.rstrip()
+    if ended.endswith(b"data: [DONE]"):
+        return True
+    if not tail.endswith(b"\n\n"):  # an event is whole once its blank line has come
+        return False
+    last = ended[ended.rfind(b"\n\n") + 2 :] if b"\n\n" in ended else ended
+    return last.startswith(_LAST_EVENTS)
 
 
 def usage_of(tail: bytes) -> dict[str, Any]:
@@ -53,7 +64,12 @@ def usage_of(tail: bytes) -> dict[str, Any]:
         usage = json.loads(matches[-1])
     except json.JSONDecodeError:
         return {}
-    return usage if isinstance(usage, dict) else {}
+    if not isinstance(usage, dict):
+        return {}
+    # the Responses and Anthropic APIs name them input and output tokens
+    usage.setdefault("prompt_tokens", usage.get("input_tokens"))
+    usage.setdefault("completion_tokens", usage.get("output_tokens"))
+    return usage
 
 
 @dataclass
@@ -118,11 +134,12 @@ class Call:
     # -- placing and sending -----------------------------------------------------------
 
     async def place(self, need: int, max_tokens: int, prompt_tokens: int,
-                    slots: int = 1) -> Resident:  # fmt: skip
+                    slots: int = 1, name: str | None = None) -> Resident:  # fmt: skip
         """Hold ``slots`` slots of a ready resident for this call (loading, evicting or
-        waiting as decided)."""
-        self.lease = lease = await self.desk.acquire(self.model, self.id, need, max_tokens,
-                                                     slots)  # fmt: skip
+        waiting as decided); ``name``: the model it is placed on when not the one asked (a
+        default model)."""
+        self.lease = lease = await self.desk.acquire(name or self.model, self.id, need,
+                                                     max_tokens, slots)  # fmt: skip
         r = lease.resident
         lease.expect(self.desk.speeds.of(r.artifact, r.rung.value), prompt_tokens, max_tokens)
         self._record(
@@ -148,14 +165,17 @@ class Call:
         return EngineFailed(f"{r.engine.name} serving '{r.artifact.name}' failed mid-call ({exc})",
                             log_tail=r.child.tail() if r.child else [])  # fmt: skip
 
-    async def send(self, body: bytes, accept: str) -> EngineResponse:
-        """Send the call to its engine; its response headers are back when this returns."""
+    async def send(self, body: bytes, accept: str, method: str = "POST",
+                   query: str = "") -> EngineResponse:  # fmt: skip
+        """Send the call to its engine; its response headers are back when this returns.
+        ``query``: the client's query string, passed on (``GET /slots?fail_on_no_slot=1``)."""
         path, shaped = self.resident.engine.shape(self.endpoint, body)
         assert self.lease is not None
         headers = {"Content-Type": "application/json", "Accept": accept}
+        target = f"{path}?{query}" if query else path
         try:
             response: EngineResponse = await self._watched(
-                self.lease.pool.request("POST", path, shaped, headers)
+                self.lease.pool.request(method, target, shaped, headers)
             )
         except EngineConnectionError as exc:
             raise self._engine_failed(exc) from None

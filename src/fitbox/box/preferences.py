@@ -81,9 +81,11 @@ PAIR_KNOBS: dict[str, Callable[[Any], Any]] = {
     "preload": _flag,  # load at start
     "pinned": _flag,  # never evicted; loaded at start
     "idle_ttl": _number(0, 7 * 86400),  # unload after this many idle seconds (0: never)
+    "embeddings": _flag,  # a decoder serves mean-pooled embeddings too, from its next load
 }
 BOX_KNOBS: dict[str, Callable[[Any], Any]] = {
-    name: PAIR_KNOBS[name] for name in ("goal", "max_wait", "window", "kv_types", "idle_ttl")
+    name: PAIR_KNOBS[name]
+    for name in ("goal", "max_wait", "window", "kv_types", "idle_ttl", "embeddings")
 } | {"admission": _admission, "cpu_floor": _number(1, 1024, integer=True)}
 
 
@@ -135,7 +137,8 @@ class Preferences:
         return {"goal": c.goal, "max_wait": c.wait_timeout, "window": c.ctx,
                 "kv_types": list(c.kv_types), "idle_ttl": 0.0, "admission": c.admission,
                 "cpu_floor": c.cpu_floor, "rungs": [r.value for r in Rung], "quant": None,
-                "band": 1, "preload": False, "pinned": False}  # fmt: skip
+                "band": 1, "preload": False, "pinned": False,
+                "embeddings": False}  # fmt: skip
 
     def effective(self, model: str | None = None) -> dict[str, Any]:
         merged = self.defaults() | self.box

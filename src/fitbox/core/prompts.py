@@ -28,18 +28,20 @@ def _bytes(value: Any) -> int:
 
 
 def prompt_bound(body: dict[str, Any], template_bytes: int) -> int:
-    """Tokens a chat or completion body's prompt may take at most; 0 when it has none."""
-    if "messages" in body:
-        messages = body.get("messages")
+    """Tokens a body's prompt may take at most; 0 when it has none. A chat (``messages``,
+    or a Responses ``input``) is rendered by the template from any of the body's values
+    (a ``system``, ``instructions``, tools): the whole body's bytes count."""
+    chat = body.get("messages", body.get("input"))
+    if chat is not None and "prompt" not in body:
         tools = body.get("tools")
-        items = (len(messages) if isinstance(messages, list) else 1) + (
+        items = (len(chat) if isinstance(chat, list) else 1) + (
             len(tools) if isinstance(tools, list) else 0)  # fmt: skip
         template = template_bytes or CHATML_BYTES
         # a template may render tools with tojson, which can escape a character into
         # \uXXXX: six bytes for every two or more the body holds
-        values = _bytes(messages) + (TOJSON_GROWTH * _bytes(tools) if tools is not None else 0)
+        values = _bytes(body) + ((TOJSON_GROWTH - 1) * _bytes(tools) if tools is not None else 0)
         return (items + 1) * template + values + ADDED_TOKENS
-    prompt = body.get("prompt", body.get("input"))  # a completion's, an embedding's
+    prompt = body.get("prompt")
     if prompt is None:
         return 0
     return _bytes(prompt) + ADDED_TOKENS

@@ -43,7 +43,10 @@ __all__ = [  # LaunchIntent and EngineNotFound are the seam's; kept importable f
     "visible_gpus",
 ]
 BINARY = "llama-server"
-ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+# what its children answer (server.cpp's routes); /v1/rerank only with --reranking
+ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+                    "/v1/messages", "/v1/rerank", "/tokenize", "/detokenize", "/apply-template",
+                    "/infill", "/props", "/slots"})  # fmt: skip
 _OOM = re.compile(r"out of memory|failed to allocate|unable to allocate|cudaMalloc failed", re.I)
 _TIMINGS = re.compile(rb'"timings"\s*:\s*(\{[^{}]*\})')
 _FLAG_LINE = re.compile(r"^(--?[A-Za-z][^\s,]*(?:,\s+--?[A-Za-z][^\s,]*)*)")
@@ -240,6 +243,10 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv += ["--alias", intent.alias]
     if intent.embedding and engine.has("--embeddings"):
         argv.append("--embeddings")
+    if intent.pooling and engine.has("--pooling"):
+        argv += ["--pooling", intent.pooling]
+    if intent.reranking and engine.has("--reranking"):
+        argv.append("--reranking")
     if engine.has("--no-webui"):
         argv.append("--no-webui")
     if engine.has("--verbosity"):

@@ -34,6 +34,8 @@ class LaunchIntent:
     gpu_layers: int  # 0 on host; a large number means every layer on the GPU
     port: int
     embedding: bool = False
+    reranking: bool = False  # a reranker's classifier head, served on /v1/rerank
+    pooling: str = ""  # how token vectors become one embedding ("mean"); "": the model's
     host: str = "127.0.0.1"
     tensor_split: tuple[float, ...] = ()  # one share per GPU in ``gpus``; empty on one GPU
     gpus: tuple[int, ...] = ()  # the GPUs (NVML indices, in order) its layers go to

@@ -22,7 +22,7 @@ from fitbox.core.split import Layout
 from fitbox.models.gguf_facts import GGUFFacts, read_facts
 from fitbox.models.identity import identity_of
 
-VERSION = 2  # 2: every tensor's layer, type, rows, op and offset (the repack rule)
+VERSION = 3  # 3: n_params, is_reranker; 2: every tensor's layer, type, rows, op, offset
 _TENSOR_FIELDS = ("layer", "type", "rows", "dims", "op", "offset", "n_bytes", "duplicate")
 
 

@@ -7,6 +7,7 @@ each one.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -47,6 +48,7 @@ RECURRENT_WHERE_NO_KV = frozenset({"jamba", "granitehybrid", "lfm2", "lfm2moe", 
 RECURRENT_BY_INTERVAL = frozenset({"qwen3next", "qwen35", "qwen35moe"})
 ALL_LAYERS_BOTH = frozenset({"falcon-h1"})  # attention and SSM side by side in every layer
 
+POOLING_RANK = 4  # llama.h LLAMA_POOLING_TYPE_RANK: a reranker's classifier output
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 _ROUTED = re.compile(r"\.ffn_(gate|up|down|gate_up)_(ch)?exps\b")  # common.h: --cpu-moe
 _SHARED = re.compile(r"\.ffn_(gate|up|down)_shexp\b")
@@ -76,6 +78,8 @@ class GGUFFacts:
     unknown_architecture: bool = False
     layout: Layout | None = field(default=None, compare=False)
     projector: ProjectorShape | None = None  # a vision projector file's own shape
+    n_params: int = 0  # every tensor's elements (llama_model_n_params; /v1/models meta)
+    is_reranker: bool = False  # pooling type rank: served through /v1/rerank
 
 
 def _int(header: GGUFHeader, key: str, default: int = 0) -> int:
@@ -285,6 +289,8 @@ def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
         unknown_architecture=n_layer == 0,
         layout=layout_of(header.tensors, n_layer),
         projector=projector_shape(header) if arch in PROJECTOR_ARCHES else None,
+        n_params=sum(math.prod(t.shape) for t in header.tensors),
+        is_reranker=_int(header, f"{arch}.pooling_type", -1) == POOLING_RANK,
     )
 
 

@@ -18,7 +18,18 @@ from fitbox.config import Config
 from fitbox.errors import FitboxError
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import GpuReading, open_gpu_probe
-from fitbox.server import calls_page, errors, manage, openai, openapi, operate, settings, telemetry
+from fitbox.server import (
+    calls_page,
+    cors,
+    errors,
+    manage,
+    models,
+    openai,
+    openapi,
+    operate,
+    settings,
+    telemetry,
+)
 from fitbox.server.auth import AuthMiddleware, Gate
 from fitbox.server.trust import TrustSettings
 from fitbox.store.box_key import ensure_box_key
@@ -30,7 +41,8 @@ log = logging.getLogger(__name__)
 
 ROUTES = (
     Route("/health", openai.health, methods=["GET"]),
-    Route("/v1/models", openai.list_models, methods=["GET"]),
+    Route("/v1/models", models.list_models, methods=["GET"]),
+    Route("/v1/models/{model_id:path}", models.show_model, methods=["GET"]),
     Route("/v1/plan", manage.plan, methods=["GET"]),
     Route("/v1/telemetry/state", telemetry.state, methods=["GET"]),
     Route("/v1/telemetry", telemetry.rows, methods=["GET"]),
@@ -54,6 +66,16 @@ ROUTES = (
     Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
     Route("/v1/completions", openai.completions, methods=["POST"]),
     Route("/v1/embeddings", openai.embeddings, methods=["POST"]),
+    Route("/v1/responses", openai.responses, methods=["POST"]),
+    Route("/v1/messages", openai.messages, methods=["POST"]),
+    Route("/v1/rerank", openai.rerank, methods=["POST"]),
+    Route("/rerank", openai.rerank, methods=["POST"]),
+    Route("/tokenize", openai.tokenize, methods=["POST"]),
+    Route("/detokenize", openai.detokenize, methods=["POST"]),
+    Route("/apply-template", openai.apply_template, methods=["POST"]),
+    Route("/infill", openai.infill, methods=["POST"]),
+    Route("/props", openai.props, methods=["GET"]),
+    Route("/slots", openai.slots, methods=["GET"]),
 )
 
 
@@ -65,7 +87,7 @@ def create_app(config: Config, store: Store | None = None) -> Starlette:
 
     return Starlette(
         routes=list(ROUTES),
-        middleware=[Middleware(AuthMiddleware)],
+        middleware=[*cors.middleware(config.cors_origins), Middleware(AuthMiddleware)],
         lifespan=lifespan,
         exception_handlers={
             FitboxError: errors.on_fitbox_error,

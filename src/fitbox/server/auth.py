@@ -1,6 +1,7 @@
 """Keys and trust at the door, before any route runs.
 
-- Inference (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`): a key
+- Inference (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`,
+  `/v1/responses`, `/v1/messages`, the engine's `/tokenize`, `/props`… of INFERENCE): a key
   with the inference or admin scope, or no key from the box itself or a trusted network
   (unless keys are required for inference).
 - Everything else under `/v1` is management: the box itself, or an admin key. Never "any
@@ -27,7 +28,9 @@ from fitbox.server.trust import Origin, TrustSettings, origin_of
 from fitbox.store.keys import ApiKey, KeyChecker
 
 INFERENCE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                       "/v1/models"})  # fmt: skip
+                       "/v1/models", "/v1/responses", "/v1/messages", "/v1/rerank", "/rerank",
+                       "/tokenize", "/detokenize", "/apply-template", "/infill", "/props",
+                       "/slots"})  # fmt: skip
 OPEN = frozenset({"/health"})
 READ = ("/v1/telemetry",)  # telemetry and status: a read (or admin) key, or the box itself
 
@@ -47,16 +50,22 @@ def presented_key(headers: dict[str, str]) -> str | None:
     return value if value.startswith("fb_") else None
 
 
+def is_inference(path: str) -> bool:
+    """The engine's own routes outside ``/v1`` (``/tokenize``, ``/props``…) are inference
+    too: they reach a child, so they meet the same key check as chat."""
+    return path in INFERENCE or path.startswith("/v1/models/")
+
+
 def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> ApiKey | None:
     """The key the call runs under (None when trust alone admits it); raises if refused."""
-    if path in OPEN or not path.startswith("/v1"):
+    if path in OPEN or not (path.startswith("/v1") or is_inference(path)):
         return None
     presented = presented_key(headers)
     key = gate.checker.verify(presented, time.time()) if presented else None
     if presented and key is None:
         raise AuthenticationFailed("The API key is not valid: unknown, revoked or expired.")
     origin = origin_of(peer, headers, gate.settings)
-    if path in INFERENCE:
+    if is_inference(path):
         if key is not None:
             if not {"admin", "inference"} & set(key.scopes):
                 raise PermissionDenied(f"This key's scopes ({', '.join(key.scopes)}) do not "

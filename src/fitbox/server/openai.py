@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from starlette.requests import Request
@@ -9,10 +10,10 @@ from starlette.responses import JSONResponse, Response
 
 import fitbox
 from fitbox.box.box import Box
-from fitbox.errors import FitboxError
-from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S
+from fitbox.errors import FitboxError, InvalidRequest, PermissionDenied
 from fitbox.server.bodies import Kinds, check_fields, json_object
-from fitbox.server.proxy import allowed_models, forward, refused
+from fitbox.server.errors import is_insider
+from fitbox.server.proxy import forward, refused
 from fitbox.store.db import Store
 
 
@@ -31,48 +32,39 @@ async def health(request: Request) -> Response:
     )  # fmt: skip
 
 
-async def list_models(request: Request) -> Response:
-    box: Box = request.app.state.box
-    box.catalog.refresh(max_age=RESCAN_AT_MOST_EVERY_S)
-    resident = {r.key: r for r in box.residents()}
-    allowed = allowed_models(request)
-    data = []
-    for artifact in box.catalog.artifacts():
-        if allowed is not None and artifact.name not in allowed:
-            continue
-        r = resident.get(artifact.key)
-        data.append(
-            {
-                "id": artifact.name,
-                "object": "model",
-                "created": int(artifact.path.stat().st_mtime),
-                "owned_by": "fitbox",
-                "aliases": box.catalog.aliases_of(artifact.name),
-                "resident": r is not None,
-                "state": r.state.value
-                if r
-                else ("failed" if box.crashes.failed(artifact.key) else "unloaded"),
-                "device": r.device if r else None,
-                "simulated": r.simulated if r else False,
-                "footprint_bytes": r.footprint.total if r else None,
-                "size_bytes": artifact.facts.shape.weights_bytes,
-                "architecture": artifact.facts.architecture,
-            }
-        )
-    return JSONResponse({"object": "list", "data": data})
+MODEL: Kinds = {"model": str}
 
 
 async def _call(request: Request, path: str, required: Kinds) -> Response:
     """Parse and check a call's body, then forward it. A body refused here (malformed, too
-    large, a field missing) still leaves a call row, with its error."""
+    large, a field missing) still leaves a call row, with its error. The model is the
+    body's ``model``, else the ``model`` query parameter (routes whose engine body has
+    none: ``/tokenize?model=…``)."""
     body: dict[str, Any] = {}
     try:
         raw, body = await json_object(request)
-        check_fields(body, required)
+        if "model" not in body and "model" in request.query_params:
+            body["model"] = request.query_params["model"]
+        check_fields(body, {**MODEL, **required})
     except FitboxError as error:
         refused(request, path, body, error)
         raise
     return await forward(request, path, raw, body)
+
+
+async def _read(request: Request, path: str) -> Response:
+    """A GET the child answers about itself, for the model in the ``model`` query parameter."""
+    body: dict[str, Any] = {}
+    try:
+        model = request.query_params.get("model", "")
+        if not model:
+            raise InvalidRequest(f"GET {path} needs the model it is about: {path}?model=NAME",
+                                 param="model")  # fmt: skip
+        body = {"model": model}
+    except FitboxError as error:
+        refused(request, path, body, error)
+        raise
+    return await forward(request, path, b"", body, method="GET")
 
 
 async def chat_completions(request: Request) -> Response:
@@ -85,3 +77,60 @@ async def completions(request: Request) -> Response:
 
 async def embeddings(request: Request) -> Response:
     return await _call(request, "/v1/embeddings", {"model": str, "input": (str, list)})
+
+
+async def responses(request: Request) -> Response:
+    """OpenAI's Responses API (whole and streamed), served by the child itself."""
+    return await _call(request, "/v1/responses", {"input": (str, list)})
+
+
+async def messages(request: Request) -> Response:
+    """Anthropic's Messages API shape, served by the child itself."""
+    return await _call(request, "/v1/messages", {"messages": list, "max_tokens": int})
+
+
+async def tokenize(request: Request) -> Response:
+    return await _call(request, "/tokenize", {"content": (str, list)})
+
+
+async def detokenize(request: Request) -> Response:
+    return await _call(request, "/detokenize", {"tokens": list})
+
+
+async def apply_template(request: Request) -> Response:
+    return await _call(request, "/apply-template", {"messages": list})
+
+
+async def infill(request: Request) -> Response:
+    return await _call(request, "/infill", {})
+
+
+async def rerank(request: Request) -> Response:
+    """``/v1/rerank`` and ``/rerank``: both reach the child's ``/v1/rerank``."""
+    return await _call(request, "/v1/rerank", {"query": str, "documents": list})
+
+
+async def props(request: Request) -> Response:
+    """The child's ``/props``; its ``model_path`` is an engine internal, for insiders only."""
+    response = await _read(request, "/props")
+    if is_insider(request) or response.status_code != 200:
+        return response
+    try:
+        found = json.loads(bytes(response.body))
+    except ValueError:
+        return response
+    if isinstance(found, dict):
+        found.pop("model_path", None)
+    headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
+    return Response(json.dumps(found).encode(), status_code=200, headers=headers,
+                    media_type="application/json")  # fmt: skip
+
+
+async def slots(request: Request) -> Response:
+    """The child's ``/slots``: every slot's prompt and generated text, other callers'
+    included, so only an insider (the box itself, an admin key) may read them."""
+    if not is_insider(request):
+        raise PermissionDenied(
+            "GET /slots shows every caller's prompt and generated text: it needs an admin key "
+            "or a call from the box itself.", code="insider_only")  # fmt: skip
+    return await _read(request, "/slots")

@@ -67,6 +67,33 @@ EMBEDDING = {
     "required": ["model", "input"],
     "properties": {"model": {"type": "string"}, "input": {"type": "string"}},
 }
+RESPONSES = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {"model": {"type": "string"}, "input": {"type": "string"},
+                   "stream": {"type": "boolean"}, "max_output_tokens": {"type": "integer"}},
+}  # fmt: skip
+MESSAGES = {
+    "type": "object",
+    "required": ["model", "messages", "max_tokens"],
+    "properties": {"model": {"type": "string"}, "messages": {"type": "array"},
+                   "max_tokens": {"type": "integer"}, "stream": {"type": "boolean"}},
+}  # fmt: skip
+RERANK = {
+    "type": "object",
+    "required": ["model", "query", "documents"],
+    "properties": {"model": {"type": "string"}, "query": {"type": "string"},
+                   "documents": {"type": "array", "items": {"type": "string"}}},
+}  # fmt: skip
+
+
+def _engine_body(*required: str) -> dict[str, Any]:
+    """A body llama-server reads, plus the ``model`` fitbox places it by (or ``?model=``)."""
+    return {"type": "object", "required": list(required),
+            "properties": {"model": {"type": "string"}, **{r: {} for r in required}}}  # fmt: skip
+
+
+MODEL_QUERY = [_query("model", "string")]  # instead of the body's model
 KEY = {
     "type": "object",
     "properties": {
@@ -108,7 +135,33 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/models": {"get": _op("The catalog, with residency", INFERENCE)},
     "/v1/chat/completions": {"post": _op("Chat (SSE with stream: true)", INFERENCE, CHAT)},
     "/v1/completions": {"post": _op("Text completion", INFERENCE, COMPLETION)},
-    "/v1/embeddings": {"post": _op("Embeddings (embedding models)", INFERENCE, EMBEDDING)},
+    "/v1/embeddings": {"post": _op("Embeddings (embedding models; a decoder with the "
+                                   "embeddings setting)", INFERENCE, EMBEDDING)},
+    "/v1/models/{model_id}": {"get": _op(
+        "One model by name, alias or family name (OpenAI's retrieve), with meta", INFERENCE,
+        params=[{"name": "model_id", "in": "path", "required": True,
+                 "schema": {"type": "string"}}])},
+    "/v1/responses": {"post": _op("OpenAI Responses API (SSE with stream: true)", INFERENCE,
+                                  RESPONSES, MODEL_QUERY)},
+    "/v1/messages": {"post": _op("Anthropic Messages API shape (SSE with stream: true)",
+                                 INFERENCE, MESSAGES, MODEL_QUERY)},
+    "/v1/rerank": {"post": _op("Rerank documents (reranker models)", INFERENCE, RERANK,
+                               MODEL_QUERY)},
+    "/rerank": {"post": _op("Rerank documents: /v1/rerank's alias", INFERENCE, RERANK,
+                            MODEL_QUERY)},
+    "/tokenize": {"post": _op("The model's tokens for content", INFERENCE,
+                              _engine_body("content"), MODEL_QUERY)},
+    "/detokenize": {"post": _op("Text for tokens", INFERENCE, _engine_body("tokens"),
+                                MODEL_QUERY)},
+    "/apply-template": {"post": _op("The prompt the model's chat template makes of messages",
+                                    INFERENCE, _engine_body("messages"), MODEL_QUERY)},
+    "/infill": {"post": _op("Fill in the middle (models with FIM tokens)", INFERENCE,
+                            _engine_body(), MODEL_QUERY)},
+    "/props": {"get": _op("The loaded child's properties (model_path for insiders only)",
+                          INFERENCE, params=[_query("model", "string", True)])},
+    "/slots": {"get": _op("The loaded child's slots (every caller's prompt: insiders only)",
+                          "the box itself, or a key with the admin scope",
+                          params=[_query("model", "string", True)])},
     "/v1/plan": {"get": _op("What the box would load for a model, and where", MANAGEMENT,
                             params=[_query("model", "string", True), _query("ctx", "integer"),
                                     _query("parallel", "integer"), _query("kv", "string"),

@@ -1,9 +1,10 @@
-"""Forward one OpenAI call through the box, as HTTP: Starlette responses, SSE framing, the
-error envelope. The call's life (its row, its lease, its speeds) is box/calls.py's.
+"""Forward one call through the box, as HTTP: Starlette responses, SSE framing, the error
+envelope. The call's life (its row, its lease, its speeds) is box/calls.py's.
 
 The request body is forwarded as the client sent it (no re-encoding). A stream is never
-buffered: each piece the engine writes is yielded as it arrives. An engine's own error
-body is reshaped into the OpenAI error envelope, so clients see one shape whoever failed.
+buffered: each line the engine writes is yielded once it is whole (server/names.py). An
+engine's own error body is put in the OpenAI error envelope, keeping what the engine said
+(server/engine_errors.py), so clients see one shape whoever failed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -22,32 +24,19 @@ from fitbox.box.calls import Call
 from fitbox.box.needs import PromptSize, fits
 from fitbox.box.resident import Resident
 from fitbox.engines.http1 import EngineResponse
-from fitbox.errors import FitboxError, PermissionDenied
+from fitbox.errors import (
+    FitboxError,
+    InvalidRequest,
+    ModelNotFound,
+    PermissionDenied,
+    RouteNotServed,
+)
+from fitbox.server.engine_errors import engine_error_body, retry_headers
 from fitbox.server.errors import body_for, is_insider
+from fitbox.server.names import NameRewrite, rewrite_for
 
 log = logging.getLogger(__name__)
-
-
-def engine_error_body(status: int, content: bytes, model: str) -> dict[str, Any]:
-    """An engine's error, in the OpenAI envelope: its message kept, a string code added."""
-    message, kind = "", ""
-    try:
-        parsed = json.loads(content)
-        error = parsed.get("error", parsed) if isinstance(parsed, dict) else {}
-        if isinstance(error, dict):
-            message, kind = str(error.get("message", "")), str(error.get("type", ""))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        message = content[:500].decode("utf-8", errors="replace")
-    if status == 501 and "embedding" in message.lower():
-        message = f"'{model}' is not an embeddings model on this box (engine: {message})"
-    return {
-        "error": {
-            "message": message or f"the engine answered HTTP {status}",
-            "type": "invalid_request_error" if status < 500 or status == 501 else "server_error",
-            "code": kind or f"engine_http_{status}",
-            "param": None,
-        }
-    }
+__all__ = ["allowed_models", "check_model_allowed", "engine_error_body", "forward", "refused"]
 
 
 def allowed_models(request: Request) -> tuple[str, ...] | None:
@@ -65,8 +54,43 @@ def check_model_allowed(request: Request, box: Box, name: str) -> None:
                                code="model_not_allowed")  # fmt: skip
 
 
+def routed_name(box: Box, asked: str) -> tuple[str, dict[str, str]]:
+    """The name a call is placed under: the one asked, or the box's default model when the
+    box has no model of that name (``FITBOX_DEFAULT_MODEL``), said in a header."""
+    default = box.config.default_model
+    if not default or default == asked:
+        return asked, {}
+    try:
+        box.asks.named(asked)
+    except ModelNotFound as missing:
+        try:
+            box.asks.named(default)
+        except ModelNotFound:
+            raise ModelNotFound(
+                f"{missing.message} Its stand-in, FITBOX_DEFAULT_MODEL '{default}', is not on "
+                "this box either.", param="model") from None  # fmt: skip
+        return default, {"x-fitbox-default-model": default}
+    return asked, {}
+
+
+def check_served(box: Box, name: str, path: str) -> None:
+    """Refuse, before anything is loaded, a route no variant of ``name`` can serve: its
+    engine kind has no such route, or ``/v1/rerank`` on a model that is not a reranker."""
+    artifacts = box.asks.named(name).artifacts
+    kinds = [box.engines.for_artifact(a) for a in artifacts]
+    if not any(path in kind.routes() for kind in kinds):
+        served_by = ", ".join(sorted({kind.name for kind in kinds}))
+        raise RouteNotServed(f"'{name}' runs on {served_by}, which does not serve {path}.",
+                             param="model")  # fmt: skip
+    if path == "/v1/rerank" and not any(a.facts.is_reranker for a in artifacts):
+        raise InvalidRequest(
+            f"'{name}' is not a reranker (its GGUF's pooling type is not rank), so it cannot "
+            "serve /v1/rerank; name a reranker model (GET /v1/models lists them).",
+            param="model", code="not_a_reranker")  # fmt: skip
+
+
 def _max_tokens(body: dict[str, Any]) -> int:
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
@@ -87,13 +111,22 @@ def refused(request: Request, path: str, body: dict[str, Any], error: FitboxErro
     call.failed(error)
 
 
-async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any]) -> Response:
+async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
+                  method: str = "POST") -> Response:  # fmt: skip
+    """Place the call on ``body["model"]`` and send it to the child's ``path``."""
     box: Box = request.app.state.box
-    call = box.calls.open(path, body["model"], bool(body.get("stream")), _request_id(request))
+    asked: str = body["model"]
+    call = box.calls.open(path, asked, bool(body.get("stream")), _request_id(request))
     try:
-        check_model_allowed(request, box, body["model"])
-        resident = await _placed(box, call, path, raw, body)
-        response = await call.send(raw, request.headers.get("accept", "*/*"))
+        check_model_allowed(request, box, asked)
+        name, headers = routed_name(box, asked)
+        if name != asked:
+            check_model_allowed(request, box, name)  # a key's limit holds for what serves
+        check_served(box, name, path)
+        resident = await _placed(box, call, path, raw, body, name)
+        query = urlencode([(k, v) for k, v in request.query_params.multi_items()
+                           if k != "model"])  # fmt: skip
+        response = await call.send(raw, request.headers.get("accept", "*/*"), method, query)
     except FitboxError as exc:
         call.failed(exc)
         await call.finished()  # an error is a first and last byte: it leaves once stored
@@ -101,28 +134,31 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any])
     except BaseException:
         call.interrupted()
         raise
-    headers = {"x-fitbox-model": resident.artifact.name, "x-fitbox-device": resident.device}
+    served = resident.artifact.name
+    headers.update({"x-fitbox-model": served, "x-fitbox-device": resident.device})
+    names = rewrite_for(served, asked)
     if call.stream and response.status < 400:
         await call.written()  # the status line is the first byte: the row is stored first
         return StreamingResponse(
-            _sse(call, response, is_insider(request)),
+            _sse(call, response, is_insider(request), names),
             status_code=response.status,
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
             media_type=response.headers.get("content-type", "text/event-stream"),
         )
-    return await _whole(call, response, headers)
+    return await _whole(call, response, headers, names)
 
 
-async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, Any]) -> Resident:
+async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, Any],
+                  name: str) -> Resident:  # fmt: skip
     """Place a call by its prompt's tokens (box/needs.py): counted by the model when it is
     ready, else bounded, counted once placed, and placed again with a larger window (or
     refused with both numbers) when the count outgrows the slot it got."""
     max_tokens, slots = _max_tokens(body), box.needs.choices(body)
     param = "messages" if "messages" in body else "prompt"
-    size = await box.needs.prompt(body["model"], path, raw, body)
+    size = await box.needs.prompt(name, path, raw, body)
     size.refuse_if_too_long(param)
     need, reply = size.split(max_tokens)
-    resident = await call.place(need, reply, size.tokens, slots)
+    resident = await call.place(need, reply, size.tokens, slots, name)
     if size.exact or fits(size, resident):
         return resident
     counted = await box.needs.counted(resident, path, raw)
@@ -132,10 +168,11 @@ async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, A
     size = PromptSize(counted, True, size.largest)
     size.refuse_if_too_long(param)
     need, reply = size.split(max_tokens)
-    return await call.place(need, reply, counted, slots)
+    return await call.place(need, reply, counted, slots, name)
 
 
-async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) -> Response:
+async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],
+                 names: NameRewrite | None) -> Response:  # fmt: skip
     try:
         content = await call.read(response)
     except FitboxError as exc:
@@ -146,19 +183,27 @@ async def _whole(call: Call, response: EngineResponse, headers: dict[str, str]) 
         body = engine_error_body(response.status, content, call.resident.artifact.name)
         call.refused_by_engine(response.status, body["error"]["code"])
         await call.finished()
+        headers.update(retry_headers(response.status))
         return JSONResponse(body, status_code=response.status, headers=headers)
     call.answered(response.status, content)
     await call.finished()  # a whole reply's first byte is its last: it leaves once stored
     media_type = response.headers.get("content-type", "application/json")
+    content = names.whole(content) if names else content
     return Response(content, status_code=response.status, headers=headers, media_type=media_type)
 
 
-async def _sse(call: Call, response: EngineResponse, insider: bool) -> AsyncIterator[bytes]:
+async def _sse(call: Call, response: EngineResponse, insider: bool,
+               names: NameRewrite | None = None) -> AsyncIterator[bytes]:  # fmt: skip
     """The engine's stream as it comes; a failure mid-stream ends it with an SSE error
     event (the status line is long gone), recorded by the call, shaped for the caller."""
     try:
         async for chunk in call.relay(response):
-            yield chunk
+            if names is None:
+                yield chunk
+            elif piece := names.piece(chunk):
+                yield piece
+        if names is not None and (rest := names.rest()):
+            yield rest
     except FitboxError as error:
         log.error("%s", error.message)
         await call.finished()  # the error event is the last byte: its row is stored first

@@ -44,12 +44,14 @@ def contract_of(resident: Resident) -> Contract:
 
 
 def intent_for(resident: Resident, port: int) -> LaunchIntent:
-    place = resident.place
+    place, facts = resident.place, resident.artifact.facts
     assert place is not None
     return LaunchIntent(
         model_path=resident.artifact.path, alias=resident.artifact.name,
         window=resident.window, parallel=resident.parallel,
-        embedding=resident.artifact.facts.is_embedding, gpu_layers=place.gpu_layers,
+        embedding=facts.is_embedding or resident.embeddings, reranking=facts.is_reranker,
+        pooling="mean" if resident.embeddings and not facts.is_embedding else "",
+        gpu_layers=place.gpu_layers,
         port=port, tensor_split=place.tensor_split, experts_in_ram=place.experts_in_ram,
         gpus=tuple(int(d.removeprefix("gpu")) for d in place.devices if d.startswith("gpu")),
         threads=len(place.cores) or None, type_k=place.type_k, type_v=place.type_v,

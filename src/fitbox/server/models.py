@@ -1,0 +1,73 @@
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: OpenAI's model objects, with fitbox's own
+fields beside them and llama-server's ``meta`` (from the header facts fitbox already has;
+``n_ctx`` only while a child holds a window)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from fitbox.box.box import Box
+from fitbox.box.resident import Resident
+from fitbox.errors import FitboxError, ModelNotFound
+from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S, Artifact
+from fitbox.server.proxy import allowed_models
+
+
+def _entry(box: Box, artifact: Artifact, r: Resident | None) -> dict[str, Any]:
+    shape = artifact.facts.shape
+    return {
+        "id": artifact.name,
+        "object": "model",
+        "created": int(artifact.path.stat().st_mtime),
+        "owned_by": "fitbox",
+        "aliases": box.catalog.aliases_of(artifact.name),
+        "resident": r is not None,
+        "state": r.state.value
+        if r
+        else ("failed" if box.crashes.failed(artifact.key) else "unloaded"),
+        "device": r.device if r else None,
+        "simulated": r.simulated if r else False,
+        "footprint_bytes": r.footprint.total if r else None,
+        "size_bytes": shape.weights_bytes,
+        "architecture": artifact.facts.architecture,
+        "meta": {
+            "n_ctx": r.window if r else None, "n_ctx_train": shape.n_ctx_train,
+            "n_params": artifact.facts.n_params, "n_vocab": shape.n_vocab,
+            "n_embd": shape.n_embd, "size": shape.weights_bytes,
+        },
+    }  # fmt: skip
+
+
+async def list_models(request: Request) -> Response:
+    box: Box = request.app.state.box
+    box.catalog.refresh(max_age=RESCAN_AT_MOST_EVERY_S)
+    resident = {r.key: r for r in box.residents()}
+    allowed = allowed_models(request)
+    data = [
+        _entry(box, artifact, resident.get(artifact.key))
+        for artifact in box.catalog.artifacts()
+        if allowed is None or artifact.name in allowed
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def show_model(request: Request) -> Response:
+    """One model by its name or an alias of it (OpenAI's ``models.retrieve``); a family
+    name is its first variant. The entry keeps the name asked as its ``id``."""
+    box: Box = request.app.state.box
+    asked = request.path_params["model_id"]
+    try:
+        artifact = box.catalog.variants(asked)[0]
+    except FitboxError:
+        raise ModelNotFound(f"The model '{asked}' does not exist on this box; GET /v1/models "
+                            "lists those it has.", param="model") from None  # fmt: skip
+    allowed = allowed_models(request)
+    if allowed is not None and not {asked, artifact.name} & set(allowed):
+        raise ModelNotFound(f"The model '{asked}' does not exist for this key.", param="model")
+    resident = next((r for r in box.residents() if r.key == artifact.key), None)
+    entry = _entry(box, artifact, resident)
+    entry["id"] = asked
+    return JSONResponse(entry, headers={"x-fitbox-model": artifact.name})
