@@ -34,6 +34,7 @@ class PromptSize:
     tokens: int
     exact: bool  # counted by the model's tokenizer; else a bound never below that count
     largest: int  # the longest prompt + reply one slot of this model can hold (0: unknown)
+    claimed: bool = False  # a bound its loaded model could not count: it stands for the prompt
 
     def need(self, max_tokens: int) -> int:
         """Tokens of window one call needs: prompt, the engine's next cell, the reply."""
@@ -44,10 +45,11 @@ class PromptSize:
         """(need, the reply's part of it) as admission reads them: need minus reply is
         the prompt a loaded window must hold, which reloads a model whose slot is smaller
         (box/admit.py _outgrown). A bound claims one token of it (a loose bound never
-        reloads a model; the engine's count does, once placed); a reply cut by the
-        largest slot claims what is left."""
+        reloads a model; the engine's count does, once placed), unless the loaded model
+        could not count it (stopped, hung: the call then waits for a larger window as it
+        would for a counted prompt); a reply cut by the largest slot claims what is left."""
         need = self.need(max_tokens)
-        prompt = min(self.tokens + 1, need) if self.exact else 1
+        prompt = min(self.tokens + 1, need) if self.exact or self.claimed else 1
         return need, need - prompt
 
     def refuse_if_too_long(self, param: str) -> None:
@@ -94,7 +96,9 @@ class Needs:
         if resident is None or fits(bound, resident):
             return bound
         counted = await self.counted(resident, path, raw)
-        return bound if counted is None else PromptSize(counted, True, largest)
+        if counted is None:
+            return PromptSize(bound.tokens, False, largest, claimed=True)
+        return PromptSize(counted, True, largest)
 
     async def counted(self, resident: Resident, path: str, raw: bytes) -> int | None:
         """The prompt's tokens by a ready resident's own engine; None when it cannot say
