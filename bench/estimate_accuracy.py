@@ -1,7 +1,7 @@
 """Estimate accuracy: fitbox's footprint from file headers against what llama-server really
 allocated, per model, window, slots, K/V type and flash attention, per buffer kind.
 
-    python bench/estimate_accuracy.py [--quick] [--only quants|zoo]
+    python bench/estimate_accuracy.py [--quick] [--only quants|zoo|tf]
 
 Models: SmolLM2-135M (llama), the tiny GGUF zoo written with gguf (GQA with per-layer KV
 heads, sliding-window layers, MoE, two hybrids), and every quant type the bundled
@@ -9,6 +9,12 @@ llama-quantize writes without an importance matrix (tests/quants.py), each loade
 real engine on this CPU, with its repack rule. Prints every row, the worst error per kind,
 and whether each kind meets its target (weights and KV within 1 MiB, compute within 2 %,
 total within 1 %).
+
+``tf`` rows: the transformers engine (its venv built as the tests build it, tests/tf_engine.py):
+SmolLM2 as float32 and bfloat16 safetensors folders and all-MiniLM-L6-v2, each loaded by a
+real child on the CPU (the ram-only rung); the safetensors header's weights against the
+child's counted weights (``/props``: params + buffers, tied tensors once). 4-bit needs
+bitsandbytes on a GPU and is reported as not measured where the engine cannot do it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from fitbox.core import sizing  # noqa: E402
 from fitbox.core.repack import CpuFeatures  # noqa: E402
 from fitbox.engines.llama_server import find_binary, inspect  # noqa: E402
 from fitbox.engines.measure import LoadSpec, measure_load  # noqa: E402
+from fitbox.engines.tf import probe  # noqa: E402
 from fitbox.models.gguf_facts import read_facts  # noqa: E402
 from fitbox.models.pull import pull  # noqa: E402
 from tests.gguf_zoo import WRITERS  # noqa: E402
@@ -144,12 +151,72 @@ def run(grid: list[LoadSpec], only: str = "", rotate: bool = False) -> list[Row]
     return rows
 
 
+# Run in the engine's interpreter: the float32 folder cast to bfloat16.
+TO_BF16 = """
+import sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
+model.save_pretrained(sys.argv[2])
+AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])
+"""
+
+
+async def _counted(python: Path, folder: Path, embedding: bool, logs: Path) -> int:
+    from fitbox.engines.child import Child, free_port
+    from fitbox.engines.seam import LaunchIntent
+    from fitbox.engines.tf import Transformers
+
+    engine = Transformers()
+    engine._probe = probe(python)  # this interpreter, whatever the discovery order says
+    intent = LaunchIntent(model_path=folder, alias=folder.name, window=512, parallel=1,
+                          gpu_layers=0, port=free_port(), embedding=embedding)  # fmt: skip
+    spec = engine.launch(intent)
+    child = Child(list(spec.argv), spec.port, logs / f"{folder.name}.log", env=dict(spec.env))
+    await child.start()
+    try:
+        await child.wait_ready(600)
+        held = await engine.held(child)
+    finally:
+        await child.stop(5)
+    if held is None:
+        raise RuntimeError(f"{folder}: the child reported no counted weights")
+    return held.weights
+
+
+def tf_rows() -> list[Row]:
+    import asyncio
+    import subprocess
+
+    from fitbox.models.hf_folders import folder_facts
+    from tests.tf_engine import minilm_folder, smol_folder, tf_venv
+
+    python = tf_venv()
+    cache = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))
+    f32 = smol_folder(python, pull("smollm2", cache / "models"))
+    bf16 = f32.with_name("SmolLM2-135M-Instruct-bf16")
+    if not (bf16 / "model.safetensors").is_file():
+        subprocess.run([str(python), "-c", TO_BF16, str(f32), str(bf16)], check=True,
+                       capture_output=True, timeout=600)  # fmt: skip
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for folder, embedding in ((f32, False), (bf16, False), (minilm_folder(), True)):
+            facts = folder_facts(folder)
+            counted = asyncio.run(_counted(python, folder, embedding, Path(tmp)))
+            rows.append(Row(folder.name, f"tf {facts.quant} ram-only", "weights",
+                            facts.shape.weights_bytes, counted))  # fmt: skip
+    if not probe(python).four_bit:
+        print("4-bit: not measured (this engine has no bitsandbytes with CUDA)")
+    return rows
+
+
 def worst(rows: list[Row]) -> dict[str, Row]:
     """The worst row per kind: by relative error for compute and total, by bytes otherwise
     (as the targets are written)."""
     out: dict[str, Row] = {}
     for kind in KINDS:
         of_kind = [r for r in rows if r.kind == kind and r.measured]
+        if not of_kind:
+            continue
         relative = kind in ("compute", "total")
         out[kind] = max(of_kind, key=lambda r: abs(r.error) if relative
                         else abs(r.predicted - r.measured))  # fmt: skip
@@ -159,15 +226,17 @@ def worst(rows: list[Row]) -> dict[str, Row]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="four settings per model")
-    parser.add_argument("--only", choices=("zoo", "quants"), default="")
+    parser.add_argument("--only", choices=("zoo", "quants", "tf"), default="")
     args = parser.parse_args()
-    rows = run(QUICK_GRID if args.quick else FULL_GRID, args.only)
+    rows = [] if args.only == "tf" else run(QUICK_GRID if args.quick else FULL_GRID, args.only)
+    if args.only in ("", "tf"):
+        rows += tf_rows()
     print(f"{'model':<14} {'settings':<30} {'kind':<8} {'predicted MiB':>13} "
           f"{'measured MiB':>13} {'error':>8}")  # fmt: skip
     for r in rows:
         print(f"{r.model:<14} {r.spec:<30} {r.kind:<8} {r.predicted / MIB:13.2f} "
               f"{r.measured / MIB:13.2f} {r.error:+8.2%}{'' if r.met else '  MISS'}")  # fmt: skip
-    models_n, loads = len({r.model for r in rows}), len(rows) // len(KINDS)
+    models_n, loads = len({r.model for r in rows}), len({(r.model, r.spec) for r in rows})
     print(f"\n{loads} loads of {models_n} models; worst row per kind:")
     for kind, r in worst(rows).items():
         misses = sum(1 for x in rows if x.kind == kind and not x.met)

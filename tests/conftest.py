@@ -47,6 +47,30 @@ def smollm2() -> Path:
     return pull("smollm2", CACHE / "models")
 
 
+@pytest.fixture(scope="session")
+def tf_python() -> Path:
+    """The transformers engine's interpreter, its venv built once per requirement digest."""
+    from .tf_engine import tf_venv
+
+    return tf_venv()
+
+
+@pytest.fixture(scope="session")
+def smol_tf(tf_python: Path, smollm2: Path) -> Path:
+    """SmolLM2 as a float32 safetensors folder, rebuilt from its GGUF by transformers."""
+    from .tf_engine import smol_folder
+
+    return smol_folder(tf_python, smollm2)
+
+
+@pytest.fixture(scope="session")
+def minilm_tf() -> Path:
+    """all-MiniLM-L6-v2, the sentence-transformers folder from its PyPI wheel."""
+    from .tf_engine import minilm_folder
+
+    return minilm_folder()
+
+
 @pytest.fixture
 def drive(tmp_path: Path) -> Iterator[SmallDrive]:
     """A 20 MB tmpfs of this test's own (skipped where mounting is refused)."""

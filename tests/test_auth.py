@@ -237,6 +237,9 @@ def test_a_stream_that_fails_mid_way_withholds_the_log_from_outsiders() -> None:
     from fitbox.server import proxy
 
     class Failing:
+        def __init__(self) -> None:
+            self.stamps: dict[str, float | None] = {"received_at": 0.0}  # Server-Timing's
+
         async def relay(self, response: object) -> Any:
             yield b"data: {}\n\n"
             raise EngineFailed("llama-server serving 'tiny' failed mid-call", log_tail=LOG)
@@ -245,7 +248,7 @@ def test_a_stream_that_fails_mid_way_withholds_the_log_from_outsiders() -> None:
             return None
 
     async def events(insider: bool) -> bytes:
-        return b"".join([c async for c in proxy._sse(Failing(), None, insider)])  # type: ignore[arg-type]
+        return b"".join([c async for c in proxy._sse(Failing(), None, insider, None)])  # type: ignore[arg-type]
 
     outsider, inside = asyncio.run(events(False)), asyncio.run(events(True))
     assert b"log_tail" not in outsider and b"failed mid-call" in outsider

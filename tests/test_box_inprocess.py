@@ -220,6 +220,35 @@ def test_a_waiting_call_goes_when_the_blocker_leaves_and_an_engine_missing_is_da
     asyncio.run(run())
 
 
+def test_a_waiting_call_cancelled_as_the_one_before_it_leaves_ends_at_once(
+    tmp_path: Path, models: Path
+) -> None:
+    """The first of two waiting calls leaves (its client went) and wakes the second; the
+    second's client goes too, in the same few turns of the loop. On Python 3.11 a
+    ``wait_for`` whose inner wait has just finished swallows that cancel, and the call would
+    wait out its whole ``max_wait``. Every interleaving of the two cancels is tried."""
+
+    async def run(turns: int) -> None:
+        box = make_box(tmp_path, models)  # max_wait 30 s: far past the bound below
+        resident_of(box, "tiny-a", S.STOPPING)  # nothing in this test will stop it
+        first = asyncio.ensure_future(box.acquire("tiny-a", call_id=1))
+        second = asyncio.ensure_future(box.acquire("tiny-a", call_id=2))
+        while len(box.queue()) < 2:
+            await queued(box)
+            await asyncio.sleep(0)
+        first.cancel()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        second.cancel()
+        done, _ = await asyncio.wait({first, second}, timeout=5)
+        assert done == {first, second}, f"a cancelled call kept waiting ({turns} turns)"
+        assert second.cancelled() and box.queue() == []
+        await box.close()
+
+    for turns in range(10):
+        asyncio.run(run(turns))
+
+
 # -- the call object --------------------------------------------------------------------------
 
 

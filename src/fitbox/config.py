@@ -81,6 +81,21 @@ def _positive_size(text: str) -> int:
     return value
 
 
+DRIVE_ROLES = ("central", "worker", "immutable")
+
+
+def _drive_roles(text: str) -> tuple[tuple[Path, str], ...]:
+    """``DIR=role,DIR=role``: the role of the drive holding each directory."""
+    found = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        where, eq, role = item.rpartition("=")
+        if not eq or not where or role not in DRIVE_ROLES:
+            raise ValueError(f"write DIR=ROLE pairs, comma-separated; a role is one of "
+                             f"{', '.join(DRIVE_ROLES)}")  # fmt: skip
+        found.append((Path(where).expanduser(), role))
+    return tuple(found)
+
+
 def _origins(text: str) -> tuple[str, ...]:
     origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
     if "*" in origins and len(origins) > 1:
@@ -150,6 +165,24 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "cap on the model store's drive that pulls may fill (e.g. 500GiB); reported in limits",
         _optional_size,
+    ),
+    Setting(
+        "transfer_max",
+        "FITBOX_TRANSFER_MAX",
+        "4",
+        "files this box sends to other boxes at once (GET /v1/transfer/…/file); one more is "
+        "answered 429 with Retry-After",
+        _positive_int,
+    ),
+    Setting(
+        "drive_roles",
+        "FITBOX_DRIVE_ROLES",
+        "",
+        "roles of the drives holding model roots, DIR=ROLE comma-separated: central (source "
+        "of record, never reaped), worker (loads read from it, within storage_max), immutable "
+        "(read in place, never written); unset: read-only is immutable, the first model "
+        "root's drive is the worker, the others central",
+        _drive_roles,
     ),
     Setting(
         "goal",
@@ -337,6 +370,8 @@ class Config:
     vram_max: int | None
     cpu_max: int | None
     storage_max: int | None
+    transfer_max: int
+    drive_roles: tuple[tuple[Path, str], ...]
     goal: str
     kv_types: tuple[str, ...]
     admission: str

@@ -150,3 +150,26 @@ class StorageFailed(FitboxError):
     status = 507
     type = "server_error"
     code = "storage_full"
+
+
+class PathNotOffered(FitboxError):
+    """A transfer path outside the model's own files (``..``, absolute, hidden, a link out)."""
+
+    status = 403
+    type = "permission_error"
+    code = "path_not_offered"
+
+
+class RangeNotSatisfiable(FitboxError):
+    status = 416
+    type = "invalid_request_error"
+    code = "range_not_satisfiable"
+
+
+class TooManyTransfers(FitboxError):
+    """The box sends as many files as its transfer cap allows; one ends soon."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "too_many_transfers"
+    retry = True

@@ -33,6 +33,12 @@ class Home:
         return self.path / "logs"
 
     @property
+    def engines(self) -> Path:
+        """Engine environments fitbox builds when no engine dir is set (``tf/``: the
+        transformers engine's venv, from ``fitbox install --tf``)."""
+        return self.path / "engines"
+
+    @property
     def models(self) -> Path:
         """The model root when FITBOX_MODELS names none; pulls land here."""
         return self.path / "models"

@@ -83,8 +83,8 @@ class Admission:
         lease = await self._admitted(named, call_id, need, max_tokens, slots, deadline,
                                      max_wait)  # fmt: skip
         try:
-            await asyncio.wait_for(asyncio.shield(lease.resident.ready),
-                                   timeout=self.config.load_timeout + READY_SLACK_S)  # fmt: skip
+            async with asyncio.timeout(self.config.load_timeout + READY_SLACK_S):
+                await asyncio.shield(lease.resident.ready)
         except BaseException:
             lease.release()
             raise
@@ -117,8 +117,12 @@ class Admission:
                     waiter = self.waiting.enter(named.first.name, call_id, remaining, max_wait,
                                                 eta)  # fmt: skip
                 waiter.blocked_by = blockers
+                # asyncio.timeout, not wait_for: on Python 3.11 a wait_for whose wait has
+                # just ended swallows a cancel that comes with it, and a call whose client
+                # left would wait out its whole max_wait
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), timeout=remaining)
+                    async with asyncio.timeout(remaining):
+                        await changed.wait()
         finally:
             self.waiting.leave(waiter)
             if self.waiting:

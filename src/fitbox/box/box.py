@@ -63,7 +63,7 @@ class Box:
                 self.prefs.restore(store.run(read_settings))
         self.registry, self.tasks = Registry(), Tasks()
         self.facts, self.speeds = Facts(store, measured), SpeedBook(store)
-        self.engines = engines or on_this_box(config.engine_dir)
+        self.engines = engines or on_this_box(config.engine_dir, config.home)
         self.asks = Asks(config, catalog, self.prefs, self.facts, self.speeds, self._cpu)
         self.snapshots = Snapshots(gpus, self.registry, self.prefs)
         self.supervisor = Supervisor(config, self.registry, self.facts, gpus, store, self.tasks)

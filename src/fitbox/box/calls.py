@@ -20,7 +20,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -89,10 +89,13 @@ class Call:
     def __init__(self, desk: CallDesk, endpoint: str, model: str, stream: bool,
                  request_id: str) -> None:  # fmt: skip
         self.desk, self.endpoint, self.model, self.stream = desk, endpoint, model, stream
+        received = time.time()
+        # the row's stamps as recorded, for figures a response carries (Server-Timing)
+        self.stamps: dict[str, float | None] = {"received_at": received}
         self.id = desk.store.call_started(CallStart(
             request_id=request_id[:128], endpoint=endpoint,
             model_asked=model[:256],  # a client chooses it: keep rows bounded
-            stream=stream, received_at=time.time(),
+            stream=stream, received_at=received,
         ))  # fmt: skip
         self._row = desk.store.barrier()  # set once the row above is committed
         self.lease: Lease | None = None
@@ -117,9 +120,11 @@ class Call:
         self.desk.store.hurry()
         with contextlib.suppress(Exception):  # sqlite3.Error, TimeoutError
             # shielded: a cancelled wait must not cancel the writer's future
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(row)), ROW_WAIT_S)
+            async with asyncio.timeout(ROW_WAIT_S):
+                await asyncio.shield(asyncio.wrap_future(row))
 
     def _record(self, **values: Any) -> None:
+        self.stamps.update((k, v) for k, v in values.items() if k.endswith("_at"))
         self.desk.store.call_updated(self.id, **values)
 
     @property
@@ -194,7 +199,7 @@ class Call:
             self._release()
         return content
 
-    async def relay(self, response: EngineResponse) -> AsyncIterator[bytes]:
+    async def relay(self, response: EngineResponse) -> AsyncGenerator[bytes, None]:
         """A streamed reply, piece by piece as the engine writes it. It is recorded as
         finished (and committed) when its end (``data: [DONE]``) arrives, before that
         piece is handed on: what happens after (the client leaving, the engine dropping

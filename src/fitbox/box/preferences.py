@@ -83,10 +83,28 @@ PAIR_KNOBS: dict[str, Callable[[Any], Any]] = {
     "idle_ttl": _number(0, 7 * 86400),  # unload after this many idle seconds (0: never)
     "embeddings": _flag,  # a decoder serves mean-pooled embeddings too, from its next load
 }
-BOX_KNOBS: dict[str, Callable[[Any], Any]] = {
-    name: PAIR_KNOBS[name]
-    for name in ("goal", "max_wait", "window", "kv_types", "idle_ttl", "embeddings")
-} | {"admission": _admission, "cpu_floor": _number(1, 1024, integer=True)}
+REASONING_FIELDS = ("reasoning_content", "reasoning", "none")
+
+
+def _reasoning_field(value: Any) -> str:
+    if value not in REASONING_FIELDS:
+        raise ValueError(f"one of {', '.join(REASONING_FIELDS)}")
+    return str(value)
+
+
+# what a client sees: where a model's thinking goes, and loading progress in a stream
+KEY_KNOBS: dict[str, Callable[[Any], Any]] = {
+    "reasoning_field": _reasoning_field,  # reasoning_content | reasoning | none (in content)
+    "progress": _flag,  # a streamed call that waits for a load sees progress chunks
+}
+BOX_KNOBS: dict[str, Callable[[Any], Any]] = (
+    KEY_KNOBS
+    | {
+        name: PAIR_KNOBS[name]
+        for name in ("goal", "max_wait", "window", "kv_types", "idle_ttl", "embeddings")
+    }
+    | {"admission": _admission, "cpu_floor": _number(1, 1024, integer=True)}
+)
 
 
 def _size(value: Any) -> int:
@@ -131,6 +149,7 @@ class Preferences:
     box: dict[str, Any] = field(default_factory=dict)
     pairs: dict[str, dict[str, Any]] = field(default_factory=dict)
     limits: dict[str, Any] = field(default_factory=dict)
+    keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # by key id: KEY_KNOBS
 
     def defaults(self) -> dict[str, Any]:
         c = self.config
@@ -138,13 +157,20 @@ class Preferences:
                 "kv_types": list(c.kv_types), "idle_ttl": 0.0, "admission": c.admission,
                 "cpu_floor": c.cpu_floor, "rungs": [r.value for r in Rung], "quant": None,
                 "band": 1, "preload": False, "pinned": False,
-                "embeddings": False}  # fmt: skip
+                "embeddings": False, "reasoning_field": "reasoning_content",
+                "progress": False}  # fmt: skip
 
     def effective(self, model: str | None = None) -> dict[str, Any]:
         merged = self.defaults() | self.box
         if model is not None:
             merged |= self.pairs.get(model, {})
         return merged
+
+    def for_key(self, key_id: str | None) -> dict[str, Any]:
+        """What a call under the key ``key_id`` sees (KEY_KNOBS): its own, else the box's."""
+        merged = self.effective()
+        return {k: v for k, v in (merged | self.keys.get(key_id or "", {})).items()
+                if k in KEY_KNOBS}  # fmt: skip
 
     def limit(self, name: str) -> Any:
         if name in self.limits:
@@ -153,15 +179,16 @@ class Preferences:
 
     def apply(self, scope: str, model: str, values: dict[str, Any]) -> None:
         target = {"box": self.box, "limits": self.limits}.get(scope)
+        owners = self.keys if scope == "key" else self.pairs  # key: ``model`` is the key id
         if target is None:
-            target = self.pairs.setdefault(model, {})
+            target = owners.setdefault(model, {})
         for name, value in values.items():
             if value is None:
                 target.pop(name, None)
             else:
                 target[name] = value
-        if scope == "pair" and not target:
-            self.pairs.pop(model, None)
+        if scope in ("pair", "key") and not target:
+            owners.pop(model, None)
 
     def restore(self, stored: Iterable[StoredSetting]) -> None:
         """Apply the knobs the store kept from an earlier run (store/settings.py)."""

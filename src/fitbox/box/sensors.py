@@ -1,6 +1,7 @@
 """Sensor readings: host RAM, swap and CPU, and each GPU's memory, every
 ``reading_interval`` seconds into ``resource_log`` (store/db.py ``readings``: no event, so
-the change counter stays still), pruned to ``reading_retention``."""
+the change counter stays still), pruned to ``reading_retention``. A process that appears on
+a GPU and that fitbox did not start is scouted: which model files it runs on."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from typing import Any
 
 from fitbox.config import Config
+from fitbox.models.scout import scout
 from fitbox.probe.gpus import GpuProbe, GpuReading
 from fitbox.probe.host import read_usage, start_cpu_counter
 from fitbox.store.db import Store
@@ -60,6 +62,16 @@ def diff_processes(
     return changes
 
 
+def scout_process(pid: int, device: str, store: Store) -> int:
+    """A process on a GPU that fitbox did not start: the model files its command line names,
+    recorded as scout findings (models/scout). How many were found."""
+    report = scout(pid=pid)
+    store.scouted([(f.path, f.name, f.bytes, f.source, f.evidence,
+                    f"a process fitbox did not start appeared on {device}: {f.led_by}",
+                    int(f.servable), f.detail) for f in report.findings])  # fmt: skip
+    return len(report.findings)
+
+
 async def sense(
     config: Config, registry: Registry, probe: GpuProbe, store: Store | None,
     started_pids: set[int],
@@ -80,6 +92,8 @@ async def sense(
         for device, pid, change, used in diff_processes(seen, current):
             mine = pid in started_pids  # started by this fitbox, now or before
             store.gpu_process(device, pid, change, used, mine, device in simulated)
+            if change == "appeared" and not mine:  # whose weights? (bounded: one process)
+                await asyncio.to_thread(scout_process, pid, device, store)
         seen = current
         if now - pruned >= min(PRUNE_EVERY_S, config.reading_retention):
             store.forget_readings(now - config.reading_retention)

@@ -131,10 +131,12 @@ class EnginePool:
 
     async def _connect(self) -> _Conn:
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=MAX_HEADER_BYTES),
-                CONNECT_TIMEOUT_S,
-            )
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+            # comes as the connection opens, and the connection would be left open
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                reader, writer = await asyncio.open_connection(
+                    self.host, self.port, limit=MAX_HEADER_BYTES
+                )
         except (OSError, TimeoutError) as exc:
             raise EngineConnectionError(
                 f"cannot connect to the engine on {self.host}:{self.port}: {exc!r}"

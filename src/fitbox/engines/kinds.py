@@ -7,11 +7,14 @@ kind (the transformers child, a task runner) is one more entry in ``on_this_box`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 from fitbox.engines.llama_server import LlamaServer
 from fitbox.engines.seam import Engine
+from fitbox.engines.tf import Transformers
 from fitbox.errors import EngineFailed
+from fitbox.home import Home
 
 
 class HasFormat(Protocol):
@@ -35,6 +38,13 @@ class EngineKinds:
         return self.for_format(artifact.format)
 
 
-def on_this_box(engine_dir: str = "") -> EngineKinds:
+def engines_home(engine_dir: str, home: Path | None) -> Path | None:
+    """Where fitbox builds engine environments: the engine dir setting, else the home's."""
+    if engine_dir:
+        return Path(engine_dir)
+    return Home(home).engines if home is not None else None
+
+
+def on_this_box(engine_dir: str = "", home: Path | None = None) -> EngineKinds:
     """Every engine kind fitbox knows, in the order it prefers them."""
-    return EngineKinds([LlamaServer(engine_dir)])
+    return EngineKinds([LlamaServer(engine_dir), Transformers(engines_home(engine_dir, home))])

@@ -40,6 +40,7 @@ __all__ = [  # LaunchIntent and EngineNotFound are the seam's; kept importable f
     "parse_devices",
     "parse_help_flags",
     "parse_system_info",
+    "parse_timings",
     "visible_gpus",
 ]
 BINARY = "llama-server"
@@ -249,11 +250,33 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv.append("--reranking")
     if engine.has("--no-webui"):
         argv.append("--no-webui")
+    if engine.has("--reasoning-format"):
+        # a model's thinking in reasoning_content, where the engine knows its template;
+        # fitbox splits what it leaves in content (server/reasoning.py)
+        argv += ["--reasoning-format", "deepseek"]
     if engine.has("--verbosity"):
         argv += ["--verbosity", "4"]  # libllama's buffer sizes are printed at trace level
     if engine.has("--log-colors"):
         argv += ["--log-colors", "off"]
     return argv
+
+
+def parse_timings(tail: bytes) -> CallTimings | None:
+    """The ``timings`` object llama-server adds to a reply (a stream's last chunk)."""
+    matches = _TIMINGS.findall(tail)
+    try:
+        found = json.loads(matches[-1]) if matches else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(found, dict) or not found:
+        return None
+    return CallTimings(
+        prompt_n=found.get("prompt_n") or 0, prompt_ms=found.get("prompt_ms"),
+        prompt_per_token_ms=found.get("prompt_per_token_ms"),
+        decode_n=found.get("predicted_n") or 0, decode_ms=found.get("predicted_ms"),
+        decode_per_token_ms=found.get("predicted_per_token_ms"),
+        cache_n=found.get("cache_n"),
+    )  # fmt: skip
 
 
 class LlamaServer:
@@ -306,21 +329,7 @@ class LlamaServer:
         )  # fmt: skip
 
     def timings(self, tail: bytes) -> CallTimings | None:
-        """The ``timings`` object llama-server adds to a reply (a stream's last chunk)."""
-        matches = _TIMINGS.findall(tail)
-        try:
-            found = json.loads(matches[-1]) if matches else None
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(found, dict) or not found:
-            return None
-        return CallTimings(
-            prompt_n=found.get("prompt_n") or 0, prompt_ms=found.get("prompt_ms"),
-            prompt_per_token_ms=found.get("prompt_per_token_ms"),
-            decode_n=found.get("predicted_n") or 0, decode_ms=found.get("predicted_ms"),
-            decode_per_token_ms=found.get("predicted_per_token_ms"),
-            cache_n=found.get("cache_n"),
-        )  # fmt: skip
+        return parse_timings(tail)
 
     def out_of_memory(self, lines: Sequence[str]) -> str | None:
         return next((line for line in reversed(lines) if _OOM.search(line)), None)

@@ -1,7 +1,9 @@
-"""The catalog: GGUF models found under the model roots, by name, plus aliases.
+"""The catalog: models found under the model roots, by name, plus aliases.
 
 A file is a model if it starts with the GGUF magic, whatever its name, and is not a
-projector (mmproj). Its name is the file stem; ``aliases.toml`` adds other names:
+projector (mmproj). Its name is the file stem. A Hugging Face folder (config.json and
+safetensors) is a model of the transformers engine, named by models/hf_folders.py (a cache
+snapshot is ``owner/repo``). ``aliases.toml`` adds other names:
 
     [aliases]
     smol = "SmolLM2-135M-Instruct.Q4_1"
@@ -22,8 +24,10 @@ from fitbox.errors import ModelNotFound
 from fitbox.models.facts_cache import FactsCache
 from fitbox.models.gguf_facts import GGUFFacts
 from fitbox.models.gguf_header import NotGGUF, has_gguf_magic
+from fitbox.models.hf_folders import FORMAT as FOLDER_FORMAT
+from fitbox.models.hf_folders import folder_facts, folder_name, is_snapshot_entry
 from fitbox.models.identity import Identity, identity_of
-from fitbox.models.transformers_facts import BadModelDir, read_transformers_facts
+from fitbox.models.transformers_facts import BadModelDir
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +135,7 @@ def scan(
             continue
         for kind, path in _walk(root):
             if kind == "dir":
-                rejected.append(Unservable(path, _transformers_reason(path)))
+                _add_folder(path, found, rejected)
                 continue
             name = _model_name(path)
             if name is None or not has_gguf_magic(path):
@@ -160,19 +164,23 @@ def scan(
     return sorted(found.values(), key=lambda a: a.name), rejected
 
 
-def _transformers_reason(path: Path) -> str:
-    """Transformers directories are known and sized, not yet served (no such engine yet)."""
+def _add_folder(path: Path, found: dict[str, Artifact], rejected: list[Unservable]) -> None:
+    """A transformers folder, sized from its headers, or the reason it cannot be served."""
     try:
-        facts = read_transformers_facts(path)
+        if is_snapshot_entry(path):
+            return  # an older revision of a cached model: refs/main (or the newest) serves
+        facts = folder_facts(path)
     except (BadModelDir, ValueError, RecursionError) as exc:  # never stops discovery
-        return f"not a usable transformers model: {exc}"
+        rejected.append(Unservable(path, f"not a usable transformers model: {exc}"))
+        return
     except OSError as exc:
-        return f"not readable: {exc}"
-    return (
-        f"{facts.kind} model ({facts.architecture or 'unknown architecture'}, weights "
-        f"{facts.weights_bytes} B, KV {facts.kv_bytes_per_token} B/token): fitbox has no "
-        "transformers engine yet"
-    )
+        rejected.append(Unservable(path, f"not readable: {exc}"))
+        return
+    name = folder_name(path)
+    if name in found:
+        log.warning("%s: name %r already taken by %s", path, name, found[name].path)
+        return
+    found[name] = Artifact(name=name, path=facts.path, facts=facts, format=FOLDER_FORMAT)
 
 
 def read_aliases(path: Path) -> dict[str, str]:

@@ -426,3 +426,31 @@ def kv_bytes(
         if kv
     )
     return batch * (per_layer * tokens + facts.cross_kv_bytes_per_encoder_token * encoder_tokens)
+
+
+def adapter_of(directory: str | Path) -> Path | None:
+    """The PEFT adapter a model folder's ``fitbox.json`` names (``adapter_dir``, relative to
+    the folder or absolute), or None. A named adapter that is not there, or has no
+    ``adapter_config.json``, is an error: the base model is never served in its place."""
+    root = Path(directory)
+    settings = root / "fitbox.json"
+    if not settings.is_file():
+        return None
+    named = _load_json(settings).get("adapter_dir")
+    if named is None:
+        return None
+    if not isinstance(named, str) or not named:
+        raise BadModelDir(f"{settings}: adapter_dir must be a folder path, not {named!r}")
+    adapter = (root / named).resolve()
+    if not (adapter / "adapter_config.json").is_file():
+        raise BadModelDir(f"{settings} names the adapter {adapter}, which has no "
+                          "adapter_config.json: fix adapter_dir or remove it")  # fmt: skip
+    return adapter
+
+
+def adapter_bytes(directory: str | Path) -> int:
+    """The bytes of the adapter's weights (they join the model's footprint)."""
+    adapter = adapter_of(directory)
+    if adapter is None:
+        return 0
+    return _weights_bytes(sorted(adapter.glob("*.safetensors")))

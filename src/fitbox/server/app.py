@@ -29,8 +29,10 @@ from fitbox.server import (
     operate,
     settings,
     telemetry,
+    transfer,
 )
 from fitbox.server.auth import AuthMiddleware, Gate
+from fitbox.server.timing import ServerTimingMiddleware
 from fitbox.server.trust import TrustSettings
 from fitbox.store.box_key import ensure_box_key
 from fitbox.store.db import Store, StoreUnavailable
@@ -48,6 +50,7 @@ ROUTES = (
     Route("/v1/telemetry", telemetry.rows, methods=["GET"]),
     Route("/v1/telemetry/tables", telemetry.tables, methods=["GET"]),
     Route("/v1/telemetry/rows", telemetry.table_rows, methods=["GET"]),
+    Route("/v1/telemetry/scout", telemetry.scout_findings, methods=["GET"]),
     Route("/calls", calls_page.calls_page, methods=["GET"]),
     Route("/v1/residents", operate.residents, methods=["GET"]),
     Route("/v1/storage", operate.storage, methods=["GET"]),
@@ -56,9 +59,14 @@ ROUTES = (
     Route("/v1/limits", settings.limits, methods=["GET", "POST"]),
     Route("/v1/settings/box", settings.box_settings, methods=["GET", "POST"]),
     Route("/v1/settings/pair", settings.pair_settings, methods=["GET", "POST"]),
+    Route("/v1/settings/key", settings.key_settings, methods=["GET", "POST"]),
     Route("/v1/verdicts", settings.verdicts, methods=["GET"]),
     Route("/v1/operator/{action}", operate.operator_action, methods=["POST"]),
     Route("/openapi.json", openapi.document, methods=["GET"]),
+    Route("/v1/transfer/{model}/manifest", transfer.manifest, methods=["GET"]),
+    Route("/v1/transfer/{model}/chunksums", transfer.chunksums, methods=["GET"]),
+    Route("/v1/transfer/{model}/file", transfer.file, methods=["GET"]),
+    Route("/v1/hashes", transfer.kept_hashes, methods=["GET"]),
     Route("/v1/keys", manage.list_keys, methods=["GET"]),
     Route("/v1/keys", manage.create_key, methods=["POST"]),
     Route("/v1/keys/{key_id}", manage.show_key, methods=["GET"]),
@@ -87,7 +95,11 @@ def create_app(config: Config, store: Store | None = None) -> Starlette:
 
     return Starlette(
         routes=list(ROUTES),
-        middleware=[*cors.middleware(config.cors_origins), Middleware(AuthMiddleware)],
+        middleware=[
+            Middleware(ServerTimingMiddleware),
+            *cors.middleware(config.cors_origins),
+            Middleware(AuthMiddleware),
+        ],
         lifespan=lifespan,
         exception_handlers={
             FitboxError: errors.on_fitbox_error,

@@ -13,9 +13,10 @@ from __future__ import annotations
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 
-# What a browser script may read of a reply: the served model, why a call was refused
+# What a browser script may read of a reply: the served model, why a call was refused,
+# where its time went (server/timing.py)
 EXPOSED = ("x-fitbox-model", "x-fitbox-default-model", "x-fitbox-device", "x-should-retry",
-           "retry-after", "x-request-id")  # fmt: skip
+           "retry-after", "x-request-id", "server-timing")  # fmt: skip
 PREFLIGHT_MAX_AGE_S = 600
 
 

@@ -10,6 +10,12 @@ from starlette.responses import JSONResponse, Response
 import fitbox
 
 ERROR = {"$ref": "#/components/schemas/Error"}
+TIMING = {"Server-Timing": {
+    "description": "W3C Server Timing, ms: queue;dur, load;dur (0 when resident), ttft;dur, "
+    "total;dur (a call's figures, as its call row has them); total;dur on a response that is "
+    "no call. A stream's header has those known when it leaves (queue, load; none when the "
+    "200 goes before a load); all four come in an SSE comment before data: [DONE].",
+    "schema": {"type": "string"}}}  # fmt: skip
 MODEL_BODY = {"type": "object", "required": ["model"], "properties": {"model": {"type": "string"}}}
 
 
@@ -22,8 +28,8 @@ def _op(
     operation: dict[str, Any] = {
         "summary": summary,
         "description": f"Access: {access}.",
-        "responses": {"200": {"description": "OK"},
-                      "default": {"description": "An OpenAI error body",
+        "responses": {"200": {"description": "OK", "headers": TIMING},
+                      "default": {"description": "An OpenAI error body", "headers": TIMING,
                                   "content": {"application/json": {"schema": ERROR}}}},
     }  # fmt: skip
     if body is not None:
@@ -50,8 +56,30 @@ CHAT = {
         "messages": {"type": "array"},
         "stream": {"type": "boolean"},
         "max_tokens": {"type": "integer"},
+        "metadata": {
+            "type": "object",
+            "properties": {
+                "fitbox_progress": {
+                    "type": "string",
+                    "enum": ["true", "false"],
+                    "description": "A stream that waits for a load gets progress chunks: "
+                    "choices [] and fitbox_progress {state, queue_position, bytes_loaded, "
+                    "bytes_total, seconds}",
+                }
+            },
+        },
+        "reasoning_format": {
+            "type": "string",
+            "enum": ["none"],
+            "description": "none: the model's thinking stays in content",
+        },
     },
 }
+REPLY = (
+    "The reply. A model's thinking is in message.reasoning_content (delta. when "
+    "streamed), or reasoning, or left in content: the key's reasoning_field setting, "
+    "else the box's"
+)
 COMPLETION = {
     "type": "object",
     "required": ["model", "prompt"],
@@ -106,6 +134,8 @@ KEY = {
         "expires_in_s": {"type": "number"},
     },
 }
+MODEL_PATH = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+TRANSFER_FILE = [MODEL_PATH, _query("path", "string", True)]
 KEY_ID = [{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 ACTION = [
     {
@@ -114,7 +144,8 @@ ACTION = [
         "required": True,
         "schema": {
             "type": "string",
-            "enum": ["load", "unload", "pin", "unpin", "refresh-models", "clear-failed"],
+            "enum": ["load", "unload", "pin", "unpin", "refresh-models", "clear-failed",
+                     "pull-model"],
         },
     }
 ]
@@ -125,15 +156,17 @@ def _knobs(names: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, A
             "properties": {name: {} for name in names}}  # fmt: skip
 
 
-from fitbox.box.preferences import BOX_KNOBS, LIMIT_KNOBS, PAIR_KNOBS  # noqa: E402
+from fitbox.box.preferences import BOX_KNOBS, KEY_KNOBS, LIMIT_KNOBS, PAIR_KNOBS  # noqa: E402
 
 PAIR_BODY = _knobs({"model": None, **PAIR_KNOBS}, ("model",))
+KEY_BODY = _knobs({"key": None, **KEY_KNOBS}, ("key",))
 
 PATHS: dict[str, dict[str, Any]] = {
     "/health": {"get": _op("Liveness (200; status ok or degraded, with the problems to fix), "
                            "version, GPUs (simulated ones labelled), store", "open")},
     "/v1/models": {"get": _op("The catalog, with residency", INFERENCE)},
-    "/v1/chat/completions": {"post": _op("Chat (SSE with stream: true)", INFERENCE, CHAT)},
+    "/v1/chat/completions": {"post": _op("Chat (SSE with stream: true). " + REPLY, INFERENCE,
+                                         CHAT)},
     "/v1/completions": {"post": _op("Text completion", INFERENCE, COMPLETION)},
     "/v1/embeddings": {"post": _op("Embeddings (embedding models; a decoder with the "
                                    "embeddings setting)", INFERENCE, EMBEDDING)},
@@ -183,6 +216,10 @@ PATHS: dict[str, dict[str, Any]] = {
         params=[_query("table", "string", True), _query("order", "string"),
                 _query("desc", "boolean"), _query("limit", "integer"),
                 _query("offset", "integer")])},
+    "/v1/telemetry/scout": {"get": _op(
+        "The newest findings of `fitbox scout`: path, what led to it, live or historical, "
+        "servable once its header was read", "the box itself, or a key with the read scope",
+        params=[_query("limit", "integer"), _query("servable", "boolean")])},
     "/calls": {"get": _op("An HTML page of the latest calls", "the box itself only")},
     "/v1/residents": {"get": _op("Loaded models: device, bytes, state, calls", MANAGEMENT)},
     "/v1/storage": {"get": _op("Drives holding models", MANAGEMENT)},
@@ -201,8 +238,22 @@ PATHS: dict[str, dict[str, Any]] = {
                                      params=[_query("model", "string")]),
                           "post": _op("Set a model's knobs (null clears one)", MANAGEMENT,
                                       PAIR_BODY)},
+    "/v1/settings/key": {"get": _op("Per-key knobs (reasoning_field, progress): own, effective",
+                                    MANAGEMENT, params=[_query("key", "string")]),
+                         "post": _op("Set a key's knobs (null clears one)", MANAGEMENT,
+                                     KEY_BODY)},
     "/v1/verdicts": {"get": _op("Every variant x rung x K/V type priced now, and the Auto "
                                 "pick", MANAGEMENT, params=[_query("model", "string")])},
+    "/v1/transfer/{model}/manifest": {"get": _op(
+        "A model's files for another box: path, bytes, sha256", MANAGEMENT,
+        params=[MODEL_PATH])},
+    "/v1/transfer/{model}/chunksums": {"get": _op(
+        "The sha256 of each fixed chunk of one of the model's files", MANAGEMENT,
+        params=TRANSFER_FILE)},
+    "/v1/transfer/{model}/file": {"get": _op(
+        "One of the model's files, streamed; Range: bytes=… answered 206; 429 with "
+        "Retry-After beyond the transfer cap", MANAGEMENT, params=TRANSFER_FILE)},
+    "/v1/hashes": {"get": _op("Every weight file's kept sha256 (hashed once)", MANAGEMENT)},
     "/v1/keys": {"get": _op("API keys, without secrets", MANAGEMENT),
                  "post": _op("Create a key (the secret is shown once)", MANAGEMENT, KEY)},
     "/v1/keys/{key_id}": {"get": _op("One key", MANAGEMENT, params=KEY_ID),

@@ -6,16 +6,21 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
-from fitbox.errors import Conflict, FitboxError, RouteNotFound
+from fitbox.box.drives import role_of
+from fitbox.box.transfers import pull_from_box
+from fitbox.errors import Conflict, EngineFailed, FitboxError, InvalidRequest, RouteNotFound
+from fitbox.models.box_pull import PullRefused
+from fitbox.models.pull import PullError
 from fitbox.probe.disk import read_drive
 from fitbox.server.bodies import json_body
 from fitbox.store.db import Store
 
-ACTIONS = ("load", "unload", "pin", "unpin", "refresh-models", "clear-failed")
+ACTIONS = ("load", "unload", "pin", "unpin", "refresh-models", "clear-failed", "pull-model")
 
 
 async def residents(request: Request) -> Response:
@@ -37,8 +42,10 @@ async def storage(request: Request) -> Response:
             continue
         device = os.stat(root).st_dev
         usage = read_drive(root)
+        role, why = role_of(root, box.catalog.roots, box.config.drive_roles)
         drive = drives.setdefault(device, {"roots": [], "total_bytes": usage.total,
-                                           "free_bytes": usage.free, "models": []})  # fmt: skip
+                                           "free_bytes": usage.free, "role": role.value,
+                                           "role_from": why, "models": []})  # fmt: skip
         drive["roots"].append(str(root))
     for artifact in box.catalog.artifacts():
         try:
@@ -59,20 +66,42 @@ async def operator_action(request: Request) -> Response:
     action = request.path_params["action"]
     if action not in ACTIONS:
         raise RouteNotFound(f"No operator action {action!r}; there are {', '.join(ACTIONS)}.")
-    target = None
+    target, body = None, dict[str, Any]()
     if action != "refresh-models":
         _, body = await json_body(request, {"model": str}, empty=True)
         target = body["model"]
     key = getattr(request.state, "api_key", None)
     origin = request.client.host if request.client else None
     try:
-        result = await _apply(box, action, target)
+        if action == "pull-model":
+            assert target is not None
+            result = await _pull_model(box, store, target, body.get("source_key"))
+        else:
+            result = await _apply(box, action, target)
     except FitboxError as exc:
         store.operator_action(action, target, origin, key.key_id if key else None, "error",
                               exc.message)  # fmt: skip
         raise
     store.operator_action(action, target, origin, key.key_id if key else None, "ok")
     return JSONResponse({"action": action, "model": target, **result})
+
+
+async def _pull_model(box: Box, store: Store, spec: str, key: object) -> dict[str, Any]:
+    """{"model": "box://HOST:PORT/MODEL", "source_key": KEY?}: into the first model root."""
+    if key is not None and not isinstance(key, str):
+        raise InvalidRequest("'source_key' must be a string.", param="source_key")
+    dest = box.catalog.roots[0]
+    limit = box.prefs.limit("storage_max")
+    try:
+        outcomes = await anyio.to_thread.run_sync(lambda: pull_from_box(
+            spec, dest, store, key=key, storage_max=limit))  # fmt: skip
+    except PullRefused as exc:
+        raise Conflict(str(exc), param="model", code="pull_refused") from None
+    except PullError as exc:
+        raise EngineFailed(str(exc), param="model", code="pull_failed") from None
+    box.catalog.refresh()
+    return {"files": [{"path": str(o.path), "bytes": o.size, "sha256": o.sha256,
+                       "seconds": round(o.seconds, 3)} for o in outcomes]}  # fmt: skip
 
 
 async def _apply(box: Box, action: str, target: str | None) -> dict[str, Any]:

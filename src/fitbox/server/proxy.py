@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -31,6 +31,7 @@ from fitbox.errors import (
     PermissionDenied,
     RouteNotServed,
 )
+from fitbox.server import progress, reasoning, timing
 from fitbox.server.engine_errors import engine_error_body, retry_headers
 from fitbox.server.errors import body_for, is_insider
 from fitbox.server.names import NameRewrite, rewrite_for
@@ -108,6 +109,7 @@ def refused(request: Request, path: str, body: dict[str, Any], error: FitboxErro
     model = body.get("model")
     call = box.calls.open(path, model if isinstance(model, str) else "",
                           body.get("stream") is True, _request_id(request))  # fmt: skip
+    setattr(request.state, timing.STAMPS_STATE, call.stamps)
     call.failed(error)
 
 
@@ -117,16 +119,28 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
     box: Box = request.app.state.box
     asked: str = body["model"]
     call = box.calls.open(path, asked, bool(body.get("stream")), _request_id(request))
+    setattr(request.state, timing.STAMPS_STATE, call.stamps)
+    accept = request.headers.get("accept", "*/*")
+    field = reasoning.field_for(request, path, body)
+    raw = reasoning.request_body(raw, field)
     try:
         check_model_allowed(request, box, asked)
         name, headers = routed_name(box, asked)
         if name != asked:
             check_model_allowed(request, box, name)  # a key's limit holds for what serves
         check_served(box, name, path)
-        resident = await _placed(box, call, path, raw, body, name)
+        slots = box.needs.choices(body)  # an n the box cannot give: refused before any 200
         query = urlencode([(k, v) for k, v in request.query_params.multi_items()
                            if k != "model"])  # fmt: skip
-        response = await call.send(raw, request.headers.get("accept", "*/*"), method, query)
+        if call.stream and progress.must_load(box, name):  # the 200 now, the load after it
+
+            async def start() -> EngineResponse:
+                await _placed(box, call, path, raw, body, name, slots)
+                return await call.send(raw, accept, method, query)
+
+            return _waiting(request, call, start, body, headers, asked, field)
+        resident = await _placed(box, call, path, raw, body, name, slots)
+        response = await call.send(raw, accept, method, query)
     except FitboxError as exc:
         call.failed(exc)
         await call.finished()  # an error is a first and last byte: it leaves once stored
@@ -140,20 +154,45 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
     if call.stream and response.status < 400:
         await call.written()  # the status line is the first byte: the row is stored first
         return StreamingResponse(
-            _sse(call, response, is_insider(request), names),
+            _sse(call, response, is_insider(request), names, field),
             status_code=response.status,
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
             media_type=response.headers.get("content-type", "text/event-stream"),
         )
-    return await _whole(call, response, headers, names)
+    return await _whole(call, response, headers, names, field)
+
+
+def _waiting(request: Request, call: Call, start: progress.Start, body: dict[str, Any],
+             headers: dict[str, str], asked: str, field: str | None) -> Response:  # fmt: skip
+    """A stream whose model must load first: its 200 now (server/progress.py)."""
+    insider = is_insider(request)
+
+    async def relay(response: EngineResponse) -> AsyncGenerator[bytes, None]:
+        if response.status < 400:
+            names = rewrite_for(call.resident.artifact.name, asked)
+            async for chunk in _sse(call, response, insider, names, field):
+                yield chunk
+            return
+        content = await call.read(response)  # the engine refused it: its error, as an event
+        error = engine_error_body(response.status, content, call.resident.artifact.name)
+        call.refused_by_engine(response.status, error["error"]["code"])
+        await call.finished()
+        yield b"data: " + json.dumps(error).encode() + b"\n\n" + timing.done_frame(call.stamps)
+
+    box: Box = request.app.state.box
+    stream = progress.waiting_stream(box, call, start, relay, progress.wanted(request, body),
+                                     insider)  # fmt: skip
+    return StreamingResponse(stream, headers={**headers, "cache-control": "no-cache",
+                                              "x-accel-buffering": "no"},
+                             media_type="text/event-stream")  # fmt: skip
 
 
 async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, Any],
-                  name: str) -> Resident:  # fmt: skip
+                  name: str, slots: int) -> Resident:  # fmt: skip
     """Place a call by its prompt's tokens (box/needs.py): counted by the model when it is
     ready, else bounded, counted once placed, and placed again with a larger window (or
     refused with both numbers) when the count outgrows the slot it got."""
-    max_tokens, slots = _max_tokens(body), box.needs.choices(body)
+    max_tokens = _max_tokens(body)
     param = "messages" if "messages" in body else "prompt"
     size = await box.needs.prompt(name, path, raw, body)
     size.refuse_if_too_long(param)
@@ -172,7 +211,7 @@ async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, A
 
 
 async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],
-                 names: NameRewrite | None) -> Response:  # fmt: skip
+                 names: NameRewrite | None, field: str | None) -> Response:  # fmt: skip
     try:
         content = await call.read(response)
     except FitboxError as exc:
@@ -186,26 +225,40 @@ async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],
         headers.update(retry_headers(response.status))
         return JSONResponse(body, status_code=response.status, headers=headers)
     call.answered(response.status, content)
+    content = reasoning.whole(content, field)
     await call.finished()  # a whole reply's first byte is its last: it leaves once stored
     media_type = response.headers.get("content-type", "application/json")
     content = names.whole(content) if names else content
     return Response(content, status_code=response.status, headers=headers, media_type=media_type)
 
 
-async def _sse(call: Call, response: EngineResponse, insider: bool,
-               names: NameRewrite | None = None) -> AsyncIterator[bytes]:  # fmt: skip
-    """The engine's stream as it comes; a failure mid-stream ends it with an SSE error
-    event (the status line is long gone), recorded by the call, shaped for the caller."""
+async def _named(chunks: AsyncGenerator[bytes, None],
+                 names: NameRewrite | None) -> AsyncGenerator[bytes, None]:  # fmt: skip
+    """``chunks`` with the asked name put back (server/names.py); closed with this."""
     try:
-        async for chunk in call.relay(response):
+        async for chunk in chunks:
             if names is None:
                 yield chunk
             elif piece := names.piece(chunk):
                 yield piece
         if names is not None and (rest := names.rest()):
             yield rest
+    finally:
+        await chunks.aclose()
+
+
+async def _sse(call: Call, response: EngineResponse, insider: bool,
+               names: NameRewrite | None = None,
+               field: str | None = None) -> AsyncIterator[bytes]:  # fmt: skip
+    """The engine's stream as it comes (the thinking moved, the asked name put back, the
+    figures before its end); a failure mid-stream ends it with an SSE error event (the
+    status line is long gone), recorded by the call, shaped for the caller."""
+    try:
+        shaped = _named(reasoning.shaped(call.relay(response), field), names)
+        async for chunk in timing.annotated(shaped, call.stamps):
+            yield chunk
     except FitboxError as error:
         log.error("%s", error.message)
         await call.finished()  # the error event is the last byte: its row is stored first
         body = json.dumps(body_for(error, insider)).encode()
-        yield b"data: " + body + b"\n\ndata: [DONE]\n\n"
+        yield b"data: " + body + b"\n\n" + timing.done_frame(call.stamps)

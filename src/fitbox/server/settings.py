@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from fitbox.box import limits as box_limits
 from fitbox.box.box import Box
 from fitbox.box.planning import report
-from fitbox.box.preferences import BOX_KNOBS, LIMIT_KNOBS, PAIR_KNOBS, parse
+from fitbox.box.preferences import BOX_KNOBS, KEY_KNOBS, LIMIT_KNOBS, PAIR_KNOBS, parse
 from fitbox.core.claims import claimable_count, reserved_core
 from fitbox.core.pins import parse as parse_pins
 from fitbox.core.verdicts import verdicts as price_all
@@ -22,6 +22,7 @@ from fitbox.errors import InvalidRequest
 from fitbox.probe.host import read_core_busy
 from fitbox.server.bodies import json_body
 from fitbox.store.db import Store
+from fitbox.store.keys import find_key
 from fitbox.units import format_bytes
 
 
@@ -166,3 +167,33 @@ def _verdict(v: Any, label: dict[str, str]) -> dict[str, Any]:
         "reason": v.rejected.reason.value if v.rejected and not v.admissible else None,
         "detail": v.rejected.detail if v.rejected and not v.admissible else None,
     }  # fmt: skip
+
+
+def _key_view(box: Box, key_id: str) -> dict[str, Any]:
+    return {"key": key_id, "own": box.prefs.keys.get(key_id, {}),
+            "effective": box.prefs.for_key(key_id)}  # fmt: skip
+
+
+async def key_settings(request: Request) -> Response:
+    """GET /v1/settings/key[?key=] and POST {"key": id, knob: value, ...}: what a call under
+    that key sees (KEY_KNOBS: reasoning_field, progress); the box's where it sets none."""
+    box = _box(request)
+    if request.method == "POST":
+        body = await _body(request)
+        key_id = body.pop("key", None) if isinstance(body, dict) else None
+        if not isinstance(key_id, str) or not key_id:
+            raise InvalidRequest("Field 'key' (a key id, as /v1/keys lists) is required.",
+                                 param="key")  # fmt: skip
+        store: Store = request.app.state.store
+        asked: str = key_id
+        if store.run(lambda conn: find_key(conn, asked)) is None:
+            raise InvalidRequest(f"No key with id {key_id!r}; /v1/keys lists them.", param="key",
+                                 code="key_not_found")  # fmt: skip
+        values = parse(KEY_KNOBS, body)
+        box.update_settings("key", key_id, values)
+        _record(request, "settings-key", key_id, values)
+        return JSONResponse(_key_view(box, key_id))
+    key_id = request.query_params.get("key")
+    if key_id:
+        return JSONResponse(_key_view(box, key_id))
+    return JSONResponse({"object": "list", "data": [_key_view(box, k) for k in box.prefs.keys]})

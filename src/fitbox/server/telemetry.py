@@ -36,7 +36,8 @@ class ChangeSignal:
 
     async def wait(self, limit_s: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), limit_s)
+            async with asyncio.timeout(limit_s):  # not wait_for: it can swallow a cancel
+                await self._event.wait()
 
 
 def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
@@ -163,3 +164,17 @@ async def table_rows(request: Request) -> Response:
             f'SELECT {select} FROM "{table}" ORDER BY "{order}" {"DESC" if desc else "ASC"} '  # noqa: S608
             "LIMIT ? OFFSET ?", (limit, offset))]  # fmt: skip
     return JSONResponse({"table": table, "rows": found})
+
+
+async def scout_findings(request: Request) -> Response:
+    """GET /v1/telemetry/scout[?limit=L&servable=true]: the newest findings of `fitbox scout`
+    (migrations/0016), newest first; a mirror replays them by seq through /v1/telemetry."""
+    store: Store = request.app.state.store
+    limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
+    only = request.query_params.get("servable", "").lower() in ("1", "true", "yes")
+    where = "WHERE servable = 1 " if only else ""
+    with contextlib.closing(_reader(store)) as conn:
+        found = [_as_json(r) for r in conn.execute(
+            f"SELECT * FROM scout_findings {where}ORDER BY id DESC LIMIT ?",  # noqa: S608
+            (limit,))]  # fmt: skip
+    return JSONResponse({"object": "list", "data": found})

@@ -101,7 +101,7 @@ class CallStart:
 
 CURSOR_TABLES = ("call_log", "operator_actions", "measured_footprints", "children",
                  "measured_speeds", "evictions", "pulls", "refused_windows",
-                 "gpu_processes")  # fmt: skip
+                 "gpu_processes", "scout_findings")  # fmt: skip
 READING_TABLES = ("resource_log",)  # replayed by id: readings carry no event seq
 
 
@@ -364,12 +364,22 @@ class Store:
              idle_seconds)))  # fmt: skip
 
     def pulled(self, source: str, path: str | None, size: int | None, verified: bool,
-               outcome: str, detail: str | None = None) -> None:  # fmt: skip
+               outcome: str, detail: str | None = None,
+               seconds: float | None = None) -> None:  # fmt: skip
         now = time.time()
         self._submit(lambda conn: self._insert(conn, "pull", "pulls",
-            "INSERT INTO pulls (at, source, path, bytes, verified, outcome, detail) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?)",
-            (now, source, path, size, int(verified), outcome, detail)))  # fmt: skip
+            "INSERT INTO pulls (at, source, path, bytes, verified, outcome, detail, seconds) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (now, source, path, size, int(verified), outcome, detail, seconds)))  # fmt: skip
+
+    def scouted(self, rows: list[tuple[Any, ...]]) -> None:
+        """Scout's findings (path, name, bytes, source, evidence, led_by, servable, detail),
+        an event each, so a central's mirror replays them (migrations/0016)."""
+        now, sql = time.time(), (
+            "INSERT INTO scout_findings (at, path, name, bytes, source, evidence, led_by, "
+            "servable, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")  # fmt: skip
+        self._submit(lambda conn: [self._insert(conn, "scout", "scout_findings", sql, (now, *r))
+                                   for r in rows])  # fmt: skip
 
     def window_refused(self, artifact: Path, placement: str, window: int, type_k: str,
                        type_v: str, detail: str | None, call_id: int | None) -> None:  # fmt: skip

@@ -1,0 +1,270 @@
+"""The transformers engine: an engine interpreter found (or built), and children run in it.
+
+fitbox's own venv never imports torch. The engine is another interpreter, accepted only
+after a subprocess probe has imported its modules there; discovery order:
+``FITBOX_TF_PYTHON``, ``<engine dir>/tf`` (what ``fitbox install --tf`` builds), the active
+``VIRTUAL_ENV`` / ``CONDA_PREFIX``, then conventional places (``~/.venvs/*``,
+``~/venvs/*``, ``~/miniconda3/envs/*``, ``~/anaconda3/envs/*``, ``/opt/conda/envs/*``).
+Each child is ``<python> -c BOOT <engines folder> --model DIR …``: the folder holding
+``tf_child`` goes at the *end* of the child's ``sys.path``, so nothing of fitbox shadows the
+engine's own packages.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from fitbox.core.repack import CpuFeatures
+from fitbox.engines.child import Child
+from fitbox.engines.http1 import EngineConnectionError, EnginePool
+from fitbox.engines.llama_server import parse_timings
+from fitbox.engines.seam import CallTimings, EngineNotFound, Held, LaunchIntent, LaunchSpec
+
+NAME = "transformers"
+ROUTES = frozenset({"/v1/chat/completions", "/v1/embeddings"})
+INSTALL_COMMAND = "fitbox install --tf"
+PROBE_S = 180  # importing torch and transformers cold: ~5-15 s alone, minutes on a busy box
+# The probe imports what every child imports, and only looks for the rest (an import of
+# peft or sentence-transformers costs seconds more and is needed by some folders only).
+PROBE = """
+import importlib, importlib.util, json
+found = {}
+for name in ("torch", "transformers", "safetensors"):
+    try:
+        found[name] = getattr(importlib.import_module(name), "__version__", "?")
+    except Exception:
+        found[name] = None
+for name in ("accelerate", "peft", "sentence_transformers", "bitsandbytes"):
+    found[name] = "present" if importlib.util.find_spec(name) else None
+cuda = False
+try:
+    import torch
+    cuda = torch.cuda.is_available()
+except Exception:
+    pass
+print(json.dumps({"modules": found, "four_bit": cuda and bool(found["bitsandbytes"]),
+                  "cuda": cuda}))
+"""
+NEEDED = ("torch", "transformers", "safetensors")
+BOOT = ("import sys; sys.path.append(sys.argv[1]); "
+        "from tf_child.__main__ import main; main(sys.argv[2:])")
+_OOM = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    python: Path
+    source: str  # which rule of the discovery order found it
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What an interpreter said when it imported the engine's modules (or why it could not)."""
+
+    python: Path
+    modules: dict[str, str | None]
+    four_bit: bool
+    cuda: bool
+    problem: str | None = None  # None: it can run a child
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is None
+
+
+def venv_dir(engine_dir: Path) -> Path:
+    return engine_dir / "tf"
+
+
+def _venv_python(root: Path) -> Path:
+    return root / "bin" / "python"
+
+
+def candidates(engine_dir: Path | None, env: dict[str, str] | None = None) -> list[Candidate]:
+    """Every interpreter that might run the engine, in the order fitbox prefers them."""
+    env = dict(os.environ) if env is None else env
+    found: list[Candidate] = []
+    if env.get("FITBOX_TF_PYTHON"):
+        found.append(Candidate(Path(env["FITBOX_TF_PYTHON"]), "FITBOX_TF_PYTHON"))
+    if engine_dir is not None:
+        found.append(Candidate(_venv_python(venv_dir(engine_dir)),
+                               "engine dir (fitbox install --tf)"))  # fmt: skip
+    for name in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+        if env.get(name):
+            found.append(Candidate(_venv_python(Path(env[name])), name))
+    home = Path(env.get("HOME", "~")).expanduser()
+    for pattern in (home / ".venvs/*", home / "venvs/*", home / "miniconda3/envs/*",
+                    home / "anaconda3/envs/*", Path("/opt/conda/envs/*")):  # fmt: skip
+        for match in sorted(glob.glob(str(pattern))):
+            found.append(Candidate(_venv_python(Path(match)), str(pattern.parent) + "/*"))
+    unique: dict[Path, Candidate] = {}
+    for candidate in found:
+        unique.setdefault(candidate.python, candidate)
+    return list(unique.values())
+
+
+@lru_cache(maxsize=16)
+def _probe(python: Path, mtime_ns: int) -> Probe:
+    try:
+        run = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True,
+                             timeout=PROBE_S, check=False, env=_child_env())  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Probe(python, {}, False, False, f"did not run: {exc}")
+    try:
+        said = json.loads(run.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
+        return Probe(python, {}, False, False, f"the import probe failed: {tail[0]}")
+    modules = dict(said.get("modules", {}))
+    missing = [m for m in NEEDED if not modules.get(m)]
+    problem = f"cannot import {', '.join(missing)}" if missing else None
+    return Probe(python, modules, bool(said.get("four_bit")), bool(said.get("cuda")), problem)
+
+
+def probe(python: Path) -> Probe:
+    """Import the engine's modules in ``python`` (once per interpreter file and mtime)."""
+    try:
+        mtime = python.stat().st_mtime_ns
+    except OSError as exc:
+        return Probe(python, {}, False, False, f"not there: {exc.strerror}")
+    return _probe(python, mtime)
+
+
+def _child_env() -> dict[str, str]:
+    """The engine runs with its own packages only: fitbox's PYTHONPATH is not passed on."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.setdefault("HF_HUB_OFFLINE", "1")  # a child never fetches: the folder is the model
+    env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def select(engine_dir: Path | None, env: dict[str, str] | None = None) -> tuple[Probe, list[Probe]]:
+    """The first usable interpreter, and every probe made to find it."""
+    tried: list[Probe] = []
+    for candidate in candidates(engine_dir, env):
+        found = probe(candidate.python)
+        tried.append(found)
+        if found.usable:
+            return found, tried
+    looked = "; ".join(f"{p.python}: {p.problem}" for p in tried) or "no candidates"
+    raise EngineNotFound(
+        f"No Python environment with torch and transformers for the transformers engine "
+        f"({looked}). Build one with '{INSTALL_COMMAND}', or point FITBOX_TF_PYTHON at an "
+        f"interpreter that has them."
+    )
+
+
+def device_of(intent: LaunchIntent) -> str:
+    """cpu for a placement in RAM, cuda for one on a GPU, accelerate's split for a part."""
+    if not intent.gpu_layers or not intent.gpus:
+        return "cpu"
+    return "auto" if intent.tensor_split or intent.experts_in_ram else "cuda"
+
+
+def build_argv(python: Path, intent: LaunchIntent, adapter: Path | None = None) -> list[str]:
+    argv = [str(python), "-c", BOOT, str(Path(__file__).resolve().parent),
+            "--model", str(intent.model_path), "--alias", intent.alias, "--host", intent.host,
+            "--port", str(intent.port), "--window", str(intent.window),
+            "--device", device_of(intent)]  # fmt: skip
+    if intent.threads:
+        argv += ["--threads", str(intent.threads)]
+    if intent.embedding:
+        argv.append("--embedding")
+    if adapter is not None:
+        argv += ["--adapter", str(adapter)]
+    return argv
+
+
+def held_from_props(props: dict[str, object], kv_budget: int) -> Held | None:
+    """Counted weights from a child's ``/props``; the KV is the window's budget (the cache
+    grows as tokens arrive), the compute part what the process holds beyond its weights."""
+    weights = props.get("weights")
+    if not isinstance(weights, dict) or not isinstance(weights.get("total"), int):
+        return None
+    total = int(weights["total"])
+    rss = props.get("rss_bytes_after_load")
+    on_cpu = set(weights.get("by_device", {})) <= {"cpu"}
+    overhead = max(int(rss) - total, 0) if on_cpu and isinstance(rss, int) else 0
+    window = props.get("n_ctx")
+    return Held(weights=total, kv=kv_budget, compute=overhead, output=0,
+                n_ctx=window if isinstance(window, int) else None,
+                n_ctx_seq=window if isinstance(window, int) else None)  # fmt: skip
+
+
+class Transformers:
+    """Hugging Face model folders behind the engine seam (engines/seam.py)."""
+
+    name = NAME
+
+    def __init__(self, engine_dir: Path | None = None) -> None:
+        self.engine_dir = engine_dir
+        self._probe: Probe | None = None
+        self._kv_budget: dict[int, int] = {}  # port -> the KV its window may grow to
+
+    def serves(self, artifact_format: str) -> bool:
+        return artifact_format == "transformers"
+
+    def routes(self) -> frozenset[str]:
+        return ROUTES
+
+    def locate(self) -> None:
+        if self._probe is None:
+            self._probe, _ = select(self.engine_dir)
+
+    def selected(self) -> Probe:
+        self.locate()
+        assert self._probe is not None
+        return self._probe
+
+    def cpu_features(self) -> CpuFeatures | None:
+        return None  # torch keeps weights as loaded: nothing is repacked
+
+    def launch(self, intent: LaunchIntent) -> LaunchSpec:
+        from fitbox.models.transformers_facts import adapter_of, kv_bytes, read_transformers_facts
+
+        folder = Path(intent.model_path)
+        facts = read_transformers_facts(folder)
+        if facts.dtype == "float32":  # the cache is kept in the model's own dtype
+            facts = read_transformers_facts(folder, kv_dtype_bytes=4)
+        self._kv_budget[intent.port] = 0 if intent.embedding else kv_bytes(facts, intent.window)
+        argv = build_argv(self.selected().python, intent, adapter_of(folder))
+        env = _child_env()
+        if device_of(intent) != "cpu":
+            env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                    "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in intent.gpus)}  # fmt: skip
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # a placement in RAM touches no GPU
+        return LaunchSpec(tuple(argv), intent.port, env)
+
+    def slots(self, intent: LaunchIntent) -> int:
+        return 1  # one generation at a time; more calls wait at fitbox's door
+
+    async def held(self, child: Child) -> Held | None:
+        try:
+            status, body = await child.pool.get("/props")
+            props = json.loads(body) if status == 200 else None
+        except (EngineConnectionError, OSError, json.JSONDecodeError):
+            return None
+        if not isinstance(props, dict):
+            return None
+        return held_from_props(props, self._kv_budget.pop(child.port, 0))
+
+    def timings(self, tail: bytes) -> CallTimings | None:
+        return parse_timings(tail)  # the child writes llama-server's ``timings`` object
+
+    def out_of_memory(self, lines: Sequence[str]) -> str | None:
+        return next((ln for ln in reversed(lines) if any(s in ln for s in _OOM)), None)
+
+    def shape(self, path: str, body: bytes) -> tuple[str, bytes]:
+        return path, body  # the child speaks the OpenAI shapes
+
+    async def count_prompt(self, pool: EnginePool, path: str, body: bytes) -> int | None:
+        return None  # the child has no tokenize route yet: the bound places its calls

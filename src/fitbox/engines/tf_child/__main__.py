@@ -1,0 +1,252 @@
+"""The child's process: load one model folder in the background, answer HTTP meanwhile.
+
+    <engine python> -c "<boot>" <folder above tf_child> --model DIR --port N [...]
+
+``/health`` answers 503 while the model loads and 200 once it is ready; a load that fails
+prints why and exits 1 (fitbox reads the end of this output). One call runs at a time: the
+box serves this child one slot, so a second call waits at fitbox's door, not here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from .chat import BadRequest, Chat, parse
+from .counts import cache_bytes, counted_weights, resident_bytes
+from .embed import Embedder, inputs
+
+
+class Loaded:
+    """The model once loaded (``ready`` set), or why it failed."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.ready = threading.Event()
+        self.chat: Chat | None = None
+        self.embedder: Embedder | None = None
+        self.weights: dict[str, Any] = {}
+        self.rss_after_load = 0
+        self.busy = threading.Lock()
+
+    def load(self) -> None:
+        import torch
+
+        args = self.args
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        folder = Path(args.model)
+        device = "cuda" if args.device == "cuda" and torch.cuda.is_available() else "cpu"
+        placement = {"device_map": args.device} if args.device == "auto" else {}
+        if args.embedding:
+            self.embedder = Embedder(folder, device)
+            if self.embedder.sentence is None:
+                from transformers import AutoModel, AutoTokenizer
+
+                model = AutoModel.from_pretrained(folder, dtype="auto", **placement)
+                model = model if placement else model.to(device)
+                self.embedder = Embedder(folder, device, model.eval(),
+                                         AutoTokenizer.from_pretrained(folder))  # fmt: skip
+            model = self.embedder.model
+        else:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", **placement)
+            model = model if placement else model.to(device)
+            if args.adapter:
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(model, args.adapter)
+            self.chat = Chat(model.eval(), AutoTokenizer.from_pretrained(folder), args.window)
+        self.weights = counted_weights(model)
+        self.rss_after_load = resident_bytes()
+        print(f"fitbox-tf: loaded {folder} on {device}: counted weights "
+              f"{json.dumps(self.weights)}", flush=True)  # fmt: skip
+        self.ready.set()
+
+    def props(self) -> dict[str, Any]:
+        chat = self.chat
+        return {
+            "model_path": self.args.model, "alias": self.args.alias,
+            "total_slots": 1, "n_ctx": self.args.window,
+            "default_generation_settings": {"n_ctx": self.args.window},
+            "weights": self.weights,
+            "kv_bytes_now": cache_bytes(chat.cache) if chat is not None else 0,
+            "rss_bytes_after_load": self.rss_after_load, "rss_bytes": resident_bytes(),
+        }  # fmt: skip
+
+
+def error_body(message: str, kind: str, code: str, param: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "code": code,
+                                 "param": param}}).encode()  # fmt: skip
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    loaded: Loaded  # set on the class by main()
+    streaming = False
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # fitbox logs every call itself; this output is the load log
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            if self.loaded.ready.is_set():
+                self._send(200, b'{"status":"ok"}')
+            else:
+                self._send(503, error_body("Loading model", "unavailable_error", "loading"))
+        elif self.path == "/props" and self.loaded.ready.is_set():
+            self._send(200, json.dumps(self.loaded.props()).encode())
+        else:
+            self._send(404, error_body(f"no route {self.path}", "not_found_error", "not_found"))
+
+    def do_POST(self) -> None:
+        self.streaming = False  # once a stream's headers are out, no other reply can follow
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            if not self.loaded.ready.is_set():
+                self._send(503, error_body("Loading model", "unavailable_error", "loading"))
+                return
+            with self.loaded.busy:
+                if self.path == "/v1/chat/completions" and self.loaded.chat is not None:
+                    self._chat(body)
+                elif self.path == "/v1/embeddings" and self.loaded.embedder is not None:
+                    self._embeddings(body)
+                else:
+                    self._send(404, error_body(f"this model does not serve {self.path}",
+                                               "invalid_request_error", "wrong_route"))  # fmt: skip
+        except (BadRequest, json.JSONDecodeError, ValueError, TypeError) as exc:
+            param = exc.param if isinstance(exc, BadRequest) else None
+            self._send(400, error_body(str(exc), "invalid_request_error", "bad_request", param))
+        except Exception as exc:  # torch failed mid-call: say so, if no reply has begun
+            traceback.print_exc()
+            if self.streaming:
+                raise  # the stream breaks off: fitbox ends it with an error event
+            self._send(500, error_body(f"the engine failed: {exc}", "server_error",
+                                       "engine_failed"))  # fmt: skip
+
+    def _chat(self, body: dict[str, Any]) -> None:
+        chat = self.loaded.chat
+        assert chat is not None
+        gen = parse(body, chat.window)
+        made = f"chatcmpl-tf{time.time_ns()}"
+        base = {"id": made, "created": int(time.time()), "model": self.loaded.args.alias}
+        pieces = chat.run(gen)
+        if not body.get("stream"):
+            text, finish = "", None
+            for piece in pieces:
+                text, finish = text + piece.text, piece.finish_reason or finish
+            reply = {**base, "object": "chat.completion", "choices": [{
+                "index": 0, "message": {"role": "assistant", "content": text},
+                "finish_reason": finish}], "usage": _usage(gen), "timings": gen.timings.as_dict()}
+            self._send(200, json.dumps(reply).encode())
+            return
+        first = next(pieces)  # a bad prompt fails here, before any header is sent
+        self.streaming = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        chunk = {**base, "object": "chat.completion.chunk"}
+        try:
+            self._event({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                     "content": ""}}]})
+            for piece in _chain(first, pieces):
+                delta = {"content": piece.text} if piece.text else {}
+                event = {**chunk, "choices": [{"index": 0, "delta": delta,
+                                               "finish_reason": piece.finish_reason}]}
+                if piece.finish_reason:
+                    event |= {"usage": _usage(gen), "timings": gen.timings.as_dict()}
+                self._event(event)
+            self._write_chunk(b"data: [DONE]\n\n")
+            self._write_chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            chat.cancelled.set()  # the client went away: stop making tokens for nobody
+        finally:
+            pieces.close()
+
+    def _event(self, event: dict[str, Any]) -> None:
+        self._write_chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _embeddings(self, body: dict[str, Any]) -> None:
+        embedder = self.loaded.embedder
+        assert embedder is not None
+        vectors, tokens = embedder.embed(inputs(body))
+        reply = {"object": "list", "model": self.loaded.args.alias,
+                 "data": [{"object": "embedding", "index": i, "embedding": v}
+                          for i, v in enumerate(vectors)],
+                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
+        self._send(200, json.dumps(reply).encode())
+
+
+def _chain(first: Any, rest: Any) -> Any:
+    yield first
+    yield from rest
+
+
+def _usage(gen: Any) -> dict[str, int]:
+    t = gen.timings
+    return {"prompt_tokens": t.prompt_n, "completion_tokens": t.predicted_n,
+            "total_tokens": t.prompt_n + t.predicted_n}  # fmt: skip
+
+
+def arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tf_child")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--alias", default="model")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--window", type=int, default=2048)
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--embedding", action="store_true")
+    parser.add_argument("--adapter", default="")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> None:
+    args = arguments(argv)
+    loaded = Loaded(args)
+    Handler.loaded = loaded
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+
+    def load() -> None:
+        try:
+            loaded.load()
+        except BaseException:
+            traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            import os
+
+            os._exit(1)  # the load failed: fitbox sees the exit and reads why above
+
+    threading.Thread(target=load, name="load", daemon=True).start()
+    print(f"fitbox-tf: listening on {args.host}:{args.port}, loading {args.model}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

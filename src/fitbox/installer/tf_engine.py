@@ -1,0 +1,116 @@
+"""`fitbox install --tf`: the transformers engine's own venv, built from fitbox's extra.
+
+The requirements are the ``tf-engine`` extra of fitbox's own package (pyproject.toml), read
+from the installed metadata (or, in a source tree installed before the extra existed, from
+pyproject.toml beside it). The venv is built beside its final place and renamed into it, so
+a half-built one is never found by the engine's discovery. bitsandbytes (4-bit) is tried
+on its own afterwards: where it has no build, the engine runs without the 4-bit rung.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import PackageNotFoundError, requires
+from pathlib import Path
+
+EXTRA = "tf-engine"
+BUILT_FROM = "fitbox-requirements.txt"  # in the venv: the list it was built from
+FOUR_BIT = "bitsandbytes"
+PIP_TIMEOUT_S = 1800
+_EXTRA_MARKER = re.compile(r";\s*extra\s*==\s*['\"]" + re.escape(EXTRA) + r"['\"]\s*$")
+
+
+class EngineBuildFailed(RuntimeError):
+    pass
+
+
+def requirements() -> list[str]:
+    """The ``tf-engine`` extra's requirements, in the order pyproject.toml lists them."""
+    try:
+        listed = [_EXTRA_MARKER.sub("", r).strip() for r in requires("fitbox") or []
+                  if _EXTRA_MARKER.search(r)]  # fmt: skip
+    except PackageNotFoundError:
+        listed = []
+    if listed:
+        return listed
+    project = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    if project.is_file():
+        extras = tomllib.loads(project.read_text())["project"]["optional-dependencies"]
+        return list(extras.get(EXTRA, []))
+    raise EngineBuildFailed(f"fitbox's metadata has no '{EXTRA}' extra; reinstall fitbox")
+
+
+def requirements_key(reqs: list[str]) -> str:
+    """A short digest of the requirement list (a cache of built venvs is keyed by it)."""
+    return hashlib.sha256("\n".join(reqs).encode()).hexdigest()[:16]
+
+
+def _run(argv: list[str], what: str) -> None:
+    print(f"+ {' '.join(argv)}", flush=True)
+    done = subprocess.run(argv, timeout=PIP_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        raise EngineBuildFailed(f"{what} failed (exit {done.returncode}); "
+                                "the output above says why")
+
+
+def build_venv(target: Path, reqs: list[str], *, four_bit: bool = True,
+               python: str = sys.executable) -> Path:  # fmt: skip
+    """Build a venv at ``target`` holding ``reqs``; returns its interpreter."""
+    building = target.with_name(f"{target.name}.building-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    building.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _run([python, "-m", "venv", str(building)], "creating the venv")
+        pip = [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+        _run([*pip, *reqs], "installing the engine's packages")
+        if four_bit:
+            try:
+                _run([*pip, FOUR_BIT], f"installing {FOUR_BIT}")
+            except EngineBuildFailed as exc:
+                print(f"note: {exc}; the engine runs without 4-bit", flush=True)
+        (building / BUILT_FROM).write_text("\n".join(reqs) + "\n")
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(building, target)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return target / "bin" / "python"
+
+
+def built_from(target: Path) -> list[str] | None:
+    """The requirement list a venv fitbox built holds; None: not one of fitbox's."""
+    try:
+        return (target / BUILT_FROM).read_text().split()
+    except OSError:
+        return None
+
+
+def install_tf(engines_dir: Path) -> int:
+    """``fitbox install --tf``: build ``<engines dir>/tf`` (kept when it was built from the
+    same requirements and still imports them: a re-run is safe), then probe it."""
+    from fitbox.engines.tf import probe, venv_dir
+
+    target = venv_dir(engines_dir)
+    reqs = requirements()
+    python = target / "bin" / "python"
+    try:
+        if built_from(target) == reqs and probe(python).usable:
+            print(f"kept {target}: built from the same requirements")
+        else:
+            python = build_venv(target, reqs)
+    except (EngineBuildFailed, OSError, subprocess.TimeoutExpired) as exc:
+        print(f"fitbox install --tf: {exc}", file=sys.stderr)
+        return 1
+    found = probe(python)
+    if not found.usable:
+        print(f"fitbox install --tf: {python} was built but {found.problem}", file=sys.stderr)
+        return 1
+    four = "yes" if found.four_bit else "no"
+    print(f"transformers engine ready: {python} (torch {found.modules.get('torch')}, "
+          f"transformers {found.modules.get('transformers')}; 4-bit: {four})")  # fmt: skip
+    return 0

