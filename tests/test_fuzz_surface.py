@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from fitbox import config
 from fitbox.server.app import create_app
-from fitbox.server.openapi import PATHS
+from fitbox.server.openapi import OTHER_PROTOCOLS, PATHS
 
 from .ggufs import write_tiny_llama
 
@@ -78,7 +78,8 @@ queries = st.dictionaries(st.sampled_from(["model", "ctx", "parallel", "kv", "x"
                           st.text(max_size=12) | st.just("tiny"), max_size=4)  # fmt: skip
 keys = st.sampled_from([None, "sk-no-key", "fb_", "fb_000000000000_" + "A" * 43, "Bearer"])
 peers = st.sampled_from([("127.0.0.1", 1), ("203.0.113.9", 1), ("10.0.0.2", 1)])
-routes = [(path, method) for path, ops in PATHS.items() for method in ops]
+routes = [(path, method) for path, ops in PATHS.items() for method in ops
+          if path not in OTHER_PROTOCOLS]  # tested by their own (test_mcp_e2e, test_dashboard_e2e)
 fillers = st.sampled_from(["tiny", "nope", "load", "unload", "pin", "x" * 300, "..%2F", "0"])
 
 

@@ -255,7 +255,14 @@ def serve(config: settings.Config, log_level: str) -> int:
     print(f"fitbox {fitbox.__version__} listening on {endpoint['url']}", flush=True)
 
     app = create_app(config, store)
-    server = uvicorn.Server(
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            leaving = getattr(app.state, "leaving", None)
+            if leaving is not None:
+                leaving.now()  # endless streams end now, not at the grace period's end
+            super().handle_exit(sig, frame)
+
+    server = Server(
         uvicorn.Config(
             app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
         )

@@ -39,6 +39,7 @@ def measured_key(identity: Identity, device: str, contract: Contract) -> Measure
 def measurement(
     held: Held, identity: Identity, device: str, contract: Contract,
     load_seconds: float | None, call_id: int | None, now: float,
+    estimate: tuple[int, str] | None = None,
 ) -> MeasuredFootprint:  # fmt: skip
     """What a child reported it holds, as the footprint filed for its key."""
     return MeasuredFootprint(
@@ -48,6 +49,8 @@ def measurement(
         weights=held.weights, kv=held.kv, compute=held.compute, output=held.output,
         n_ctx=held.n_ctx, n_ctx_seq=held.n_ctx_seq, load_seconds=load_seconds,
         call_id=call_id, measured_at=now,
+        estimate_bytes=estimate[0] if estimate else None,
+        estimate_basis=estimate[1] if estimate else None,
     )  # fmt: skip
 
 
@@ -80,14 +83,16 @@ class Facts:
     def footprint_measured(
         self, held: Held, artifact: Artifact, device: str, contract: Contract,
         load_seconds: float | None, call_id: int | None,
+        estimate: tuple[int, str] | None = None,
     ) -> MeasuredFootprint | None:  # fmt: skip
-        """File what a child reports it holds; None when the file is gone since."""
+        """File what a child reports it holds; None when the file is gone since.
+        ``estimate``: the bytes it was placed at and their basis, kept beside it."""
         try:
             identity = artifact.identity()
         except OSError:
             return None
         measured = measurement(held, identity, device, contract, load_seconds, call_id,
-                               time.time())  # fmt: skip
+                               time.time(), estimate)  # fmt: skip
         self.measured[measured.key] = measured
         if self.store is not None:
             self.store.footprint_measured(measured)

@@ -248,6 +248,8 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv += ["--pooling", intent.pooling]
     if intent.reranking and engine.has("--reranking"):
         argv.append("--reranking")
+    if engine.has("--metrics"):
+        argv.append("--metrics")  # its llamacpp:* figures, re-exported by fitbox's /metrics
     if engine.has("--no-webui"):
         argv.append("--no-webui")
     if engine.has("--reasoning-format"):
@@ -333,6 +335,13 @@ class LlamaServer:
 
     def out_of_memory(self, lines: Sequence[str]) -> str | None:
         return next((line for line in reversed(lines) if _OOM.search(line)), None)
+
+    def metrics_path(self) -> str | None:
+        """``/metrics`` when the binary has ``--metrics`` (passed at launch, build_argv)."""
+        try:
+            return "/metrics" if self.info().has("--metrics") else None
+        except EngineNotFound:
+            return None
 
     def shape(self, path: str, body: bytes) -> tuple[str, bytes]:
         return path, body  # forwarded as the client sent it: llama-server speaks OpenAI

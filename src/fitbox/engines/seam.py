@@ -131,3 +131,8 @@ class Engine(Protocol):
         """The tokens a call's prompt takes in a ready child, as its model's own chat
         template and tokenizer make them; None: this engine or call cannot say."""
         ...
+
+    def metrics_path(self) -> str | None:
+        """Where a child serves its own Prometheus metrics (re-exported by fitbox's
+        ``/metrics`` with a ``model`` label); None: it serves none."""
+        ...

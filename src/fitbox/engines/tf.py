@@ -268,3 +268,6 @@ class Transformers:
 
     async def count_prompt(self, pool: EnginePool, path: str, body: bytes) -> int | None:
         return None  # the child has no tokenize route yet: the bound places its calls
+
+    def metrics_path(self) -> str | None:
+        return None  # the child serves no Prometheus figures of its own (yet)

@@ -32,6 +32,10 @@ from fitbox.server import (
     transfer,
 )
 from fitbox.server.auth import AuthMiddleware, Gate
+from fitbox.server.dashboard import dashboard, events
+from fitbox.server.leaving import Leaving
+from fitbox.server.mcp_tools import McpDoor, door
+from fitbox.server.metrics import Metrics, scrape
 from fitbox.server.timing import ServerTimingMiddleware
 from fitbox.server.trust import TrustSettings
 from fitbox.store.box_key import ensure_box_key
@@ -52,6 +56,10 @@ ROUTES = (
     Route("/v1/telemetry/rows", telemetry.table_rows, methods=["GET"]),
     Route("/v1/telemetry/scout", telemetry.scout_findings, methods=["GET"]),
     Route("/calls", calls_page.calls_page, methods=["GET"]),
+    Route("/metrics", scrape, methods=["GET"]),
+    Route("/", dashboard, methods=["GET"]),
+    Route("/dashboard/events", events, methods=["GET"]),
+    Route("/mcp", door, methods=["GET", "POST", "DELETE"]),
     Route("/v1/residents", operate.residents, methods=["GET"]),
     Route("/v1/storage", operate.storage, methods=["GET"]),
     Route("/v1/queue", operate.queue, methods=["GET"]),
@@ -128,10 +136,13 @@ async def _serving(app: Starlette, config: Config, opened: Store | None) -> Asyn
     async with anyio.create_task_group():
         pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
     app.state.config, app.state.store, app.state.box = config, store, box
+    app.state.metrics, app.state.mcp = Metrics(box, store), McpDoor()
+    app.state.leaving = Leaving()  # told by `fitbox serve` when a stop signal comes
     box.start()
     _log_models(catalog, config)
     try:
-        yield
+        async with app.state.mcp.running():
+            yield
     finally:
         await box.close()
         app.state.gate.checker.close()

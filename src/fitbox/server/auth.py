@@ -4,8 +4,11 @@
   `/v1/responses`, `/v1/messages`, the engine's `/tokenize`, `/props`… of INFERENCE): a key
   with the inference or admin scope, or no key from the box itself or a trusted network
   (unless keys are required for inference).
-- Everything else under `/v1` is management: the box itself, or an admin key. Never "any
-  trusted network".
+- Telemetry (`/v1/telemetry*`, `/metrics`): a read or admin key, or the box itself.
+- Everything else under `/v1`, and the dashboard (`/`, `/dashboard/events`), is management:
+  the box itself, or an admin key. Never "any trusted network".
+- MCP (`/mcp`): a valid key from anywhere, or no key from the box itself or a trusted
+  network; each tool then needs what the HTTP route it mirrors needs.
 - `/health` is open. A presented fitbox key (``fb_…``) that is not valid is refused even
   where no key is needed: a client that sends a revoked key should hear about it. Any other
   bearer value (OpenAI SDKs insist on *some* api_key: "sk-no-key", "unused") is no key.
@@ -17,6 +20,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from dataclasses import dataclass
 
@@ -32,7 +36,10 @@ INFERENCE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embedding
                        "/tokenize", "/detokenize", "/apply-template", "/infill", "/props",
                        "/slots"})  # fmt: skip
 OPEN = frozenset({"/health"})
-READ = ("/v1/telemetry",)  # telemetry and status: a read (or admin) key, or the box itself
+READ = ("/v1/telemetry", "/metrics")  # telemetry: a read (or admin) key, or the box itself
+# outside /v1 but guarded as it is: the metrics (read) and the dashboard (management)
+MCP = "/mcp"
+GUARDED = frozenset({"/metrics", "/", "/dashboard/events", MCP})
 
 
 @dataclass
@@ -58,13 +65,26 @@ def is_inference(path: str) -> bool:
 
 def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> ApiKey | None:
     """The key the call runs under (None when trust alone admits it); raises if refused."""
-    if path in OPEN or not (path.startswith("/v1") or is_inference(path)):
+    if path in OPEN or not (path.startswith("/v1") or is_inference(path) or path in GUARDED):
         return None
     presented = presented_key(headers)
     key = gate.checker.verify(presented, time.time()) if presented else None
     if presented and key is None:
         raise AuthenticationFailed("The API key is not valid: unknown, revoked or expired.")
     origin = origin_of(peer, headers, gate.settings)
+    if path == MCP:  # each tool is admitted again as the route it mirrors (mcp_tools.py)
+        if key is not None:
+            return key
+        if not (origin.local or origin.trusted):
+            raise AuthenticationFailed(f"MCP needs an API key: {origin.reason}.",
+                                       code="missing_api_key")  # fmt: skip
+        if not _address_host(headers.get("host", "")):
+            # a web page whose name was rebound to this box would send its own name here:
+            # without a key, its tools (load, unload) are the box's own
+            raise PermissionDenied("MCP without a key is served to an address (127.0.0.1, "
+                                   "localhost), not a host name: send a key.",
+                                   code="host_not_allowed")  # fmt: skip
+        return None
     if is_inference(path):
         if key is not None:
             if not {"admin", "inference"} & set(key.scopes):
@@ -97,6 +117,19 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> A
     raise AuthenticationFailed(
         f"Management routes need an admin key unless called from the box itself: "
         f"{origin.reason}.", code="missing_api_key")  # fmt: skip
+
+
+def _address_host(host: str) -> bool:
+    """Whether a Host header names an address or localhost (not a name DNS could rebind)."""
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or "]" in host else host
+    name = name.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def insider(key: ApiKey | None, origin: Origin) -> bool:

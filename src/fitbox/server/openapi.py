@@ -221,6 +221,18 @@ PATHS: dict[str, dict[str, Any]] = {
         "servable once its header was read", "the box itself, or a key with the read scope",
         params=[_query("limit", "integer"), _query("servable", "boolean")])},
     "/calls": {"get": _op("An HTML page of the latest calls", "the box itself only")},
+    "/metrics": {"get": _op("Prometheus text: calls, errors, tokens and times per model, "
+                            "devices, loads, evictions, refusals, estimate errors, and each "
+                            "child's llamacpp:* with a model label",
+                            "the box itself, or a key with the read scope")},
+    "/": {"get": _op("The live dashboard (HTML; whole with JavaScript off)", MANAGEMENT)},
+    "/dashboard/events": {"get": _op("The dashboard's updates: an SSE event with the "
+                                     "re-rendered page body on each change, nothing between",
+                                     MANAGEMENT, params=[_query("since", "integer")])},
+    "/mcp": {"post": _op("MCP over Streamable HTTP (JSON-RPC; needs 'fitbox[mcp]'): tools "
+                         "list_models, residents, queue, plan, load, unload, recent_calls, "
+                         "box_limits, each needing what the route it mirrors needs",
+                         "a key, or none from the box itself or a trusted network")},
     "/v1/residents": {"get": _op("Loaded models: device, bytes, state, calls", MANAGEMENT)},
     "/v1/storage": {"get": _op("Drives holding models", MANAGEMENT)},
     "/v1/queue": {"get": _op("Calls waiting for room, and what blocks them", MANAGEMENT)},
@@ -259,6 +271,11 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/keys/{key_id}": {"get": _op("One key", MANAGEMENT, params=KEY_ID),
                           "delete": _op("Revoke a key", MANAGEMENT, params=KEY_ID)},
 }  # fmt: skip
+
+
+# Not plain JSON-over-HTTP, so not fuzzed as such (tests/test_fuzz_surface.py): MCP answers
+# in JSON-RPC's own error shape past the door; the events stream does not end.
+OTHER_PROTOCOLS = frozenset({"/mcp", "/dashboard/events"})
 
 
 def spec() -> dict[str, Any]:

@@ -72,18 +72,28 @@ async def operator_action(request: Request) -> Response:
         target = body["model"]
     key = getattr(request.state, "api_key", None)
     origin = request.client.host if request.client else None
+    result = await perform(box, store, action, target, origin, key.key_id if key else None,
+                           body)  # fmt: skip
+    return JSONResponse(result)
+
+
+async def perform(
+    box: Box, store: Store, action: str, target: str | None, origin: str | None,
+    key_id: str | None, body: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Apply an operator action and record it, done or failed (the HTTP route and MCP).
+    ``body``: the request's other fields (pull-model's ``source_key``)."""
     try:
         if action == "pull-model":
             assert target is not None
-            result = await _pull_model(box, store, target, body.get("source_key"))
+            result = await _pull_model(box, store, target, (body or {}).get("source_key"))
         else:
             result = await _apply(box, action, target)
     except FitboxError as exc:
-        store.operator_action(action, target, origin, key.key_id if key else None, "error",
-                              exc.message)  # fmt: skip
+        store.operator_action(action, target, origin, key_id, "error", exc.message)
         raise
-    store.operator_action(action, target, origin, key.key_id if key else None, "ok")
-    return JSONResponse({"action": action, "model": target, **result})
+    store.operator_action(action, target, origin, key_id, "ok")
+    return {"action": action, "model": target, **result}
 
 
 async def _pull_model(box: Box, store: Store, spec: str, key: object) -> dict[str, Any]:

@@ -32,6 +32,8 @@ class MeasuredFootprint:
     load_seconds: float | None = None
     call_id: int | None = None
     measured_at: float = 0.0
+    estimate_bytes: int | None = None  # what the placement priced it at, before the load
+    estimate_basis: str | None = None  # "estimate" or "measured" (an earlier load)
 
     @property
     def key(self) -> tuple[str, int, int, str, int, int, str, str]:
@@ -69,10 +71,12 @@ def insert_footprint(conn: sqlite3.Connection, m: MeasuredFootprint) -> int:
         "INSERT INTO measured_footprints (artifact, artifact_size, artifact_mtime_ns, "
         "device, window, parallel, type_k, type_v, weights_bytes, kv_bytes, "
         "compute_bytes, output_bytes, n_ctx, n_ctx_seq, load_seconds, call_id, "
-        "measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "measured_at, estimate_bytes, estimate_basis) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.device, m.window,
          m.parallel, m.type_k, m.type_v, m.weights, m.kv, m.compute, m.output,
-         m.n_ctx, m.n_ctx_seq, m.load_seconds, m.call_id, m.measured_at),
+         m.n_ctx, m.n_ctx_seq, m.load_seconds, m.call_id, m.measured_at,
+         m.estimate_bytes, m.estimate_basis),
     ).lastrowid or 0)  # fmt: skip
 
 

@@ -145,13 +145,14 @@ class Supervisor:
             log.warning("%s: no buffer sizes reported; keeping the estimate",
                         resident.artifact.name)  # fmt: skip
             return
-        estimate = resident.footprint.total
+        estimate, basis = resident.footprint.total, resident.basis
         resident.footprint = Footprint(held.weights, held.kv, held.compute, held.output)
         resident.basis = "measured"
         resident.held[resident.device] = resident.footprint.total
         where = resident.device + (NO_REPACK_CLASS if place and place.no_repack else "")
         self.facts.footprint_measured(held, resident.artifact, where, contract_of(resident),
-                                      resident.load_seconds, resident.loaded_by_call)  # fmt: skip
+                                      resident.load_seconds, resident.loaded_by_call,
+                                      (estimate, basis))  # fmt: skip
         error = (estimate - resident.footprint.total) / max(resident.footprint.total, 1)
         log.info("%s measured %s on %s (the estimate was %+.1f%%)", resident.artifact.name,
                  format_bytes(resident.footprint.total), resident.device, error * 100)  # fmt: skip

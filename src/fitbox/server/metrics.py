@@ -1,0 +1,165 @@
+"""GET /metrics: Prometheus text exposition (read scope or the box itself: server/auth.py).
+
+Three sources, one page:
+- the tally (server/tally.py): calls, errors, tokens, times, loads, evictions, refusals and
+  estimate errors, counted from the store's rows;
+- the box as it is now: each device's capacity, free bytes, what fitbox holds and reserves
+  there, each resident's state, the queue, the store's write failures and change counter;
+- each ready child's own ``/metrics`` (llama-server's ``llamacpp:*``), fetched at scrape
+  time with a short bound and re-exported with a ``model`` label; a child that does not
+  answer in time is left out, and counted in ``fitbox_child_scrape_failures_total``.
+
+One ``CollectorRegistry`` per app: two apps in one process (tests) never share a figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+
+from fitbox.box.box import Box
+from fitbox.box.resident import Resident
+from fitbox.core.types import ResidentState
+from fitbox.engines.http1 import EngineConnectionError
+from fitbox.probe.host import read_host
+from fitbox.store.db import Store
+
+from .tally import Tally
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CHILD_TIMEOUT_S = 0.5  # a scrape is not held up by a child that does not answer
+
+
+class BoxCollector(Collector):
+    """The box as it is at scrape time (gauges, read when collected)."""
+
+    def __init__(self, box: Box, store: Store) -> None:
+        self.box, self.store = box, store
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["device", "kind", "simulated"]
+        capacity = GaugeMetricFamily("fitbox_device_capacity_bytes", "What fitbox may fill on "
+                                     "the device (capped by every limit tier).", labels=labels)
+        free = GaugeMetricFamily("fitbox_device_free_bytes", "Free memory on the device now "
+                                 "(MemAvailable on the host).", labels=labels)  # fmt: skip
+        held = GaugeMetricFamily("fitbox_device_held_bytes", "What fitbox's residents hold "
+                                 "on the device.", labels=labels)  # fmt: skip
+        reserved = GaugeMetricFamily("fitbox_device_reserved_bytes", "The part of the held "
+                                     "bytes promised to residents still loading.", labels=labels)
+        residents = self.box.residents()
+        holding = _per_device(residents)
+        loading = _per_device([r for r in residents if r.state is ResidentState.STARTING])
+        free_now = {f"gpu{g.index}": g.free for g in self.box.gpus.read()}
+        free_now["host"] = read_host().mem_available
+        for device in self.box.snapshot().devices:
+            values = [device.id, device.kind.value, "true" if device.simulated else "false"]
+            capacity.add_metric(values, device.capacity)
+            free.add_metric(values, free_now.get(device.id, 0))
+            held.add_metric(values, holding.get(device.id, 0))
+            reserved.add_metric(values, loading.get(device.id, 0))
+        yield from (capacity, free, held, reserved)
+        state = GaugeMetricFamily("fitbox_residents", "Residents by model and state.",
+                                  labels=["model", "state"])  # fmt: skip
+        for resident in residents:
+            state.add_metric([resident.artifact.name, resident.state.value], 1)
+        yield state
+        yield GaugeMetricFamily("fitbox_queue_length", "Calls waiting for room.",
+                                value=len(self.box.queue()))  # fmt: skip
+        yield GaugeMetricFamily("fitbox_store_write_failures", "Store writes that failed "
+                                "since start (health: /v1/telemetry/state).",
+                                value=self.store.write_failures)  # fmt: skip
+        yield GaugeMetricFamily("fitbox_change_counter", "The store's change counter: the "
+                                "newest committed event.", value=self.store.counter)  # fmt: skip
+
+
+def _per_device(residents: Iterable[Resident]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for resident in residents:
+        for device, size in resident.holdings().items():
+            total[device] = total.get(device, 0) + size
+    return total
+
+
+class _Children(Collector):
+    """Children's own families, relabelled, for one scrape."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+class Metrics:
+    """The app's metrics: its registry, its tally, and how children are scraped."""
+
+    def __init__(self, box: Box, store: Store) -> None:
+        self.box, self.registry = box, CollectorRegistry(auto_describe=False)
+        self.tally = Tally(store, self.registry)
+        self.registry.register(BoxCollector(box, store))
+        self.child_failures = Counter(
+            "fitbox_child_scrape_failures", "Child /metrics fetches that failed or timed "
+            "out (the child was left out of that scrape).", ["model"], registry=self.registry)
+        self._lock = asyncio.Lock()  # one catch-up at a time: the cursors are one reader's
+
+    async def render(self) -> bytes:
+        catalog = self.box.catalog
+        names = {str(a.path): a.name for a in catalog.artifacts()}
+        asked = {alias: a.name for a in catalog.artifacts()
+                 for alias in (a.name, *catalog.aliases_of(a.name))}  # fmt: skip
+        async with self._lock:
+            await asyncio.to_thread(self.tally.catch_up, names, asked)
+        children = await self._children()
+        page = generate_latest(self.registry)
+        if children:
+            extra = CollectorRegistry(auto_describe=False)
+            extra.register(_Children(children))
+            page += generate_latest(extra)
+        return page
+
+    async def _children(self) -> list[Metric]:
+        ready = [r for r in self.box.residents()
+                 if r.state is ResidentState.READY and r.child is not None
+                 and r.engine.metrics_path()]  # fmt: skip
+        if not ready:
+            return []
+        texts = await asyncio.gather(*(self._fetch(r) for r in ready))
+        merged: dict[str, Metric] = {}
+        for resident, text in zip(ready, texts, strict=True):
+            if text is None:
+                continue
+            for family in text_string_to_metric_families(text):
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation,
+                                                             family.type))  # fmt: skip
+                for sample in family.samples:
+                    labels = {**sample.labels, "model": resident.artifact.name}
+                    into.samples.append(sample._replace(labels=labels))
+        return list(merged.values())
+
+    async def _fetch(self, resident: Resident) -> str | None:
+        """Over the child's own pooled connection (engines/http1.py), as the watchdog's
+        health probe goes: no client to build per scrape."""
+        assert resident.child is not None
+        path = resident.engine.metrics_path() or "/metrics"
+        try:
+            status, body = await asyncio.wait_for(resident.child.pool.get(path),
+                                                  CHILD_TIMEOUT_S)  # fmt: skip
+        except (TimeoutError, EngineConnectionError, OSError):
+            status, body = 0, b""
+        if status != 200:
+            self.child_failures.labels(resident.artifact.name).inc()
+            return None
+        return body.decode("utf-8", "replace")
+
+
+async def scrape(request: Request) -> Response:
+    found: Metrics = request.app.state.metrics
+    return Response(await found.render(), media_type=CONTENT_TYPE,
+                    headers={"cache-control": "no-store"})  # fmt: skip
