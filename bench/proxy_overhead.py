@@ -4,10 +4,14 @@ Both paths hit the *same* llama-server child (the one fitbox launched), interlea
 engine, model, cache state and machine load are shared and only the proxy differs.
 
     python bench/proxy_overhead.py [--requests 200] [--streams 8] [--stream-tokens 256]
+                                   [--concurrent 8] [--rounds 3]
 
 Prints p50/p95 added latency for short non-streaming completions, time-to-first-byte added
 for streams, and the streamed tokens/s ratio (fitbox / direct). Targets: < 2 ms added p50,
->= 98 % of direct streaming throughput.
+>= 98 % of direct streaming throughput. The concurrent row sends ``--concurrent`` streams
+at once, to the child directly and through fitbox (the same child, so the same ``-np``),
+in alternating rounds: aggregate tokens/s (all tokens / the round's wall time) and TTFB
+p50/p99 over every stream of every round, with the fitbox / direct ratios.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -131,11 +136,23 @@ def _stream_once(
     return first - started, usage / (last - first), usage
 
 
+def concurrent_round(client: httpx.Client, base: str, streams: int,
+                     tokens: int) -> tuple[float, list[float]]:  # fmt: skip
+    """``streams`` streams started together: (aggregate tokens/s, each one's TTFB)."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=streams) as pool:
+        results = list(pool.map(lambda _: stream_call(client, base, tokens), range(streams)))
+    wall = time.perf_counter() - started
+    return sum(r[2] for r in results) / wall, [r[0] for r in results]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--stream-tokens", type=int, default=256)
+    parser.add_argument("--concurrent", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
     model_path = pull(
@@ -145,7 +162,8 @@ def main() -> int:
         proc, proxy = start_fitbox(Path(tmp), model_path.parent)
         PROXY[0] = proxy
         try:
-            limits = httpx.Limits(keepalive_expiry=2.0)  # under llama-server's own 5 s
+            # under llama-server's own 5 s keep-alive; room for every concurrent stream
+            limits = httpx.Limits(keepalive_expiry=2.0, max_connections=4 * args.concurrent)
             with httpx.Client(timeout=120, limits=limits) as client:
                 short_call(client, proxy)  # loads the model
                 direct = child_url(proc.pid)
@@ -165,6 +183,16 @@ def main() -> int:
                             streams[name].append(stream_call(client, base, args.stream_tokens))
                         except httpx.HTTPError as exc:
                             raise SystemExit(f"stream {i} via {name} failed: {exc!r}") from exc
+                rates = {"direct": [], "fitbox": []}  # type: dict[str, list[float]]
+                ttfbs = {"direct": [], "fitbox": []}  # type: dict[str, list[float]]
+                for i in range(args.rounds):
+                    order = [("direct", direct), ("fitbox", proxy)]
+                    for name, base in order if i % 2 else reversed(order):
+                        rate, firsts = concurrent_round(client, base, args.concurrent,
+                                                        args.stream_tokens)  # fmt: skip
+                        rates[name].append(rate)
+                        ttfbs[name].extend(firsts)
+                slots = json.loads(httpx.get(f"{direct}/props").text).get("total_slots")
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
@@ -194,6 +222,14 @@ def main() -> int:
         f"  tokens/s     direct {d_tps:7.1f}      fitbox {f_tps:7.1f}      ratio "
         f"{f_tps / d_tps:.3f}"
     )
+    print(f"concurrent streams ({args.concurrent} at once x {args.rounds} rounds each, "
+          f"{args.stream_tokens} tokens, the child's slots: {slots})")
+    d_agg, f_agg = statistics.median(rates["direct"]), statistics.median(rates["fitbox"])
+    print(f"  aggregate tokens/s  direct {d_agg:7.1f}   fitbox {f_agg:7.1f}   ratio "
+          f"{f_agg / d_agg:.3f}")  # fmt: skip
+    for p in (50, 99):
+        dp, fp = percentile(ttfbs["direct"], p) * ms, percentile(ttfbs["fitbox"], p) * ms
+        print(f"  TTFB p{p}  direct {dp:8.1f} ms   fitbox {fp:8.1f} ms   ratio {fp / dp:.3f}")
     print(f"client resends after a dropped keep-alive connection: {RETRIES}")
     return 0
 

@@ -64,7 +64,7 @@ def resident_of(box: Box, name: str, state: ResidentState = S.READY) -> Resident
     """Register a resident of ``name`` as admission would, and bring it to ``state``."""
     artifact = box.catalog.resolve(name)
     resident = Resident(artifact=artifact, device="host", footprint=Footprint(1 << 20, 0, 0, 0),
-                        window=512, parallel=1, simulated=False,
+                        window=512, parallel=2, simulated=False,
                         engine=box.admission.engines.for_artifact(artifact))  # fmt: skip
     box.registry.add(resident)
     if state is not S.STARTING:
@@ -148,6 +148,38 @@ def test_a_call_joins_a_ready_resident_and_its_release_makes_it_idle(
         lease.release()  # twice is harmless
         again.release()
         assert resident.calls == 0
+
+    asyncio.run(run())
+
+
+def test_a_call_beyond_the_free_slots_waits_at_the_door_until_a_slot_is_released(
+    tmp_path: Path, models: Path
+) -> None:
+    """Two slots: two calls hold them; a third (and one asking for both slots) waits in
+    fitbox's queue, not in the engine's, and each gets in when enough slots come back."""
+
+    async def run() -> None:
+        box = make_box(tmp_path, models)
+        resident = resident_of(box, "tiny-a")
+        first, second = await box.acquire("tiny-a"), await box.acquire("tiny-a")
+        third = asyncio.ensure_future(box.acquire("tiny-a", call_id=3))
+        (waiting,) = await queued(box)
+        assert waiting["call_id"] == 3 and waiting["blocked_by"] == ["tiny-a"]
+        assert resident.slots_taken == 2 and not third.done()
+        first.release()
+        got = await third
+        assert got.resident is resident and resident.slots_taken == 2 and box.queue() == []
+        both = asyncio.ensure_future(box.acquire("tiny-a", call_id=4, slots=2))
+        await queued(box)
+        second.release()  # one slot free: not enough for n=2
+        for _ in range(100):  # the woken waiter decides again (no I/O: only these steps)
+            await asyncio.sleep(0)
+        assert not both.done() and [w["call_id"] for w in await queued(box)] == [4]
+        got.release()
+        pair = await both
+        assert pair.slots == 2 and resident.slots_taken == 2
+        pair.release()
+        assert resident.slots_taken == 0 and resident.calls == 0
 
     asyncio.run(run())
 

@@ -19,6 +19,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from fitbox.core import sizing
+from fitbox.core.slots import choose
 from fitbox.models.gguf_facts import read_facts
 
 from .conftest import FitboxProcess, running_fitbox, start_fitbox, stop_fitbox
@@ -35,14 +36,17 @@ from .holds import (
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
+DEFAULT_SLOTS = 4  # FITBOX_PARALLEL's default
 HELLO: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Say hello in one short sentence."}
 ]
 
 
-def footprint(path: Path, window: int = 4096, parallel: int = 1) -> int:
-    shape = read_facts(path).shape
-    return sizing.footprint(shape, sizing.effective_window(shape, window), parallel).total
+def footprint(path: Path, window: int = 4096, parallel: int = DEFAULT_SLOTS) -> int:
+    """As fitbox prices it: ``parallel`` slots, unified when more than one."""
+    shape, slots = read_facts(path).shape, choose(parallel)
+    return sizing.footprint(shape, sizing.effective_window(shape, window), slots.count,
+                            unified=slots.unified).total  # fmt: skip
 
 
 _clients: list[openai.OpenAI] = []
@@ -247,8 +251,8 @@ def test_a_model_too_big_for_the_box_is_refused_and_nothing_is_evicted(
     with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
         client = client_for(box)
         client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2)
-        with pytest.raises(openai.APIStatusError) as caught:
-            client.chat.completions.create(model=SMOL, messages=HELLO)
+        with pytest.raises(openai.APIStatusError) as caught:  # a prompt of a few tokens:
+            client.completions.create(model=SMOL, prompt="Hi")  # the smallest window holds it
         assert caught.value.status_code == 507
         body = caught.value.body
         assert isinstance(body, dict) and body["code"] == "does_not_fit"

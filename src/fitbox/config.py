@@ -221,7 +221,9 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_int,
     ),
     Setting(
-        "parallel", "FITBOX_PARALLEL", "1", "llama-server slots per model (-np)", _positive_int
+        "parallel", "FITBOX_PARALLEL", "4",
+        "llama-server slots per model (-np; more than 1 share one KV cache, --kv-unified)",
+        _positive_int,
     ),
     Setting(
         "cpu_floor",

@@ -45,6 +45,14 @@ class InvalidRequest(FitboxError):
     code = "invalid_request"
 
 
+class ContextExceeded(InvalidRequest):
+    """A prompt longer than any window the model can load (llama-server's own type and
+    numbers, so a client trims history by them)."""
+
+    type = "exceed_context_size_error"
+    code = "context_length_exceeded"
+
+
 class BodyTooLarge(FitboxError):
     """A request body over the box's limit (FITBOX_MAX_BODY), refused before it is read whole."""
 

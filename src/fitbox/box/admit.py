@@ -52,22 +52,24 @@ class Admission:
         return str(self.asks.prefs.effective()["admission"])
 
     async def acquire(
-        self, name: str, call_id: int | None = None, need: int = 1, max_tokens: int = 0
-    ) -> Lease:
-        """Find or load the model ``name`` and hold it for one call. A load that runs out of
-        memory refuses its window; the call is placed once more against that fact (a smaller
-        window or the next rung), in the same request."""
+        self, name: str, call_id: int | None = None, need: int = 1, max_tokens: int = 0,
+        slots: int = 1,
+    ) -> Lease:  # fmt: skip
+        """Find or load the model ``name`` and hold ``slots`` of its slots for one call (a
+        call asking for ``n`` choices takes ``n``). A load that runs out of memory refuses
+        its window; the call is placed once more against that fact (a smaller window or
+        the next rung), in the same request."""
         named = self.asks.named(name)
         try:
-            return await self._acquire(named, call_id, need, max_tokens)
+            return await self._acquire(named, call_id, need, max_tokens, slots)
         except EngineFailed as exc:
             if not exc.detail.get("out_of_memory"):
                 raise
             log.warning("placing '%s' again after an out-of-memory load", name)
-            return await self._acquire(named, call_id, need, max_tokens)
+            return await self._acquire(named, call_id, need, max_tokens, slots)
 
     async def _acquire(self, named: Named, call_id: int | None, need: int,
-                       max_tokens: int) -> Lease:  # fmt: skip
+                       max_tokens: int, slots: int) -> Lease:  # fmt: skip
         if self.closing:
             raise ShuttingDown("fitbox is shutting down; retry against the restarted service")
         self.supervisor.refuse_if_failed(named.first)
@@ -78,7 +80,8 @@ class Admission:
             if delay > 0:
                 await asyncio.sleep(min(delay, max_wait))
                 self.supervisor.refuse_if_failed(named.first)
-        lease = await self._admitted(named, call_id, need, max_tokens, deadline, max_wait)
+        lease = await self._admitted(named, call_id, need, max_tokens, slots, deadline,
+                                     max_wait)  # fmt: skip
         try:
             async with asyncio.timeout(self.config.load_timeout + READY_SLACK_S):
                 await asyncio.shield(lease.resident.ready)
@@ -88,15 +91,16 @@ class Admission:
         return lease
 
     async def _admitted(
-        self, named: Named, call_id: int | None, need: int, max_tokens: int, deadline: float,
-        max_wait: float,
+        self, named: Named, call_id: int | None, need: int, max_tokens: int, slots: int,
+        deadline: float, max_wait: float,
     ) -> Lease:  # fmt: skip
         """Decide under the lock until a lease is had; wait for changes in between."""
         waiter: Waiter | None = None
         try:
             while True:
                 async with self.registry.lock:
-                    lease, blockers = self._decide(named, call_id, waiter, need, max_tokens)
+                    lease, blockers = self._decide(named, call_id, waiter, need, max_tokens,
+                                                   slots)  # fmt: skip
                     changed = self.registry.change()
                 if lease is not None:
                     return lease
@@ -131,7 +135,7 @@ class Admission:
         known = [eta for eta in etas if eta is not None]
         return max(known) if etas and len(known) == len(etas) else waited
 
-    def _joinable(self, named: Named) -> Resident | None:
+    def joinable(self, named: Named) -> Resident | None:
         """A resident that serves ``named`` as asked (any approved variant, pins honoured)."""
         for artifact in named.artifacts:
             resident = self.registry.get(artifact.key)
@@ -141,15 +145,17 @@ class Admission:
 
     def _decide(
         self, named: Named, call_id: int | None, waiter: Waiter | None, need: int,
-        max_tokens: int,
+        max_tokens: int, slots: int,
     ) -> tuple[Lease | None, list[str]]:  # fmt: skip
         """Under the lock: join a resident, place a new one, or say who blocks."""
-        existing = self._joinable(named)
+        existing = self.joinable(named)
         if existing is not None:  # the hot path: no pricing for a model already loaded
             if existing.state is S.STOPPING or self._outgrown(existing, max(need - max_tokens, 0)):
                 return None, [existing.artifact.name]
-            self.registry.join(existing)
-            return Lease(existing, self.registry), []
+            if not existing.has_slots(slots) or self._slot_waiter_ahead(named, waiter):
+                return None, [existing.artifact.name]  # a slot frees when a call ends
+            self.registry.join(existing, slots)
+            return Lease(existing, self.registry, slots=slots), []
         ask = self.asks.ask(named, need=need, max_tokens=max_tokens)
         devices = self.snapshots.devices()  # one probe reading: pricing, deciding, labelling
         decision = decide(self.snapshots.snapshot(devices), ask)
@@ -166,10 +172,15 @@ class Admission:
         if loaded is not None:  # the same file under another contract (rung, pins)
             why = f"loading it again as {decision.rung.value} (it was {loaded.rung.value})"
             return None, self._reload_when_idle(loaded, why)
-        return self._place(named, decision, ask, devices, call_id), []
+        return self._place(named, decision, ask, devices, call_id, slots), []
+
+    def _slot_waiter_ahead(self, named: Named, waiter: Waiter | None) -> bool:
+        """Whether a call for the same model waits ahead of this one: a slot that frees
+        goes to the first in admission order, not to whoever asks next."""
+        return named.first.name in self.waiting.ahead_of(waiter, self.policy())
 
     def _place(self, named: Named, decision: Place, ask: Ask, devices: list[Device],
-               call_id: int | None) -> Lease:  # fmt: skip
+               call_id: int | None, slots: int) -> Lease:  # fmt: skip
         """Apply a placement: victims leave, the new resident is registered and brought up."""
         victims = [r for v in decision.victims if (r := self.registry.get(v.key))]
         for victim in victims:
@@ -182,7 +193,7 @@ class Admission:
         resident = Resident(
             artifact=artifact, device=decision.device,
             footprint=planning.summed(f for _, f in decision.footprint),
-            window=decision.window, parallel=ask.parallel,
+            window=decision.window, parallel=decision.slots,
             simulated=device.simulated, engine=self.engines.for_artifact(artifact),
             basis=planning.basis(decision, ask)[decision.artifact], loaded_by_call=call_id,
             place=decision,
@@ -192,17 +203,19 @@ class Admission:
             cpus=self.snapshots.cpus_of(decision.cores),
         )  # fmt: skip
         self.registry.add(resident)
-        self.registry.join(resident)
+        self.registry.join(resident, slots)
         self.tasks.spawn(self.supervisor.bring_up(resident, victims))
-        return Lease(resident, self.registry, [v.artifact.name for v in victims], loaded=True)
+        return Lease(resident, self.registry, [v.artifact.name for v in victims], loaded=True,
+                     slots=slots)  # fmt: skip
 
     def _outgrown(self, resident: Resident, prompt: int) -> bool:
         """A prompt larger than a slot of the loaded window needs the model loaded again with a
         larger one (a new contract). Never while a call is on it: an idle, unpinned resident
         is stopped now and the call is placed again; otherwise the call waits (bounded)."""
-        slot = resident.window // max(resident.parallel, 1)
+        slots = resident.slots
+        slot = slots.window_each(resident.window)
         trained = resident.artifact.facts.shape.n_ctx_train
-        if prompt <= slot or (trained and slot >= trained // max(resident.parallel, 1)):
+        if prompt <= slot or (trained and slot >= slots.window_each(trained)):
             return False
         if trained and prompt > trained:
             return False  # no window could hold it: the engine says so, nothing is reloaded

@@ -19,6 +19,7 @@ from fitbox.core.ask import Ask, Candidate, MeasuredFit, Speeds
 from fitbox.core.pins import Pins
 from fitbox.core.pins import parse as parse_pins
 from fitbox.core.repack import NO_REPACK_CLASS, CpuFeatures
+from fitbox.core.slots import choose
 from fitbox.core.types import Footprint, Goal, Rung
 from fitbox.models.catalog import Artifact, Catalog, is_four_bit
 from fitbox.store.db import MeasuredFootprint
@@ -122,7 +123,7 @@ class Asks:
     ) -> Ask:  # fmt: skip
         """The core's ask for a call on ``named``; ``all_kv`` adds the common quantized
         caches after the configured ones (for verdicts: a band per K/V type)."""
-        parallel = parallel or self.config.parallel
+        parallel = choose(parallel or self.config.parallel).count  # as the child gets it
         eff = self.knobs(named)
         kv_types = ((kv, kv),) if kv else tuple((k, k) for k in eff["kv_types"])
         if all_kv:

@@ -37,6 +37,7 @@ from .asks import Asks
 from .calls import CallDesk
 from .facts import Facts
 from .lease import Lease
+from .needs import Needs
 from .operator import Operator
 from .preferences import Preferences
 from .resident import Resident
@@ -70,6 +71,7 @@ class Box:
         self.admission = Admission(config, self.registry, self.asks, self.snapshots,
                                    self.supervisor, self.engines, self.tasks)  # fmt: skip
         self.operator = Operator(catalog, self.registry, self.admission, self.supervisor)
+        self.needs = Needs(config.parallel, self.asks, self.admission)
         self.warmth = Warmth(config, self.registry, self.asks, self.admission, self.supervisor,
                              self.operator)  # fmt: skip
         self._calls = (
@@ -113,8 +115,8 @@ class Box:
     # -- calls and operator actions --------------------------------------------------------
 
     async def acquire(self, name: str, call_id: int | None = None, need: int = 1,
-                      max_tokens: int = 0) -> Lease:  # fmt: skip
-        return await self.admission.acquire(name, call_id, need, max_tokens)
+                      max_tokens: int = 0, slots: int = 1) -> Lease:  # fmt: skip
+        return await self.admission.acquire(name, call_id, need, max_tokens, slots)
 
     async def load(self, name: str) -> Resident:
         return await self.operator.load(name)

@@ -37,7 +37,7 @@ from .supervision import Watchdog
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 KEEP_TAIL = 16 * 1024  # the end of a reply kept for its usage and timings
 ROW_WAIT_S = 5.0  # the longest a response waits for its row to be committed
-Acquire = Callable[[str, int | None, int, int], Awaitable[Lease]]
+Acquire = Callable[[str, int | None, int, int, int], Awaitable[Lease]]
 
 
 # The last event of the streams that end without ``data: [DONE]``: the Responses API's and
@@ -139,11 +139,12 @@ class Call:
     # -- placing and sending -----------------------------------------------------------
 
     async def place(self, need: int, max_tokens: int, prompt_tokens: int,
-                    name: str | None = None) -> Resident:  # fmt: skip
-        """Hold a ready resident for this call (loading, evicting or waiting as decided);
-        ``name``: the model it is placed on when not the one asked (a default model)."""
+                    slots: int = 1, name: str | None = None) -> Resident:  # fmt: skip
+        """Hold ``slots`` slots of a ready resident for this call (loading, evicting or
+        waiting as decided); ``name``: the model it is placed on when not the one asked (a
+        default model)."""
         self.lease = lease = await self.desk.acquire(name or self.model, self.id, need,
-                                                     max_tokens)  # fmt: skip
+                                                     max_tokens, slots)  # fmt: skip
         r = lease.resident
         lease.expect(self.desk.speeds.of(r.artifact, r.rung.value), prompt_tokens, max_tokens)
         self._record(
@@ -155,6 +156,11 @@ class Call:
             tensor_split=list(r.place.tensor_split) if r.place else [],
         )  # fmt: skip
         return r
+
+    def unplace(self) -> None:
+        """Give the lease back before anything was sent (the call is placed again, with
+        what its engine counted, or refused)."""
+        self._release()
 
     def _watched(self, awaitable: Awaitable[Any]) -> Awaitable[Any]:
         return self.desk.watchdog.watched(self.resident, awaitable)

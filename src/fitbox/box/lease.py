@@ -19,6 +19,7 @@ class Lease:
     registry: Registry
     evicted: list[str] = field(default_factory=list)
     loaded: bool = False  # this call's placement loaded the model
+    slots: int = 1  # the resident's slots this call holds (its ``n``)
     _released: bool = False
 
     @property
@@ -30,7 +31,7 @@ class Lease:
         if not self._released:
             self._released = True
             self.resident.expected_ends.pop(id(self), None)
-            self.registry.release(self.resident)
+            self.registry.release(self.resident, self.slots)
 
     def expect(self, speeds: Speeds, prompt_tokens: int, max_tokens: int) -> None:
         """When this call should be done, from the model's measured rates (None: unknown)."""

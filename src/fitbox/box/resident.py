@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fitbox.core.decision import Place
+from fitbox.core.slots import Slots
 from fitbox.core.types import Footprint, ResidentState, ResidentView, Rung
 from fitbox.engines.child import Child
 from fitbox.engines.seam import Engine
@@ -36,6 +37,7 @@ class Resident:
     engine: Engine
     _state: ResidentState = field(default=ResidentState.STARTING, init=False)
     calls: int = 0
+    slots_taken: int = 0  # of ``parallel``: a call takes as many as the choices it asks for
     last_used: float = field(default_factory=time.monotonic)
     # the last byte any of its calls received (monotonic): the engine's progress, which the
     # hang watchdog stamps and reads, so a call queued for a slot is not taken for a hang
@@ -85,6 +87,15 @@ class Resident:
         return tuple(c for c in self.place.cores if c not in self.lost_cores)
 
     @property
+    def slots(self) -> Slots:
+        return Slots(self.parallel, self.place.kv_unified if self.place else False)
+
+    def has_slots(self, wanted: int) -> bool:
+        """Whether a call wanting ``wanted`` slots may start on it now (else it waits at
+        fitbox's door, never in the engine's queue)."""
+        return self.slots_taken + wanted <= self.parallel
+
+    @property
     def type_k(self) -> str:
         return self.place.type_k if self.place else "f16"
 
@@ -132,6 +143,8 @@ class Resident:
             },
             "window": self.window,
             "parallel": self.parallel,
+            "kv_unified": self.slots.unified,
+            "slots_taken": self.slots_taken,
             "rung": self.rung.value,
             "type_k": self.type_k,
             "type_v": self.type_v,

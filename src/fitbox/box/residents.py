@@ -88,15 +88,19 @@ class Registry:
             del self._residents[resident.key]
         self.notify()
 
-    def join(self, resident: Resident) -> None:
-        """A call starts on ``resident``: it is now serving."""
+    def join(self, resident: Resident, slots: int = 1) -> None:
+        """A call starts on ``resident`` and takes ``slots`` of its slots (its ``n``): it
+        is now serving."""
         resident.calls += 1
+        resident.slots_taken += slots
         resident.served += 1
         resident.last_used = time.monotonic()
 
-    def release(self, resident: Resident) -> None:
-        """A call on ``resident`` ended; waiting calls may find it idle now."""
+    def release(self, resident: Resident, slots: int = 1) -> None:
+        """A call on ``resident`` ended, giving back its slots; waiting calls may find a
+        free slot, or it idle, now."""
         resident.calls -= 1
+        resident.slots_taken -= slots
         resident.last_used = time.monotonic()
         self.notify()
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fitbox.core.repack import CpuFeatures
 from fitbox.core.sizing import ModelShape
+from fitbox.core.slots import Slots, choose
 from fitbox.core.split import Layout
 from fitbox.core.types import RUNG_ORDER, Footprint, Goal, Priority, Rung
 
@@ -87,3 +88,8 @@ class Ask:
     prompt_tokens: int = 0
     max_tokens: int = 0
     cpu_floor: int = 1  # free physical cores a rung with weights in RAM needs at least
+
+    @property
+    def slots(self) -> Slots:
+        """The slots a child placed for this ask gets (core/slots.py)."""
+        return choose(self.parallel)

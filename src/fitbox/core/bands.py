@@ -38,7 +38,7 @@ def band_windows(ask: Ask, candidate: Candidate) -> list[int] | tuple[RejectReas
     """Every window the call may load at, smallest first, before any placement's refused
     cap; or why none (the call needs more than the model was trained on)."""
     shape = candidate.shape
-    needed = max(ask.need, 1) * max(ask.parallel, 1)
+    needed = ask.slots.window_for(ask.need)
     trained = shape.n_ctx_train if shape and shape.n_ctx_train > 0 else None
     if trained is not None and needed > trained:
         return (RejectReason.BEYOND_TRAINING,

@@ -32,9 +32,10 @@ class SplitCosts:
 
 
 class Sizer:
-    def __init__(self, candidate: Candidate, parallel: int, type_k: str, type_v: str) -> None:
+    def __init__(self, candidate: Candidate, parallel: int, type_k: str, type_v: str,
+                 unified: bool = False) -> None:  # fmt: skip
         self.candidate = candidate
-        self.parallel = parallel
+        self.parallel, self.unified = parallel, unified
         self.type_k, self.type_v = type_k, type_v
         self.cpu = None if candidate.no_repack else candidate.cpu  # what repacks in RAM
         self._placements: dict[Placement, tuple[dict[str, int], dict[str, Counter[Signature]],
@@ -83,7 +84,8 @@ class Sizer:
             return self.candidate.fixed
         assert self.candidate.shape is not None
         return sizing.footprint(self.candidate.shape, window, self.parallel, type_k=self.type_k,
-                                type_v=self.type_v, cpu=self.cpu if in_ram else None)  # fmt: skip
+                                type_v=self.type_v, unified=self.unified,
+                                cpu=self.cpu if in_ram else None)  # fmt: skip
 
     def on(self, placement: Placement, window: int) -> dict[str, Footprint]:
         """Bytes per device for ``placement`` at ``window`` (FORMULAS.md §Split)."""
@@ -111,8 +113,9 @@ class Sizer:
         shape = self.candidate.shape
         assert shape is not None
         window = sizing.effective_window(shape, window)
-        cells, streams = sizing.kv_cells(window, self.parallel, False)
-        swa = sizing.swa_window(shape.n_swa, cells, self.parallel, False) if self._has_swa else 0
+        cells, streams = sizing.kv_cells(window, self.parallel, self.unified)
+        swa = (sizing.swa_window(shape.n_swa, cells, self.parallel, self.unified)
+               if self._has_swa else 0)  # fmt: skip
         per_sig: dict[Signature, int] = {}
         for sig, il in self._first_layer.items():  # one layer stands for all of its kind
             if sig[0] == "state":

@@ -143,7 +143,7 @@ def _fit_kv(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: st
         if problem:
             reject(RejectReason.KV_TYPE, problem)
             return None
-    sizer = Sizer(candidate, ask.parallel, type_k, type_v)
+    sizer = Sizer(candidate, ask.slots.count, type_k, type_v, ask.slots.unified)
     sets = _sets(search, rung, candidate)
     if isinstance(sets, RejectReason):
         no_gpu = "this box has no GPU" if rung is not Rung.RAM_ONLY else "host RAM is not offered"
@@ -238,6 +238,7 @@ def _place(candidate: Candidate, rung: Rung, type_k: str, type_v: str, fit: Fit,
         where=placement_class(fit.placement, candidate.shape.n_layer if candidate.shape else 0)
         + norepack.placement_suffix(candidate),  # repack hook 2/2: facts of --no-repack apart
         repack=norepack.repack_reason(candidate, fit.placement),
+        slots=search.ask.slots.count, kv_unified=search.ask.slots.unified,
     )  # fmt: skip
 
 
@@ -262,7 +263,8 @@ def _admit(search: Search, q: int, candidate: Candidate, rung: Rung, attempt: At
         search.rejected.append(Rejected(candidate.key, rung, f"{type_k}/{type_v}",
                                         RejectReason.NO_CORES, detail))  # fmt: skip
         if any(r.settles and r.cores for r in snapshot.residents):
-            sizer = Sizer(candidate, search.ask.parallel, type_k, type_v)
+            slots = search.ask.slots
+            sizer = Sizer(candidate, slots.count, type_k, type_v, slots.unified)
             _hope(search, q, candidate, rung, sizer, fit.placement, memory=False)
         else:
             search.refusals.append(Refusal(RejectReason.NO_CORES, HOST, search.ask.cpu_floor,

@@ -101,6 +101,8 @@ class Place:
     where: str = ""  # its placement class: what its measured facts are filed under
     device_counts: tuple[DeviceCount, ...] = ()  # a GPU rung on a multi-GPU box: 1, 2, ... GPUs
     repack: RepackReason = RepackReason.NONE  # ram_bound: launched with --no-repack
+    slots: int = 1  # -np: calls it serves at once (core/slots.py)
+    kv_unified: bool = False  # --kv-unified: every slot may fill the whole window
 
     @property
     def no_repack(self) -> bool:

@@ -18,9 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
+from fitbox.engines.http1 import EnginePool
 from fitbox.engines.load_log import parse_load_log
 from fitbox.engines.seam import CallTimings, EngineNotFound, Held, LaunchIntent, LaunchSpec
 
@@ -228,6 +230,8 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv += ["-ts", ",".join(f"{share:g}" for share in intent.tensor_split)]
     if intent.experts_in_ram:
         argv.append("--cpu-moe")
+    if intent.kv_unified and engine.has("--kv-unified"):
+        argv.append("--kv-unified")  # -np given: the engine's default is then not unified
     if intent.no_repack and engine.has("--no-repack"):
         argv.append("--no-repack")  # the core chose the smaller, unrepacked weights
     if intent.threads:
@@ -341,3 +345,39 @@ class LlamaServer:
 
     def shape(self, path: str, body: bytes) -> tuple[str, bytes]:
         return path, body  # forwarded as the client sent it: llama-server speaks OpenAI
+
+    async def count_prompt(self, pool: EnginePool, path: str, body: bytes) -> int | None:
+        """``/apply-template`` renders a chat body as the engine will; ``/tokenize`` counts
+        it with the specials the engine adds to a prompt (server-context.cpp
+        tokenize_input_prompts(add_special, parse_special))."""
+        if path == "/v1/chat/completions":
+            rendered = await _post_json(pool, "/apply-template", body)
+            prompt = rendered.get("prompt") if rendered else None
+        elif path == "/v1/completions":
+            prompt = _loads(body).get("prompt")
+        else:
+            return None
+        if not isinstance(prompt, str):
+            return None
+        ask = json.dumps({"content": prompt, "add_special": True, "parse_special": True})
+        counted = await _post_json(pool, "/tokenize", ask.encode())
+        tokens = counted.get("tokens") if counted else None
+        return len(tokens) if isinstance(tokens, list) else None
+
+
+def _loads(content: bytes) -> dict[str, Any]:
+    try:
+        parsed = json.loads(content)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+async def _post_json(pool: EnginePool, path: str, body: bytes) -> dict[str, Any] | None:
+    """A JSON object the engine answered; None on an error status."""
+    response = await pool.request("POST", path, body, {"Content-Type": "application/json"})
+    try:
+        content = await response.read()
+    finally:
+        response.close()
+    return _loads(content) if response.status == 200 else None

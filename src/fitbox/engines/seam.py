@@ -16,6 +16,7 @@ from typing import Protocol
 
 from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
+from fitbox.engines.http1 import EnginePool
 
 
 class EngineNotFound(RuntimeError):
@@ -43,6 +44,7 @@ class LaunchIntent:
     type_k: str = "f16"
     type_v: str = "f16"
     no_repack: bool = False  # weights in RAM stay as the file has them (--no-repack)
+    kv_unified: bool = False  # the slots share one KV cache: each may fill the window
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,11 @@ class Engine(Protocol):
 
     def shape(self, path: str, body: bytes) -> tuple[str, bytes]:
         """The path and body to send to a child for a client's call on ``path``."""
+        ...
+
+    async def count_prompt(self, pool: EnginePool, path: str, body: bytes) -> int | None:
+        """The tokens a call's prompt takes in a ready child, as its model's own chat
+        template and tokenizer make them; None: this engine or call cannot say."""
         ...
 
     def metrics_path(self) -> str | None:

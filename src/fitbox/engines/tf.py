@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
-from fitbox.engines.http1 import EngineConnectionError
+from fitbox.engines.http1 import EngineConnectionError, EnginePool
 from fitbox.engines.llama_server import parse_timings
 from fitbox.engines.seam import CallTimings, EngineNotFound, Held, LaunchIntent, LaunchSpec
 
@@ -265,6 +265,9 @@ class Transformers:
 
     def shape(self, path: str, body: bytes) -> tuple[str, bytes]:
         return path, body  # the child speaks the OpenAI shapes
+
+    async def count_prompt(self, pool: EnginePool, path: str, body: bytes) -> int | None:
+        return None  # the child has no tokenize route yet: the bound places its calls
 
     def metrics_path(self) -> str | None:
         return None  # the child serves no Prometheus figures of its own (yet)

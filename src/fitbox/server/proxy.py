@@ -21,6 +21,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fitbox.box.box import Box
 from fitbox.box.calls import Call
+from fitbox.box.needs import PromptSize, fits
+from fitbox.box.resident import Resident
 from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import (
     FitboxError,
@@ -127,21 +129,17 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
         if name != asked:
             check_model_allowed(request, box, name)  # a key's limit holds for what serves
         check_served(box, name, path)
-        max_tokens = _max_tokens(body)
-        # the prompt's tokens are not known before a tokenizer runs: ~4 bytes of request per
-        # token is the estimate, used only to pick the smallest window the call may get
-        prompt = len(raw) // 4
+        slots = box.needs.choices(body)  # an n the box cannot give: refused before any 200
         query = urlencode([(k, v) for k, v in request.query_params.multi_items()
                            if k != "model"])  # fmt: skip
         if call.stream and progress.must_load(box, name):  # the 200 now, the load after it
-            sizes = (max(prompt + max_tokens, 1), max_tokens, prompt)
 
             async def start() -> EngineResponse:
-                await call.place(*sizes, name)
+                await _placed(box, call, path, raw, body, name, slots)
                 return await call.send(raw, accept, method, query)
 
             return _waiting(request, call, start, body, headers, asked, field)
-        resident = await call.place(max(prompt + max_tokens, 1), max_tokens, prompt, name)
+        resident = await _placed(box, call, path, raw, body, name, slots)
         response = await call.send(raw, accept, method, query)
     except FitboxError as exc:
         call.failed(exc)
@@ -187,6 +185,29 @@ def _waiting(request: Request, call: Call, start: progress.Start, body: dict[str
     return StreamingResponse(stream, headers={**headers, "cache-control": "no-cache",
                                               "x-accel-buffering": "no"},
                              media_type="text/event-stream")  # fmt: skip
+
+
+async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, Any],
+                  name: str, slots: int) -> Resident:  # fmt: skip
+    """Place a call by its prompt's tokens (box/needs.py): counted by the model when it is
+    ready, else bounded, counted once placed, and placed again with a larger window (or
+    refused with both numbers) when the count outgrows the slot it got."""
+    max_tokens = _max_tokens(body)
+    param = "messages" if "messages" in body else "prompt"
+    size = await box.needs.prompt(name, path, raw, body)
+    size.refuse_if_too_long(param)
+    need, reply = size.split(max_tokens)
+    resident = await call.place(need, reply, size.tokens, slots, name)
+    if size.exact or fits(size, resident):
+        return resident
+    counted = await box.needs.counted(resident, path, raw)
+    if counted is None or fits(PromptSize(counted, True, size.largest), resident):
+        return resident
+    call.unplace()
+    size = PromptSize(counted, True, size.largest)
+    size.refuse_if_too_long(param)
+    need, reply = size.split(max_tokens)
+    return await call.place(need, reply, counted, slots, name)
 
 
 async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],

@@ -55,7 +55,7 @@ def intent_for(resident: Resident, port: int) -> LaunchIntent:
         port=port, tensor_split=place.tensor_split, experts_in_ram=place.experts_in_ram,
         gpus=tuple(int(d.removeprefix("gpu")) for d in place.devices if d.startswith("gpu")),
         threads=len(place.cores) or None, type_k=place.type_k, type_v=place.type_v,
-        no_repack=place.no_repack,
+        no_repack=place.no_repack, kv_unified=place.kv_unified,
     )  # fmt: skip
 
 

@@ -1,0 +1,118 @@
+"""What a call needs before it is placed: its prompt's tokens and its slots.
+
+A prompt is counted by the model's own chat template and tokenizer when the model is
+ready (the engine seam's ``count_prompt``); otherwise by a bound that is never below that
+count (core/prompts.py), and counted again once placed. The window asked for holds the
+prompt, one more token for the engine to write into (llama-server refuses a prompt that
+fills its slot), and the reply, capped at the largest slot the model can load: a reply
+longer than that is cut by the engine, as llama-server does. A prompt that fills the
+largest slot is refused with both numbers, in llama-server's own error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from fitbox.core.prompts import prompt_bound
+from fitbox.core.slots import choose
+from fitbox.core.types import ResidentState
+from fitbox.engines.http1 import EngineConnectionError
+from fitbox.errors import ContextExceeded, InvalidRequest
+from fitbox.models.templates import chat_template_bytes
+
+from .admit import Admission
+from .asks import Asks
+from .resident import Resident
+
+COUNT_S = 10.0  # the longest a call waits for its engine to count its prompt
+
+
+@dataclass(frozen=True)
+class PromptSize:
+    tokens: int
+    exact: bool  # counted by the model's tokenizer; else a bound never below that count
+    largest: int  # the longest prompt + reply one slot of this model can hold (0: unknown)
+    claimed: bool = False  # a bound its loaded model could not count: it stands for the prompt
+
+    def need(self, max_tokens: int) -> int:
+        """Tokens of window one call needs: prompt, the engine's next cell, the reply."""
+        need = self.tokens + 1 + max_tokens
+        return min(need, self.largest) if self.largest else need
+
+    def split(self, max_tokens: int) -> tuple[int, int]:
+        """(need, the reply's part of it) as admission reads them: need minus reply is
+        the prompt a loaded window must hold, which reloads a model whose slot is smaller
+        (box/admit.py _outgrown). A bound claims one token of it (a loose bound never
+        reloads a model; the engine's count does, once placed), unless the loaded model
+        could not count it (stopped, hung: the call then waits for a larger window as it
+        would for a counted prompt); a reply cut by the largest slot claims what is left."""
+        need = self.need(max_tokens)
+        prompt = min(self.tokens + 1, need) if self.exact or self.claimed else 1
+        return need, need - prompt
+
+    def refuse_if_too_long(self, param: str) -> None:
+        """A counted prompt no window holds is refused before it reaches an engine."""
+        if self.exact and self.largest and self.tokens >= self.largest:
+            raise ContextExceeded(
+                f"request ({self.tokens} tokens) exceeds the available context size "
+                f"({self.largest} tokens), the largest window this model loads; shorten "
+                "the prompt", param=param, n_prompt_tokens=self.tokens, n_ctx=self.largest,
+            )  # fmt: skip
+
+
+class Needs:
+    def __init__(self, parallel: int, asks: Asks, admission: Admission) -> None:
+        self.slots = choose(parallel)  # what every child gets (core/slots.py)
+        self.asks, self.admission = asks, admission
+
+    def choices(self, body: dict[str, Any]) -> int:
+        """The slots a call takes: its ``n``. More than a child has is refused here."""
+        n = body.get("n", 1)
+        if n is None:
+            return 1
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InvalidRequest(f"'n' must be a whole number of at least 1 (got {n!r}).",
+                                 param="n", code="invalid_n")  # fmt: skip
+        if n > self.slots.count:
+            raise InvalidRequest(
+                f"'n' is {n}; a model on this box serves at most {self.slots.count} choices "
+                f"at once (its slots, FITBOX_PARALLEL={self.slots.count}). Ask for fewer, "
+                "or raise FITBOX_PARALLEL.", param="n", code="n_above_slots",
+            )  # fmt: skip
+        return n
+
+    async def prompt(self, name: str, path: str, raw: bytes, body: dict[str, Any]) -> PromptSize:
+        """The prompt's size before placement: the bound when it already fits the slot of
+        a loaded model (no engine round trip for the common call), else the loaded
+        model's own count, else the bound."""
+        named = self.asks.named(name)
+        trained = named.first.facts.shape.n_ctx_train
+        largest = self.slots.window_each(trained) if trained > 0 else 0
+        bound = PromptSize(prompt_bound(body, chat_template_bytes(named.first.path)), False,
+                           largest)  # fmt: skip
+        resident = self.admission.joinable(named)
+        if resident is None or fits(bound, resident):
+            return bound
+        counted = await self.counted(resident, path, raw)
+        if counted is None:
+            return PromptSize(bound.tokens, False, largest, claimed=True)
+        return PromptSize(counted, True, largest)
+
+    async def counted(self, resident: Resident, path: str, raw: bytes) -> int | None:
+        """The prompt's tokens by a ready resident's own engine; None when it cannot say
+        (within ``COUNT_S``: a stopped or hung engine leaves the bound standing, and the
+        call then meets the hang watchdog like any other)."""
+        if resident.state is not ResidentState.READY or resident.child is None:
+            return None
+        counting = resident.engine.count_prompt(resident.child.pool, path, raw)
+        try:
+            return await asyncio.wait_for(counting, COUNT_S)
+        except (EngineConnectionError, TimeoutError):
+            return None  # it is going away, or busy: the bound stands, the engine checks
+
+
+def fits(size: PromptSize, resident: Resident) -> bool:
+    """Whether the prompt surely fits a slot of ``resident`` (a bound is never below)."""
+    return size.tokens < resident.slots.window_each(resident.window)
