@@ -5,7 +5,7 @@ One probe reading per decision serves pricing, deciding and labelling.
 
 from __future__ import annotations
 
-from fitbox.core.claims import claim_pool
+from fitbox.core.claims import claim_pool, reserved_core
 from fitbox.core.tiers import Tier, capacity
 from fitbox.core.types import Device, DeviceKind, Snapshot
 from fitbox.probe.gpus import GpuProbe
@@ -57,6 +57,12 @@ class Snapshots:
     def cpus_of(self, cores: tuple[int, ...]) -> frozenset[int]:
         """The logical CPUs of a claim's physical cores (SMT siblings go together)."""
         return frozenset().union(*(self._cores.get(c, frozenset()) for c in cores))
+
+    def cpus_kept(self, cores: tuple[int, ...]) -> frozenset[int]:
+        """Where an engine whose cores were all taken runs now: the reserved core, which it
+        shares with the OS and never with an engine that computes."""
+        keep = reserved_core(self.claimable_cores())
+        return self.cpus_of(cores or (() if keep is None else (keep,)))
 
     def claimable_cores(self) -> tuple[int, ...]:
         """Physical cores claims are made from: the cores tier (--cpu-max) counts those

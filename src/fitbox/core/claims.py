@@ -49,7 +49,9 @@ def claim_pool(cores: Iterable[int], cpu_max: int | None) -> tuple[int, ...]:
     return tuple(ordered if cpu_max is None else ordered[: cpu_max + RESERVED_CORES])
 
 
-def _holders(residents: Sequence[ResidentView], leaving: Collection[str]) -> dict[int, ResidentView]:
+def _holders(
+    residents: Sequence[ResidentView], leaving: Collection[str]
+) -> dict[int, ResidentView]:
     held: dict[int, ResidentView] = {}
     for r in residents:
         if r.key not in leaving:

@@ -34,6 +34,7 @@ from ..residents import Registry
 from ..tasks import Tasks
 from .crashes import CrashLedger
 from .memory import await_free
+from .pinning import pin_threads
 
 log = logging.getLogger(__name__)
 S = ResidentState
@@ -251,6 +252,16 @@ class Supervisor:
             resident.ready.set_exception(
                 ShuttingDown(f"'{resident.artifact.name}' was stopped while it loaded")
             )
+
+    def repin(self, resident: Resident) -> None:
+        """A later claim took some of this idle engine's cores: its threads move to the CPUs
+        it keeps (``resident.cpus``), so the two never compute on one core."""
+        pid = resident.child.pid if resident.child and resident.child.alive else None
+        if pid is None or not resident.cpus:
+            return
+        moved = pin_threads(pid, resident.cpus)
+        log.info("%s: %d thread(s) re-pinned to CPUs %s (a claim took the others)",
+                 resident.artifact.name, moved, sorted(resident.cpus))  # fmt: skip
 
     def kill_all_now(self) -> None:
         for resident in self.registry:
