@@ -13,12 +13,17 @@ from fitbox.probe.host import physical_cores, read_host
 
 from .preferences import Preferences
 from .residents import Registry
+from .sensors import BusyCores
 
 
 class Snapshots:
-    def __init__(self, gpus: GpuProbe, registry: Registry, prefs: Preferences) -> None:
+    def __init__(
+        self, gpus: GpuProbe, registry: Registry, prefs: Preferences, busy_percent: float = 90,
+        busy_readings: int = 8,
+    ) -> None:  # fmt: skip
         self.gpus, self.registry, self.prefs = gpus, registry, prefs
         self._cores = physical_cores()
+        self.busy = BusyCores(self._cores, busy_percent, busy_readings)  # the sensors feed it
 
     def devices(self) -> list[Device]:
         """What each pool can hold now: live free memory plus what our own residents hold."""
@@ -49,6 +54,7 @@ class Snapshots:
             devices=tuple(self.devices() if devices is None else devices),
             residents=tuple(r.view() for r in self.registry),
             cores=self.claimable_cores(),
+            busy_cores=self.busy.busy(),
         )
 
     def physical_cores(self) -> dict[int, frozenset[int]]:
