@@ -34,6 +34,7 @@ from ..residents import Registry
 from ..tasks import Tasks
 from .crashes import CrashLedger
 from .memory import await_free
+from .pagecache import warm
 from .pinning import pin_threads
 
 log = logging.getLogger(__name__)
@@ -95,11 +96,13 @@ class Supervisor:
     async def bring_up(self, resident: Resident, victims: Iterable[Resident]) -> None:
         try:
             victims = list(victims)
+            warm(resident.artifact.path)  # read while the victims stop and the child spawns
             for victim in victims:
                 log.info("evicting %s (idle) to make room for %s", victim.artifact.name,
                          resident.artifact.name)  # fmt: skip
+                # idle (no call can join a leaving resident): nothing to finish, no grace
                 await self.stop(victim, "make_room", resident.artifact.name,
-                                resident.loaded_by_call)  # fmt: skip
+                                resident.loaded_by_call, grace=0)  # fmt: skip
             if victims:
                 await self._memory_back(resident)
             child = await self._launch(resident)
@@ -232,9 +235,10 @@ class Supervisor:
 
     async def stop(
         self, resident: Resident, reason: str | None = None, for_model: str | None = None,
-        call_id: int | None = None,
+        call_id: int | None = None, grace: float | None = None,
     ) -> None:  # fmt: skip
-        """Stop a resident; with a ``reason`` it is an eviction, recorded as one."""
+        """Stop a resident; with a ``reason`` it is an eviction, recorded as one. ``grace``:
+        seconds between SIGTERM and SIGKILL (default ``stop_grace``; 0 for an idle victim)."""
         if reason is not None and self.store is not None:
             self.store.evicted(resident.artifact.name, str(resident.artifact.path),
                                resident.holdings(), reason, for_model, call_id,
@@ -244,7 +248,7 @@ class Supervisor:
         if resident.state is not S.STOPPING:
             return  # already gone
         if resident.child is not None:
-            await resident.child.stop(self.config.stop_grace)
+            await resident.child.stop(self.config.stop_grace if grace is None else grace)
             self._child_ended(resident, "stopped")
         if resident.state is S.STOPPING:
             self.registry.move(resident, S.STOPPED)
