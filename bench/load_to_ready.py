@@ -7,7 +7,7 @@ when it saw it ready; the client also times the whole cold call.
 
     python bench/load_to_ready.py [--rounds 5]
 
-Target: fitbox sees readiness within ~50 ms of the child being ready.
+Target (issue 14): fitbox launch -> ready minus direct llama-server's own under 20 ms p50.
 """
 
 from __future__ import annotations

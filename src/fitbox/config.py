@@ -203,6 +203,15 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_int,
     ),
     Setting(
+        "warmup",
+        "FITBOX_WARMUP",
+        "on",
+        "the engine's empty warmup run at load: on (measured to pay on CPU: a swap is about "
+        "half as long with it, bench/swap.py --warmup on,auto), auto (skipped when a call "
+        "waits for the load), off",
+        _choice("auto", "on", "off"),
+    ),
+    Setting(
         "load_timeout",
         "FITBOX_LOAD_TIMEOUT",
         "300",
@@ -334,6 +343,7 @@ class Config:
     cpu_floor: int
     cpu_busy_percent: float
     cpu_busy_readings: int
+    warmup: str
     load_timeout: float
     wait_timeout: float
     engine_idle_timeout: float

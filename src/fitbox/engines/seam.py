@@ -41,6 +41,7 @@ class LaunchIntent:
     type_k: str = "f16"
     type_v: str = "f16"
     no_repack: bool = False  # weights in RAM stay as the file has them (--no-repack)
+    warmup: bool = True  # False: no empty warmup run; the call waiting for the load warms it
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,9 @@ def contract_of(resident: Resident) -> Contract:
     return Contract(resident.window, resident.parallel, resident.type_k, resident.type_v)
 
 
-def intent_for(resident: Resident, port: int) -> LaunchIntent:
+def intent_for(resident: Resident, port: int, warmup: str = "on") -> LaunchIntent:
+    """``warmup`` auto: no warmup run when a call waits for this load (its first token does
+    the same work; bench/swap.py), one for a preload, a pin or an operator's load."""
     place = resident.place
     assert place is not None
     return LaunchIntent(
@@ -56,6 +58,7 @@ def intent_for(resident: Resident, port: int) -> LaunchIntent:
         gpus=tuple(int(d.removeprefix("gpu")) for d in place.devices if d.startswith("gpu")),
         threads=len(place.cores) or None, type_k=place.type_k, type_v=place.type_v,
         no_repack=place.no_repack,
+        warmup=warmup == "on" or (warmup == "auto" and resident.loaded_by_call is None),
     )  # fmt: skip
 
 
@@ -126,7 +129,7 @@ class Supervisor:
             resident.engine.locate()
         except EngineNotFound as exc:
             raise EngineFailed(str(exc)) from None
-        spec = resident.engine.launch(intent_for(resident, free_port()))
+        spec = resident.engine.launch(intent_for(resident, free_port(), self.config.warmup))
         child = Child(list(spec.argv), spec.port, self._log_path(resident, spec.port),
                       resident.cpus, dict(spec.env))  # fmt: skip
         resident.child = child
