@@ -112,9 +112,15 @@ def test_claims_ram_engine_takes_every_free_core_without_a_curve() -> None:
 
 
 def test_claims_ram_engine_stops_where_more_threads_stop_helping() -> None:
-    curve = ((1, 5.0), (2, 9.0), (3, 11.5), (4, 11.8), (6, 11.9))
+    curve = ((1, 5.0), (2, 9.0), (3, 11.5), (4, 11.8), (8, 11.9))
     got = claims.claim(range(8), (), [], (), weights_in_ram=True, floor=1, threads=curve)
     assert got is not None and len(got.cores) == 4  # 11.8 is within 1 % of 11.9; 11.5 is not
+
+
+def test_claims_a_curve_that_never_saw_this_many_cores_takes_them_all() -> None:
+    # measured only at one core (it shared the box then): alone now, it gets both
+    got = claims.claim(range(2), (), [], (), weights_in_ram=True, floor=1, threads=((1, 50.0),))
+    assert got == claims.Claim((0, 1))
 
 
 def test_claims_idle_cores_can_be_taken_busy_never() -> None:
@@ -132,7 +138,7 @@ def test_claims_an_engine_alone_borrows_the_reserved_core_as_llama_server_would(
     many = claims.claim(range(16), (), [], (), weights_in_ram=True, floor=1)
     assert many is not None and many.cores == tuple(range(16))
     # a curve that stops helping leaves the OS its core: the lent one is picked last
-    curve = ((1, 5.0), (2, 9.0), (3, 9.0))
+    curve = ((1, 5.0), (2, 9.0), (4, 9.0))
     assert claims.claim(range(4), (), [], (), weights_in_ram=True, floor=1,
                         threads=curve) == claims.Claim((1, 2))  # fmt: skip
     # a GPU-only engine does not borrow it

@@ -11,8 +11,8 @@
   when the free and idle cores are fewer than the engine needs. Foreign work is not an
   engine; refusing to serve because something else computes would help no one.
 - A GPU-only engine gets one core. An engine reading weights from RAM gets as many as still
-  make it faster: from its measured bandwidth curve when there is one (the fewest threads
-  within 1 % of the best measured rate), else every free core; at least ``floor``.
+  make it faster: from its measured bandwidth curve when it reaches that many cores (the
+  fewest within 1 % of the best measured rate), else every free core; at least ``floor``.
 """
 
 from __future__ import annotations
@@ -104,9 +104,10 @@ def lendable(
 
 
 def wanted(threads: Sequence[tuple[int, float]], available: int) -> int:
-    """How many cores make a RAM-bound engine faster, from its measured curve."""
+    """How many cores make a RAM-bound engine faster, from its measured curve. A curve that
+    never saw this many cores cannot say more would not help: then every available one."""
     usable = [(n, rate) for n, rate in threads if 0 < n <= available]
-    if not usable:
+    if not usable or max(n for n, _ in threads) < available:
         return available
     best = max(rate for _, rate in usable)
     return min(n for n, rate in usable if rate >= GOOD_ENOUGH * best)
