@@ -2,9 +2,8 @@
 claim takes an idle engine's cores its threads really move (read back from
 /proc/PID/task/*/status, Cpus_allowed_list).
 
-One box in this process, two tiny generated llamas, real llama-server children. The cores
-tier is capped (FITBOX_CPU_MAX=1: cores 0 and 1), so the figures hold on any box of two or
-more cores.
+One box in this process, two tiny generated llamas, real llama-server children, every core
+of the box (no cores tier: an operator's --cpu-max is never exceeded by lending).
 """
 
 from __future__ import annotations
@@ -42,26 +41,29 @@ def test_a_claim_that_takes_an_idle_engines_core_repins_its_threads(tmp_path: Pa
     write_tiny_llama(root / "tiny-a.gguf", seed=1)
     write_tiny_llama(root / "tiny-b.gguf", seed=2)
     config = settings.load({"home": str(tmp_path / "home"), "models": str(root)},
-                           env={"FITBOX_CPU_MAX": "1", "FITBOX_WAIT_TIMEOUT": "120"})  # fmt: skip
+                           env={"FITBOX_WAIT_TIMEOUT": "120"})  # fmt: skip
     catalog = Catalog(config.models, config.aliases, config.facts_cache)
 
     async def run() -> None:
         box = Box(config, catalog, open_gpu_probe(""), None, [], EngineKinds([LlamaServer()]))
         cores = box.physical_cores()
+        every = tuple(sorted(cores))
+        cpus = frozenset().union(*cores.values())
+        rest = cpus - cores[0]
         try:
             lease = await box.acquire("tiny-a")
             first = lease.resident
             lease.release()  # idle now: its cores may go to the next claim
             lent = first.cores  # read once: mypy narrows a property it sees compared
-            assert lent == (0, 1)  # alone: the reserved core is lent, as -t 2 would be
-            assert threads_on(first) == {cores[0] | cores[1]}
+            assert lent == every  # alone: the reserved core 0 is lent, as llama-server's -t
+            assert threads_on(first) == {cpus}
 
             lease = await box.acquire("tiny-b")
             second = lease.resident
-            assert second.cores == (1,)
-            assert first.cores == (0,)  # it lost core 1
-            assert threads_on(second) == {cores[1]}
-            assert threads_on(first) == {cores[0]}  # every thread moved off core 1
+            assert second.cores == every[1:]
+            assert first.cores == (0,)  # it lost every core but the reserved one
+            assert threads_on(second) == {rest}
+            assert threads_on(first) == {cores[0]}  # every thread moved off the taken cores
             # the moved engine still answers (its threads run on the core it kept)
             status, _ = await first.child.pool.get("/health")  # type: ignore[union-attr]
             assert status == 200

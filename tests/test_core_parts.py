@@ -141,6 +141,9 @@ def test_claims_an_engine_alone_borrows_the_reserved_core_as_llama_server_would(
     curve = ((1, 5.0), (2, 9.0), (4, 9.0))
     assert claims.claim(range(4), (), [], (), weights_in_ram=True, floor=1,
                         threads=curve) == claims.Claim((1, 2))  # fmt: skip
+    # a cores tier an operator set (--cpu-max) stands: nothing is lent on top of it
+    assert claims.claim(range(2), (), [], (), weights_in_ram=True, floor=1,
+                        lend=False) == claims.Claim((1,))  # fmt: skip
     # a GPU-only engine does not borrow it
     assert claims.claim(range(2), (), [], (), weights_in_ram=False, floor=1) == claims.Claim((1,))
 

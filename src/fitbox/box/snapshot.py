@@ -55,6 +55,7 @@ class Snapshots:
             residents=tuple(r.view() for r in self.registry),
             cores=self.claimable_cores(),
             busy_cores=self.busy.busy(),
+            lend_reserved=self.prefs.limit("cpu_max") is None,  # a cap an operator set stands
         )
 
     def physical_cores(self) -> dict[int, frozenset[int]]:

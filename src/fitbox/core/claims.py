@@ -3,7 +3,8 @@
 - One core stays for fitbox and the OS (the lowest-numbered one, when there are two or more).
   It is *lent* to an engine reading weights from RAM that is alone on the box (no other
   engine holds cores), so that engine runs as many threads as llama-server started by hand
-  would; a later claim never takes it (two engines never share a core).
+  would; a later claim never takes it (two engines never share a core). Not when an
+  operator capped the cores engines claim (--cpu-max): the cap stands.
 - Cores held by busy or loading engines are never claimed: two engines never share a core.
 - An idle engine's cores can be taken (it is told, in ``Claim.taken_from``, and re-pinned to
   what it keeps).
@@ -122,12 +123,15 @@ def claim(
     weights_in_ram: bool,
     floor: int,
     threads: Sequence[tuple[int, float]] = (),
+    lend: bool = True,
 ) -> Claim | None:
-    """The cores a new engine gets, or None when fewer than it needs are free."""
+    """The cores a new engine gets, or None when fewer than it needs are free. ``lend``
+    False: an operator capped the cores engines claim (--cpu-max), the reserved core is
+    never lent."""
     if not cores:
         return Claim(())  # the shell did not say: no claims are made
     free, idle = claimable(cores, busy_cores, residents, leaving)
-    lent = lendable(cores, busy_cores, residents, leaving) if weights_in_ram else None
+    lent = lendable(cores, busy_cores, residents, leaving) if weights_in_ram and lend else None
     if lent is not None:
         free.append(lent)  # last of the free ones: a smaller claim leaves the OS its core
     foreign = foreign_busy(cores, busy_cores, residents, leaving)
