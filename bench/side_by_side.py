@@ -1,7 +1,7 @@
 """Side by side: llama-server directly, llama.cpp's router (``--models-max 1``) and fitbox, on
 the same two models in one run, interleaved round by round (bench/rig.py).
 
-    python bench/side_by_side.py [--latency 30] [--swaps 30] [--decode 3] [--prompt 3]
+    python bench/side_by_side.py [--latency 30] [--swaps 30] [--decode 2] [--prompt 2]
                                  [--clients 4] [--loads 5]
 
 Figures, each with its ratio against the baseline measured in the same run:
@@ -11,7 +11,7 @@ Figures, each with its ratio against the baseline measured in the same run:
   retries         calls that failed and were retried until they answered, over the swaps
   decode tok/s    256 tokens, one model alone, the engine's own timings (baseline: direct,
                   at its own default threads)
-  prompt tok/s    a ~600-token prompt read, cache off, the engine's own timings
+  prompt tok/s    a ~300-token prompt read, cache off, the engine's own timings
   concurrent      --clients clients at once on one model, aggregate tok/s, client side
                   (fitbox runs the -np its placement gives; direct runs its own default)
   load-to-ready   fitbox launch -> ready, minus llama-server's own readiness with the very
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.load_to_ready import fitbox_ready_and_direct
 from bench.rig import Served, chat, direct, fitbox, percentile, router, two_models
 
-PROMPT = " ".join(["the quick brown fox jumps over the lazy dog."] * 60)  # ~600 tokens
+PROMPT = " ".join(["the quick brown fox jumps over the lazy dog."] * 30)  # ~300 tokens
 MAX_ATTEMPTS = 20
 
 
@@ -126,15 +126,15 @@ def swaps(systems: list[Served], names: list[str], rounds: int
 
 def row(label: str, values: dict[str, str]) -> None:
     print(f"| {label} | {values.get('direct', '—')} | {values.get('router', '—')} | "
-          f"{values.get('fitbox', '—')} |")  # fmt: skip
+          f"{values.get('fitbox', '—')} |", flush=True)  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=int, default=30, help="1-token chat rounds")
     parser.add_argument("--swaps", type=int, default=30, help="swap rounds")
-    parser.add_argument("--decode", type=int, default=3, help="256-token rounds")
-    parser.add_argument("--prompt", type=int, default=3, help="prompt-read rounds")
+    parser.add_argument("--decode", type=int, default=2, help="256-token rounds")
+    parser.add_argument("--prompt", type=int, default=2, help="prompt-read rounds")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--loads", type=int, default=5, help="load-to-ready rounds")
     args = parser.parse_args()
@@ -146,51 +146,61 @@ def main() -> int:
                    stack.enter_context(fitbox(Path(tmp) / "home", models,
                                               FITBOX_RAM_MAX=str(cap)))]  # fmt: skip
         by = {s.name: s for s in systems}
+        print(f"side by side: {names[0]} and {names[1]}, window 4096, fitbox RAM cap "
+              f"{cap >> 20} MiB (one model at a time)")  # fmt: skip
+        print("| figure | direct llama-server | llama.cpp router (--models-max 1) | fitbox |")
+        print("|---|---|---|---|", flush=True)
+
         latency = added_latency(systems, names[0], args.latency)
-        decode = {s.name: [] for s in systems}  # type: dict[str, list[float]]
-        prompt = {s.name: [] for s in systems}  # type: dict[str, list[float]]
+        base = statistics.median(latency["direct"])
+        row(f"added latency of a 1-token chat, p50 ({args.latency} rounds)", {
+            n: (f"{ms(base)} (baseline)" if n == "direct" else
+                f"{(statistics.median(v) - base) * 1000:+.2f} ms "
+                f"({statistics.median(v) / base:.3f}×)")
+            for n, v in latency.items() if v})  # fmt: skip
+
+        swapped, retries = swaps([by["router"], by["fitbox"]], names, args.swaps)
+        r50 = statistics.median(swapped["router"])
+        row(f"swap (load + 1 token), p50 / max ({args.swaps} rounds)", {
+            n: f"{ms(statistics.median(v))} / {ms(max(v))} "
+               f"({statistics.median(v) / r50:.2f}× the router's p50; max "
+               f"{max(v) / statistics.median(v):.2f}× its own p50)"
+            for n, v in swapped.items()})  # fmt: skip
+        row(f"calls that failed and needed a retry, {args.swaps} rounds",
+            {n: str(v) for n, v in retries.items()})  # fmt: skip
+
+        decode: dict[str, list[float]] = {s.name: [] for s in systems}
+        prompt: dict[str, list[float]] = {s.name: [] for s in systems}
         for i in range(args.decode):  # interleaved: the machine's load is shared
             for served in rotated(systems, i):
                 decode[served.name] += timings(served, names[0], 1, decode=True)
         for i in range(args.prompt):
             for served in rotated(systems, i):
                 prompt[served.name] += timings(served, names[0], 1, decode=False)
-        together = {name: concurrent(by[name], names[0], args.clients) for name in by}
-        swapped, retries = swaps([by["router"], by["fitbox"]], names, args.swaps)
-        stack.close()
-        loads = fitbox_ready_and_direct(models.parent / "load", model_a, args.loads)
+        for label, rates in ((f"decode tok/s, 256 tokens, one model alone ({args.decode} "
+                              "rounds)", decode),
+                             (f"prompt-read tok/s, ~300 tokens ({args.prompt} rounds)", prompt)):
+            d = statistics.median(rates["direct"]) if rates["direct"] else float("nan")
+            row(label, {n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×)"
+                        for n, v in rates.items() if v})  # fmt: skip
 
-    base = statistics.median(latency["direct"])
-    print(f"side by side: {names[0]} and {names[1]}, window 4096, fitbox RAM cap {cap >> 20} "
-          "MiB (one model at a time)")  # fmt: skip
-    print("| figure | direct llama-server | llama.cpp router (--models-max 1) | fitbox |")
-    print("|---|---|---|---|")
-    row(f"added latency of a 1-token chat, p50 ({args.latency} rounds)", {
-        n: (f"{ms(base)} (baseline)" if n == "direct" else
-            f"{(statistics.median(v) - base) * 1000:+.2f} ms ({statistics.median(v) / base:.3f}×)")
-        for n, v in latency.items() if v})  # fmt: skip
-    r50 = statistics.median(swapped["router"])
-    row(f"swap (load + 1 token), p50 / max ({args.swaps} rounds)", {
-        n: f"{ms(statistics.median(v))} / {ms(max(v))} "
-           f"({statistics.median(v) / r50:.2f}× the router's p50, max {max(v) / r50:.2f}×)"
-        for n, v in swapped.items()})  # fmt: skip
-    row(f"calls that failed and needed a retry, {args.swaps} rounds",
-        {n: str(v) for n, v in retries.items()})  # fmt: skip
-    for label, rates in ((f"decode tok/s, 256 tokens, one model alone ({args.decode} rounds)",
-                          decode),
-                         (f"prompt-read tok/s, ~600 tokens ({args.prompt} rounds)", prompt)):
-        d = statistics.median(rates["direct"]) if rates["direct"] else float("nan")
-        row(label, {n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×)"
-                    for n, v in rates.items() if v})  # fmt: skip
-    row(f"concurrent aggregate tok/s, {args.clients} clients × 64 tokens",
-        {n: f"{v:.1f} ({v / together['direct']:.3f}×)" for n, v in together.items()})
-    fit, own = loads
-    added = [f - d for f, d in zip(fit, own, strict=True)]
-    row(f"load-to-ready, p50 ({args.loads} rounds; fitbox: minus direct with its argv)", {
-        "direct": ms(statistics.median(own)),
-        "fitbox": f"{ms(statistics.median(fit))}, added {statistics.median(added) * 1000:+.1f} "
-                  f"ms ({statistics.median(fit) / statistics.median(own):.3f}×)"})  # fmt: skip
-    print(f"raw: {json.dumps({'swap_ms': {n: [round(x * 1000) for x in v] for n, v in swapped.items()}, 'p95_latency_ms': {n: round(percentile(v, 0.95) * 1000, 2) for n, v in latency.items() if v}})}")  # noqa: E501
+        together = {name: concurrent(by[name], names[0], args.clients) for name in by}
+        row(f"concurrent aggregate tok/s, {args.clients} clients × 64 tokens",
+            {n: f"{v:.1f} ({v / together['direct']:.3f}×)" for n, v in together.items()})
+        stack.close()
+
+        fit, own = fitbox_ready_and_direct(models.parent / "load", model_a, args.loads)
+        added = [f - d for f, d in zip(fit, own, strict=True)]
+        row(f"load-to-ready, p50 ({args.loads} rounds; fitbox: minus direct with its argv)", {
+            "direct": ms(statistics.median(own)),
+            "fitbox": f"{ms(statistics.median(fit))}, added "
+                      f"{statistics.median(added) * 1000:+.1f} ms "
+                      f"({statistics.median(fit) / statistics.median(own):.3f}×)"})  # fmt: skip
+    raw = {"swap_ms": {n: [round(x * 1000) for x in v] for n, v in swapped.items()},
+           "latency_p95_ms": {n: round(percentile(v, 0.95) * 1000, 2)
+                              for n, v in latency.items() if v},
+           "load_added_ms": [round(x * 1000, 1) for x in added]}  # fmt: skip
+    print(f"raw: {json.dumps(raw)}")
     return 0
 
 
