@@ -205,10 +205,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "warmup",
         "FITBOX_WARMUP",
-        "on",
-        "the engine's empty warmup run at load: on (measured to pay on CPU: a swap is about "
-        "half as long with it, bench/swap.py --warmup on,auto), auto (skipped when a call "
-        "waits for the load), off",
+        "auto",
+        "the engine's empty warmup run at load: auto (skipped when a call waits for the load: "
+        "its first token does that work; a swap took 0.91-0.94x as long on a quiet box, "
+        "bench/swap.py --warmup on,auto), on, off",
         _choice("auto", "on", "off"),
     ),
     Setting(
