@@ -1,13 +1,14 @@
 """Load-to-ready: how soon fitbox sees a child ready, against the engine's own readiness.
 
-Baseline: llama-server launched directly with the argv fitbox would use, its /health polled
-every millisecond from the moment of launch. Through fitbox: a cold call on a fresh
-fitbox; the call log's load_start_at -> load_ready_at is when fitbox launched the child and
-when it saw it ready; the client also times the whole cold call.
+Each round: a cold call on a fresh fitbox (the call log's load_start_at -> load_ready_at is
+when fitbox launched the child and when it saw it ready), then the baseline: llama-server
+launched directly with the very argv fitbox used for that child (the store's children row;
+same threads, same warmup), its /health polled every millisecond from the moment of launch.
+The client also times the whole cold call.
 
     python bench/load_to_ready.py [--rounds 5]
 
-Target: fitbox sees readiness within ~50 ms of the child being ready.
+Target (issue 14): fitbox launch -> ready minus direct llama-server's own under 20 ms p50.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import httpx
 import psutil
 
 from fitbox.engines.child import free_port
-from fitbox.engines.llama_server import LaunchIntent, build_argv, find_binary, inspect
 from fitbox.models.pull import pull
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,15 +47,14 @@ def health_ok(port: int) -> bool:
         return False
 
 
-def direct_ready(model: Path) -> float:
-    engine = inspect(find_binary().path)
+def direct_ready(argv: list[str]) -> float:
+    """Seconds from launching ``argv`` (its port replaced by a free one) to /health 200."""
     port = free_port()
-    intent = LaunchIntent(
-        model_path=model, alias="smollm2", window=4096, parallel=1, gpu_layers=0, port=port
-    )
+    argv = list(argv)
+    argv[argv.index("--port") + 1] = str(port)
     started = time.perf_counter()
     proc = subprocess.Popen(
-        build_argv(engine, intent),
+        argv,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -89,9 +88,9 @@ def watch_child(fitbox_pid: int, seen: dict[str, float], stop: threading.Event) 
         time.sleep(0.001)
 
 
-def fitbox_ready(models: Path) -> tuple[float, float, float]:
+def fitbox_ready(models: Path, model: str) -> tuple[float, float, float, list[str]]:
     """(launch -> fitbox sees ready, fitbox's lag behind the child's own readiness, whole
-    cold call), in seconds."""
+    cold call) in seconds, and the child's argv."""
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         proc = subprocess.Popen(
@@ -114,7 +113,8 @@ def fitbox_ready(models: Path) -> tuple[float, float, float]:
             watcher = threading.Thread(target=watch_child, args=(proc.pid, seen, stop))
             watcher.start()
             started = time.perf_counter()
-            httpx.post(f"{url}/v1/completions", json=BODY, timeout=120).raise_for_status()
+            body = {**BODY, "model": model}
+            httpx.post(f"{url}/v1/completions", json=body, timeout=120).raise_for_status()
             whole = time.perf_counter() - started
             stop.set()
             watcher.join()
@@ -125,7 +125,23 @@ def fitbox_ready(models: Path) -> tuple[float, float, float]:
             start, ready = conn.execute(
                 "SELECT load_start_at, load_ready_at FROM call_log ORDER BY id LIMIT 1"
             ).fetchone()
-        return ready - start, ready - seen.get("ready", ready), whole
+            (argv,) = conn.execute("SELECT argv FROM children ORDER BY id LIMIT 1").fetchone()
+        return ready - start, ready - seen.get("ready", ready), whole, json.loads(argv)
+
+
+def fitbox_ready_and_direct(
+    root: Path, model: Path, rounds: int
+) -> tuple[list[float], list[float]]:
+    """(fitbox launch -> ready, direct llama-server's own with fitbox's argv), per round."""
+    root.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        (root / model.name).symlink_to(model)
+    seen, direct = [], []
+    for _ in range(rounds):
+        ready, _, _, argv = fitbox_ready(root, model.stem)
+        seen.append(ready)
+        direct.append(direct_ready(argv))
+    return seen, direct
 
 
 def main() -> int:
@@ -135,14 +151,14 @@ def main() -> int:
     model = pull("smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models")
     direct, seen, lag, whole = [], [], [], []
     for _ in range(args.rounds):  # interleaved, so page cache and load are shared
-        direct.append(direct_ready(model))
-        ready, late, call = fitbox_ready(model.parent)
+        ready, late, call, argv = fitbox_ready(model.parent, model.stem)
+        direct.append(direct_ready(argv))
         seen.append(ready)
         lag.append(late)
         whole.append(call)
     d, f, w = (statistics.median(x) * 1000 for x in (direct, seen, whole))
     print(f"load-to-ready, SmolLM2-135M Q4_1 on CPU ({args.rounds} rounds each, medians)")
-    print(f"  direct llama-server, /health polled every 1 ms   {d:8.1f} ms")
+    print(f"  direct llama-server, fitbox's argv, 1 ms polls   {d:8.1f} ms")
     print(
         f"  fitbox launch -> fitbox sees ready               {f:8.1f} ms   added {f - d:+6.1f} ms"
         f"   ratio {f / d:.3f}"

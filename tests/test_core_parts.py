@@ -112,9 +112,15 @@ def test_claims_ram_engine_takes_every_free_core_without_a_curve() -> None:
 
 
 def test_claims_ram_engine_stops_where_more_threads_stop_helping() -> None:
-    curve = ((1, 5.0), (2, 9.0), (3, 11.5), (4, 11.8), (6, 11.9))
+    curve = ((1, 5.0), (2, 9.0), (3, 11.5), (4, 11.8), (8, 11.9))
     got = claims.claim(range(8), (), [], (), weights_in_ram=True, floor=1, threads=curve)
-    assert got is not None and len(got.cores) == 3  # 11.5 is within 5 % of 11.9
+    assert got is not None and len(got.cores) == 4  # 11.8 is within 1 % of 11.9; 11.5 is not
+
+
+def test_claims_a_curve_that_never_saw_this_many_cores_takes_them_all() -> None:
+    # measured only at one core (it shared the box then): alone now, it gets both
+    got = claims.claim(range(2), (), [], (), weights_in_ram=True, floor=1, threads=((1, 50.0),))
+    assert got == claims.Claim((0, 1))
 
 
 def test_claims_idle_cores_can_be_taken_busy_never() -> None:
@@ -123,6 +129,51 @@ def test_claims_idle_cores_can_be_taken_busy_never() -> None:
     got = claims.claim(range(4), (), [idle, busy], (), weights_in_ram=True, floor=2)
     assert got == claims.Claim((1, 2), ("idle",))
     assert claims.claim(range(4), (), [busy], (), weights_in_ram=True, floor=3) is None
+
+
+def test_claims_an_engine_alone_borrows_the_reserved_core_as_llama_server_would() -> None:
+    # a 2-core box: llama-server started by hand runs 2 threads; alone, fitbox's engine too
+    assert claims.claim(range(2), (), [], (), weights_in_ram=True, floor=1) == claims.Claim((0, 1))
+    # a many-core box (FITBOX_CPU_MAX / the inventory): every core, as its default would
+    many = claims.claim(range(16), (), [], (), weights_in_ram=True, floor=1)
+    assert many is not None and many.cores == tuple(range(16))
+    # a curve that stops helping leaves the OS its core: the lent one is picked last
+    curve = ((1, 5.0), (2, 9.0), (4, 9.0))
+    assert claims.claim(range(4), (), [], (), weights_in_ram=True, floor=1,
+                        threads=curve) == claims.Claim((1, 2))  # fmt: skip
+    # a cores tier an operator set (--cpu-max) stands: nothing is lent on top of it
+    assert claims.claim(range(2), (), [], (), weights_in_ram=True, floor=1,
+                        lend=False) == claims.Claim((1,))  # fmt: skip
+    # a GPU-only engine does not borrow it
+    assert claims.claim(range(2), (), [], (), weights_in_ram=False, floor=1) == claims.Claim((1,))
+
+
+def test_claims_never_lend_the_reserved_core_beside_another_engine() -> None:
+    idle = resident("idle", GiB, cores=(0, 1))  # it borrowed core 0 when it was alone
+    got = claims.claim(range(2), (), [idle], (), weights_in_ram=True, floor=1)
+    assert got == claims.Claim((1,), ("idle",))  # core 0 stays with the first engine and the OS
+    gpu = resident("gpu", GiB, calls=1, cores=(3,))
+    got = claims.claim(range(4), (), [gpu], (), weights_in_ram=True, floor=1)
+    assert got == claims.Claim((1, 2))
+    # a leaving victim holds nothing: the newcomer is alone again
+    got = claims.claim(range(2), (), [idle], ("idle",), weights_in_ram=True, floor=1)
+    assert got == claims.Claim((0, 1))
+
+
+def test_claims_cores_busy_with_other_work_are_taken_last() -> None:
+    # free cores first; the busy one only to reach the floor
+    assert claims.claim(range(4), (2,), [], (), weights_in_ram=True,
+                        floor=1) == claims.Claim((0, 1, 3))  # fmt: skip
+    assert claims.claim(range(4), (1, 2, 3), [], (), weights_in_ram=True,
+                        floor=2) == claims.Claim((0, 1))  # fmt: skip
+    # the reserved core is not lent while other work keeps it busy
+    assert claims.claim(range(2), (0,), [], (), weights_in_ram=True,
+                        floor=1) == claims.Claim((1,))  # fmt: skip
+    # a core busy with other work still serves a GPU engine rather than no engine at all
+    assert claims.claim(range(2), (1,), [], (), weights_in_ram=False,
+                        floor=1) == claims.Claim((1,))  # fmt: skip
+    busy = resident("b", GiB, calls=1, cores=(1,))
+    assert claims.claim(range(2), (), [busy], (), weights_in_ram=True, floor=1) is None
 
 
 def test_claims_the_reserved_core_comes_on_top_of_cpu_max() -> None:

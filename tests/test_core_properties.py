@@ -84,9 +84,16 @@ def test_invariants(snapshot: Snapshot, ask: Ask) -> None:
         if all(_held(snapshot, d, set()) + f.total <= snapshot.device(d).capacity  # type: ignore[union-attr]
                for d, f in decision.footprint):  # fmt: skip
             assert decision.victims == ()  # it fits as is: nothing leaves
-        # claims never overlap: not the OS core, not busy cores, not a working engine's
+        # claims never overlap: the OS core only lent to an engine alone, cores busy with
+        # other work only once every other claimable one is taken, never a working engine's
         keep = claims.reserved_core(snapshot.cores)
-        assert keep not in decision.cores and not set(decision.cores) & set(snapshot.busy_cores)
+        alone = not any(r.cores for r in snapshot.residents if r.key not in leaving)
+        if keep in decision.cores:
+            assert alone and keep not in snapshot.busy_cores
+        if set(decision.cores) & set(snapshot.busy_cores):
+            free, idle = claims.claimable(snapshot.cores, snapshot.busy_cores,
+                                          snapshot.residents, leaving)  # fmt: skip
+            assert set(free) | {c for c, _ in idle} <= set(decision.cores)
         for r in snapshot.residents:
             if r.key not in leaving and r.key not in decision.cores_from:
                 assert not set(r.cores) & set(decision.cores)

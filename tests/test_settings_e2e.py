@@ -116,8 +116,10 @@ def test_verdicts_price_every_rung_and_cores_show_the_claim(
         cores = httpx.get(f"{box.url}/v1/cores").json()
         claimed = [c for c in cores["data"] if c["claimed_by"] == SMOL]
         assert claimed and all(c["role"] == "claimed" for c in claimed)
-        if cores["physical"] >= 2:
-            assert cores["data"][0]["role"] == "fitbox and the OS"
+        if cores["physical"] >= 2:  # alone on the box, it borrows the reserved core too
+            first = cores["data"][0]
+            assert first["lent"] is True or first["busy_with_other_work"] is True, first
+            assert first["claimed_by"] == SMOL or first["role"] == "fitbox and the OS"
 
 
 def test_idle_ttl_unloads_and_a_pin_is_loaded_again_after_a_restart(

@@ -233,6 +233,30 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_int,
     ),
     Setting(
+        "cpu_busy_percent",
+        "FITBOX_CPU_BUSY_PERCENT",
+        "90",
+        "a core no engine of fitbox holds, this busy (percent) reading after reading, is busy "
+        "with other work: claims take it last",
+        _positive_float,
+    ),
+    Setting(
+        "cpu_busy_readings",
+        "FITBOX_CPU_BUSY_READINGS",
+        "8",
+        "sensor readings in a row a core must stay that busy before claims avoid it",
+        _positive_int,
+    ),
+    Setting(
+        "warmup",
+        "FITBOX_WARMUP",
+        "auto",
+        "the engine's empty warmup run at load: auto (skipped when a call waits for the load: "
+        "its first token does that work; a swap took 0.91-0.94x as long on a quiet box, "
+        "bench/swap.py --warmup on,auto), on, off",
+        _choice("auto", "on", "off"),
+    ),
+    Setting(
         "load_timeout",
         "FITBOX_LOAD_TIMEOUT",
         "300",
@@ -393,6 +417,9 @@ class Config:
     ctx: int
     parallel: int
     cpu_floor: int
+    cpu_busy_percent: float
+    cpu_busy_readings: int
+    warmup: str
     load_timeout: float
     wait_timeout: float
     engine_idle_timeout: float

@@ -188,6 +188,8 @@ class Admission:
         for key in decision.cores_from:  # an idle engine whose cores this claim takes
             if (holder := self.registry.get(key)) is not None:
                 holder.lost_cores |= set(decision.cores)
+                holder.cpus = self.snapshots.cpus_kept(holder.cores)
+                self.supervisor.repin(holder)
         device = next(d for d in devices if d.id == decision.device)
         artifact = next(a for a in named.artifacts if a.key == decision.artifact)
         resident = Resident(

@@ -74,7 +74,7 @@ def candidate(
     for rung, rate in (rates or {}).items():  # engine timings: prompt and decode ms per token
         if rate.prompt_ms is not None or rate.decode_ms is not None:
             load = speeds.get(rung, Speeds()).load_seconds
-            speeds[rung] = Speeds(load, rate.prompt_ms, rate.decode_ms)
+            speeds[rung] = Speeds(load, rate.prompt_ms, rate.decode_ms, rate.threads)
     return Candidate(
         key=artifact.key, quant=artifact.facts.quant, shape=artifact.facts.shape,
         layout=artifact.facts.layout, four_bit=is_four_bit(artifact.facts.quant),

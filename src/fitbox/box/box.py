@@ -65,7 +65,8 @@ class Box:
         self.facts, self.speeds = Facts(store, measured), SpeedBook(store)
         self.engines = engines or on_this_box(config.engine_dir, config.home)
         self.asks = Asks(config, catalog, self.prefs, self.facts, self.speeds, self._cpu)
-        self.snapshots = Snapshots(gpus, self.registry, self.prefs)
+        self.snapshots = Snapshots(gpus, self.registry, self.prefs, config.cpu_busy_percent,
+                                   config.cpu_busy_readings)  # fmt: skip
         self.supervisor = Supervisor(config, self.registry, self.facts, gpus, store, self.tasks)
         self.watchdog = Watchdog(self.supervisor, config.engine_idle_timeout)
         self.admission = Admission(config, self.registry, self.asks, self.snapshots,
@@ -184,7 +185,7 @@ class Box:
         self.tasks.spawn(self.warmth.warm_up())
         self.tasks.spawn(self.warmth.unload_idle())
         self.tasks.spawn(sense(self.config, self.registry, self.gpus, self.store,
-                               self.supervisor.started_pids))  # fmt: skip
+                               self.supervisor.started_pids, self.snapshots.busy))  # fmt: skip
 
     async def close(self) -> None:
         """Stop every child, each bounded by the stop ladder."""

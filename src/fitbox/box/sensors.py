@@ -1,23 +1,50 @@
 """Sensor readings: host RAM, swap and CPU, and each GPU's memory, every
 ``reading_interval`` seconds into ``resource_log`` (store/db.py ``readings``: no event, so
-the change counter stays still), pruned to ``reading_retention``. A process that appears on
-a GPU and that fitbox did not start is scouted: which model files it runs on."""
+the change counter stays still), pruned to ``reading_retention``; which cores stay busy
+with other work, for claims (``BusyCores``; FORMULAS.md §CPU claims). A process that
+appears on a GPU and that fitbox did not start is scouted: which model files it runs on."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from fitbox.config import Config
 from fitbox.models.scout import scout
 from fitbox.probe.gpus import GpuProbe, GpuReading
-from fitbox.probe.host import read_usage, start_cpu_counter
+from fitbox.probe.host import CoreBusyCounter, read_usage, start_cpu_counter
 from fitbox.store.db import Store
 
 from .residents import Registry
 
 PRUNE_EVERY_S = 60.0
+
+
+class BusyCores:
+    """Physical cores busy with other work: a core none of fitbox's engines holds whose
+    busiest logical CPU read at least ``percent`` busy for ``readings`` readings in a row.
+    One reading below, or one of our engines taking the core, clears it. Owned by the
+    sensor loop (``observe``); claims read ``busy()``."""
+
+    def __init__(self, cores: Mapping[int, frozenset[int]], percent: float, readings: int) -> None:
+        self.cores, self.percent, self.readings = dict(cores), percent, readings
+        self._streak = dict.fromkeys(self.cores, 0)
+
+    def observe(self, busy_by_cpu: Mapping[int, float], held: Collection[int]) -> None:
+        for core, cpus in self.cores.items():
+            level = max((busy_by_cpu.get(cpu, 0.0) for cpu in cpus), default=0.0)
+            sustained = core not in held and level >= self.percent
+            self._streak[core] = self._streak[core] + 1 if sustained else 0
+
+    def busy(self) -> tuple[int, ...]:
+        return tuple(sorted(c for c, n in self._streak.items() if n >= self.readings))
+
+
+def held_cores(registry: Registry) -> set[int]:
+    """Cores our own engines hold: their use is not other work."""
+    return {core for resident in registry for core in resident.cores}
 
 
 def read_all(registry: Registry, now: float, gpus: list[GpuReading]) -> list[tuple[Any, ...]]:
@@ -74,17 +101,25 @@ def scout_process(pid: int, device: str, store: Store) -> int:
 
 async def sense(
     config: Config, registry: Registry, probe: GpuProbe, store: Store | None,
-    started_pids: set[int],
+    started_pids: set[int], busy: BusyCores | None = None,
 ) -> None:  # fmt: skip
-    """Every ``reading_interval``: one reading of memory and GPU processes into the store.
+    """Every ``reading_interval``: which cores stay busy with other work (into ``busy``),
+    and, with a store, one reading of memory and GPU processes into it.
     ``started_pids``: every engine pid this fitbox started (the supervisor's)."""
+    counter = CoreBusyCounter()
+    counter.read()  # the first reading only starts the counter
     if store is None:
+        while busy is not None:
+            await asyncio.sleep(config.reading_interval)
+            busy.observe(counter.read(), held_cores(registry))
         return
     start_cpu_counter()  # the first reading only starts the CPU counter
     pruned = 0.0
     seen: dict[str, dict[int, int]] = {}
     while True:
         await asyncio.sleep(config.reading_interval)
+        if busy is not None:
+            busy.observe(counter.read(), held_cores(registry))
         now = time.time()
         gpus = probe.read()  # one NVML reading serves memory and processes
         store.readings(read_all(registry, now, gpus))

@@ -5,7 +5,7 @@ One probe reading per decision serves pricing, deciding and labelling.
 
 from __future__ import annotations
 
-from fitbox.core.claims import claim_pool
+from fitbox.core.claims import claim_pool, reserved_core
 from fitbox.core.tiers import Tier, capacity
 from fitbox.core.types import Device, DeviceKind, Snapshot
 from fitbox.probe.gpus import GpuProbe
@@ -13,12 +13,17 @@ from fitbox.probe.host import physical_cores, read_host
 
 from .preferences import Preferences
 from .residents import Registry
+from .sensors import BusyCores
 
 
 class Snapshots:
-    def __init__(self, gpus: GpuProbe, registry: Registry, prefs: Preferences) -> None:
+    def __init__(
+        self, gpus: GpuProbe, registry: Registry, prefs: Preferences, busy_percent: float = 90,
+        busy_readings: int = 8,
+    ) -> None:  # fmt: skip
         self.gpus, self.registry, self.prefs = gpus, registry, prefs
         self._cores = physical_cores()
+        self.busy = BusyCores(self._cores, busy_percent, busy_readings)  # the sensors feed it
 
     def devices(self) -> list[Device]:
         """What each pool can hold now: live free memory plus what our own residents hold."""
@@ -49,6 +54,8 @@ class Snapshots:
             devices=tuple(self.devices() if devices is None else devices),
             residents=tuple(r.view() for r in self.registry),
             cores=self.claimable_cores(),
+            busy_cores=self.busy.busy(),
+            lend_reserved=self.prefs.limit("cpu_max") is None,  # a cap an operator set stands
         )
 
     def physical_cores(self) -> dict[int, frozenset[int]]:
@@ -57,6 +64,12 @@ class Snapshots:
     def cpus_of(self, cores: tuple[int, ...]) -> frozenset[int]:
         """The logical CPUs of a claim's physical cores (SMT siblings go together)."""
         return frozenset().union(*(self._cores.get(c, frozenset()) for c in cores))
+
+    def cpus_kept(self, cores: tuple[int, ...]) -> frozenset[int]:
+        """Where an engine whose cores were all taken runs now: the reserved core, which it
+        shares with the OS and never with an engine that computes."""
+        keep = reserved_core(self.claimable_cores())
+        return self.cpus_of(cores or (() if keep is None else (keep,)))
 
     def claimable_cores(self) -> tuple[int, ...]:
         """Physical cores claims are made from: the cores tier (--cpu-max) counts those

@@ -1,7 +1,10 @@
 """Measured speeds: what engines' own timings said about each file on each rung.
 
 The last ``SPEED_WINDOW`` per (file, rung) are kept in memory (read from the store's
-``recent_speeds`` view at start); the core reads their medians (FORMULAS.md §Goals).
+``recent_speeds`` view at start); the core reads their medians (FORMULAS.md §Goals). Each
+decode rate is also kept by the cores the engine ran on when it was measured: the bandwidth
+curve a claim reads (FORMULAS.md §CPU claims). The curve lives as long as this process: a
+restart measures it again.
 """
 
 from __future__ import annotations
@@ -20,22 +23,33 @@ from fitbox.store.db import MeasuredSpeed, Store
 from .resident import Resident
 
 SPEED_WINDOW = 20  # measured speeds kept per (file, rung)
+CURVE_WINDOW = 60  # decode rates kept per (file, rung) for the curve, all core counts together
 MIN_TOKENS = 4  # fewer tokens than this in a call's timings measure overhead, not speed
 
 
-def median_speeds(recent: Iterable[MeasuredSpeed]) -> Speeds:
-    """The medians of the last measured prompt and decode ms per token."""
+def median_speeds(
+    recent: Iterable[MeasuredSpeed], by_cores: Iterable[tuple[int, float]] = ()
+) -> Speeds:
+    """The medians of the last measured prompt and decode ms per token, and per core count
+    the median decode tokens/s (the bandwidth curve)."""
     rows = list(recent)
     prompt = [r.prompt_per_token_ms for r in rows if r.prompt_per_token_ms is not None]
     decode = [r.decode_per_token_ms for r in rows if r.decode_per_token_ms is not None]
+    rates: dict[int, list[float]] = {}
+    for cores, ms in by_cores:
+        rates.setdefault(cores, []).append(1000.0 / ms)
+    curve = tuple(sorted((n, statistics.median(r)) for n, r in rates.items()))
     return Speeds(prompt_ms=statistics.median(prompt) if prompt else None,
-                  decode_ms=statistics.median(decode) if decode else None)  # fmt: skip
+                  decode_ms=statistics.median(decode) if decode else None,
+                  threads=curve)  # fmt: skip
 
 
 class SpeedBook:
     def __init__(self, store: Store | None) -> None:
         self.store = store
         self._recent: dict[tuple[str, int, int, str], deque[MeasuredSpeed]] = {}
+        # (cores it ran on, decode ms per token), this process's measurements only
+        self._curves: dict[tuple[str, int, int, str], deque[tuple[int, float]]] = {}
         for speed in store.recent_speeds() if store else []:
             self._recent.setdefault(speed.key, deque(maxlen=SPEED_WINDOW)).append(speed)
 
@@ -56,6 +70,10 @@ class SpeedBook:
             prompt_ms, timings.decode_n, decode_ms, call_id, time.time(),
         )  # fmt: skip
         self._recent.setdefault(speed.key, deque(maxlen=SPEED_WINDOW)).append(speed)
+        if decode_ms and resident.cores:  # a GPU-only engine's curve says nothing of RAM
+            self._curves.setdefault(speed.key, deque(maxlen=CURVE_WINDOW)).append(
+                (len(resident.cores), decode_ms)
+            )
         if self.store is not None:
             self.store.speed_measured(speed)
 
@@ -71,5 +89,5 @@ class SpeedBook:
                 identity = artifact.identity()
             except OSError:
                 return {}
-        return {key[3]: median_speeds(recent) for key, recent in self._recent.items()
-                if key[:3] == identity}  # fmt: skip
+        return {key[3]: median_speeds(recent, self._curves.get(key, ()))
+                for key, recent in self._recent.items() if key[:3] == identity}  # fmt: skip

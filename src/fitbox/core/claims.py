@@ -1,12 +1,19 @@
 """CPU claims: each engine gets cores of its own (FORMULAS.md §CPU claims).
 
 - One core stays for fitbox and the OS (the lowest-numbered one, when there are two or more).
-- Cores kept busy by other processes, and cores held by busy or loading engines, are
-  never claimed: two engines never share a core.
-- An idle engine's cores can be taken (it is told, in ``Claim.taken_from``).
+  It is *lent* to an engine reading weights from RAM that is alone on the box (no other
+  engine holds cores), so that engine runs as many threads as llama-server started by hand
+  would; a later claim never takes it (two engines never share a core). Not when an
+  operator capped the cores engines claim (--cpu-max): the cap stands.
+- Cores held by busy or loading engines are never claimed: two engines never share a core.
+- An idle engine's cores can be taken (it is told, in ``Claim.taken_from``, and re-pinned to
+  what it keeps).
+- Cores kept busy by other work (a sustained reading, box/sensors.py) are taken last: only
+  when the free and idle cores are fewer than the engine needs. Foreign work is not an
+  engine; refusing to serve because something else computes would help no one.
 - A GPU-only engine gets one core. An engine reading weights from RAM gets as many as still
-  make it faster: from its measured bandwidth curve when there is one (the fewest threads
-  within 5 % of the best measured rate), else every free core; at least ``floor``.
+  make it faster: from its measured bandwidth curve when it reaches that many cores (the
+  fewest within 1 % of the best measured rate), else every free core; at least ``floor``.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from dataclasses import dataclass
 
 from fitbox.core.types import ResidentView
 
-GOOD_ENOUGH = 0.95  # a thread count within 5 % of the best measured rate is enough
+GOOD_ENOUGH = 0.99  # within 1 % of the best measured rate: the parity bar (issue 14)
 RESERVED_CORES = 1  # the lowest-numbered core stays for fitbox and the OS
 
 
@@ -43,20 +50,27 @@ def claim_pool(cores: Iterable[int], cpu_max: int | None) -> tuple[int, ...]:
     return tuple(ordered if cpu_max is None else ordered[: cpu_max + RESERVED_CORES])
 
 
+def _holders(
+    residents: Sequence[ResidentView], leaving: Collection[str]
+) -> dict[int, ResidentView]:
+    held: dict[int, ResidentView] = {}
+    for r in residents:
+        if r.key not in leaving:
+            for core in r.cores:
+                held[core] = r
+    return held
+
+
 def claimable(
     cores: Sequence[int],
     busy_cores: Collection[int],
     residents: Sequence[ResidentView],
     leaving: Collection[str],
 ) -> tuple[list[int], list[tuple[int, str]]]:
-    """(free cores, [(core, idle resident holding it)]); residents in ``leaving`` hold none."""
+    """(free cores, [(core, idle resident holding it)]); residents in ``leaving`` hold none.
+    Cores busy with other work are in neither list (see :func:`foreign_busy`)."""
     keep = reserved_core(cores)
-    held: dict[int, ResidentView] = {}
-    for r in residents:
-        if r.key in leaving:
-            continue
-        for core in r.cores:
-            held[core] = r
+    held = _holders(residents, leaving)
     free, idle = [], []
     for core in sorted(cores):
         if core == keep or core in busy_cores:
@@ -69,10 +83,32 @@ def claimable(
     return free, idle
 
 
+def foreign_busy(
+    cores: Sequence[int], busy_cores: Collection[int], residents: Sequence[ResidentView],
+    leaving: Collection[str],
+) -> list[int]:  # fmt: skip
+    """Cores busy with other work that no engine holds: claimed last, only to reach a need."""
+    keep, held = reserved_core(cores), _holders(residents, leaving)
+    return [c for c in sorted(cores) if c in busy_cores and c != keep and c not in held]
+
+
+def lendable(
+    cores: Sequence[int], busy_cores: Collection[int], residents: Sequence[ResidentView],
+    leaving: Collection[str],
+) -> int | None:  # fmt: skip
+    """The reserved core, when it may be lent: no other engine holds a core (the box is
+    otherwise idle) and no other work keeps it busy."""
+    keep = reserved_core(cores)
+    if keep is None or keep in busy_cores or _holders(residents, leaving):
+        return None
+    return keep
+
+
 def wanted(threads: Sequence[tuple[int, float]], available: int) -> int:
-    """How many cores make a RAM-bound engine faster, from its measured curve."""
+    """How many cores make a RAM-bound engine faster, from its measured curve. A curve that
+    never saw this many cores cannot say more would not help: then every available one."""
     usable = [(n, rate) for n, rate in threads if 0 < n <= available]
-    if not usable:
+    if not usable or max(n for n, _ in threads) < available:
         return available
     best = max(rate for _, rate in usable)
     return min(n for n, rate in usable if rate >= GOOD_ENOUGH * best)
@@ -87,19 +123,27 @@ def claim(
     weights_in_ram: bool,
     floor: int,
     threads: Sequence[tuple[int, float]] = (),
+    lend: bool = True,
 ) -> Claim | None:
-    """The cores a new engine gets, or None when fewer than it needs are free."""
+    """The cores a new engine gets, or None when fewer than it needs are free. ``lend``
+    False: an operator capped the cores engines claim (--cpu-max), the reserved core is
+    never lent."""
     if not cores:
         return Claim(())  # the shell did not say: no claims are made
     free, idle = claimable(cores, busy_cores, residents, leaving)
+    lent = lendable(cores, busy_cores, residents, leaving) if weights_in_ram and lend else None
+    if lent is not None:
+        free.append(lent)  # last of the free ones: a smaller claim leaves the OS its core
+    foreign = foreign_busy(cores, busy_cores, residents, leaving)
     available = len(free) + len(idle)
     need = max(floor, 1) if weights_in_ram else 1
-    if available < need:
+    if available + len(foreign) < need:
         return None
     count = max(need, wanted(threads, available)) if weights_in_ram else 1
     picked = free[:count]
     taken = idle[: max(count - len(picked), 0)]
+    crowded = foreign[: max(count - len(picked) - len(taken), 0)]
     return Claim(
-        tuple(sorted(picked + [core for core, _ in taken])),
+        tuple(sorted(picked + [core for core, _ in taken] + crowded)),
         tuple(sorted({key for _, key in taken})),
     )

@@ -91,7 +91,8 @@ class Snapshot:
     devices: tuple[Device, ...]
     residents: tuple[ResidentView, ...]
     cores: tuple[int, ...] = ()  # physical cores fitbox may claim; empty: claims not made
-    busy_cores: tuple[int, ...] = ()  # kept busy by other processes: never claimed
+    busy_cores: tuple[int, ...] = ()  # kept busy by other work: claimed last
+    lend_reserved: bool = True  # the reserved core may be lent (no cores tier set: --cpu-max)
     reservations: tuple[Reservation, ...] = ()
 
     def device(self, device_id: str) -> Device | None:

@@ -23,9 +23,11 @@ from typing import BinaryIO
 
 from fitbox.engines.http1 import EngineConnectionError, EnginePool
 
-READY_POLL_S = (
-    0.01  # readiness is seen within ~10 ms of /health turning 200 (bench/load_to_ready.py)
-)
+# Readiness is seen from the child's own output: every chunk it prints wakes one /health
+# check (llama-server prints "model loaded", "listening" and "all slots are idle" as it
+# turns ready). The poll is only the backstop for an engine that turns ready silently.
+READY_BACKSTOP_S = 0.05
+READY_AFTER_OUTPUT_S = (0.002, 0.01)  # re-checks after the last chunk, then the backstop
 TAIL_LINES = 30
 READ_CHUNK = 64 * 1024
 TAIL_BYTES = 64 * 1024  # the end of the output kept in memory: what read_tail reads of a file
@@ -101,6 +103,7 @@ class _LogPump:
         self.load_section = bytearray(header)
         self.recent = bytearray()
         self.loading = True
+        self.printed = asyncio.Event()  # set by every chunk; the readiness wait clears it
         self._write(header)
 
     async def run(self, stream: asyncio.StreamReader) -> None:
@@ -108,6 +111,8 @@ class _LogPump:
             if self.loading and len(self.load_section) < MAX_LOAD_SECTION:
                 self.load_section += data
             self._write(data)
+            self.printed.set()
+        self.printed.set()  # the pipe closed: the child is exiting
         if self.file is not None:
             with contextlib.suppress(OSError):
                 self.file.close()
@@ -183,9 +188,12 @@ class Child:
         self._pump_task = asyncio.get_running_loop().create_task(self._pump.run(self.proc.stdout))
 
     async def wait_ready(self, limit_s: float) -> float:
-        """Poll /health until 200; returns seconds from launch. Raises if the child dies."""
+        """Seconds from launch until /health answers 200, checked each time the child prints
+        (and shortly after its last chunk, then every ``READY_BACKSTOP_S``). Raises if the
+        child dies or the limit passes."""
         assert self.proc is not None
         deadline = time.monotonic() + limit_s
+        pauses = iter(READY_AFTER_OUTPUT_S)
         while True:
             if self.proc.returncode is not None:
                 if self._pump_task is not None:  # let the last lines reach the file first
@@ -200,7 +208,17 @@ class Child:
                     return time.monotonic() - self.started_at
             if time.monotonic() > deadline:
                 raise ChildTimeout(limit_s, self.tail())
-            await asyncio.sleep(READY_POLL_S)
+            if self._pump is None:
+                await asyncio.sleep(READY_BACKSTOP_S)
+                continue
+            printed = self._pump.printed
+            if printed.is_set():
+                printed.clear()
+                pauses = iter(READY_AFTER_OUTPUT_S)  # new output: watch closely again
+                continue
+            pause = next(pauses, READY_BACKSTOP_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(printed.wait(), pause)
 
     def _signal_group(self, sig: signal.Signals) -> None:
         assert self.proc is not None
@@ -208,10 +226,15 @@ class Child:
             os.killpg(self.proc.pid, sig)
 
     async def stop(self, grace: float) -> int | None:
-        """SIGTERM the group, wait ``grace``, SIGKILL the group, reap. Returns the exit code."""
+        """SIGTERM the group, wait ``grace``, SIGKILL the group, reap. Returns the exit code.
+        ``grace`` 0: SIGKILL at once (an idle engine has nothing to finish; llama-server takes
+        60-100 ms to exit on SIGTERM, bench/swap.py)."""
         if self.proc is None:
             return None
-        if self.proc.returncode is None:
+        if self.proc.returncode is None and grace <= 0:
+            self._signal_group(signal.SIGKILL)  # nothing to finish: no grace to wait out
+            await self.proc.wait()
+        elif self.proc.returncode is None:
             self._signal_group(signal.SIGTERM)
             self._signal_group(signal.SIGCONT)  # a stopped (hung) child must run to see it
             try:

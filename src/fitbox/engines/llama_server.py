@@ -236,6 +236,8 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv.append("--no-repack")  # the core chose the smaller, unrepacked weights
     if intent.threads:
         argv += ["-t", str(intent.threads)]
+    if not intent.warmup and engine.has("--no-warmup"):
+        argv.append("--no-warmup")  # FITBOX_WARMUP (measured: bench/swap.py)
     if (intent.type_k, intent.type_v) != ("f16", "f16"):
         argv += ["-ctk", intent.type_k, "-ctv", intent.type_v]
     if engine.has("--fit"):

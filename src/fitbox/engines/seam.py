@@ -45,6 +45,7 @@ class LaunchIntent:
     type_v: str = "f16"
     no_repack: bool = False  # weights in RAM stay as the file has them (--no-repack)
     kv_unified: bool = False  # the slots share one KV cache: each may fill the window
+    warmup: bool = True  # False: no empty warmup run; the call waiting for the load warms it
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,26 @@ def read_core_busy() -> list[float]:
     return [float(p) for p in psutil.cpu_percent(percpu=True)]
 
 
+class CoreBusyCounter:
+    """Percent busy per logical CPU between two of *its own* reads (psutil's percpu counter
+    is one per process, and GET /v1/cores reads it too). The first read is all zero."""
+
+    def __init__(self) -> None:
+        self._last: list[tuple[float, float]] | None = None
+
+    def read(self) -> dict[int, float]:
+        now = [(sum(t), t.idle + getattr(t, "iowait", 0.0))
+               for t in psutil.cpu_times(percpu=True)]  # fmt: skip
+        last, self._last = self._last, now
+        if last is None or len(last) != len(now):
+            return {cpu: 0.0 for cpu in range(len(now))}
+        busy = {}
+        for cpu, ((total, idle), (was_total, was_idle)) in enumerate(zip(now, last, strict=True)):
+            spent = total - was_total
+            busy[cpu] = 0.0 if spent <= 0 else max(0.0, 100.0 * (1 - (idle - was_idle) / spent))
+        return busy
+
+
 def physical_cores() -> dict[int, frozenset[int]]:
     """Physical cores fitbox may use, numbered 0..n-1, each with its logical CPUs (SMT
     siblings share a core: a claim takes them together). Only CPUs in this process's

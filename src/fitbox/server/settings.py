@@ -114,6 +114,7 @@ async def cores(request: Request) -> Response:
     claimable = set(box.claimable_cores())
     keep = reserved_core(claimable)
     busy = read_core_busy()
+    other_work = set(box.snapshots.busy.busy())  # sustained readings (box/sensors.py)
     held: dict[int, str] = {}
     for resident in box.residents():
         for core in resident.cores:
@@ -121,14 +122,16 @@ async def cores(request: Request) -> Response:
     rows = []
     for core, cpus in sorted(physical.items()):
         load = [busy[c] for c in cpus if c < len(busy)]
-        if core == keep:
+        if core in held:
+            role = "claimed"  # the reserved one too, lent to an engine alone on the box
+        elif core == keep:
             role = "fitbox and the OS"
-        elif core in held:
-            role = "claimed"
         else:
             role = "free" if core in claimable else "outside cpu_max"
         rows.append({"core": core, "cpus": sorted(cpus), "busy_percent": max(load, default=0.0),
-                     "role": role, "claimed_by": held.get(core)})  # fmt: skip
+                     "role": role, "claimed_by": held.get(core),
+                     "lent": core == keep and core in held,
+                     "busy_with_other_work": core in other_work})  # fmt: skip
     return JSONResponse({"object": "list", "data": rows, "physical": len(physical),
                          "claimable": claimable_count(claimable)})  # fmt: skip
 

@@ -34,6 +34,8 @@ from ..residents import Registry
 from ..tasks import Tasks
 from .crashes import CrashLedger
 from .memory import await_free
+from .pagecache import warm
+from .pinning import pin_threads
 
 log = logging.getLogger(__name__)
 S = ResidentState
@@ -43,7 +45,9 @@ def contract_of(resident: Resident) -> Contract:
     return Contract(resident.window, resident.parallel, resident.type_k, resident.type_v)
 
 
-def intent_for(resident: Resident, port: int) -> LaunchIntent:
+def intent_for(resident: Resident, port: int, warmup: str = "on") -> LaunchIntent:
+    """``warmup`` auto: no warmup run when a call waits for this load (its first token does
+    the same work; bench/swap.py), one for a preload, a pin or an operator's load."""
     place, facts = resident.place, resident.artifact.facts
     assert place is not None
     return LaunchIntent(
@@ -56,6 +60,7 @@ def intent_for(resident: Resident, port: int) -> LaunchIntent:
         gpus=tuple(int(d.removeprefix("gpu")) for d in place.devices if d.startswith("gpu")),
         threads=len(place.cores) or None, type_k=place.type_k, type_v=place.type_v,
         no_repack=place.no_repack, kv_unified=place.kv_unified,
+        warmup=warmup == "on" or (warmup == "auto" and resident.loaded_by_call is None),
     )  # fmt: skip
 
 
@@ -96,11 +101,13 @@ class Supervisor:
     async def bring_up(self, resident: Resident, victims: Iterable[Resident]) -> None:
         try:
             victims = list(victims)
+            warm(resident.artifact.path)  # read while the victims stop and the child spawns
             for victim in victims:
                 log.info("evicting %s (idle) to make room for %s", victim.artifact.name,
                          resident.artifact.name)  # fmt: skip
+                # idle (no call can join a leaving resident): nothing to finish, no grace
                 await self.stop(victim, "make_room", resident.artifact.name,
-                                resident.loaded_by_call)  # fmt: skip
+                                resident.loaded_by_call, grace=0)  # fmt: skip
             if victims:
                 await self._memory_back(resident)
             child = await self._launch(resident)
@@ -124,7 +131,7 @@ class Supervisor:
             resident.engine.locate()
         except EngineNotFound as exc:
             raise EngineFailed(str(exc)) from None
-        spec = resident.engine.launch(intent_for(resident, free_port()))
+        spec = resident.engine.launch(intent_for(resident, free_port(), self.config.warmup))
         child = Child(list(spec.argv), spec.port, self._log_path(resident, spec.port),
                       resident.cpus, dict(spec.env))  # fmt: skip
         resident.child = child
@@ -234,9 +241,10 @@ class Supervisor:
 
     async def stop(
         self, resident: Resident, reason: str | None = None, for_model: str | None = None,
-        call_id: int | None = None,
+        call_id: int | None = None, grace: float | None = None,
     ) -> None:  # fmt: skip
-        """Stop a resident; with a ``reason`` it is an eviction, recorded as one."""
+        """Stop a resident; with a ``reason`` it is an eviction, recorded as one. ``grace``:
+        seconds between SIGTERM and SIGKILL (default ``stop_grace``; 0 for an idle victim)."""
         if reason is not None and self.store is not None:
             self.store.evicted(resident.artifact.name, str(resident.artifact.path),
                                resident.holdings(), reason, for_model, call_id,
@@ -246,7 +254,7 @@ class Supervisor:
         if resident.state is not S.STOPPING:
             return  # already gone
         if resident.child is not None:
-            await resident.child.stop(self.config.stop_grace)
+            await resident.child.stop(self.config.stop_grace if grace is None else grace)
             self._child_ended(resident, "stopped")
         if resident.state is S.STOPPING:
             self.registry.move(resident, S.STOPPED)
@@ -254,6 +262,16 @@ class Supervisor:
             resident.ready.set_exception(
                 ShuttingDown(f"'{resident.artifact.name}' was stopped while it loaded")
             )
+
+    def repin(self, resident: Resident) -> None:
+        """A later claim took some of this idle engine's cores: its threads move to the CPUs
+        it keeps (``resident.cpus``), so the two never compute on one core."""
+        pid = resident.child.pid if resident.child and resident.child.alive else None
+        if pid is None or not resident.cpus:
+            return
+        moved = pin_threads(pid, resident.cpus)
+        log.info("%s: %d thread(s) re-pinned to CPUs %s (a claim took the others)",
+                 resident.artifact.name, moved, sorted(resident.cpus))  # fmt: skip
 
     def kill_all_now(self) -> None:
         for resident in self.registry:

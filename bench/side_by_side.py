@@ -1,0 +1,208 @@
+"""Side by side: llama-server directly, llama.cpp's router (``--models-max 1``) and fitbox, on
+the same two models in one run, interleaved round by round (bench/rig.py).
+
+    python bench/side_by_side.py [--latency 30] [--swaps 30] [--decode 2] [--prompt 2]
+                                 [--clients 4] [--loads 5]
+
+Figures, each with its ratio against the baseline measured in the same run:
+  added latency   1-token chat, p50, on a loaded model (baseline: direct llama-server)
+  swap            load the other model + 1 token, p50 / max (baseline: the router); the
+                  RAM cap of fitbox holds one model, the router keeps one (--models-max 1)
+  retries         calls that failed and were retried until they answered, over the swaps
+  decode tok/s    256 tokens, one model alone, the engine's own timings (baseline: direct,
+                  at its own default threads)
+  prompt tok/s    a ~300-token prompt read, cache off, the engine's own timings
+  concurrent      --clients clients at once on one model, aggregate tok/s, client side
+                  (fitbox runs the -np its placement gives; direct runs its own default)
+  load-to-ready   fitbox launch -> ready, minus llama-server's own readiness with the very
+                  argv fitbox used (bench/load_to_ready.py), p50
+Direct and the router run at their defaults but the window (4096), which all three share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.load_to_ready import fitbox_ready_and_direct
+from bench.rig import Served, chat, direct, fitbox, percentile, router, two_models
+
+PROMPT = " ".join(["the quick brown fox jumps over the lazy dog."] * 30)  # ~300 tokens
+MAX_ATTEMPTS = 20
+
+
+def rotated(systems: list[Served], round_no: int) -> list[Served]:
+    """Each round starts with the next system: an engine's threads still spinning after its
+    call (llama.cpp polls for work a while) slow whichever is called right after it."""
+    shift = round_no % len(systems)
+    return systems[shift:] + systems[:shift]
+
+
+def added_latency(systems: list[Served], model: str, rounds: int) -> dict[str, list[float]]:
+    seen: dict[str, list[float]] = {s.name: [] for s in systems}
+    with httpx.Client() as client:
+        for served in systems:
+            chat(client, served.url, model)  # loaded and its prompt cached, for every system
+        for i in range(rounds):
+            for served in rotated(systems, i):
+                took, status, _ = chat(client, served.url, model)
+                if status == 200:
+                    seen[served.name].append(took)
+    return seen
+
+
+def timings(served: Served, model: str, rounds: int, *, decode: bool) -> list[float]:
+    """The engine's own tokens/s (decode, or prompt read) for each round."""
+    rates = []
+    with httpx.Client() as client:
+        for _ in range(rounds):
+            if decode:
+                _, status, body = chat(client, served.url, model, max_tokens=256,
+                                       ignore_eos=True)  # fmt: skip
+            else:
+                _, status, body = chat(client, served.url, model, max_tokens=1,
+                                       content=PROMPT, cache_prompt=False)  # fmt: skip
+            found = body.get("timings") if status == 200 else None
+            if isinstance(found, dict):
+                key = "predicted_per_second" if decode else "prompt_per_second"
+                rates.append(float(found[key]))
+    return rates
+
+
+def concurrent(served: Served, model: str, clients: int, tokens: int = 64) -> float:
+    """Aggregate completion tokens/s of ``clients`` simultaneous calls (client side)."""
+    done: list[int] = []
+    start = threading.Barrier(clients + 1)
+
+    def one() -> None:
+        with httpx.Client() as client:
+            start.wait()
+            _, status, body = chat(client, served.url, model, max_tokens=tokens, ignore_eos=True)
+            usage = body.get("usage") if status == 200 else None
+            done.append(int(usage["completion_tokens"]) if isinstance(usage, dict) else 0)
+
+    threads = [threading.Thread(target=one) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.perf_counter() - began)
+
+
+def swaps(systems: list[Served], names: list[str], rounds: int
+          ) -> tuple[dict[str, list[float]], dict[str, int]]:  # fmt: skip
+    """Alternate the two models on each system; a failed call is retried (and counted)
+    until it answers. A swap's time runs from its first attempt to its answer."""
+    seconds: dict[str, list[float]] = {s.name: [] for s in systems}
+    retries = dict.fromkeys(seconds, 0)
+    with httpx.Client() as client:
+        for served in systems:
+            chat(client, served.url, names[0])
+        for i in range(rounds):
+            for served in rotated(systems, i // 2):  # each model's swap, in turn, first
+                began = time.perf_counter()
+                for _ in range(MAX_ATTEMPTS):
+                    with contextlib.suppress(httpx.TransportError):
+                        if chat(client, served.url, names[(i + 1) % 2])[1] == 200:
+                            break
+                    retries[served.name] += 1
+                seconds[served.name].append(time.perf_counter() - began)
+    return seconds, retries
+
+
+def row(label: str, values: dict[str, str]) -> None:
+    print(f"| {label} | {values.get('direct', '—')} | {values.get('router', '—')} | "
+          f"{values.get('fitbox', '—')} |", flush=True)  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency", type=int, default=30, help="1-token chat rounds")
+    parser.add_argument("--swaps", type=int, default=30, help="swap rounds")
+    parser.add_argument("--decode", type=int, default=2, help="256-token rounds")
+    parser.add_argument("--prompt", type=int, default=2, help="prompt-read rounds")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--loads", type=int, default=5, help="load-to-ready rounds")
+    args = parser.parse_args()
+    ms: Callable[[float], str] = lambda s: f"{s * 1000:.1f} ms"  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        models, names, cap = two_models(Path(tmp) / "models")
+        model_a = models / f"{names[0]}.gguf"
+        systems = [stack.enter_context(direct(model_a)), stack.enter_context(router(models)),
+                   stack.enter_context(fitbox(Path(tmp) / "home", models,
+                                              FITBOX_RAM_MAX=str(cap)))]  # fmt: skip
+        by = {s.name: s for s in systems}
+        print(f"side by side: {names[0]} and {names[1]}, window 4096, fitbox RAM cap "
+              f"{cap >> 20} MiB (one model at a time)")  # fmt: skip
+        print("| figure | direct llama-server | llama.cpp router (--models-max 1) | fitbox |")
+        print("|---|---|---|---|", flush=True)
+
+        latency = added_latency(systems, names[0], args.latency)
+        base = statistics.median(latency["direct"])
+        row(f"added latency of a 1-token chat, p50 ({args.latency} rounds)", {
+            n: (f"{ms(base)} (baseline)" if n == "direct" else
+                f"{(statistics.median(v) - base) * 1000:+.2f} ms "
+                f"({statistics.median(v) / base:.3f}×)")
+            for n, v in latency.items() if v})  # fmt: skip
+
+        swapped, retries = swaps([by["router"], by["fitbox"]], names, args.swaps)
+        r50 = statistics.median(swapped["router"])
+        row(f"swap (load + 1 token), p50 / max ({args.swaps} rounds)", {
+            n: f"{ms(statistics.median(v))} / {ms(max(v))} "
+               f"({statistics.median(v) / r50:.2f}× the router's p50; max "
+               f"{max(v) / statistics.median(v):.2f}× its own p50)"
+            for n, v in swapped.items()})  # fmt: skip
+        row(f"calls that failed and needed a retry, {args.swaps} rounds",
+            {n: str(v) for n, v in retries.items()})  # fmt: skip
+
+        decode: dict[str, list[float]] = {s.name: [] for s in systems}
+        prompt: dict[str, list[float]] = {s.name: [] for s in systems}
+        for i in range(args.decode):  # interleaved: the machine's load is shared
+            for served in rotated(systems, i):
+                decode[served.name] += timings(served, names[0], 1, decode=True)
+        for i in range(args.prompt):
+            for served in rotated(systems, i):
+                prompt[served.name] += timings(served, names[0], 1, decode=False)
+        for label, rates in ((f"decode tok/s, 256 tokens, one model alone ({args.decode} "
+                              "rounds)", decode),
+                             (f"prompt-read tok/s, ~300 tokens ({args.prompt} rounds)", prompt)):
+            d = statistics.median(rates["direct"]) if rates["direct"] else float("nan")
+            row(label, {n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×)"
+                        for n, v in rates.items() if v})  # fmt: skip
+
+        together = {name: concurrent(by[name], names[0], args.clients) for name in by}
+        row(f"concurrent aggregate tok/s, {args.clients} clients × 64 tokens",
+            {n: f"{v:.1f} ({v / together['direct']:.3f}×)" for n, v in together.items()})
+        stack.close()
+
+        fit, own = fitbox_ready_and_direct(models.parent / "load", model_a, args.loads)
+        added = [f - d for f, d in zip(fit, own, strict=True)]
+        row(f"load-to-ready, p50 ({args.loads} rounds; fitbox: minus direct with its argv)", {
+            "direct": ms(statistics.median(own)),
+            "fitbox": f"{ms(statistics.median(fit))}, added "
+                      f"{statistics.median(added) * 1000:+.1f} ms "
+                      f"({statistics.median(fit) / statistics.median(own):.3f}×)"})  # fmt: skip
+    raw = {"swap_ms": {n: [round(x * 1000) for x in v] for n, v in swapped.items()},
+           "latency_p95_ms": {n: round(percentile(v, 0.95) * 1000, 2)
+                              for n, v in latency.items() if v},
+           "load_added_ms": [round(x * 1000, 1) for x in added]}  # fmt: skip
+    print(f"raw: {json.dumps(raw)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Cores busy with other work: the sensor's sustained-reading threshold, and a real busy
+process read by the real CPU counter.
+
+The busy process spins, pinned to one core, until the test closes its stdin (the event that
+holds it). Between two readings the test waits until the spinner itself has used more CPU
+time: a reading always covers some of its work, however slow or loaded the machine is.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from fitbox.box.sensors import BusyCores
+from fitbox.probe.host import CoreBusyCounter, physical_cores
+
+from .holds import until
+
+TWO = {0: frozenset({0, 2}), 1: frozenset({1, 3})}  # two cores with SMT siblings
+SPIN = """
+import os, select, sys
+os.sched_setaffinity(0, {%d})
+print("spinning", flush=True)
+while not select.select([sys.stdin], [], [], 0)[0]:
+    pass
+"""
+
+
+def test_a_core_is_busy_only_after_the_sustained_readings_and_one_reading_below_clears_it() -> None:
+    busy = BusyCores(TWO, percent=90, readings=3)
+    for _ in range(3):
+        assert busy.busy() == ()  # fewer readings than the threshold: never busy
+        busy.observe({0: 5.0, 1: 20.0, 2: 3.0, 3: 95.0}, held=())  # one sibling is enough
+    assert busy.busy() == (1,)
+    busy.observe({3: 89.0}, held=())
+    assert busy.busy() == ()  # one reading below clears it
+    for _ in range(3):
+        busy.observe({1: 100.0}, held=())
+    busy.observe({1: 100.0}, held=(1,))  # one of our engines took it: its use is not other work
+    assert busy.busy() == ()
+
+
+@pytest.fixture
+def spinner() -> Iterator[tuple[psutil.Process, int]]:
+    cores = physical_cores()
+    if len(cores) < 2:
+        pytest.skip("needs two physical cores")
+    cpu = min(cores[1])
+    proc = subprocess.Popen([sys.executable, "-c", SPIN % cpu], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == "spinning\n"
+    try:
+        yield psutil.Process(proc.pid), cpu
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()  # the event: the spinner sees EOF and ends
+        proc.wait(timeout=60)
+        proc.stdout.close()
+
+
+def test_a_real_busy_process_makes_its_core_busy_with_other_work(
+    spinner: tuple[psutil.Process, int],
+) -> None:
+    process, _ = spinner
+    busy = BusyCores(physical_cores(), percent=90, readings=3)
+    counter = CoreBusyCounter()
+    counter.read()  # starts the counter
+
+    def one_reading() -> None:
+        spent = sum(process.cpu_times()[:2])
+        until(lambda: sum(process.cpu_times()[:2]) >= spent + 0.05, "the spinner to compute")
+        busy.observe(counter.read(), held=())
+
+    for _ in range(2):
+        one_reading()
+        assert 1 not in busy.busy()  # not yet sustained
+    one_reading()
+    assert 1 in busy.busy()
+    busy.observe(counter.read(), held=(1,))  # an engine of ours on it now
+    assert 1 not in busy.busy()
