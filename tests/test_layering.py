@@ -17,6 +17,9 @@ FLOORS: dict[str, int] = {
     "fitbox.cli": 5,
     "fitbox.keys_cli": 5,
     "fitbox.scout_cli": 5,
+    "fitbox.pull_cli": 5,
+    "fitbox.plan_cli": 5,
+    "fitbox.engines_cli": 5,
     "fitbox.installer": 5,
     "fitbox.central": 4,  # above the box's server: the box never imports the central
     "fitbox.server": 3,

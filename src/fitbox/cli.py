@@ -1,4 +1,5 @@
-"""The command line: ``fitbox serve | models | pull``. Thin: parse, call, report."""
+"""The command line: parse, then hand each command to its module (serve and models here;
+plan_cli, pull_cli, engines_cli, keys_cli, scout_cli, central/cli, installer/cli). Thin."""
 
 from __future__ import annotations
 
@@ -209,8 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "models":
         return list_models(config, args.json)
     if args.command == "pull":
+        from fitbox.pull_cli import pull_model
+
         return pull_model(config, args)
     if args.command == "plan":
+        from fitbox.plan_cli import plan_model
+
         return plan_model(config, args)
     if args.command == "install" and args.tf:
         from fitbox.engines.kinds import engines_home
@@ -224,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_installer(args)
     if args.command == "engines":
+        from fitbox.engines_cli import list_engines
+
         return list_engines(config)
     if args.command == "update":
         from fitbox.installer.cli import run_update
@@ -388,221 +395,3 @@ def list_models(config: settings.Config, as_json: bool) -> int:
             f"{row['path']}"
         )
     return 0
-
-
-def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
-
-    from fitbox.models.pull import DEFAULT_MODEL, PullError, is_verified, pull
-
-    dest = Path(args.to).expanduser() if args.to else config.models[0]
-    last = [-1]
-
-    def progress(done: int, total: int | None) -> None:
-        if total and sys.stderr.isatty():
-            percent = done * 100 // total
-            if percent != last[0]:
-                last[0] = percent
-                print(f"\r{percent:3d}% of {format_bytes(total)}", end="", file=sys.stderr)
-
-    spec = args.source or DEFAULT_MODEL
-    if spec.startswith("box://"):
-        return _pull_from_box(config, spec, dest, args.source_key)
-    try:
-        path = pull(spec, dest, sha256=args.sha256, progress=progress)
-    except PullError as exc:
-        print(f"\nfitbox pull: {exc}", file=sys.stderr)
-        _record_pull(config, spec, None, False, "error", str(exc))
-        return 1
-    if last[0] >= 0:
-        print(file=sys.stderr)
-    verified = is_verified(spec, args.sha256)
-    _record_pull(config, spec, path, verified, "ok")
-    check = "sha256 verified" if verified else "no --sha256: not verified"
-    print(f"{path} ({format_bytes(path.stat().st_size)}, {check})")
-    return 0
-
-
-def _pull_from_box(config: settings.Config, spec: str, dest: Path, key: str | None) -> int:
-    """Chunks verified as they land, a .part resumed, every file a pulls row (box/transfers)."""
-    from fitbox.box.transfers import pull_from_box
-    from fitbox.models.pull import PullError
-    from fitbox.store.db import Store
-
-    store = Store(config.store_path)
-    try:
-        outcomes = pull_from_box(spec, dest, store, key=key, storage_max=config.storage_max)
-    except PullError as exc:
-        print(f"fitbox pull: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        store.close()
-    for o in outcomes:
-        rate = o.fetched_bytes / o.seconds if o.seconds > 0 else 0.0
-        print(f"{o.path} ({format_bytes(o.size)}, sha256 verified; fetched "
-              f"{format_bytes(o.fetched_bytes)} at {format_bytes(int(rate))}/s, "
-              f"{o.reused_chunks} chunks reused, {o.refetched_chunks} re-fetched)")  # fmt: skip
-    from fitbox.scout_cli import refresh_running_box
-
-    refresh_running_box(config)
-    return 0
-
-
-def _record_pull(
-    config: settings.Config, source: str, path: Path | None, verified: bool, outcome: str,
-    detail: str | None = None,
-) -> None:  # fmt: skip
-    """A row in the store's pulls table (a running fitbox shares the file: WAL, one writer
-    each, busy timeout). A store that cannot be written never fails the pull."""
-    from fitbox.store.db import Store
-
-    try:
-        store = Store(config.store_path)
-    except Exception as exc:
-        print(f"fitbox pull: not recorded in the store: {exc}", file=sys.stderr)
-        return
-    try:
-        size = path.stat().st_size if path is not None else None
-        store.pulled(source, str(path) if path else None, size, verified, outcome, detail)
-    finally:
-        store.close()
-
-
-def _plan_from_service(config: settings.Config, args: argparse.Namespace) -> dict[str, Any] | None:
-    """Ask the running fitbox (it knows what is resident); None when none answers."""
-    import httpx
-
-    endpoint = config.endpoint_file
-    if not endpoint.exists():
-        return None
-    try:
-        url = json.loads(endpoint.read_text())["url"]
-        params = {"model": args.model, **({"kv": args.kv} if args.kv else {})}
-        params.update({k: str(v) for k, v in (("ctx", args.ctx), ("parallel", args.parallel)) if v})
-        response = httpx.get(f"{url}/v1/plan", params=params, timeout=10)
-    except (OSError, ValueError, KeyError, httpx.HTTPError):
-        return None
-    body: dict[str, Any] = response.json()
-    body["source"] = f"the running fitbox at {url}"
-    return body
-
-
-def plan_model(config: settings.Config, args: argparse.Namespace) -> int:
-    from fitbox.box.box import Box
-    from fitbox.errors import FitboxError
-    from fitbox.models.catalog import Catalog
-    from fitbox.probe.gpus import open_gpu_probe
-    from fitbox.store.db import read_measured
-
-    report = _plan_from_service(config, args)
-    if report is None:
-        box = Box(
-            config,
-            Catalog(config.models, config.aliases, config.facts_cache),
-            open_gpu_probe(config.simulated_gpus),
-            measured=read_measured(config.store_path),
-        )
-        try:
-            report = box.plan_for(args.model, args.ctx, args.parallel, args.kv)
-        except FitboxError as exc:
-            report = exc.body()
-        report["source"] = "offline: no fitbox answering, so nothing counts as resident"
-    if "error" in report:
-        print(f"fitbox plan: {report['error']['message']}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    _print_plan(report)
-    return 0
-
-
-def _print_plan(report: dict[str, Any]) -> None:
-    """``fitbox plan`` in words: the decision, its window, bytes per device, and why not."""
-    simulated = {d["device"] for d in report["box"] if d["simulated"]}
-    label = f"{report['decision']} on {report['device']}"
-    if report.get("rung"):
-        label += f" ({report['rung']})"
-    print(f"{report['model']} ({report['architecture']}, {report['quant']}): {label}, "
-          f"{report['basis']}")  # fmt: skip
-    band = report.get("band")
-    band_text = f", band {band['kind']} {band['min']}..{band['max']}" if band else ""
-    print(f"  window {report['window']} x {report['parallel']} slot(s), "
-          f"K {report['type_k']} / V {report['type_v']}{band_text}")  # fmt: skip
-    if report.get("device_counts"):  # the window each GPU count would have given
-        counts = [f"{c['count']} -> {c['window'] or 'none'} ({c['reason']})"
-                  for c in report["device_counts"]]  # fmt: skip
-        print(f"  by GPU count: {', '.join(counts)}")
-    if report.get("repack") in ("on", "ram_bound"):
-        print(
-            "  weights in RAM: repacked (faster)"
-            if report["repack"] == "on"
-            else "  weights in RAM: --no-repack (ram_bound: the repacked copy does not fit)"
-        )
-    for row in report["devices"]:
-        tag = " (SIMULATED)" if row["device"] in simulated else ""
-        b = {k: format_bytes(v) for k, v in row.items() if k.endswith("_bytes")}
-        print(f"  {row['device']}{tag}: weights {b['weights_bytes']} + kv {b['kv_bytes']} + "
-              f"compute {b['compute_bytes']} + output {b['output_bytes']} = "
-              f"{b['total_bytes']}")  # fmt: skip
-    if report.get("cores"):
-        layers = f", {report['gpu_layers']} layers on GPU" if report.get("gpu_layers") else ""
-        print(f"  cores {', '.join(map(str, report['cores']))}{layers}")
-    for key in ("victims", "blockers"):
-        if report.get(key):
-            print(f"  {key}: {', '.join(report[key])}")
-    if report["decision"] == "refuse":
-        needed, held = format_bytes(report["needed_bytes"]), format_bytes(report["available_bytes"])
-        print(f"  {report['reason']}: needs {needed} on {report['device']}, which holds {held}")
-    for r in report.get("rejected", []):
-        print(f"  - {r['rung']} {r['artifact']}: {r['reason']} ({r['detail']})")
-    print(f"  ({report['source']})")
-
-
-def list_engines(config: settings.Config) -> int:
-    from fitbox.engines.llama_server import candidates, find_binary, inspect
-
-    print("llama-server (GGUF files):")
-    try:
-        chosen = find_binary(config.engine_dir).path
-    except Exception as exc:
-        chosen = None
-        print(f"fitbox engines: {exc}", file=sys.stderr)
-    for candidate in candidates(config.engine_dir):
-        mark = "*" if candidate.path == chosen else " "
-        try:
-            info = inspect(candidate.path)
-            detail = (
-                f"version {info.version}, {len(info.flags)} flags, "
-                f"--fit {'yes' if info.has('--fit') else 'no'}"
-            )
-        except OSError as exc:
-            detail = f"not runnable: {exc}"
-        print(f"{mark} {candidate.path}  ({candidate.source}; {detail})")
-    list_tf_engines(config)
-    return 0 if chosen else 1
-
-
-def list_tf_engines(config: settings.Config) -> bool:
-    """The transformers engine's candidate interpreters, each probed; the first usable one
-    (in discovery order) is selected. Returns whether one is."""
-    from fitbox.engines.kinds import engines_home
-    from fitbox.engines.tf import INSTALL_COMMAND, candidates, probe
-
-    print("transformers (Hugging Face folders):")
-    selected = False
-    for candidate in candidates(engines_home(config.engine_dir, config.home)):
-        found = probe(candidate.python)
-        mark = "*" if found.usable and not selected else " "
-        if found.usable:
-            why = "selected: first usable in discovery order" if not selected else "usable"
-            selected = True
-            mods = found.modules
-            detail = (f"{why}; torch {mods.get('torch')}, transformers {mods.get('transformers')}"
-                      f", 4-bit {'yes' if found.four_bit else 'no (no bitsandbytes with CUDA)'}"
-                      f", GPU {'yes' if found.cuda else 'no'}")  # fmt: skip
-        else:
-            detail = str(found.problem)
-        print(f"{mark} {candidate.python}  ({candidate.source}; {detail})")
-    if not selected:
-        print(f"  none usable: build one with '{INSTALL_COMMAND}' or set FITBOX_TF_PYTHON")
-    return selected

