@@ -57,27 +57,22 @@ def _limits(args: argparse.Namespace, target: ServiceLayout) -> dict[str, str]:
     return {f"FITBOX_{name.upper()}": str(value) for name, value in values.items()}
 
 
-def register(central: str, key: str | None, env: dict[str, str]) -> str:
-    """Tell a central this box exists. A central that refuses or cannot be reached never
-    fails the install: the box serves on its own, and the reason is printed."""
-    import socket
-
+def check_central(central: str) -> str:
+    """Whether the central answers. The service registers itself there at every start (with
+    its persistent box id, server/joining.py), so the install only checks and says so; a
+    central that cannot be reached never fails the install: the box serves on its own."""
     import httpx
 
-    import fitbox
-
-    body = {"name": socket.gethostname(), "version": fitbox.__version__,
-            "url": f"http://{env.get('FITBOX_HOST')}:{env.get('FITBOX_PORT')}"}  # fmt: skip
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        response = httpx.post(f"{central.rstrip('/')}/v1/boxes", json=body, headers=headers,
-                              timeout=10)  # fmt: skip
-    except httpx.HTTPError as exc:
+        response = httpx.get(f"{central.rstrip('/')}/health", timeout=10)
+        service = response.json().get("service") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
         return f"note: the central at {central} could not be reached ({exc}); installed anyway"
-    if response.status_code >= 400:
-        return (f"note: the central at {central} refused the registration (HTTP "
-                f"{response.status_code}: {response.text[:200]}); installed anyway")  # fmt: skip
-    return f"registered with the central at {central}"
+    if service != "fitbox-central":
+        return (f"note: {central} does not answer as a fitbox central (HTTP "
+                f"{response.status_code}); installed anyway")  # fmt: skip
+    return (f"the central at {central} answers; the service registers with it at every "
+            "start (see its log for the outcome)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         code = main_install(target, args.host, args.port, extra, args.dry_run,
                             args.health_timeout)  # fmt: skip
         if args.central and not args.dry_run:
-            print(register(args.central, args.central_key, read_env(target.env_file)))
+            print(check_central(args.central))
         return code
     except (InstallError, ValueError, OSError) as exc:
         print(f"fitbox {args.command}: {exc}", file=sys.stderr)
