@@ -35,14 +35,24 @@ def threads_on(resident: Resident) -> set[frozenset[int]]:
     return {allowed_cpus(pid, tid) for tid in thread_ids(pid)}
 
 
-def test_a_claim_that_takes_an_idle_engines_core_repins_its_threads(tmp_path: Path) -> None:
+def _two_tinies(tmp_path: Path) -> tuple[settings.Config, Catalog]:
     root = tmp_path / "models"
     root.mkdir()
     write_tiny_llama(root / "tiny-a.gguf", seed=1)
     write_tiny_llama(root / "tiny-b.gguf", seed=2)
     config = settings.load({"home": str(tmp_path / "home"), "models": str(root)},
                            env={"FITBOX_WAIT_TIMEOUT": "120"})  # fmt: skip
-    catalog = Catalog(config.models, config.aliases, config.facts_cache)
+    return config, Catalog(config.models, config.aliases, config.facts_cache)
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["idle", "pinned"])
+def test_a_claim_that_takes_an_idle_engines_cores(tmp_path: Path, pinned: bool) -> None:
+    """Alone, the first engine borrows the reserved core (two threads on a 2-core box).
+    The second claim takes a core from it: more threads than cores left would wait on each
+    other's spin barriers (a 3-token call took 9 s instead of 0.05 s), so an idle engine
+    leaves and loads again with a fitting claim when next called; a pinned one stays, its
+    threads really moved off the taken cores."""
+    config, catalog = _two_tinies(tmp_path)
 
     async def run() -> None:
         box = Box(config, catalog, open_gpu_probe(""), None, [], EngineKinds([LlamaServer()]))
@@ -56,17 +66,26 @@ def test_a_claim_that_takes_an_idle_engines_core_repins_its_threads(tmp_path: Pa
             lease.release()  # idle now: its cores may go to the next claim
             lent = first.cores  # read once: mypy narrows a property it sees compared
             assert lent == every  # alone: the reserved core 0 is lent, as llama-server's -t
-            assert threads_on(first) == {cpus}
+            assert threads_on(first) == {cpus} and first.threads == len(every)
+            if pinned:
+                box.registry.set_pinned(first, True)
 
             lease = await box.acquire("tiny-b")
             second = lease.resident
             assert second.cores == every[1:]
-            assert first.cores == (0,)  # it lost every core but the reserved one
             assert threads_on(second) == {rest}
-            assert threads_on(first) == {cores[0]}  # every thread moved off the taken cores
-            # the moved engine still answers (its threads run on the core it kept)
-            status, _ = await first.child.pool.get("/health")  # type: ignore[union-attr]
-            assert status == 200
+            if pinned:
+                assert first.cores == (0,)  # it lost every core but the reserved one
+                assert threads_on(first) == {cores[0]}  # every thread moved off them
+                status, _ = await first.child.pool.get("/health")  # type: ignore[union-attr]
+                assert status == 200  # it still answers, on the core it kept
+            else:
+                for _ in range(2000):  # its stop runs as a task: bounded by its own exit
+                    if first.key not in box.registry:
+                        break
+                    await asyncio.sleep(0.01)
+                assert first.key not in box.registry and first.child is not None
+                assert not first.child.alive
             lease.release()
         finally:
             await box.close()

@@ -339,7 +339,8 @@ def test_a_decoder_serves_embeddings_when_asked(pair: Pair) -> None:
                 if any(DECODER in part for part in c.cmdline()))  # fmt: skip
     assert "--embeddings" in argv and argv[argv.index("--pooling") + 1] == "mean"
     chat = fitbox.chat.completions.create(model=DECODER, messages=HI, max_tokens=2)
-    assert chat.choices[0].finish_reason == "length"  # it still chats
+    # it still chats (a random tiny model, sampled, may end its two tokens early)
+    assert chat.choices[0].finish_reason in ("length", "stop") and chat.usage is not None
 
 
 # -- models, CORS, names ---------------------------------------------------------------
@@ -397,7 +398,8 @@ def test_the_asked_name_comes_back_whole_and_streamed(pair: Pair) -> None:
     assert _messages_as(pair.box.url, ALIAS)["model"] == ALIAS
     body = {"model": ALIAS, "max_tokens": 3, "messages": HI, "stream": True}
     streamed = httpx.post(f"{pair.box.url}/v1/messages", json=body, timeout=60).text
-    start = next(ln for ln in streamed.splitlines() if '"message_start"' in ln)
+    start = next((ln for ln in streamed.splitlines() if '"message_start"' in ln), None)
+    assert start is not None, streamed[:2000]  # what came instead, to see why
     assert json.loads(start.removeprefix("data: "))["message"]["model"] == ALIAS
 
 

@@ -46,7 +46,7 @@ def test_the_core_scenarios_use_the_real_files_numbers(smollm2: Path) -> None:
 def test_plan_shows_the_window_each_gpu_count_would_give(tmp_path: Path, smollm2: Path) -> None:
     text = plan(tmp_path / "home", smollm2.parent, THREE_110)
     assert text.returncode == 0, text.stderr
-    assert "window 4096 x 1 slot(s)" in text.stdout
+    assert "window 4096 x 4 slot(s)"  # FITBOX_PARALLEL: 4 unified slots in text.stdout
     assert ("by GPU count: 1 -> none (no_window), 2 -> 3072 (smaller_window), "
             "3 -> 4096 (chosen)") in text.stdout  # fmt: skip
     report: dict[str, Any] = json.loads(plan(tmp_path / "home", smollm2.parent, THREE_110,

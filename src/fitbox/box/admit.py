@@ -189,7 +189,16 @@ class Admission:
             if (holder := self.registry.get(key)) is not None:
                 holder.lost_cores |= set(decision.cores)
                 holder.cpus = self.snapshots.cpus_kept(holder.cores)
-                self.supervisor.repin(holder)
+                if len(holder.cpus) >= holder.threads or holder.pinned or holder.calls:
+                    self.supervisor.repin(holder)
+                    continue
+                # its thread count is fixed at launch: llama.cpp's threads crowded onto fewer
+                # cores wait on each other's spin barriers (a 3-token call went from 0.05 s
+                # to 9 s), so an idle engine that cannot keep a core per thread leaves, and
+                # its next call loads it with a claim that fits
+                self.registry.move(holder, S.STOPPING)
+                self.tasks.spawn(self.supervisor.stop(holder, "cores_taken", named.first.name,
+                                                      call_id, grace=0))  # fmt: skip
         device = next(d for d in devices if d.id == decision.device)
         artifact = next(a for a in named.artifacts if a.key == decision.artifact)
         resident = Resident(

@@ -81,6 +81,11 @@ class Resident:
         return self.place.rung if self.place else Rung.RAM_ONLY
 
     @property
+    def threads(self) -> int:
+        """The engine threads it was launched with: one per core of its claim."""
+        return len(self.place.cores) if self.place is not None else 0
+
+    @property
     def cores(self) -> tuple[int, ...]:
         if self.place is None:
             return ()
