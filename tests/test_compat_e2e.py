@@ -349,6 +349,7 @@ def test_a_decoder_serves_embeddings_when_asked(pair: Pair) -> None:
 def test_models_retrieve_and_meta(pair: Pair) -> None:
     _, fitbox = pair.clients(max_retries=0)
     listed = httpx.get(f"{pair.direct}/v1/models", timeout=30).json()["data"][0]["meta"]
+    fitbox.chat.completions.create(model=SMOL, messages=HI, max_tokens=1)  # n_ctx: resident
     for name in (SMOL, ALIAS):
         model = fitbox.models.retrieve(name).model_dump()
         assert model["id"] == name and model["object"] == "model"
