@@ -205,8 +205,8 @@ def test_a_bare_name_goes_to_the_box_where_it_is_resident(fleet: Fleet) -> None:
         "the central seeing the model resident on box a",
     )
     models = fleet.central.get("/v1/fleet/models")["data"]
-    assert models == [{"id": SMOL, "resident_on": [a], "on_disk_on": fleet.ids,
-                       "fits_on": fleet.ids}]  # fmt: skip
+    assert models == [{"id": SMOL, "resident_on": [a], "on_disk_on": sorted(fleet.ids),
+                       "fits_on": sorted(fleet.ids)}]  # fmt: skip
     with fleet.central.client() as client:
         raw = client.chat.completions.with_raw_response.create(
             model=SMOL, messages=HELLO, max_tokens=8

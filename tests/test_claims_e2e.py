@@ -45,13 +45,12 @@ def _two_tinies(tmp_path: Path) -> tuple[settings.Config, Catalog]:
     return config, Catalog(config.models, config.aliases, config.facts_cache)
 
 
-@pytest.mark.parametrize("pinned", [False, True], ids=["idle", "pinned"])
-def test_a_claim_that_takes_an_idle_engines_cores(tmp_path: Path, pinned: bool) -> None:
+def test_a_claim_that_takes_an_idle_engines_cores(tmp_path: Path) -> None:
     """Alone, the first engine borrows the reserved core (two threads on a 2-core box).
-    The second claim takes a core from it: more threads than cores left would wait on each
-    other's spin barriers (a 3-token call took 9 s instead of 0.05 s), so an idle engine
-    leaves and loads again with a fitting claim when next called; a pinned one stays, its
-    threads really moved off the taken cores."""
+    The second claim takes a core from it: its threads crowded onto the one core left would
+    wait on each other's spin barriers (a 3-token call took 9 s instead of 0.05 s), so they
+    keep the CPUs they had. Then the first leaves and loads again: its claim takes the
+    second's core, and the second, with a thread for each core it keeps, really moves."""
     config, catalog = _two_tinies(tmp_path)
 
     async def run() -> None:
@@ -67,25 +66,25 @@ def test_a_claim_that_takes_an_idle_engines_cores(tmp_path: Path, pinned: bool) 
             lent = first.cores  # read once: mypy narrows a property it sees compared
             assert lent == every  # alone: the reserved core 0 is lent, as llama-server's -t
             assert threads_on(first) == {cpus} and first.threads == len(every)
-            if pinned:
-                box.registry.set_pinned(first, True)
 
             lease = await box.acquire("tiny-b")
             second = lease.resident
             assert second.cores == every[1:]
             assert threads_on(second) == {rest}
-            if pinned:
-                assert first.cores == (0,)  # it lost every core but the reserved one
-                assert threads_on(first) == {cores[0]}  # every thread moved off them
-                status, _ = await first.child.pool.get("/health")  # type: ignore[union-attr]
-                assert status == 200  # it still answers, on the core it kept
-            else:
-                for _ in range(2000):  # its stop runs as a task: bounded by its own exit
-                    if first.key not in box.registry:
-                        break
-                    await asyncio.sleep(0.01)
-                assert first.key not in box.registry and first.child is not None
-                assert not first.child.alive
+            assert first.cores == (0,)  # it lost every core but the reserved one
+            assert first.threads == 2 and threads_on(first) == {cpus}  # not crowded onto 0
+            assert first.key in box.registry
+            status, _ = await first.child.pool.get("/health")  # type: ignore[union-attr]
+            assert status == 200
+            lease.release()
+
+            await box.supervisor.stop(first)
+            lease = await box.acquire("tiny-a")
+            assert lease.resident.cores == every[1:] and second.cores == ()
+            kept = cores[0] if second.threads == 1 else cpus - cores[0]  # crowded: it stays
+            assert threads_on(second) == {kept}
+            status, _ = await second.child.pool.get("/health")  # type: ignore[union-attr]
+            assert status == 200
             lease.release()
         finally:
             await box.close()

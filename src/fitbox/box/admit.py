@@ -189,16 +189,18 @@ class Admission:
             if (holder := self.registry.get(key)) is not None:
                 holder.lost_cores |= set(decision.cores)
                 holder.cpus = self.snapshots.cpus_kept(holder.cores)
-                if len(holder.cpus) >= holder.threads or holder.pinned or holder.calls:
+                if len(holder.cpus) >= holder.threads:
                     self.supervisor.repin(holder)
-                    continue
-                # its thread count is fixed at launch: llama.cpp's threads crowded onto fewer
-                # cores wait on each other's spin barriers (a 3-token call went from 0.05 s
-                # to 9 s), so an idle engine that cannot keep a core per thread leaves, and
-                # its next call loads it with a claim that fits
-                self.registry.move(holder, S.STOPPING)
-                self.tasks.spawn(self.supervisor.stop(holder, "cores_taken", named.first.name,
-                                                      call_id, grace=0))  # fmt: skip
+                else:
+                    # its thread count is fixed at launch: llama.cpp's threads crowded onto
+                    # fewer cores wait on each other's spin barriers (a 3-token call went from
+                    # 0.05 s to 9 s), far worse than sharing a core with the new engine, so it
+                    # keeps the CPUs it had (FORMULAS.md §CPU claims)
+                    holder.cpus = self.snapshots.cpus_of(holder.place.cores if holder.place
+                                                         else ())  # fmt: skip
+                    log.info("%s keeps its CPUs: %d threads would crowd the %d core(s) a claim "
+                             "left it", holder.artifact.name, holder.threads,
+                             len(holder.cores))  # fmt: skip
         device = next(d for d in devices if d.id == decision.device)
         artifact = next(a for a in named.artifacts if a.key == decision.artifact)
         resident = Resident(

@@ -143,10 +143,11 @@ async def fleet_models(request: Request) -> Response:
         fits = await routing.fits_where(fleet, holders, name)
         data.append({
             "id": name,
-            "resident_on": [h.record.box_id for h in holders
-                            if (routing.holding(h, name) or {}).get("resident")],
-            "on_disk_on": [h.record.box_id for h in holders],
-            "fits_on": [box_id for box_id, ok in fits.items() if ok],
+            # sorted by box id: the same answer whichever box registered first
+            "resident_on": sorted(h.record.box_id for h in holders
+                                  if (routing.holding(h, name) or {}).get("resident")),
+            "on_disk_on": sorted(h.record.box_id for h in holders),
+            "fits_on": sorted(box_id for box_id, ok in fits.items() if ok),
         })  # fmt: skip
     return JSONResponse({"object": "list", "data": data})
 
