@@ -84,14 +84,11 @@ class Served:
 
 
 @contextlib.contextmanager
-def direct(model: Path, *extra: str) -> Iterator[Served]:
-    """llama-server at its own defaults (threads, batch, warmup), the window the others get."""
-    port = free_port()
-    argv = [str(find_binary().path), "-m", str(model), "-c", str(WINDOW), "--port", str(port),
-            "--no-webui", *extra]  # fmt: skip
+def _llama_server(name: str, argv: list[str], port: int) -> Iterator[Served]:
+    """One llama-server process (direct or the router), healthy, stopped at the end."""
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
-    served = Served("direct", f"http://127.0.0.1:{port}", proc)
+    served = Served(name, f"http://127.0.0.1:{port}", proc)
     try:
         wait_health(served.url, proc)
         yield served
@@ -100,19 +97,23 @@ def direct(model: Path, *extra: str) -> Iterator[Served]:
 
 
 @contextlib.contextmanager
+def direct(model: Path, *extra: str) -> Iterator[Served]:
+    """llama-server at its own defaults (threads, batch, warmup), the window the others get."""
+    port = free_port()
+    argv = [str(find_binary().path), "-m", str(model), "-c", str(WINDOW), "--port", str(port),
+            "--no-webui", *extra]  # fmt: skip
+    with _llama_server("direct", argv, port) as served:
+        yield served
+
+
+@contextlib.contextmanager
 def router(models: Path) -> Iterator[Served]:
     """llama.cpp's own router: one model at a time (``--models-max 1``), children it starts."""
     port = free_port()
     argv = [str(find_binary().path), "--models-dir", str(models), "--models-max", "1",
             "-c", str(WINDOW), "-np", "1", "--port", str(port), "--no-webui"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
-    served = Served("router", f"http://127.0.0.1:{port}", proc)
-    try:
-        wait_health(served.url, proc)
+    with _llama_server("router", argv, port) as served:
         yield served
-    finally:
-        stop(proc)
 
 
 @contextlib.contextmanager
