@@ -16,11 +16,13 @@ from typing import Any
 
 from fitbox.config import Config
 from fitbox.core.ask import Ask, Candidate, MeasuredFit, Speeds
+from fitbox.core.fourbit import FOUR_BIT_CLASS
 from fitbox.core.pins import Pins
 from fitbox.core.pins import parse as parse_pins
 from fitbox.core.repack import NO_REPACK_CLASS, CpuFeatures
 from fitbox.core.slots import choose
 from fitbox.core.types import Footprint, Goal, Rung
+from fitbox.engines.seam import Abilities
 from fitbox.models.catalog import Artifact, Catalog, is_four_bit
 from fitbox.store.db import MeasuredFootprint
 
@@ -60,15 +62,17 @@ def candidate(
     refused: Iterable[tuple[str, int]] = (),
     rates: Mapping[Rung, Speeds] | None = None,
     cpu: CpuFeatures | None = None,
+    abilities: Abilities | None = None,
 ) -> Candidate:
     """One variant as the core sees it; ``measured`` holds this file's footprints only."""
     fits, loaded, speeds = [], [], {}
+    can = abilities or Abilities()
     for m in measured:
         fits.append(MeasuredFit(m.device, m.window, m.type_k, m.type_v,
                                 Footprint(m.weights, m.kv, m.compute, m.output)))  # fmt: skip
         loaded.append((m.device, m.window))
         if m.load_seconds is not None:
-            host = m.device.removesuffix(NO_REPACK_CLASS) == "host"  # a --no-repack load too
+            host = m.device.removesuffix(FOUR_BIT_CLASS).removesuffix(NO_REPACK_CLASS) == "host"
             rung = Rung.RAM_ONLY if host else Rung.GPU_ONLY
             speeds[rung] = Speeds(load_seconds=m.load_seconds)
     for rung, rate in (rates or {}).items():  # engine timings: prompt and decode ms per token
@@ -80,6 +84,8 @@ def candidate(
         layout=artifact.facts.layout, four_bit=is_four_bit(artifact.facts.quant),
         measured=tuple(fits), loaded_windows=tuple(loaded), refused_windows=tuple(refused),
         speeds=tuple(speeds.items()), cpu=cpu,
+        four_bit_weights=artifact.facts.four_bit_weights if can.four_bit_in_place else None,
+        partial_offload=can.partial_offload,
     )  # fmt: skip
 
 
@@ -87,13 +93,19 @@ def _unknown(artifact: Artifact) -> CpuFeatures | None:
     return None
 
 
+def _whole(artifact: Artifact) -> Abilities:
+    return Abilities()
+
+
 class Asks:
     def __init__(self, config: Config, catalog: Catalog, prefs: Preferences, facts: Facts,
                  speeds: SpeedBook,
-                 cpu: Callable[[Artifact], CpuFeatures | None] = _unknown) -> None:  # fmt: skip
+                 cpu: Callable[[Artifact], CpuFeatures | None] = _unknown,
+                 abilities: Callable[[Artifact], Abilities] = _whole) -> None:  # fmt: skip
         self.config, self.catalog, self.prefs = config, catalog, prefs
         self.facts, self.speeds = facts, speeds
         self.cpu = cpu  # the CPU features of the engine that would load an artifact
+        self.abilities = abilities  # what that engine can do beyond a whole load
 
     def named(self, name: str) -> Named:
         """Parse ``name`` and resolve its variants (``model_not_found`` when none)."""
@@ -115,7 +127,8 @@ class Asks:
         identity = artifact.identity()
         rates = {Rung(r): v for r, v in self.speeds.by_rung(artifact, identity).items()}
         return candidate(artifact, self.facts.of(identity, parallel),
-                         self.facts.refused(artifact), rates, self.cpu(artifact))  # fmt: skip
+                         self.facts.refused(artifact), rates, self.cpu(artifact),
+                         self.abilities(artifact))  # fmt: skip
 
     def ask(
         self, named: Named, *, window: int | None = None, parallel: int | None = None,

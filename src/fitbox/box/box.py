@@ -25,6 +25,7 @@ from fitbox.core.decision import Place
 from fitbox.core.repack import CpuFeatures
 from fitbox.core.types import Snapshot
 from fitbox.engines.kinds import EngineKinds, on_this_box
+from fitbox.engines.seam import Abilities
 from fitbox.errors import FitboxError, InvalidRequest
 from fitbox.models.catalog import Artifact, Catalog
 from fitbox.probe.gpus import GpuProbe
@@ -64,7 +65,8 @@ class Box:
         self.registry, self.tasks = Registry(), Tasks()
         self.facts, self.speeds = Facts(store, measured), SpeedBook(store)
         self.engines = engines or on_this_box(config.engine_dir, config.home)
-        self.asks = Asks(config, catalog, self.prefs, self.facts, self.speeds, self._cpu)
+        self.asks = Asks(config, catalog, self.prefs, self.facts, self.speeds, self._cpu,
+                         self._abilities)  # fmt: skip
         self.snapshots = Snapshots(gpus, self.registry, self.prefs, config.cpu_busy_percent,
                                    config.cpu_busy_readings)  # fmt: skip
         self.supervisor = Supervisor(config, self.registry, self.facts, gpus, store, self.tasks)
@@ -85,6 +87,13 @@ class Box:
             return self.engines.for_artifact(artifact).cpu_features()
         except FitboxError:
             return None
+
+    def _abilities(self, artifact: Artifact) -> Abilities:
+        """What the engine that would load ``artifact`` can do beyond a whole load."""
+        try:
+            return self.engines.for_artifact(artifact).abilities()
+        except FitboxError:
+            return Abilities()  # no engine serves it: the call fails on that, not here
 
     @property
     def calls(self) -> CallDesk:

@@ -50,6 +50,11 @@ class Candidate:
     terminal: str | None = None  # a bad artifact or an engine that cannot run it
     cpu: CpuFeatures | None = None  # the engine's CPU features: what repacks in RAM
     no_repack: bool = False  # launched with --no-repack: priced by the mapped file alone
+    # weights once its engine quantizes them to 4-bit at load (bitsandbytes); None: it
+    # cannot, the 4bit rung needs a Q4-class variant (core/fourbit.py)
+    four_bit_weights: int | None = None
+    load_in_4bit: bool = False  # this candidate is that load: launched quantized
+    partial_offload: bool = True  # its engine can put some layers on a GPU, the rest in RAM
 
     @property
     def is_moe(self) -> bool:

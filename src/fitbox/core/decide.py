@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from fitbox.core import bands, claims, evict, norepack, sizing
+from fitbox.core import bands, claims, evict, fourbit, norepack, sizing
 from fitbox.core.ask import Ask, Candidate
 from fitbox.core.bands import window_ticks
 from fitbox.core.conclude import conclude
@@ -51,6 +51,8 @@ GPU_RUNGS = frozenset({Rung.GPU_ONLY, Rung.FOUR_BIT, Rung.MOE_SPLIT})
 NOT_OFFERED = {
     RejectReason.NOT_MOE: "not a mixture-of-experts model",
     RejectReason.NEEDS_LAYOUT: "partial offload needs the per-layer sizes of the file",
+    RejectReason.NO_PARTIAL_OFFLOAD: "its engine loads a model whole on a GPU or in RAM, "
+                                     "not part of its layers on each",
 }
 
 
@@ -66,6 +68,9 @@ def rung_jobs(ask: Ask, goal: Goal) -> Iterator[tuple[int, Candidate, Candidate,
             return owner
         if owner.four_bit:
             return None
+        quantized = fourbit.in_place(owner)  # its engine quantizes it as it loads
+        if quantized is not None:
+            return quantized
         return next((c for c in ask.candidates[q + 1 :] if c.four_bit and not c.terminal), None)
 
     pairs = [(q, owner, rung) for q, owner in candidates for rung in ask.rungs]
@@ -99,6 +104,8 @@ def _sets(
         return ([[()]], [[]]) if room.has_host else RejectReason.NO_GPU
     if not room.gpus:
         return RejectReason.NO_GPU
+    if not candidate.partial_offload:
+        return RejectReason.NO_PARTIAL_OFFLOAD
     if candidate.layout is None:
         return RejectReason.NEEDS_LAYOUT
     return None
@@ -236,9 +243,11 @@ def _place(candidate: Candidate, rung: Rung, type_k: str, type_v: str, fit: Fit,
         cores_from=claim.taken_from, band=fit.band,
         predicted_seconds=_seconds(search.ask, candidate, rung),
         where=placement_class(fit.placement, candidate.shape.n_layer if candidate.shape else 0)
-        + norepack.placement_suffix(candidate),  # repack hook 2/2: facts of --no-repack apart
+        + norepack.placement_suffix(candidate)  # repack hook 2/2: facts of --no-repack apart
+        + fourbit.placement_suffix(candidate),  # and those of a load quantized to 4-bit
         repack=norepack.repack_reason(candidate, fit.placement),
         slots=search.ask.slots.count, kv_unified=search.ask.slots.unified,
+        load_in_4bit=candidate.load_in_4bit,
     )  # fmt: skip
 
 
@@ -289,7 +298,8 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
         if rung is Rung.FOUR_BIT and artifact is owner:
             search.rejected.append(Rejected(owner.key, rung, "", RejectReason.NO_FOUR_BIT_VARIANT,
                                    "already 4-bit" if owner.four_bit else
-                                   "no approved Q4-class variant"))  # fmt: skip
+                                   "no approved Q4-class variant, and its engine cannot "
+                                   "quantize it to 4-bit as it loads"))  # fmt: skip
             continue
         if (
             ask.goal is not Goal.FAST

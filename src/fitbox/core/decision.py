@@ -39,6 +39,7 @@ class RejectReason(StrEnum):
     NO_FOUR_BIT_VARIANT = "no_four_bit_variant"
     NO_GPU = "no_gpu"
     NEEDS_LAYOUT = "needs_layout"  # partial offload needs per-layer bytes
+    NO_PARTIAL_OFFLOAD = "no_partial_offload"  # its engine loads a model whole, on one side
     KV_TYPE = "kv_type"
     WINDOW_INFEASIBLE = "window_infeasible"  # no window in the band fits the room
     BEYOND_TRAINING = "beyond_training"  # the call needs more than the model was trained on
@@ -103,6 +104,7 @@ class Place:
     repack: RepackReason = RepackReason.NONE  # ram_bound: launched with --no-repack
     slots: int = 1  # -np: calls it serves at once (core/slots.py)
     kv_unified: bool = False  # --kv-unified: every slot may fill the whole window
+    load_in_4bit: bool = False  # the engine quantizes the artifact to 4-bit as it loads
 
     @property
     def no_repack(self) -> bool:

@@ -24,7 +24,14 @@ from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
 from fitbox.engines.http1 import EnginePool
 from fitbox.engines.load_log import parse_load_log
-from fitbox.engines.seam import CallTimings, EngineNotFound, Held, LaunchIntent, LaunchSpec
+from fitbox.engines.seam import (
+    Abilities,
+    CallTimings,
+    EngineNotFound,
+    Held,
+    LaunchIntent,
+    LaunchSpec,
+)
 
 __all__ = [  # LaunchIntent and EngineNotFound are the seam's; kept importable from here
     "BINARY",
@@ -307,6 +314,9 @@ class LlamaServer:
         self.locate()
         assert self._info is not None
         return self._info
+
+    def abilities(self) -> Abilities:
+        return Abilities()  # a 4-bit GGUF is another file (a variant), never made at load
 
     def cpu_features(self) -> CpuFeatures | None:
         try:

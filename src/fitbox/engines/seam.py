@@ -46,6 +46,15 @@ class LaunchIntent:
     no_repack: bool = False  # weights in RAM stay as the file has them (--no-repack)
     kv_unified: bool = False  # the slots share one KV cache: each may fill the window
     warmup: bool = True  # False: no empty warmup run; the call waiting for the load warms it
+    load_in_4bit: bool = False  # quantize the weights to 4-bit as they load (Abilities)
+
+
+@dataclass(frozen=True)
+class Abilities:
+    """What an engine kind can do with an artifact beyond loading it whole as it is."""
+
+    four_bit_in_place: bool = False  # quantizes full-precision weights to 4-bit as it loads
+    partial_offload: bool = True  # some layers on a GPU, the rest in RAM (-ngl N)
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,11 @@ class Engine(Protocol):
     def cpu_features(self) -> CpuFeatures | None:
         """What the engine's CPU backend does with weights in RAM (the repack rule's input,
         read once per binary); None: unknown, or nothing is repacked."""
+        ...
+
+    def abilities(self) -> Abilities:
+        """What the 4bit and partial-offload rungs may ask of it (the 4-bit probe is read
+        once per interpreter); an engine not installed can do nothing more."""
         ...
 
     def launch(self, intent: LaunchIntent) -> LaunchSpec:

@@ -25,7 +25,14 @@ from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
 from fitbox.engines.http1 import EngineConnectionError, EnginePool
 from fitbox.engines.llama_server import parse_timings
-from fitbox.engines.seam import CallTimings, EngineNotFound, Held, LaunchIntent, LaunchSpec
+from fitbox.engines.seam import (
+    Abilities,
+    CallTimings,
+    EngineNotFound,
+    Held,
+    LaunchIntent,
+    LaunchSpec,
+)
 
 NAME = "transformers"
 ROUTES = frozenset({"/v1/chat/completions", "/v1/embeddings"})
@@ -180,6 +187,10 @@ def build_argv(python: Path, intent: LaunchIntent, adapter: Path | None = None) 
         argv.append("--embedding")
     if adapter is not None:
         argv += ["--adapter", str(adapter)]
+    if intent.load_in_4bit:
+        argv.append("--load-in-4bit")
+    if intent.experts_in_ram:
+        argv.append("--experts-in-ram")
     return argv
 
 
@@ -226,6 +237,15 @@ class Transformers:
 
     def cpu_features(self) -> CpuFeatures | None:
         return None  # torch keeps weights as loaded: nothing is repacked
+
+    def abilities(self) -> Abilities:
+        """4-bit when the selected interpreter has bitsandbytes with CUDA (its probe); a
+        folder loads whole, on a GPU or in RAM: the child has no per-layer offload."""
+        try:
+            four_bit = self.selected().four_bit
+        except EngineNotFound:
+            four_bit = False
+        return Abilities(four_bit_in_place=four_bit, partial_offload=False)
 
     def launch(self, intent: LaunchIntent) -> LaunchSpec:
         from fitbox.models.transformers_facts import adapter_of, kv_bytes, read_transformers_facts

@@ -22,11 +22,15 @@ from fitbox.models.transformers_facts import (
     adapter_bytes,
     read_transformers_facts,
 )
+from fitbox.models.transformers_layout import TensorBytes, four_bit_bytes, layout
 
 FORMAT = "transformers"
 # config.json dtypes, as a quant tag a name may pin (``model@F32``)
 DTYPE_TAGS = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 DTYPE_BYTES = {"F32": 4, "BF16": 2, "F16": 2}
+# The routed experts of a mixture of experts, and how many each token passes through.
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+EXPERT_USED_KEYS = ("num_experts_per_tok", "moe_top_k")
 # Encoders served through /v1/embeddings (a sentence-transformers folder is one too).
 EMBEDDING_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "mpnet", "distilbert",
                              "nomic_bert", "modernbert", "electra"})  # fmt: skip
@@ -77,16 +81,28 @@ def folder_facts(path: Path) -> GGUFFacts:
     n_embd = _need(text, "hidden_size", "n_embd", "d_model")
     kv_heads = _get(text, "num_key_value_heads", "num_kv_heads", "n_head_kv") or heads
     head_dim = _get(text, "head_dim") or n_embd // heads
+    extra = adapter_bytes(root)  # an adapter stays in its own dtype, never quantized
+    tensors = TensorBytes.read(facts.weight_files)
+    experts, used = _get(text, *EXPERT_KEYS) or 0, _get(text, *EXPERT_USED_KEYS) or 0
+    placed = layout(tensors, facts.n_layer)
+    n_ff = _get(text, "intermediate_size", "n_inner", "ffn_dim") or 0
+    if experts:  # a token passes its experts' FFNs, not the dense width
+        n_ff = max((_get(text, "moe_intermediate_size") or n_ff) * max(used, 1), n_ff)
     shape = ModelShape(
-        weights_bytes=facts.weights_bytes + adapter_bytes(root),
+        weights_bytes=facts.weights_bytes + extra,
         n_layer=facts.n_layer, n_ctx_train=facts.n_ctx_train or 0, n_embd=n_embd,
         n_vocab=_get(text, "vocab_size") or 0, n_head=heads,
         kv_heads=tuple(kv_heads if kv else 0 for kv in facts.kv_layers) or (kv_heads,),
         key_length=head_dim, value_length=head_dim,
         n_swa=facts.sliding_window or 0, swa_layers=facts.swa_layers,
         is_mla=facts.is_mla, has_kv_cache=not embedding,
-        n_ff=_get(text, "intermediate_size", "n_inner", "ffn_dim") or 0,
+        n_ff=n_ff,
     )  # fmt: skip
+    full_precision = quant in DTYPE_BYTES
     return GGUFFacts(path=root, architecture=facts.architecture or "unknown",
                      name=folder_name(path), file_type=None, quant=quant, is_projector=False,
-                     is_embedding=embedding, shape=shape)  # fmt: skip
+                     is_embedding=embedding, shape=shape, expert_count=experts,
+                     expert_used_count=used,
+                     layout=placed if any(placed.routed_bytes) else None,
+                     four_bit_weights=four_bit_bytes(tensors) + extra if full_precision else None,
+                     )  # fmt: skip

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fitbox.config import Config
+from fitbox.core.fourbit import FOUR_BIT_CLASS
 from fitbox.core.repack import NO_REPACK_CLASS
 from fitbox.core.types import Footprint, ResidentState, Rung
 from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
@@ -59,7 +60,7 @@ def intent_for(resident: Resident, port: int, warmup: str = "on") -> LaunchInten
         port=port, tensor_split=place.tensor_split, experts_in_ram=place.experts_in_ram,
         gpus=tuple(int(d.removeprefix("gpu")) for d in place.devices if d.startswith("gpu")),
         threads=len(place.cores) or None, type_k=place.type_k, type_v=place.type_v,
-        no_repack=place.no_repack, kv_unified=place.kv_unified,
+        no_repack=place.no_repack, kv_unified=place.kv_unified, load_in_4bit=place.load_in_4bit,
         warmup=warmup == "on" or (warmup == "auto" and resident.loaded_by_call is None),
     )  # fmt: skip
 
@@ -156,7 +157,8 @@ class Supervisor:
         resident.footprint = Footprint(held.weights, held.kv, held.compute, held.output)
         resident.basis = "measured"
         resident.held[resident.device] = resident.footprint.total
-        where = resident.device + (NO_REPACK_CLASS if place and place.no_repack else "")
+        where = resident.device + (NO_REPACK_CLASS if place and place.no_repack else "") + (
+            FOUR_BIT_CLASS if place and place.load_in_4bit else "")
         self.facts.footprint_measured(held, resident.artifact, where, contract_of(resident),
                                       resident.load_seconds, resident.loaded_by_call,
                                       (estimate, basis))  # fmt: skip

@@ -22,6 +22,7 @@ from typing import Any
 from .chat import BadRequest, Chat, parse
 from .counts import cache_bytes, counted_weights, resident_bytes
 from .embed import Embedder, inputs
+from .placing import load_options
 
 
 class Loaded:
@@ -44,7 +45,7 @@ class Loaded:
             torch.set_num_threads(args.threads)
         folder = Path(args.model)
         device = "cuda" if args.device == "cuda" and torch.cuda.is_available() else "cpu"
-        placement = {"device_map": args.device} if args.device == "auto" else {}
+        placement = load_options(args, device)
         if args.embedding:
             self.embedder = Embedder(folder, device)
             if self.embedder.sentence is None:
@@ -222,6 +223,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--embedding", action="store_true")
     parser.add_argument("--adapter", default="")
+    parser.add_argument("--load-in-4bit", action="store_true")  # the 4bit rung (placing.py)
+    parser.add_argument("--experts-in-ram", action="store_true")  # the moe-split rung
     return parser.parse_args(argv)
 
 

@@ -18,6 +18,7 @@ def counted_weights(model: Any) -> dict[str, Any]:
     by_dtype: dict[str, int] = {}
     tensors = [t for _, t in model.named_parameters(remove_duplicate=False)]
     tensors += [t for _, t in model.named_buffers(remove_duplicate=False)]
+    tensors += [q for t in list(tensors) for q in _quant_state(t)]
     for tensor in tensors:
         if tensor is None or tensor.device.type == "meta":
             continue
@@ -32,6 +33,19 @@ def counted_weights(model: Any) -> dict[str, Any]:
         by_device[device] = by_device.get(device, 0) + nbytes
         by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
     return {"total": sum(by_device.values()), "by_device": by_device, "by_dtype": by_dtype}
+
+
+def _quant_state(tensor: Any) -> list[Any]:
+    """The scales bitsandbytes keeps beside a 4-bit weight (its ``quant_state``: an absmax
+    per block, and with double quantization the absmax's own scales): memory the
+    parameter list does not show."""
+    state = getattr(tensor, "quant_state", None)
+    found = []
+    while state is not None:
+        found += [t for t in (getattr(state, "absmax", None), getattr(state, "code", None))
+                  if t is not None and hasattr(t, "untyped_storage")]  # fmt: skip
+        state = getattr(state, "state2", None)
+    return found
 
 
 def cache_bytes(cache: Any) -> int:
