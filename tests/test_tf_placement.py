@@ -176,3 +176,14 @@ def test_asks_offer_four_bit_only_when_the_engine_says_it_can(tmp_path: Path) ->
     assert can.four_bit_weights == facts.four_bit_weights and not can.partial_offload
     assert cannot.four_bit_weights is None
     assert candidate(artifact, ()).partial_offload  # a GGUF engine's default
+
+
+def test_props_say_what_the_child_holds_now_beside_its_budget() -> None:
+    from fitbox.engines.tf import held_from_props
+
+    props = {"weights": {"total": 1000, "by_device": {"cpu": 1000}}, "n_ctx": 512,
+             "rss_bytes_after_load": 1300, "kv_bytes_now": 40}  # fmt: skip
+    held = held_from_props(props, kv_budget=500)
+    assert held is not None and (held.weights, held.kv, held.compute) == (1000, 500, 300)
+    assert held.now == 1000 + 300 + 40  # the cache grew to 40 of its 500 so far
+    assert held_from_props({**props, "kv_bytes_now": None}, 500).now is None  # type: ignore[union-attr]

@@ -69,6 +69,9 @@ class Resident:
         return max(max(e for e in ends if e is not None) - time.monotonic(), 0.0)
 
     held: dict[str, int] = field(default_factory=dict)  # bytes per device
+    # what its engine says it occupies now of ``footprint`` (a cache that grows with its
+    # tokens, box/growth.py); None: all of it, from the load on (llama-server allocates it)
+    held_now: int | None = None
     cpus: frozenset[int] = frozenset()  # logical CPUs of its claim
     lost_cores: set[int] = field(default_factory=set)  # taken by a later claim while idle
 
@@ -110,6 +113,20 @@ class Resident:
 
     def holdings(self) -> dict[str, int]:
         return self.held or {self.device: self.footprint.total}
+
+    def in_use(self) -> dict[str, int]:
+        """Bytes per device that a free-memory reading (MemAvailable, NVML free) already
+        shows as taken by it. Weights in host RAM are mmap'd, clean page cache that
+        MemAvailable counts as available, so the host shows only the rest. A resident whose
+        engine reports what it holds now shows that; its budget less that is what it may
+        still grow into, which the room keeps for it (FORMULAS.md §Room per device)."""
+        used = dict(self.holdings())
+        if self.held_now is not None and len(used) == 1:
+            used[self.device] = min(self.held_now, self.footprint.total)
+        if "host" in used:
+            used["host"] = max(used["host"] - self.footprint.weights, 0) if (
+                self.device == "host") else 0  # fmt: skip
+        return used
 
     @property
     def key(self) -> str:

@@ -68,6 +68,14 @@ class Registry:
                 held[device] = held.get(device, 0) + size
         return held
 
+    def in_use_by_device(self) -> dict[str, int]:
+        """Bytes every resident shows as taken in a free-memory reading, per device."""
+        used: dict[str, int] = {}
+        for resident in self._residents.values():
+            for device, size in resident.in_use().items():
+                used[device] = used.get(device, 0) + size
+        return used
+
     # -- changing ------------------------------------------------------------------
 
     def add(self, resident: Resident) -> None:

@@ -17,6 +17,7 @@ from fitbox.probe.gpus import GpuProbe, GpuReading
 from fitbox.probe.host import CoreBusyCounter, read_usage, start_cpu_counter
 from fitbox.store.db import Store
 
+from .growth import refresh_held_now
 from .residents import Registry
 
 PRUNE_EVERY_S = 60.0
@@ -109,15 +110,17 @@ async def sense(
     counter = CoreBusyCounter()
     counter.read()  # the first reading only starts the counter
     if store is None:
-        while busy is not None:
+        while True:
             await asyncio.sleep(config.reading_interval)
-            busy.observe(counter.read(), held_cores(registry))
-        return
+            await refresh_held_now(registry)
+            if busy is not None:
+                busy.observe(counter.read(), held_cores(registry))
     start_cpu_counter()  # the first reading only starts the CPU counter
     pruned = 0.0
     seen: dict[str, dict[int, int]] = {}
     while True:
         await asyncio.sleep(config.reading_interval)
+        await refresh_held_now(registry)
         if busy is not None:
             busy.observe(counter.read(), held_cores(registry))
         now = time.time()

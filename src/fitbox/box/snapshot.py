@@ -27,7 +27,10 @@ class Snapshots:
 
     def devices(self) -> list[Device]:
         """What each pool can hold now: live free memory plus what our own residents hold."""
-        held = self.registry.held_by_device()
+        # what our residents already take in a free reading is added back; each resident's
+        # budget is then charged in full (core/room.py), so a resident whose cache has not
+        # grown to its budget yet keeps the difference: room sees budget - held now less
+        held = self.registry.in_use_by_device()
         devices = []
         for gpu in self.gpus.read():
             device_id = f"gpu{gpu.index}"
@@ -39,10 +42,9 @@ class Snapshots:
             devices.append(Device(device_id, DeviceKind.GPU, capacity(tier, unmanaged),
                                   gpu.simulated))  # fmt: skip
         # Weights are mmap'd: their pages sit in the page cache, which MemAvailable already
-        # counts as available. Only the anonymous parts (KV, compute, output) are added back.
-        anonymous = sum(
-            r.footprint.total - r.footprint.weights for r in self.registry if r.device == "host"
-        )
+        # counts as available. Only the anonymous parts (KV, compute, output) are added back
+        # (Resident.in_use), and of a growing cache only what it holds now.
+        anonymous = held.get("host", 0)
         host = read_host()
         tier = Tier("ram", host.mem_total, self.prefs.limit("ram_max"))
         room = min(host.mem_available + anonymous, host.mem_total)

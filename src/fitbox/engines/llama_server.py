@@ -315,6 +315,9 @@ class LlamaServer:
         assert self._info is not None
         return self._info
 
+    async def held_now(self, child: Child) -> int | None:
+        return None  # the KV cache of every slot is allocated at load
+
     def abilities(self) -> Abilities:
         return Abilities()  # a 4-bit GGUF is another file (a variant), never made at load
 

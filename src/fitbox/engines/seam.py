@@ -76,6 +76,9 @@ class Held:
     output: int
     n_ctx: int | None = None
     n_ctx_seq: int | None = None
+    # of the above, what it occupies at this moment (a cache that grows with its tokens is
+    # budgeted in ``kv`` but held only as far as it grew); None: all of it
+    now: int | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,11 @@ class Engine(Protocol):
 
     async def held(self, child: Child) -> Held | None:
         """What a ready child allocated (a load log, a ``/props`` body); None: unknown."""
+        ...
+
+    async def held_now(self, child: Child) -> int | None:
+        """What a ready child occupies now of what ``held`` reported (weights included);
+        None: all of it, for as long as it runs (nothing grows)."""
         ...
 
     def timings(self, tail: bytes) -> CallTimings | None:

@@ -207,7 +207,20 @@ def held_from_props(props: dict[str, object], kv_budget: int) -> Held | None:
     window = props.get("n_ctx")
     return Held(weights=total, kv=kv_budget, compute=overhead, output=0,
                 n_ctx=window if isinstance(window, int) else None,
-                n_ctx_seq=window if isinstance(window, int) else None)  # fmt: skip
+                n_ctx_seq=window if isinstance(window, int) else None,
+                now=now_from_props(props, overhead))  # fmt: skip
+
+
+def now_from_props(props: dict[str, object], overhead: int) -> int | None:
+    """What the child occupies now: its counted weights, the compute part of its load, and
+    the KV its cache holds at this moment (``kv_bytes_now``; the cache grows per token and
+    is let go after each call)."""
+    weights, kv_now = props.get("weights"), props.get("kv_bytes_now")
+    if not isinstance(weights, dict) or not isinstance(weights.get("total"), int):
+        return None
+    if not isinstance(kv_now, int):
+        return None
+    return int(weights["total"]) + overhead + kv_now
 
 
 class Transformers:
@@ -268,14 +281,25 @@ class Transformers:
         return 1  # one generation at a time; more calls wait at fitbox's door
 
     async def held(self, child: Child) -> Held | None:
+        props = await self._props(child)
+        if props is None:
+            return None
+        return held_from_props(props, self._kv_budget.pop(child.port, 0))
+
+    async def held_now(self, child: Child) -> int | None:
+        props = await self._props(child)
+        if props is None:
+            return None
+        held = held_from_props(props, 0)
+        return held.now if held is not None else None
+
+    async def _props(self, child: Child) -> dict[str, object] | None:
         try:
             status, body = await child.pool.get("/props")
             props = json.loads(body) if status == 200 else None
         except (EngineConnectionError, OSError, json.JSONDecodeError):
             return None
-        if not isinstance(props, dict):
-            return None
-        return held_from_props(props, self._kv_budget.pop(child.port, 0))
+        return props if isinstance(props, dict) else None
 
     def timings(self, tail: bytes) -> CallTimings | None:
         return parse_timings(tail)  # the child writes llama-server's ``timings`` object

@@ -157,6 +157,7 @@ class Supervisor:
         resident.footprint = Footprint(held.weights, held.kv, held.compute, held.output)
         resident.basis = "measured"
         resident.held[resident.device] = resident.footprint.total
+        resident.held_now = held.now  # a cache that grows: only what it holds yet
         where = resident.device + (NO_REPACK_CLASS if place and place.no_repack else "") + (
             FOUR_BIT_CLASS if place and place.load_in_4bit else "")
         self.facts.footprint_measured(held, resident.artifact, where, contract_of(resident),
