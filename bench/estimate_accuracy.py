@@ -13,8 +13,14 @@ total within 1 %).
 ``tf`` rows: the transformers engine (its venv built as the tests build it, tests/tf_engine.py):
 SmolLM2 as float32 and bfloat16 safetensors folders and all-MiniLM-L6-v2, each loaded by a
 real child on the CPU (the ram-only rung); the safetensors header's weights against the
-child's counted weights (``/props``: params + buffers, tied tensors once). 4-bit needs
-bitsandbytes on a GPU and is reported as not measured where the engine cannot do it.
+child's counted weights (``/props``: params + buffers, tied tensors once). The 4-bit row
+loads the float32 folder with ``--load-in-4bit`` and compares ``four_bit_weights``
+(FORMULAS.md §4-bit in place) with what the child counted (its bitsandbytes scales too).
+The test venv leaves bitsandbytes out; recent bitsandbytes (0.48+) has a CPU backend, so
+``--bnb DIR`` (a ``pip install --target DIR bitsandbytes``) puts it on the child's path;
+without it, or where it cannot run, the row is reported as not measured.
+
+    python bench/estimate_accuracy.py --only tf [--bnb /tmp/bnb]
 """
 
 from __future__ import annotations
@@ -161,7 +167,8 @@ AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])
 """
 
 
-async def _counted(python: Path, folder: Path, embedding: bool, logs: Path) -> int:
+async def _counted(python: Path, folder: Path, embedding: bool, logs: Path,
+                   four_bit: bool = False, bnb: Path | None = None) -> int:  # fmt: skip
     from fitbox.engines.child import Child, free_port
     from fitbox.engines.seam import LaunchIntent
     from fitbox.engines.tf import Transformers
@@ -169,9 +176,11 @@ async def _counted(python: Path, folder: Path, embedding: bool, logs: Path) -> i
     engine = Transformers()
     engine._probe = probe(python)  # this interpreter, whatever the discovery order says
     intent = LaunchIntent(model_path=folder, alias=folder.name, window=512, parallel=1,
-                          gpu_layers=0, port=free_port(), embedding=embedding)  # fmt: skip
+                          gpu_layers=0, port=free_port(), embedding=embedding,
+                          load_in_4bit=four_bit)  # fmt: skip
     spec = engine.launch(intent)
-    child = Child(list(spec.argv), spec.port, logs / f"{folder.name}.log", env=dict(spec.env))
+    env = dict(spec.env) | ({"PYTHONPATH": str(bnb)} if bnb is not None else {})
+    child = Child(list(spec.argv), spec.port, logs / f"{folder.name}.log", env=env)
     await child.start()
     try:
         await child.wait_ready(600)
@@ -183,7 +192,7 @@ async def _counted(python: Path, folder: Path, embedding: bool, logs: Path) -> i
     return held.weights
 
 
-def tf_rows() -> list[Row]:
+def tf_rows(bnb: Path | None = None) -> list[Row]:
     import asyncio
     import subprocess
 
@@ -204,8 +213,18 @@ def tf_rows() -> list[Row]:
             counted = asyncio.run(_counted(python, folder, embedding, Path(tmp)))
             rows.append(Row(folder.name, f"tf {facts.quant} ram-only", "weights",
                             facts.shape.weights_bytes, counted))  # fmt: skip
-    if not probe(python).four_bit:
-        print("4-bit: not measured (this engine has no bitsandbytes with CUDA)")
+        if bnb is None:
+            print("4-bit: not measured (the test venv has no bitsandbytes; pass --bnb DIR)")
+        else:
+            facts = folder_facts(f32)
+            assert facts.four_bit_weights is not None
+            try:
+                counted = asyncio.run(_counted(python, f32, False, Path(tmp), True, bnb))
+            except Exception as exc:  # bitsandbytes that cannot run here: say so, go on
+                print(f"4-bit: not measured ({exc})")
+            else:
+                rows.append(Row(f32.name, "tf 4bit (bnb nf4) ram", "weights",
+                                facts.four_bit_weights, counted))  # fmt: skip
     return rows
 
 
@@ -227,10 +246,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="four settings per model")
     parser.add_argument("--only", choices=("zoo", "quants", "tf"), default="")
+    parser.add_argument("--bnb", type=Path, default=None,
+                        help="a folder holding bitsandbytes (pip install --target): 4-bit row")
     args = parser.parse_args()
     rows = [] if args.only == "tf" else run(QUICK_GRID if args.quick else FULL_GRID, args.only)
     if args.only in ("", "tf"):
-        rows += tf_rows()
+        rows += tf_rows(args.bnb)
     print(f"{'model':<14} {'settings':<30} {'kind':<8} {'predicted MiB':>13} "
           f"{'measured MiB':>13} {'error':>8}")  # fmt: skip
     for r in rows:

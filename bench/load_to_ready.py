@@ -6,9 +6,14 @@ launched directly with the very argv fitbox used for that child (the store's chi
 same threads, same warmup), its /health polled every millisecond from the moment of launch.
 The client also times the whole cold call.
 
-    python bench/load_to_ready.py [--rounds 5]
+    python bench/load_to_ready.py [--rounds 5] [--tf-rounds 2]
 
 Target (issue 14): fitbox launch -> ready minus direct llama-server's own under 20 ms p50.
+
+The transformers row (issue 16) does the same with SmolLM2 as a float32 safetensors folder
+served by the transformers child (the engine venv the tests build, tests/tf_engine.py): a
+cold chat call through fitbox, then the child launched directly with fitbox's argv and
+the engine's environment. ``--tf-rounds 0`` leaves it out.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ def health_ok(port: int) -> bool:
         return False
 
 
-def direct_ready(argv: list[str]) -> float:
+def direct_ready(argv: list[str], env: dict[str, str] | None = None) -> float:
     """Seconds from launching ``argv`` (its port replaced by a free one) to /health 200."""
     port = free_port()
     argv = list(argv)
@@ -58,11 +63,12 @@ def direct_ready(argv: list[str]) -> float:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env=env,
     )
     try:
         while not health_ok(port):
             if proc.poll() is not None:
-                raise SystemExit("llama-server exited")
+                raise SystemExit(f"{argv[0]} exited")
             time.sleep(0.001)
         return time.perf_counter() - started
     finally:
@@ -88,15 +94,19 @@ def watch_child(fitbox_pid: int, seen: dict[str, float], stop: threading.Event) 
         time.sleep(0.001)
 
 
-def fitbox_ready(models: Path, model: str) -> tuple[float, float, float, list[str]]:
+def fitbox_ready(
+    models: Path, model: str, env: dict[str, str] | None = None, chat: bool = False
+) -> tuple[float, float, float, list[str]]:
     """(launch -> fitbox sees ready, fitbox's lag behind the child's own readiness, whole
-    cold call) in seconds, and the child's argv."""
+    cold call) in seconds, and the child's argv. ``chat``: the call is a chat completion
+    (the transformers child serves no /v1/completions)."""
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         proc = subprocess.Popen(
             [sys.executable, "-m", "fitbox", "serve", "--port", "auto", "--home", str(home),
              "--models", str(models), "--log-level", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
         )  # fmt: skip
         try:
             while not (home / "endpoint.json").exists():
@@ -114,7 +124,12 @@ def fitbox_ready(models: Path, model: str) -> tuple[float, float, float, list[st
             watcher.start()
             started = time.perf_counter()
             body = {**BODY, "model": model}
-            httpx.post(f"{url}/v1/completions", json=body, timeout=120).raise_for_status()
+            path = "/v1/completions"
+            if chat:
+                path, body = "/v1/chat/completions", {"model": model, "max_tokens": 1,
+                                                      "messages": [{"role": "user",
+                                                                    "content": "Hi"}]}  # fmt: skip
+            httpx.post(f"{url}{path}", json=body, timeout=600).raise_for_status()
             whole = time.perf_counter() - started
             stop.set()
             watcher.join()
@@ -144,9 +159,45 @@ def fitbox_ready_and_direct(
     return seen, direct
 
 
+def tf_row(rounds: int) -> None:
+    """The transformers child: fitbox's launch -> ready against the child launched directly
+    with fitbox's argv and the engine's environment, interleaved."""
+    from fitbox.engines.tf import _child_env
+
+    sys.path.insert(0, str(REPO))
+    from tests.tf_engine import smol_folder, tf_venv
+
+    python = tf_venv()
+    cache = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))
+    folder = smol_folder(python, pull("smollm2", cache / "models"))
+    env = {"FITBOX_TF_PYTHON": str(python), "VIRTUAL_ENV": "", "CONDA_PREFIX": ""}
+    direct, seen, whole = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / folder.name).symlink_to(folder)
+        for _ in range(rounds):
+            ready, _, call, argv = fitbox_ready(root, folder.name, env, chat=True)
+            child_env = _child_env() | {"CUDA_VISIBLE_DEVICES": ""}  # as launch() gives it
+            direct.append(direct_ready(argv, child_env))
+            seen.append(ready)
+            whole.append(call)
+    d, f, w = (statistics.median(x) * 1000 for x in (direct, seen, whole))
+    print(f"load-to-ready, SmolLM2-135M float32 folder, transformers child on CPU "
+          f"({rounds} rounds each, medians)")  # fmt: skip
+    print(f"  direct child, fitbox's argv, 1 ms polls          {d:8.1f} ms")
+    print(
+        f"  fitbox launch -> fitbox sees ready               {f:8.1f} ms   added {f - d:+6.1f} ms"
+        f"   ratio {f / d:.3f}"
+    )
+    print(f"  fitbox cold chat call, client-side (load + 1 token) {w:8.1f} ms")
+    deltas = [round((b - a) * 1000, 1) for a, b in zip(direct, seen, strict=True)]
+    print(f"  per round, fitbox - direct (ms): {deltas}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tf-rounds", type=int, default=2)
     args = parser.parse_args()
     model = pull("smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models")
     direct, seen, lag, whole = [], [], [], []
@@ -171,6 +222,8 @@ def main() -> int:
         f"  fitbox's lag behind the child's own first 200 on /health (1 ms watcher): "
         f"median {statistics.median(lags):.1f} ms, max {lags[-1]:.1f} ms"
     )
+    if args.tf_rounds:
+        tf_row(args.tf_rounds)
     return 0
 
 

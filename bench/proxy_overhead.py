@@ -12,6 +12,11 @@ for streams, and the streamed tokens/s ratio (fitbox / direct). Targets: < 2 ms 
 at once, to the child directly and through fitbox (the same child, so the same ``-np``),
 in alternating rounds: aggregate tokens/s (all tokens / the round's wall time) and TTFB
 p50/p99 over every stream of every round, with the fitbox / direct ratios.
+
+The transformers rows (issue 16, ``--tf-requests 0`` leaves them out): SmolLM2 as a
+float32 safetensors folder in the transformers child (the engine venv the tests build,
+tests/tf_engine.py), the same child called directly and through fitbox, interleaved:
+one-token chat calls (added p50 and the ratio) and streams (TTFB and tokens/s ratio).
 """
 
 from __future__ import annotations
@@ -146,6 +151,70 @@ def concurrent_round(client: httpx.Client, base: str, streams: int,
     return sum(r[2] for r in results) / wall, [r[0] for r in results]
 
 
+def tf_chat(client: httpx.Client, base: str, model: str) -> float:
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 1, "temperature": 0}  # fmt: skip
+    started = time.perf_counter()
+    client.post(f"{base}/v1/chat/completions", json=body).raise_for_status()
+    return time.perf_counter() - started
+
+
+def tf_rows(requests: int, streams: int, tokens: int) -> None:
+    """The transformers child directly and through fitbox, interleaved, one run."""
+    sys.path.insert(0, str(REPO))
+    from tests.tf_engine import smol_folder, tf_venv
+
+    python = tf_venv()
+    cache = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))
+    folder = smol_folder(python, pull("smollm2", cache / "models"))
+    env = {"FITBOX_TF_PYTHON": str(python), "VIRTUAL_ENV": "", "CONDA_PREFIX": ""}
+    os.environ.update(env)  # start_fitbox's child inherits it
+    lat: dict[str, list[float]] = {"direct": [], "fitbox": []}
+    got: dict[str, list[tuple[float, float, int]]] = {"direct": [], "fitbox": []}
+    body = {"model": folder.name, "messages": [{"role": "user", "content": "Tell a story."}],
+            "max_tokens": tokens, "temperature": 0, "stream": True}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "models").mkdir()
+        (Path(tmp) / "models" / folder.name).symlink_to(folder)
+        home = Path(tmp) / "home"
+        home.mkdir()
+        proc, proxy = start_fitbox(home, Path(tmp) / "models")
+        try:
+            with httpx.Client(timeout=600) as client:
+                tf_chat(client, proxy, folder.name)  # loads the model
+                direct = child_url(proc.pid)
+                for _ in range(3):  # warm both paths
+                    tf_chat(client, direct, folder.name)
+                    tf_chat(client, proxy, folder.name)
+                for i in range(requests):
+                    order = [("direct", direct), ("fitbox", proxy)]
+                    for name, base in order if i % 2 else reversed(order):
+                        lat[name].append(tf_chat(client, base, folder.name))
+                for i in range(streams):
+                    order = [("direct", direct), ("fitbox", proxy)]
+                    for name, base in order if i % 2 else reversed(order):
+                        got[name].append(_stream_once(client, base, body))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    ms = 1000.0
+    d50, f50 = percentile(lat["direct"], 50) * ms, percentile(lat["fitbox"], 50) * ms
+    d95, f95 = percentile(lat["direct"], 95) * ms, percentile(lat["fitbox"], 95) * ms
+    print(f"transformers child, SmolLM2-135M float32 on CPU: chat max_tokens=1 "
+          f"({requests} each, interleaved)")  # fmt: skip
+    print(f"  p50  direct {d50:7.2f} ms   fitbox {f50:7.2f} ms   added {f50 - d50:+6.2f} ms "
+          f"  ratio {f50 / d50:.3f}")  # fmt: skip
+    print(f"  p95  direct {d95:7.2f} ms   fitbox {f95:7.2f} ms   added {f95 - d95:+6.2f} ms "
+          f"  ratio {f95 / d95:.3f}")  # fmt: skip
+    d_ttfb = statistics.median(s[0] for s in got["direct"]) * ms
+    f_ttfb = statistics.median(s[0] for s in got["fitbox"]) * ms
+    d_tps = statistics.median(s[1] for s in got["direct"])
+    f_tps = statistics.median(s[1] for s in got["fitbox"])
+    print(f"  streams ({streams} each, {tokens} tokens): TTFB median direct {d_ttfb:7.2f} ms "
+          f"fitbox {f_ttfb:7.2f} ms (added {f_ttfb - d_ttfb:+6.2f} ms); tokens/s direct "
+          f"{d_tps:6.1f} fitbox {f_tps:6.1f} ratio {f_tps / d_tps:.3f}")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200)
@@ -153,7 +222,14 @@ def main() -> int:
     parser.add_argument("--stream-tokens", type=int, default=256)
     parser.add_argument("--concurrent", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tf-requests", type=int, default=30)
+    parser.add_argument("--tf-streams", type=int, default=4)
+    parser.add_argument("--tf-tokens", type=int, default=64)
+    parser.add_argument("--only-tf", action="store_true", help="the transformers rows alone")
     args = parser.parse_args()
+    if args.only_tf:
+        tf_rows(args.tf_requests, args.tf_streams, args.tf_tokens)
+        return 0
 
     model_path = pull(
         "smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models"
@@ -231,6 +307,8 @@ def main() -> int:
         dp, fp = percentile(ttfbs["direct"], p) * ms, percentile(ttfbs["fitbox"], p) * ms
         print(f"  TTFB p{p}  direct {dp:8.1f} ms   fitbox {fp:8.1f} ms   ratio {fp / dp:.3f}")
     print(f"client resends after a dropped keep-alive connection: {RETRIES}")
+    if args.tf_requests:
+        tf_rows(args.tf_requests, args.tf_streams, args.tf_tokens)
     return 0
 
 
