@@ -204,6 +204,10 @@ def test_the_first_load_is_measured_and_priced_from_next_time(box: FitboxProcess
     # counted weights: the tied embedding once, every tensor float32, within the file's size
     assert 0.9 * header < smol["footprint"]["weights"] <= header
     assert smol["footprint"]["kv"] > 0  # the window's budget, held as the cache grows
+    # it holds its weights and compute part, and of its cache only what a call grew (let
+    # go after each call): the room keeps the rest of its budget (box/growth.py)
+    used = smol["footprint"]["weights"] + smol["footprint"]["compute"]
+    assert used <= smol["held_now"] < smol["bytes"], smol
     unloaded = httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL}, timeout=60)
     assert unloaded.status_code == 200, unloaded.text
     plan = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL}, timeout=30).json()

@@ -171,6 +171,7 @@ class Resident:
             "type_k": self.type_k,
             "type_v": self.type_v,
             "devices": self.holdings(),
+            "held_now": self.held_now,  # None: all of its footprint (nothing grows)
             "gpu_layers": self.place.gpu_layers if self.place else 0,
             "tensor_split": list(self.place.tensor_split) if self.place else [],
             "cores": list(self.cores),
