@@ -69,7 +69,8 @@ def report(
             "device": decision.device, "basis": basis.get(decision.artifact, "estimate"),
             "devices": [footprint_row(d, f) for d, f in decision.footprint],
             "gpu_layers": decision.gpu_layers, "tensor_split": list(decision.tensor_split),
-            "experts_in_ram": decision.experts_in_ram, "cores": list(decision.cores),
+            "experts_in_ram": decision.experts_in_ram, "load_in_4bit": decision.load_in_4bit,
+            "cores": list(decision.cores),
             "repack": decision.repack.value, "no_repack": decision.no_repack,
             "band": None if decision.band is None else {
                 "kind": decision.band.kind.value, "min": decision.band.feasible_min,

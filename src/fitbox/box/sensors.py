@@ -104,8 +104,9 @@ async def sense(
     config: Config, registry: Registry, probe: GpuProbe, store: Store | None,
     started_pids: set[int], busy: BusyCores | None = None,
 ) -> None:  # fmt: skip
-    """Every ``reading_interval``: which cores stay busy with other work (into ``busy``),
-    and, with a store, one reading of memory and GPU processes into it.
+    """Every ``reading_interval``: what each resident holds now (box/growth.py), which cores
+    stay busy with other work (into ``busy``), and, with a store, one reading of memory
+    and GPU processes into it.
     ``started_pids``: every engine pid this fitbox started (the supervisor's)."""
     counter = CoreBusyCounter()
     counter.read()  # the first reading only starts the counter
