@@ -16,11 +16,11 @@ URL's password is never printed: every message names the store by ``describe()``
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -149,18 +149,26 @@ class SqliteBackend:
     def migrate(self, migrations: list[Migration]) -> list[int]:
         return migrate(self.conn, migrations)
 
-    @contextmanager
+    @contextlib.contextmanager
     def transaction(self) -> Iterator[Any]:
-        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:  # locked past busy_timeout, disk gone
+            raise StoreUnavailable(f"the central's store {self.path}: {exc}") from None
         try:
             yield self.conn
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
-        self.conn.execute("COMMIT")
+        try:
+            self.conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:  # a full disk refuses the commit
+            self.conn.execute("ROLLBACK")
+            raise StoreUnavailable(f"the central's store {self.path}: {exc}") from None
 
-    def reader(self) -> Any:
-        return self.conn
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Any]:
+        yield self.conn  # WAL: a read needs no transaction and takes no lock
 
     def key_checker(self) -> KeyChecker:
         return KeyChecker(self.path)
@@ -214,20 +222,42 @@ class PostgresBackend:
         finally:
             conn.execute("SELECT pg_advisory_unlock(?)", (_MIGRATION_LOCK,))
 
-    @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def _begin(self) -> PostgresConnection:
+        """BEGIN on a live connection: one the database dropped since the last call (a
+        restart, a cut) is noticed here, before any work, and opened again."""
+        psycopg = _psycopg()
         conn = self._live()
-        conn.execute("BEGIN")
+        try:
+            conn.execute("BEGIN")
+        except psycopg.OperationalError:
+            if not conn.raw.broken:
+                raise
+            conn = self._live()
+            conn.execute("BEGIN")
+        return conn
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Any]:
+        psycopg = _psycopg()
+        try:
+            conn = self._begin()
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"the central's store {self.describe()}: "
+                                   f"{_scrub(str(exc), self.url).strip()}") from None  # fmt: skip
         try:
             yield conn
         except BaseException:
             if not conn.raw.broken:
                 conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
+        try:
+            conn.execute("COMMIT")
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"the central's store {self.describe()}: "
+                                   f"{_scrub(str(exc), self.url).strip()}") from None  # fmt: skip
 
-    def reader(self) -> Any:
-        return self._live()
+    def reading(self) -> contextlib.AbstractContextManager[Any]:
+        return self.transaction()  # one snapshot, and a dropped connection is opened again
 
     def key_checker(self) -> KeyChecker:
         return PostgresKeyChecker(self.url)

@@ -94,8 +94,8 @@ class CentralStore:
 
     @contextmanager
     def _reading(self) -> Iterator[Any]:
-        with self._lock:
-            yield self._backend.reader()
+        with self._lock, self._backend.reading() as conn:
+            yield conn
 
     def key_checker(self) -> KeyChecker:
         """A checker reading this store's keys fresh on every call (on its own connection)."""
