@@ -1,6 +1,7 @@
 """The central, one run: what it adds to a call, how far its mirror lags, what syncing costs.
 
     python bench/central.py [--requests 100] [--lag-calls 50] [--rows 10000]
+                            [--central-store sqlite|postgresql]
 
 1. Latency: short completions (max_tokens=1) to llama-server directly, through the box,
    and through a central in front of that box, interleaved; p50 and p95 of each, the box's
@@ -20,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -56,9 +58,11 @@ def _answering(proc: subprocess.Popen[bytes], endpoint: Path) -> str:
     raise SystemExit(f"nothing answered at {endpoint}")
 
 
-def _start(argv: list[str], endpoint: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start(argv: list[str], endpoint: Path,
+           env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "fitbox", *argv, "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})})  # fmt: skip
     return proc, _answering(proc, endpoint)
 
 
@@ -178,16 +182,23 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--lag-calls", type=int, default=50)
     parser.add_argument("--rows", type=int, default=10000)
+    parser.add_argument("--central-store", choices=["sqlite", "postgresql"], default="sqlite",
+                        help="the store of the central that parts 1 and 2 measure")  # fmt: skip
     args = parser.parse_args()
     model_path = pull(
         "smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models"
     )
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as cleanup:
         root = Path(tmp)
+        env = {}
+        if args.central_store == "postgresql":
+            cluster = PostgresCluster.start(durable=True)
+            cleanup.callback(cluster.stop)
+            env["FITBOX_CENTRAL_DB"] = cluster.create_database()
         central_proc, central = _start(
             ["central", "serve", "--port", "auto", "--home", str(root / "central")],
-            root / "central" / "central-endpoint.json",
-        )
+            root / "central" / "central-endpoint.json", env,
+        )  # fmt: skip
         box_proc, box = _start(["serve", "--port", "auto", "--home", str(root / "box"), "--models",
                                 str(model_path.parent), "--central", central],
                                root / "box" / "endpoint.json")  # fmt: skip
@@ -229,7 +240,8 @@ def main() -> int:
         f"  p50 added: box over llama-server {box_added:+.2f} ms, central over box "
         f"{central_added:+.2f} ms, ratio central/box added {central_added / box_added:.2f}"
     )
-    print(f"mirror lag ({args.lag_calls} calls, reply on the box -> final row on the central)")
+    print(f"mirror lag ({args.lag_calls} calls, reply on the box -> final row on the central, "
+          f"central on {args.central_store})")  # fmt: skip
     print(f"  p50 {percentile(lags, 50) * ms:.1f} ms   p99 {percentile(lags, 99) * ms:.1f} ms")
     per_10k = 10000 / args.rows
     print(f"sync cost, {args.rows} call rows in pages of 1000, seconds per 10k rows")

@@ -304,3 +304,33 @@ def test_the_database_password_is_never_printed(
     with pytest.raises(settings.ConfigError, match="FITBOX_CENTRAL_DB") as refused:
         settings.load({})
     assert "Wrong-Secret-42" not in str(refused.value)
+
+
+def test_a_database_that_went_away_is_a_503_that_names_it(
+    postgres: PostgresCluster, tmp_path: Path,
+) -> None:  # fmt: skip
+    """The database refuses the central (dropped connections, no new ones): a route that
+    reads it answers 503 store_unavailable with the store named, and keys fail closed."""
+    import psycopg
+
+    url = postgres.create_database()
+    database = url.rsplit("/", 1)[1]
+    key = _key(url, "admin")
+    config = settings.load({"home": str(tmp_path), "host": "0.0.0.0"}, env={})
+    with TestClient(create_central_app(config, url), client=("127.0.0.1", 40000)) as local, \
+            psycopg.connect(postgres.url(), autocommit=True) as admin:  # fmt: skip
+        assert local.get("/v1/telemetry/rows", params={"table": "call_log"}).status_code == 200
+        outside = {"Authorization": f"Bearer {key}"}
+        remote = TestClient(local.app, client=OUTSIDE)  # the same running app (no lifespan)
+        assert remote.get("/v1/fleet", headers=outside).status_code == 200
+        admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                      "%s AND pid <> pg_backend_pid()", (database,))  # fmt: skip
+        error = _error(local.get("/v1/telemetry/rows", params={"table": "call_log"}), 503,
+                       "store_unavailable")  # fmt: skip
+        assert f"fitbox:***@127.0.0.1:{postgres.port}/{database}" in error["message"]
+        assert postgres.password not in error["message"]
+        _error(remote.get("/v1/fleet", headers=outside), 401, "invalid_api_key")  # fails closed
+        admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        rows = local.get("/v1/telemetry/rows", params={"table": "call_log"})  # opened again
+        assert rows.status_code == 200, rows.text

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from fitbox.errors import FitboxError
 from fitbox.store.db import connect
 from fitbox.store.keys import KeyChecker
 from fitbox.store.migrations import Migration, migrate
@@ -41,8 +42,14 @@ _PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\?|%")  # a quoted literal is left as
 _MIGRATION_LOCK = 0x66697462  # "fitb": one central migrates a database at a time
 
 
-class StoreUnavailable(RuntimeError):
-    """The central's store cannot be opened or used; the message names it (no password)."""
+class StoreUnavailable(FitboxError):
+    """The central's store cannot be opened or used now (a database down, a full disk);
+    the message names it (no password). A request meeting it is answered 503."""
+
+    status = 503
+    type = "server_error"
+    code = "store_unavailable"
+    retry = True
 
 
 def is_postgres(target: StoreTarget) -> bool:
@@ -157,6 +164,9 @@ class SqliteBackend:
             raise StoreUnavailable(f"the central's store {self.path}: {exc}") from None
         try:
             yield self.conn
+        except sqlite3.OperationalError as exc:  # a disk I/O error mid-transaction
+            self.conn.execute("ROLLBACK")
+            raise StoreUnavailable(f"the central's store {self.path}: {exc}") from None
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
@@ -246,15 +256,19 @@ class PostgresBackend:
                                    f"{_scrub(str(exc), self.url).strip()}") from None  # fmt: skip
         try:
             yield conn
-        except BaseException:
-            if not conn.raw.broken:
-                conn.execute("ROLLBACK")
-            raise
-        try:
             conn.execute("COMMIT")
-        except psycopg.OperationalError as exc:
+        except psycopg.OperationalError as exc:  # the connection dropped mid-transaction
+            self._roll_back(conn)
             raise StoreUnavailable(f"the central's store {self.describe()}: "
                                    f"{_scrub(str(exc), self.url).strip()}") from None  # fmt: skip
+        except BaseException:
+            self._roll_back(conn)
+            raise
+
+    def _roll_back(self, conn: PostgresConnection) -> None:
+        if not conn.raw.broken:
+            with contextlib.suppress(_psycopg().Error):
+                conn.execute("ROLLBACK")
 
     def reading(self) -> contextlib.AbstractContextManager[Any]:
         return self.transaction()  # one snapshot, and a dropped connection is opened again

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import fitbox
-from fitbox.central.backend import StoreTarget
+from fitbox.central.backend import StoreTarget, StoreUnavailable
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
 from fitbox.home import CentralHome, default_home, make_private
@@ -66,7 +66,7 @@ def _create_key(home: CentralHome, target: StoreTarget, args: argparse.Namespace
     scopes = tuple(args.scope or ["inference"])
     try:
         store = CentralStore(target)
-    except RuntimeError as exc:  # StoreUnavailable, SchemaTooNew: their words, no password
+    except (StoreUnavailable, RuntimeError) as exc:  # SchemaTooNew too; no password in them
         print(f"fitbox central keys: {exc}", file=sys.stderr)
         return 1
     try:
@@ -111,7 +111,7 @@ def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: st
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((config.host, config.port or 0))
         sock.listen(2048)
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, StoreUnavailable) as exc:
         print(f"fitbox central: cannot start: {exc}", file=sys.stderr)
         return 1
     port = sock.getsockname()[1]
