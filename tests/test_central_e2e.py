@@ -302,10 +302,14 @@ def test_a_central_on_postgresql_mirrors_a_box_s_calls_exactly_once(
 ) -> None:
     """A second central, its store a PostgreSQL database, told of box a as a box's own
     registration tells it (from its host: no key): every call row once in its final form,
-    also across a kill -9 of that central."""
+    also across a kill -9 of that central and while its database refuses it a while."""
+    import psycopg
+
     home = tmp_path / "pg-central"
     home.mkdir()
-    central = Central(home, env={"FITBOX_CENTRAL_DB": postgres.create_database()})
+    url = postgres.create_database()
+    database = url.rsplit("/", 1)[1]
+    central = Central(home, env={"FITBOX_CENTRAL_DB": url})
     box, box_id = fleet.boxes[0], fleet.ids[0]
     health = httpx.get(f"{box.url}/health", timeout=10).json()
     body = {"box_id": box_id, "name": health["name"], "version": health["version"],
@@ -323,6 +327,16 @@ def test_a_central_on_postgresql_mirrors_a_box_s_calls_exactly_once(
             direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
         central.start()  # the registration and the cursors were in the database
         until(lambda: _mirrored_exactly(central, box, box_id), "every call row once, again")
+        with psycopg.connect(postgres.url(), autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                          "datname = %s", (database,))  # fmt: skip
+            with openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused") as direct:
+                direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
+            until(lambda: "not mirrored for now" in (home / "central.log").read_text(),
+                  "the central's mirror meeting its database gone")  # fmt: skip
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        until(lambda: _mirrored_exactly(central, box, box_id), "every call row once, after")
     finally:
         central.stop()
 
