@@ -271,18 +271,23 @@ def test_a_dropped_database_connection_is_opened_again(postgres: PostgresCluster
 
     url = postgres.create_database()
     store = CentralStore(url)
+    _, secret = store.run(lambda conn: create_key(conn, "t", ("admin",)))
+    checker = store.key_checker()
     try:
         store.take_page("b", "call_log", "seq", [{"id": 1, "seq": 1}], 1)
+        assert checker.verify(secret) is not None
         with psycopg.connect(postgres.url(), autocommit=True) as admin:
             database = url.rsplit("/", 1)[1]
             ended = admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
                 "AND application_name = 'fitbox-central'", (database,)).fetchall()  # fmt: skip
-        assert ended == [(True,)]
+        assert ended == [(True,), (True,)]  # the store's and the key checker's
+        assert checker.verify(secret) is not None  # the first key after it still counts
         assert store.cursor("b", "call_log") == 1
         store.take_page("b", "call_log", "seq", [{"id": 2, "seq": 2}], 2)
         assert [r["id"] for r in store.mirrored("call_log", "b", 10, 0, False)] == [1, 2]
     finally:
+        checker.close()
         store.close()
 
 

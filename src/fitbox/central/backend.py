@@ -20,6 +20,7 @@ import contextlib
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ _TYPES = {"INTEGER": "BIGINT", "REAL": "DOUBLE PRECISION", "BLOB": "BYTEA"}
 _TYPE_WORDS = re.compile(r"\b(INTEGER|REAL|BLOB)\b")
 _DDL = re.compile(r"^\s*(?:--[^\n]*\n\s*)*(CREATE|ALTER)\s", re.IGNORECASE)
 _PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\?|%")  # a quoted literal is left as it is
+KEYS_REFUSED_S = 5.0  # after a failed connect, keys fail closed this long without trying
 _MIGRATION_LOCK = 0x66697462  # "fitb": one central migrates a database at a time
 
 
@@ -288,17 +290,30 @@ class PostgresKeyChecker(KeyChecker):
         self._url = url
         self._lock = threading.Lock()
         self._pg = PostgresConnection(_open_postgres(url))
+        self._refused_until = 0.0
 
     def _lookup(self, key_id: str) -> Any:
+        """A dropped connection (a database restart) is opened again and the read tried
+        once more. While the database cannot be reached, keys fail closed at once for a
+        few seconds rather than each request waiting out a connect (verify runs on the
+        event loop)."""
         psycopg = _psycopg()
         with self._lock:
-            try:
-                if self._pg.raw.broken or self._pg.raw.closed:
-                    self._pg = PostgresConnection(_open_postgres(self._url))
-                return self._pg.execute("SELECT * FROM api_keys WHERE key_id = ?",
-                                        (key_id,)).fetchone()  # fmt: skip
-            except (psycopg.Error, StoreUnavailable):
-                return None  # fails closed: an unreadable store admits no key
+            for attempt in (1, 2):
+                try:
+                    if self._pg.raw.broken or self._pg.raw.closed:
+                        if time.monotonic() < self._refused_until:
+                            return None
+                        self._pg = PostgresConnection(_open_postgres(self._url))
+                    return self._pg.execute("SELECT * FROM api_keys WHERE key_id = ?",
+                                            (key_id,)).fetchone()  # fmt: skip
+                except StoreUnavailable:
+                    self._refused_until = time.monotonic() + KEYS_REFUSED_S
+                    return None  # fails closed: an unreadable store admits no key
+                except psycopg.Error:
+                    if attempt == 2 or not self._pg.raw.broken:
+                        return None
+            return None
 
     def close(self) -> None:
         self._pg.raw.close()
