@@ -23,7 +23,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import fitbox
-from fitbox.central import routing
+from fitbox.central import boxes, routing
+from fitbox.central.facts import FactOffers
 from fitbox.central.mirror import MIRRORED_TABLES, Fleet
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
@@ -208,6 +209,7 @@ ROUTES = (
     Route(REGISTER, register, methods=["POST"]),
     Route("/v1/fleet", fleet_view, methods=["GET"]),
     Route("/v1/fleet/models", fleet_models, methods=["GET"]),
+    Route("/v1/fleet/boxes/{box_id}/limits", boxes.limits, methods=["GET", "POST"]),
     Route("/v1/telemetry/tables", tables, methods=["GET"]),
     Route("/v1/telemetry/rows", table_rows, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
@@ -239,6 +241,7 @@ async def _serving(app: Starlette, config: Config, store_path: Path) -> AsyncIte
     timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=60.0)
     client = httpx.AsyncClient(limits=limits, timeout=timeout)
     fleet = Fleet(store, client)
+    offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.gate = Gate(
         TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
@@ -249,6 +252,7 @@ async def _serving(app: Starlette, config: Config, store_path: Path) -> AsyncIte
         yield
     finally:
         await fleet.close()
+        await offers.close()
         await client.aclose()
         app.state.gate.checker.close()
         store.close()
