@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import fitbox
-from fitbox.central import boxes, routing
+from fitbox.central import boxes, openapi, routing
 from fitbox.central.facts import FactOffers
 from fitbox.central.mirror import MIRRORED_TABLES, Fleet
 from fitbox.central.store import CentralStore
@@ -206,6 +206,7 @@ def _forwarded(path: str) -> Any:
 
 ROUTES = (
     Route("/health", health, methods=["GET"]),
+    Route("/openapi.json", openapi.document, methods=["GET"]),
     Route(REGISTER, register, methods=["POST"]),
     Route("/v1/fleet", fleet_view, methods=["GET"]),
     Route("/v1/fleet/models", fleet_models, methods=["GET"]),

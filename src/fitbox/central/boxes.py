@@ -14,7 +14,8 @@ from starlette.responses import JSONResponse, Response
 from fitbox.central.mirror import BoxLink, Fleet
 from fitbox.errors import EngineFailed, InvalidRequest, RouteNotFound
 
-LIMITS_TIMEOUT_S = 30.0
+# a box that is down is said at once; one that answers has a while (it reads its probes)
+LIMITS_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 
 
 def the_box(fleet: Fleet, name: str) -> BoxLink:
@@ -30,7 +31,7 @@ async def _ask(fleet: Fleet, link: BoxLink, method: str, path: str,
     try:
         response = await fleet.client.request(method, f"{link.record.url}{path}", json=body,
                                               headers=link.headers,
-                                              timeout=LIMITS_TIMEOUT_S)  # fmt: skip
+                                              timeout=LIMITS_TIMEOUT)  # fmt: skip
         answer = response.json()
     except (httpx.HTTPError, ValueError) as exc:
         raise EngineFailed(f"The box {link.record.box_id} ({link.record.url}) did not answer "

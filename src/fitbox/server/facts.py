@@ -38,9 +38,10 @@ def _offer(body: dict[str, Any], own_id: str | None) -> tuple[str, str, list[Any
     if not isinstance(rows, list) or not rows or len(rows) > MOST_FOOTPRINTS:
         raise InvalidRequest(f"'footprints' must be a list of 1..{MOST_FOOTPRINTS} rows.",
                              param="footprints")  # fmt: skip
-    sizes = {row.get("artifact_size") if isinstance(row, dict) else None for row in rows}
-    size = next(iter(sizes))
-    if len(sizes) != 1 or isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+    sizes = [row.get("artifact_size") if isinstance(row, dict) else None for row in rows]
+    size = sizes[0]
+    if (isinstance(size, bool) or not isinstance(size, int) or size <= 0
+            or any(other != size for other in sizes)):  # fmt: skip
         raise InvalidRequest("Every footprint must carry the same 'artifact_size' (the file's "
                              "bytes, one file per offer).", param="artifact_size")  # fmt: skip
     return origin, sha256, rows, size
