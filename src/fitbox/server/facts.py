@@ -52,9 +52,9 @@ async def import_facts(request: Request) -> Response:
     store: Store = request.app.state.store
     _, body = await json_body(request)
     origin, sha256, rows, size = _offer(body, store.box_id())
-    keeper = hash_keeper(request)
-    files, checked = await anyio.to_thread.run_sync(
-        lambda: same_bytes(box.catalog.artifacts(), size, sha256, keeper.kept))
+    keeper, artifacts = hash_keeper(request), box.catalog.artifacts()
+    files, checked = await anyio.to_thread.run_sync(  # stats, and hashing a file once
+        lambda: same_bytes(artifacts, size, sha256, keeper.kept))
     if not files:
         raise RouteNotFound(f"No file on this box has sha256 {sha256} ({checked} file(s) of "
                             f"{size} bytes checked): these facts are not about a file here.",
