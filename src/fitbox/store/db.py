@@ -332,12 +332,10 @@ class Store:
                                               facts.insert_footprint(conn, measured)))  # fmt: skip
 
     def footprint_imported(self, measured: MeasuredFootprint) -> None:
-        """File a footprint another box measured (its origin on it); an offer taken before
-        is not filed twice."""
+        """A footprint another box measured, with its origin; an offer taken before: no row."""
 
         def job(conn: sqlite3.Connection) -> None:
-            row_id = facts.import_footprint(conn, measured)
-            if row_id is not None:
+            if (row_id := facts.import_footprint(conn, measured)) is not None:
                 self._event(conn, "fact", "measured_footprints", row_id)
 
         self._submit(job)
