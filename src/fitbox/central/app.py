@@ -241,7 +241,14 @@ async def _serving(app: Starlette, config: Config, store_path: Path) -> AsyncIte
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=60.0)
     client = httpx.AsyncClient(limits=limits, timeout=timeout)
-    fleet = Fleet(store, client)
+    # A forwarded call always opens its own connection: one kept idle may be closed by the
+    # box's keep-alive timer as the call goes out (a box that paused, a GC, a VM stalled
+    # past it: the timer fires first when it resumes), and a POST sent there is lost with a
+    # ReadError that no retry could tell from a call the box took.
+    calls = httpx.AsyncClient(limits=httpx.Limits(max_connections=None,
+                                                  max_keepalive_connections=0),
+                              timeout=timeout)  # fmt: skip
+    fleet = Fleet(store, client, calls)
     offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.gate = Gate(
@@ -255,5 +262,6 @@ async def _serving(app: Starlette, config: Config, store_path: Path) -> AsyncIte
         await fleet.close()
         await offers.close()
         await client.aclose()
+        await calls.aclose()
         app.state.gate.checker.close()
         store.close()

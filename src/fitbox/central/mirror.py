@@ -69,9 +69,11 @@ class Listener(Protocol):
 class Fleet:
     """Every registered box and its follower; the one owner of the links."""
 
-    def __init__(self, store: CentralStore, client: httpx.AsyncClient) -> None:
+    def __init__(self, store: CentralStore, client: httpx.AsyncClient,
+                 calls: httpx.AsyncClient | None = None) -> None:  # fmt: skip
         self.store = store
-        self.client = client
+        self.client = client  # the mirror's and the management's requests (pooled)
+        self.calls = calls or client  # forwarded calls (routing.py)
         self.links: dict[str, BoxLink] = {}
         self.listeners: list[Listener] = []
         self._tasks: dict[str, asyncio.Task[None]] = {}
