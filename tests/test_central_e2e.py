@@ -133,9 +133,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
     central.start()
     boxes: list[FitboxProcess] = []
     try:
-        for name in ("a", "b", "c"):
-            boxes.append(_join(tmp_path_factory.mktemp(f"box-{name}"), models, central,
-                               worker_key))  # fmt: skip
+        homes = [tmp_path_factory.mktemp(f"box-{name}") for name in ("a", "b", "c")]
+        starting = [Background(lambda h=h: _join(h, models, central, worker_key))  # type: ignore[misc]
+                    for h in homes]  # started side by side: a start is mostly imports  # fmt: skip
+        for start in starting:
+            with contextlib.suppress(Exception):  # one that failed is raised below
+                boxes.append(start.result())
+        assert len(boxes) == len(homes), [start.result() for start in starting]
         boxes.sort(key=_box_id)  # ids[0] is the lowest id: the one a tie goes to first
         ids = [_box_id(b) for b in boxes]
         until(lambda: _all_up(central, ids), "the three boxes registered and mirrored")
