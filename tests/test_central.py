@@ -339,3 +339,37 @@ def test_a_database_that_went_away_is_a_503_that_names_it(
         admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         rows = local.get("/v1/telemetry/rows", params={"table": "call_log"})  # opened again
         assert rows.status_code == 200, rows.text
+
+
+def test_every_route_of_the_central_is_in_its_openapi(central: tuple[TestClient, Path]) -> None:
+    from fitbox.central.app import ROUTES
+
+    client, _ = central
+    document = client.get("/openapi.json").json()  # open, like /health
+    assert document["info"]["title"] == "fitbox central"
+    served = {(r.path, m.lower()) for r in ROUTES for m in (r.methods or ()) if m != "HEAD"}
+    documented = {(p, m) for p, ops in document["paths"].items() for m in ops}
+    assert served == documented
+    assert "Error" in document["components"]["schemas"]
+
+
+def test_limits_from_the_centre_say_why_they_cannot_be_set(tmp_path: Path) -> None:
+    """An unknown box, a body that names the box's own tier, and a box that is down: each an
+    OpenAI-shaped error with the reason (setting one through a real box: test_central_e2e)."""
+    config = settings.load({"home": str(tmp_path), "host": "127.0.0.1"}, env={})
+    store_path = tmp_path / "central.sqlite3"
+    store = CentralStore(store_path)
+    store.register(BOX["box_id"], "down", "0.1.0", "http://127.0.0.1:9", "fb_x")  # no one there
+    store.close()
+    with TestClient(create_central_app(config, store_path), client=("127.0.0.1", 5)) as client:
+        path = f"/v1/fleet/boxes/{BOX['box_id']}/limits"
+        error = _error(client.post("/v1/fleet/boxes/nobody/limits", json={}), 404,
+                       "box_not_found")  # fmt: skip
+        assert "GET /v1/fleet" in error["message"]
+        error = _error(client.post(path, json={"tier": "box", "ram_max": "1GiB"}), 400,
+                       "invalid_request")  # fmt: skip
+        assert error["param"] == "tier" and "central tier only" in error["message"]
+        _error(client.post(path, json=["ram_max"]), 400, "invalid_request")
+        error = _error(client.post(path, json={"ram_max": "1GiB"}), 502, "box_unreachable")
+        assert "http://127.0.0.1:9" in error["message"]
+        _error(client.get(path), 502, "box_unreachable")

@@ -137,6 +137,8 @@ def _add_install(sub: Commands) -> None:
             "--root", default="/", help="install into this directory tree (for images and tests)"
         )
         parser_.add_argument("--yes", action="store_true", help="do not ask")
+        parser_.add_argument("--central-role", action="store_true",
+                             help="the central (fitbox-central.service), not a box")  # fmt: skip
     install.add_argument("--port", help="N, or auto for a free one (kept on re-runs)")
     install.add_argument("--host", help="address to listen on (default 127.0.0.1, kept)")
     install.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")

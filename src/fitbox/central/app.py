@@ -22,8 +22,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import fitbox
-from fitbox.central import routing
+from fitbox.central import boxes, openapi, routing
 from fitbox.central.backend import StoreTarget
+from fitbox.central.facts import FactOffers
 from fitbox.central.mirror import MIRRORED_TABLES, Fleet
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
@@ -204,9 +205,11 @@ def _forwarded(path: str) -> Any:
 
 ROUTES = (
     Route("/health", health, methods=["GET"]),
+    Route("/openapi.json", openapi.document, methods=["GET"]),
     Route(REGISTER, register, methods=["POST"]),
     Route("/v1/fleet", fleet_view, methods=["GET"]),
     Route("/v1/fleet/models", fleet_models, methods=["GET"]),
+    Route("/v1/fleet/boxes/{box_id}/limits", boxes.limits, methods=["GET", "POST"]),
     Route("/v1/telemetry/tables", tables, methods=["GET"]),
     Route("/v1/telemetry/rows", table_rows, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
@@ -238,7 +241,15 @@ async def _serving(app: Starlette, config: Config,
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=60.0)
     client = httpx.AsyncClient(limits=limits, timeout=timeout)
-    fleet = Fleet(store, client)
+    # A forwarded call always opens its own connection: one kept idle may be closed by the
+    # box's keep-alive timer as the call goes out (a box that paused, a GC, a VM stalled
+    # past it: the timer fires first when it resumes), and a POST sent there is lost with a
+    # ReadError that no retry could tell from a call the box took.
+    calls = httpx.AsyncClient(limits=httpx.Limits(max_connections=None,
+                                                  max_keepalive_connections=0),
+                              timeout=timeout)  # fmt: skip
+    fleet = Fleet(store, client, calls)
+    offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.gate = Gate(
         TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
@@ -249,6 +260,8 @@ async def _serving(app: Starlette, config: Config,
         yield
     finally:
         await fleet.close()
+        await offers.close()
         await client.aclose()
+        await calls.aclose()
         app.state.gate.checker.close()
         store.close()

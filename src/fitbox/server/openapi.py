@@ -241,8 +241,9 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/cores": {"get": _op("Physical cores: kept for the OS, claimed by which engine, free",
                              MANAGEMENT)},
     "/v1/limits": {"get": _op("Capacity tiers: device, box, central, effective", MANAGEMENT),
-                   "post": _op("Set box limits; a value above its parent tier is refused",
-                               MANAGEMENT, _knobs(LIMIT_KNOBS))},
+                   "post": _op("Set box limits, or with tier: central the central tier (a "
+                               "central's allotment); a value above its parent tier is refused",
+                               MANAGEMENT, _knobs({"tier": None, **LIMIT_KNOBS}))},
     "/v1/settings/box": {"get": _op("Box-wide knobs: own, default, effective", MANAGEMENT),
                          "post": _op("Set box-wide knobs (null clears one)", MANAGEMENT,
                                      _knobs(BOX_KNOBS))},
@@ -265,7 +266,16 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/transfer/{model}/file": {"get": _op(
         "One of the model's files, streamed; Range: bytes=… answered 206; 429 with "
         "Retry-After beyond the transfer cap", MANAGEMENT, params=TRANSFER_FILE)},
-    "/v1/hashes": {"get": _op("Every weight file's kept sha256 (hashed once)", MANAGEMENT)},
+    "/v1/hashes": {"get": _op("Every weight file's kept sha256 (hashed once); ?artifact=PATH "
+                              "hashes that model file of the catalog once and lists it alone",
+                              MANAGEMENT, params=[_query("artifact", "string")])},
+    "/v1/facts/import": {"post": _op(
+        "Footprints another box measured for a file with this sha256, filed under this box's "
+        "file with their origin; plans price from them (basis imported) until a load here "
+        "measures the same key", MANAGEMENT,
+        {"type": "object", "required": ["origin_box", "sha256", "footprints"],
+         "properties": {"origin_box": {"type": "string"}, "sha256": {"type": "string"},
+                        "footprints": {"type": "array", "items": {"type": "object"}}}})},
     "/v1/keys": {"get": _op("API keys, without secrets", MANAGEMENT),
                  "post": _op("Create a key (the secret is shown once)", MANAGEMENT, KEY)},
     "/v1/keys/{key_id}": {"get": _op("One key", MANAGEMENT, params=KEY_ID),
