@@ -99,11 +99,19 @@ def check_images(body: dict[str, Any], limit: int) -> int:
 
 
 def check_vision(name: str, artifacts: Sequence[Artifact], body: dict[str, Any]) -> None:
-    """A call with images on a model none of whose variants reads them: refused, saying how
-    a model comes to read images."""
-    if artifacts and not any(a.vision for a in artifacts) and has_images(body):
-        raise _refuse(
-            f"'{name}' does not read images: it is neither a vision-language transformers "
-            "folder nor a GGUF with a vision projector (mmproj*.gguf) beside it. Send text "
-            "only, or name a vision model (GET /v1/models marks them \"vision\": true).",
-            "model_not_vision_capable")  # fmt: skip
+    """A call with images on a model that cannot read them: refused, saying how a model
+    comes to read images. A family some of whose variants read images and some not is
+    refused too (the placement could choose a blind one), naming the variants to pin."""
+    blind = [a for a in artifacts if not a.vision]
+    if not blind or not has_images(body):
+        return
+    seeing = [a.name for a in artifacts if a.vision]
+    if seeing:
+        raise _refuse(f"Of the variants '{name}' stands for, only {', '.join(seeing)} read "
+                      "images (a vision projector beside them); name one of those.",
+                      "model_not_vision_capable")  # fmt: skip
+    raise _refuse(
+        f"'{name}' does not read images: it is neither a vision-language transformers "
+        "folder nor a GGUF with a vision projector (mmproj*.gguf) beside it. Send text "
+        "only, or name a vision model (GET /v1/models marks them \"vision\": true).",
+        "model_not_vision_capable")  # fmt: skip
