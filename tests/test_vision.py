@@ -29,6 +29,7 @@ from .images import RED, STRIPES, data_url, noise
 from .test_transformers_facts import LLAMA, LLAMA_TENSORS, write_config, write_safetensors
 
 LIMIT = 64 << 10
+CHAT = "/v1/chat/completions"
 
 
 def chat(*urls: Any) -> dict[str, Any]:
@@ -41,14 +42,14 @@ def chat(*urls: Any) -> dict[str, Any]:
 
 def refused(body: dict[str, Any]) -> InvalidRequest:
     with pytest.raises(InvalidRequest) as caught:
-        check_images(body, LIMIT)
+        check_images(CHAT, body, LIMIT)
     assert caught.value.param == "messages" and caught.value.status == 400
     return caught.value
 
 
 def test_inline_images_pass_and_are_counted() -> None:
-    assert check_images(chat(data_url(RED), data_url(STRIPES, "image/x-png")), LIMIT) == 2
-    assert check_images({"messages": [{"role": "user", "content": "text only"}]}, LIMIT) == 0
+    assert check_images(CHAT, chat(data_url(RED), data_url(STRIPES, "image/x-png")), LIMIT) == 2
+    assert check_images(CHAT, {"messages": [{"role": "user", "content": "text only"}]}, LIMIT) == 0
 
 
 def test_an_http_image_is_refused_because_fitbox_never_fetches() -> None:
@@ -78,13 +79,45 @@ def test_an_image_over_the_limit_is_refused_decoded_or_not() -> None:
     assert error.code == "image_too_large" and "FITBOX_MAX_IMAGE" in error.message
     padded = data_url(RED) + "=" * 4  # small once decoded, long as text: decoded, then judged
     assert refused(chat({"url": padded})).code == "invalid_image"
-    check_images(chat(data_url(big)), len(big))  # exactly at the limit: taken
+    check_images(CHAT, chat(data_url(big)), len(big))  # exactly at the limit: taken
 
 
 def test_webp_and_jpeg_are_recognised_by_their_bytes() -> None:
     webp = b"RIFF\x10\x00\x00\x00WEBPVP8 " + bytes(8)
-    assert check_images(chat(data_url(webp, "image/webp"), data_url(b"\xff\xd8\xff\xe0" + bytes(8),
-                                                                    "image/jpeg")), LIMIT) == 2
+    jpeg = b"\xff\xd8\xff\xe0" + bytes(8)
+    body = chat(data_url(webp, "image/webp"), data_url(jpeg, "image/jpeg"))
+    assert check_images(CHAT, body, LIMIT) == 2
+
+
+def responses(image: Any) -> dict[str, Any]:
+    return {"model": "m", "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "What is this?"}, {"type": "input_image", **image}]}]}
+
+
+def anthropic(source: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image", "source": source}]}]}
+
+
+def test_the_responses_and_messages_shapes_are_held_to_the_same_rules() -> None:
+    """llama-server fetches an http image in these shapes too (seen running this build)."""
+    assert check_images("/v1/responses", responses({"image_url": data_url(RED)}), LIMIT) == 1
+    encoded = data_url(RED).partition(",")[2]
+    inline = anthropic({"type": "base64", "media_type": "image/png", "data": encoded})
+    assert check_images("/v1/messages", inline, LIMIT) == 1
+    cases = [("/v1/responses", responses({"image_url": "https://example.com/cat.png"}),
+              "input", "image_url_not_fetched"),
+             ("/v1/responses", responses({"file_id": "file-1"}), "input", "invalid_image_url"),
+             ("/v1/messages", anthropic({"type": "url", "url": "http://10.0.0.1/x.png"}),
+              "messages", "image_url_not_fetched"),
+             ("/v1/messages", anthropic({"type": "base64", "media_type": "image/png",
+                                         "data": encoded[:-3] + "!!!"}),
+              "messages", "invalid_image")]  # fmt: skip
+    for path, body, param, code in cases:
+        with pytest.raises(InvalidRequest) as caught:
+            check_images(path, body, LIMIT)
+        assert (caught.value.param, caught.value.code) == (param, code), path
+    assert check_images("/v1/completions", {"prompt": "https://example.com/cat.png"}, LIMIT) == 0
 
 
 def _audio_projector(path: Path) -> Path:
@@ -170,13 +203,16 @@ def test_images_for_a_model_that_reads_none_are_refused_naming_the_way_out(
 ) -> None:
     found = _artifacts(tmp_path)
     with pytest.raises(InvalidRequest) as caught:
-        check_vision("text", [found["text"]], chat(data_url(RED)))
+        check_vision("text", [found["text"]], CHAT, chat(data_url(RED)))
     assert caught.value.code == "model_not_vision_capable" and "mmproj" in caught.value.message
-    check_vision("text", [found["text"]], {"messages": [{"role": "user", "content": "hi"}]})
-    check_vision("seeing", [found["seeing"]], chat(data_url(RED)))
+    check_vision("text", [found["text"]], CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+    check_vision("seeing", [found["seeing"]], CHAT, chat(data_url(RED)))
     with pytest.raises(InvalidRequest) as caught:  # the placement might choose the blind one
-        check_vision("family", [found["text"], found["seeing"]], chat(data_url(RED)))
+        check_vision("family", [found["text"], found["seeing"]], CHAT, chat(data_url(RED)))
     assert "only seeing read" in caught.value.message
+    with pytest.raises(InvalidRequest) as caught:
+        check_vision("text", [found["text"]], "/v1/responses", responses({"image_url": "x"}))
+    assert (caught.value.param, caught.value.code) == ("input", "model_not_vision_capable")
 
 
 INFO = EngineInfo(Path("/bin/llama-server"), frozenset({"--mmproj", "--no-mmproj-offload"}), "1")

@@ -9,6 +9,9 @@ One fitbox serves the module; the refusals are decided before any model is place
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,24 +106,63 @@ def test_the_transformers_child_reads_an_image_through_the_folders_processor(
     assert red != stripes
 
 
-def refusal(box: FitboxProcess, model: str, url: str) -> dict[str, Any]:
-    content = [{"type": "text", "text": "What is this?"},
-               {"type": "image_url", "image_url": {"url": url}}]  # fmt: skip
-    reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=60, json={
-        "model": model, "messages": [{"role": "user", "content": content}]})  # fmt: skip
+def refusal(box: FitboxProcess, model: str, url: str, path: str = "/v1/chat/completions"
+            ) -> dict[str, Any]:  # fmt: skip
+    body: dict[str, Any]
+    if path == "/v1/responses":
+        body = {"input": [{"role": "user", "content": [{"type": "input_image",
+                                                         "image_url": url}]}]}  # fmt: skip
+    elif path == "/v1/messages":
+        body = {"max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": url}}]}]}  # fmt: skip
+    else:
+        body = {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": url}}]}]}  # fmt: skip
+    reply = httpx.post(f"{box.url}{path}", timeout=60, json={"model": model, **body})
     assert reply.status_code == 400, reply.text
     error: dict[str, Any] = reply.json()["error"]
     assert set(error) == {"message", "type", "code", "param"}
-    assert error["type"] == "invalid_request_error" and error["param"] == "messages"
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == ("input" if path == "/v1/responses" else "messages")
     return error
+
+
+@contextlib.contextmanager
+def recording_server() -> Iterator[tuple[str, list[str]]]:
+    """An http image URL on loopback, and every path anyone asked it for."""
+    asked: list[str] = []
+
+    class Recording(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(RED)))
+            self.end_headers()
+            self.wfile.write(RED)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/red.png", asked
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_images_fitbox_will_not_pass_on_are_refused_before_a_model_is_placed(
     box: FitboxProcess,
 ) -> None:
     before = {r["model"] for r in httpx.get(f"{box.url}/v1/residents", timeout=10).json()["data"]}
-    fetched = refusal(box, SMOL, "https://example.com/cat.png")
-    assert fetched["code"] == "image_url_not_fetched" and "data URL" in fetched["message"]
+    with recording_server() as (url, asked):  # llama-server itself would fetch these
+        for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
+            fetched = refusal(box, SMOL, url, path)
+            assert fetched["code"] == "image_url_not_fetched" and "data URL" in fetched["message"]
+    assert asked == []
     big = noise(160, 160)
     assert len(big) > MAX_IMAGE
     large = refusal(box, SMOL, data_url(big))
@@ -129,5 +171,5 @@ def test_images_fitbox_will_not_pass_on_are_refused_before_a_model_is_placed(
     assert blind["code"] == "model_not_vision_capable" and TEXT in blind["message"]
     after = {r["model"] for r in httpx.get(f"{box.url}/v1/residents", timeout=10).json()["data"]}
     assert TEXT not in after and after <= before | {SMOL, LLAVA}
-    rows = box.calls()[-3:]
-    assert [r["outcome"] for r in rows] == ["error"] * 3  # each refused call has its row
+    rows = box.calls()[-5:]
+    assert [r["outcome"] for r in rows] == ["error"] * 5  # each refused call has its row

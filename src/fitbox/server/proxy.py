@@ -90,8 +90,8 @@ def check_served(box: Box, name: str, path: str, body: dict[str, Any] | None = N
             f"'{name}' is not a reranker (its GGUF's pooling type is not rank), so it cannot "
             "serve /v1/rerank; name a reranker model (GET /v1/models lists them).",
             param="model", code="not_a_reranker")  # fmt: skip
-    if path == "/v1/chat/completions" and body is not None:
-        check_vision(name, artifacts, body)
+    if body is not None:
+        check_vision(name, artifacts, path, body)
 
 
 def _max_tokens(body: dict[str, Any]) -> int:
