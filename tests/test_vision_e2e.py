@@ -104,6 +104,12 @@ def test_the_transformers_child_reads_an_image_through_the_folders_processor(
     assert red_n == stripes_n == text_only + TINY_LLAVA_IMAGE_TOKENS
     assert both_n == text_only + 2 * TINY_LLAVA_IMAGE_TOKENS
     assert red != stripes
+    client = openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", timeout=300)
+    stream = client.chat.completions.create(model=LLAVA, max_tokens=6, temperature=0,
+                                            stream=True, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What is in the picture?"},
+        {"type": "image_url", "image_url": {"url": data_url(RED)}}]}])  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == red
 
 
 def refusal(box: FitboxProcess, model: str, url: str, path: str = "/v1/chat/completions"
