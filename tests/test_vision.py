@@ -117,6 +117,9 @@ def test_the_responses_and_messages_shapes_are_held_to_the_same_rules() -> None:
         with pytest.raises(InvalidRequest) as caught:
             check_images(path, body, LIMIT)
         assert (caught.value.param, caught.value.code) == (param, code), path
+    with pytest.raises(InvalidRequest) as caught:  # it renders the images: it fetches too
+        check_images("/apply-template", chat("http://example.com/cat.png"), LIMIT)
+    assert caught.value.code == "image_url_not_fetched"
     assert check_images("/v1/completions", {"prompt": "https://example.com/cat.png"}, LIMIT) == 0
 
 

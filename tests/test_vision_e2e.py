@@ -165,7 +165,7 @@ def test_images_fitbox_will_not_pass_on_are_refused_before_a_model_is_placed(
 ) -> None:
     before = {r["model"] for r in httpx.get(f"{box.url}/v1/residents", timeout=10).json()["data"]}
     with recording_server() as (url, asked):  # llama-server itself would fetch these
-        for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
+        for path in ("/v1/chat/completions", "/apply-template", "/v1/responses", "/v1/messages"):
             fetched = refusal(box, SMOL, url, path)
             assert fetched["code"] == "image_url_not_fetched" and "data URL" in fetched["message"]
     assert asked == []
@@ -177,5 +177,5 @@ def test_images_fitbox_will_not_pass_on_are_refused_before_a_model_is_placed(
     assert blind["code"] == "model_not_vision_capable" and TEXT in blind["message"]
     after = {r["model"] for r in httpx.get(f"{box.url}/v1/residents", timeout=10).json()["data"]}
     assert TEXT not in after and after <= before | {SMOL, LLAVA}
-    rows = box.calls()[-5:]
-    assert [r["outcome"] for r in rows] == ["error"] * 5  # each refused call has its row
+    rows = box.calls()[-6:]
+    assert [r["outcome"] for r in rows] == ["error"] * 6  # each refused call has its row

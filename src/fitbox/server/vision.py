@@ -1,5 +1,6 @@
 """Images in a call's messages, checked before a model is placed: chat's ``image_url``
-parts, and the same images in the Responses and Messages shapes (llama-server reads all three).
+parts (also what ``/apply-template`` renders), and the same images in the Responses and
+Messages shapes: llama-server reads them all, and fetches an http URL in any of them.
 
 An image comes inline, as a ``data:image/…;base64,…`` URL. fitbox never fetches an
 ``http(s)`` URL on a client's behalf (the box would reach wherever a caller points it), so
@@ -23,7 +24,8 @@ from fitbox.units import format_bytes
 # and PIL both read these)
 _MAGIC = {b"\x89PNG\r\n\x1a\n": "png", b"\xff\xd8\xff": "jpeg", b"GIF87a": "gif",
           b"GIF89a": "gif"}  # fmt: skip
-ROUTES = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/messages"})
+# every route whose body llama-server reads images from (and fetches an http one for)
+ROUTES = frozenset({"/v1/chat/completions", "/apply-template", "/v1/responses", "/v1/messages"})
 
 
 def _is_webp(data: bytes) -> bool:
@@ -44,7 +46,7 @@ def images(path: str, body: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     ``image_url`` parts, the Responses API's ``input_image`` parts, Anthropic's ``image``
     blocks (a base64 source is turned into the data URL it stands for). llama-server
     fetches an http URL in any of them itself, so each is checked here."""
-    if path == "/v1/chat/completions":
+    if path in ("/v1/chat/completions", "/apply-template"):
         for i, part in _parts(body.get("messages"), "content"):
             if part.get("type") == "image_url":
                 image = part.get("image_url")
