@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -15,7 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,11 @@ import openai
 import psutil
 import pytest
 
+from fitbox.home import Home
+
 from .conftest import FitboxProcess, _answering, start_fitbox, stop_fitbox
 from .holds import until
+from .postgres import PostgresCluster
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -37,13 +41,15 @@ class Central:
     home: Path
     proc: subprocess.Popen[bytes] | None = None
     url: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # FITBOX_CENTRAL_DB for PostgreSQL
 
     def start(self) -> None:
         log_path = self.home / "central.log"
         argv = [sys.executable, "-m", "fitbox", "central", "serve", "--port", "auto",
                 "--home", str(self.home)]  # fmt: skip
         with log_path.open("ab") as log_file:
-            self.proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **self.env})  # fmt: skip
         self.url = _answering(self.proc, self.home / "central-endpoint.json", log_path)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
@@ -289,6 +295,50 @@ def test_the_mirror_resumes_after_a_kill_9_of_the_central(fleet: Fleet) -> None:
             lambda b=box, i=box_id: _mirrored_exactly(central, b, i),  # type: ignore[misc]
             "every call row mirrored once after the restart",
         )
+
+
+def test_a_central_on_postgresql_mirrors_a_box_s_calls_exactly_once(
+    fleet: Fleet, postgres: PostgresCluster, tmp_path: Path
+) -> None:
+    """A second central, its store a PostgreSQL database, told of box a as a box's own
+    registration tells it (from its host: no key): every call row once in its final form,
+    also across a kill -9 of that central and while its database refuses it a while."""
+    import psycopg
+
+    home = tmp_path / "pg-central"
+    home.mkdir()
+    url = postgres.create_database()
+    database = url.rsplit("/", 1)[1]
+    central = Central(home, env={"FITBOX_CENTRAL_DB": url})
+    box, box_id = fleet.boxes[0], fleet.ids[0]
+    health = httpx.get(f"{box.url}/health", timeout=10).json()
+    body = {"box_id": box_id, "name": health["name"], "version": health["version"],
+            "url": box.url, "admin_key": Home(box.home).box_key.read_text().strip()}  # fmt: skip
+    central.start()
+    try:
+        assert "store: postgresql://fitbox:***@" in (home / "central.log").read_text()
+        assert postgres.password not in (home / "central.log").read_text()
+        assert httpx.post(f"{central.url}/v1/boxes", json=body, timeout=10).status_code == 201
+        with openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused") as direct:
+            for _ in range(2):
+                direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
+            until(lambda: _mirrored_exactly(central, box, box_id), "every call row, once")
+            central.stop(signal.SIGKILL)
+            direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
+        central.start()  # the registration and the cursors were in the database
+        until(lambda: _mirrored_exactly(central, box, box_id), "every call row once, again")
+        with psycopg.connect(postgres.url(), autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                          "datname = %s", (database,))  # fmt: skip
+            with openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused") as direct:
+                direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
+            until(lambda: "not mirrored for now" in (home / "central.log").read_text(),
+                  "the central's mirror meeting its database gone")  # fmt: skip
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        until(lambda: _mirrored_exactly(central, box, box_id), "every call row once, after")
+    finally:
+        central.stop()
 
 
 def test_a_box_that_moves_port_reregisters_under_the_same_id(fleet: Fleet, tmp_path: Path) -> None:

@@ -396,6 +396,14 @@ SETTINGS: tuple[Setting, ...] = (
         "the worker key the central printed for this box (fitbox central keys create)",
     ),
     Setting(
+        "central_db",
+        "FITBOX_CENTRAL_DB",
+        "",
+        "the central's store (fitbox central serve): a postgresql://USER:PASSWORD@HOST:PORT/DB "
+        "URL for a fleet that outgrows one file (psycopg 3: pip install 'fitbox[central-pg]'); "
+        "default: central.sqlite3 in the central's home",
+    ),
+    Setting(
         "aliases",
         "FITBOX_ALIASES",
         "",
@@ -447,6 +455,7 @@ class Config:
     default_model: str = ""
     central_url: str = ""
     central_key: str = ""
+    central_db: str = ""
     max_image: int = 20 << 20
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -506,6 +515,13 @@ def load(
     if values["central_url"] and not values["central_url"].startswith(("http://", "https://")):
         raise ConfigError(f"Setting 'central_url' (FITBOX_CENTRAL_URL) has value "
                           f"{values['central_url']!r}. Write http://HOST:PORT.")  # fmt: skip
+    values["central_db"] = values["central_db"].strip()
+    if values["central_db"] and not values["central_db"].startswith(
+        ("postgresql://", "postgres://")
+    ):  # its value is not shown: a mistyped URL may still hold the password
+        raise ConfigError("Setting 'central_db' (FITBOX_CENTRAL_DB) is not a PostgreSQL URL. "
+                          "Write postgresql://USER:PASSWORD@HOST:PORT/DB, or leave it unset "
+                          "for the SQLite file in the central's home.")  # fmt: skip
     return Config(**values)
 
 

@@ -9,7 +9,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import fitbox
 from fitbox.central import routing
+from fitbox.central.backend import StoreTarget
 from fitbox.central.mirror import MIRRORED_TABLES, Fleet
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
@@ -32,7 +32,6 @@ from fitbox.server import errors
 from fitbox.server.auth import Gate, admit, presented_key
 from fitbox.server.joining import is_loopback
 from fitbox.server.trust import TrustSettings, origin_of
-from fitbox.store.keys import KeyChecker
 
 log = logging.getLogger(__name__)
 REGISTER = "/v1/boxes"
@@ -216,7 +215,7 @@ ROUTES = (
 )  # fmt: skip
 
 
-def create_central_app(config: Config, store_path: Path) -> Starlette:
+def create_central_app(config: Config, store_path: StoreTarget) -> Starlette:
     def lifespan(app: Starlette) -> contextlib.AbstractAsyncContextManager[None]:
         return _serving(app, config, store_path)
 
@@ -233,7 +232,8 @@ def create_central_app(config: Config, store_path: Path) -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def _serving(app: Starlette, config: Config, store_path: Path) -> AsyncIterator[None]:
+async def _serving(app: Starlette, config: Config,
+                   store_path: StoreTarget) -> AsyncIterator[None]:  # fmt: skip
     store = CentralStore(store_path)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=60.0)
@@ -242,7 +242,7 @@ async def _serving(app: Starlette, config: Config, store_path: Path) -> AsyncIte
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.gate = Gate(
         TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
-        KeyChecker(store_path), config.require_keys,
+        store.key_checker(), config.require_keys,
     )  # fmt: skip
     fleet.start()
     try:

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from fitbox.central.backend import StoreUnavailable
 from fitbox.central.store import BoxRecord, CentralStore
 from fitbox.store.db import CURSOR_TABLES, READING_TABLES
 
@@ -121,6 +122,11 @@ class Fleet:
                 wait = 0.5
             except asyncio.CancelledError:
                 raise
+            except StoreUnavailable as exc:  # the box answered; the central's store did not
+                log.warning("box %s: not mirrored for now: %s", link.record.box_id, exc)
+                link.last_error = str(exc)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, RETRY_MOST_S)
             except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
                 if link.state != "unreachable":
                     log.warning("box %s (%s) unreachable: %r", link.record.box_id,
