@@ -374,6 +374,8 @@ def list_models(config: settings.Config, as_json: bool) -> int:
             "format": a.format,  # which engine kind serves it (gguf: llama-server)
             "weights_bytes": a.facts.shape.weights_bytes,
             "context_length": a.facts.shape.n_ctx_train,
+            "vision": a.vision,  # reads images: a vision-language folder, or an mmproj beside
+            "mmproj": str(a.mmproj) if a.mmproj else None,
         }
         for a in catalog.artifacts()
     ]
@@ -391,8 +393,9 @@ def list_models(config: settings.Config, as_json: bool) -> int:
         return 0
     for row in rows:
         aliases = f" (aka {', '.join(row['aliases'])})" if row["aliases"] else ""
+        vision = " vision" if row["vision"] else ""
         print(
-            f"{row['name']}{aliases}  {row['architecture']} ({row['format']})  "
+            f"{row['name']}{aliases}  {row['architecture']} ({row['format']}){vision}  "
             f"{format_bytes(int(row['weights_bytes']))}  ctx {row['context_length']}  "
             f"{row['path']}"
         )

@@ -359,6 +359,14 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_size,
     ),
     Setting(
+        "max_image",
+        "FITBOX_MAX_IMAGE",
+        "20MiB",
+        "largest image (decoded bytes) one image_url part of a chat message may hold; a "
+        "larger one is refused with 400 before any model is placed",
+        _positive_size,
+    ),
+    Setting(
         "cors_origins",
         "FITBOX_CORS_ORIGINS",
         "",
@@ -448,6 +456,7 @@ class Config:
     central_url: str = ""
     central_key: str = ""
     central_db: str = ""
+    max_image: int = 20 << 20
     extra: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -35,6 +35,7 @@ from fitbox.server import progress, reasoning, timing
 from fitbox.server.engine_errors import engine_error_body, retry_headers
 from fitbox.server.errors import body_for, is_insider
 from fitbox.server.names import NameRewrite, rewrite_for
+from fitbox.server.vision import check_vision
 
 log = logging.getLogger(__name__)
 __all__ = ["allowed_models", "check_model_allowed", "engine_error_body", "forward", "refused"]
@@ -74,9 +75,10 @@ def routed_name(box: Box, asked: str) -> tuple[str, dict[str, str]]:
     return asked, {}
 
 
-def check_served(box: Box, name: str, path: str) -> None:
+def check_served(box: Box, name: str, path: str, body: dict[str, Any] | None = None) -> None:
     """Refuse, before anything is loaded, a route no variant of ``name`` can serve: its
-    engine kind has no such route, or ``/v1/rerank`` on a model that is not a reranker."""
+    engine kind has no such route, ``/v1/rerank`` on a model that is not a reranker, or
+    image parts for a model that reads none."""
     artifacts = box.asks.named(name).artifacts
     kinds = [box.engines.for_artifact(a) for a in artifacts]
     if not any(path in kind.routes() for kind in kinds):
@@ -88,6 +90,8 @@ def check_served(box: Box, name: str, path: str) -> None:
             f"'{name}' is not a reranker (its GGUF's pooling type is not rank), so it cannot "
             "serve /v1/rerank; name a reranker model (GET /v1/models lists them).",
             param="model", code="not_a_reranker")  # fmt: skip
+    if body is not None:
+        check_vision(name, artifacts, path, body)
 
 
 def _max_tokens(body: dict[str, Any]) -> int:
@@ -128,7 +132,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
         name, headers = routed_name(box, asked)
         if name != asked:
             check_model_allowed(request, box, name)  # a key's limit holds for what serves
-        check_served(box, name, path)
+        check_served(box, name, path, body)
         slots = box.needs.choices(body)  # an n the box cannot give: refused before any 200
         query = urlencode([(k, v) for k, v in request.query_params.multi_items()
                            if k != "model"])  # fmt: skip
