@@ -119,6 +119,7 @@ class _Message:
         self.reasoning_index: int | None = None  # its reasoning item's, once opened
         self.thought = ""
         self.text = ""
+        self.fed = False  # a delta (or its done text) went through the splitter
 
 
 _PART_EVENTS = frozenset({"response.content_part.added", "response.output_text.delta",
@@ -156,7 +157,7 @@ class ResponsesShaper(NamedEventShaper):
         if kind in ("response.completed", "response.incomplete", "response.failed"):
             response = data.get("response")
             if isinstance(response, dict):
-                _finished_output(response, self.messages)
+                _finished_output(response, self.messages, self.indexes)
             return [data]
         message = self.messages.get(item_id)
         if message is not None and "content_index" not in data and kind in _PART_EVENTS:
@@ -169,20 +170,26 @@ class ResponsesShaper(NamedEventShaper):
             message.held.append(data)
             return []
         if kind == "response.output_text.delta":
+            message.fed = True
             thought, text = message.splitter.feed(str(data.get("delta") or ""))
             return self._pieces(message, thought, text, data)
         out: list[dict[str, Any]] = []
         if kind == "response.output_text.done":
+            if not message.fed:  # a text sent whole, with no deltas: split as one
+                message.fed = True
+                out += self._pieces(message, *message.splitter.feed(str(data.get("text") or "")),
+                                    None)  # fmt: skip
             thought, text = message.splitter.finish()
             out += self._pieces(message, thought, text, None)
             out += self._close_reasoning(message) + self._release(message)
             data["text"] = message.text
         elif kind == "response.content_part.done" and isinstance(data.get("part"), dict):
-            if data["part"].get("type") == "output_text":
+            if data["part"].get("type") == "output_text" and message.fed:
                 data["part"]["text"] = message.text
         elif kind == "response.output_item.done" and item is not None:
             out += self._close_reasoning(message) + self._release(message)
-            _set_text(item, message.text)
+            if message.fed:
+                _set_text(item, message.text)
         out += self._release(message)
         data["output_index"] = message.index
         return [*out, data]
@@ -243,19 +250,28 @@ def _set_text(item: dict[str, Any], text: str) -> None:
             part["text"], text = text, ""
 
 
-def _finished_output(response: dict[str, Any], messages: dict[str, _Message]) -> None:
-    """The final response's ``output`` as the stream sent it: a reasoning item before each
-    message that thought, each message's text without its thinking."""
+def _finished_output(response: dict[str, Any], messages: dict[str, _Message],
+                     indexes: dict[str, int]) -> None:  # fmt: skip
+    """The final response's ``output`` as the stream sent it: each message's text without
+    its thinking, and its reasoning item where the stream numbered it (before it, unless
+    its text came first)."""
     output = response.get("output")
     if not isinstance(output, list):
         return
     items: list[Any] = []
     for item in output:
         message = messages.get(str(item.get("id", ""))) if isinstance(item, dict) else None
-        if message is not None and message.thought:
-            items.append(reasoning_item(message.item_id, message.thought))
-            _set_text(item, message.text)
-        items.append(item)
+        if message is None or not message.fed:
+            items.append(item)
+            continue
+        _set_text(item, message.text)
+        pair = [item]
+        if message.thought:
+            rs = reasoning_id(message.item_id)
+            after = indexes.get(rs, -1) > indexes.get(message.item_id, len(indexes))
+            thinking = reasoning_item(message.item_id, message.thought)
+            pair = [item, thinking] if after else [thinking, item]
+        items += pair
     response["output"] = items
 
 
