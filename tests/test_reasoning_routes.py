@@ -57,7 +57,7 @@ def test_a_responses_stream(pieces: list[str], cuts: list[int]) -> None:
     item = {"type": "message", "id": "msg_1", "role": "assistant", "content": []}
     text = "".join(pieces)
     done_item = {**item, "content": [{"type": "output_text", "text": text}]}
-    events = [{"type": "response.created", "response": {"id": "resp_1"}},
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": {"id": "resp_1"}},
               {"type": "response.output_item.added", "item": item},
               {"type": "response.content_part.added", "item_id": "msg_1",
                "part": {"type": "output_text", "text": ""}},
@@ -88,7 +88,8 @@ def test_a_responses_stream(pieces: list[str], cuts: list[int]) -> None:
 
 @given(PIECES, CUTS)
 def test_a_messages_stream(pieces: list[str], cuts: list[int]) -> None:
-    events = [{"type": "message_start", "message": {"id": "m", "content": []}},
+    start = {"type": "message_start", "message": {"id": "m", "content": []}}
+    events: list[dict[str, Any]] = [start,
               {"type": "content_block_start", "index": 0,
                "content_block": {"type": "text", "text": ""}},
               *({"type": "content_block_delta", "index": 0,

@@ -59,7 +59,7 @@ def admit_central(path: str, method: str, peer: str | None, headers: dict[str, s
         raise AuthenticationFailed("Registering a box needs the worker key the central "
                                    "printed: fitbox serve --central URL --central-key KEY.",
                                    code="missing_api_key")  # fmt: skip
-    admit(path, peer, headers, gate)
+    admit(path, peer, headers, gate, method)
 
 
 class CentralAuth:
@@ -241,7 +241,8 @@ async def _serving(app: Starlette, config: Config, store_path: Path) -> AsyncIte
     fleet = Fleet(store, client)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.gate = Gate(
-        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
+        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host,
+                      config.host_names),
         KeyChecker(store_path), config.require_keys,
     )  # fmt: skip
     fleet.start()
