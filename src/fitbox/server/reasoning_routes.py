@@ -127,12 +127,12 @@ def reasoning_item(message_id: str, text: str, status: str = "completed") -> dic
             "content": content, "status": status}  # fmt: skip
 
 
-def _message_text(item: dict[str, Any]) -> str:
+def message_text(item: dict[str, Any]) -> str:
     return "".join(part.get("text") or "" for part in item.get("content") or []
                    if isinstance(part, dict) and part.get("type") == "output_text")  # fmt: skip
 
 
-def _set_message_text(item: dict[str, Any], text: str) -> None:
+def set_message_text(item: dict[str, Any], text: str) -> None:
     """The message's first output_text part holds ``text``; its other ones are emptied."""
     for part in item.get("content") or []:
         if isinstance(part, dict) and part.get("type") == "output_text":
@@ -147,10 +147,10 @@ def _response_output(body: dict[str, Any]) -> bool:
     items: list[Any] = []
     for item in output:
         if isinstance(item, dict) and item.get("type") == "message":
-            thought, text = split(_message_text(item))
+            thought, text = split(message_text(item))
             if thought:
                 items.append(reasoning_item(str(item.get("id", "")), thought))
-                _set_message_text(item, text)
+                set_message_text(item, text)
         items.append(item)
     changed = len(items) != len(output)
     body["output"] = items

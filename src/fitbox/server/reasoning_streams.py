@@ -25,8 +25,11 @@ from fitbox.server.reasoning_routes import (
     Thinking,
     dumps,
     field_of,
+    message_text,
     reasoning_id,
     reasoning_item,
+    set_message_text,
+    split,
     thinking_block,
 )
 
@@ -133,10 +136,26 @@ class ResponsesShaper(NamedEventShaper):
         self.indexes: dict[str, int] = {}  # every item sent: its output_index
         self.sent = 0
         self.sequence = 0  # every event sent is numbered, as the SDK's stream helper reads
+        self.current: _Message | None = None  # the message the engine's deltas are for
 
     def frame(self, data: dict[str, Any]) -> bytes:
         data["sequence_number"], self.sequence = self.sequence, self.sequence + 1
         return super().frame(data)
+
+    def _one(self, event: bytes) -> bytes:
+        """The fast path: a text delta of the current message, no tag in it or begun, once
+        the message is sent: its numbers put on its end, unparsed (the done events' texts
+        are split whole again: splitting gives the same however the text was cut)."""
+        message = self.current
+        if (message is None or message.index is None or not message.fed
+                or not message.splitter.idle or b"<" in event or b'_index"' in event
+                or b'"sequence_number"' in event or not event.endswith(b"}")
+                or not event.startswith(b"event: response.output_text.delta\n")
+                or message.item_id.encode() not in event):  # fmt: skip
+            return super()._one(event)
+        numbers = f',"output_index":{message.index},"content_index":0,"sequence_number":'
+        self.sequence += 1
+        return event[:-1] + f"{numbers}{self.sequence - 1}}}\n\n".encode()
 
     def _number(self, item_id: str) -> int:
         self.indexes[item_id] = self.sent
@@ -149,7 +168,7 @@ class ResponsesShaper(NamedEventShaper):
         item_id = str(item.get("id", "")) if item else str(data.get("item_id", ""))
         if kind == "response.output_item.added" and item is not None:
             if item.get("type") == "message":
-                self.messages[item_id] = _Message(item_id)
+                self.messages[item_id] = self.current = _Message(item_id)
                 self.messages[item_id].held.append(data)
                 return []
             data["output_index"] = self._number(item_id)
@@ -182,14 +201,16 @@ class ResponsesShaper(NamedEventShaper):
             thought, text = message.splitter.finish()
             out += self._pieces(message, thought, text, None)
             out += self._close_reasoning(message) + self._release(message)
+            if isinstance(data.get("text"), str):  # the whole text: its deltas may be unread
+                message.text = split(data["text"])[1]
             data["text"] = message.text
         elif kind == "response.content_part.done" and isinstance(data.get("part"), dict):
-            if data["part"].get("type") == "output_text" and message.fed:
-                data["part"]["text"] = message.text
+            text = data["part"].get("text")
+            if data["part"].get("type") == "output_text" and isinstance(text, str):
+                data["part"]["text"] = split(text)[1]
         elif kind == "response.output_item.done" and item is not None:
             out += self._close_reasoning(message) + self._release(message)
-            if message.fed:
-                _set_text(item, message.text)
+            set_message_text(item, split(message_text(item))[1])
         out += self._release(message)
         data["output_index"] = message.index
         return [*out, data]
@@ -244,12 +265,6 @@ class ResponsesShaper(NamedEventShaper):
                  "item": reasoning_item(message.item_id, text)}]  # fmt: skip
 
 
-def _set_text(item: dict[str, Any], text: str) -> None:
-    for part in item.get("content") or []:
-        if isinstance(part, dict) and part.get("type") == "output_text":
-            part["text"], text = text, ""
-
-
 def _finished_output(response: dict[str, Any], messages: dict[str, _Message],
                      indexes: dict[str, int]) -> None:  # fmt: skip
     """The final response's ``output`` as the stream sent it: each message's text without
@@ -264,7 +279,7 @@ def _finished_output(response: dict[str, Any], messages: dict[str, _Message],
         if message is None or not message.fed:
             items.append(item)
             continue
-        _set_text(item, message.text)
+        set_message_text(item, split(message_text(item))[1])
         pair = [item]
         if message.thought:
             rs = reasoning_id(message.item_id)
@@ -293,6 +308,16 @@ class MessagesShaper(NamedEventShaper):
         self.texts: dict[int, _TextBlock] = {}
         self.indexes: dict[int, int] = {}  # the engine's other blocks: the index sent
         self.sent = 0
+        self.thought = False  # a thinking block was sent: the blocks after it are renumbered
+
+    def _one(self, event: bytes) -> bytes:
+        """The fast path: with no thinking block sent, a delta with no tag in it, while no
+        block is held or inside a tag, passes as it came (its index is the engine's)."""
+        if (self.thought or b"<" in event or not event.startswith(b"event: content_block_delta\n")
+                or not all(b.splitter.idle and (b.sent or b.open is not None)
+                           for b in self.texts.values())):  # fmt: skip
+            return super()._one(event)
+        return event + b"\n\n"
 
     def shape(self, data: dict[str, Any]) -> list[dict[str, Any]] | None:
         kind = data.get("type")
@@ -349,6 +374,7 @@ class MessagesShaper(NamedEventShaper):
             return out
         block.index, block.sent = self.sent, True
         self.sent += 1
+        self.thought = self.thought or kind == "thinking"
         start = thinking_block("") if kind == "thinking" else {**block.start, "text": ""}
         out.append({"type": "content_block_start", "index": block.index,
                     "content_block": start})  # fmt: skip
