@@ -121,7 +121,6 @@ class _Message:
         self.index: int | None = None  # its output_index, once sent
         self.reasoning_index: int | None = None  # its reasoning item's, once opened
         self.thought = ""
-        self.text = ""
         self.fed = False  # a delta (or its done text) went through the splitter
 
 
@@ -201,9 +200,8 @@ class ResponsesShaper(NamedEventShaper):
             thought, text = message.splitter.finish()
             out += self._pieces(message, thought, text, None)
             out += self._close_reasoning(message) + self._release(message)
-            if isinstance(data.get("text"), str):  # the whole text: its deltas may be unread
-                message.text = split(data["text"])[1]
-            data["text"] = message.text
+            if isinstance(data.get("text"), str):  # the whole text (its deltas may be unread)
+                data["text"] = split(data["text"])[1]
         elif kind == "response.content_part.done" and isinstance(data.get("part"), dict):
             text = data["part"].get("text")
             if data["part"].get("type") == "output_text" and isinstance(text, str):
@@ -236,7 +234,6 @@ class ResponsesShaper(NamedEventShaper):
                         "delta": thought})  # fmt: skip
         if text:
             out += self._release(message)
-            message.text += text
             new = {"type": "response.output_text.delta", "item_id": message.item_id}
             event = dict(delta) if delta else {**new, "content_index": 0}
             out.append({**event, "delta": text, "output_index": message.index})
