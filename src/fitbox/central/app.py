@@ -241,8 +241,7 @@ async def _serving(app: Starlette, config: Config, store_path: Path) -> AsyncIte
     fleet = Fleet(store, client)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.gate = Gate(
-        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host,
-                      config.host_names),
+        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
         KeyChecker(store_path), config.require_keys,
     )  # fmt: skip
     fleet.start()
