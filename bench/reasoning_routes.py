@@ -92,8 +92,10 @@ def main() -> int:
             added[path] = (timed - bare) / (per * 10) / args.tokens * 1e6
         for path, us in added.items():
             label = f"{path}, {'all thinking' if think else 'no thinking'}"
-            print(f"{label:40s} {us:7.2f} us added per token   "
-                  f"{us / max(added[CHAT], 1e-9):6.2f}x chat's")
+            print(
+                f"{label:40s} {us:7.2f} us added per token   "
+                f"{us / max(added[CHAT], 1e-9):6.2f}x chat's"
+            )
     return 0
 
 
