@@ -106,6 +106,15 @@ def _origins(text: str) -> tuple[str, ...]:
     return origins
 
 
+def _host_names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip().lower().rstrip(".") for n in text.split(",") if n.strip())
+    for name in names:
+        if not name or any(c in name for c in "/:@ *"):
+            raise ValueError(f"a host name is a bare name (fitbox.lan), no scheme or port; "
+                             f"{name!r} is not one")  # fmt: skip
+    return names
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -375,6 +384,16 @@ SETTINGS: tuple[Setting, ...] = (
         _origins,
     ),
     Setting(
+        "host_names",
+        "FITBOX_HOST_NAMES",
+        "",
+        "names this box is reached by (comma list, e.g. fitbox.lan): a call from the box "
+        "itself without a key (management, the dashboard, metrics) must send one of them, "
+        "localhost, FITBOX_HOST or an address as its Host, so a web page whose name was "
+        "rebound to this box gets nothing; default: none",
+        _host_names,
+    ),
+    Setting(
         "default_model",
         "FITBOX_DEFAULT_MODEL",
         "",
@@ -452,6 +471,7 @@ class Config:
     max_body: int
     aliases: Path
     cors_origins: tuple[str, ...] = ()
+    host_names: tuple[str, ...] = ()
     default_model: str = ""
     central_url: str = ""
     central_key: str = ""

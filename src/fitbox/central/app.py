@@ -59,7 +59,7 @@ def admit_central(path: str, method: str, peer: str | None, headers: dict[str, s
         raise AuthenticationFailed("Registering a box needs the worker key the central "
                                    "printed: fitbox serve --central URL --central-key KEY.",
                                    code="missing_api_key")  # fmt: skip
-    admit(path, peer, headers, gate)
+    admit(path, peer, headers, gate, method)
 
 
 class CentralAuth:

@@ -138,7 +138,8 @@ async def _serving(
     app.state.changes = _change_signal(store)
     ensure_box_key(store, config.box_key_file)
     app.state.gate = Gate(
-        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
+        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host,
+                      config.host_names),
         KeyChecker(config.store_path), config.require_keys,
     )  # fmt: skip
     async with anyio.create_task_group():

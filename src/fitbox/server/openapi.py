@@ -167,17 +167,21 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/models": {"get": _op("The catalog, with residency", INFERENCE)},
     "/v1/chat/completions": {"post": _op("Chat (SSE with stream: true). " + REPLY, INFERENCE,
                                          CHAT)},
-    "/v1/completions": {"post": _op("Text completion", INFERENCE, COMPLETION)},
+    "/v1/completions": {"post": _op("Text completion. A model's thinking is in the choice's "
+                                    "reasoning_content (or reasoning) beside text",
+                                    INFERENCE, COMPLETION)},
     "/v1/embeddings": {"post": _op("Embeddings (embedding models; a decoder with the "
                                    "embeddings setting)", INFERENCE, EMBEDDING)},
     "/v1/models/{model_id}": {"get": _op(
         "One model by name, alias or family name (OpenAI's retrieve), with meta", INFERENCE,
         params=[{"name": "model_id", "in": "path", "required": True,
                  "schema": {"type": "string"}}])},
-    "/v1/responses": {"post": _op("OpenAI Responses API (SSE with stream: true)", INFERENCE,
+    "/v1/responses": {"post": _op("OpenAI Responses API (SSE with stream: true); a model's "
+                                  "thinking is a reasoning output item", INFERENCE,
                                   RESPONSES, MODEL_QUERY)},
-    "/v1/messages": {"post": _op("Anthropic Messages API shape (SSE with stream: true)",
-                                 INFERENCE, MESSAGES, MODEL_QUERY)},
+    "/v1/messages": {"post": _op("Anthropic Messages API shape (SSE with stream: true); a "
+                                 "model's thinking is a thinking block", INFERENCE, MESSAGES,
+                                 MODEL_QUERY)},
     "/v1/rerank": {"post": _op("Rerank documents (reranker models)", INFERENCE, RERANK,
                                MODEL_QUERY)},
     "/rerank": {"post": _op("Rerank documents: /v1/rerank's alias", INFERENCE, RERANK,
@@ -200,7 +204,8 @@ PATHS: dict[str, dict[str, Any]] = {
                                     _query("parallel", "integer"), _query("kv", "string"),
                                     _query("max_tokens", "integer")])},
     "/v1/telemetry/state": {"get": _op(
-        "The change counter; long-polls until it passes `since` or `wait` seconds pass",
+        "The change counter; long-polls until it passes `since` or `wait` seconds pass, or "
+        "the box stops (stopping: true)",
         "the box itself, or a key with the read or admin scope",
         params=[_query("since", "integer"), _query("wait", "number")])},
     "/v1/telemetry": {"get": _op(
