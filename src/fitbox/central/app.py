@@ -252,7 +252,8 @@ async def _serving(app: Starlette, config: Config,
     offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.gate = Gate(
-        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
+        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host,
+                      config.host_names),
         store.key_checker(), config.require_keys,
     )  # fmt: skip
     fleet.start()
