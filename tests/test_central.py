@@ -23,6 +23,7 @@ from fitbox.cli import main as fitbox_main
 from fitbox.server.joining import Registration
 from fitbox.store.keys import create_key
 
+from .conftest import BOX as HOST
 from .postgres import PostgresCluster
 
 OUTSIDE = ("203.0.113.9", 50000)  # a documentation address: never the central itself
@@ -322,11 +323,12 @@ def test_a_database_that_went_away_is_a_503_that_names_it(
     database = url.rsplit("/", 1)[1]
     key = _key(url, "admin")
     config = settings.load({"home": str(tmp_path), "host": "0.0.0.0"}, env={})
-    with TestClient(create_central_app(config, url), client=("127.0.0.1", 40000)) as local, \
+    with TestClient(create_central_app(config, url), client=("127.0.0.1", 40000),
+                    base_url=HOST) as local, \
             psycopg.connect(postgres.url(), autocommit=True) as admin:  # fmt: skip
         assert local.get("/v1/telemetry/rows", params={"table": "call_log"}).status_code == 200
         outside = {"Authorization": f"Bearer {key}"}
-        remote = TestClient(local.app, client=OUTSIDE)  # the same running app (no lifespan)
+        remote = TestClient(local.app, client=OUTSIDE, base_url=HOST)  # the running app
         assert remote.get("/v1/fleet", headers=outside).status_code == 200
         admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
@@ -361,7 +363,8 @@ def test_limits_from_the_centre_say_why_they_cannot_be_set(tmp_path: Path) -> No
     store = CentralStore(store_path)
     store.register(BOX["box_id"], "down", "0.1.0", "http://127.0.0.1:9", "fb_x")  # no one there
     store.close()
-    with TestClient(create_central_app(config, store_path), client=("127.0.0.1", 5)) as client:
+    with TestClient(create_central_app(config, store_path), client=("127.0.0.1", 5),
+                    base_url=HOST) as client:
         path = f"/v1/fleet/boxes/{BOX['box_id']}/limits"
         error = _error(client.post("/v1/fleet/boxes/nobody/limits", json={}), 404,
                        "box_not_found")  # fmt: skip

@@ -23,6 +23,7 @@ from fitbox.store.facts import (
 )
 from fitbox.store.migrations import load_migrations, migrate
 
+from .conftest import BOX
 from .ggufs import write_tiny_llama
 
 ORIGIN = "0b7c1d2e-0000-4000-8000-00000000000a"
@@ -38,7 +39,7 @@ def box(tmp_path: Path) -> Iterator[tuple[TestClient, str, int]]:
     cfg = config.load({"home": str(tmp_path / "home"), "models": str(models)},
                       env={"FITBOX_SIMULATED_GPUS": ""})  # fmt: skip
     sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
-    with TestClient(create_app(cfg), client=("127.0.0.1", 50000)) as client:
+    with TestClient(create_app(cfg), client=("127.0.0.1", 50000), base_url=BOX) as client:
         yield client, sha256, path.stat().st_size
 
 
@@ -110,7 +111,7 @@ def test_an_offer_the_box_cannot_take_says_why(box: tuple[TestClient, str, int])
     error = _error(post({"origin_box": own, "sha256": sha256, "footprints": [row]}), 400,
                    "invalid_request")  # fmt: skip
     assert "this box itself" in error["message"]
-    outside = TestClient(client.app, client=OUTSIDE)
+    outside = TestClient(client.app, client=OUTSIDE, base_url=BOX)
     _error(outside.post("/v1/facts/import", json={}), 401, "missing_api_key")  # management
 
 

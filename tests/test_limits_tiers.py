@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 from fitbox import config
 from fitbox.server.app import create_app
 
+from .conftest import BOX
 from .ggufs import write_tiny_llama
 
 
@@ -23,7 +24,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
     write_tiny_llama(models / "tiny.gguf")
     cfg = config.load({"home": str(tmp_path / "home"), "models": str(models)},
                       env={"FITBOX_SIMULATED_GPUS": ""})  # fmt: skip
-    with TestClient(create_app(cfg), client=("127.0.0.1", 50000)) as test_client:
+    with TestClient(create_app(cfg), client=("127.0.0.1", 50000), base_url=BOX) as test_client:
         yield test_client
 
 
