@@ -97,6 +97,8 @@ class BoxPull:
     already_here: Callable[[str], Path | None] = lambda sha256: None
     # why ``needed`` more bytes do not fit on the destination (None: they fit)
     no_room: Callable[[int], str | None] = lambda needed: None
+    # asked to free ``needed`` bytes when they do not fit (the reap_to_fit mover), if set
+    make_room: Callable[[int], None] | None = None
     timeout_s: float = 60.0
     http: httpx.Client | None = None
     outcomes: list[FileOutcome] = field(default_factory=list)
@@ -156,6 +158,9 @@ class BoxPull:
         self.dest_dir.mkdir(parents=True, exist_ok=True)
         needed = sum(int(f["bytes"]) - _size(self.dest_dir / f"{f['path']}.part") for f in files)
         reason = self.no_room(max(0, needed))
+        if reason and self.make_room is not None:
+            self.make_room(max(0, needed))
+            reason = self.no_room(max(0, needed))
         if reason:
             raise PullRefused(reason)
         for f in files:
