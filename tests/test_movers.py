@@ -8,6 +8,7 @@ import asyncio
 import os
 import shutil
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from fitbox import config as settings
+from fitbox.box import movers
 from fitbox.box.box import Box
 from fitbox.box.resident import Resident
 from fitbox.core.reap import Kept
@@ -175,3 +177,64 @@ def test_a_copy_whose_bytes_are_not_the_hashed_ones_is_dropped(tmp_path: Path) -
     assert dest.read_bytes() == src.read_bytes() and len(chunks) == 1 and len(digest) == 64
     with pytest.raises(CopyRefused, match="exists already"):
         copy_verified(src, dest)
+
+
+def test_a_call_waits_on_its_upload_and_the_queue_shows_it(
+    tmp_path: Path, drives: tuple[Path, Path], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy is held by an event the test sets, so the queue is read while it runs."""
+    worker, central = drives
+    write_tiny_llama(central / "tiny-e.gguf", seed=6)
+    box = box_on(tmp_path, worker, central, store, FITBOX_MOVERS="upload_to_worker")
+    gate = threading.Event()
+    real_copy = copy_verified
+
+    def held_copy(*args: Any) -> tuple[str, tuple[str, ...]]:
+        assert gate.wait(60), "the test never opened the gate"
+        return real_copy(*args)
+
+    monkeypatch.setattr(movers, "copy_verified", held_copy)
+
+    async def run() -> None:
+        named = box.asks.named("tiny-e")
+        assert named.first.path == central / "tiny-e.gguf"
+        first = asyncio.create_task(box.movers.before_load(named, 7))
+        second = asyncio.create_task(box.movers.before_load(named, 8))
+        for _ in range(1000):
+            queue = box.queue()
+            if queue and queue[0]["call_ids"] == [7, 8]:
+                break
+            await asyncio.sleep(0.01)
+        (uploading,) = box.queue()  # one copy for both calls
+        assert uploading["state"] == "uploading" and uploading["model"] == "tiny-e"
+        assert uploading["to"] == str(worker / "tiny-e.gguf")
+        gate.set()
+        for done in await asyncio.gather(first, second):
+            assert done.first.path == worker / "tiny-e.gguf"
+        assert box.queue() == []
+        # the catalog found the copy; a later call loads it with no copy made
+        assert box.catalog.resolve("tiny-e").path == worker / "tiny-e.gguf"
+
+    asyncio.run(run())
+    assert (worker / "tiny-e.gguf").read_bytes() == (central / "tiny-e.gguf").read_bytes()
+    rows = [a for a in actions(store) if a["action"] == "upload-to-worker"]
+    assert [(r["target"], r["outcome"]) for r in rows] == [("tiny-e", "ok")]
+
+
+def test_an_upload_with_no_room_loads_from_the_central_drive(
+    tmp_path: Path, drives: tuple[Path, Path], store: Store
+) -> None:
+    worker, central = drives
+    write_tiny_llama(central / "tiny-e.gguf", seed=6)
+    box = box_on(tmp_path, worker, central, store, FITBOX_MOVERS="upload_to_worker",
+                 FITBOX_STORAGE_MAX="1")  # no reap_to_fit: nothing is removed to make room
+
+    async def run() -> None:
+        named = await box.movers.before_load(box.asks.named("tiny-e"), None)
+        assert named.first.path == central / "tiny-e.gguf"
+
+    asyncio.run(run())
+    assert not (worker / "tiny-e.gguf").exists()
+    assert len(list(worker.iterdir())) == 4  # nothing reaped
+    (row,) = [a for a in actions(store) if a["action"] == "upload-to-worker"]
+    assert row["outcome"] == "error" and "room" in row["detail"]
