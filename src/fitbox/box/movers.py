@@ -75,6 +75,8 @@ class Movers:
         self.config, self.catalog, self.registry = config, catalog, registry
         self.prefs, self.store, self.tasks = prefs, store, tasks
         self.uploads: dict[Path, Upload] = {}
+        # worker copies just uploaded: kept from a reap until their load had time to start
+        self._uploaded_at: dict[str, float] = {}
         self._copying: set[Path] = set()  # sources being copied to a central drive
 
     def on(self, mover: str) -> bool:
@@ -167,6 +169,8 @@ class Movers:
             resident = residents.get(copy.path)
             name = names.get(copy.path, Path(copy.path).name.removesuffix(".gguf"))
             pinned = bool(self.prefs.pairs.get(name, {}).get("pinned"))
+            uploaded = self._uploaded_at.get(copy.path, float("-inf"))
+            pinned |= time.monotonic() - uploaded < self.config.load_timeout  # its call loads it
             marked.append(replace(copy, resident=resident is not None,
                                   serving=bool(resident and resident.calls),
                                   pinned=pinned or bool(resident and resident.pinned)))  # fmt: skip
@@ -262,6 +266,7 @@ class Movers:
             sha256, chunks = await asyncio.to_thread(copy_verified, upload.source, upload.dest,
                                                      expected, progress)  # fmt: skip
             await asyncio.to_thread(self._keep, upload.dest, sha256, chunks)
+            self._uploaded_at[str(upload.dest)] = time.monotonic()
             self.store.operator_action("upload-to-worker", upload.model, None, None, "ok",
                                        json.dumps({"from": str(upload.source),
                                                    "to": str(upload.dest), "sha256": sha256}))
