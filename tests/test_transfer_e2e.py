@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from fitbox.box.transfers import pull_from_box
+from fitbox.models.box_pull import BoxPull, parse_box_spec
 from fitbox.models.pull import PullError
 from fitbox.models.transfer import CHUNK_BYTES
 from fitbox.store.db import Store
@@ -30,6 +31,7 @@ from fitbox.store.db import Store
 from .conftest import FitboxProcess, running_fitbox
 from .ggufs import write_tiny_llama
 from .holds import until
+from .small_drive import SmallDrive
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 FAKES = Path(__file__).parent / "fakes"
@@ -399,3 +401,19 @@ def test_a_model_that_offers_no_file_is_no_pull(source: Source, dest: tuple[Path
     with pytest.raises(PullError, match="offers no file of evil"):
         pull_from_box(f"box://127.0.0.1:{source.port}/evil", models, store)
     assert not models.exists() or not any(models.iterdir())
+
+
+def test_a_drive_that_fills_mid_pull_ends_it_with_the_reason(
+    source: Source, drive: SmallDrive
+) -> None:
+    """The 20 MB drive said there was room (its check is bypassed here, as if another writer
+    filled it after the check); the write that fails ends the pull, not a retry loop."""
+    seen: list[str] = []
+    puller = BoxPull(parse_box_spec(f"box://127.0.0.1:{source.port}/{SMOL}"),
+                     drive.path / "models", events=lambda kind, _n, _i: seen.append(kind))
+    try:
+        with pytest.raises(PullError, match=r"could not write .*No space left"):
+            puller.run()
+    finally:
+        puller.close()
+    assert "cut" not in seen and 0 < seen.count("chunk_ok") < 25
