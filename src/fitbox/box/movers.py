@@ -129,7 +129,7 @@ class Movers:
     def drives_and_copies(self) -> tuple[list[Drive], list[Copy]]:
         """Every root as a drive and every stored GGUF under it as a copy, hashed (blocks:
         call it off the event loop). Residents are marked later, under the lock."""
-        storage_max = self.prefs.limit("storage_max")
+        storage_max = self.prefs.cap("storage_max")
         drives = []
         for root, role in self.roles():
             budget = storage_max if role is DriveRole.WORKER else None
@@ -206,7 +206,7 @@ class Movers:
         """Bytes that fit on ``root`` now: its drive's free bytes, within storage_max for the
         worker drive."""
         room = read_drive(root).free
-        limit = self.prefs.limit("storage_max")
+        limit = self.prefs.cap("storage_max")
         if limit is not None and (root, DriveRole.WORKER) in self.roles():
             room = min(room, limit - bytes_under(root))
         return max(0, room)

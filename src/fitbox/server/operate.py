@@ -117,6 +117,7 @@ async def _pull_model(box: Box, store: Store, spec: str, key: object) -> dict[st
 
         def make_room(needed: int) -> None:  # called from the pull's thread
             anyio.from_thread.run(box.movers.reap, dest, needed, f"room to pull {spec}")
+
     try:
         outcomes = await anyio.to_thread.run_sync(lambda: pull_from_box(
             spec, dest, store, key=key, storage_max=limit, make_room=make_room))  # fmt: skip
