@@ -96,6 +96,18 @@ def _drive_roles(text: str) -> tuple[tuple[Path, str], ...]:
     return tuple(found)
 
 
+MOVERS = ("reap_to_fit", "upload_to_worker", "copy_to_central")
+
+
+def _movers(text: str) -> frozenset[str]:
+    """A comma list of movers to turn on (each is off unless named)."""
+    named = frozenset(m.strip() for m in text.split(",") if m.strip())
+    unknown = sorted(named - set(MOVERS))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not a mover; the movers are {', '.join(MOVERS)}")
+    return named
+
+
 def _origins(text: str) -> tuple[str, ...]:
     origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
     if "*" in origins and len(origins) > 1:
@@ -192,6 +204,17 @@ SETTINGS: tuple[Setting, ...] = (
         "(read in place, never written); unset: read-only is immutable, the first model "
         "root's drive is the worker, the others central",
         _drive_roles,
+    ),
+    Setting(
+        "movers",
+        "FITBOX_MOVERS",
+        "",
+        "movers to turn on, comma-separated (each is off unless named): reap_to_fit (remove "
+        "the least recently called worker copies that have an exact twin on a central drive "
+        "when a pull or an upload needs room), upload_to_worker (a call's model on a central "
+        "drive is copied to the worker drive before it loads), copy_to_central (a model only "
+        "on the worker drive is copied to a central drive after its first load)",
+        _movers,
     ),
     Setting(
         "goal",
@@ -444,6 +467,7 @@ class Config:
     storage_max: int | None
     transfer_max: int
     drive_roles: tuple[tuple[Path, str], ...]
+    movers: frozenset[str]
     goal: str
     kv_types: tuple[str, ...]
     admission: str

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from fitbox.config import Config
@@ -22,6 +23,7 @@ from fitbox.core.decision import Place, Refuse, Wait
 from fitbox.core.types import Device, ResidentState
 from fitbox.engines.kinds import EngineKinds
 from fitbox.errors import EngineFailed, ModelBusy, ShuttingDown
+from fitbox.models.catalog import Artifact
 
 from . import planning
 from .asks import Asks, Named
@@ -47,6 +49,9 @@ class Admission:
         self.supervisor, self.engines, self.tasks = supervisor, engines, tasks
         self.waiting = WaitingRoom()
         self.closing = False
+        # movers (box/movers.py): a model's file moved before its load, and after its first
+        self.before_load: Callable[[Named, int | None], Awaitable[Named]] | None = None
+        self.after_load: Callable[[Artifact], None] | None = None
 
     def policy(self) -> str:
         return str(self.asks.prefs.effective()["admission"])
@@ -60,8 +65,13 @@ class Admission:
         its window; the call is placed once more against that fact (a smaller window or
         the next rung), in the same request."""
         named = self.asks.named(name)
+        if self.before_load is not None and self.joinable(named) is None:
+            named = await self.before_load(named, call_id)
         try:
-            return await self._acquire(named, call_id, need, max_tokens, slots)
+            lease = await self._acquire(named, call_id, need, max_tokens, slots)
+            if lease.loaded and self.after_load is not None:
+                self.after_load(lease.resident.artifact)
+            return lease
         except EngineFailed as exc:
             if not exc.detail.get("out_of_memory"):
                 raise

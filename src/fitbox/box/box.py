@@ -37,6 +37,7 @@ from .asks import Asks
 from .calls import CallDesk
 from .facts import Facts
 from .lease import Lease
+from .movers import Movers
 from .needs import Needs
 from .operator import Operator
 from .preferences import Preferences
@@ -71,6 +72,11 @@ class Box:
         self.watchdog = Watchdog(self.supervisor, config.engine_idle_timeout)
         self.admission = Admission(config, self.registry, self.asks, self.snapshots,
                                    self.supervisor, self.engines, self.tasks)  # fmt: skip
+        self.movers = Movers(config, catalog, self.registry, self.prefs, store, self.tasks)
+        if self.movers.on("upload_to_worker"):
+            self.admission.before_load = self.movers.before_load
+        if self.movers.on("copy_to_central"):
+            self.admission.after_load = self.movers.after_load
         self.operator = Operator(catalog, self.registry, self.admission, self.supervisor)
         self.needs = Needs(config.parallel, self.asks, self.admission)
         self.warmth = Warmth(config, self.registry, self.asks, self.admission, self.supervisor,
@@ -98,7 +104,7 @@ class Box:
 
     def queue(self) -> list[dict[str, Any]]:
         """Calls waiting for room, in admission order (core/admission.py)."""
-        return self.admission.waiting.view(self.admission.policy())
+        return self.admission.waiting.view(self.admission.policy()) + self.movers.queue()
 
     @property
     def crashes(self) -> CrashLedger:
