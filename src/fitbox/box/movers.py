@@ -1,5 +1,5 @@
 """Movers: weight files moved between the drives of this box, each off unless named in the
-``movers`` setting (config.py ``MOVERS``).
+``movers`` setting (setting_values.py ``MOVERS``).
 
 - ``reap_to_fit``: when a pull or an upload needs room on the worker drive (or an operator
   asks), core/reap.py chooses the least recently called worker copies with an exact twin
