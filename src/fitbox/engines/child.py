@@ -198,10 +198,12 @@ class Child:
             if self.proc.returncode is not None:
                 if self._pump_task is not None:  # let the last lines reach the file first
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(asyncio.shield(self._pump_task), 2)
+                        async with asyncio.timeout(2):
+                            await asyncio.shield(self._pump_task)
                 raise ChildExited(self.proc.returncode, self.tail())
             with contextlib.suppress(EngineConnectionError, TimeoutError):
-                status, _ = await asyncio.wait_for(self.pool.get("/health"), 1.0)
+                async with asyncio.timeout(1.0):
+                    status, _ = await self.pool.get("/health")
                 if status == 200:
                     if self._pump is not None:
                         self._pump.loading = False
@@ -218,7 +220,8 @@ class Child:
                 continue
             pause = next(pauses, READY_BACKSTOP_S)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(printed.wait(), pause)
+                async with asyncio.timeout(pause):
+                    await printed.wait()
 
     def _signal_group(self, sig: signal.Signals) -> None:
         assert self.proc is not None
@@ -238,7 +241,8 @@ class Child:
             self._signal_group(signal.SIGTERM)
             self._signal_group(signal.SIGCONT)  # a stopped (hung) child must run to see it
             try:
-                await asyncio.wait_for(self.proc.wait(), timeout=grace)
+                async with asyncio.timeout(grace):
+                    await self.proc.wait()
             except TimeoutError:
                 self._signal_group(signal.SIGKILL)
                 await self.proc.wait()
@@ -247,7 +251,8 @@ class Child:
         await self.pool.aclose()
         if self._pump_task is not None:  # the pipe is closed now: the pump drains and ends
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._pump_task, 5)
+                async with asyncio.timeout(5):  # past it the pump is cancelled
+                    await self._pump_task
         return self.proc.returncode
 
     def kill_now(self) -> None:
