@@ -59,7 +59,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @functools.cache
-def _launchers() -> tuple[str, str] | None:
+def launchers() -> tuple[str, str] | None:
     """util-linux's setpriv and taskset, when both run here: the parent-death signal and the
     claim's affinity are then set by them, between exec and exec, so fitbox itself is
     vforked. A ``preexec_fn`` makes Python fork the whole process instead: measured with a
@@ -79,8 +79,9 @@ def _launchers() -> tuple[str, str] | None:
 def launch_argv(argv: list[str], cpus: frozenset[int]) -> list[str] | None:
     """``argv`` run through setpriv (SIGKILL when fitbox dies) and taskset (the claim's CPUs),
     each exec'ing the next, so the pid and the process group stay the engine's; None where
-    they cannot run (the child is then set up by a preexec_fn)."""
-    tools = _launchers()
+    they cannot run (the child is then set up by a preexec_fn). The first call checks they
+    run (one small exec): the supervisor makes it at start, off any load's clock."""
+    tools = launchers()
     if tools is None:
         return None
     setpriv, taskset = tools

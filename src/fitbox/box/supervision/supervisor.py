@@ -19,7 +19,7 @@ from pathlib import Path
 from fitbox.config import Config
 from fitbox.core.repack import NO_REPACK_CLASS
 from fitbox.core.types import Footprint, ResidentState, Rung
-from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
+from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port, launchers
 from fitbox.engines.orphans import ChildRecord, reap, start_time
 from fitbox.engines.seam import EngineNotFound, LaunchIntent
 from fitbox.errors import EngineFailed, ShuttingDown
@@ -75,6 +75,7 @@ class Supervisor:
         self.config, self.registry, self.facts = config, registry, facts
         self.gpus, self.store, self.tasks, self.cpus_of = gpus, store, tasks, cpus_of
         self.crashes = CrashLedger(config.crash_limit, config.crash_window, config.crash_backoff)
+        launchers()  # found and checked now, not inside the first load's clock
         self.started_pids: set[int] = set()  # every engine pid this fitbox started
 
     # -- crashes ---------------------------------------------------------------------
