@@ -106,6 +106,15 @@ def _origins(text: str) -> tuple[str, ...]:
     return origins
 
 
+def _host_names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip().lower().rstrip(".") for n in text.split(",") if n.strip())
+    for name in names:
+        if not name or any(c in name for c in "/:@ *"):
+            raise ValueError(f"a host name is a bare name (fitbox.lan), no scheme or port; "
+                             f"{name!r} is not one")  # fmt: skip
+    return names
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -359,12 +368,30 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_size,
     ),
     Setting(
+        "max_image",
+        "FITBOX_MAX_IMAGE",
+        "20MiB",
+        "largest image (decoded bytes) one image_url part of a chat message may hold; a "
+        "larger one is refused with 400 before any model is placed",
+        _positive_size,
+    ),
+    Setting(
         "cors_origins",
         "FITBOX_CORS_ORIGINS",
         "",
         "browser origins allowed to call fitbox (comma list, e.g. https://app.example), or * "
         "(only with FITBOX_REQUIRE_KEYS); default: CORS off",
         _origins,
+    ),
+    Setting(
+        "host_names",
+        "FITBOX_HOST_NAMES",
+        "",
+        "names this box is reached by (comma list, e.g. fitbox.lan): a call from the box "
+        "itself without a key (management, the dashboard, metrics) must send one of them, "
+        "localhost, FITBOX_HOST or an address as its Host, so a web page whose name was "
+        "rebound to this box gets nothing; default: none",
+        _host_names,
     ),
     Setting(
         "default_model",
@@ -386,6 +413,14 @@ SETTINGS: tuple[Setting, ...] = (
         "FITBOX_CENTRAL_KEY",
         "",
         "the worker key the central printed for this box (fitbox central keys create)",
+    ),
+    Setting(
+        "central_db",
+        "FITBOX_CENTRAL_DB",
+        "",
+        "the central's store (fitbox central serve): a postgresql://USER:PASSWORD@HOST:PORT/DB "
+        "URL for a fleet that outgrows one file (psycopg 3: pip install 'fitbox[central-pg]'); "
+        "default: central.sqlite3 in the central's home",
     ),
     Setting(
         "aliases",
@@ -436,9 +471,12 @@ class Config:
     max_body: int
     aliases: Path
     cors_origins: tuple[str, ...] = ()
+    host_names: tuple[str, ...] = ()
     default_model: str = ""
     central_url: str = ""
     central_key: str = ""
+    central_db: str = ""
+    max_image: int = 20 << 20
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -497,6 +535,13 @@ def load(
     if values["central_url"] and not values["central_url"].startswith(("http://", "https://")):
         raise ConfigError(f"Setting 'central_url' (FITBOX_CENTRAL_URL) has value "
                           f"{values['central_url']!r}. Write http://HOST:PORT.")  # fmt: skip
+    values["central_db"] = values["central_db"].strip()
+    if values["central_db"] and not values["central_db"].startswith(
+        ("postgresql://", "postgres://")
+    ):  # its value is not shown: a mistyped URL may still hold the password
+        raise ConfigError("Setting 'central_db' (FITBOX_CENTRAL_DB) is not a PostgreSQL URL. "
+                          "Write postgresql://USER:PASSWORD@HOST:PORT/DB, or leave it unset "
+                          "for the SQLite file in the central's home.")  # fmt: skip
     return Config(**values)
 
 

@@ -79,7 +79,7 @@ def candidate(
         key=artifact.key, quant=artifact.facts.quant, shape=artifact.facts.shape,
         layout=artifact.facts.layout, four_bit=is_four_bit(artifact.facts.quant),
         measured=tuple(fits), loaded_windows=tuple(loaded), refused_windows=tuple(refused),
-        speeds=tuple(speeds.items()), cpu=cpu,
+        speeds=tuple(speeds.items()), cpu=cpu, projector=artifact.projector,
     )  # fmt: skip
 
 

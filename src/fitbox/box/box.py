@@ -167,6 +167,8 @@ class Box:
         chosen = next((a for a in named.artifacts if isinstance(decision, Place)
                        and a.key == decision.artifact), first)  # fmt: skip
         report = planning.report(decision, snapshot, names, planning.basis(decision, ask))
+        if isinstance(decision, Place) and report["basis"] == "measured":
+            report.update(self._measured_by(chosen, ask.parallel, decision))
         return {
             "model": chosen.name, "asked": name, "artifact": str(chosen.path),
             "architecture": chosen.facts.architecture, "quant": chosen.facts.quant,
@@ -175,6 +177,21 @@ class Box:
             "type_v": report.get("type_v", ask.kv_types[0][1]),
             "variants": [a.name for a in named.artifacts], **report,
         }  # fmt: skip
+
+    def _measured_by(self, artifact: Artifact, parallel: int, place: Place) -> dict[str, Any]:
+        """Where a measured placement's bytes come from: a load here (its call), or another
+        box's load of a file with the same bytes (basis "imported", with that box's id)."""
+        try:
+            identity = artifact.identity()
+        except OSError:
+            return {}
+        found = self.facts.measurement(identity, parallel, place.where, place.window,
+                                       place.type_k, place.type_v)  # fmt: skip
+        if found is None:
+            return {}
+        source = {"box_id": found.origin_box, "row_id": found.origin_id,
+                  "call_id": found.call_id, "measured_at": found.measured_at}  # fmt: skip
+        return {"basis": "imported" if found.origin_box else "measured", "measured_by": source}
 
     # -- life ------------------------------------------------------------------------------
 

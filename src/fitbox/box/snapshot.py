@@ -31,7 +31,8 @@ class Snapshots:
         devices = []
         for gpu in self.gpus.read():
             device_id = f"gpu{gpu.index}"
-            tier = Tier(f"vram:{device_id}", gpu.total, self.prefs.limit("vram_max"))
+            tier = Tier(f"vram:{device_id}", gpu.total, self.prefs.limit("vram_max"),
+                        self.prefs.central_limit("vram_max"))  # fmt: skip
             # other processes' use is charged to the device: NVML free + what we hold
             unmanaged = (
                 0 if gpu.simulated else max(gpu.total - gpu.free - held.get(device_id, 0), 0)
@@ -44,7 +45,8 @@ class Snapshots:
             r.footprint.total - r.footprint.weights for r in self.registry if r.device == "host"
         )
         host = read_host()
-        tier = Tier("ram", host.mem_total, self.prefs.limit("ram_max"))
+        tier = Tier("ram", host.mem_total, self.prefs.limit("ram_max"),
+                    self.prefs.central_limit("ram_max"))  # fmt: skip
         room = min(host.mem_available + anonymous, host.mem_total)
         devices.append(Device("host", DeviceKind.HOST, min(capacity(tier), room)))
         return devices
@@ -55,7 +57,7 @@ class Snapshots:
             residents=tuple(r.view() for r in self.registry),
             cores=self.claimable_cores(),
             busy_cores=self.busy.busy(),
-            lend_reserved=self.prefs.limit("cpu_max") is None,  # a cap an operator set stands
+            lend_reserved=self.prefs.cap("cpu_max") is None,  # a cap an operator set stands
         )
 
     def physical_cores(self) -> dict[int, frozenset[int]]:
@@ -78,4 +80,4 @@ class Snapshots:
     def claimable_cores(self) -> tuple[int, ...]:
         """Physical cores claims are made from: the cores tier (--cpu-max) counts those
         engines may claim; the lowest stays for fitbox and the OS (core/claims.py)."""
-        return claim_pool(self._cores, self.prefs.limit("cpu_max"))
+        return claim_pool(self._cores, self.prefs.cap("cpu_max"))

@@ -46,6 +46,8 @@ class LaunchIntent:
     no_repack: bool = False  # weights in RAM stay as the file has them (--no-repack)
     kv_unified: bool = False  # the slots share one KV cache: each may fill the window
     warmup: bool = True  # False: no empty warmup run; the call waiting for the load warms it
+    vision: bool = False  # it reads image inputs (a transformers child loads its processor)
+    mmproj: Path | None = None  # the vision projector loaded beside a GGUF (--mmproj)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from fitbox.models.transformers_facts import (
     adapter_bytes,
     read_transformers_facts,
 )
+from fitbox.models.vision import is_vision_config
 
 FORMAT = "transformers"
 # config.json dtypes, as a quant tag a name may pin (``model@F32``)
@@ -89,4 +90,5 @@ def folder_facts(path: Path) -> GGUFFacts:
     )  # fmt: skip
     return GGUFFacts(path=root, architecture=facts.architecture or "unknown",
                      name=folder_name(path), file_type=None, quant=quant, is_projector=False,
-                     is_embedding=embedding, shape=shape)  # fmt: skip
+                     is_embedding=embedding, shape=shape,
+                     vision=is_vision_config(config))  # fmt: skip

@@ -101,7 +101,7 @@ async def _pull_model(box: Box, store: Store, spec: str, key: object) -> dict[st
     if key is not None and not isinstance(key, str):
         raise InvalidRequest("'source_key' must be a string.", param="source_key")
     dest = box.catalog.roots[0]
-    limit = box.prefs.limit("storage_max")
+    limit = box.prefs.cap("storage_max")
     try:
         outcomes = await anyio.to_thread.run_sync(lambda: pull_from_box(
             spec, dest, store, key=key, storage_max=limit))  # fmt: skip

@@ -331,6 +331,15 @@ class Store:
         self._submit(lambda conn: self._event(conn, "fact", "measured_footprints",
                                               facts.insert_footprint(conn, measured)))  # fmt: skip
 
+    def footprint_imported(self, measured: MeasuredFootprint) -> None:
+        """A footprint another box measured, with its origin; an offer taken before: no row."""
+
+        def job(conn: sqlite3.Connection) -> None:
+            if (row_id := facts.import_footprint(conn, measured)) is not None:
+                self._event(conn, "fact", "measured_footprints", row_id)
+
+        self._submit(job)
+
     def readings(self, rows: list[tuple[Any, ...]]) -> None:
         """Sensor readings (at, device, simulated, total, free, fitbox, busy %, swap free):
         stored without an event, so the change counter does not move."""

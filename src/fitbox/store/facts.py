@@ -34,6 +34,8 @@ class MeasuredFootprint:
     measured_at: float = 0.0
     estimate_bytes: int | None = None  # what the placement priced it at, before the load
     estimate_basis: str | None = None  # "estimate" or "measured" (an earlier load)
+    origin_box: str | None = None  # imported: the box that measured it (None: this box)
+    origin_id: int | None = None  # imported: its row id on that box
 
     @property
     def key(self) -> tuple[str, int, int, str, int, int, str, str]:
@@ -76,33 +78,44 @@ def insert_footprint(conn: sqlite3.Connection, m: MeasuredFootprint) -> int:
         "INSERT INTO measured_footprints (artifact, artifact_size, artifact_mtime_ns, "
         "device, window, parallel, type_k, type_v, weights_bytes, kv_bytes, "
         "compute_bytes, output_bytes, n_ctx, n_ctx_seq, load_seconds, call_id, "
-        "measured_at, estimate_bytes, estimate_basis) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "measured_at, estimate_bytes, estimate_basis, origin_box, origin_id) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.device, m.window,
          m.parallel, m.type_k, m.type_v, m.weights, m.kv, m.compute, m.output,
          m.n_ctx, m.n_ctx_seq, m.load_seconds, m.call_id, m.measured_at,
-         m.estimate_bytes, m.estimate_basis),
+         m.estimate_bytes, m.estimate_basis, m.origin_box, m.origin_id),
     ).lastrowid or 0)  # fmt: skip
 
 
+def import_footprint(conn: sqlite3.Connection, m: MeasuredFootprint) -> int | None:
+    """File a footprint another box measured; None when this offer was taken before."""
+    taken = conn.execute(
+        "SELECT id FROM measured_footprints WHERE origin_box = ? AND origin_id = ? AND "
+        "artifact = ?", (m.origin_box, m.origin_id, m.artifact)).fetchone()  # fmt: skip
+    return None if taken else insert_footprint(conn, m)
+
+
 def latest_footprints(conn: sqlite3.Connection) -> list[MeasuredFootprint]:
-    """The newest measurement of every placement key."""
+    """The newest measurement of every placement key; one made here wins over an imported
+    one (measured by another box on a file with the same bytes) whatever their order."""
     rows = conn.execute(
         "SELECT * FROM measured_footprints WHERE id IN (SELECT MAX(id) FROM measured_footprints"
         " GROUP BY artifact, artifact_size, artifact_mtime_ns, device, window, parallel,"
-        " type_k, type_v)"
+        " type_k, type_v, origin_box IS NULL) ORDER BY origin_box IS NULL, id"
     )
-    return [
-        MeasuredFootprint(
+    newest: dict[tuple[str, int, int, str, int, int, str, str], MeasuredFootprint] = {}
+    for r in rows:  # imported first: a local one of the same key replaces it
+        m = MeasuredFootprint(
             artifact=r["artifact"], artifact_size=r["artifact_size"],
             artifact_mtime_ns=r["artifact_mtime_ns"], device=r["device"], window=r["window"],
             parallel=r["parallel"], type_k=r["type_k"], type_v=r["type_v"],
             weights=r["weights_bytes"], kv=r["kv_bytes"], compute=r["compute_bytes"],
             output=r["output_bytes"], n_ctx=r["n_ctx"], n_ctx_seq=r["n_ctx_seq"],
             load_seconds=r["load_seconds"], call_id=r["call_id"], measured_at=r["measured_at"],
-        )
-        for r in rows
-    ]  # fmt: skip
+            origin_box=r["origin_box"], origin_id=r["origin_id"],
+        )  # fmt: skip
+        newest[m.key] = m
+    return list(newest.values())
 
 
 def read_measured(path: Path) -> list[MeasuredFootprint]:

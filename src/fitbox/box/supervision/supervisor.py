@@ -61,6 +61,7 @@ def intent_for(resident: Resident, port: int, warmup: str = "on") -> LaunchInten
         threads=len(place.cores) or None, type_k=place.type_k, type_v=place.type_v,
         no_repack=place.no_repack, kv_unified=place.kv_unified,
         warmup=warmup == "on" or (warmup == "auto" and resident.loaded_by_call is None),
+        vision=resident.artifact.vision, mmproj=resident.artifact.mmproj,
     )  # fmt: skip
 
 
