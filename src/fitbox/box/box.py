@@ -68,7 +68,8 @@ class Box:
         self.asks = Asks(config, catalog, self.prefs, self.facts, self.speeds, self._cpu)
         self.snapshots = Snapshots(gpus, self.registry, self.prefs, config.cpu_busy_percent,
                                    config.cpu_busy_readings)  # fmt: skip
-        self.supervisor = Supervisor(config, self.registry, self.facts, gpus, store, self.tasks)
+        self.supervisor = Supervisor(config, self.registry, self.facts, gpus, store, self.tasks,
+                                     self.snapshots.cpus_of)  # fmt: skip
         self.watchdog = Watchdog(self.supervisor, config.engine_idle_timeout)
         self.admission = Admission(config, self.registry, self.asks, self.snapshots,
                                    self.supervisor, self.engines, self.tasks)  # fmt: skip

@@ -67,11 +67,15 @@ class Snapshots:
         """The logical CPUs of a claim's physical cores (SMT siblings go together)."""
         return frozenset().union(*(self._cores.get(c, frozenset()) for c in cores))
 
-    def cpus_kept(self, cores: tuple[int, ...]) -> frozenset[int]:
-        """Where an engine whose cores were all taken runs now: the reserved core, which it
-        shares with the OS and never with an engine that computes."""
+    def cores_kept(self, cores: tuple[int, ...]) -> tuple[int, ...]:
+        """Where an engine left with ``cores`` runs: those, or, when all were taken, the
+        reserved core, which it shares with the OS and never with an engine that computes
+        (none on a one-core box)."""
         keep = reserved_core(self.claimable_cores())
-        return self.cpus_of(cores or (() if keep is None else (keep,)))
+        return cores or (() if keep is None else (keep,))
+
+    def cpus_kept(self, cores: tuple[int, ...]) -> frozenset[int]:
+        return self.cpus_of(self.cores_kept(cores))
 
     def claimable_cores(self) -> tuple[int, ...]:
         """Physical cores claims are made from: the cores tier (--cpu-max) counts those

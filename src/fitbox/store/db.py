@@ -423,6 +423,14 @@ class Store:
             return []
         return result
 
+    def recent_curve(self) -> list[facts.CurvePoint]:
+        """The thread curve's last points per (file, rung), oldest first (read at start)."""
+        try:
+            result: list[facts.CurvePoint] = self.run(facts.recent_curve)
+        except sqlite3.Error:
+            return []
+        return result
+
     def measured_footprints(self) -> list[MeasuredFootprint]:
         """The newest measurement of every placement key (read once, at start)."""
         future = self._submit(facts.latest_footprints, wait=True)

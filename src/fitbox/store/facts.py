@@ -58,10 +58,15 @@ class MeasuredSpeed:
     decode_per_token_ms: float | None
     call_id: int | None
     measured_at: float
+    cores: int | None = None  # physical cores the engine ran on: a point of its thread curve
 
     @property
     def key(self) -> tuple[str, int, int, str]:
         return (self.artifact, self.artifact_size, self.artifact_mtime_ns, self.rung)
+
+
+# ((artifact, size, mtime_ns, rung), cores it ran on, decode ms per token): a curve point
+CurvePoint = tuple[tuple[str, int, int, str], int, float]
 
 
 # (artifact, size, mtime_ns, placement, window) of a window that failed to load
@@ -130,10 +135,10 @@ def insert_speed(conn: sqlite3.Connection, m: MeasuredSpeed) -> int:
     return int(conn.execute(
         "INSERT INTO measured_speeds (artifact, artifact_size, artifact_mtime_ns, rung, "
         "placement, prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms,"
-        " call_id, measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " call_id, measured_at, cores) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.rung, m.placement,
          m.prompt_tokens, m.prompt_per_token_ms, m.decode_tokens, m.decode_per_token_ms,
-         m.call_id, m.measured_at),
+         m.call_id, m.measured_at, m.cores),
     ).lastrowid or 0)  # fmt: skip
 
 
@@ -142,9 +147,19 @@ def recent_speeds(conn: sqlite3.Connection) -> list[MeasuredSpeed]:
     rows = conn.execute(
         "SELECT artifact, artifact_size, artifact_mtime_ns, rung, placement, "
         "prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms, call_id,"
-        " measured_at FROM recent_speeds ORDER BY id"
+        " measured_at, cores FROM recent_speeds ORDER BY id"
     )
     return [MeasuredSpeed(*row) for row in rows]
+
+
+def recent_curve(conn: sqlite3.Connection) -> list[CurvePoint]:
+    """The last 60 decode rates of every (file, rung) with the cores they ran on, oldest
+    first: the thread curve a restarted box places with."""
+    rows = conn.execute(
+        "SELECT artifact, artifact_size, artifact_mtime_ns, rung, cores, decode_per_token_ms"
+        " FROM recent_curve ORDER BY id"
+    )
+    return [((a, size, mtime, rung), cores, ms) for a, size, mtime, rung, cores, ms in rows]
 
 
 def insert_refused_window(
