@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from fitbox.errors import FitboxError
-from fitbox.store.db import connect
 from fitbox.store.keys import KeyChecker
 from fitbox.store.migrations import Migration, migrate
+from fitbox.store.sqlite_file import connect
 
 if TYPE_CHECKING:
     import psycopg
