@@ -1,6 +1,7 @@
 """The central, one run: what it adds to a call, how far its mirror lags, what syncing costs.
 
     python bench/central.py [--requests 100] [--lag-calls 50] [--rows 10000]
+                            [--central-store sqlite|postgresql]
 
 1. Latency: short completions (max_tokens=1) to llama-server directly, through the box,
    and through a central in front of that box, interleaved; p50 and p95 of each, the box's
@@ -8,15 +9,19 @@
    adds no more than the box does).
 2. Mirror lag: a call made on the box directly, then the time from its reply until the
    central serves its row in its final form (polled every millisecond); p50 and p99.
-3. Sync cost on SQLite, in process: --rows call rows landed by the mirror's own page write
-   (CentralStore.take_page: checked, upserted, cursor stored) against a plain executemany of
-   the same rows into a table with the same key; seconds per 10k rows and the ratio.
-   (PostgreSQL is not built: the central has only its SQLite store so far.)
+3. Sync cost, in process, on SQLite and on PostgreSQL (a throwaway cluster this run
+   starts, tests/postgres.py, with PostgreSQL's own durable defaults): --rows call rows
+   landed by the mirror's own page write (CentralStore.take_page: checked, upserted, cursor
+   stored, one transaction per page of 1000) against a plain executemany of the same rows
+   into a table with the same key, one transaction per 1000 too; seconds per 10k rows and
+   the ratio, for each store. A first pass lands new rows, a second replays the same ones
+   (what a restart of either side costs: every row an update).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -31,8 +36,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.proxy_overhead import MODEL, REPO, child_url, percentile
+from fitbox.central.backend import StoreTarget
 from fitbox.central.store import CentralStore
 from fitbox.models.pull import pull
+from tests.postgres import APT, PostgresCluster, postgres_bin
 
 
 def _answering(proc: subprocess.Popen[bytes], endpoint: Path) -> str:
@@ -51,9 +58,11 @@ def _answering(proc: subprocess.Popen[bytes], endpoint: Path) -> str:
     raise SystemExit(f"nothing answered at {endpoint}")
 
 
-def _start(argv: list[str], endpoint: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start(argv: list[str], endpoint: Path,
+           env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "fitbox", *argv, "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})})  # fmt: skip
     return proc, _answering(proc, endpoint)
 
 
@@ -100,34 +109,72 @@ def mirror_lag(
     return lags
 
 
-def sync_cost(rows: int, folder: Path) -> tuple[float, float]:
-    """Seconds for ``rows`` rows: the mirror's page writes, and a plain executemany."""
-    page = [{"id": i, "seq": i, "request_id": f"r{i}", "endpoint": "/v1/completions",
+def _page(rows: int) -> list[dict[str, object]]:
+    return [{"id": i, "seq": i, "request_id": f"r{i}", "endpoint": "/v1/completions",
              "outcome": "ok", "received_at": 1.0 + i, "prompt_tokens": 5,
              "completion_tokens": 1} for i in range(1, rows + 1)]  # fmt: skip
-    store = CentralStore(folder / "central.sqlite3")
-    started = time.perf_counter()
-    for first in range(0, rows, 1000):
-        chunk = page[first : first + 1000]
-        store.take_page("box", "call_log", "seq", chunk, first + len(chunk))
-    mirrored = time.perf_counter() - started
-    store.close()
+
+
+def _mirror_cost(target: StoreTarget, page: list[dict[str, object]]) -> tuple[float, float]:
+    """Seconds for the mirror to land ``page`` new, then the same rows again (a replay)."""
+    store = CentralStore(target)
+    took = []
+    try:
+        for _ in ("new", "replayed"):
+            started = time.perf_counter()
+            for first in range(0, len(page), 1000):
+                chunk = page[first : first + 1000]
+                store.take_page("box", "call_log", "seq", chunk, first + len(chunk))
+            took.append(time.perf_counter() - started)
+    finally:
+        store.close()
+    return took[0], took[1]
+
+
+def _plain_params(page: list[dict[str, object]], first: int) -> list[tuple[object, ...]]:
+    return [(r["id"], r["seq"], json.dumps(r)) for r in page[first : first + 1000]]
+
+
+def sync_cost_sqlite(page: list[dict[str, object]], folder: Path) -> tuple[float, float, float]:
+    """(mirror new, mirror replayed, plain executemany) seconds on SQLite."""
+    new, replayed = _mirror_cost(folder / "central.sqlite3", page)
     conn = sqlite3.connect(folder / "plain.sqlite3", isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("CREATE TABLE t (box_id TEXT, tbl TEXT, source_id INTEGER, seq INTEGER, "
                  "data TEXT, PRIMARY KEY (box_id, tbl, source_id))")  # fmt: skip
     started = time.perf_counter()
-    for first in range(0, rows, 1000):
+    for first in range(0, len(page), 1000):
         conn.execute("BEGIN")
-        conn.executemany(
-            "INSERT INTO t VALUES ('box', 'call_log', ?, ?, ?)",
-            [(r["id"], r["seq"], json.dumps(r)) for r in page[first : first + 1000]],
-        )
+        conn.executemany("INSERT INTO t VALUES ('box', 'call_log', ?, ?, ?)",
+                         _plain_params(page, first))  # fmt: skip
         conn.execute("COMMIT")
     plain = time.perf_counter() - started
     conn.close()
-    return mirrored, plain
+    return new, replayed, plain
+
+
+def sync_cost_postgres(page: list[dict[str, object]]) -> tuple[float, float, float] | str:
+    """The same on a PostgreSQL cluster of this run's own; the reason when there is none."""
+    if postgres_bin() is None:
+        return f"no PostgreSQL here ({APT})"
+    import psycopg
+
+    cluster = PostgresCluster.start(durable=True)
+    try:
+        new, replayed = _mirror_cost(cluster.create_database(), page)
+        with psycopg.connect(cluster.create_database(), autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (box_id TEXT, tbl TEXT, source_id BIGINT, seq BIGINT, "
+                         "data TEXT, PRIMARY KEY (box_id, tbl, source_id))")  # fmt: skip
+            started = time.perf_counter()
+            for first in range(0, len(page), 1000):
+                with conn.transaction(), conn.cursor() as cursor:
+                    cursor.executemany("INSERT INTO t VALUES ('box', 'call_log', %s, %s, %s)",
+                                       _plain_params(page, first))  # fmt: skip
+            plain = time.perf_counter() - started
+    finally:
+        cluster.stop()
+    return new, replayed, plain
 
 
 def main() -> int:
@@ -135,16 +182,23 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--lag-calls", type=int, default=50)
     parser.add_argument("--rows", type=int, default=10000)
+    parser.add_argument("--central-store", choices=["sqlite", "postgresql"], default="sqlite",
+                        help="the store of the central that parts 1 and 2 measure")  # fmt: skip
     args = parser.parse_args()
     model_path = pull(
         "smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models"
     )
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as cleanup:
         root = Path(tmp)
+        env = {}
+        if args.central_store == "postgresql":
+            cluster = PostgresCluster.start(durable=True)
+            cleanup.callback(cluster.stop)
+            env["FITBOX_CENTRAL_DB"] = cluster.create_database()
         central_proc, central = _start(
             ["central", "serve", "--port", "auto", "--home", str(root / "central")],
-            root / "central" / "central-endpoint.json",
-        )
+            root / "central" / "central-endpoint.json", env,
+        )  # fmt: skip
         box_proc, box = _start(["serve", "--port", "auto", "--home", str(root / "box"), "--models",
                                 str(model_path.parent), "--central", central],
                                root / "box" / "endpoint.json")  # fmt: skip
@@ -171,7 +225,8 @@ def main() -> int:
             for proc in (box_proc, central_proc):
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=30)
-        mirrored, plain = sync_cost(args.rows, root)
+        page = _page(args.rows)
+        costs = {"SQLite": sync_cost_sqlite(page, root), "PostgreSQL": sync_cost_postgres(page)}
 
     ms = 1000.0
     p50 = {name: percentile(v, 50) * ms for name, v in lat.items()}
@@ -185,14 +240,18 @@ def main() -> int:
         f"  p50 added: box over llama-server {box_added:+.2f} ms, central over box "
         f"{central_added:+.2f} ms, ratio central/box added {central_added / box_added:.2f}"
     )
-    print(f"mirror lag ({args.lag_calls} calls, reply on the box -> final row on the central)")
+    print(f"mirror lag ({args.lag_calls} calls, reply on the box -> final row on the central, "
+          f"central on {args.central_store})")  # fmt: skip
     print(f"  p50 {percentile(lags, 50) * ms:.1f} ms   p99 {percentile(lags, 99) * ms:.1f} ms")
     per_10k = 10000 / args.rows
-    print(
-        f"sync cost on SQLite, {args.rows} rows in pages of 1000: mirror "
-        f"{mirrored * per_10k:.3f} s per 10k rows, plain executemany {plain * per_10k:.3f} s, "
-        f"ratio {mirrored / plain:.2f}"
-    )
+    print(f"sync cost, {args.rows} call rows in pages of 1000, seconds per 10k rows")
+    for store, cost in costs.items():
+        if isinstance(cost, str):
+            print(f"  {store:10s} not measured: {cost}")
+            continue
+        new, replayed, plain = (c * per_10k for c in cost)
+        print(f"  {store:10s} mirror new {new:.3f} s, replayed {replayed:.3f} s; plain "
+              f"executemany {plain:.3f} s; ratio mirror/plain {new / plain:.2f}")  # fmt: skip
     return 0
 
 

@@ -6,9 +6,14 @@ launched directly with the very argv fitbox used for that child (the store's chi
 same threads, same warmup), its /health polled every millisecond from the moment of launch.
 The client also times the whole cold call.
 
-    python bench/load_to_ready.py [--rounds 5] [--tf-rounds 2]
+    python bench/load_to_ready.py [--rounds 5] [--spawn-rounds 10] [--tf-rounds 2]
 
 Target (issue 14): fitbox launch -> ready minus direct llama-server's own under 20 ms p50.
+
+Then the launch itself, in this process, interleaved: engines/child.py's Child launched
+through setpriv + taskset (fitbox vforked, as it runs now) against the same Child launched
+with a ``preexec_fn`` (Python forks the whole process: what fitbox did before), with this
+process's heap grown to a serving fitbox's resident size (``--heap-mb``, measured 96 MB).
 
 The transformers row (issue 16) does the same with SmolLM2 as a float32 safetensors folder
 served by the transformers child (the engine venv the tests build, tests/tf_engine.py): a
@@ -19,6 +24,7 @@ the engine's environment. ``--tf-rounds 0`` leaves it out.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -36,7 +42,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from fitbox.engines.child import free_port
+from fitbox.engines import child as child_module
+from fitbox.engines.child import Child, free_port
 from fitbox.models.pull import pull
 
 REPO = Path(__file__).resolve().parents[1]
@@ -159,6 +166,49 @@ def fitbox_ready_and_direct(
     return seen, direct
 
 
+def rss_bytes() -> int:
+    return int(psutil.Process().memory_info().rss)
+
+
+async def child_ready(argv: list[str], cpus: frozenset[int], log: Path) -> tuple[float, float]:
+    """(seconds to spawn, seconds until it sees itself ready) of one Child; stopped at once."""
+    port = free_port()
+    argv = list(argv)
+    argv[argv.index("--port") + 1] = str(port)
+    child = Child(argv, port, log, cpus)
+    started = time.perf_counter()
+    await child.start()
+    spawned = time.perf_counter() - started
+    await child.wait_ready(120)
+    took = time.perf_counter() - started
+    await child.stop(0)
+    return spawned, took
+
+
+def spawn_ab(argv: list[str], rounds: int, heap_mb: int) -> dict[str, list[tuple[float, float]]]:
+    """Launch -> ready of the same argv through the setpriv chain and through a fork."""
+    ballast = bytearray(max(heap_mb * 2**20 - rss_bytes(), 0))
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touched: resident, as a real heap is
+    cpus = frozenset(os.sched_getaffinity(0))
+    chained = child_module.launch_argv
+    seen: dict[str, list[tuple[float, float]]] = {"setpriv chain (vfork)": [],
+                                                  "preexec_fn (fork)": []}  # fmt: skip
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            for i in range(rounds):
+                for label in seen if i % 2 == 0 else reversed(list(seen)):
+                    child_module.launch_argv = (
+                        chained if label.startswith("setpriv") else lambda argv, cpus: None
+                    )
+                    seen[label].append(await child_ready(argv, cpus, Path(tmp) / "child.log"))
+        child_module.launch_argv = chained
+
+    asyncio.run(run())
+    del ballast
+    return seen
+
+
 def tf_row(rounds: int) -> None:
     """The transformers child: fitbox's launch -> ready against the child launched directly
     with fitbox's argv and the engine's environment, interleaved."""
@@ -198,6 +248,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tf-rounds", type=int, default=2)
+    parser.add_argument("--spawn-rounds", type=int, default=10)
+    parser.add_argument("--heap-mb", type=int, default=96)
     args = parser.parse_args()
     model = pull("smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models")
     direct, seen, lag, whole = [], [], [], []
@@ -224,6 +276,18 @@ def main() -> int:
     )
     if args.tf_rounds:
         tf_row(args.tf_rounds)
+    if args.spawn_rounds:
+        seen_by = spawn_ab(argv, args.spawn_rounds, args.heap_mb)
+        print(f"one Child, {args.heap_mb} MB heap, {args.spawn_rounds} rounds interleaved: "
+              "spawn (start() returned), launch -> ready, p50 / max ms (/ fork)")  # fmt: skip
+        forked = seen_by["preexec_fn (fork)"]
+        base = [statistics.median(x[i] for x in forked) for i in (0, 1)]
+        for label, values in seen_by.items():
+            cols = []
+            for i, name in ((0, "spawn"), (1, "ready")):
+                p50, top = statistics.median(v[i] for v in values), max(v[i] for v in values)
+                cols.append(f"{name} {p50 * 1000:7.1f} / {top * 1000:7.1f} ({p50 / base[i]:.3f})")
+            print(f"  {label:<24}" + "   ".join(cols))
     return 0
 
 

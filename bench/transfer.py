@@ -8,7 +8,9 @@ SmolLM2's bytes (SmolLM2's header and tensors, then its bytes repeated: a real G
 catalog lists, big enough that a round is not all start-up). Each round, interleaved: curl
 fetches the file to disk (the baseline: one GET, no checking), then `fitbox pull`'s code
 (box/transfers.py, in this process) pulls it into an empty store, every 4 MiB chunk and the
-whole file's sha256 checked. Prints each median and pull/curl throughput (aim >= 90 %).
+whole file's sha256 checked. Prints each median, the CPU seconds each spent (on a shared box
+the wall times say as much about the neighbours as about the code), and pull/curl
+throughput (aim >= 90 %).
 Then scout walks the tree: all of it (depth 2, no directory limit) and within its default
 limits, directories per second for each.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -77,12 +80,14 @@ def bench_transfer(rounds: int, copies: int, work: Path) -> None:
         httpx.get(f"{url}/v1/transfer/{NAME}/manifest", timeout=600).raise_for_status()  # hashed
         port = url.rsplit(":", 1)[1]
         curl_s, synced_s, pull_s = [], [], []
+        curl_cpu, pull_cpu = [], []
         for i in range(rounds):
             out = work / f"curl-{i}"
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN)
             target = f"{url}/v1/transfer/{NAME}/file?path={source.name}"
             subprocess.run(["curl", "-sf", "-o", str(out), target], check=True)
             curl_s.append(time.perf_counter() - started)
+            curl_cpu.append(_cpu(resource.RUSAGE_CHILDREN) - cpu)
             assert out.stat().st_size == size
             out.unlink()
             started = time.perf_counter()  # curl, then the file made durable as a pull's is
@@ -93,9 +98,10 @@ def bench_transfer(rounds: int, copies: int, work: Path) -> None:
             dest = work / f"pull-{i}"
             store = Store(dest / "fitbox.sqlite3")
             try:
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
                 (outcome,) = pull_from_box(f"box://127.0.0.1:{port}/{NAME}", dest / "models", store)
                 pull_s.append(time.perf_counter() - started)
+                pull_cpu.append(_cpu(resource.RUSAGE_SELF) - cpu)
             finally:
                 store.close()
             assert outcome.size == size and outcome.reused_chunks == 0
@@ -107,11 +113,21 @@ def bench_transfer(rounds: int, copies: int, work: Path) -> None:
     synced_m = statistics.median(synced_s)
     mib = size / (1 << 20)
     print(f"transfer of {mib:.0f} MiB over loopback, median of {rounds} interleaved rounds:")
-    print(f"  curl            {curl_m:6.2f} s  {mib / curl_m:7.0f} MiB/s")
+    curl_c, pull_c = statistics.median(curl_cpu), statistics.median(pull_cpu)
+    print(f"  curl            {curl_m:6.2f} s  {mib / curl_m:7.0f} MiB/s  "
+          f"{curl_c:5.2f} CPU s")  # fmt: skip
     print(f"  curl + sync     {synced_m:6.2f} s  {mib / synced_m:7.0f} MiB/s  (durable, as a pull)")
-    print(f"  fitbox pull     {pull_m:6.2f} s  {mib / pull_m:7.0f} MiB/s  (chunks + whole sha256)")
+    print(f"  fitbox pull     {pull_m:6.2f} s  {mib / pull_m:7.0f} MiB/s  {pull_c:5.2f} CPU s  "
+          "(chunks + whole sha256)")  # fmt: skip
     print(f"  pull/curl throughput {curl_m / pull_m:.1%} (aim >= 90 %); "
           f"pull/(curl + sync) {synced_m / pull_m:.1%}")
+
+
+def _cpu(who: int) -> float:
+    """User + system CPU seconds so far: of this process (the pull's threads; the source is
+    a child that is still running, so not counted) or of the children that ended (curl)."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def bench_scout(dirs: int, work: Path) -> None:

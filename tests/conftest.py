@@ -22,6 +22,7 @@ from fitbox.engines.llama_server import EngineNotFound, find_binary
 from fitbox.models.pull import pull
 
 from .ggufs import write_tiny_llama
+from .postgres import PostgresCluster
 from .small_drive import SmallDrive, small_drive
 
 # Property tests must not fail for being slow: CI shares two cores with llama-server children.
@@ -30,6 +31,9 @@ settings.load_profile("fitbox")
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))
+# an in-process app's base URL: its Host names the box, as the box's own browser would
+# (a keyless call from loopback naming another host is refused: server/auth.py box_host)
+BOX = "http://127.0.0.1"
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +73,17 @@ def minilm_tf() -> Path:
     from .tf_engine import minilm_folder
 
     return minilm_folder()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresCluster]:
+    """A throwaway PostgreSQL cluster (tests/postgres.py), started once when a test asks;
+    each test takes a database of its own (``postgres.create_database()``)."""
+    cluster = PostgresCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

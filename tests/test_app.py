@@ -15,6 +15,7 @@ import fitbox
 from fitbox import config
 from fitbox.server.app import create_app
 
+from .conftest import BOX
 from .ggufs import write_tiny_llama
 
 
@@ -27,7 +28,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
         {"home": str(tmp_path / "home"), "models": str(models), "ram_max": "1MiB"},
         env={"FITBOX_SIMULATED_GPUS": ""},
     )
-    with TestClient(create_app(cfg), client=("127.0.0.1", 50000)) as test_client:
+    with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as test_client:
         yield test_client
 
 
@@ -117,7 +118,8 @@ def test_an_unexpected_error_is_an_openai_500_that_closes_the_connection(
     monkeypatch.setattr(keys, "list_keys", broken)
     cfg = config.load({"home": str(tmp_path / "home"), "models": str(tmp_path)}, env={})
     app = create_app(cfg)
-    with TestClient(app, client=("127.0.0.1", 1), raise_server_exceptions=False) as client:
+    with TestClient(app, base_url=BOX, client=("127.0.0.1", 1),
+                    raise_server_exceptions=False) as client:  # fmt: skip
         response = client.get("/v1/keys")
     error = assert_error(response, 500, "internal_error")
     assert "RuntimeError" in str(error["message"])

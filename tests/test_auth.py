@@ -19,6 +19,7 @@ from fitbox import cli, config
 from fitbox.server.app import create_app
 from fitbox.store.keys import create_key
 
+from .conftest import BOX
 from .ggufs import write_tiny_llama
 
 LOCAL, LAN, OUTSIDE = ("127.0.0.1", 5000), ("192.168.7.7", 5000), ("203.0.113.5", 5000)
@@ -34,7 +35,7 @@ def home(tmp_path: Path) -> Path:
 
 def client(home: Path, peer: tuple[str, int], **settings: str) -> TestClient:
     cfg = config.load({"home": str(home), "models": str(home / "models"), **settings}, env={})
-    return TestClient(create_app(cfg), client=peer)
+    return TestClient(create_app(cfg), base_url=BOX, client=peer)
 
 
 def make_key(
@@ -101,6 +102,42 @@ def test_the_box_itself_manages_without_a_key(started: Path) -> None:
         listed = local.get("/v1/keys").json()["data"]
         assert "key" not in listed[-1] and "digest" not in str(listed)  # secrets withheld
         error(local.post("/v1/keys", json={"scopes": ["root"]}), 400, "invalid_request_error")
+
+
+def test_a_rebound_name_gets_nothing_from_the_box_without_a_key(started: Path) -> None:
+    """A web page whose name DNS rebound to 127.0.0.1 sends its own name as Host: management,
+    the dashboard and metrics refuse it without a key; the box's own names pass."""
+    with client(started, LOCAL, host_names="fitbox.lan") as local:
+        evil = {"Host": "evil.example"}
+        for path in ("/v1/keys", "/", "/metrics", "/v1/telemetry/state"):
+            body = error(local.get(path, headers=evil), 403, "permission_error")
+            assert body["code"] == "host_not_allowed" and "FITBOX_HOST_NAMES" in body["message"]
+        refused = local.post("/v1/keys", json={"name": "x"}, headers={"Host": "evil.example:80"})
+        assert error(refused, 403, "permission_error")["param"] == "host"
+        for host in ("127.0.0.1:8484", "localhost:8484", "[::1]:8484", "fitbox.lan:8484",
+                     "FITBOX.LAN", "app.localhost"):  # fmt: skip
+            assert local.get("/v1/keys", headers={"Host": host}).status_code == 200, host
+        admin = make_key(started, "admin")  # a key decides for itself, whatever the Host
+        assert local.get("/v1/keys", headers={**evil, **bearer(admin)}).status_code == 200
+        assert local.get("/health", headers=evil).status_code == 200  # open stays open
+
+
+def test_another_page_cannot_change_the_box_without_a_key(started: Path) -> None:
+    """A keyless POST that carries an Origin must come from the box's own origin."""
+    with client(started, LOCAL) as local:
+        for origin in ("http://evil.example", "http://127.0.0.1:3000", "null"):
+            refused = local.post("/v1/keys", json={"name": "x"}, headers={"Origin": origin})
+            body = error(refused, 403, "permission_error")
+            assert body["code"] == "origin_not_allowed" and origin in body["message"]
+        own = local.post("/v1/keys", json={"name": "mine", "scopes": ["read"]},
+                         headers={"Origin": BOX})  # fmt: skip
+        assert own.status_code == 201, own.text
+        assert local.get("/v1/keys", headers={"Origin": "http://evil.example"}).status_code == 200
+        admin = make_key(started, "admin")
+        headers = {"Origin": "http://evil.example", **bearer(admin)}
+        with_key = local.post("/v1/keys", json={"name": "y", "scopes": ["read"]},
+                              headers=headers)  # fmt: skip
+        assert with_key.status_code == 201
 
 
 def test_forwarded_requests_from_an_untrusted_peer_are_outside(started: Path) -> None:

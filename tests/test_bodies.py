@@ -13,6 +13,7 @@ from starlette.types import Message, Scope
 from fitbox import config
 from fitbox.server.app import create_app
 
+from .conftest import BOX
 from .ggufs import write_tiny_llama
 from .test_app import assert_error, call_rows
 
@@ -30,7 +31,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
         env={"FITBOX_MAX_BODY": str(LIMIT)},
     )
     with TestClient(
-        create_app(cfg), client=("127.0.0.1", 50000), raise_server_exceptions=False
+        create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000), raise_server_exceptions=False
     ) as test_client:
         yield test_client
 

@@ -1,9 +1,12 @@
 """The central's door and parts without an engine: who may register, the reasons a
 registration is refused, what a worker key cannot do, the errors of its routes, and which
-rows the mirror keeps raw. The central app runs in process (no box is needed to refuse)."""
+rows the mirror keeps raw. The central app runs in process (no box is needed to refuse).
+Everything that touches the store runs on both stores: a SQLite file and a database in a
+real PostgreSQL server the tests start (tests/postgres.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,18 +16,23 @@ from starlette.testclient import TestClient
 
 from fitbox import config as settings
 from fitbox.central.app import create_central_app
+from fitbox.central.backend import StoreTarget, StoreUnavailable, redact, to_postgres
 from fitbox.central.cli import CENTRAL_SCOPES
 from fitbox.central.store import CentralStore, rejection
+from fitbox.cli import main as fitbox_main
 from fitbox.server.joining import Registration
 from fitbox.store.keys import create_key
+
+from .conftest import BOX as HOST
+from .postgres import PostgresCluster
 
 OUTSIDE = ("203.0.113.9", 50000)  # a documentation address: never the central itself
 BOX = {"box_id": "0b7c1d2e-0000-4000-8000-000000000001", "name": "gpu-1", "version": "0.1.0",
        "url": "http://198.51.100.7:8484", "admin_key": "fb_000000000000_" + "x" * 43}  # fmt: skip
 
 
-def _key(store_path: Path, *scopes: str) -> str:
-    store = CentralStore(store_path)
+def _key(target: StoreTarget, *scopes: str) -> str:
+    store = CentralStore(target)
     try:
         _, secret = store.run(lambda conn: create_key(conn, "t", scopes, known=CENTRAL_SCOPES))
     finally:
@@ -32,14 +40,22 @@ def _key(store_path: Path, *scopes: str) -> str:
     return str(secret)
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
+    """Where a central's store is: a new SQLite file, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        return tmp_path / "central.sqlite3"
+    cluster: PostgresCluster = request.getfixturevalue("postgres")
+    return cluster.create_database()
+
+
 @pytest.fixture
-def central(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
+def central(tmp_path: Path, target: StoreTarget) -> Iterator[tuple[TestClient, StoreTarget]]:
     """A central listening on every address, called from outside it."""
     config = settings.load({"home": str(tmp_path), "host": "0.0.0.0"}, env={})
-    store_path = tmp_path / "central.sqlite3"
-    CentralStore(store_path).close()
-    with TestClient(create_central_app(config, store_path), client=OUTSIDE) as client:
-        yield client, store_path
+    CentralStore(target).close()
+    with TestClient(create_central_app(config, target), client=OUTSIDE) as client:
+        yield client, target
 
 
 def _error(response: Any, status: int, code: str) -> dict[str, Any]:
@@ -49,7 +65,9 @@ def _error(response: Any, status: int, code: str) -> dict[str, Any]:
     return error
 
 
-def test_registering_from_outside_needs_the_worker_key(central: tuple[TestClient, Path]) -> None:
+def test_registering_from_outside_needs_the_worker_key(
+    central: tuple[TestClient, StoreTarget],
+) -> None:
     client, _ = central
     error = _error(client.post("/v1/boxes", json=BOX), 401, "missing_api_key")
     assert "--central-key" in error["message"]
@@ -57,7 +75,7 @@ def test_registering_from_outside_needs_the_worker_key(central: tuple[TestClient
     _error(client.post("/v1/boxes", json=BOX, headers=bad), 401, "invalid_api_key")
 
 
-def test_an_inference_key_cannot_register(central: tuple[TestClient, Path]) -> None:
+def test_an_inference_key_cannot_register(central: tuple[TestClient, StoreTarget]) -> None:
     client, store_path = central
     key = _key(store_path, "inference")
     error = _error(client.post("/v1/boxes", json=BOX, headers={"Authorization": f"Bearer {key}"}),
@@ -66,7 +84,7 @@ def test_an_inference_key_cannot_register(central: tuple[TestClient, Path]) -> N
 
 
 def test_a_worker_key_registers_and_can_do_nothing_else(
-    central: tuple[TestClient, Path],
+    central: tuple[TestClient, StoreTarget],
 ) -> None:
     client, store_path = central
     auth = {"Authorization": f"Bearer {_key(store_path, 'worker')}"}
@@ -89,7 +107,7 @@ def test_a_worker_key_registers_and_can_do_nothing_else(
 
 
 def test_a_loopback_box_is_refused_by_a_central_elsewhere(
-    central: tuple[TestClient, Path],
+    central: tuple[TestClient, StoreTarget],
 ) -> None:
     client, store_path = central
     auth = {"Authorization": f"Bearer {_key(store_path, 'worker')}"}
@@ -108,7 +126,7 @@ def test_the_box_sees_a_loopback_problem_before_asking() -> None:
     assert same_host.loopback_problem() is None
 
 
-def test_the_routes_errors_are_openai_shaped(central: tuple[TestClient, Path]) -> None:
+def test_the_routes_errors_are_openai_shaped(central: tuple[TestClient, StoreTarget]) -> None:
     client, store_path = central
     auth = {"Authorization": f"Bearer {_key(store_path, 'admin')}"}
     error = _error(client.post("/v1/chat/completions", json={"model": "nothing", "messages": []},
@@ -130,6 +148,7 @@ def test_the_routes_errors_are_openai_shaped(central: tuple[TestClient, Path]) -
     ({"id": 1}, "'seq'"),
     ({"id": 1, "seq": 2, "devices": [0]}, "devices"),
     (["not", "a", "row"], "JSON object"),
+    ({"id": 2**63, "seq": 2}, "64 bits"),  # past what either store's integer holds
 ])  # fmt: skip
 def test_rows_the_mirror_cannot_take_say_why(row: Any, reason: str) -> None:
     assert reason in (rejection(row, "seq") or "")
@@ -140,8 +159,8 @@ def test_a_row_the_mirror_can_take() -> None:
                       "received_at": 1.5, "evicted": None}, "seq") is None  # fmt: skip
 
 
-def test_a_page_lands_once_and_a_changed_row_replaces_itself(tmp_path: Path) -> None:
-    store = CentralStore(tmp_path / "c.sqlite3")
+def test_a_page_lands_once_and_a_changed_row_replaces_itself(target: StoreTarget) -> None:
+    store = CentralStore(target)
     try:
         assert (
             store.take_page(
@@ -169,3 +188,191 @@ def test_a_central_url_that_is_not_http_is_refused_with_the_setting_named() -> N
         settings.load({}, env={"FITBOX_CENTRAL_URL": "central.example:8484"})
     loaded = settings.load({}, env={"FITBOX_CENTRAL_URL": "http://10.0.0.5:8484/"})
     assert loaded.central_url == "http://10.0.0.5:8484"
+
+
+def _versions(store: CentralStore) -> list[int]:
+    return list(store.run(lambda conn: [int(r[0]) for r in conn.execute(
+        "SELECT version FROM schema_migrations ORDER BY version")]))  # fmt: skip
+
+
+def test_one_migration_sequence_is_recorded_and_not_run_twice(target: StoreTarget) -> None:
+    store = CentralStore(target)
+    first = _versions(store)
+    store.close()
+    assert first and first[0] == 1  # migrations/central/, the same on both stores
+    again = CentralStore(target)  # opened again: nothing is applied a second time
+    try:
+        assert _versions(again) == first
+        timed = again.run(lambda conn: conn.execute("SELECT applied_at FROM schema_migrations"
+                                                    ).fetchone()[0])  # fmt: skip
+        assert isinstance(timed, float) and abs(timed - time.time()) < 3600  # a double, not float4
+    finally:
+        again.close()
+
+
+def test_a_page_and_its_cursor_land_together_or_not_at_all(target: StoreTarget) -> None:
+    store = CentralStore(target)
+    try:
+        store.take_page("b", "call_log", "seq", [{"id": 1, "seq": 1}], 1)
+
+        def half_done(conn: Any) -> None:
+            conn.execute("UPDATE mirror_cursors SET cursor = 99 WHERE box_id = 'b'")
+            raise RuntimeError("the writer died mid-page")
+
+        with pytest.raises(RuntimeError, match="mid-page"):
+            store.run(half_done)
+        assert store.cursor("b", "call_log") == 1
+        huge = {"id": 2**63, "seq": 2}  # kept raw, and the rest of the page lands
+        assert store.take_page("b", "call_log", "seq", [huge, {"id": 2, "seq": 3}], 3) == 1
+        assert [r["id"] for r in store.mirrored("call_log", "b", 10, 0, False)] == [1, 2]
+        assert store.cursor("b", "call_log") == 3
+    finally:
+        store.close()
+
+
+def test_boxes_rows_and_columns_read_the_same_on_both_stores(target: StoreTarget) -> None:
+    store = CentralStore(target)
+    try:
+        assert store.register("box-2", "n2", "0.1", "http://198.51.100.2:1", "k2") is True
+        assert store.register("box-1", "n1", "0.1", "http://198.51.100.1:1", "k1") is True
+        assert store.register("box-2", "n2", "0.2", "http://198.51.100.2:1", "k2") is False
+        store.seen("box-2", 41)
+        (two, one) = store.boxes()  # in order of registration
+        assert (two.box_id, two.version, two.counter, one.counter) == ("box-2", "0.2", 41, None)
+        assert two.last_seen_at is not None and one.last_seen_at is None
+        store.take_page("box-1", "children", "seq", [{"id": 1, "seq": 1, "artifact": "a"}], 1)
+        store.take_page("box-2", "children", "seq", [{"id": 1, "seq": 1, "artifact": "a"},
+                                                     {"id": 2, "seq": 2, "artifact": "b",
+                                                      "pid": 7}], 2)  # fmt: skip
+        rows = store.mirrored("children", None, 10, 0, True)
+        assert [(r["box_id"], r["id"]) for r in rows] == [("box-2", 2), ("box-2", 1),
+                                                           ("box-1", 1)]  # fmt: skip
+        assert store.mirrored("children", "box-1", 10, 1, False) == []
+        assert store.table_columns() == {"children": ["box_id", "artifact", "id", "pid", "seq"]}
+    finally:
+        store.close()
+
+
+def test_postgres_sql_is_sqlite_sql_with_two_words_changed() -> None:
+    assert to_postgres("CREATE TABLE t (a INTEGER, b REAL, c BLOB, d TEXT)") == (
+        "CREATE TABLE t (a BIGINT, b DOUBLE PRECISION, c BYTEA, d TEXT)")  # fmt: skip
+    assert to_postgres("SELECT a FROM t WHERE b = ? AND c LIKE '?%' AND d = '50%'") == (
+        "SELECT a FROM t WHERE b = %s AND c LIKE '?%' AND d = '50%'")  # fmt: skip
+    assert to_postgres("SELECT INTEGER, a % 2 FROM t", placeholders=True) == (
+        "SELECT INTEGER, a %% 2 FROM t")  # only DDL's types change  # fmt: skip
+    hidden = redact("postgresql://u:s3cret@db.example:5432/c")
+    assert hidden == "postgresql://u:***@db.example:5432/c"
+    assert redact("postgresql://u@db.example/c") == "postgresql://u@db.example/c"
+
+
+def test_a_dropped_database_connection_is_opened_again(postgres: PostgresCluster) -> None:
+    """The server ends the central's session (as a restart or a cut does): the next call
+    works on a new connection, with nothing the earlier ones wrote lost."""
+    import psycopg
+
+    url = postgres.create_database()
+    store = CentralStore(url)
+    _, secret = store.run(lambda conn: create_key(conn, "t", ("admin",)))
+    checker = store.key_checker()
+    try:
+        store.take_page("b", "call_log", "seq", [{"id": 1, "seq": 1}], 1)
+        assert checker.verify(secret) is not None
+        with psycopg.connect(postgres.url(), autocommit=True) as admin:
+            database = url.rsplit("/", 1)[1]
+            ended = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                "AND application_name = 'fitbox-central'", (database,)).fetchall()  # fmt: skip
+        assert ended == [(True,), (True,)]  # the store's and the key checker's
+        assert checker.verify(secret) is not None  # the first key after it still counts
+        assert store.cursor("b", "call_log") == 1
+        store.take_page("b", "call_log", "seq", [{"id": 2, "seq": 2}], 2)
+        assert [r["id"] for r in store.mirrored("call_log", "b", 10, 0, False)] == [1, 2]
+    finally:
+        checker.close()
+        store.close()
+
+
+def test_the_database_password_is_never_printed(
+    postgres: PostgresCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    wrong = postgres.url(password="Wrong-Secret-42")
+    with pytest.raises(StoreUnavailable) as caught:
+        CentralStore(wrong)
+    assert "Wrong-Secret-42" not in str(caught.value) and "password authentication" in str(
+        caught.value) and f"fitbox:***@127.0.0.1:{postgres.port}" in str(caught.value)  # fmt: skip
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    monkeypatch.setenv("FITBOX_CENTRAL_DB", wrong)
+    code = fitbox_main(["central", "keys", "create", "--scope", "worker", "--home", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1 and "cannot reach the central's store" in err and "Wrong-Secret-42" not in err
+    monkeypatch.setenv("FITBOX_CENTRAL_DB", "mysql://u:Wrong-Secret-42@h/db")
+    with pytest.raises(settings.ConfigError, match="FITBOX_CENTRAL_DB") as refused:
+        settings.load({})
+    assert "Wrong-Secret-42" not in str(refused.value)
+
+
+def test_a_database_that_went_away_is_a_503_that_names_it(
+    postgres: PostgresCluster, tmp_path: Path,
+) -> None:  # fmt: skip
+    """The database refuses the central (dropped connections, no new ones): a route that
+    reads it answers 503 store_unavailable with the store named, and keys fail closed."""
+    import psycopg
+
+    url = postgres.create_database()
+    database = url.rsplit("/", 1)[1]
+    key = _key(url, "admin")
+    config = settings.load({"home": str(tmp_path), "host": "0.0.0.0"}, env={})
+    with TestClient(create_central_app(config, url), client=("127.0.0.1", 40000),
+                    base_url=HOST) as local, \
+            psycopg.connect(postgres.url(), autocommit=True) as admin:  # fmt: skip
+        assert local.get("/v1/telemetry/rows", params={"table": "call_log"}).status_code == 200
+        outside = {"Authorization": f"Bearer {key}"}
+        remote = TestClient(local.app, client=OUTSIDE, base_url=HOST)  # the running app
+        assert remote.get("/v1/fleet", headers=outside).status_code == 200
+        admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                      "%s AND pid <> pg_backend_pid()", (database,))  # fmt: skip
+        error = _error(local.get("/v1/telemetry/rows", params={"table": "call_log"}), 503,
+                       "store_unavailable")  # fmt: skip
+        assert f"fitbox:***@127.0.0.1:{postgres.port}/{database}" in error["message"]
+        assert postgres.password not in error["message"]
+        _error(remote.get("/v1/fleet", headers=outside), 401, "invalid_api_key")  # fails closed
+        admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        rows = local.get("/v1/telemetry/rows", params={"table": "call_log"})  # opened again
+        assert rows.status_code == 200, rows.text
+
+
+def test_every_route_of_the_central_is_in_its_openapi(central: tuple[TestClient, Path]) -> None:
+    from fitbox.central.app import ROUTES
+
+    client, _ = central
+    document = client.get("/openapi.json").json()  # open, like /health
+    assert document["info"]["title"] == "fitbox central"
+    served = {(r.path, m.lower()) for r in ROUTES for m in (r.methods or ()) if m != "HEAD"}
+    documented = {(p, m) for p, ops in document["paths"].items() for m in ops}
+    assert served == documented
+    assert "Error" in document["components"]["schemas"]
+
+
+def test_limits_from_the_centre_say_why_they_cannot_be_set(tmp_path: Path) -> None:
+    """An unknown box, a body that names the box's own tier, and a box that is down: each an
+    OpenAI-shaped error with the reason (setting one through a real box: test_central_e2e)."""
+    config = settings.load({"home": str(tmp_path), "host": "127.0.0.1"}, env={})
+    store_path = tmp_path / "central.sqlite3"
+    store = CentralStore(store_path)
+    store.register(BOX["box_id"], "down", "0.1.0", "http://127.0.0.1:9", "fb_x")  # no one there
+    store.close()
+    with TestClient(create_central_app(config, store_path), client=("127.0.0.1", 5),
+                    base_url=HOST) as client:
+        path = f"/v1/fleet/boxes/{BOX['box_id']}/limits"
+        error = _error(client.post("/v1/fleet/boxes/nobody/limits", json={}), 404,
+                       "box_not_found")  # fmt: skip
+        assert "GET /v1/fleet" in error["message"]
+        error = _error(client.post(path, json={"tier": "box", "ram_max": "1GiB"}), 400,
+                       "invalid_request")  # fmt: skip
+        assert error["param"] == "tier" and "central tier only" in error["message"]
+        _error(client.post(path, json=["ram_max"]), 400, "invalid_request")
+        error = _error(client.post(path, json={"ram_max": "1GiB"}), 502, "box_unreachable")
+        assert "http://127.0.0.1:9" in error["message"]
+        _error(client.get(path), 502, "box_unreachable")

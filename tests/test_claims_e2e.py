@@ -1,6 +1,7 @@
-"""CPU claims on real engines: an engine alone borrows the reserved core, and when a later
+"""CPU claims on real engines: an engine alone borrows the reserved core; when a later
 claim takes an idle engine's cores its threads really move (read back from
-/proc/PID/task/*/status, Cpus_allowed_list).
+/proc/PID/task/*/status, Cpus_allowed_list), or, with more threads than cores left, it
+starts again on fewer; when that claim ends the cores come back.
 
 One box in this process, two tiny generated llamas, real llama-server children, every core
 of the box (no cores tier: an operator's --cpu-max is never exceeded by lending).
@@ -47,10 +48,11 @@ def _two_tinies(tmp_path: Path) -> tuple[settings.Config, Catalog]:
 
 def test_a_claim_that_takes_an_idle_engines_cores(tmp_path: Path) -> None:
     """Alone, the first engine borrows the reserved core (two threads on a 2-core box).
-    The second claim takes a core from it: its threads crowded onto the one core left would
-    wait on each other's spin barriers (a 3-token call took 9 s instead of 0.05 s), so they
-    keep the CPUs they had. Then the first leaves and loads again: its claim takes the
-    second's core, and the second, with a thread for each core it keeps, really moves."""
+    The second claim takes a core from it: its two threads crowded onto the one core left
+    would wait on each other's spin barriers (a 3-token call took 9 s instead of 0.05 s), so
+    it starts again with one thread on the core it keeps, and both stay resident. Then the
+    first leaves and loads again: its claim takes the second's core, and the second, with a
+    thread for each core it keeps, really moves; when that claim ends it moves back."""
     config, catalog = _two_tinies(tmp_path)
 
     async def run() -> None:
@@ -71,20 +73,35 @@ def test_a_claim_that_takes_an_idle_engines_cores(tmp_path: Path) -> None:
             second = lease.resident
             assert second.cores == every[1:]
             assert threads_on(second) == {rest}
-            assert first.cores == (0,)  # it lost every core but the reserved one
-            assert first.threads == 2 and threads_on(first) == {cpus}  # not crowded onto 0
-            assert first.key in box.registry
-            status, _ = await first.child.pool.get("/health")  # type: ignore[union-attr]
+            # the first is launched again with a thread per core it keeps (the reserved
+            # one); a call for it waits for that load, the second's call goes on meanwhile
+            again = await box.acquire("tiny-a")
+            successor = again.resident
+            assert successor is box.registry.get(first.key) and second.key in box.registry
+            if len(cores[0]) >= first.threads:  # SMT: both threads fit the core it keeps
+                assert successor is first and threads_on(first) == {cores[0]}
+            else:
+                assert successor is not first and not first.child.alive  # type: ignore[union-attr]
+                assert successor.threads == 1 and successor.cores == (0,)
+                assert threads_on(successor) == {cores[0]}
+                assert successor.child.argv[successor.child.argv.index("-t") + 1] == "1"  # type: ignore[union-attr]
+            status, _ = await successor.child.pool.get("/health")  # type: ignore[union-attr]
+            assert status == 200
+            again.release()
+            lease.release()
+
+            await box.supervisor.stop(successor)
+            lease = await box.acquire("tiny-a")
+            assert lease.resident.cores == every[1:] and second.cores == ()
+            assert second.threads == 1 and threads_on(second) == {cores[0]}  # re-pinned
+            status, _ = await second.child.pool.get("/health")  # type: ignore[union-attr]
             assert status == 200
             lease.release()
 
-            await box.supervisor.stop(first)
-            lease = await box.acquire("tiny-a")
-            assert lease.resident.cores == every[1:] and second.cores == ()
-            kept = cores[0] if second.threads == 1 else cpus - cores[0]  # crowded: it stays
-            assert threads_on(second) == {kept}
-            status, _ = await second.child.pool.get("/health")  # type: ignore[union-attr]
-            assert status == 200
+            await box.supervisor.stop(lease.resident)  # the claim that took its core ends
+            assert second.cores == every[1:] and threads_on(second) == {rest}
+            lease = await box.acquire("tiny-b")
+            assert lease.resident is second
             lease.release()
         finally:
             await box.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,9 @@ from .ggufs import write_projector, write_tiny_llama
 def fitbox(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fitbox", *args], capture_output=True, text=True, timeout=120,
-        env={"PATH": "/usr/bin:/bin", "FITBOX_HOME": str(home)},
+        env={"PATH": "/usr/bin:/bin", "FITBOX_HOME": str(home),
+             # the fitbox under test, where a PYTHONPATH names it (a worktree's src)
+             **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}},
     )  # fmt: skip
 
 
@@ -26,6 +29,7 @@ def test_models_lists_the_catalog_as_text_and_json(tmp_path: Path) -> None:
     text = fitbox("models", "--models", str(root), home=tmp_path)
     assert text.returncode == 0, text.stderr
     assert "tiny (aka small)  llama" in text.stdout and "mmproj" not in text.stdout
+    assert "(gguf) vision" in text.stdout  # the projector beside it: the model reads images
     (root / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00")
     rows = json.loads(fitbox("models", "--json", "--models", str(root), home=tmp_path).stdout)
     assert [(r["name"], r.get("aliases"), r.get("context_length")) for r in rows] == [
@@ -33,6 +37,7 @@ def test_models_lists_the_catalog_as_text_and_json(tmp_path: Path) -> None:
         (None, None, None),
     ]
     assert "not a readable GGUF" in rows[1]["rejected"]
+    assert rows[0]["vision"] and rows[0]["mmproj"] == str(root / "mmproj-tiny.gguf")
     text = fitbox("models", "--models", str(root), home=tmp_path)
     assert "not servable:" in text.stderr and "broken.gguf" in text.stderr
 

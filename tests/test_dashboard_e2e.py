@@ -15,6 +15,7 @@ import pytest
 
 from .browser import Browser, Page, chromium
 from .conftest import CACHE, FitboxProcess, running_fitbox, start_fitbox, stop_fitbox
+from .holds import GATED, until
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -23,10 +24,21 @@ ARTIFACTS = Path(os.environ.get("FITBOX_TEST_ARTIFACTS", CACHE / "artifacts"))
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
-        llama_server_bin: Path) -> Iterator[FitboxProcess]:  # fmt: skip
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The engine's load gate (tests/fakes/gated-llama-server): open unless a test shuts it."""
+    gate = tmp_path_factory.mktemp("gate") / "load-gate"
+    gate.touch()
+    return gate
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path,
+        gate: Path) -> Iterator[FitboxProcess]:  # fmt: skip
     home = tmp_path_factory.mktemp("dashboard") / "home"
-    with running_fitbox(home, [smollm2.parent], env={"FITBOX_SIMULATED_GPUS": "2GiB"}) as running:
+    env = {"FITBOX_SIMULATED_GPUS": "2GiB", "LLAMA_SERVER_BIN": str(GATED),
+           "FAKE_REAL_LLAMA_SERVER": str(llama_server_bin),
+           "FAKE_LOAD_GATE": str(gate)}  # fmt: skip
+    with running_fitbox(home, [smollm2.parent], env=env) as running:
         yield running
 
 
@@ -136,6 +148,49 @@ def test_the_outside_needs_an_admin_key(box: FitboxProcess) -> None:
         box_key = (box.home / "box.key").read_text().strip()
         page = client.get(f"{box.url}/", headers={"Authorization": f"Bearer {box_key}"})
         assert page.status_code == 200 and "<h2>Residents</h2>" in page.text
+
+
+LOADED = "document.querySelector('tr.resident.starting .loaded')"
+
+
+def test_a_load_shows_the_bytes_read_with_javascript_on_and_off(
+    box: FitboxProcess, browser: Browser, gate: Path, smollm2: Path
+) -> None:
+    """The load is held by the engine's load gate (the real engine reads its weights; its
+    /health says "Loading model" until the test opens the gate)."""
+    if box.models()[SMOL]["state"] != "unloaded":  # (the refusal's test may have left it out)
+        assert httpx.post(f"{box.url}/v1/operator/unload", json={"model": "smollm2"},
+                          timeout=60).status_code == 200  # fmt: skip
+    until(lambda: box.models()[SMOL]["state"] == "unloaded", "the model is out")
+    gate.unlink()
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 3, "stream": True}  # fmt: skip
+    try:
+        with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
+                          timeout=120) as reply:  # fmt: skip
+            assert reply.status_code == 200  # the 200 came; the load is held
+            live = browser.open(f"{box.url}/")
+            # bytes read so far, moved on by the event stream (the first render may show 0)
+            live.wait_for(f"{LOADED} && Number({LOADED}.dataset.bytesLoaded) > 0",
+                          "bytes read shown while loading")  # fmt: skip
+            loaded, total = live.eval(f"[{LOADED}.dataset.bytesLoaded, "
+                                      f"{LOADED}.dataset.bytesTotal].map(Number)")  # fmt: skip
+            assert 0 < loaded <= total <= smollm2.stat().st_size
+            words = live.eval(f"{LOADED}.textContent")
+            assert " of " in words and words.endswith("%)")
+            bar = live.eval("[...document.querySelectorAll('tr.resident progress')]"
+                            ".map(p => [p.value, p.max])")  # fmt: skip
+            assert len(bar) == 1 and 0 < bar[0][0] <= bar[0][1] == total
+            live.screenshot(ARTIFACTS / "dashboard-loading.png")
+            still = browser.open(f"{box.url}/", javascript=False)  # the page as served
+            assert still.eval(f"Number({LOADED}.dataset.bytesTotal)") == total
+            assert still.eval("document.querySelector('tr.resident progress').max") == total
+            gate.touch()
+            assert [line for line in reply.iter_lines() if line][-1] == "data: [DONE]"
+        live.wait_for(f"!{LOADED} && document.querySelector('tr.resident.ready') !== null",
+                      "the load done, its bytes gone from the page")  # fmt: skip
+    finally:
+        gate.touch()
 
 
 def test_a_stop_ends_an_open_event_stream_at_once(tmp_path: Path) -> None:

@@ -46,6 +46,18 @@ def test_a_loading_resident_shows_its_seconds_so_far() -> None:
     assert "loading for 12 s" in text
 
 
+def test_a_loading_resident_shows_the_bytes_of_its_weights_read() -> None:
+    loading = resident(state="starting", load_started_at=988.0, bytes_loaded=3 << 28,
+                       bytes_total=1 << 30)  # fmt: skip
+    text = dashboard_html.main(view(residents=[loading]))
+    tags = dict(parsed(text)[::-1])  # the first of each tag
+    assert tags["progress"] == {"value": str(3 << 28), "max": str(1 << 30)}
+    assert "loading for 12 s" in text and "768.00 MiB of 1.00 GiB (75%)" in text
+    # before the child has read a byte, or when its file cannot be read: seconds only
+    assert "<progress" not in dashboard_html.main(view(residents=[resident(
+        state="starting", load_started_at=988.0)]))  # fmt: skip
+
+
 def test_a_device_bar_is_shared_by_what_each_resident_holds() -> None:
     device = DeviceView("gpu0", "gpu", 4 << 30, True, [("a", "ready", 1 << 30),
                                                        ("b", "starting", 2 << 30)])  # fmt: skip

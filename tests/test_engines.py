@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import stat
 from pathlib import Path
 
 import pytest
 
+from fitbox.box.supervision.pinning import allowed_cpus
 from fitbox.core.repack import CpuFeatures
+from fitbox.engines.child import Child, free_port, launch_argv
 from fitbox.engines.llama_server import (
     EngineInfo,
     EngineNotFound,
@@ -161,3 +165,31 @@ def test_a_child_sees_only_the_gpus_its_layers_are_placed_on() -> None:
                                               "CUDA_VISIBLE_DEVICES": "1"}  # fmt: skip
     assert visible_gpus(intent((0, 2), 99))["CUDA_VISIBLE_DEVICES"] == "0,2"
     assert visible_gpus(intent((), 0)) == {}  # host only: nothing to choose
+
+
+def _argv0(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+
+
+def test_a_child_runs_as_its_own_argv_on_its_claim_through_the_launch_chain(
+    tmp_path: Path,
+) -> None:
+    """Launched through setpriv and taskset (fitbox vforked, not forked), the child keeps the
+    pid fitbox knows, runs its own argv, and only on the claim's CPUs."""
+    cpus = frozenset({min(os.sched_getaffinity(0))})
+    argv = ["sh", "-c", "echo up; sleep 30; echo done"]  # prints once the shell itself runs
+
+    async def run() -> None:
+        child = Child(argv, free_port(), tmp_path / "child.log", cpus)
+        await child.start()
+        try:
+            assert child._pump is not None and child.pid is not None
+            async with asyncio.timeout(30):
+                await child._pump.printed.wait()
+            assert _argv0(child.pid) == b"sh"
+            assert allowed_cpus(child.pid, child.pid) == cpus
+        finally:
+            await child.stop(0)
+
+    assert launch_argv(argv, cpus) is not None, "setpriv and taskset run on this box"
+    asyncio.run(run())

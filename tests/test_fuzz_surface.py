@@ -23,6 +23,7 @@ from fitbox import config
 from fitbox.server.app import create_app
 from fitbox.server.openapi import OTHER_PROTOCOLS, PATHS
 
+from .conftest import BOX
 from .ggufs import write_tiny_llama
 
 CASES = {"count": 0}
@@ -131,7 +132,7 @@ def test_no_5xx_and_every_error_is_an_openai_body(
     headers = {"content-type": content_type} if content_type else {}
     if key:
         headers["authorization"] = f"Bearer {key}"
-    with TestClient(_app(home), client=peer, raise_server_exceptions=False) as client:
+    with TestClient(_app(home), base_url=BOX, client=peer, raise_server_exceptions=False) as client:
         kwargs: dict[str, Any] = {"params": query, "headers": headers}
         if method in ("post", "put"):
             kwargs["content"] = body.encode("utf-8", "surrogatepass")  # surrogates raw
@@ -159,7 +160,8 @@ def test_hostile_bodies_from_the_box_itself_are_4xx_and_break_nothing_after(
     """From the box itself, with no key, every body reaches the parser: a hostile one is
     refused (400, or 413 over the limit), and whatever was stored lists afterwards."""
     is_hostile, body = case
-    with TestClient(_app(home), client=("127.0.0.1", 1), raise_server_exceptions=False) as client:
+    with TestClient(_app(home), base_url=BOX, client=("127.0.0.1", 1),
+                    raise_server_exceptions=False) as client:  # fmt: skip
         response = client.post(path.replace("{action}", action),
                                content=body.encode("utf-8", "surrogatepass"))  # fmt: skip
         listed = client.get("/v1/keys")

@@ -21,6 +21,8 @@ import pytest
 
 def fitbox(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ["PATH"], "HOME": str(home)}  # no XDG_*: all under this HOME
+    if "PYTHONPATH" in os.environ:  # the fitbox under test (a worktree's src), not another
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return subprocess.run([sys.executable, "-m", "fitbox", *args], capture_output=True,
                           text=True, timeout=120, env=env)  # fmt: skip
 
@@ -191,3 +193,65 @@ def test_engines_lists_the_candidates_and_the_choice(
     assert result.returncode == 0, result.stderr
     chosen = [ln for ln in result.stdout.splitlines() if ln.startswith("*")]
     assert len(chosen) == 1 and str(llama_server_bin) in chosen[0] and "--fit yes" in chosen[0]
+
+
+def test_the_central_role_installs_its_own_service_beside_a_box(tmp_path: Path) -> None:
+    assert fitbox(tmp_path, "install", "--user", "--port", "auto", "--yes").returncode == 0
+    box_env, box_unit, _ = user_files(tmp_path)
+    box_before = env_of(box_env)
+    installed = fitbox(tmp_path, "install", "--user", "--central-role", "--port", "auto", "--yes")
+    assert installed.returncode == 0, installed.stderr
+    assert "fitbox central keys create --scope worker" in installed.stdout
+    env_file = tmp_path / ".config" / "fitbox" / "fitbox-central.env"
+    unit = tmp_path / ".config" / "systemd" / "user" / "fitbox-central.service"
+    home = tmp_path / ".local" / "share" / "fitbox" / "central"
+    env = env_of(env_file)
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert env["FITBOX_HOME"] == str(home) and (home / "central.sqlite3").is_file()
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700  # the store holds each box's admin key
+    assert env_of(box_env) == box_before and env["FITBOX_PORT"] != box_before["FITBOX_PORT"]
+    text = unit.read_text()
+    assert f"EnvironmentFile={env_file}" in text and "-m fitbox central serve" in text
+    again = fitbox(tmp_path, "install", "--user", "--central-role", "--yes")
+    assert again.returncode == 0 and env_of(env_file)["FITBOX_PORT"] == env["FITBOX_PORT"]
+    refused = fitbox(tmp_path, "install", "--user", "--central-role", "--yes", "--ram-max", "1GiB")
+    assert refused.returncode == 1 and "a box's setting, not the central's" in refused.stderr
+    line = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
+    run_env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env,
+               **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}  # fmt: skip
+    proc = subprocess.Popen(shlex.split(line.removeprefix("ExecStart=")), env=run_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        url = f"http://{env['FITBOX_HOST']}:{env['FITBOX_PORT']}"
+        deadline, answer = time.monotonic() + 60, None
+        while time.monotonic() < deadline and answer is None:
+            try:
+                answer = httpx.get(f"{url}/health", timeout=2).json()
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert answer is not None and answer["service"] == "fitbox-central"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    purged = fitbox(tmp_path, "uninstall", "--user", "--central-role", "--purge", "--yes")
+    assert purged.returncode == 0 and not unit.exists() and not env_file.exists()
+    assert not home.exists() and box_unit.exists() and box_env.exists()  # the box's stay
+
+
+def test_the_central_s_system_unit_verifies(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is needed to check units"
+    root = tmp_path / "root"
+    installed = fitbox(tmp_path, "install", "--system", "--central-role", "--root", str(root),
+                       "--port", "8322", "--yes")  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    unit = root / "etc" / "systemd" / "system" / "fitbox-central.service"
+    text = unit.read_text()
+    for line in ("User=fitbox", "StateDirectory=fitbox-central", "ProtectSystem=strict",
+                 "EnvironmentFile=/etc/fitbox/fitbox-central.env"):  # fmt: skip
+        assert line in text
+    assert "CacheDirectory" not in text  # the central keeps no cache
+    assert env_of(root / "etc/fitbox/fitbox-central.env")["FITBOX_HOME"] == (
+        "/var/lib/fitbox-central")
+    verify = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr

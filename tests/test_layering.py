@@ -32,7 +32,8 @@ FLOORS: dict[str, int] = {
 }
 # Shared leaves: any floor may import them; they import nothing from box/ or above.
 LEAVES = frozenset(
-    {"fitbox", "fitbox.config", "fitbox.errors", "fitbox.home", "fitbox.networks", "fitbox.units"}
+    {"fitbox", "fitbox.config", "fitbox.errors", "fitbox.home", "fitbox.networks", "fitbox.units",
+     "fitbox.setting_values"}
 )
 LEAF_CEILING = FLOORS["fitbox.box"]
 

@@ -266,3 +266,22 @@ def test_a_family_name_stands_for_every_variant_largest_first(tmp_path: Path) ->
     assert catalog_module.family_name("Qwen3-8B.UD-Q4_K_XL") == "Qwen3-8B"
     assert catalog_module.is_four_bit("Q4_K_M") and catalog_module.is_four_bit("IQ4_XS")
     assert not catalog_module.is_four_bit("Q5_K_M")
+
+
+def test_a_cache_that_answered_from_disk_saves_again_after_a_file_left(tmp_path: Path) -> None:
+    """One process scans again and again (a catalog refresh after a reap): answers from
+    the cache file, a file removed, a rescan; saving must still write JSON (the entries
+    once held the decoded tensors, and the removed file's entry was never read again)."""
+    root = tmp_path / "models"
+    root.mkdir()
+    write_tiny_llama(root / "a.gguf")
+    write_tiny_llama(root / "b.gguf", seed=2)
+    cache_file = tmp_path / "facts.json"
+    scan([root], FactsCache(cache_file))
+    cache = FactsCache(cache_file)
+    scan([root], cache)  # answered from the file
+    (root / "a.gguf").unlink()
+    scan([root], cache)
+    write_tiny_llama(root / "c.gguf", seed=3)
+    assert sorted(a.name for a in scan([root], cache)[0]) == ["b", "c"]
+    assert str(root / "c.gguf") in FactsCache(cache_file)._entries  # saved

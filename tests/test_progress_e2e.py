@@ -4,13 +4,15 @@ opens the gate), and a load that fails after the 200, seen as an error event."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
-from openai.types.chat import ChatCompletionMessageParam
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from .conftest import FitboxProcess, running_fitbox
 from .holds import GATED, HOLD_IDLE_TIMEOUT, calls_on, until
@@ -38,6 +40,28 @@ def _client(box: FitboxProcess, key: str = "unused") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{box.url}/v1", api_key=key, max_retries=0)
 
 
+def _progress_chunks(client: openai.OpenAI, opt_in: bool = True) -> Iterator[ChatCompletionChunk]:
+    """A cold stream as the SDK iterates it; create() returns with the status line, so the
+    200 came while the load is held. ``opt_in``: asked for progress in the call's metadata."""
+    metadata = {"fitbox_progress": "true"} if opt_in else openai.omit
+    stream = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=4,
+                                            stream=True, metadata=metadata)  # fmt: skip
+    return iter(stream)
+
+
+@contextlib.contextmanager
+def _raw_lines(
+    box: FitboxProcess, body: dict[str, Any]
+) -> Iterator[tuple[httpx.Response, Iterator[str]]]:
+    """A cold stream's lines as they come, its 200 and its first keep-alive already seen
+    (both before the load is done); closed when the block ends."""
+    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body, timeout=120) as reply:
+        assert reply.status_code == 200
+        lines = reply.iter_lines()
+        assert next(lines) == ": fitbox: loading the model"
+        yield reply, lines
+
+
 def _unloaded(box: FitboxProcess) -> None:
     httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL}, timeout=60)
     until(lambda: box.models()[SMOL]["state"] in ("unloaded", "failed"), "the model is out")
@@ -47,15 +71,7 @@ def test_a_cold_stream_shows_progress_then_the_reply(box: FitboxProcess, gate: P
                                                      smollm2: Path) -> None:  # fmt: skip
     gate.unlink(missing_ok=True)
     with _client(box) as client:
-        # create() returns with the status line: the 200 came while the load is held
-        stream = client.chat.completions.create(
-            model=SMOL,
-            messages=HELLO,
-            max_tokens=4,
-            stream=True,
-            metadata={"fitbox_progress": "true"},
-        )
-        chunks = iter(stream)
+        chunks = _progress_chunks(client)
         seen = []
         for chunk in chunks:  # the load is held: only progress comes, however long this takes
             assert chunk.choices == []
@@ -83,10 +99,7 @@ def test_without_opting_in_a_cold_stream_gets_keep_alives_only(box: FitboxProces
     _unloaded(box)
     gate.unlink(missing_ok=True)
     body = {"model": SMOL, "messages": HELLO, "max_tokens": 4, "stream": True}
-    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body, timeout=120) as reply:
-        assert reply.status_code == 200  # before the load is done
-        lines = reply.iter_lines()
-        assert next(lines) == ": fitbox: loading the model"
+    with _raw_lines(box, body) as (reply, lines):
         gate.touch()
         rest = [line for line in lines if line]
     assert "fitbox_progress" not in "".join(rest)
@@ -104,14 +117,7 @@ def test_a_load_that_fails_after_the_200_ends_in_an_error_event(box: FitboxProce
     failing = Path(f"{gate}.fail")
     try:
         with _client(box) as client:
-            stream = client.chat.completions.create(
-                model=SMOL,
-                messages=HELLO,
-                max_tokens=4,
-                stream=True,
-                metadata={"fitbox_progress": "true"},
-            )
-            chunks = iter(stream)
+            chunks = _progress_chunks(client)
             first = next(chunks)  # the 200 and a first progress line came
             assert (first.model_extra or {})["fitbox_progress"]["state"] in ("queued", "loading")
             failing.touch()  # the engine dies halfway through its load
@@ -136,10 +142,7 @@ def test_progress_is_a_key_setting_too(box: FitboxProcess, gate: Path) -> None:
     _unloaded(box)
     gate.unlink(missing_ok=True)
     with _client(box, made["key"]) as client:
-        stream = client.chat.completions.create(
-            model=SMOL, messages=HELLO, max_tokens=4, stream=True
-        )  # no metadata: the key opted in
-        chunks = iter(stream)
+        chunks = _progress_chunks(client, opt_in=False)  # no metadata: the key opted in
         first = next(chunks)
         assert first.choices == [] and "fitbox_progress" in (first.model_extra or {})
         gate.touch()
@@ -153,9 +156,8 @@ def test_a_client_that_leaves_during_the_load_is_recorded_and_holds_nothing(
     gate.unlink(missing_ok=True)
     body = {"model": SMOL, "messages": HELLO, "max_tokens": 4, "stream": True,
             "metadata": {"fitbox_progress": "true"}, "user": "leaves"}  # fmt: skip
-    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body, timeout=120) as reply:
-        lines = reply.iter_lines()
-        assert next(lines) == ": fitbox: loading the model"
+    with _raw_lines(box, body):
+        pass  # the 200 and the first keep-alive came: the client leaves
     # the client is gone; the load goes on
     row = until(lambda: next((r for r in box.calls() if r["outcome"] == "interrupted"), None),
                 "the call that left is recorded")  # fmt: skip

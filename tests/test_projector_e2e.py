@@ -1,7 +1,6 @@
 """A vision projector (--mmproj) joins the footprint: its weights and its compute buffer,
 estimated from its header (core/projector.py) against a real llama-server loading a real
-projector file written with gguf. Launching with a projector is not wired into the box
-yet; this is the sizing it will use."""
+projector file written with gguf. The box launches with it in tests/test_vision_e2e.py."""
 
 from __future__ import annotations
 

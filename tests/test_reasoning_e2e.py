@@ -5,6 +5,7 @@ the box's, a key's, and ``none``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,3 +111,94 @@ def test_the_field_is_a_key_setting_and_a_box_setting(box: FitboxProcess) -> Non
         assert (_whole(box, THINKS, key=made["key"]).model_extra or {})["reasoning"]
     finally:
         httpx.post(f"{box.url}/v1/settings/box", json={"reasoning_field": None})
+
+
+# The other routes that carry generated text: each in its own API's shape.
+
+
+def test_a_text_completion_keeps_its_thinking_beside_its_text(box: FitboxProcess) -> None:
+    with _client(box) as client:
+        reply = client.completions.create(model=SMOL, prompt="Say hello.", max_tokens=24,
+                                          temperature=0, extra_body=THINKS)  # fmt: skip
+        choice = reply.choices[0]
+        assert (choice.model_extra or {})["reasoning_content"].isalpha()
+        assert choice.text.isalpha()
+        stream = client.completions.create(model=SMOL, prompt="Say hello.", max_tokens=24,
+                                           temperature=0, extra_body=THINKS,
+                                           stream=True)  # fmt: skip
+        chunks = [c.choices[0] for c in stream if c.choices]
+    thought = "".join((c.model_extra or {}).get("reasoning_content") or "" for c in chunks)
+    assert thought == (choice.model_extra or {})["reasoning_content"]
+    assert "".join(c.text for c in chunks) == choice.text
+
+
+def test_a_response_puts_its_thinking_in_a_reasoning_item(box: FitboxProcess) -> None:
+    """Whole, and streamed through the SDK's own stream helper, which rebuilds the response
+    from the events by their output_index and refuses items it cannot place."""
+    with _client(box) as client:
+        reply = client.responses.create(model=SMOL, input="Say hello.", max_output_tokens=24,
+                                        temperature=0, extra_body=THINKS)  # fmt: skip
+        first, message = reply.output
+        assert first.type == "reasoning" and first.content
+        thought = first.content[0].text
+        assert thought.isalpha() and message.type == "message"
+        assert reply.output_text.isalpha()
+        with client.responses.stream(model=SMOL, input="Say hello.", max_output_tokens=24,
+                                     temperature=0, extra_body=THINKS) as stream:  # fmt: skip
+            events = list(stream)
+            final = stream.get_final_response()
+        left = THINKS | {"reasoning_format": "none"}
+        unsplit = client.responses.create(model=SMOL, input="Say hello.", max_output_tokens=24,
+                                          temperature=0, extra_body=left)  # fmt: skip
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == thought and len(deltas) > 1  # streamed as it came
+    texts = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert texts == reply.output_text
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output_text == reply.output_text
+    assert unsplit.output_text.startswith("<think>") and len(unsplit.output) == 1
+
+
+def _messages(box: FitboxProcess, prefill: str, stream: bool) -> httpx.Response:
+    """An Anthropic Messages call whose reply begins with ``prefill``: llama-server's
+    Messages route drops a grammar, but it writes an assistant prefill back at the start of
+    the reply, and the model goes on from it (its own tokens after the tag)."""
+    body = {"model": SMOL, "max_tokens": 12, "temperature": 0, "stream": stream,
+            "messages": [{"role": "user", "content": "Say hello."},
+                         {"role": "assistant", "content": prefill}]}  # fmt: skip
+    return httpx.post(f"{box.url}/v1/messages", json=body, timeout=60)
+
+
+def _message_events(response: httpx.Response) -> list[dict[str, Any]]:
+    events = []
+    for event in response.text.split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in event.splitlines() if ": " in line)
+        if "data" in lines and lines["data"].startswith("{"):
+            data = json.loads(lines["data"])
+            assert lines.get("event") == data["type"]
+            events.append(data)
+    return events
+
+
+def test_a_message_puts_its_thinking_in_a_thinking_block(box: FitboxProcess) -> None:
+    closed = _messages(box, "<think>hm</think>", stream=False).json()
+    assert closed["content"][0] == {"type": "thinking", "thinking": "hm", "signature": ""}
+    assert closed["content"][1]["type"] == "text" and "<" not in closed["content"][1]["text"]
+    unclosed = _messages(box, "<think>", stream=False).json()
+    assert [b["type"] for b in unclosed["content"]] == ["thinking"]
+    events = _message_events(_messages(box, "<think>", stream=True))
+    assert events[-1]["type"] == "message_stop"
+    starts = [e for e in events if e["type"] == "content_block_start"]
+    assert [(e["index"], e["content_block"]["type"]) for e in starts] == [(0, "thinking")]
+    thought = "".join(e["delta"]["thinking"] for e in events
+                      if e["type"] == "content_block_delta")  # fmt: skip
+    assert thought == unclosed["content"][0]["thinking"]
+    events = _message_events(_messages(box, "<think>hm</think>", stream=True))
+    blocks = {e["index"]: e["content_block"]["type"] for e in events
+              if e["type"] == "content_block_start"}  # fmt: skip
+    assert blocks == {0: "thinking", 1: "text"}
+    stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
+    assert stops == [0, 1]
+    text = "".join(e["delta"].get("text", "") for e in events
+                   if e["type"] == "content_block_delta" and e["index"] == 1)  # fmt: skip
+    assert text == closed["content"][1]["text"]

@@ -21,6 +21,7 @@ from fitbox.server.engine_errors import engine_error_body, retry_cannot_help
 from fitbox.server.names import NameRewrite, rewrite_for
 from fitbox.store.keys import create_key
 
+from .conftest import BOX
 from .ggufs import write_tiny_llama
 
 OVERFLOW = (
@@ -138,7 +139,7 @@ def home(tmp_path: Path) -> Path:
 def app_client(home: Path, peer: tuple[str, int], **settings: str) -> TestClient:
     cfg = config.load({"home": str(home), "models": str(home / "models"), "ram_max": "1MiB",
                        "aliases": str(home / "aliases.toml"), **settings}, env={})  # fmt: skip
-    return TestClient(create_app(cfg), client=peer)
+    return TestClient(create_app(cfg), base_url=BOX, client=peer)
 
 
 @pytest.fixture

@@ -295,3 +295,34 @@ def test_a_gpu_process_fitbox_did_not_start_is_scouted(
     ((path, led_by),) = found
     assert path.endswith("served-elsewhere.gguf")
     assert led_by.startswith("a process fitbox did not start appeared on gpu0: pid ")
+
+
+def test_a_running_ollama_is_scouted_in_the_store_its_environment_names(tmp_path: Path) -> None:
+    """A real process named ``ollama`` (tests/fakes/ollama) holds OLLAMA_MODELS; no setting
+    of scout's own names that store."""
+    store = tmp_path / "ollama-elsewhere"
+    blob = "sha256-" + "12" * 32
+    (store / "blobs").mkdir(parents=True)
+    write_tiny_llama(store / "blobs" / blob, seed=3)
+    manifest = store / "manifests" / "registry.ollama.ai" / "library" / "tinyo" / "latest"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"layers": [
+        {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:" + "12" * 32}]}))
+    fake = Path(__file__).parent / "fakes" / "ollama"
+    proc = subprocess.Popen([str(fake), "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={**os.environ, "OLLAMA_MODELS": str(store)})  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        for pid in (None, proc.pid):  # every process, and --pid for that one
+            report = scout([], pid=pid, env={}, home=tmp_path / "home",
+                           mountinfo=tmp_path / "no-mountinfo")  # fmt: skip
+            (found,) = [f for f in report.findings if Path(f.path).name == blob]
+            assert found.source == "ollama" and found.servable and found.evidence == LIVE
+            assert f"OLLAMA_MODELS of the running ollama, pid {proc.pid}" in found.led_by
+            assert found.name == "tinyo-latest"
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        if proc.stdout:
+            proc.stdout.close()

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from fitbox.box.sensors import BusyCores
+from fitbox.box.sensors import BusyCores, EngineCpu
+from fitbox.core import claims
 from fitbox.probe.host import CoreBusyCounter, physical_cores
 
 from .holds import until
@@ -42,6 +43,41 @@ def test_a_core_is_busy_only_after_the_sustained_readings_and_one_reading_below_
         busy.observe({1: 100.0}, held=())
     busy.observe({1: 100.0}, held=(1,))  # one of our engines took it: its use is not other work
     assert busy.busy() == ()
+
+
+def test_other_work_on_cores_our_engines_hold_keeps_the_reserved_core_from_being_lent() -> None:
+    """Both cores held by our engines (a swap's victim held them all): per core nothing is
+    other work, but the box read whole is busier than our engines by a core's worth, so the
+    reserved core is busy and a claim is not lent it; our engines' own use never counts."""
+    cores = {0: frozenset({0}), 1: frozenset({1})}
+    busy = BusyCores(cores, percent=90, readings=3)
+    for _ in range(3):
+        busy.observe({0: 100.0, 1: 100.0}, held=(0, 1), engines_percent=195.0)
+    assert busy.busy() == ()  # all of it was ours
+    for _ in range(3):
+        assert claims.claim((0, 1), busy.busy(), [], (), weights_in_ram=True,
+                            floor=1) == claims.Claim((0, 1))  # fmt: skip
+        busy.observe({0: 100.0, 1: 100.0}, held=(0, 1), engines_percent=100.0)
+    assert busy.busy() == (0,)
+    assert claims.claim((0, 1), busy.busy(), [], (), weights_in_ram=True,
+                        floor=1) == claims.Claim((1,))  # fmt: skip
+    busy.observe({0: 100.0, 1: 100.0}, held=(0, 1), engines_percent=None)  # not read: stays
+    assert busy.busy() == (0,)
+    busy.observe({0: 60.0, 1: 100.0}, held=(0, 1), engines_percent=100.0)
+    assert busy.busy() == ()  # one reading below clears it
+
+
+def test_our_engines_cpu_is_read_per_process_between_reads(
+    spinner: tuple[psutil.Process, int],
+) -> None:
+    """A real process spinning on a core reads as about one core's worth while it spins."""
+    process, _ = spinner
+    engines = EngineCpu()
+    engines.read([process.pid])
+    before = process.cpu_times()
+    until(lambda: sum(process.cpu_times()[:2]) - sum(before[:2]) >= 0.2, "the spinner ran")
+    used = engines.read([process.pid, 2**22 + 7])  # a pid that is gone is skipped
+    assert used is not None and 0 < used <= 110
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import select
+import signal
 import sqlite3
 import threading
 import time
@@ -92,6 +93,31 @@ def test_a_long_poll_wakes_on_the_event_not_at_its_bound(tmp_path: Path) -> None
         assert idle["changed"] == []
         assert answered - sent < 30  # before its bound: the event woke it
         print(f"long-poll answered {answered - woke:.3f} s after the event was asked for")
+
+
+def test_a_stop_answers_an_open_long_poll_at_once(tmp_path: Path) -> None:
+    """The poll is held by the box (a 60 s wait, nothing changing) and seen waiting before
+    the stop; the stop must answer it, saying so: left to uvicorn, it would be cut off with
+    no reply at the end of the grace period."""
+    with running_fitbox(tmp_path / "home", [tmp_path / "models"]) as box:
+        start = counter(box)
+        url = urllib.parse.urlsplit(box.url)
+        waiting = http.client.HTTPConnection(url.hostname or "", url.port, timeout=60)
+        waiting.request("GET", f"/v1/telemetry/state?since={start}&wait=60")
+        # answered after the first was taken in (same loop, sent later): the first waits
+        idle = httpx.get(f"{box.url}/v1/telemetry/state", params={"since": start, "wait": 0},
+                         timeout=30).json()  # fmt: skip
+        assert idle["stopping"] is False
+        assert waiting.sock is not None and not select.select([waiting.sock], [], [], 0)[0]
+        box.proc.send_signal(signal.SIGTERM)
+        reply = waiting.getresponse()
+        answer = json.loads(reply.read())
+        waiting.close()
+        assert reply.status == 200 and answer["stopping"] is True
+        assert answer["counter"] >= start
+        box.proc.wait(timeout=60)
+        # uvicorn's word when it cuts open responses off at its grace period's end
+        assert "timeout graceful shutdown exceeded" not in box.log_path.read_text()
 
 
 def test_cursor_replay_yields_every_change_once_under_concurrent_writes(tmp_path: Path) -> None:

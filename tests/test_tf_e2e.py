@@ -120,8 +120,10 @@ def test_an_image_for_a_text_model_and_an_http_image_are_refused_with_reasons(
         error: dict[str, str] = reply.json()["error"]
         return error
 
-    assert "data: URL" in ask("http://example.com/cat.png")["message"]
-    assert "reads text only" in ask("data:image/png;base64,iVBORw0KGgo=")["message"]
+    assert ask("http://example.com/cat.png")["code"] == "image_url_not_fetched"
+    blind = ask("data:image/png;base64,iVBORw0KGgo=")  # PNG's signature: an image, to fitbox
+    assert blind["code"] == "model_not_vision_capable"
+    assert "does not read images" in blind["message"]
 
 
 def test_fitbox_engines_names_the_selected_interpreter(tf_python: Path, tmp_path: Path) -> None:

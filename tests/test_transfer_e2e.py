@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from fitbox.box.transfers import pull_from_box
+from fitbox.models.box_pull import BoxPull, parse_box_spec
 from fitbox.models.pull import PullError
 from fitbox.models.transfer import CHUNK_BYTES
 from fitbox.store.db import Store
@@ -30,6 +31,7 @@ from fitbox.store.db import Store
 from .conftest import FitboxProcess, running_fitbox
 from .ggufs import write_tiny_llama
 from .holds import until
+from .small_drive import SmallDrive
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 FAKES = Path(__file__).parent / "fakes"
@@ -220,6 +222,31 @@ def test_the_operator_action_pulls_and_refuses_what_is_here(source: Source, tmp_
         assert "already here" in again.json()["error"]["message"]
 
 
+def test_a_pull_that_does_not_fit_reaps_a_worker_copy_with_a_central_twin_first(
+    source: Source, tmp_path: Path
+) -> None:
+    worker, central = tmp_path / "nvme", tmp_path / "hdd"
+    worker.mkdir()
+    central.mkdir()
+    write_tiny_llama(central / "tiny-x.gguf", seed=7)
+    shutil.copy2(central / "tiny-x.gguf", worker / "tiny-x.gguf")
+    size = (worker / "tiny-x.gguf").stat().st_size
+    env = {"FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
+           "FITBOX_MOVERS": "reap_to_fit", "FITBOX_STORAGE_MAX": str(size + size // 2)}
+    with running_fitbox(tmp_path / "home", [worker, central], env=env) as dest_box:
+        body = {"model": f"box://127.0.0.1:{source.port}/tiny"}
+        got = httpx.post(f"{dest_box.url}/v1/operator/pull-model", json=body, timeout=120)
+        assert got.status_code == 200, got.text
+        assert "tiny" in dest_box.models()
+    assert sorted(p.name for p in worker.iterdir()) == ["tiny.gguf"]  # tiny-x made room
+    assert (central / "tiny-x.gguf").is_file()
+    with contextlib.closing(sqlite3.connect(tmp_path / "home" / "fitbox.sqlite3")) as conn:
+        reaps = conn.execute("SELECT target, detail FROM operator_actions WHERE action = 'reap'"
+                             ).fetchall()  # fmt: skip
+    assert [target for target, _ in reaps] == [str(worker / "tiny-x.gguf")]
+    assert "room to pull box://" in reaps[0][1]
+
+
 def test_no_room_is_refused_before_a_byte_moves(source: Source, tmp_path: Path) -> None:
     spec = f"box://127.0.0.1:{source.port}/{SMOL}"
     argv = [sys.executable, "-m", "fitbox", "pull", spec, "--home", str(tmp_path)]
@@ -374,3 +401,19 @@ def test_a_model_that_offers_no_file_is_no_pull(source: Source, dest: tuple[Path
     with pytest.raises(PullError, match="offers no file of evil"):
         pull_from_box(f"box://127.0.0.1:{source.port}/evil", models, store)
     assert not models.exists() or not any(models.iterdir())
+
+
+def test_a_drive_that_fills_mid_pull_ends_it_with_the_reason(
+    source: Source, drive: SmallDrive
+) -> None:
+    """The 20 MB drive said there was room (its check is bypassed here, as if another writer
+    filled it after the check); the write that fails ends the pull, not a retry loop."""
+    seen: list[str] = []
+    puller = BoxPull(parse_box_spec(f"box://127.0.0.1:{source.port}/{SMOL}"),
+                     drive.path / "models", events=lambda kind, _n, _i: seen.append(kind))
+    try:
+        with pytest.raises(PullError, match=r"could not write .*No space left"):
+            puller.run()
+    finally:
+        puller.close()
+    assert "cut" not in seen and 0 < seen.count("chunk_ok") < 25

@@ -71,6 +71,50 @@ get_peft_model(base, config).save_pretrained(sys.argv[2])
 """
 
 
+# A tiny random LLaVA (CLIP ViT 32x32, patch 8, into a 2-layer llama of width 64) with
+# SmolLM2's tokenizer plus an <image> token and a processor written here: each image is 16
+# image tokens in the prompt. The weights are drawn wide (std 0.5) so that the greedy answer
+# follows the pixels; seeded, so every build is the same model.
+MAKE_LLAVA = r"""
+import sys
+from pathlib import Path
+import torch
+from transformers import (AutoTokenizer, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                          LlavaForConditionalGeneration, LlavaProcessor)
+from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+smol, out = Path(sys.argv[1]), Path(sys.argv[2])
+tokenizer = AutoTokenizer.from_pretrained(smol)
+tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+image_token = tokenizer.convert_tokens_to_ids("<image>")
+text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   max_position_embeddings=2048, bos_token_id=tokenizer.bos_token_id,
+                   eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=2, image_size=32, patch_size=8)
+config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_token,
+                     vision_feature_select_strategy="default", vision_feature_layer=-1,
+                     projector_hidden_act="gelu")
+torch.manual_seed(0)
+model = LlavaForConditionalGeneration(config).eval()
+with torch.no_grad():  # a sharp, seeded init: different pixels move the greedy answer
+    for p in model.parameters():
+        p.normal_(0, 0.5 if p.dim() > 1 else 0.1)
+model.save_pretrained(out)
+template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+            "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+            "{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>"
+            "{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+images = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+processor = LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=8,
+                           vision_feature_select_strategy="default",
+                           num_additional_image_tokens=1, chat_template=template)
+processor.save_pretrained(out)
+"""
+TINY_LLAVA_IMAGE_TOKENS = 16  # (32 / 8)^2 patches; the CLS token is dropped ("default")
+
+
 def adapted_folder(python: Path, base: Path, out: Path, *, broken: bool = False) -> Path:
     """A model folder of ``base``'s files whose fitbox.json names a PEFT LoRA beside them;
     ``broken``: the adapter's config is there, its weights are not."""
@@ -120,6 +164,20 @@ def smol_folder(python: Path, gguf: Path) -> Path:
             shutil.rmtree(building, ignore_errors=True)
             subprocess.run([str(python), "-c", REBUILD, str(gguf), str(building)], check=True,
                            timeout=600, capture_output=True)  # fmt: skip
+            shutil.rmtree(out, ignore_errors=True)
+            os.rename(building, out)
+    return out
+
+
+def tiny_llava_folder(python: Path, smol: Path) -> Path:
+    """The tiny random vision-language folder (MAKE_LLAVA), built once per cache."""
+    out = CACHE / "tf-models" / "tiny-llava"
+    with _locked(out.with_suffix(".lock")):
+        if not (out / "model.safetensors").is_file():
+            building = out.with_name(out.name + ".building")
+            shutil.rmtree(building, ignore_errors=True)
+            subprocess.run([str(python), "-c", MAKE_LLAVA, str(smol), str(building)],
+                           check=True, timeout=600, capture_output=True)  # fmt: skip
             shutil.rmtree(out, ignore_errors=True)
             os.rename(building, out)
     return out

@@ -137,6 +137,8 @@ def _add_install(sub: Commands) -> None:
             "--root", default="/", help="install into this directory tree (for images and tests)"
         )
         parser_.add_argument("--yes", action="store_true", help="do not ask")
+        parser_.add_argument("--central-role", action="store_true",
+                             help="the central (fitbox-central.service), not a box")  # fmt: skip
     install.add_argument("--port", help="N, or auto for a free one (kept on re-runs)")
     install.add_argument("--host", help="address to listen on (default 127.0.0.1, kept)")
     install.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
@@ -372,6 +374,8 @@ def list_models(config: settings.Config, as_json: bool) -> int:
             "format": a.format,  # which engine kind serves it (gguf: llama-server)
             "weights_bytes": a.facts.shape.weights_bytes,
             "context_length": a.facts.shape.n_ctx_train,
+            "vision": a.vision,  # reads images: a vision-language folder, or an mmproj beside
+            "mmproj": str(a.mmproj) if a.mmproj else None,
         }
         for a in catalog.artifacts()
     ]
@@ -389,8 +393,9 @@ def list_models(config: settings.Config, as_json: bool) -> int:
         return 0
     for row in rows:
         aliases = f" (aka {', '.join(row['aliases'])})" if row["aliases"] else ""
+        vision = " vision" if row["vision"] else ""
         print(
-            f"{row['name']}{aliases}  {row['architecture']} ({row['format']})  "
+            f"{row['name']}{aliases}  {row['architecture']} ({row['format']}){vision}  "
             f"{format_bytes(int(row['weights_bytes']))}  ctx {row['context_length']}  "
             f"{row['path']}"
         )

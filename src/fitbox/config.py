@@ -7,120 +7,16 @@ setting and the value: ``Setting 'ram_max' (FITBOX_RAM_MAX) has value 'lots'. ..
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fitbox import setting_values as values
 from fitbox.home import Home, default_home
 from fitbox.networks import DEFAULT_TRUSTED_NETWORKS, Network, parse_networks
-from fitbox.units import parse_size
-
-
-class ConfigError(ValueError):
-    """A setting has a value fitbox cannot use."""
-
-
-def _port(text: str) -> int | None:
-    if text == "auto":
-        return None
-    port = int(text)
-    if not 0 < port < 65536:
-        raise ValueError("a port is 1..65535 or 'auto'")
-    return port
-
-
-def _paths(text: str) -> tuple[Path, ...]:
-    return tuple(Path(p).expanduser().absolute() for p in text.split(os.pathsep) if p)
-
-
-def _optional_size(text: str) -> int | None:
-    return parse_size(text) if text else None
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be at least 1")
-    return value
-
-
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("write true or false")
-
-
-def _choice(*allowed: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in allowed:
-            raise ValueError(f"write one of {', '.join(allowed)}")
-        return value
-
-    return parse
-
-
-def _kv_types(text: str) -> tuple[str, ...]:
-    from fitbox.core.sizing import KV_TYPES
-
-    kinds = tuple(k.strip().lower() for k in text.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in KV_TYPES]
-    if unknown or not kinds:
-        raise ValueError(f"cache types are a comma list of {', '.join(KV_TYPES)}")
-    return kinds
-
-
-def _positive_size(text: str) -> int:
-    value = parse_size(text)
-    if value < 1:
-        raise ValueError("must be at least 1 byte")
-    return value
-
-
-DRIVE_ROLES = ("central", "worker", "immutable")
-
-
-def _drive_roles(text: str) -> tuple[tuple[Path, str], ...]:
-    """``DIR=role,DIR=role``: the role of the drive holding each directory."""
-    found = []
-    for item in (i.strip() for i in text.split(",") if i.strip()):
-        where, eq, role = item.rpartition("=")
-        if not eq or not where or role not in DRIVE_ROLES:
-            raise ValueError(f"write DIR=ROLE pairs, comma-separated; a role is one of "
-                             f"{', '.join(DRIVE_ROLES)}")  # fmt: skip
-        found.append((Path(where).expanduser(), role))
-    return tuple(found)
-
-
-def _origins(text: str) -> tuple[str, ...]:
-    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
-    if "*" in origins and len(origins) > 1:
-        raise ValueError("write * alone, or a list of origins")
-    for origin in origins:
-        if origin != "*" and not origin.startswith(("http://", "https://")):
-            raise ValueError(f"an origin is scheme://host[:port]; {origin!r} is not one")
-    return origins
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise ValueError("must be above 0")
-    return value
-
-
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    env: str
-    default: str
-    help: str
-    parse: Callable[[str], Any] = str
-
+from fitbox.setting_values import ConfigError as ConfigError  # re-exported: config.ConfigError
+from fitbox.setting_values import Setting as Setting
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
@@ -134,37 +30,39 @@ SETTINGS: tuple[Setting, ...] = (
         "FITBOX_MODELS",
         "",
         "model roots, os.pathsep-separated; default: <data dir>/models",
-        _paths,
+        values.paths,
     ),
     Setting("host", "FITBOX_HOST", "127.0.0.1", "address to listen on"),
-    Setting("port", "FITBOX_PORT", "8484", "port to listen on, or 'auto' for a free one", _port),
+    Setting(
+        "port", "FITBOX_PORT", "8484", "port to listen on, or 'auto' for a free one", values.port
+    ),
     Setting(
         "ram_max",
         "FITBOX_RAM_MAX",
         "",
         "cap on host RAM fitbox may fill with models (e.g. 8GiB); default: MemAvailable",
-        _optional_size,
+        values.optional_size,
     ),
     Setting(
         "vram_max",
         "FITBOX_VRAM_MAX",
         "",
         "cap on each GPU's memory fitbox may fill (e.g. 20GiB); default: what the GPU has",
-        _optional_size,
+        values.optional_size,
     ),
     Setting(
         "cpu_max",
         "FITBOX_CPU_MAX",
         "",
         "cap on the physical cores fitbox may claim for engines; default: all but one",
-        lambda text: _positive_int(text) if text else None,
+        lambda text: values.positive_int(text) if text else None,
     ),
     Setting(
         "storage_max",
         "FITBOX_STORAGE_MAX",
         "",
         "cap on the model store's drive that pulls may fill (e.g. 500GiB); reported in limits",
-        _optional_size,
+        values.optional_size,
     ),
     Setting(
         "transfer_max",
@@ -172,7 +70,7 @@ SETTINGS: tuple[Setting, ...] = (
         "4",
         "files this box sends to other boxes at once (GET /v1/transfer/…/file); one more is "
         "answered 429 with Retry-After",
-        _positive_int,
+        values.positive_int,
     ),
     Setting(
         "drive_roles",
@@ -182,7 +80,18 @@ SETTINGS: tuple[Setting, ...] = (
         "of record, never reaped), worker (loads read from it, within storage_max), immutable "
         "(read in place, never written); unset: read-only is immutable, the first model "
         "root's drive is the worker, the others central",
-        _drive_roles,
+        values.drive_roles,
+    ),
+    Setting(
+        "movers",
+        "FITBOX_MOVERS",
+        "",
+        "movers to turn on, comma-separated (each is off unless named): reap_to_fit (remove "
+        "the least recently called worker copies that have an exact twin on a central drive "
+        "when a pull or an upload needs room), upload_to_worker (a call's model on a central "
+        "drive is copied to the worker drive before it loads), copy_to_central (a model only "
+        "on the worker drive is copied to a central drive after its first load)",
+        values.movers,
     ),
     Setting(
         "goal",
@@ -190,21 +99,21 @@ SETTINGS: tuple[Setting, ...] = (
         "quality",
         "what placement optimises: quality (best variant), fast (shortest measured time), "
         "resident (keep hot models loaded)",
-        _choice("quality", "fast", "resident"),
+        values.choice("quality", "fast", "resident"),
     ),
     Setting(
         "kv_types",
         "FITBOX_KV_TYPES",
         "f16",
         "K/V cache types to try, preferred first (e.g. f16,q8_0: q8_0 when f16 does not fit)",
-        _kv_types,
+        values.kv_types,
     ),
     Setting(
         "admission",
         "FITBOX_ADMISSION",
         "eta",
         "order of calls waiting for room: eta, smart (batch by model) or fifo",
-        _choice("eta", "smart", "fifo"),
+        values.choice("eta", "smart", "fifo"),
     ),
     Setting(
         "simulated_gpus",
@@ -218,19 +127,19 @@ SETTINGS: tuple[Setting, ...] = (
         "FITBOX_CTX",
         "4096",
         "context window each model is loaded with (capped at its training context)",
-        _positive_int,
+        values.positive_int,
     ),
     Setting(
         "parallel", "FITBOX_PARALLEL", "4",
         "llama-server slots per model (-np; more than 1 share one KV cache, --kv-unified)",
-        _positive_int,
+        values.positive_int,
     ),
     Setting(
         "cpu_floor",
         "FITBOX_CPU_FLOOR",
         "1",
         "free physical cores a model with weights in RAM needs before it is loaded",
-        _positive_int,
+        values.positive_int,
     ),
     Setting(
         "cpu_busy_percent",
@@ -238,14 +147,14 @@ SETTINGS: tuple[Setting, ...] = (
         "90",
         "a core no engine of fitbox holds, this busy (percent) reading after reading, is busy "
         "with other work: claims take it last",
-        _positive_float,
+        values.positive_float,
     ),
     Setting(
         "cpu_busy_readings",
         "FITBOX_CPU_BUSY_READINGS",
         "8",
         "sensor readings in a row a core must stay that busy before claims avoid it",
-        _positive_int,
+        values.positive_int,
     ),
     Setting(
         "warmup",
@@ -254,14 +163,14 @@ SETTINGS: tuple[Setting, ...] = (
         "the engine's empty warmup run at load: auto (skipped when a call waits for the load: "
         "its first token does that work; a swap took 0.91-0.94x as long on a quiet box, "
         "bench/swap.py --warmup on,auto), on, off",
-        _choice("auto", "on", "off"),
+        values.choice("auto", "on", "off"),
     ),
     Setting(
         "load_timeout",
         "FITBOX_LOAD_TIMEOUT",
         "300",
         "seconds a child may take to load",
-        _positive_float,
+        values.positive_float,
     ),
     Setting(
         "grow_cooldown",
@@ -269,21 +178,21 @@ SETTINGS: tuple[Setting, ...] = (
         "60",
         "seconds a model loaded below its preferred window serves before an idle rebuild may "
         "grow it back (when room has stayed free and it has had calls)",
-        _positive_float,
+        values.positive_float,
     ),
     Setting(
         "reading_interval",
         "FITBOX_READING_INTERVAL",
         "0.25",
         "seconds between sensor readings (host RAM and CPU, each GPU) kept in resource_log",
-        _positive_float,
+        values.positive_float,
     ),
     Setting(
         "reading_retention",
         "FITBOX_READING_RETENTION",
         "21600",
         "seconds of sensor readings kept; older ones are deleted",
-        _positive_float,
+        values.positive_float,
     ),
     Setting(
         "engine_idle_timeout",
@@ -292,42 +201,42 @@ SETTINGS: tuple[Setting, ...] = (
         "seconds without a byte from an engine mid-call before it is probed; an engine that "
         "does not answer its health probe then is hung: the call ends engine_timeout and the "
         "engine is restarted",
-        _positive_float,
+        values.positive_float,
     ),
     Setting(
         "wait_timeout",
         "FITBOX_WAIT_TIMEOUT",
         "300",
         "seconds a call may wait for busy models to free room",
-        _positive_float,
+        values.positive_float,
     ),
     Setting(
         "stop_grace",
         "FITBOX_STOP_GRACE",
         "5",
         "seconds between SIGTERM and SIGKILL when stopping a child",
-        _positive_float,
+        values.positive_float,
     ),
     Setting(
         "crash_limit",
         "FITBOX_CRASH_LIMIT",
         "3",
         "crashes within the crash window that mark a model failed until an operator clears it",
-        _positive_int,
+        values.positive_int,
     ),
     Setting(
         "crash_window",
         "FITBOX_CRASH_WINDOW",
         "300",
         "seconds over which crashes are counted",
-        _positive_float,
+        values.positive_float,
     ),
     Setting(
         "crash_backoff",
         "FITBOX_CRASH_BACKOFF",
         "1",
         "seconds to wait before restarting a crashed model; doubles per crash, at most 30",
-        _positive_float,
+        values.positive_float,
     ),
     Setting(
         "trusted_networks",
@@ -348,7 +257,7 @@ SETTINGS: tuple[Setting, ...] = (
         "FITBOX_REQUIRE_KEYS",
         "false",
         "require an API key for inference from every network (true/false)",
-        _bool,
+        values.yes_no,
     ),
     Setting(
         "max_body",
@@ -356,7 +265,15 @@ SETTINGS: tuple[Setting, ...] = (
         "32MiB",
         "largest request body fitbox reads (e.g. 64MiB); a larger one is refused with 413 "
         "before it is read",
-        _positive_size,
+        values.positive_size,
+    ),
+    Setting(
+        "max_image",
+        "FITBOX_MAX_IMAGE",
+        "20MiB",
+        "largest image (decoded bytes) one image_url part of a chat message may hold; a "
+        "larger one is refused with 400 before any model is placed",
+        values.positive_size,
     ),
     Setting(
         "cors_origins",
@@ -364,7 +281,17 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "browser origins allowed to call fitbox (comma list, e.g. https://app.example), or * "
         "(only with FITBOX_REQUIRE_KEYS); default: CORS off",
-        _origins,
+        values.origins,
+    ),
+    Setting(
+        "host_names",
+        "FITBOX_HOST_NAMES",
+        "",
+        "names this box is reached by (comma list, e.g. fitbox.lan): a call from the box "
+        "itself without a key (management, the dashboard, metrics) must send one of them, "
+        "localhost, FITBOX_HOST or an address as its Host, so a web page whose name was "
+        "rebound to this box gets nothing; default: none",
+        values.host_names,
     ),
     Setting(
         "default_model",
@@ -388,6 +315,14 @@ SETTINGS: tuple[Setting, ...] = (
         "the worker key the central printed for this box (fitbox central keys create)",
     ),
     Setting(
+        "central_db",
+        "FITBOX_CENTRAL_DB",
+        "",
+        "the central's store (fitbox central serve): a postgresql://USER:PASSWORD@HOST:PORT/DB "
+        "URL for a fleet that outgrows one file (psycopg 3: pip install 'fitbox[central-pg]'); "
+        "default: central.sqlite3 in the central's home",
+    ),
+    Setting(
         "aliases",
         "FITBOX_ALIASES",
         "",
@@ -409,6 +344,7 @@ class Config:
     storage_max: int | None
     transfer_max: int
     drive_roles: tuple[tuple[Path, str], ...]
+    movers: frozenset[str]
     goal: str
     kv_types: tuple[str, ...]
     admission: str
@@ -436,9 +372,12 @@ class Config:
     max_body: int
     aliases: Path
     cors_origins: tuple[str, ...] = ()
+    host_names: tuple[str, ...] = ()
     default_model: str = ""
     central_url: str = ""
     central_key: str = ""
+    central_db: str = ""
+    max_image: int = 20 << 20
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -497,6 +436,13 @@ def load(
     if values["central_url"] and not values["central_url"].startswith(("http://", "https://")):
         raise ConfigError(f"Setting 'central_url' (FITBOX_CENTRAL_URL) has value "
                           f"{values['central_url']!r}. Write http://HOST:PORT.")  # fmt: skip
+    values["central_db"] = values["central_db"].strip()
+    if values["central_db"] and not values["central_db"].startswith(
+        ("postgresql://", "postgres://")
+    ):  # its value is not shown: a mistyped URL may still hold the password
+        raise ConfigError("Setting 'central_db' (FITBOX_CENTRAL_DB) is not a PostgreSQL URL. "
+                          "Write postgresql://USER:PASSWORD@HOST:PORT/DB, or leave it unset "
+                          "for the SQLite file in the central's home.")  # fmt: skip
     return Config(**values)
 
 

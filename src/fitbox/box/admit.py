@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from fitbox.config import Config
@@ -22,6 +23,7 @@ from fitbox.core.decision import Place, Refuse, Wait
 from fitbox.core.types import Device, ResidentState
 from fitbox.engines.kinds import EngineKinds
 from fitbox.errors import EngineFailed, ModelBusy, ShuttingDown
+from fitbox.models.catalog import Artifact
 
 from . import planning
 from .asks import Asks, Named
@@ -47,6 +49,9 @@ class Admission:
         self.supervisor, self.engines, self.tasks = supervisor, engines, tasks
         self.waiting = WaitingRoom()
         self.closing = False
+        # movers (box/movers.py): a model's file moved before its load, and after its first
+        self.before_load: Callable[[Named, int | None], Awaitable[Named]] | None = None
+        self.after_load: Callable[[Artifact], None] | None = None
 
     def policy(self) -> str:
         return str(self.asks.prefs.effective()["admission"])
@@ -60,8 +65,13 @@ class Admission:
         its window; the call is placed once more against that fact (a smaller window or
         the next rung), in the same request."""
         named = self.asks.named(name)
+        if self.before_load is not None and self.joinable(named) is None:
+            named = await self.before_load(named, call_id)
         try:
-            return await self._acquire(named, call_id, need, max_tokens, slots)
+            lease = await self._acquire(named, call_id, need, max_tokens, slots)
+            if lease.loaded and self.after_load is not None:
+                self.after_load(lease.resident.artifact)
+            return lease
         except EngineFailed as exc:
             if not exc.detail.get("out_of_memory"):
                 raise
@@ -187,20 +197,7 @@ class Admission:
             self.registry.move(victim, S.STOPPING)
         for key in decision.cores_from:  # an idle engine whose cores this claim takes
             if (holder := self.registry.get(key)) is not None:
-                holder.lost_cores |= set(decision.cores)
-                holder.cpus = self.snapshots.cpus_kept(holder.cores)
-                if len(holder.cpus) >= holder.threads:
-                    self.supervisor.repin(holder)
-                else:
-                    # its thread count is fixed at launch: llama.cpp's threads crowded onto
-                    # fewer cores wait on each other's spin barriers (a 3-token call went from
-                    # 0.05 s to 9 s), far worse than sharing a core with the new engine, so it
-                    # keeps the CPUs it had (FORMULAS.md §CPU claims)
-                    holder.cpus = self.snapshots.cpus_of(holder.place.cores if holder.place
-                                                         else ())  # fmt: skip
-                    log.info("%s keeps its CPUs: %d threads would crowd the %d core(s) a claim "
-                             "left it", holder.artifact.name, holder.threads,
-                             len(holder.cores))  # fmt: skip
+                self._take_cores(holder, decision.cores)
         device = next(d for d in devices if d.id == decision.device)
         artifact = next(a for a in named.artifacts if a.key == decision.artifact)
         resident = Resident(
@@ -220,6 +217,28 @@ class Admission:
         self.tasks.spawn(self.supervisor.bring_up(resident, victims))
         return Lease(resident, self.registry, [v.artifact.name for v in victims], loaded=True,
                      slots=slots)  # fmt: skip
+
+    def _take_cores(self, holder: Resident, taken: tuple[int, ...]) -> None:
+        """Under the lock: a claim takes cores of the idle ``holder`` (FORMULAS.md §CPU
+        claims). With a core per thread left its threads are re-pinned to what it keeps.
+        With fewer (its ``-t`` is fixed at launch, and llama.cpp's threads crowded onto fewer
+        cores wait on each other's spin barriers: a 3-token call went from 0.05 s to 9 s) it
+        is launched again with a thread per core it keeps: the same file and contract, it
+        stays resident. On a one-core box, where it would keep none, it keeps its CPUs."""
+        holder.lost_cores |= set(taken)
+        kept = self.snapshots.cores_kept(holder.cores)
+        holder.cpus = self.snapshots.cpus_of(kept)
+        if len(holder.cpus) >= holder.threads:
+            self.supervisor.repin(holder)
+        elif kept and holder.place is not None and holder.state is S.READY:
+            log.info("%s starts again with %d thread(s): %d would crowd the core(s) %s a claim "
+                     "left it", holder.artifact.name, len(kept), holder.threads,
+                     list(kept))  # fmt: skip
+            self.registry.move(holder, S.STOPPING)  # no call joins it while it relaunches
+            successor = holder.relaunched(replace(holder.place, cores=kept), holder.cpus)
+            self.tasks.spawn(self.supervisor.relaunch(holder, successor))
+        else:
+            holder.cpus = self.snapshots.cpus_of(holder.place.cores if holder.place else ())
 
     def _outgrown(self, resident: Resident, prompt: int) -> bool:
         """A prompt larger than a slot of the loaded window needs the model loaded again with a

@@ -83,7 +83,7 @@ def candidate(
         key=artifact.key, quant=artifact.facts.quant, shape=artifact.facts.shape,
         layout=artifact.facts.layout, four_bit=is_four_bit(artifact.facts.quant),
         measured=tuple(fits), loaded_windows=tuple(loaded), refused_windows=tuple(refused),
-        speeds=tuple(speeds.items()), cpu=cpu,
+        speeds=tuple(speeds.items()), cpu=cpu, projector=artifact.projector,
         four_bit_weights=artifact.facts.four_bit_weights if can.four_bit_in_place else None,
         partial_offload=can.partial_offload,
     )  # fmt: skip

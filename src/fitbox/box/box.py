@@ -38,6 +38,7 @@ from .asks import Asks
 from .calls import CallDesk
 from .facts import Facts
 from .lease import Lease
+from .movers import Movers
 from .needs import Needs
 from .operator import Operator
 from .preferences import Preferences
@@ -69,10 +70,16 @@ class Box:
                          self._abilities)  # fmt: skip
         self.snapshots = Snapshots(gpus, self.registry, self.prefs, config.cpu_busy_percent,
                                    config.cpu_busy_readings)  # fmt: skip
-        self.supervisor = Supervisor(config, self.registry, self.facts, gpus, store, self.tasks)
+        self.supervisor = Supervisor(config, self.registry, self.facts, gpus, store, self.tasks,
+                                     self.snapshots.cpus_of)  # fmt: skip
         self.watchdog = Watchdog(self.supervisor, config.engine_idle_timeout)
         self.admission = Admission(config, self.registry, self.asks, self.snapshots,
                                    self.supervisor, self.engines, self.tasks)  # fmt: skip
+        self.movers = Movers(config, catalog, self.registry, self.prefs, store, self.tasks)
+        if self.movers.on("upload_to_worker"):
+            self.admission.before_load = self.movers.before_load
+        if self.movers.on("copy_to_central"):
+            self.admission.after_load = self.movers.after_load
         self.operator = Operator(catalog, self.registry, self.admission, self.supervisor)
         self.needs = Needs(config.parallel, self.asks, self.admission)
         self.warmth = Warmth(config, self.registry, self.asks, self.admission, self.supervisor,
@@ -107,7 +114,7 @@ class Box:
 
     def queue(self) -> list[dict[str, Any]]:
         """Calls waiting for room, in admission order (core/admission.py)."""
-        return self.admission.waiting.view(self.admission.policy())
+        return self.admission.waiting.view(self.admission.policy()) + self.movers.queue()
 
     @property
     def crashes(self) -> CrashLedger:
@@ -175,6 +182,8 @@ class Box:
         chosen = next((a for a in named.artifacts if isinstance(decision, Place)
                        and a.key == decision.artifact), first)  # fmt: skip
         report = planning.report(decision, snapshot, names, planning.basis(decision, ask))
+        if isinstance(decision, Place) and report["basis"] == "measured":
+            report.update(self._measured_by(chosen, ask.parallel, decision))
         return {
             "model": chosen.name, "asked": name, "artifact": str(chosen.path),
             "architecture": chosen.facts.architecture, "quant": chosen.facts.quant,
@@ -183,6 +192,21 @@ class Box:
             "type_v": report.get("type_v", ask.kv_types[0][1]),
             "variants": [a.name for a in named.artifacts], **report,
         }  # fmt: skip
+
+    def _measured_by(self, artifact: Artifact, parallel: int, place: Place) -> dict[str, Any]:
+        """Where a measured placement's bytes come from: a load here (its call), or another
+        box's load of a file with the same bytes (basis "imported", with that box's id)."""
+        try:
+            identity = artifact.identity()
+        except OSError:
+            return {}
+        found = self.facts.measurement(identity, parallel, place.where, place.window,
+                                       place.type_k, place.type_v)  # fmt: skip
+        if found is None:
+            return {}
+        source = {"box_id": found.origin_box, "row_id": found.origin_id,
+                  "call_id": found.call_id, "measured_at": found.measured_at}  # fmt: skip
+        return {"basis": "imported" if found.origin_box else "measured", "measured_by": source}
 
     # -- life ------------------------------------------------------------------------------
 

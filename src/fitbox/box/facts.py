@@ -98,6 +98,21 @@ class Facts:
             self.store.footprint_measured(measured)
         return measured
 
+    def footprint_imported(self, measured: MeasuredFootprint) -> None:
+        """File a footprint another box measured for a file with these bytes (its key is
+        this box's file). It prices the next placement unless this box measured the same key
+        itself: a measurement made here wins. An offer taken before is kept once (store)."""
+        here = self.measured.get(measured.key)
+        if here is None or here.origin_box is not None:
+            self.measured[measured.key] = measured
+        if self.store is not None:
+            self.store.footprint_imported(measured)
+
+    def measurement(self, identity: Identity, parallel: int, where: str, window: int,
+                    type_k: str, type_v: str) -> MeasuredFootprint | None:  # fmt: skip
+        """The footprint that prices this placement, if one was measured (here or imported)."""
+        return self.measured.get((*identity, where, window, parallel, type_k, type_v))
+
     def window_refused(
         self, artifact: Artifact, where: str, contract: Contract, said: str | None,
         call_id: int | None,

@@ -121,6 +121,9 @@ LIMIT_KNOBS: dict[str, Callable[[Any], Any]] = {
     "cpu_max": _number(1, 4096, integer=True),
     "storage_max": _size,
 }
+# the central tier of each limit (what a central allots this box: POST /v1/limits with
+# {"tier": "central"}) is kept beside the box's own under this prefix
+CENTRAL_TIER = "central_"
 
 
 def parse(knobs: dict[str, Callable[[Any], Any]], body: Any) -> dict[str, Any]:
@@ -173,9 +176,19 @@ class Preferences:
                 if k in KEY_KNOBS}  # fmt: skip
 
     def limit(self, name: str) -> Any:
+        """The box tier of a limit: set here, else the start-up setting, else None."""
         if name in self.limits:
             return self.limits[name]
         return getattr(self.config, name, None)
+
+    def central_limit(self, name: str) -> Any:
+        """The central tier of a limit (what a central allotted), else None."""
+        return self.limits.get(CENTRAL_TIER + name)
+
+    def cap(self, name: str) -> Any:
+        """The lower of the box and central tiers: what fitbox may use (None: no cap)."""
+        found = [v for v in (self.limit(name), self.central_limit(name)) if v is not None]
+        return min(found, default=None)
 
     def apply(self, scope: str, model: str, values: dict[str, Any]) -> None:
         target = {"box": self.box, "limits": self.limits}.get(scope)

@@ -79,6 +79,18 @@ class Resident:
     def state(self) -> ResidentState:
         return self._state
 
+    def relaunched(self, place: Place, cpus: frozenset[int]) -> Resident:
+        """The same file under the same contract (window, slots, caches, bytes, pin, idle
+        clock) launched again on ``place``'s cores: what an idle engine a claim would crowd
+        starts again as, a thread per core it keeps (box/admit.py)."""
+        return Resident(
+            artifact=self.artifact, device=self.device, footprint=self.footprint,
+            window=self.window, parallel=self.parallel, simulated=self.simulated,
+            engine=self.engine, last_used=self.last_used, basis=self.basis,
+            pinned=self.pinned, place=place, asked=self.asked, band=self.band,
+            embeddings=self.embeddings, held=dict(self.held), cpus=cpus,
+        )  # fmt: skip
+
     @property
     def rung(self) -> Rung:
         return self.place.rung if self.place else Rung.RAM_ONLY

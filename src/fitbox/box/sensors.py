@@ -7,9 +7,12 @@ appears on a GPU and that fitbox did not start is scouted: which model files it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Collection, Mapping
 from typing import Any
+
+import psutil
 
 from fitbox.config import Config
 from fitbox.models.scout import scout
@@ -27,25 +30,70 @@ class BusyCores:
     """Physical cores busy with other work: a core none of fitbox's engines holds whose
     busiest logical CPU read at least ``percent`` busy for ``readings`` readings in a row.
     One reading below, or one of our engines taking the core, clears it. Owned by the
-    sensor loop (``observe``); claims read ``busy()``."""
+    sensor loop (``observe``); claims read ``busy()``.
+
+    Work on cores our engines hold is invisible per core, and a swap's victim held every
+    core the newcomer is then lent. So the whole box is read too: every CPU's busy percent
+    summed, less what our engines ran (``engines_percent``). Other work worth ``percent`` of
+    a core for ``readings`` readings in a row marks the reserved core busy, so it is not
+    lent (core/claims.py): llama.cpp run with a thread per core beside other work waits on
+    its spin barriers (measured here: a 1-token call 0.4-1.3 s at -t 2 against 0.04-0.13 s at
+    -t 1, and the first call after a load 4.6-6.3 s against 0.9-1.8 s)."""
 
     def __init__(self, cores: Mapping[int, frozenset[int]], percent: float, readings: int) -> None:
         self.cores, self.percent, self.readings = dict(cores), percent, readings
         self._streak = dict.fromkeys(self.cores, 0)
+        self._box_streak = 0  # readings in a row with other work worth a core, box-wide
+        self.reserved = min(self.cores) if len(self.cores) > 1 else None
 
-    def observe(self, busy_by_cpu: Mapping[int, float], held: Collection[int]) -> None:
+    def observe(
+        self, busy_by_cpu: Mapping[int, float], held: Collection[int],
+        engines_percent: float | None = None,
+    ) -> None:  # fmt: skip
+        """One reading. ``engines_percent``: our engines' CPU use since the last reading (100 a
+        core); None: not read, the box-wide rule stays still."""
         for core, cpus in self.cores.items():
             level = max((busy_by_cpu.get(cpu, 0.0) for cpu in cpus), default=0.0)
             sustained = core not in held and level >= self.percent
             self._streak[core] = self._streak[core] + 1 if sustained else 0
+        if engines_percent is not None:
+            other = sum(busy_by_cpu.values()) - engines_percent
+            self._box_streak = self._box_streak + 1 if other >= self.percent else 0
 
     def busy(self) -> tuple[int, ...]:
-        return tuple(sorted(c for c, n in self._streak.items() if n >= self.readings))
+        found = {c for c, n in self._streak.items() if n >= self.readings}
+        if self.reserved is not None and self._box_streak >= self.readings:
+            found.add(self.reserved)
+        return tuple(sorted(found))
+
+
+class EngineCpu:
+    """Our engines' CPU use between two of its reads, in percent of one core: what the
+    box-wide reading of :class:`BusyCores` takes away as not other work."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, float] = {}
+        self._at = time.monotonic()
+
+    def read(self, pids: Collection[int]) -> float | None:
+        now, seconds = time.monotonic(), {}
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                times = psutil.Process(pid).cpu_times()
+                seconds[pid] = times.user + times.system
+        # an engine new since the last read counts from its start: its load is ours too
+        spent = sum(total - self._last.get(pid, 0.0) for pid, total in seconds.items())
+        elapsed, self._last, self._at = now - self._at, seconds, now
+        return None if elapsed <= 0 else 100.0 * spent / elapsed
 
 
 def held_cores(registry: Registry) -> set[int]:
     """Cores our own engines hold: their use is not other work."""
     return {core for resident in registry for core in resident.cores}
+
+
+def engine_pids(registry: Registry) -> list[int]:
+    return [r.child.pid for r in registry if r.child is not None and r.child.pid is not None]
 
 
 def read_all(registry: Registry, now: float, gpus: list[GpuReading]) -> list[tuple[Any, ...]]:
@@ -108,14 +156,16 @@ async def sense(
     stay busy with other work (into ``busy``), and, with a store, one reading of memory
     and GPU processes into it.
     ``started_pids``: every engine pid this fitbox started (the supervisor's)."""
-    counter = CoreBusyCounter()
+    counter, engines = CoreBusyCounter(), EngineCpu()
     counter.read()  # the first reading only starts the counter
+    engines.read(engine_pids(registry))
     if store is None:
         while True:
             await asyncio.sleep(config.reading_interval)
             await refresh_held_now(registry)
             if busy is not None:
-                busy.observe(counter.read(), held_cores(registry))
+                busy.observe(counter.read(), held_cores(registry),
+                             engines.read(engine_pids(registry)))  # fmt: skip
     start_cpu_counter()  # the first reading only starts the CPU counter
     pruned = 0.0
     seen: dict[str, dict[int, int]] = {}
@@ -123,7 +173,8 @@ async def sense(
         await asyncio.sleep(config.reading_interval)
         await refresh_held_now(registry)
         if busy is not None:
-            busy.observe(counter.read(), held_cores(registry))
+            busy.observe(counter.read(), held_cores(registry),
+                         engines.read(engine_pids(registry)))  # fmt: skip
         now = time.time()
         gpus = probe.read()  # one NVML reading serves memory and processes
         store.readings(read_all(registry, now, gpus))

@@ -34,7 +34,8 @@ class Snapshots:
         devices = []
         for gpu in self.gpus.read():
             device_id = f"gpu{gpu.index}"
-            tier = Tier(f"vram:{device_id}", gpu.total, self.prefs.limit("vram_max"))
+            tier = Tier(f"vram:{device_id}", gpu.total, self.prefs.limit("vram_max"),
+                        self.prefs.central_limit("vram_max"))  # fmt: skip
             # other processes' use is charged to the device: NVML free + what we hold
             unmanaged = (
                 0 if gpu.simulated else max(gpu.total - gpu.free - held.get(device_id, 0), 0)
@@ -46,7 +47,8 @@ class Snapshots:
         # (Resident.in_use), and of a growing cache only what it holds now.
         anonymous = held.get("host", 0)
         host = read_host()
-        tier = Tier("ram", host.mem_total, self.prefs.limit("ram_max"))
+        tier = Tier("ram", host.mem_total, self.prefs.limit("ram_max"),
+                    self.prefs.central_limit("ram_max"))  # fmt: skip
         room = min(host.mem_available + anonymous, host.mem_total)
         devices.append(Device("host", DeviceKind.HOST, min(capacity(tier), room)))
         return devices
@@ -57,7 +59,7 @@ class Snapshots:
             residents=tuple(r.view() for r in self.registry),
             cores=self.claimable_cores(),
             busy_cores=self.busy.busy(),
-            lend_reserved=self.prefs.limit("cpu_max") is None,  # a cap an operator set stands
+            lend_reserved=self.prefs.cap("cpu_max") is None,  # a cap an operator set stands
         )
 
     def physical_cores(self) -> dict[int, frozenset[int]]:
@@ -67,13 +69,17 @@ class Snapshots:
         """The logical CPUs of a claim's physical cores (SMT siblings go together)."""
         return frozenset().union(*(self._cores.get(c, frozenset()) for c in cores))
 
-    def cpus_kept(self, cores: tuple[int, ...]) -> frozenset[int]:
-        """Where an engine whose cores were all taken runs now: the reserved core, which it
-        shares with the OS and never with an engine that computes."""
+    def cores_kept(self, cores: tuple[int, ...]) -> tuple[int, ...]:
+        """Where an engine left with ``cores`` runs: those, or, when all were taken, the
+        reserved core, which it shares with the OS and never with an engine that computes
+        (none on a one-core box)."""
         keep = reserved_core(self.claimable_cores())
-        return self.cpus_of(cores or (() if keep is None else (keep,)))
+        return cores or (() if keep is None else (keep,))
+
+    def cpus_kept(self, cores: tuple[int, ...]) -> frozenset[int]:
+        return self.cpus_of(self.cores_kept(cores))
 
     def claimable_cores(self) -> tuple[int, ...]:
         """Physical cores claims are made from: the cores tier (--cpu-max) counts those
         engines may claim; the lowest stays for fitbox and the OS (core/claims.py)."""
-        return claim_pool(self._cores, self.prefs.limit("cpu_max"))
+        return claim_pool(self._cores, self.prefs.cap("cpu_max"))

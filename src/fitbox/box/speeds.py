@@ -3,8 +3,9 @@
 The last ``SPEED_WINDOW`` per (file, rung) are kept in memory (read from the store's
 ``recent_speeds`` view at start); the core reads their medians (FORMULAS.md §Goals). Each
 decode rate is also kept by the cores the engine ran on when it was measured: the bandwidth
-curve a claim reads (FORMULAS.md §CPU claims). The curve lives as long as this process: a
-restart measures it again.
+curve a claim reads (FORMULAS.md §CPU claims). Its last ``CURVE_WINDOW`` points per (file,
+rung) are read from the store's ``recent_curve`` view at start (migrations/0017), so a
+restarted box places with the curve it measured.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ class SpeedBook:
     def __init__(self, store: Store | None) -> None:
         self.store = store
         self._recent: dict[tuple[str, int, int, str], deque[MeasuredSpeed]] = {}
-        # (cores it ran on, decode ms per token), this process's measurements only
+        # (cores it ran on, decode ms per token): the thread curve, as the store kept it
         self._curves: dict[tuple[str, int, int, str], deque[tuple[int, float]]] = {}
         for speed in store.recent_speeds() if store else []:
             self._recent.setdefault(speed.key, deque(maxlen=SPEED_WINDOW)).append(speed)
+        for key, cores, decode_ms in store.recent_curve() if store else []:
+            self._curves.setdefault(key, deque(maxlen=CURVE_WINDOW)).append((cores, decode_ms))
 
     def record(self, resident: Resident, timings: CallTimings, call_id: int) -> None:
         """A call's timings as a measured speed of this file on this rung, when they
@@ -64,15 +67,16 @@ class SpeedBook:
             identity = resident.artifact.identity()
         except OSError:
             return
+        cores = len(resident.cores) or None  # none claimed: no point on the curve
         speed = MeasuredSpeed(
             *identity, resident.rung.value,
             resident.place.where if resident.place else resident.device, timings.prompt_n,
-            prompt_ms, timings.decode_n, decode_ms, call_id, time.time(),
+            prompt_ms, timings.decode_n, decode_ms, call_id, time.time(), cores,
         )  # fmt: skip
         self._recent.setdefault(speed.key, deque(maxlen=SPEED_WINDOW)).append(speed)
-        if decode_ms and resident.cores:  # a GPU-only engine's curve says nothing of RAM
+        if decode_ms and cores:
             self._curves.setdefault(speed.key, deque(maxlen=CURVE_WINDOW)).append(
-                (len(resident.cores), decode_ms)
+                (cores, decode_ms)
             )
         if self.store is not None:
             self.store.speed_measured(speed)

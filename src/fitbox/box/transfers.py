@@ -14,6 +14,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fitbox.models.box_pull import BoxPull, Events, FileOutcome, parse_box_spec
@@ -100,12 +101,15 @@ def no_room(dest_dir: Path, needed: int, storage_max: int | None) -> str | None:
 def pull_from_box(
     spec: str, dest_dir: Path, store: Store, *, key: str | None = None,
     storage_max: int | None = None, events: Events | None = None, attempts: int = 5,
+    make_room: Callable[[int], None] | None = None,
 ) -> list[FileOutcome]:  # fmt: skip
-    """Pull the model ``spec`` names into ``dest_dir``; raises PullError (recorded too)."""
+    """Pull the model ``spec`` names into ``dest_dir``; raises PullError (recorded too).
+    ``make_room(needed)``: asked to free room when the pull does not fit (reap_to_fit)."""
     source = parse_box_spec(spec)
     puller = BoxPull(source, dest_dir, key=key, attempts=attempts, events=events,
                      already_here=lambda sha256: same_bytes_here(store, sha256),
-                     no_room=lambda needed: no_room(dest_dir, needed, storage_max))  # fmt: skip
+                     no_room=lambda needed: no_room(dest_dir, needed, storage_max),
+                     make_room=make_room)  # fmt: skip
     try:
         outcomes = puller.run()
     except PullError as exc:

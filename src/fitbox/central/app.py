@@ -9,7 +9,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,7 +22,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import fitbox
-from fitbox.central import routing
+from fitbox.central import boxes, openapi, routing
+from fitbox.central.backend import StoreTarget
+from fitbox.central.facts import FactOffers
 from fitbox.central.mirror import MIRRORED_TABLES, Fleet
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
@@ -32,7 +33,6 @@ from fitbox.server import errors
 from fitbox.server.auth import Gate, admit, presented_key
 from fitbox.server.joining import is_loopback
 from fitbox.server.trust import TrustSettings, origin_of
-from fitbox.store.keys import KeyChecker
 
 log = logging.getLogger(__name__)
 REGISTER = "/v1/boxes"
@@ -59,7 +59,7 @@ def admit_central(path: str, method: str, peer: str | None, headers: dict[str, s
         raise AuthenticationFailed("Registering a box needs the worker key the central "
                                    "printed: fitbox serve --central URL --central-key KEY.",
                                    code="missing_api_key")  # fmt: skip
-    admit(path, peer, headers, gate)
+    admit(path, peer, headers, gate, method)
 
 
 class CentralAuth:
@@ -205,9 +205,11 @@ def _forwarded(path: str) -> Any:
 
 ROUTES = (
     Route("/health", health, methods=["GET"]),
+    Route("/openapi.json", openapi.document, methods=["GET"]),
     Route(REGISTER, register, methods=["POST"]),
     Route("/v1/fleet", fleet_view, methods=["GET"]),
     Route("/v1/fleet/models", fleet_models, methods=["GET"]),
+    Route("/v1/fleet/boxes/{box_id}/limits", boxes.limits, methods=["GET", "POST"]),
     Route("/v1/telemetry/tables", tables, methods=["GET"]),
     Route("/v1/telemetry/rows", table_rows, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
@@ -216,7 +218,7 @@ ROUTES = (
 )  # fmt: skip
 
 
-def create_central_app(config: Config, store_path: Path) -> Starlette:
+def create_central_app(config: Config, store_path: StoreTarget) -> Starlette:
     def lifespan(app: Starlette) -> contextlib.AbstractAsyncContextManager[None]:
         return _serving(app, config, store_path)
 
@@ -233,22 +235,34 @@ def create_central_app(config: Config, store_path: Path) -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def _serving(app: Starlette, config: Config, store_path: Path) -> AsyncIterator[None]:
+async def _serving(app: Starlette, config: Config,
+                   store_path: StoreTarget) -> AsyncIterator[None]:  # fmt: skip
     store = CentralStore(store_path)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=60.0)
     client = httpx.AsyncClient(limits=limits, timeout=timeout)
-    fleet = Fleet(store, client)
+    # A forwarded call always opens its own connection: one kept idle may be closed by the
+    # box's keep-alive timer as the call goes out (a box that paused, a GC, a VM stalled
+    # past it: the timer fires first when it resumes), and a POST sent there is lost with a
+    # ReadError that no retry could tell from a call the box took.
+    calls = httpx.AsyncClient(limits=httpx.Limits(max_connections=None,
+                                                  max_keepalive_connections=0),
+                              timeout=timeout)  # fmt: skip
+    fleet = Fleet(store, client, calls)
+    offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.gate = Gate(
-        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
-        KeyChecker(store_path), config.require_keys,
+        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host,
+                      config.host_names),
+        store.key_checker(), config.require_keys,
     )  # fmt: skip
     fleet.start()
     try:
         yield
     finally:
         await fleet.close()
+        await offers.close()
         await client.aclose()
+        await calls.aclose()
         app.state.gate.checker.close()
         store.close()

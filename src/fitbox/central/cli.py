@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import fitbox
+from fitbox.central.backend import StoreTarget, StoreUnavailable
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
 from fitbox.home import CentralHome, default_home, make_private
@@ -49,15 +50,25 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def run(config: Config, args: argparse.Namespace) -> int:
     home = central_home(args)
+    store = store_target(config, home)
     if args.central_command == "keys":
-        return _create_key(home, args)
-    return _serve(config, home, args.log_level)
+        return _create_key(home, store, args)
+    return _serve(config, home, store, args.log_level)
 
 
-def _create_key(home: CentralHome, args: argparse.Namespace) -> int:
+def store_target(config: Config, home: CentralHome) -> StoreTarget:
+    """FITBOX_CENTRAL_DB's PostgreSQL URL, else the SQLite file in the central's home."""
+    return config.central_db or home.store
+
+
+def _create_key(home: CentralHome, target: StoreTarget, args: argparse.Namespace) -> int:
     make_private(home.path)
     scopes = tuple(args.scope or ["inference"])
-    store = CentralStore(home.store)
+    try:
+        store = CentralStore(target)
+    except (StoreUnavailable, RuntimeError) as exc:  # SchemaTooNew too; no password in them
+        print(f"fitbox central keys: {exc}", file=sys.stderr)
+        return 1
     try:
         key, secret = store.run(lambda conn: create_key(conn, args.name, scopes,
                                                         known=CENTRAL_SCOPES))  # fmt: skip
@@ -82,7 +93,7 @@ def _create_key(home: CentralHome, args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(config: Config, home: CentralHome, log_level: str) -> int:
+def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: str) -> int:
     import uvicorn
 
     from fitbox.central.app import create_central_app
@@ -92,13 +103,15 @@ def _serve(config: Config, home: CentralHome, log_level: str) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     make_private(home.path)
     try:
-        CentralStore(home.store).close()  # made and migrated before anything listens
+        store = CentralStore(target)  # made and migrated before anything listens
+        where = store.where
+        store.close()
         family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((config.host, config.port or 0))
         sock.listen(2048)
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, StoreUnavailable) as exc:
         print(f"fitbox central: cannot start: {exc}", file=sys.stderr)
         return 1
     port = sock.getsockname()[1]
@@ -108,8 +121,9 @@ def _serve(config: Config, home: CentralHome, log_level: str) -> int:
     partial = home.endpoint.with_name(home.endpoint.name + ".part")
     partial.write_text(json.dumps(endpoint) + "\n")
     os.replace(partial, home.endpoint)
-    print(f"fitbox central {fitbox.__version__} listening on {endpoint['url']}", flush=True)
-    app = create_central_app(config, home.store)
+    print(f"fitbox central {fitbox.__version__} listening on {endpoint['url']} (store: "
+          f"{where})", flush=True)  # fmt: skip
+    app = create_central_app(config, target)
     server = uvicorn.Server(
         uvicorn.Config(
             app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5

@@ -11,10 +11,11 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
+from fitbox.central.backend import StoreUnavailable
 from fitbox.central.store import BoxRecord, CentralStore
 from fitbox.store.db import CURSOR_TABLES, READING_TABLES
 
@@ -58,13 +59,24 @@ class BoxLink:
                 else self.synced_at}  # fmt: skip
 
 
+class Listener(Protocol):
+    """Told of what the mirror sees (central/facts.py offers facts to the other boxes)."""
+
+    def mirrored(self, link: BoxLink, table: str, rows: list[Any]) -> None: ...
+
+    def came_up(self, link: BoxLink) -> None: ...
+
+
 class Fleet:
     """Every registered box and its follower; the one owner of the links."""
 
-    def __init__(self, store: CentralStore, client: httpx.AsyncClient) -> None:
+    def __init__(self, store: CentralStore, client: httpx.AsyncClient,
+                 calls: httpx.AsyncClient | None = None) -> None:  # fmt: skip
         self.store = store
-        self.client = client
+        self.client = client  # the mirror's and the management's requests (pooled)
+        self.calls = calls or client  # forwarded calls (routing.py)
         self.links: dict[str, BoxLink] = {}
+        self.listeners: list[Listener] = []
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def start(self) -> None:
@@ -111,6 +123,7 @@ class Fleet:
                 state = await self._get(link, "/v1/telemetry/state", LONG_POLL_S + 10,
                                         since=link.counter, wait=LONG_POLL_S)  # fmt: skip
                 counter = int(state["counter"])
+                was = link.state
                 link.state, link.last_error, link.refused_calls = "up", None, False
                 link.waiting = int(state.get("waiting", 0))
                 if counter != link.counter:
@@ -118,9 +131,17 @@ class Fleet:
                     link.counter = counter
                     await asyncio.to_thread(self.store.seen, link.record.box_id, counter)
                 link.synced_at = time.time()
+                if was != "up":  # back, or new: what it missed meanwhile
+                    for listener in self.listeners:
+                        listener.came_up(link)
                 wait = 0.5
             except asyncio.CancelledError:
                 raise
+            except StoreUnavailable as exc:  # the box answered; the central's store did not
+                log.warning("box %s: not mirrored for now: %s", link.record.box_id, exc)
+                link.last_error = str(exc)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, RETRY_MOST_S)
             except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
                 if link.state != "unreachable":
                     log.warning("box %s (%s) unreachable: %r", link.record.box_id,
@@ -156,6 +177,8 @@ class Fleet:
                 return
             rejected = await asyncio.to_thread(self.store.take_page, box_id, table,
                                                page["cursor"], rows, after)  # fmt: skip
+            for listener in self.listeners:
+                listener.mirrored(link, table, rows)
             if rejected:
                 log.warning("box %s: %d %s row(s) kept raw (see mirror_rejects)", box_id,
                             rejected, table)  # fmt: skip

@@ -129,11 +129,11 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
             {**body, "model": candidate.model}).encode()  # fmt: skip
         headers = {**link.headers, "content-type": "application/json",
                    "accept": request.headers.get("accept", "*/*")}  # fmt: skip
-        outgoing = fleet.client.build_request("POST", f"{link.record.url}{path}",
-                                              content=content, headers=headers)  # fmt: skip
+        outgoing = fleet.calls.build_request("POST", f"{link.record.url}{path}",
+                                             content=content, headers=headers)  # fmt: skip
         link.in_flight += 1
         try:
-            response = await fleet.client.send(outgoing, stream=True)
+            response = await fleet.calls.send(outgoing, stream=True)
         except httpx.TransportError as exc:  # before the first byte: the next one may serve
             link.in_flight -= 1
             link.refused_calls = True

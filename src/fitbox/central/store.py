@@ -1,13 +1,14 @@
-"""The central's store: one SQLite file (owner-only, WAL) with its own migration sequence
-(migrations/central/). One connection behind a lock: the central's writes are few and short
-(a registration, a mirrored page), and every mirrored page lands with its cursor in one
-transaction, which is what "nothing lost, nothing twice" rests on."""
+"""The central's store: one SQLite file (owner-only, WAL; the default) or a PostgreSQL
+database (``FITBOX_CENTRAL_DB=postgresql://…``), with one migration sequence for both
+(migrations/central/, in the SQL both accept; backend.py is where they differ). One
+connection behind a lock: the central's writes are few and short (a registration, a
+mirrored page), and every mirrored page lands with its cursor in one transaction, which is
+what "nothing lost, nothing twice" rests on."""
 
 from __future__ import annotations
 
 import json
 import math
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -16,13 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fitbox.store.db import connect
-from fitbox.store.migrations import load_migrations, migrate, migrations_dir
+from fitbox.central.backend import StoreTarget, open_backend
+from fitbox.store.keys import KeyChecker
+from fitbox.store.migrations import load_migrations, migrations_dir
 
 # a value in a column named like this is a number (or null) on every box: text there is a
 # row the mirror does not expect, kept raw with the reason
 NUMERIC_NAMES = frozenset({"id", "seq", "pid", "port", "http_status", "window", "stream"})
 NUMERIC_ENDINGS = ("_at", "_bytes", "_tokens", "_ms", "_percent", "_time", "_seconds")
+KEY_RANGE = range(-(2**63), 2**63)  # id and cursor are stored as 64-bit integers on both
 
 
 def central_migrations() -> Path:
@@ -55,6 +58,8 @@ def rejection(row: object, cursor: str) -> str | None:
         value = row.get(column)
         if not isinstance(value, int) or isinstance(value, bool):
             return f"column {column!r} must be an integer; it is {value!r}"
+        if value not in KEY_RANGE:
+            return f"column {column!r} must fit in 64 bits; it is {value!r}"
     for column, value in row.items():
         if isinstance(value, dict | list):
             return f"column {column!r} holds a {type(value).__name__}, not a single value"
@@ -68,22 +73,33 @@ def rejection(row: object, cursor: str) -> str | None:
 
 
 class CentralStore:
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    """``target``: the SQLite file, or a postgresql:// URL. ``where``: the store named for
+    people (a URL's password as ***)."""
+
+    def __init__(self, target: StoreTarget) -> None:
         self._lock = threading.Lock()
-        self._conn = connect(path)
-        migrate(self._conn, load_migrations(central_migrations()))
+        self._backend = open_backend(target)
+        self.where = self._backend.describe()
+        self.path = target if isinstance(target, Path) else self.where
+        try:
+            self._backend.migrate(load_migrations(central_migrations()))
+        except BaseException:
+            self._backend.close()
+            raise
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+    def _transaction(self) -> Iterator[Any]:
+        with self._lock, self._backend.transaction() as conn:
+            yield conn
+
+    @contextmanager
+    def _reading(self) -> Iterator[Any]:
+        with self._lock, self._backend.reading() as conn:
+            yield conn
+
+    def key_checker(self) -> KeyChecker:
+        """A checker reading this store's keys fresh on every call (on its own connection)."""
+        return self._backend.key_checker()
 
     def run(self, job: Any) -> Any:
         """``job(conn)`` in one transaction (the keys functions of store/keys.py)."""
@@ -105,8 +121,8 @@ class CentralStore:
         return old is None or old[0] != url
 
     def boxes(self) -> list[BoxRecord]:
-        with self._lock:
-            rows = self._conn.execute("SELECT * FROM boxes ORDER BY registered_at").fetchall()
+        with self._reading() as conn:
+            rows = conn.execute("SELECT * FROM boxes ORDER BY registered_at").fetchall()
         return [BoxRecord(**dict(r)) for r in rows]
 
     def seen(self, box_id: str, counter: int) -> None:
@@ -117,43 +133,50 @@ class CentralStore:
     # -- the mirror ----------------------------------------------------------------
 
     def cursor(self, box_id: str, table: str) -> int:
-        with self._lock:
-            row = self._conn.execute("SELECT cursor FROM mirror_cursors WHERE box_id = ? AND "
-                                     "tbl = ?", (box_id, table)).fetchone()  # fmt: skip
+        with self._reading() as conn:
+            row = conn.execute("SELECT cursor FROM mirror_cursors WHERE box_id = ? AND tbl = ?",
+                               (box_id, table)).fetchone()  # fmt: skip
         return int(row[0]) if row else 0
 
     def take_page(self, box_id: str, table: str, cursor: str, rows: list[Any],
                   next_cursor: int) -> int:  # fmt: skip
         """Store one page of a table's replay and its cursor, together. Returns how many
         rows were rejected (kept raw)."""
-        rejected = 0
+        taken: list[tuple[Any, ...]] = []
+        kept_raw: list[tuple[Any, ...]] = []
         now = time.time()
+        for row in rows:
+            reason = rejection(row, cursor)
+            raw = json.dumps(row, sort_keys=True)
+            if reason is None:
+                taken.append((box_id, table, row["id"], row.get("seq"), raw))
+                continue
+            source = row.get("id") if isinstance(row, dict) else None
+            kept_raw.append((box_id, table, str(source) if source is not None else raw, raw,
+                             reason, now))  # fmt: skip
         with self._transaction() as conn:
-            for row in rows:
-                reason = rejection(row, cursor)
-                raw = json.dumps(row, sort_keys=True)
-                source = row.get("id") if isinstance(row, dict) else None
-                if reason is None:
-                    conn.execute(
-                        "INSERT INTO mirrored_rows (box_id, tbl, source_id, seq, data) VALUES "
-                        "(?, ?, ?, ?, ?) ON CONFLICT (box_id, tbl, source_id) DO UPDATE SET "
-                        "seq = excluded.seq, data = excluded.data",
-                        (box_id, table, row["id"], row.get("seq"), raw))  # fmt: skip
-                    conn.execute("DELETE FROM mirror_rejects WHERE box_id = ? AND tbl = ? AND "
-                                 "source_id = ?", (box_id, table, str(row["id"])))  # fmt: skip
-                    continue
-                rejected += 1
-                conn.execute(
+            # executemany: one statement, many rows (psycopg pipelines them: one round trip)
+            conn.executemany(
+                "INSERT INTO mirrored_rows (box_id, tbl, source_id, seq, data) VALUES "
+                "(?, ?, ?, ?, ?) ON CONFLICT (box_id, tbl, source_id) DO UPDATE SET "
+                "seq = excluded.seq, data = excluded.data", taken)  # fmt: skip
+            had_rejects = conn.execute("SELECT 1 FROM mirror_rejects WHERE box_id = ? AND "
+                                       "tbl = ? LIMIT 1", (box_id, table)).fetchone()  # fmt: skip
+            if had_rejects and taken:  # a row fixed on the box is mirrored, no longer raw
+                fixed = [(b, t, str(i)) for b, t, i, _, _ in taken]
+                conn.executemany("DELETE FROM mirror_rejects WHERE box_id = ? AND tbl = ? AND "
+                                 "source_id = ?", fixed)  # fmt: skip
+            if kept_raw:
+                conn.executemany(
                     "INSERT INTO mirror_rejects (box_id, tbl, source_id, raw, reason, at) "
                     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (box_id, tbl, source_id) DO UPDATE "
                     "SET raw = excluded.raw, reason = excluded.reason, at = excluded.at",
-                    (box_id, table, str(source) if source is not None else raw, raw, reason,
-                     now))  # fmt: skip
+                    kept_raw)  # fmt: skip
             conn.execute(
                 "INSERT INTO mirror_cursors (box_id, tbl, cursor) VALUES (?, ?, ?) ON CONFLICT "
                 "(box_id, tbl) DO UPDATE SET cursor = excluded.cursor",
                 (box_id, table, next_cursor))  # fmt: skip
-        return rejected
+        return len(kept_raw)
 
     def mirrored(self, table: str, box_id: str | None, limit: int, offset: int,
                  desc: bool) -> list[dict[str, Any]]:  # fmt: skip
@@ -162,28 +185,34 @@ class CentralStore:
         if box_id:
             where, params = where + " AND box_id = ?", [*params, box_id]
         order = "DESC" if desc else "ASC"
-        with self._lock:
-            found = self._conn.execute(
+        with self._reading() as conn:
+            found = conn.execute(
                 f"SELECT box_id, data FROM mirrored_rows WHERE {where} "  # noqa: S608
                 f"ORDER BY box_id {order}, source_id {order} LIMIT ? OFFSET ?",
                 (*params, limit, offset)).fetchall()  # fmt: skip
         return [{"box_id": r[0], **json.loads(r[1])} for r in found]
 
     def rejects(self, limit: int, offset: int) -> list[dict[str, Any]]:
-        with self._lock:
-            found = self._conn.execute(
+        with self._reading() as conn:
+            found = conn.execute(
                 "SELECT box_id, tbl, source_id, raw, reason, at FROM mirror_rejects ORDER BY at "
                 "LIMIT ? OFFSET ?", (limit, offset)).fetchall()  # fmt: skip
         return [dict(r) for r in found]
 
     def table_columns(self) -> dict[str, list[str]]:
-        """Each mirrored table with the columns its rows carry (box_id first)."""
-        with self._lock:
-            found = self._conn.execute(
-                "SELECT tbl, data FROM mirrored_rows WHERE rowid IN (SELECT MAX(rowid) FROM "
-                "mirrored_rows GROUP BY tbl)").fetchall()  # fmt: skip
-        return {r[0]: ["box_id", *json.loads(r[1])] for r in found}
+        """Each mirrored table with the columns its rows carry (box_id first), read from
+        one box's newest row of it (the greatest box id: the same answer every time)."""
+        with self._reading() as conn:
+            newest = conn.execute("SELECT tbl, box_id, MAX(source_id) FROM mirrored_rows GROUP "
+                                  "BY tbl, box_id ORDER BY tbl, box_id").fetchall()  # fmt: skip
+            chosen = {r[0]: (r[1], r[2]) for r in newest}  # the last box of each table wins
+            found = {}
+            for tbl, (box, source) in chosen.items():
+                found[tbl] = conn.execute("SELECT data FROM mirrored_rows WHERE box_id = ? AND "
+                                          "tbl = ? AND source_id = ?",
+                                          (box, tbl, source)).fetchone()  # fmt: skip
+        return {tbl: ["box_id", *json.loads(row[0])] for tbl, row in found.items() if row}
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            self._backend.close()

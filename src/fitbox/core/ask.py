@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitbox.core.projector import ProjectorShape
 from fitbox.core.repack import CpuFeatures
 from fitbox.core.sizing import ModelShape
 from fitbox.core.slots import Slots, choose
@@ -50,6 +51,7 @@ class Candidate:
     terminal: str | None = None  # a bad artifact or an engine that cannot run it
     cpu: CpuFeatures | None = None  # the engine's CPU features: what repacks in RAM
     no_repack: bool = False  # launched with --no-repack: priced by the mapped file alone
+    projector: ProjectorShape | None = None  # a vision projector launched beside it (--mmproj)
     # weights once its engine quantizes them to 4-bit at load (bitsandbytes); None: it
     # cannot, the 4bit rung needs a Q4-class variant (core/fourbit.py)
     four_bit_weights: int | None = None

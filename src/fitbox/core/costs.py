@@ -14,6 +14,7 @@ from itertools import accumulate
 
 from fitbox.core import sizing, split
 from fitbox.core.ask import Candidate
+from fitbox.core.projector import projector_footprint
 from fitbox.core.split import HOST, Placement
 from fitbox.core.types import Footprint
 
@@ -85,7 +86,8 @@ class Sizer:
         assert self.candidate.shape is not None
         return sizing.footprint(self.candidate.shape, window, self.parallel, type_k=self.type_k,
                                 type_v=self.type_v, unified=self.unified,
-                                cpu=self.cpu if in_ram else None)  # fmt: skip
+                                cpu=self.cpu if in_ram else None,
+                                projector=self.candidate.projector)  # fmt: skip
 
     def on(self, placement: Placement, window: int) -> dict[str, Footprint]:
         """Bytes per device for ``placement`` at ``window`` (FORMULAS.md §Split)."""
@@ -106,6 +108,20 @@ class Sizer:
                 compute=compute if device in computes else 0,
                 output=output if device == HOST else 0,
             )
+        return self._with_projector(out, placement)
+
+    def _with_projector(
+        self, out: dict[str, Footprint], placement: Placement
+    ) -> dict[str, Footprint]:
+        """A projector's bytes on the first GPU of a placement with layers there (the first
+        device the child sees), else in RAM (launched with --no-mmproj-offload)."""
+        projector = self.candidate.projector
+        if projector is None:
+            return out
+        device = placement.gpus[0] if placement.gpus and placement.gpu_layers else HOST
+        extra, has = projector_footprint(projector), out.get(device, Footprint(0, 0, 0, 0))
+        out[device] = Footprint(has.weights + extra.weights, has.kv, has.compute + extra.compute,
+                                has.output)  # fmt: skip
         return out
 
     def _per_window(self, window: int) -> tuple[dict[Signature, int], int]:

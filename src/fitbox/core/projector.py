@@ -1,8 +1,8 @@
 """A multimodal projector's bytes (``llama-server --mmproj``): its weights and its compute
 buffer join the text model's footprint. Pure maths; FORMULAS.md §Projector has the terms.
 
-Launching with a projector is not wired yet: the catalog keeps projector files apart
-(models/catalog.py) and no intent names one. This is the sizing it will use.
+The catalog pairs a GGUF with the projector beside it (models/vision.py), the candidate
+carries its shape, and core/costs.py adds these bytes on the device the projector runs on.
 """
 
 from __future__ import annotations

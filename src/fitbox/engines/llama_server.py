@@ -257,6 +257,10 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv += ["--pooling", intent.pooling]
     if intent.reranking and engine.has("--reranking"):
         argv.append("--reranking")
+    if intent.mmproj and engine.has("--mmproj"):
+        argv += ["--mmproj", str(intent.mmproj)]  # its bytes are priced: FORMULAS.md §Projector
+        if not intent.gpu_layers and engine.has("--no-mmproj-offload"):
+            argv.append("--no-mmproj-offload")  # in RAM with the model, as it was priced
     if engine.has("--metrics"):
         argv.append("--metrics")  # its llamacpp:* figures, re-exported by fitbox's /metrics
     if engine.has("--no-webui"):

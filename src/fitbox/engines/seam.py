@@ -47,6 +47,8 @@ class LaunchIntent:
     kv_unified: bool = False  # the slots share one KV cache: each may fill the window
     warmup: bool = True  # False: no empty warmup run; the call waiting for the load warms it
     load_in_4bit: bool = False  # quantize the weights to 4-bit as they load (Abilities)
+    vision: bool = False  # it reads image inputs (a transformers child loads its processor)
+    mmproj: Path | None = None  # the vision projector loaded beside a GGUF (--mmproj)
 
 
 @dataclass(frozen=True)

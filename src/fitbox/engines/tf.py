@@ -185,6 +185,8 @@ def build_argv(python: Path, intent: LaunchIntent, adapter: Path | None = None) 
         argv += ["--threads", str(intent.threads)]
     if intent.embedding:
         argv.append("--embedding")
+    elif intent.vision:
+        argv.append("--vision")  # a processor beside the tokenizer: image parts are read
     if adapter is not None:
         argv += ["--adapter", str(adapter)]
     if intent.load_in_4bit:

@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
               f"{sys.platform}. Run fitbox in the foreground instead: fitbox serve --port 8484",
               file=sys.stderr)  # fmt: skip
         return 1
+    if getattr(args, "central_role", False):
+        return _run_central(args)
     target = service_layout(args.kind or "user", Path(args.root))
     try:
         if args.command == "uninstall":
@@ -101,6 +103,33 @@ def run(args: argparse.Namespace) -> int:
         if args.central and not args.dry_run:
             print(check_central(args.central))
         return code
+    except (InstallError, ValueError, OSError) as exc:
+        print(f"fitbox {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run_central(args: argparse.Namespace) -> int:
+    """install|uninstall --central-role: the central's service (installer/central_role.py)."""
+    from fitbox.installer.central_role import (
+        central_layout,
+        install_central,
+        plan_central_uninstall,
+    )
+
+    target = central_layout(args.kind or "user", Path(args.root))
+    try:
+        if args.command == "uninstall":
+            carry_out(plan_central_uninstall(target, args.purge), args.dry_run)
+            return 0
+        box_only = [flag for flag, given in (
+            ("--central", args.central), ("--central-key", args.central_key),
+            ("--ram-max", args.ram_max), ("--vram-max", args.vram_max),
+            ("--cpu-max", args.cpu_max), ("--storage-max", args.storage_max)) if given]  # fmt: skip
+        if box_only:
+            raise InstallError(f"{', '.join(box_only)}: a box's setting, not the central's "
+                               "(install the box apart: fitbox install --central URL)")  # fmt: skip
+        return install_central(target, args.host, args.port, _env_pairs(args.env),
+                               args.dry_run, args.health_timeout)  # fmt: skip
     except (InstallError, ValueError, OSError) as exc:
         print(f"fitbox {args.command}: {exc}", file=sys.stderr)
         return 1

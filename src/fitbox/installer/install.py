@@ -37,7 +37,7 @@ class Step:
 
 @dataclass
 class Plan:
-    target: ServiceLayout
+    target: object  # the layout it installs (a box's ServiceLayout, or the central's)
     env: dict[str, str]
     steps: list[Step] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -72,7 +72,7 @@ def plan_install(
     extra_env: dict[str, str],
 ) -> Plan:
     """What installing means here, step by step; keeps what an earlier install chose."""
-    env = _service_env(target, host, port, extra_env)
+    env = service_env(target.env_file, target.home.path, target.root, host, port, extra_env)
     plan = Plan(target, env)
     plan.steps.append(Step(f"create {target.home.path} (owner-only; kept if it exists)",
                            partial(make_private, target.home.path)))  # fmt: skip
@@ -97,7 +97,7 @@ def plan_install(
         )
     )
     if target.kind == "system" and target.root == Path("/"):
-        plan.steps.insert(0, Step("create the system user and group 'fitbox'", _system_user))
+        plan.steps.insert(0, Step("create the system user and group 'fitbox'", system_user))
         plan.steps.append(Step(
             f"give {target.home.path} and {target.cache} to fitbox:fitbox (the service's user); "
             "the group shares only the model store",
@@ -119,14 +119,14 @@ def plan_install(
     return plan
 
 
-def _service_env(
-    target: ServiceLayout, host: str | None, port: str | None, extra_env: dict[str, str]
-) -> dict[str, str]:
+def service_env(
+    env_file: Path, home: Path, root: Path, host: str | None, port: str | None,
+    extra_env: dict[str, str],
+) -> dict[str, str]:  # fmt: skip
     """The env file's settings: an earlier install's, with what this run was given on top."""
-    env = read_env(target.env_file)
-    home = target.home.path
-    env["FITBOX_HOME"] = str(home if target.root == Path("/") else
-                             Path("/") / home.relative_to(target.root))  # fmt: skip
+    env = read_env(env_file)
+    env["FITBOX_HOME"] = str(home if root == Path("/") else
+                             Path("/") / home.relative_to(root))  # fmt: skip
     env["FITBOX_HOST"] = host or env.get("FITBOX_HOST", "127.0.0.1")
     if port not in (None, "auto"):
         env["FITBOX_PORT"] = str(port)
@@ -164,16 +164,15 @@ def _hand_over(target: ServiceLayout) -> None:
         target.home.box_key.chmod(0o600)
 
 
-def _system_user() -> None:
+def system_user() -> None:
     if subprocess.run(["getent", "passwd", "fitbox"], capture_output=True).returncode == 0:
         return
     subprocess.run(["useradd", "--system", "--user-group", "--home-dir", "/var/lib/fitbox",
                     "--shell", "/usr/sbin/nologin", "fitbox"], check=True)  # fmt: skip
 
 
-def _systemctl(scope: list[str]) -> None:
-    for args in (["daemon-reload"], ["enable", "fitbox.service"],
-                 ["restart", "fitbox.service"]):  # fmt: skip
+def _systemctl(scope: list[str], unit: str = "fitbox.service") -> None:
+    for args in (["daemon-reload"], ["enable", unit], ["restart", unit]):
         subprocess.run(["systemctl", *scope, *args], check=True)
 
 
@@ -254,7 +253,7 @@ def main_install(
     started = plan.starts_service
     healthy = started and wait_for_health(url, health_s)
     state = "answering" if healthy else ("NOT answering" if started else "not started by install")
-    print(f"fitbox: {url} ({state}); box key in {plan.target.home.box_key}; engine: "
+    print(f"fitbox: {url} ({state}); box key in {target.home.box_key}; engine: "
           f"{_engine_line(plan.env)}", file=sys.stderr)  # fmt: skip
     return 0 if healthy or not started else 1
 

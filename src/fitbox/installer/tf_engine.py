@@ -31,7 +31,14 @@ class EngineBuildFailed(RuntimeError):
 
 
 def requirements() -> list[str]:
-    """The ``tf-engine`` extra's requirements, in the order pyproject.toml lists them."""
+    """The ``tf-engine`` extra's requirements, in the order pyproject.toml lists them. A
+    source tree's pyproject.toml wins over the installed metadata: an editable install's
+    metadata is as old as its last ``pip install`` and misses an extra edited since."""
+    project = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    if project.is_file():
+        extras = tomllib.loads(project.read_text())["project"].get("optional-dependencies", {})
+        if extras.get(EXTRA):
+            return list(extras[EXTRA])
     try:
         listed = [_EXTRA_MARKER.sub("", r).strip() for r in requires("fitbox") or []
                   if _EXTRA_MARKER.search(r)]  # fmt: skip
@@ -39,10 +46,6 @@ def requirements() -> list[str]:
         listed = []
     if listed:
         return listed
-    project = Path(__file__).resolve().parents[3] / "pyproject.toml"
-    if project.is_file():
-        extras = tomllib.loads(project.read_text())["project"]["optional-dependencies"]
-        return list(extras.get(EXTRA, []))
     raise EngineBuildFailed(f"fitbox's metadata has no '{EXTRA}' extra; reinstall fitbox")
 
 

@@ -56,9 +56,18 @@ def exec_start(python: str = sys.executable) -> str:
 def render_unit(target: ServiceLayout, python: str = sys.executable) -> str:
     """The unit for this layout. Paths inside are the installed ones (without --root)."""
     real = service_layout(target.kind) if target.root != Path("/") else target
+    return unit_text(target.kind, real.env_file, exec_start(python),
+                     "fitbox: an evict-to-fit, OpenAI-compatible front door for local models",
+                     "fitbox", cache="fitbox")  # fmt: skip
+
+
+def unit_text(kind: str, env_file: Path, exec_line: str, description: str, state: str,
+              cache: str | None = None) -> str:  # fmt: skip
+    """A service unit: restarted on failure, its children stopped with it; a system one
+    runs as the fitbox user, hardened, with its state in /var/lib/``state``."""
     lines = [
         "[Unit]",
-        "Description=fitbox: an evict-to-fit, OpenAI-compatible front door for local models",
+        f"Description={description}",
         "Wants=network-online.target",
         "After=network-online.target",
         "StartLimitIntervalSec=300",
@@ -66,8 +75,8 @@ def render_unit(target: ServiceLayout, python: str = sys.executable) -> str:
         "",
         "[Service]",
         "Type=simple",
-        f"EnvironmentFile={real.env_file}",
-        f"ExecStart={exec_start(python)}",
+        f"EnvironmentFile={env_file}",
+        f"ExecStart={exec_line}",
         "Restart=on-failure",
         "RestartSec=3",
         "KillMode=control-group",  # engine children stop with the service, never linger
@@ -75,12 +84,12 @@ def render_unit(target: ServiceLayout, python: str = sys.executable) -> str:
         "NoNewPrivileges=yes",
         "PrivateTmp=yes",
     ]
-    if target.kind == "system":
+    if kind == "system":
         lines += [
             "User=fitbox",
             "Group=fitbox",
-            "StateDirectory=fitbox",
-            "CacheDirectory=fitbox",
+            f"StateDirectory={state}",
+            *([f"CacheDirectory={cache}"] if cache else []),
             "ConfigurationDirectory=fitbox",
             "UMask=0027",
             "ProtectSystem=strict",
@@ -91,6 +100,6 @@ def render_unit(target: ServiceLayout, python: str = sys.executable) -> str:
             "LockPersonality=yes",
         ]
     lines += ["", "[Install]",
-              f"WantedBy={'multi-user.target' if target.kind == 'system' else 'default.target'}",
+              f"WantedBy={'multi-user.target' if kind == 'system' else 'default.target'}",
               ""]  # fmt: skip
     return "\n".join(lines)

@@ -11,6 +11,8 @@ each name must be a plain file name (models/transfer.py ``refuse_name``).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import http.client
 import json
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import quote, urlencode
 
 import httpx
@@ -34,7 +36,7 @@ _SPEC = re.compile(
     r"^box://(?P<host>\[[0-9A-Fa-f:.]+\]|[^/:\[\]]+):(?P<port>\d{1,5})/(?P<model>[^/]+)$"
 )
 RETRY_AFTER_AT_MOST_S = 10.0
-SYNC_EVERY_CHUNKS = 8  # 32 MiB: the disk writes while the network reads
+CHECK_AHEAD = 2  # chunks read past the oldest one still being checked
 
 # (kind, file name, chunk index): "chunk_ok", "chunk_bad", "reused", "cut"
 Events = Callable[[str, str, int], None]
@@ -97,6 +99,8 @@ class BoxPull:
     already_here: Callable[[str], Path | None] = lambda sha256: None
     # why ``needed`` more bytes do not fit on the destination (None: they fit)
     no_room: Callable[[int], str | None] = lambda needed: None
+    # asked to free ``needed`` bytes when they do not fit (the reap_to_fit mover), if set
+    make_room: Callable[[int], None] | None = None
     timeout_s: float = 60.0
     http: httpx.Client | None = None
     outcomes: list[FileOutcome] = field(default_factory=list)
@@ -156,6 +160,9 @@ class BoxPull:
         self.dest_dir.mkdir(parents=True, exist_ok=True)
         needed = sum(int(f["bytes"]) - _size(self.dest_dir / f"{f['path']}.part") for f in files)
         reason = self.no_room(max(0, needed))
+        if reason and self.make_room is not None:
+            self.make_room(max(0, needed))
+            reason = self.no_room(max(0, needed))
         if reason:
             raise PullRefused(reason)
         for f in files:
@@ -191,31 +198,28 @@ class BoxPull:
                             "manifest (did the file change?); pull again")  # fmt: skip
         outcome.chunk_bytes, outcome.chunks = chunk_bytes, tuple(chunks)
         part = outcome.path.with_name(outcome.path.name + ".part")
-        with WholeHash() as whole:
-            done = _reuse_part(part, chunks, chunk_bytes, outcome.size, whole)
+        with part.open("r+b" if part.exists() else "wb") as out, Landing(out, part) as land:
+            done = _reuse_part(part, chunks, chunk_bytes, outcome.size, land)
             outcome.reused_chunks = done
             for index in range(done):
                 self._event("reused", outcome.name, index)
             failures = {index: 0 for index in range(len(chunks))}
             lost_in_a_row = 0
-            with part.open("r+b" if part.exists() else "wb") as out:
-                out.truncate(done * chunk_bytes)
-                while done < len(chunks):
-                    before = done
-                    done, cut = self._fetch_from(outcome, out, chunks, done, whole, failures)
-                    if not cut:
-                        continue
-                    outcome.cuts += 1
-                    lost_in_a_row = 0 if done > before else lost_in_a_row + 1
-                    self._event("cut", outcome.name, done)
-                    if lost_in_a_row >= self.attempts:
-                        raise PullError(f"{self.source}: the connection was lost {lost_in_a_row}"
-                                        f" times at chunk {done} of {outcome.name}; {done} of "
-                                        f"{len(chunks)} chunks are kept in {part} and a new "
-                                        "pull resumes there")  # fmt: skip
-                out.flush()
-                os.fsync(out.fileno())
-            digest = whole.hexdigest()
+            out.truncate(done * chunk_bytes)
+            while done < len(chunks):
+                before = done
+                done, cut = self._fetch_from(outcome, out, chunks, done, land, failures)
+                if not cut:
+                    continue
+                outcome.cuts += 1
+                lost_in_a_row = 0 if done > before else lost_in_a_row + 1
+                self._event("cut", outcome.name, done)
+                if lost_in_a_row >= self.attempts:
+                    raise PullError(f"{self.source}: the connection was lost {lost_in_a_row}"
+                                    f" times at chunk {done} of {outcome.name}; {done} of "
+                                    f"{len(chunks)} chunks are kept in {part} and a new "
+                                    "pull resumes there")  # fmt: skip
+            digest = land.finish()  # every write landed, then one fsync
         if digest != outcome.sha256:
             part.unlink()
             raise PullError(f"{outcome.name}: every chunk verified but the whole file's sha256 "
@@ -224,13 +228,15 @@ class BoxPull:
         _sync_dir(outcome.path.parent)
 
     def _fetch_from(
-        self, outcome: FileOutcome, out: Any, chunks: list[str], done: int, whole: WholeHash,
+        self, outcome: FileOutcome, out: Any, chunks: list[str], done: int, land: Landing,
         failures: dict[int, int],
     ) -> tuple[int, bool]:  # fmt: skip
-        """Stream from chunk ``done`` on, each chunk read whole into its own buffer, checked,
-        and only then written: (chunks done, whether the connection was cut). The bulk
-        bytes go through http.client's ``readinto``, straight from the socket into the
-        chunk's buffer (httpx's per-block parsing cost most of a core here)."""
+        """Stream from chunk ``done`` on, each chunk read whole into its own buffer, checked
+        on ``land``'s checking thread while the next is read, and only then handed to
+        ``land`` (written and fed to the whole file's sha256 on its landing thread): (chunks
+        done, whether the connection was cut). The bulk bytes go through
+        http.client's ``readinto``, straight from the socket into the chunk's buffer
+        (httpx's per-block parsing cost most of a core here)."""
         chunk_bytes = outcome.chunk_bytes
         start = done * chunk_bytes
         conn = http.client.HTTPConnection(self.source.host.strip("[]"), self.source.port,
@@ -239,6 +245,29 @@ class BoxPull:
         headers = {"range": f"bytes={start}-"}
         if self.key:
             headers["authorization"] = f"Bearer {self.key}"
+        # chunks read and being checked on their thread, in order: the socket is read on
+        checking: deque[tuple[bytearray, Future[str]]] = deque()
+
+        def settle(keep: int) -> bool:
+            """Land the checked chunks beyond the ``keep`` newest; False at a bad one."""
+            nonlocal done
+            while len(checking) > keep:
+                buffer, digest = checking.popleft()
+                if digest.result() != chunks[done]:
+                    checking.clear()
+                    failures[done] += 1
+                    outcome.refetched_chunks += 1
+                    self._event("chunk_bad", outcome.name, done)
+                    if failures[done] > self.chunk_retries:
+                        raise PullError(f"{self.source}: chunk {done} of {outcome.name} failed "
+                                        f"its sha256 {failures[done]} times; the source's file "
+                                        "may be damaged or changing")  # fmt: skip
+                    return False
+                land.write(buffer)
+                self._event("chunk_ok", outcome.name, done)
+                done += 1
+            return True
+
         try:
             conn.request("GET", path, headers=headers)
             response = conn.getresponse()
@@ -248,82 +277,140 @@ class BoxPull:
             if response.status not in (200, 206) or (response.status == 200 and start):
                 raise PullError(f"{self.source} answered the file {outcome.name} with HTTP "
                                 f"{response.status}: {_reason_of(response.read())}")  # fmt: skip
+            land.drain()  # nothing of an earlier connection is still being written
             out.seek(start)
-            while done < len(chunks):
-                want = min(chunk_bytes, outcome.size - done * chunk_bytes)
+            cut = False
+            read = done
+            while read < len(chunks):
+                want = min(chunk_bytes, outcome.size - read * chunk_bytes)
                 buffer = bytearray(want)
                 view, filled = memoryview(buffer), 0
                 while filled < want:
                     got = response.readinto(view[filled:])
                     if not got:
-                        return done, True  # the body ended short: a cut
+                        break
                     filled += got
                     outcome.fetched_bytes += got
-                if hashlib.sha256(buffer).hexdigest() != chunks[done]:
-                    failures[done] += 1
-                    outcome.refetched_chunks += 1
-                    self._event("chunk_bad", outcome.name, done)
-                    if failures[done] > self.chunk_retries:
-                        raise PullError(f"{self.source}: chunk {done} of {outcome.name} failed "
-                                        f"its sha256 {failures[done]} times; the source's file "
-                                        "may be damaged or changing")  # fmt: skip
-                    return done, False  # fetched again from this chunk, on a new connection
-                out.write(buffer)
-                whole.feed(buffer)
-                self._event("chunk_ok", outcome.name, done)
-                done += 1
-                if done % SYNC_EVERY_CHUNKS == 0:  # write back as it lands, not all at the end
-                    out.flush()
-                    whole.sync(out.fileno())
-            return done, False
+                if filled < want:
+                    cut = True  # the body ended short
+                    break
+                checking.append((buffer, land.check(buffer)))
+                read += 1
+                if not settle(CHECK_AHEAD):
+                    return done, False  # fetched again from the bad chunk, on a new connection
+            all_good = settle(0)
+            return done, cut and all_good
         except (OSError, http.client.HTTPException):
-            return done, True
+            all_good = settle(0)  # the whole chunks read before the cut still land
+            return done, all_good  # a bad one among them: fetched again, not a cut
         finally:
             conn.close()
+            land.drain()
 
 
-class WholeHash:
-    """The whole file's sha256, fed verified chunks in order and updated on a thread of its
-    own (hashlib lets go of the GIL), so checking each chunk and the whole file overlap; and
-    the staging file's write-back, started as it grows."""
+class Landing:
+    """Verified chunks, landed in order on a thread of their own: written to the staging
+    file and fed to the whole file's sha256 from the same buffer (both let go of the GIL,
+    so the network, each chunk's check, the disk and the whole hash overlap), the
+    write-back of each 32 MiB started as it lands (``sync_file_range``, not waited for);
+    ``finish`` waits for the last write and fsyncs once."""
 
-    IN_FLIGHT = 4  # chunks handed over and not yet hashed, at most
+    IN_FLIGHT = 4  # chunks handed over and not yet landed, at most (16 MiB)
 
-    def __init__(self) -> None:
+    def __init__(self, out: BinaryIO, part: Path) -> None:
+        self._out, self._part, self._fd = out, part, out.fileno()
         self._digest = hashlib.sha256()
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="whole-sha256")
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="pull-landing")
+        self._checker = ThreadPoolExecutor(1, thread_name_prefix="pull-check")
         self._pending: deque[Future[None]] = deque()
-        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="part-sync")
-        self._syncing: Future[None] | None = None
+        self._unsynced_from: int | None = None
 
-    def feed(self, data: bytes | bytearray) -> None:
+    def _land(self, data: bytes | bytearray, write: bool) -> None:
+        if write:
+            try:
+                at = self._out.tell()
+                self._out.write(data)
+                self._out.flush()
+            except OSError as exc:  # a full or failing disk: no cut, no retry helps
+                raise PullError(f"could not write {self._part}: {exc}") from exc
+            if self._unsynced_from is None:
+                self._unsynced_from = at
+            if at + len(data) - self._unsynced_from >= WRITE_BACK_BYTES:
+                start_write_back(self._fd, self._unsynced_from, at + len(data))
+                self._unsynced_from = None
+        self._digest.update(data)
+
+    def _hand(self, data: bytes | bytearray, write: bool) -> None:
         while len(self._pending) >= self.IN_FLIGHT:
             self._pending.popleft().result()
-        self._pending.append(self._worker.submit(self._digest.update, data))
+        self._pending.append(self._worker.submit(self._land, data, write))
 
-    def sync(self, fd: int) -> None:
-        """Start ``fdatasync(fd)`` on a thread of its own, unless one still runs: the disk
-        writes while the network reads, and the last fsync has little left to do."""
-        if self._syncing is None or self._syncing.done():
-            self._syncing = self._syncer.submit(os.fdatasync, fd)
+    def check(self, data: bytes | bytearray) -> Future[str]:
+        """A chunk's sha256 (hex), computed on the checking thread."""
+        return self._checker.submit(_sha256_hex, data)
 
-    def hexdigest(self) -> str:
+    def write(self, data: bytes | bytearray) -> None:
+        """A verified chunk: written at the file's position, then hashed."""
+        self._hand(data, True)
+
+    def feed(self, data: bytes | bytearray) -> None:
+        """A chunk already in the file (a resumed ``.part``): hashed only."""
+        self._hand(data, False)
+
+    def drain(self) -> None:
+        """Wait for every chunk handed over (a write error is raised here)."""
         while self._pending:
             self._pending.popleft().result()
+
+    def finish(self) -> str:
+        """The whole file's sha256, once every chunk landed and the file is on the disk."""
+        self.drain()
+        os.fsync(self._fd)
         return self._digest.hexdigest()
 
-    def __enter__(self) -> WholeHash:
+    def __enter__(self) -> Landing:
         return self
 
     def __exit__(self, *_: object) -> None:
+        self._checker.shutdown(wait=True)
         self._worker.shutdown(wait=True)
-        self._syncer.shutdown(wait=True)
+
+
+def _sha256_hex(data: bytes | bytearray) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sync_file_range() -> Callable[[int, int, int], None] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        call = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+
+    def start(fd: int, offset: int, count: int) -> None:
+        call(fd, offset, count, SYNC_FILE_RANGE_WRITE)  # a failure only costs the overlap
+
+    return start
+
+
+SYNC_FILE_RANGE_WRITE = 2  # start write-back of dirty pages in the range; do not wait
+WRITE_BACK_BYTES = 32 << 20
+_START_WRITE_BACK = _sync_file_range()
+
+
+def start_write_back(fd: int, start: int, end: int) -> None:
+    """Start writing ``[start, end)`` of ``fd`` back to the disk without waiting, so the
+    final fsync has little left to do (Linux; elsewhere the fsync does it all)."""
+    if _START_WRITE_BACK is not None:
+        _START_WRITE_BACK(fd, start, end - start)
 
 
 def _reuse_part(
-    part: Path, chunks: list[str], chunk_bytes: int, size: int, whole: WholeHash
+    part: Path, chunks: list[str], chunk_bytes: int, size: int, land: Landing
 ) -> int:
-    """How many leading chunks of ``part`` verify (fed to ``whole``); the rest is cut off."""
+    """How many leading chunks of ``part`` verify (fed to ``land``'s whole sha256); the rest
+    is cut off by the caller."""
     if not part.exists():
         return 0
     done = 0
@@ -333,7 +420,7 @@ def _reuse_part(
             block = f.read(want)
             if len(block) != want or hashlib.sha256(block).hexdigest() != chunks[done]:
                 break
-            whole.feed(block)
+            land.feed(block)
             done += 1
     return done
 

@@ -1,9 +1,11 @@
 """The catalog: models found under the model roots, by name, plus aliases.
 
 A file is a model if it starts with the GGUF magic, whatever its name, and is not a
-projector (mmproj). Its name is the file stem. A Hugging Face folder (config.json and
-safetensors) is a model of the transformers engine, named by models/hf_folders.py (a cache
-snapshot is ``owner/repo``). ``aliases.toml`` adds other names:
+projector (mmproj). Its name is the file stem. A vision projector in a model's folder is
+launched beside it (``--mmproj``; models/vision.py pairs them): the model reads images. A
+Hugging Face folder (config.json and safetensors) is a model of the transformers engine,
+named by models/hf_folders.py (a cache snapshot is ``owner/repo``). ``aliases.toml`` adds
+other names:
 
     [aliases]
     smol = "SmolLM2-135M-Instruct.Q4_1"
@@ -17,9 +19,10 @@ import re
 import time
 import tomllib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fitbox.core.projector import ProjectorShape
 from fitbox.errors import ModelNotFound
 from fitbox.models.facts_cache import FactsCache
 from fitbox.models.gguf_facts import GGUFFacts
@@ -28,6 +31,7 @@ from fitbox.models.hf_folders import FORMAT as FOLDER_FORMAT
 from fitbox.models.hf_folders import folder_facts, folder_name, is_snapshot_entry
 from fitbox.models.identity import Identity, identity_of
 from fitbox.models.transformers_facts import BadModelDir
+from fitbox.models.vision import pair_projectors
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,14 @@ class Artifact:
     path: Path
     facts: GGUFFacts
     format: str = "gguf"  # which engine kinds can load it (engines/seam.py ``serves``)
+    mmproj: Path | None = None  # the vision projector launched beside it
+    projector: ProjectorShape | None = None  # that projector's header facts (its bytes)
+
+    @property
+    def vision(self) -> bool:
+        """Whether it reads image inputs (a projector beside it, or a vision-language
+        folder)."""
+        return self.mmproj is not None or self.facts.vision
 
     @property
     def key(self) -> str:
@@ -130,6 +142,7 @@ def scan(
     cache = cache or FactsCache(None)
     found: dict[str, Artifact] = {}
     rejected: list[Unservable] = []
+    projectors: dict[Path, ProjectorShape] = {}
     for root in roots:
         if not root.is_dir():
             continue
@@ -146,6 +159,8 @@ def scan(
                 rejected.append(Unservable(path, f"not a readable GGUF: {exc}"))
                 continue
             if facts.is_projector:
+                if facts.projector is not None:  # a vision encoder (not an audio one)
+                    projectors[path] = facts.projector
                 continue
             if facts.unknown_architecture:
                 rejected.append(
@@ -161,6 +176,10 @@ def scan(
                 continue
             found[name] = Artifact(name=name, path=path, facts=facts)
     cache.save()
+    ggufs = {a.path: a for a in found.values() if a.format == "gguf"}
+    for model, projector in pair_projectors(ggufs, projectors).items():
+        found[ggufs[model].name] = replace(ggufs[model], mmproj=projector,
+                                           projector=projectors[projector])  # fmt: skip
     return sorted(found.values(), key=lambda a: a.name), rejected
 
 

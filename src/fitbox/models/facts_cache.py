@@ -35,7 +35,7 @@ def _encode(facts: GGUFFacts) -> dict[str, Any]:
 
 
 def _decode(data: dict[str, Any]) -> GGUFFacts:
-    shape = data["shape"]
+    shape = dict(data["shape"])  # a copy: the cache's entry stays JSON for the next save
     for key in ("kv_heads", "swa_layers", "recurrent_layers"):
         shape[key] = tuple(shape[key])
     shape["tensors"] = tuple(WeightTensor(*row) for row in shape.get("tensors", ()))

@@ -80,6 +80,7 @@ class GGUFFacts:
     projector: ProjectorShape | None = None  # a vision projector file's own shape
     n_params: int = 0  # every tensor's elements (llama_model_n_params; /v1/models meta)
     is_reranker: bool = False  # pooling type rank: served through /v1/rerank
+    vision: bool = False  # a vision-language transformers folder (a GGUF's eyes: its mmproj)
     # a full-precision folder's weights once quantized to 4-bit as it loads (bitsandbytes,
     # models/transformers_layout.py); None: nothing quantizes it in place (a GGUF file)
     four_bit_weights: int | None = None

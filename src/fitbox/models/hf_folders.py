@@ -23,6 +23,7 @@ from fitbox.models.transformers_facts import (
     read_transformers_facts,
 )
 from fitbox.models.transformers_layout import TensorBytes, four_bit_bytes, layout
+from fitbox.models.vision import is_vision_config
 
 FORMAT = "transformers"
 # config.json dtypes, as a quant tag a name may pin (``model@F32``)
@@ -102,7 +103,7 @@ def folder_facts(path: Path) -> GGUFFacts:
     return GGUFFacts(path=root, architecture=facts.architecture or "unknown",
                      name=folder_name(path), file_type=None, quant=quant, is_projector=False,
                      is_embedding=embedding, shape=shape, expert_count=experts,
-                     expert_used_count=used,
+                     expert_used_count=used, vision=is_vision_config(config),
                      layout=placed if any(placed.routed_bytes) else None,
                      four_bit_weights=four_bit_bytes(tensors) + extra if full_precision else None,
                      )  # fmt: skip

@@ -24,6 +24,7 @@ from fitbox.server import (
     calls_page,
     cors,
     errors,
+    facts,
     joining,
     manage,
     models,
@@ -78,6 +79,7 @@ ROUTES = (
     Route("/v1/transfer/{model}/chunksums", transfer.chunksums, methods=["GET"]),
     Route("/v1/transfer/{model}/file", transfer.file, methods=["GET"]),
     Route("/v1/hashes", transfer.kept_hashes, methods=["GET"]),
+    Route("/v1/facts/import", facts.import_facts, methods=["POST"]),
     Route("/v1/keys", manage.list_keys, methods=["GET"]),
     Route("/v1/keys", manage.create_key, methods=["POST"]),
     Route("/v1/keys/{key_id}", manage.show_key, methods=["GET"]),
@@ -136,7 +138,8 @@ async def _serving(
     app.state.changes = _change_signal(store)
     ensure_box_key(store, config.box_key_file)
     app.state.gate = Gate(
-        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host),
+        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host,
+                      config.host_names),
         KeyChecker(config.store_path), config.require_keys,
     )  # fmt: skip
     async with anyio.create_task_group():

@@ -9,6 +9,13 @@
   the box itself, or an admin key. Never "any trusted network".
 - MCP (`/mcp`): a valid key from anywhere, or no key from the box itself or a trusted
   network; each tool then needs what the HTTP route it mirrors needs.
+- Without a key, trust in "the box itself" is trust in a loopback peer, which a web page in
+  the operator's own browser is too: a page whose name was rebound by DNS to 127.0.0.1
+  reaches this box under its own name. So a keyless call from the box itself to
+  management, the dashboard, telemetry or MCP must send a Host that names the box
+  (``box_host()``: an address, localhost, FITBOX_HOST or FITBOX_HOST_NAMES), and a
+  state-changing one (POST, PUT, PATCH, DELETE) that carries an Origin must come from the
+  box's own origin (the Host it was sent to): another page's form or fetch is refused.
 - `/health` is open. A presented fitbox key (``fb_…``) that is not valid is refused even
   where no key is needed: a client that sends a revoked key should hear about it. Any other
   bearer value (OpenAI SDKs insist on *some* api_key: "sk-no-key", "unused") is no key.
@@ -22,7 +29,9 @@ from __future__ import annotations
 
 import ipaddress
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -40,6 +49,7 @@ READ = ("/v1/telemetry", "/metrics")  # telemetry: a read (or admin) key, or the
 # outside /v1 but guarded as it is: the metrics (read) and the dashboard (management)
 MCP = "/mcp"
 GUARDED = frozenset({"/metrics", "/", "/dashboard/events", MCP})
+CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 @dataclass
@@ -63,7 +73,8 @@ def is_inference(path: str) -> bool:
     return path in INFERENCE or path.startswith("/v1/models/")
 
 
-def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> ApiKey | None:
+def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate,
+          method: str = "GET") -> ApiKey | None:  # fmt: skip
     """The key the call runs under (None when trust alone admits it); raises if refused."""
     if path in OPEN or not (path.startswith("/v1") or is_inference(path) or path in GUARDED):
         return None
@@ -84,6 +95,7 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> A
             raise PermissionDenied("MCP without a key is served to an address (127.0.0.1, "
                                    "localhost), not a host name: send a key.",
                                    code="host_not_allowed")  # fmt: skip
+        check_browser(headers, method, gate.settings)
         return None
     if is_inference(path):
         if key is not None:
@@ -103,8 +115,11 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> A
     if path.startswith(READ):
         if key is not None and not {"admin", "read"} & set(key.scopes):
             raise PermissionDenied("Telemetry needs a key with the read or admin scope.")
-        if key is not None or origin.local:
+        if key is not None:
             return key
+        if origin.local:
+            check_browser(headers, method, gate.settings)
+            return None
         raise AuthenticationFailed(
             f"Telemetry needs a read key unless called from the box itself: {origin.reason}.",
             code="missing_api_key")  # fmt: skip
@@ -113,16 +128,22 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate) -> A
             raise PermissionDenied("Management routes need a key with the admin scope.")
         return key
     if origin.local:
+        check_browser(headers, method, gate.settings)
         return None
     raise AuthenticationFailed(
         f"Management routes need an admin key unless called from the box itself: "
         f"{origin.reason}.", code="missing_api_key")  # fmt: skip
 
 
+def _host_name(host: str) -> str:
+    """The name in a Host header (or an Origin's netloc), without its port or brackets."""
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or "]" in host else host
+    return name.strip().strip("[]").lower().rstrip(".")
+
+
 def _address_host(host: str) -> bool:
     """Whether a Host header names an address or localhost (not a name DNS could rebind)."""
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or "]" in host else host
-    name = name.strip("[]").lower()
+    name = _host_name(host)
     if name == "localhost":
         return True
     try:
@@ -130,6 +151,38 @@ def _address_host(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def box_host(host: str, settings: TrustSettings) -> bool:
+    """Whether a Host header names this box: an address (a browser sends the one in its
+    address bar, which no DNS answer can change), localhost or ``*.localhost`` (browsers
+    resolve those to loopback themselves), FITBOX_HOST, or a name in FITBOX_HOST_NAMES."""
+    name = _host_name(host)
+    return (_address_host(host) or name.endswith(".localhost")
+            or name == _host_name(settings.listen_host) or name in settings.host_names)  # fmt: skip
+
+
+def check_browser(headers: Mapping[str, str], method: str, settings: TrustSettings) -> None:
+    """Refuse a keyless call from the box itself that a web page could have made (see the
+    module's rule on DNS rebinding); a call with no Host or Origin (curl, a script) passes."""
+    host = headers.get("host")
+    if host is not None and not box_host(host, settings):
+        raise PermissionDenied(
+            f"The Host header {host!r} does not name this box: without a key, a call from "
+            "the box itself is served only to an address, localhost, FITBOX_HOST or a name "
+            "in FITBOX_HOST_NAMES (a web page whose name was rebound to this box would send "
+            "its own). Use http://127.0.0.1:PORT, add the name to FITBOX_HOST_NAMES, or send "
+            "an admin key.", code="host_not_allowed", param="host")  # fmt: skip
+    origin = headers.get("origin")
+    if method.upper() not in CHANGES or origin is None:
+        return
+    netloc = urlsplit(origin).netloc if origin.startswith(("http://", "https://")) else ""
+    if not netloc or host is None or netloc.lower() != host.strip().lower():
+        raise PermissionDenied(
+            f"A {method.upper()} without a key from the page at {origin!r} is refused: "
+            f"only the box's own pages ({host or 'no Host sent'}) may change it without a "
+            "key, so another page open in your browser cannot. Send an admin key.",
+            code="origin_not_allowed", param="origin")  # fmt: skip
 
 
 def insider(key: ApiKey | None, origin: Origin) -> bool:
@@ -151,7 +204,8 @@ class AuthMiddleware:
                        for k, v in scope.get("headers", [])}  # fmt: skip
             client = scope.get("client")
             try:
-                key = admit(scope["path"], client[0] if client else None, headers, gate)
+                key = admit(scope["path"], client[0] if client else None, headers, gate,
+                            scope.get("method", "GET"))  # fmt: skip
             except FitboxError as exc:
                 await error_response(exc)(scope, receive, send)
                 return

@@ -4,8 +4,9 @@ and GET /dashboard/events: its updates over SSE.
 The page is rendered whole by the server (server/dashboard_html.py) and is the same with
 JavaScript off. With it, the page listens on /dashboard/events, which sends the re-rendered
 ``<main>`` each time the store's change counter moves (``app.state.changes``) or a resident
-changes state (the registry's change signal: a load finishing writes no row). Nothing is
-sent otherwise: no polling, no heartbeat.
+changes state (the registry's change signal: a load finishing writes no row), and, while a
+resident is loading, once per ``SPACING_S`` (the bytes of its weights read so far). Nothing
+is sent otherwise: no polling, no heartbeat.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fitbox.store.db import Store
 
 from . import dashboard_html
 from .dashboard_html import DeviceView, View
+from .progress import loaded_bytes
 from .tally import REFUSALS, reader
 from .telemetry import ChangeSignal
 
@@ -60,6 +62,9 @@ async def gather(box: Box, store: Store) -> View:
     for resident in box.residents():
         row = resident.describe()
         row["load_started_at"] = resident.load_started_at
+        if resident.state is ResidentState.STARTING:
+            with contextlib.suppress(OSError):  # a file gone meanwhile: seconds only
+                row["bytes_loaded"], row["bytes_total"] = loaded_bytes(resident)
         described.append(row)
     devices = []
     for device in box.snapshot().devices:
@@ -111,7 +116,7 @@ async def events(request: Request) -> Response:
         shown, states = since, _states(box)
         while not leaving.is_set():  # a stopping server ends the stream: the page reconnects
             registry = box.registry.change()
-            if store.counter != shown or _states(box) != states:
+            if store.counter != shown or _states(box) != states or _loading(box):
                 states = _states(box)
                 view = await gather(box, store)
                 shown = view.counter
@@ -124,6 +129,11 @@ async def events(request: Request) -> Response:
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"cache-control": "no-store"})  # fmt: skip
+
+
+def _loading(box: Box) -> bool:
+    """A resident is loading: its progress (bytes read) is news each spacing."""
+    return any(r.state is ResidentState.STARTING for r in box.residents())
 
 
 def _states(box: Box) -> tuple[tuple[str, ResidentState], ...]:

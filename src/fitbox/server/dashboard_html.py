@@ -3,7 +3,8 @@ functions: every value a client, a file or an engine chose is escaped here, once
 
 The page works without JavaScript (a reload shows the same); with it, a few lines replace
 ``<main>`` with each fragment the server sends over SSE, and tick the "loading for" seconds
-of a loading resident locally (no request is made for that)."""
+of a loading resident locally (no request is made for that). A loading resident shows the
+bytes of its weights read of all of them, in words and a ``<progress>`` bar."""
 
 from __future__ import annotations
 
@@ -111,6 +112,19 @@ def devices(view: View) -> str:
     return "<h2>Devices</h2>" + ("".join(parts) or '<p class="muted">none</p>')
 
 
+def _loaded(resident: dict[str, Any]) -> str:
+    """How much of a loading resident's weights is in: words and a ``<progress>`` bar, both
+    plain HTML (JavaScript off shows them; a reload, or the next update, moves them on)."""
+    loaded, total = resident.get("bytes_loaded"), resident.get("bytes_total")
+    if not total or loaded is None:
+        return ""
+    share = min(100 * loaded / total, 100)
+    words = f"{format_bytes(loaded)} of {format_bytes(total)} ({share:.0f}%)"
+    bar = f'<progress value="{int(loaded)}" max="{int(total)}">{share:.0f}%</progress>'
+    return (f', <span class="loaded" data-bytes-loaded="{int(loaded)}" '
+            f'data-bytes-total="{int(total)}">{_e(words)}</span> {bar}')  # fmt: skip
+
+
 def residents(view: View) -> str:
     rows, css = [], []
     for r in view.residents:
@@ -118,7 +132,7 @@ def residents(view: View) -> str:
         if r["state"] == "starting" and r.get("load_started_at"):
             since = r["load_started_at"]
             state = (f'<span data-loading-since="{since:.3f}">loading for '
-                     f"{max(view.now - since, 0):.0f} s</span>")  # fmt: skip
+                     f"{max(view.now - since, 0):.0f} s</span>{_loaded(r)}")  # fmt: skip
         rows.append([
             _e(r["model"]), state, _e(r["device"]), _e(r["rung"]), _e(r["window"]),
             _e(format_bytes(r["bytes"])), _e(r["basis"]), _e(r["calls"]),

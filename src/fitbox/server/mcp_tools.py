@@ -157,7 +157,8 @@ def build() -> MCPServer:
     @mirrors("/v1/limits")
     async def box_limits(ctx: Context) -> dict[str, Any]:
         box = _box(ctx)
-        tiers = on_this_box(box.prefs.limit, box.gpus.read(), box.catalog.roots)
+        tiers = on_this_box(box.prefs.limit, box.gpus.read(), box.catalog.roots,
+                            box.prefs.central_limit)
         return _listing([dict(tier) for tier in describe(tiers)])
 
     return server

@@ -14,6 +14,8 @@ from fitbox.errors import FitboxError, InvalidRequest, PermissionDenied
 from fitbox.server.bodies import Kinds, check_fields, json_object
 from fitbox.server.errors import is_insider
 from fitbox.server.proxy import forward, refused
+from fitbox.server.vision import ROUTES as IMAGE_ROUTES
+from fitbox.server.vision import check_images
 from fitbox.store.db import Store
 
 
@@ -47,6 +49,8 @@ async def _call(request: Request, path: str, required: Kinds) -> Response:
         if "model" not in body and "model" in request.query_params:
             body["model"] = request.query_params["model"]
         check_fields(body, {**MODEL, **required})
+        if path in IMAGE_ROUTES:
+            check_images(path, body, request.app.state.config.max_image)
     except FitboxError as error:
         refused(request, path, body, error)
         raise

@@ -167,17 +167,21 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/models": {"get": _op("The catalog, with residency", INFERENCE)},
     "/v1/chat/completions": {"post": _op("Chat (SSE with stream: true). " + REPLY, INFERENCE,
                                          CHAT)},
-    "/v1/completions": {"post": _op("Text completion", INFERENCE, COMPLETION)},
+    "/v1/completions": {"post": _op("Text completion. A model's thinking is in the choice's "
+                                    "reasoning_content (or reasoning) beside text",
+                                    INFERENCE, COMPLETION)},
     "/v1/embeddings": {"post": _op("Embeddings (embedding models; a decoder with the "
                                    "embeddings setting)", INFERENCE, EMBEDDING)},
     "/v1/models/{model_id}": {"get": _op(
         "One model by name, alias or family name (OpenAI's retrieve), with meta", INFERENCE,
         params=[{"name": "model_id", "in": "path", "required": True,
                  "schema": {"type": "string"}}])},
-    "/v1/responses": {"post": _op("OpenAI Responses API (SSE with stream: true)", INFERENCE,
+    "/v1/responses": {"post": _op("OpenAI Responses API (SSE with stream: true); a model's "
+                                  "thinking is a reasoning output item", INFERENCE,
                                   RESPONSES, MODEL_QUERY)},
-    "/v1/messages": {"post": _op("Anthropic Messages API shape (SSE with stream: true)",
-                                 INFERENCE, MESSAGES, MODEL_QUERY)},
+    "/v1/messages": {"post": _op("Anthropic Messages API shape (SSE with stream: true); a "
+                                 "model's thinking is a thinking block", INFERENCE, MESSAGES,
+                                 MODEL_QUERY)},
     "/v1/rerank": {"post": _op("Rerank documents (reranker models)", INFERENCE, RERANK,
                                MODEL_QUERY)},
     "/rerank": {"post": _op("Rerank documents: /v1/rerank's alias", INFERENCE, RERANK,
@@ -200,7 +204,8 @@ PATHS: dict[str, dict[str, Any]] = {
                                     _query("parallel", "integer"), _query("kv", "string"),
                                     _query("max_tokens", "integer")])},
     "/v1/telemetry/state": {"get": _op(
-        "The change counter; long-polls until it passes `since` or `wait` seconds pass",
+        "The change counter; long-polls until it passes `since` or `wait` seconds pass, or "
+        "the box stops (stopping: true)",
         "the box itself, or a key with the read or admin scope",
         params=[_query("since", "integer"), _query("wait", "number")])},
     "/v1/telemetry": {"get": _op(
@@ -241,8 +246,9 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/cores": {"get": _op("Physical cores: kept for the OS, claimed by which engine, free",
                              MANAGEMENT)},
     "/v1/limits": {"get": _op("Capacity tiers: device, box, central, effective", MANAGEMENT),
-                   "post": _op("Set box limits; a value above its parent tier is refused",
-                               MANAGEMENT, _knobs(LIMIT_KNOBS))},
+                   "post": _op("Set box limits, or with tier: central the central tier (a "
+                               "central's allotment); a value above its parent tier is refused",
+                               MANAGEMENT, _knobs({"tier": None, **LIMIT_KNOBS}))},
     "/v1/settings/box": {"get": _op("Box-wide knobs: own, default, effective", MANAGEMENT),
                          "post": _op("Set box-wide knobs (null clears one)", MANAGEMENT,
                                      _knobs(BOX_KNOBS))},
@@ -265,7 +271,16 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/transfer/{model}/file": {"get": _op(
         "One of the model's files, streamed; Range: bytes=… answered 206; 429 with "
         "Retry-After beyond the transfer cap", MANAGEMENT, params=TRANSFER_FILE)},
-    "/v1/hashes": {"get": _op("Every weight file's kept sha256 (hashed once)", MANAGEMENT)},
+    "/v1/hashes": {"get": _op("Every weight file's kept sha256 (hashed once); ?artifact=PATH "
+                              "hashes that model file of the catalog once and lists it alone",
+                              MANAGEMENT, params=[_query("artifact", "string")])},
+    "/v1/facts/import": {"post": _op(
+        "Footprints another box measured for a file with this sha256, filed under this box's "
+        "file with their origin; plans price from them (basis imported) until a load here "
+        "measures the same key", MANAGEMENT,
+        {"type": "object", "required": ["origin_box", "sha256", "footprints"],
+         "properties": {"origin_box": {"type": "string"}, "sha256": {"type": "string"},
+                        "footprints": {"type": "array", "items": {"type": "object"}}}})},
     "/v1/keys": {"get": _op("API keys, without secrets", MANAGEMENT),
                  "post": _op("Create a key (the secret is shown once)", MANAGEMENT, KEY)},
     "/v1/keys/{key_id}": {"get": _op("One key", MANAGEMENT, params=KEY_ID),

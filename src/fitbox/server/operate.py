@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from fitbox.box.box import Box
 from fitbox.box.drives import role_of
 from fitbox.box.transfers import pull_from_box
+from fitbox.core.reap import DriveRole
 from fitbox.errors import Conflict, EngineFailed, FitboxError, InvalidRequest, RouteNotFound
 from fitbox.models.box_pull import PullRefused
 from fitbox.models.pull import PullError
@@ -20,7 +21,9 @@ from fitbox.probe.disk import read_drive
 from fitbox.server.bodies import json_body
 from fitbox.store.db import Store
 
-ACTIONS = ("load", "unload", "pin", "unpin", "refresh-models", "clear-failed", "pull-model")
+ACTIONS = ("load", "unload", "pin", "unpin", "refresh-models", "clear-failed", "pull-model",
+           "reap-to-fit", "copy-to-central")
+NO_MODEL = ("refresh-models", "reap-to-fit")  # actions whose body names no model
 
 
 async def residents(request: Request) -> Response:
@@ -67,7 +70,9 @@ async def operator_action(request: Request) -> Response:
     if action not in ACTIONS:
         raise RouteNotFound(f"No operator action {action!r}; there are {', '.join(ACTIONS)}.")
     target, body = None, dict[str, Any]()
-    if action != "refresh-models":
+    if action == "reap-to-fit":
+        _, body = await json_body(request, {"bytes": int}, empty=True)
+    elif action not in NO_MODEL:
         _, body = await json_body(request, {"model": str}, empty=True)
         target = body["model"]
     key = getattr(request.state, "api_key", None)
@@ -87,6 +92,11 @@ async def perform(
         if action == "pull-model":
             assert target is not None
             result = await _pull_model(box, store, target, (body or {}).get("source_key"))
+        elif action == "reap-to-fit":
+            result = await _reap(box, int((body or {})["bytes"]), origin, key_id)
+        elif action == "copy-to-central":
+            assert target is not None
+            result = await _copy_to_central(box, target)
         else:
             result = await _apply(box, action, target)
     except FitboxError as exc:
@@ -101,10 +111,16 @@ async def _pull_model(box: Box, store: Store, spec: str, key: object) -> dict[st
     if key is not None and not isinstance(key, str):
         raise InvalidRequest("'source_key' must be a string.", param="source_key")
     dest = box.catalog.roots[0]
-    limit = box.prefs.limit("storage_max")
+    limit = box.prefs.cap("storage_max")
+    make_room = None
+    if box.movers.on("reap_to_fit") and (dest, DriveRole.WORKER) in box.movers.roles():
+
+        def make_room(needed: int) -> None:  # called from the pull's thread
+            anyio.from_thread.run(box.movers.reap, dest, needed, f"room to pull {spec}")
+
     try:
         outcomes = await anyio.to_thread.run_sync(lambda: pull_from_box(
-            spec, dest, store, key=key, storage_max=limit))  # fmt: skip
+            spec, dest, store, key=key, storage_max=limit, make_room=make_room))  # fmt: skip
     except PullRefused as exc:
         raise Conflict(str(exc), param="model", code="pull_refused") from None
     except PullError as exc:
@@ -112,6 +128,34 @@ async def _pull_model(box: Box, store: Store, spec: str, key: object) -> dict[st
     box.catalog.refresh()
     return {"files": [{"path": str(o.path), "bytes": o.size, "sha256": o.sha256,
                        "seconds": round(o.seconds, 3)} for o in outcomes]}  # fmt: skip
+
+
+async def _reap(box: Box, need: int, origin: str | None, key_id: str | None) -> dict[str, Any]:
+    """{"bytes": N}: free N bytes on the worker drive (reap_to_fit, as an operator action)."""
+    worker = box.movers.root_with(DriveRole.WORKER)
+    if need < 0:
+        raise InvalidRequest("'bytes' must be 0 or more.", param="bytes")
+    if worker is None:
+        raise Conflict("No model root is on a worker drive (drive_roles), so nothing can be "
+                       "reaped.", code="no_worker_drive")  # fmt: skip
+    if box.store is None:
+        raise Conflict("This box keeps no store, so no copy's hash is known.", code="no_store")
+    plan = await box.movers.reap(worker, need, "operator action", origin, key_id)
+    return {"root": str(worker), "freed_bytes": plan.freed, "short_by_bytes": plan.short_by,
+            "removed": [c.path for c in plan.victims],
+            "kept": [{"path": c.path, "why": why.value} for c, why in plan.kept]}  # fmt: skip
+
+
+async def _copy_to_central(box: Box, name: str) -> dict[str, Any]:
+    """{"model": name}: copy a worker-only model to the central drive now."""
+    artifact = box.catalog.resolve(name)
+    if box.movers.root_with(DriveRole.CENTRAL) is None:
+        raise Conflict("No model root is on a central drive (drive_roles).",
+                       code="no_central_drive")  # fmt: skip
+    if box.store is None:
+        raise Conflict("This box keeps no store, so no copy's hash is known.", code="no_store")
+    dest, why = await box.movers.copy_to_central(artifact)
+    return {"copied_to": str(dest) if dest else None, "why": why}
 
 
 async def _apply(box: Box, action: str, target: str | None) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from starlette.requests import Request
 
 from fitbox.box.box import Box
 from fitbox.box.calls import Call
+from fitbox.box.resident import Resident
 from fitbox.core.types import ResidentState
 from fitbox.engines.http1 import EngineResponse
 from fitbox.engines.reading import bytes_read
@@ -84,12 +85,19 @@ def progress_of(box: Box, call: Call, since: float) -> dict[str, Any]:
         return found
     for r in box.residents():
         if r.key in artifacts and r.state is ResidentState.STARTING:
-            size = artifacts[r.key].facts.shape.weights_bytes or r.artifact.path.stat().st_size
-            pid = r.child.pid if r.child else None
-            loaded = bytes_read(pid, r.artifact.path, size) if pid else 0
+            loaded, size = loaded_bytes(r)
             found |= {"bytes_loaded": loaded, "bytes_total": size}
             break
     return found
+
+
+def loaded_bytes(resident: Resident) -> tuple[int, int]:
+    """(bytes of its weights the loading child has read, all of them): for a progress
+    chunk and the dashboard (engines/reading.py says how it is read)."""
+    artifact = resident.artifact
+    size = artifact.facts.shape.weights_bytes or artifact.path.stat().st_size
+    pid = resident.child.pid if resident.child else None
+    return (bytes_read(pid, artifact.path, size) if pid else 0), size
 
 
 def _chunk(call: Call, progress: dict[str, Any]) -> bytes:

@@ -31,10 +31,11 @@ from fitbox.errors import (
     PermissionDenied,
     RouteNotServed,
 )
-from fitbox.server import progress, reasoning, timing
+from fitbox.server import progress, reasoning_routes, reasoning_streams, timing
 from fitbox.server.engine_errors import engine_error_body, retry_headers
 from fitbox.server.errors import body_for, is_insider
 from fitbox.server.names import NameRewrite, rewrite_for
+from fitbox.server.vision import check_vision
 
 log = logging.getLogger(__name__)
 __all__ = ["allowed_models", "check_model_allowed", "engine_error_body", "forward", "refused"]
@@ -74,9 +75,10 @@ def routed_name(box: Box, asked: str) -> tuple[str, dict[str, str]]:
     return asked, {}
 
 
-def check_served(box: Box, name: str, path: str) -> None:
+def check_served(box: Box, name: str, path: str, body: dict[str, Any] | None = None) -> None:
     """Refuse, before anything is loaded, a route no variant of ``name`` can serve: its
-    engine kind has no such route, or ``/v1/rerank`` on a model that is not a reranker."""
+    engine kind has no such route, ``/v1/rerank`` on a model that is not a reranker, or
+    image parts for a model that reads none."""
     artifacts = box.asks.named(name).artifacts
     kinds = [box.engines.for_artifact(a) for a in artifacts]
     if not any(path in kind.routes() for kind in kinds):
@@ -88,6 +90,8 @@ def check_served(box: Box, name: str, path: str) -> None:
             f"'{name}' is not a reranker (its GGUF's pooling type is not rank), so it cannot "
             "serve /v1/rerank; name a reranker model (GET /v1/models lists them).",
             param="model", code="not_a_reranker")  # fmt: skip
+    if body is not None:
+        check_vision(name, artifacts, path, body)
 
 
 def _max_tokens(body: dict[str, Any]) -> int:
@@ -121,14 +125,14 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
     call = box.calls.open(path, asked, bool(body.get("stream")), _request_id(request))
     setattr(request.state, timing.STAMPS_STATE, call.stamps)
     accept = request.headers.get("accept", "*/*")
-    field = reasoning.field_for(request, path, body)
-    raw = reasoning.request_body(raw, field)
+    field = reasoning_routes.for_call(request, path, body)
+    raw = reasoning_routes.request_body(raw, field)
     try:
         check_model_allowed(request, box, asked)
         name, headers = routed_name(box, asked)
         if name != asked:
             check_model_allowed(request, box, name)  # a key's limit holds for what serves
-        check_served(box, name, path)
+        check_served(box, name, path, body)
         slots = box.needs.choices(body)  # an n the box cannot give: refused before any 200
         query = urlencode([(k, v) for k, v in request.query_params.multi_items()
                            if k != "model"])  # fmt: skip
@@ -163,7 +167,8 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
 
 
 def _waiting(request: Request, call: Call, start: progress.Start, body: dict[str, Any],
-             headers: dict[str, str], asked: str, field: str | None) -> Response:  # fmt: skip
+             headers: dict[str, str], asked: str,
+             field: reasoning_routes.Thinking | None) -> Response:  # fmt: skip
     """A stream whose model must load first: its 200 now (server/progress.py)."""
     insider = is_insider(request)
 
@@ -211,7 +216,8 @@ async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, A
 
 
 async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],
-                 names: NameRewrite | None, field: str | None) -> Response:  # fmt: skip
+                 names: NameRewrite | None,
+                 field: reasoning_routes.Thinking | None) -> Response:  # fmt: skip
     try:
         content = await call.read(response)
     except FitboxError as exc:
@@ -225,7 +231,7 @@ async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],
         headers.update(retry_headers(response.status))
         return JSONResponse(body, status_code=response.status, headers=headers)
     call.answered(response.status, content)
-    content = reasoning.whole(content, field)
+    content = reasoning_routes.whole(content, field)
     await call.finished()  # a whole reply's first byte is its last: it leaves once stored
     media_type = response.headers.get("content-type", "application/json")
     content = names.whole(content) if names else content
@@ -249,12 +255,12 @@ async def _named(chunks: AsyncGenerator[bytes, None],
 
 async def _sse(call: Call, response: EngineResponse, insider: bool,
                names: NameRewrite | None = None,
-               field: str | None = None) -> AsyncIterator[bytes]:  # fmt: skip
+               field: reasoning_routes.Thinking | None = None) -> AsyncIterator[bytes]:  # fmt: skip
     """The engine's stream as it comes (the thinking moved, the asked name put back, the
     figures before its end); a failure mid-stream ends it with an SSE error event (the
     status line is long gone), recorded by the call, shaped for the caller."""
     try:
-        shaped = _named(reasoning.shaped(call.relay(response), field), names)
+        shaped = _named(reasoning_streams.shaped(call.relay(response), field), names)
         async for chunk in timing.annotated(shaped, call.stamps):
             yield chunk
     except FitboxError as error:

@@ -14,7 +14,14 @@ from starlette.responses import JSONResponse, Response
 from fitbox.box import limits as box_limits
 from fitbox.box.box import Box
 from fitbox.box.planning import report
-from fitbox.box.preferences import BOX_KNOBS, KEY_KNOBS, LIMIT_KNOBS, PAIR_KNOBS, parse
+from fitbox.box.preferences import (
+    BOX_KNOBS,
+    CENTRAL_TIER,
+    KEY_KNOBS,
+    LIMIT_KNOBS,
+    PAIR_KNOBS,
+    parse,
+)
 from fitbox.core.claims import claimable_count, reserved_core
 from fitbox.core.pins import parse as parse_pins
 from fitbox.core.verdicts import verdicts as price_all
@@ -83,27 +90,45 @@ async def pair_settings(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [_pair_view(box, m) for m in box.prefs.pairs]})
 
 
+TIERS = ("box", "central")
+
+
 async def limits(request: Request) -> Response:
-    """GET|POST /v1/limits: the tiers; a value above its parent tier is refused, named."""
+    """GET|POST /v1/limits: the tiers; a value above its parent tier is refused, named.
+    POST sets the box tier, or with ``"tier": "central"`` the central tier (what a central
+    allots this box; it must stay at or under the box tier)."""
     box = _box(request)
     if request.method == "POST":
-        values = parse(LIMIT_KNOBS, await _body(request))
+        body = await _body(request)
+        tier = body.pop("tier", "box") if isinstance(body, dict) else "box"
+        if tier not in TIERS:
+            raise InvalidRequest(f"'tier' must be one of {', '.join(TIERS)}; got {tier!r}.",
+                                 param="tier")  # fmt: skip
+        values = parse(LIMIT_KNOBS, body)
+        prefix = CENTRAL_TIER if tier == "central" else ""
+        stored = {prefix + name: value for name, value in values.items()}
         current = dict(box.prefs.limits)
 
-        def limit(name: str) -> Any:
-            if name in values:
-                return values[name]
-            return current.get(name, getattr(box.config, name, None))
+        def setting(name: str) -> Any:
+            if name in stored:
+                return stored[name]
+            if name in current:
+                return current[name]
+            return None if name.startswith(CENTRAL_TIER) else getattr(box.config, name, None)
 
-        problems = box_limits.problems_on_this_box(limit, box.gpus.read(), box.catalog.roots)
+        # the central tier is checked against the box tier it must stay under; a box that
+        # lowers its own tier is never refused for what a central allotted (the least wins)
+        central = (lambda n: setting(CENTRAL_TIER + n)) if prefix else box_limits.no_limit
+        problems = box_limits.problems_on_this_box(setting, box.gpus.read(), box.catalog.roots,
+                                                   central)  # fmt: skip
         if problems:
-            raise InvalidRequest("Refused: " + "; ".join(problems) + ".", param=next(iter(values)),
+            raise InvalidRequest("Refused: " + "; ".join(problems) + ".",
+                                 param=next(iter(values), None),
                                  code="above_parent_tier")  # fmt: skip
-        box.update_settings("limits", "", values)
-        _record(request, "limits", None, values)
-    found = box_limits.describe(
-        box_limits.on_this_box(box.prefs.limit, box.gpus.read(), box.catalog.roots)
-    )
+        box.update_settings("limits", "", stored)
+        _record(request, "limits" if tier == "box" else "limits-central", None, values)
+    found = box_limits.describe(box_limits.on_this_box(
+        box.prefs.limit, box.gpus.read(), box.catalog.roots, box.prefs.central_limit))
     return JSONResponse({"object": "list", "data": found})
 
 

@@ -34,10 +34,19 @@ class ChangeSignal:
         event, self._event = self._event, asyncio.Event()
         event.set()
 
-    async def wait(self, limit_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(limit_s):  # not wait_for: it can swallow a cancel
-                await self._event.wait()
+    async def wait(self, limit_s: float, leaving: asyncio.Event | None = None) -> None:
+        """Until the counter moves, ``limit_s`` passes, or ``leaving`` is set."""
+        if leaving is None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(limit_s):  # not wait_for: it can swallow a cancel
+                    await self._event.wait()
+            return
+        waits = [asyncio.ensure_future(self._event.wait()), asyncio.ensure_future(leaving.wait())]
+        try:
+            await asyncio.wait(waits, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
 
 
 def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
@@ -56,16 +65,19 @@ def _number(request: Request, name: str, default: float, low: float, high: float
 
 async def state(request: Request) -> Response:
     """GET /v1/telemetry/state?since=K&wait=N: answers once the counter passes K, or after
-    N seconds (at most 60) with the counter as it is."""
+    N seconds (at most 60) with the counter as it is, or at once when the box is stopping
+    (``"stopping": true``: uvicorn waits for open responses before a stop completes, so a
+    poll that slept on would hold the stop for its grace period and then be cut off)."""
     store: Store = request.app.state.store
     box: Box = request.app.state.box
     signal: ChangeSignal = request.app.state.changes
+    leaving: asyncio.Event = request.app.state.leaving.event
     since = int(_number(request, "since", -1, -1, 2**62))
     wait = _number(request, "wait", 0, 0, MAX_WAIT_S)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    while store.counter <= since and loop.time() < deadline:
-        await signal.wait(deadline - loop.time())
+    while store.counter <= since and loop.time() < deadline and not leaving.is_set():
+        await signal.wait(deadline - loop.time(), leaving)
     with contextlib.closing(_reader(store)) as conn:
         changed = _changed_since(conn, since)
     return JSONResponse({
@@ -74,6 +86,7 @@ async def state(request: Request) -> Response:
         "residents": len(box.residents()),
         "waiting": len(box.queue()),
         "store": store.health(),
+        "stopping": leaving.is_set(),
     })  # fmt: skip
 
 

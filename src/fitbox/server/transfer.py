@@ -51,6 +51,11 @@ class Transfers:
         return release
 
 
+def hash_keeper(request: Request) -> HashKeeper:
+    """The box's one keeper of hashes (hashed once, whoever asks)."""
+    return _transfers(request).keeper
+
+
 def _transfers(request: Request) -> Transfers:
     found: Transfers | None = getattr(request.app.state, "transfers", None)
     if found is None:
@@ -154,6 +159,24 @@ async def file(request: Request) -> Response:
 
 
 async def kept_hashes(request: Request) -> Response:
+    """Every kept hash; ``?artifact=PATH`` (a model file of this box's catalog, as its own
+    telemetry names it, nothing else) hashes that one once and lists it alone."""
     store: Store = request.app.state.store
-    found = store.run(hashes.every)
-    return JSONResponse({"object": "list", "data": [k.public() for k in found]})
+    wanted = request.query_params.get("artifact")
+    if wanted is None:
+        found = store.run(hashes.every)
+        return JSONResponse({"object": "list", "data": [k.public() for k in found]})
+    box: Box = request.app.state.box
+    artifact = next((a for a in box.catalog.artifacts() if a.key == wanted), None)
+    if artifact is None:
+        raise RouteNotFound("No model file of this box is at that path; GET /v1/models lists "
+                            "the models.", param="artifact")  # fmt: skip
+    try:
+        identity = artifact.identity()
+        real = artifact.path.resolve()
+    except OSError:
+        raise RouteNotFound("That model file is gone since the catalog saw it.",
+                            param="artifact") from None  # fmt: skip
+    f = OfferedFile(artifact.path.name, artifact.path, real, identity.size, identity.mtime_ns)
+    kept = await anyio.to_thread.run_sync(hash_keeper(request).kept, f)
+    return JSONResponse({"object": "list", "data": [kept.public()]})

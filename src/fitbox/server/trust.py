@@ -41,6 +41,7 @@ class TrustSettings:
     trusted_networks: tuple[Network, ...]
     trusted_proxies: tuple[Network, ...]
     listen_host: str
+    host_names: tuple[str, ...] = ()  # FITBOX_HOST_NAMES: what a keyless Host may name
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import sqlite3
-import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from fitbox.store.failures import (
     primary_code,
 )
 from fitbox.store.migrations import load_migrations, migrate
+from fitbox.store.sqlite_file import connect
 from fitbox.store.writer import Job, Writer
 from fitbox.units import format_bytes
 
@@ -56,39 +56,6 @@ _CALL_COLUMNS = frozenset(
         "decode_per_token_ms",
     }
 )  # fmt: skip
-
-
-def connect(path: Path) -> sqlite3.Connection:
-    _owner_only(path)
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA busy_timeout = 5000")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            log.warning("store %s is in %s mode, not WAL", path, mode)
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA foreign_keys = ON")
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _owner_only(path: Path) -> None:
-    """The store holds the call log, key names and their salted digests: its folder (when
-    made here) and file are its owner's alone. SQLite gives the -wal and -shm it makes the
-    file's mode, so making the file first 0600 covers all three; a store an older fitbox
-    left readable by others is narrowed (its owner, or root, may; anyone else just reads)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    for suffix in ("", "-wal", "-shm"):
-        with contextlib.suppress(OSError):
-            part = Path(f"{path}{suffix}")
-            mode = stat.S_IMODE(part.stat().st_mode)
-            if mode & 0o077:
-                part.chmod(mode & 0o700)
 
 
 @dataclass
@@ -331,6 +298,15 @@ class Store:
         self._submit(lambda conn: self._event(conn, "fact", "measured_footprints",
                                               facts.insert_footprint(conn, measured)))  # fmt: skip
 
+    def footprint_imported(self, measured: MeasuredFootprint) -> None:
+        """A footprint another box measured, with its origin; an offer taken before: no row."""
+
+        def job(conn: sqlite3.Connection) -> None:
+            if (row_id := facts.import_footprint(conn, measured)) is not None:
+                self._event(conn, "fact", "measured_footprints", row_id)
+
+        self._submit(job)
+
     def readings(self, rows: list[tuple[Any, ...]]) -> None:
         """Sensor readings (at, device, simulated, total, free, fitbox, busy %, swap free):
         stored without an event, so the change counter does not move."""
@@ -410,6 +386,14 @@ class Store:
         """The last 20 speeds of every (file, rung), oldest first (read once, at start)."""
         try:
             result: list[MeasuredSpeed] = self.run(facts.recent_speeds)
+        except sqlite3.Error:
+            return []
+        return result
+
+    def recent_curve(self) -> list[facts.CurvePoint]:
+        """The thread curve's last points per (file, rung), oldest first (read at start)."""
+        try:
+            result: list[facts.CurvePoint] = self.run(facts.recent_curve)
         except sqlite3.Error:
             return []
         return result

@@ -34,6 +34,8 @@ class MeasuredFootprint:
     measured_at: float = 0.0
     estimate_bytes: int | None = None  # what the placement priced it at, before the load
     estimate_basis: str | None = None  # "estimate" or "measured" (an earlier load)
+    origin_box: str | None = None  # imported: the box that measured it (None: this box)
+    origin_id: int | None = None  # imported: its row id on that box
 
     @property
     def key(self) -> tuple[str, int, int, str, int, int, str, str]:
@@ -56,10 +58,15 @@ class MeasuredSpeed:
     decode_per_token_ms: float | None
     call_id: int | None
     measured_at: float
+    cores: int | None = None  # physical cores the engine ran on: a point of its thread curve
 
     @property
     def key(self) -> tuple[str, int, int, str]:
         return (self.artifact, self.artifact_size, self.artifact_mtime_ns, self.rung)
+
+
+# ((artifact, size, mtime_ns, rung), cores it ran on, decode ms per token): a curve point
+CurvePoint = tuple[tuple[str, int, int, str], int, float]
 
 
 # (artifact, size, mtime_ns, placement, window) of a window that failed to load
@@ -71,33 +78,44 @@ def insert_footprint(conn: sqlite3.Connection, m: MeasuredFootprint) -> int:
         "INSERT INTO measured_footprints (artifact, artifact_size, artifact_mtime_ns, "
         "device, window, parallel, type_k, type_v, weights_bytes, kv_bytes, "
         "compute_bytes, output_bytes, n_ctx, n_ctx_seq, load_seconds, call_id, "
-        "measured_at, estimate_bytes, estimate_basis) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "measured_at, estimate_bytes, estimate_basis, origin_box, origin_id) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.device, m.window,
          m.parallel, m.type_k, m.type_v, m.weights, m.kv, m.compute, m.output,
          m.n_ctx, m.n_ctx_seq, m.load_seconds, m.call_id, m.measured_at,
-         m.estimate_bytes, m.estimate_basis),
+         m.estimate_bytes, m.estimate_basis, m.origin_box, m.origin_id),
     ).lastrowid or 0)  # fmt: skip
 
 
+def import_footprint(conn: sqlite3.Connection, m: MeasuredFootprint) -> int | None:
+    """File a footprint another box measured; None when this offer was taken before."""
+    taken = conn.execute(
+        "SELECT id FROM measured_footprints WHERE origin_box = ? AND origin_id = ? AND "
+        "artifact = ?", (m.origin_box, m.origin_id, m.artifact)).fetchone()  # fmt: skip
+    return None if taken else insert_footprint(conn, m)
+
+
 def latest_footprints(conn: sqlite3.Connection) -> list[MeasuredFootprint]:
-    """The newest measurement of every placement key."""
+    """The newest measurement of every placement key; one made here wins over an imported
+    one (measured by another box on a file with the same bytes) whatever their order."""
     rows = conn.execute(
         "SELECT * FROM measured_footprints WHERE id IN (SELECT MAX(id) FROM measured_footprints"
         " GROUP BY artifact, artifact_size, artifact_mtime_ns, device, window, parallel,"
-        " type_k, type_v)"
+        " type_k, type_v, origin_box IS NULL) ORDER BY origin_box IS NULL, id"
     )
-    return [
-        MeasuredFootprint(
+    newest: dict[tuple[str, int, int, str, int, int, str, str], MeasuredFootprint] = {}
+    for r in rows:  # imported first: a local one of the same key replaces it
+        m = MeasuredFootprint(
             artifact=r["artifact"], artifact_size=r["artifact_size"],
             artifact_mtime_ns=r["artifact_mtime_ns"], device=r["device"], window=r["window"],
             parallel=r["parallel"], type_k=r["type_k"], type_v=r["type_v"],
             weights=r["weights_bytes"], kv=r["kv_bytes"], compute=r["compute_bytes"],
             output=r["output_bytes"], n_ctx=r["n_ctx"], n_ctx_seq=r["n_ctx_seq"],
             load_seconds=r["load_seconds"], call_id=r["call_id"], measured_at=r["measured_at"],
-        )
-        for r in rows
-    ]  # fmt: skip
+            origin_box=r["origin_box"], origin_id=r["origin_id"],
+        )  # fmt: skip
+        newest[m.key] = m
+    return list(newest.values())
 
 
 def read_measured(path: Path) -> list[MeasuredFootprint]:
@@ -117,10 +135,10 @@ def insert_speed(conn: sqlite3.Connection, m: MeasuredSpeed) -> int:
     return int(conn.execute(
         "INSERT INTO measured_speeds (artifact, artifact_size, artifact_mtime_ns, rung, "
         "placement, prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms,"
-        " call_id, measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " call_id, measured_at, cores) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.rung, m.placement,
          m.prompt_tokens, m.prompt_per_token_ms, m.decode_tokens, m.decode_per_token_ms,
-         m.call_id, m.measured_at),
+         m.call_id, m.measured_at, m.cores),
     ).lastrowid or 0)  # fmt: skip
 
 
@@ -129,9 +147,19 @@ def recent_speeds(conn: sqlite3.Connection) -> list[MeasuredSpeed]:
     rows = conn.execute(
         "SELECT artifact, artifact_size, artifact_mtime_ns, rung, placement, "
         "prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms, call_id,"
-        " measured_at FROM recent_speeds ORDER BY id"
+        " measured_at, cores FROM recent_speeds ORDER BY id"
     )
     return [MeasuredSpeed(*row) for row in rows]
+
+
+def recent_curve(conn: sqlite3.Connection) -> list[CurvePoint]:
+    """The last 60 decode rates of every (file, rung) with the cores they ran on, oldest
+    first: the thread curve a restarted box places with."""
+    rows = conn.execute(
+        "SELECT artifact, artifact_size, artifact_mtime_ns, rung, cores, decode_per_token_ms"
+        " FROM recent_curve ORDER BY id"
+    )
+    return [((a, size, mtime, rung), cores, ms) for a, size, mtime, rung, cores, ms in rows]
 
 
 def insert_refused_window(

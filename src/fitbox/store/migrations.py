@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any, Protocol
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -46,7 +47,18 @@ def load_migrations(directory: Path | None = None) -> list[Migration]:
     return found
 
 
-def migrate(conn: sqlite3.Connection, migrations: list[Migration]) -> list[int]:
+class Migratable(Protocol):
+    """What migrate() needs of a connection: sqlite3's, or the central's PostgreSQL one
+    (central/backend.py), so both keep the same ``schema_migrations`` bookkeeping."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, kind: Any, value: Any, traceback: Any, /) -> Any: ...
+
+
+def migrate(conn: Migratable, migrations: list[Migration]) -> list[int]:
     """Apply what is missing; refuse a database newer than this fitbox. Returns applied."""
     conn.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations ("

@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from fitbox.config import Config
 from fitbox.core.fourbit import FOUR_BIT_CLASS
 from fitbox.core.repack import NO_REPACK_CLASS
 from fitbox.core.types import Footprint, ResidentState, Rung
-from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port
+from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port, launchers
 from fitbox.engines.orphans import ChildRecord, reap, start_time
 from fitbox.engines.seam import EngineNotFound, LaunchIntent
 from fitbox.errors import EngineFailed, ShuttingDown
@@ -62,6 +62,7 @@ def intent_for(resident: Resident, port: int, warmup: str = "on") -> LaunchInten
         threads=len(place.cores) or None, type_k=place.type_k, type_v=place.type_v,
         no_repack=place.no_repack, kv_unified=place.kv_unified, load_in_4bit=place.load_in_4bit,
         warmup=warmup == "on" or (warmup == "auto" and resident.loaded_by_call is None),
+        vision=resident.artifact.vision, mmproj=resident.artifact.mmproj,
     )  # fmt: skip
 
 
@@ -69,10 +70,14 @@ class Supervisor:
     def __init__(
         self, config: Config, registry: Registry, facts: Facts, gpus: GpuProbe,
         store: Store | None, tasks: Tasks,
+        cpus_of: Callable[[tuple[int, ...]], frozenset[int]] = lambda cores: frozenset(),
     ) -> None:  # fmt: skip
+        """``cpus_of``: the logical CPUs of physical cores (box/snapshot.py), for cores given
+        back when a claim ends."""
         self.config, self.registry, self.facts = config, registry, facts
-        self.gpus, self.store, self.tasks = gpus, store, tasks
+        self.gpus, self.store, self.tasks, self.cpus_of = gpus, store, tasks, cpus_of
         self.crashes = CrashLedger(config.crash_limit, config.crash_window, config.crash_backoff)
+        launchers()  # found and checked now, not inside the first load's clock
         self.started_pids: set[int] = set()  # every engine pid this fitbox started
 
     # -- crashes ---------------------------------------------------------------------
@@ -191,6 +196,7 @@ class Supervisor:
             if said is not None:
                 self._refuse_window(resident, error, said)
             self.registry.move(resident, S.FAILED)
+            self.give_back_cores(resident)
         if not resident.ready.done():
             resident.ready.set_exception(error)
 
@@ -228,6 +234,7 @@ class Supervisor:
             log.error("%s exited unexpectedly with code %s", resident.artifact.name, code)
             self._child_ended(resident, f"exited with code {code}")
             self.registry.move(resident, S.FAILED)
+            self.give_back_cores(resident)
             self._crashed(resident, f"exited unexpectedly with code {code}", resident.child.tail())
 
     async def hung(self, resident: Resident, idle: float) -> None:
@@ -261,20 +268,49 @@ class Supervisor:
             self._child_ended(resident, "stopped")
         if resident.state is S.STOPPING:
             self.registry.move(resident, S.STOPPED)
+            self.give_back_cores(resident)
         if not resident.ready.done():  # stopped while loading: wake whoever waits for it
             resident.ready.set_exception(
                 ShuttingDown(f"'{resident.artifact.name}' was stopped while it loaded")
             )
 
-    def repin(self, resident: Resident) -> None:
-        """A later claim took some of this idle engine's cores: its threads move to the CPUs
-        it keeps (``resident.cpus``), so the two never compute on one core."""
+    async def relaunch(self, old: Resident, successor: Resident) -> None:
+        """``old`` (idle, moved to ``stopping`` under the lock) leaves and ``successor``, the
+        same file and contract on fewer threads, takes its place: SIGKILL (idle, nothing to
+        finish), then, under the lock, the one swapped for the other, so a call for the
+        model waits for the successor's load and never finds the file unplaced."""
+        if old.child is not None:
+            await old.child.stop(0)
+            self._child_ended(old, "relaunched on fewer threads")
+        async with self.registry.lock:
+            if old.state is not S.STOPPING or not self.registry.holds(old):
+                return  # a close stopped it meanwhile
+            self.registry.move(old, S.STOPPED)
+            self.registry.add(successor)
+        await self.bring_up(successor, [])
+
+    def give_back_cores(self, leaving: Resident) -> None:
+        """``leaving``'s claim ended: every engine a claim took cores from gets back those
+        no other engine holds now, and its threads move back onto them."""
+        held = {core for r in self.registry if r is not leaving for core in r.cores}
+        for holder in self.registry:
+            back = holder.lost_cores - held
+            if holder is leaving or not back or holder.state is not S.READY:
+                continue
+            holder.lost_cores -= back
+            holder.cpus = self.cpus_of(holder.cores)
+            self.repin(holder, f"core(s) {sorted(back)} given back: the claim that took them ended")
+
+    def repin(self, resident: Resident, why: str = "a claim took the others") -> None:
+        """A later claim took some of this idle engine's cores (or gave them back): its
+        threads move to the CPUs it has now (``resident.cpus``), so two engines never
+        compute on one core."""
         pid = resident.child.pid if resident.child and resident.child.alive else None
         if pid is None or not resident.cpus:
             return
         moved = pin_threads(pid, resident.cpus)
-        log.info("%s: %d thread(s) re-pinned to CPUs %s (a claim took the others)",
-                 resident.artifact.name, moved, sorted(resident.cpus))  # fmt: skip
+        log.info("%s: %d thread(s) re-pinned to CPUs %s (%s)", resident.artifact.name, moved,
+                 sorted(resident.cpus), why)  # fmt: skip
 
     def kill_all_now(self) -> None:
         for resident in self.registry:

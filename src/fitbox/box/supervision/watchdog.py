@@ -109,7 +109,8 @@ class Watchdog:
             return False
         before = cpu_seconds(child.pid)
         with contextlib.suppress(TimeoutError, EngineConnectionError, OSError):
-            status, _ = await asyncio.wait_for(child.pool.get("/health"), limit)
+            async with asyncio.timeout(limit):  # not wait_for: on 3.11 it can swallow a cancel
+                status, _ = await child.pool.get("/health")
             if status == 200:
                 return True
         after = cpu_seconds(child.pid)

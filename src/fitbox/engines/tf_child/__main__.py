@@ -23,6 +23,7 @@ from .chat import BadRequest, Chat, parse
 from .counts import cache_bytes, counted_weights, resident_bytes
 from .embed import Embedder, inputs
 from .placing import load_options
+from .vision import VisionChat
 
 
 class Loaded:
@@ -57,20 +58,31 @@ class Loaded:
                                          AutoTokenizer.from_pretrained(folder))  # fmt: skip
             model = self.embedder.model
         else:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", **placement)
+            auto = AutoModelForImageTextToText if args.vision else AutoModelForCausalLM
+            model = auto.from_pretrained(folder, dtype="auto", **placement)
             model = model if placement else model.to(device)
             if args.adapter:
                 from peft import PeftModel
 
                 model = PeftModel.from_pretrained(model, args.adapter)
-            self.chat = Chat(model.eval(), AutoTokenizer.from_pretrained(folder), args.window)
+            self.chat = self._chat(model.eval(), folder)
         self.weights = counted_weights(model)
         self.rss_after_load = resident_bytes()
         print(f"fitbox-tf: loaded {folder} on {device}: counted weights "
               f"{json.dumps(self.weights)}", flush=True)  # fmt: skip
         self.ready.set()
+
+    def _chat(self, model: Any, folder: Path) -> Chat:
+        """A vision-language folder reads images through its processor; others, text."""
+        if self.args.vision:
+            from transformers import AutoProcessor
+
+            return VisionChat(model, AutoProcessor.from_pretrained(folder), self.args.window)
+        from transformers import AutoTokenizer
+
+        return Chat(model, AutoTokenizer.from_pretrained(folder), self.args.window)
 
     def props(self) -> dict[str, Any]:
         chat = self.chat
@@ -146,7 +158,7 @@ class Handler(BaseHTTPRequestHandler):
     def _chat(self, body: dict[str, Any]) -> None:
         chat = self.loaded.chat
         assert chat is not None
-        gen = parse(body, chat.window)
+        gen = parse(body, chat.window, chat.content)
         made = f"chatcmpl-tf{time.time_ns()}"
         base = {"id": made, "created": int(time.time()), "model": self.loaded.args.alias}
         pieces = chat.run(gen)
@@ -225,6 +237,7 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--adapter", default="")
     parser.add_argument("--load-in-4bit", action="store_true")  # the 4bit rung (placing.py)
     parser.add_argument("--experts-in-ram", action="store_true")  # the moe-split rung
+    parser.add_argument("--vision", action="store_true")  # image parts, through the processor
     return parser.parse_args(argv)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +84,9 @@ def _text_content(content: Any) -> str:
     raise BadRequest("message content must be a string or a list of text parts", "messages")
 
 
-def parse(body: dict[str, Any], window: int) -> Generation:
+def parse(body: dict[str, Any], window: int,
+          content: Callable[[Any], Any] = _text_content) -> Generation:  # fmt: skip
+    """``content`` reads one message's content: text only, or (vision.py) text and images."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
@@ -92,7 +94,7 @@ def parse(body: dict[str, Any], window: int) -> Generation:
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest("every message needs a 'role'", "messages")
-        plain.append({"role": m["role"], "content": _text_content(m.get("content"))})
+        plain.append({"role": m["role"], "content": content(m.get("content"))})
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or window
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop if s)
@@ -114,6 +116,10 @@ def _first_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
 
 class Chat:
     """One causal LM and its tokenizer; one generation at a time (the caller holds a lock)."""
+
+    def content(self, content: Any) -> Any:
+        """How one message's content is read (parse()): text only."""
+        return _text_content(content)
 
     def __init__(self, model: Any, tokenizer: Any, window: int) -> None:
         import torch
@@ -137,10 +143,17 @@ class Chat:
         text = self.tokenizer.apply_chat_template(gen.messages, tokenize=False,
                                                   add_generation_prompt=True)  # fmt: skip
         ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        return self.bounded(ids)
+
+    def bounded(self, ids: Any) -> Any:
         if ids.shape[1] >= self.window:
             raise BadRequest(f"the prompt is {ids.shape[1]} tokens; this model was loaded "
                              f"with a {self.window}-token window", "messages")  # fmt: skip
         return ids.to(self.device)
+
+    def prompt(self, gen: Generation) -> tuple[Any, dict[str, Any]]:
+        """The prompt's token ids, and what else the first forward pass takes (images)."""
+        return self.prompt_ids(gen), {}
 
     def _next_token(self, logits: Any, gen: Generation, rng: Any) -> int:
         torch = self.torch
@@ -158,7 +171,7 @@ class Chat:
         torch = self.torch
         from transformers import DynamicCache
 
-        ids = self.prompt_ids(gen)
+        ids, extra = self.prompt(gen)
         rng = torch.Generator()
         rng.manual_seed(gen.seed if gen.seed is not None else int(time.time_ns() % 2**63))
         budget = min(gen.max_tokens, self.window - ids.shape[1])
@@ -174,7 +187,8 @@ class Chat:
             with torch.inference_mode():
                 while len(made) < budget and not self.cancelled.is_set():
                     out = self.model(input_ids=step_input, use_cache=True,
-                                     **{self.cache_arg: self.cache})  # fmt: skip
+                                     **{self.cache_arg: self.cache}, **extra)  # fmt: skip
+                    extra = {}  # the images are in the cache after the first pass
                     if not made:
                         gen.timings.prompt_ms = (time.perf_counter() - started) * 1000
                         started = time.perf_counter()

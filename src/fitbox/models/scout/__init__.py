@@ -1,7 +1,8 @@
 """``fitbox scout``: where models already are on this machine, found without moving them.
 
 A bounded, read-only search (models/scout/walk.py's limits) of, in order: the model paths
-of running engines (live), Ollama's stores, Hugging Face caches, LM Studio's folders, the
+of running engines (live), the stores running Ollamas name in their environment (live),
+Ollama's stores, Hugging Face caches, LM Studio's folders, the
 roots given (or else every mounted drive; automount points never entered), and paths
 fitbox's own store saw before (historical). Each finding says what led to it, and is
 servable only once its GGUF header was read (findings.py ``examine``)."""
@@ -22,7 +23,7 @@ from .places import (
     ollama_hints,
     ollama_stores,
 )
-from .processes import process_hints
+from .processes import process_hints, running_ollama_stores
 
 __all__ = ["HISTORICAL", "LIVE", "Finding", "Hint", "Limits", "Report", "Tally", "scout"]
 
@@ -44,11 +45,17 @@ def _hints(
     mountinfo: Path | None,
 ) -> Iterator[Hint]:
     yield from process_hints(pid)
+    running = running_ollama_stores(pid)
+    for store, why in running:
+        yield from ollama_hints(store, why, tally, limits.max_results)
     if pid is not None:
         return  # --pid: that process alone
     mounts = read_mounts(mountinfo) if mountinfo else read_mounts()
     skip = automounts(mounts)
+    read = {store for store, _ in running}
     for store, why in ollama_stores(env, home):
+        if store in read:
+            continue
         yield from ollama_hints(store, why, tally, limits.max_results)
     for cache, why in hf_caches(env, home):
         yield from hf_hints(cache, why, limits, tally)

@@ -1,5 +1,8 @@
 """Model paths in the command lines of running engines (llama-server, Ollama, vLLM,
-KoboldCpp): live use, read from /proc through psutil, never by signalling anything."""
+KoboldCpp), and the store of a running Ollama from its environment (``OLLAMA_MODELS``, else
+its ``HOME``'s default store): live use, read from /proc through psutil, never by
+signalling anything. An environment fitbox may not read (another user's process, without
+root) is skipped: the default stores are still read."""
 
 from __future__ import annotations
 
@@ -37,15 +40,36 @@ def model_args(argv: list[str]) -> list[str]:
     return found
 
 
-def process_hints(pid: int | None = None) -> Iterator[Hint]:
+def _processes(pid: int | None) -> Iterable[psutil.Process]:
     if pid is None:
-        procs: Iterable[psutil.Process] = psutil.process_iter()
-    else:
+        return psutil.process_iter()
+    try:
+        return [psutil.Process(pid)]
+    except psutil.Error:
+        return []  # gone already: nothing to say
+
+
+def running_ollama_stores(pid: int | None = None) -> list[tuple[Path, str]]:
+    """(store, what led to it) for each running Ollama whose environment is readable."""
+    found: list[tuple[Path, str]] = []
+    for proc in _processes(pid):
         try:
-            procs = [psutil.Process(pid)]
-        except psutil.Error:
-            return  # gone already: nothing to say
-    for proc in procs:
+            if engine_of(proc.cmdline(), proc.name()) != "ollama":
+                continue
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get("OLLAMA_MODELS"):
+            found.append((Path(env["OLLAMA_MODELS"]),
+                          f"OLLAMA_MODELS of the running ollama, pid {proc.pid}"))  # fmt: skip
+        elif env.get("HOME"):
+            found.append((Path(env["HOME"]) / ".ollama" / "models",
+                          f"the default store of the running ollama, pid {proc.pid}"))  # fmt: skip
+    return found
+
+
+def process_hints(pid: int | None = None) -> Iterator[Hint]:
+    for proc in _processes(pid):
         try:
             argv, name, cwd = proc.cmdline(), proc.name(), proc.cwd()
         except (psutil.Error, OSError):
@@ -53,7 +77,7 @@ def process_hints(pid: int | None = None) -> Iterator[Hint]:
         engine = engine_of(argv, name)
         if engine is None or not argv:
             continue
-        if engine == "ollama":  # its models are in its store; places.py reads that
+        if engine == "ollama":  # its models are in its store (running_ollama_stores)
             continue
         for arg in model_args(argv):
             path = Path(arg) if Path(arg).is_absolute() else Path(cwd) / arg

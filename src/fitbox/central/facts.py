@@ -1,0 +1,125 @@
+"""Facts offered across the fleet: a footprint one box measured is posted to the other boxes
+(``POST /v1/facts/import``) with the sha256 of the file it was measured on, so a box holding
+the same bytes prices its first load from a measurement instead of an estimate.
+
+The sha256 comes from the measuring box (``GET /v1/hashes?artifact=PATH``: hashed there
+once, kept, and remembered here by the file's path, size and mtime). Each other box that is
+up is offered it; a box without a file of that size answers ``no_such_file`` after one stat
+per file. A box that comes up (new, back, or the central restarted) is offered every
+mirrored footprint of the others. Offers are idempotent on the box (origin box and row id),
+so offering twice costs a request and never a second row. An offer that fails is logged and
+never stops the mirror."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from typing import Any
+
+import httpx
+
+from fitbox.central.mirror import BoxLink, Fleet
+
+log = logging.getLogger(__name__)
+TABLE = "measured_footprints"
+OFFER_TIMEOUT_S = 120.0  # the box may hash a file of the same size first, once
+FileKey = tuple[str, str, int, int]  # (box id, path, size, mtime_ns) on the measuring box
+
+
+class FactOffers:
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self._sha256: dict[FileKey, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        fleet.listeners.append(self)
+
+    def mirrored(self, link: BoxLink, table: str, rows: list[Any]) -> None:
+        if table != TABLE:
+            return
+        own = [r for r in rows if isinstance(r, dict) and r.get("origin_box") is None]
+        if own:
+            to = [other for other in self.fleet.links.values()
+                  if other is not link and other.state == "up"]  # fmt: skip
+            self._spawn(self._offer(link, own, to))
+
+    def came_up(self, link: BoxLink) -> None:
+        self._spawn(self._welcome(link))
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _welcome(self, link: BoxLink) -> None:
+        for origin in list(self.fleet.links.values()):
+            if origin is link:
+                continue
+            rows = await asyncio.to_thread(self.fleet.store.mirrored, TABLE,
+                                           origin.record.box_id, 1000, 0, True)  # fmt: skip
+            own = [{k: v for k, v in r.items() if k != "box_id"} for r in rows
+                   if r.get("origin_box") is None]  # fmt: skip
+            if own:
+                await self._offer(origin, own, [link])
+
+    async def _offer(self, origin: BoxLink, rows: list[dict[str, Any]],
+                     to: list[BoxLink]) -> None:  # fmt: skip
+        by_file: dict[tuple[str, int, int], list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            path, size, mtime_ns = (row.get("artifact"), row.get("artifact_size"),
+                                    row.get("artifact_mtime_ns"))  # fmt: skip
+            if isinstance(path, str) and isinstance(size, int) and isinstance(mtime_ns, int):
+                by_file[(path, size, mtime_ns)].append(row)
+        for (path, size, mtime_ns), group in by_file.items():
+            try:
+                sha256 = await self._sha256_of(origin, path, size, mtime_ns)
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
+                log.info("box %s: no sha256 for %s (%r): its facts are not offered",
+                         origin.record.box_id, path, exc)  # fmt: skip
+                continue
+            if sha256 is None:
+                continue
+            offer = {"origin_box": origin.record.box_id, "sha256": sha256,
+                     "footprints": group}  # fmt: skip
+            await asyncio.gather(*(self._post(box, offer) for box in to))
+
+    async def _sha256_of(self, origin: BoxLink, path: str, size: int,
+                         mtime_ns: int) -> str | None:  # fmt: skip
+        key = (origin.record.box_id, path, size, mtime_ns)
+        if key not in self._sha256:
+            response = await self.fleet.client.get(
+                f"{origin.record.url}/v1/hashes", params={"artifact": path},
+                headers=origin.headers, timeout=OFFER_TIMEOUT_S)  # fmt: skip
+            if response.status_code == 404:  # the file is gone there
+                return None
+            response.raise_for_status()
+            kept = response.json()["data"][0]
+            if kept["bytes"] != size:  # replaced since it was measured: not these bytes
+                return None
+            self._sha256[key] = str(kept["sha256"])
+        return self._sha256[key]
+
+    async def _post(self, box: BoxLink, offer: dict[str, Any]) -> None:
+        try:
+            response = await self.fleet.client.post(
+                f"{box.record.url}/v1/facts/import", json=offer, headers=box.headers,
+                timeout=OFFER_TIMEOUT_S)  # fmt: skip
+        except httpx.HTTPError as exc:
+            log.info("box %s: facts not offered (%r); offered again when it is back",
+                     box.record.box_id, exc)  # fmt: skip
+            return
+        if response.status_code == 200:
+            log.info("box %s took %d footprint(s) of %s from box %s", box.record.box_id,
+                     len(offer["footprints"]), offer["sha256"][:12],
+                     offer["origin_box"])  # fmt: skip
+        elif response.status_code != 404:  # 404: no file with these bytes there
+            log.warning("box %s refused facts from %s: %s", box.record.box_id,
+                        offer["origin_box"], response.text[:300])  # fmt: skip

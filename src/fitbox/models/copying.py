@@ -1,0 +1,70 @@
+"""A weight file copied between drives of one box, never trusted unverified: the bytes are
+hashed as they are read (one pass), the source must still be the file that was hashed
+(size and mtime) and match the sha256 kept for it, the copy lands in ``NAME.part``, is
+fsynced once, and only then renamed into place (the directory fsynced too)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from fitbox.models.transfer import CHUNK_BYTES
+
+READ_BYTES = 16 << 20  # large reads: fewer syscalls; a multiple of the 4 MiB chunk
+
+
+class CopyRefused(RuntimeError):
+    """The copy was not kept (the source changed, or its bytes are not the ones hashed)."""
+
+
+def part_of(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".part")
+
+
+def copy_verified(
+    src: Path, dest: Path, expected_sha256: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[str, tuple[str, ...]]:  # fmt: skip
+    """Copy ``src`` to ``dest``; (its sha256, its 4 MiB chunk sha256s). ``dest`` must not
+    exist. Raises :class:`CopyRefused` (nothing left behind) or OSError."""
+    if dest.exists():
+        raise CopyRefused(f"{dest} exists already; nothing was copied")
+    before = os.stat(src)
+    part = part_of(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    whole, chunks = hashlib.sha256(), []
+    try:
+        with src.open("rb") as reader, part.open("wb") as out:
+            while block := reader.read(READ_BYTES):
+                out.write(block)
+                whole.update(block)
+                view = memoryview(block)
+                for at in range(0, len(view), CHUNK_BYTES):
+                    chunks.append(hashlib.sha256(view[at : at + CHUNK_BYTES]).hexdigest())
+                if progress:
+                    progress(len(block))
+            out.flush()
+            os.fsync(out.fileno())
+        after = os.stat(src)
+        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+            raise CopyRefused(f"{src} changed while it was copied; the copy was dropped")
+        digest = whole.hexdigest()
+        if expected_sha256 is not None and digest != expected_sha256:
+            raise CopyRefused(f"{src} read as sha256 {digest}, not the {expected_sha256} kept "
+                              "for it (a damaged drive?); the copy was dropped")  # fmt: skip
+        os.replace(part, dest)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    sync_dir(dest.parent)
+    return digest, tuple(chunks)
+
+
+def sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,139 @@
+"""How a setting's text becomes its value: the parsers the settings table (fitbox.config)
+names, each raising ValueError with a reason that ConfigError then puts beside the setting's
+name and value."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fitbox.units import parse_size
+
+
+class ConfigError(ValueError):
+    """A setting has a value fitbox cannot use."""
+
+
+def port(text: str) -> int | None:
+    if text == "auto":
+        return None
+    port = int(text)
+    if not 0 < port < 65536:
+        raise ValueError("a port is 1..65535 or 'auto'")
+    return port
+
+
+def paths(text: str) -> tuple[Path, ...]:
+    return tuple(Path(p).expanduser().absolute() for p in text.split(os.pathsep) if p)
+
+
+def optional_size(text: str) -> int | None:
+    return parse_size(text) if text else None
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def yes_no(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("write true or false")
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            raise ValueError(f"write one of {', '.join(allowed)}")
+        return value
+
+    return parse
+
+
+def kv_types(text: str) -> tuple[str, ...]:
+    from fitbox.core.sizing import KV_TYPES
+
+    kinds = tuple(k.strip().lower() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KV_TYPES]
+    if unknown or not kinds:
+        raise ValueError(f"cache types are a comma list of {', '.join(KV_TYPES)}")
+    return kinds
+
+
+def positive_size(text: str) -> int:
+    value = parse_size(text)
+    if value < 1:
+        raise ValueError("must be at least 1 byte")
+    return value
+
+
+DRIVE_ROLES = ("central", "worker", "immutable")
+
+
+def drive_roles(text: str) -> tuple[tuple[Path, str], ...]:
+    """``DIR=role,DIR=role``: the role of the drive holding each directory."""
+    found = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        where, eq, role = item.rpartition("=")
+        if not eq or not where or role not in DRIVE_ROLES:
+            raise ValueError(f"write DIR=ROLE pairs, comma-separated; a role is one of "
+                             f"{', '.join(DRIVE_ROLES)}")  # fmt: skip
+        found.append((Path(where).expanduser(), role))
+    return tuple(found)
+
+
+MOVERS = ("reap_to_fit", "upload_to_worker", "copy_to_central")
+
+
+def movers(text: str) -> frozenset[str]:
+    """A comma list of movers to turn on (each is off unless named)."""
+    named = frozenset(m.strip() for m in text.split(",") if m.strip())
+    unknown = sorted(named - set(MOVERS))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not a mover; the movers are {', '.join(MOVERS)}")
+    return named
+
+
+def origins(text: str) -> tuple[str, ...]:
+    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    if "*" in origins and len(origins) > 1:
+        raise ValueError("write * alone, or a list of origins")
+    for origin in origins:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise ValueError(f"an origin is scheme://host[:port]; {origin!r} is not one")
+    return origins
+
+
+def host_names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip().lower().rstrip(".") for n in text.split(",") if n.strip())
+    for name in names:
+        if not name or any(c in name for c in "/:@ *"):
+            raise ValueError(f"a host name is a bare name (fitbox.lan), no scheme or port; "
+                             f"{name!r} is not one")  # fmt: skip
+    return names
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError("must be above 0")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    env: str
+    default: str
+    help: str
+    parse: Callable[[str], Any] = str
