@@ -12,10 +12,12 @@ engine's own packages.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -233,6 +235,7 @@ class Transformers:
     def __init__(self, engine_dir: Path | None = None) -> None:
         self.engine_dir = engine_dir
         self._probe: Probe | None = None
+        self._probing: threading.Thread | None = None  # abilities() asks it once, off the loop
         self._kv_budget: dict[int, int] = {}  # port -> the KV its window may grow to
 
     def serves(self, artifact_format: str) -> bool:
@@ -256,11 +259,19 @@ class Transformers:
     def abilities(self) -> Abilities:
         """4-bit when the selected interpreter has bitsandbytes with CUDA (its probe); a
         folder loads whole, on a GPU or in RAM: the child has no per-layer offload."""
-        try:
-            four_bit = self.selected().four_bit
-        except EngineNotFound:
-            four_bit = False
-        return Abilities(four_bit_in_place=four_bit, partial_offload=False)
+        if self._probe is None:  # a cold probe imports torch (up to minutes): never on the
+            # event loop that asked. Until it answers, no 4-bit rung is offered (a whole load
+            # still is), and the probe's answer is ready for the next decision.
+            if self._probing is None:
+                self._probing = threading.Thread(target=self._locate_quietly, daemon=True,
+                                                 name="tf-probe")  # fmt: skip
+                self._probing.start()
+            return Abilities(four_bit_in_place=False, partial_offload=False)
+        return Abilities(four_bit_in_place=self._probe.four_bit, partial_offload=False)
+
+    def _locate_quietly(self) -> None:
+        with contextlib.suppress(EngineNotFound):  # a call to the model says so, with the fix
+            self.locate()
 
     def launch(self, intent: LaunchIntent) -> LaunchSpec:
         from fitbox.models.transformers_facts import adapter_of, kv_bytes, read_transformers_facts
