@@ -109,7 +109,9 @@ def main() -> int:
     watched = statistics.median(added["watched"]) * ms
     print(f"short completions, {args.blocks} blocks of {args.per_block}, interleaved with direct")
     print(f"  added p50 unwatched {quiet:+6.3f} ms   watched {watched:+6.3f} ms   "
-          f"difference {watched - quiet:+6.3f} ms")  # fmt: skip
+          f"difference {watched - quiet:+6.3f} ms   ratio {watched / quiet:.3f}"
+          if quiet > 0 else f"  added p50 unwatched {quiet:+6.3f} ms   watched {watched:+6.3f} ms"
+          )  # fmt: skip
     print(f"  while watched: {seen['events']} dashboard events, {seen['scrapes']} scrapes")
     return 0
 

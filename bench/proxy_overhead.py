@@ -44,24 +44,20 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
 
 def start_fitbox(home: Path, models: Path) -> tuple[subprocess.Popen[bytes], str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "fitbox",
-        "serve",
-        "--port",
-        "auto",
-        "--home",
-        str(home),
-        "--models",
-        str(models),
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return start_fitbox_argv([sys.executable, "-m", "fitbox"], home, models, dict(os.environ))
+
+
+def start_fitbox_argv(command: list[str], home: Path, models: Path,
+                      env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+    """``command serve …`` (``python -m fitbox``, or a bench's own wrapper), healthy."""
+    argv = [*command, "serve", "--port", "auto", "--home", str(home), "--models", str(models),
+            "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     endpoint = home / "endpoint.json"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"fitbox exited with {proc.returncode}")
         if endpoint.exists():
             url = str(json.loads(endpoint.read_text())["url"])
             try:

@@ -49,7 +49,20 @@ from fitbox.store.keys import KeyChecker
 log = logging.getLogger(__name__)
 
 
+# The calls first: Starlette tries routes in order, a regex each (~35 of them before chat
+# came up). No route above them could match their paths.
 ROUTES = (
+    Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
+    Route("/v1/completions", openai.completions, methods=["POST"]),
+    Route("/v1/embeddings", openai.embeddings, methods=["POST"]),
+    Route("/v1/responses", openai.responses, methods=["POST"]),
+    Route("/v1/messages", openai.messages, methods=["POST"]),
+    Route("/v1/rerank", openai.rerank, methods=["POST"]),
+    Route("/rerank", openai.rerank, methods=["POST"]),
+    Route("/tokenize", openai.tokenize, methods=["POST"]),
+    Route("/detokenize", openai.detokenize, methods=["POST"]),
+    Route("/apply-template", openai.apply_template, methods=["POST"]),
+    Route("/infill", openai.infill, methods=["POST"]),
     Route("/health", openai.health, methods=["GET"]),
     Route("/v1/models", models.list_models, methods=["GET"]),
     Route("/v1/models/{model_id:path}", models.show_model, methods=["GET"]),
@@ -84,17 +97,6 @@ ROUTES = (
     Route("/v1/keys", manage.create_key, methods=["POST"]),
     Route("/v1/keys/{key_id}", manage.show_key, methods=["GET"]),
     Route("/v1/keys/{key_id}", manage.revoke_key, methods=["DELETE"]),
-    Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
-    Route("/v1/completions", openai.completions, methods=["POST"]),
-    Route("/v1/embeddings", openai.embeddings, methods=["POST"]),
-    Route("/v1/responses", openai.responses, methods=["POST"]),
-    Route("/v1/messages", openai.messages, methods=["POST"]),
-    Route("/v1/rerank", openai.rerank, methods=["POST"]),
-    Route("/rerank", openai.rerank, methods=["POST"]),
-    Route("/tokenize", openai.tokenize, methods=["POST"]),
-    Route("/detokenize", openai.detokenize, methods=["POST"]),
-    Route("/apply-template", openai.apply_template, methods=["POST"]),
-    Route("/infill", openai.infill, methods=["POST"]),
     Route("/props", openai.props, methods=["GET"]),
     Route("/slots", openai.slots, methods=["GET"]),
 )

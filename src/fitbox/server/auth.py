@@ -74,15 +74,16 @@ def is_inference(path: str) -> bool:
 
 
 def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate,
-          method: str = "GET") -> ApiKey | None:  # fmt: skip
-    """The key the call runs under (None when trust alone admits it); raises if refused."""
+          method: str = "GET", origin: Origin | None = None) -> ApiKey | None:  # fmt: skip
+    """The key the call runs under (None when trust alone admits it); raises if refused.
+    ``origin``: the caller's, when the door has classified it already (once per request)."""
     if path in OPEN or not (path.startswith("/v1") or is_inference(path) or path in GUARDED):
         return None
     presented = presented_key(headers)
     key = gate.checker.verify(presented, time.time()) if presented else None
     if presented and key is None:
         raise AuthenticationFailed("The API key is not valid: unknown, revoked or expired.")
-    origin = origin_of(peer, headers, gate.settings)
+    origin = origin or origin_of(peer, headers, gate.settings)
     if path == MCP:  # each tool is admitted again as the route it mirrors (mcp_tools.py)
         if key is not None:
             return key
@@ -203,14 +204,15 @@ class AuthMiddleware:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                        for k, v in scope.get("headers", [])}  # fmt: skip
             client = scope.get("client")
+            peer = client[0] if client else None
+            origin = origin_of(peer, headers, gate.settings)  # once: the check and insider
             try:
-                key = admit(scope["path"], client[0] if client else None, headers, gate,
-                            scope.get("method", "GET"))  # fmt: skip
+                key = admit(scope["path"], peer, headers, gate, scope.get("method", "GET"),
+                            origin)  # fmt: skip
             except FitboxError as exc:
                 await error_response(exc)(scope, receive, send)
                 return
             state = scope.setdefault("state", {})
             state["api_key"] = key
-            origin = origin_of(client[0] if client else None, headers, gate.settings)
             state["insider"] = insider(key, origin)
         await self.app(scope, receive, send)

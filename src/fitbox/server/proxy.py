@@ -9,9 +9,10 @@ engine's own error body is put in the OpenAI error envelope, keeping what the en
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
-import uuid
+import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 from urllib.parse import urlencode
@@ -102,8 +103,21 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return 0
 
 
+# A call's id when its client sent none: this process's random prefix and a counter (unique
+# as uuid4 would be, without a getrandom syscall and a UUID object per call)
+_ID_PREFIX = os.urandom(8).hex()
+_ID_COUNTER = itertools.count(1)
+
+
 def _request_id(request: Request) -> str:
-    return request.headers.get("x-request-id") or uuid.uuid4().hex
+    return request.headers.get("x-request-id") or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+
+
+def _query(request: Request) -> str:
+    """The client's query string without ``model`` (which named the model, not the call)."""
+    if not request.scope.get("query_string"):
+        return ""  # the common call: no QueryParams parsed
+    return urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "model"])
 
 
 def refused(request: Request, path: str, body: dict[str, Any], error: FitboxError) -> None:
@@ -134,8 +148,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
             check_model_allowed(request, box, name)  # a key's limit holds for what serves
         check_served(box, name, path, body)
         slots = box.needs.choices(body)  # an n the box cannot give: refused before any 200
-        query = urlencode([(k, v) for k, v in request.query_params.multi_items()
-                           if k != "model"])  # fmt: skip
+        query = _query(request)
         if call.stream and progress.must_load(box, name):  # the 200 now, the load after it
 
             async def start() -> EngineResponse:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
 _SELF = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
 
 
+@functools.lru_cache(maxsize=1024)  # every request parses its peer: ipaddress is slow
 def _address(text: str | None) -> Address | None:
     if not text:
         return None
@@ -36,7 +38,7 @@ def _within(address: Address | None, networks: tuple[Network, ...]) -> bool:
     return address is not None and any(address in net for net in networks)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: a cache key each request, made once
 class TrustSettings:
     trusted_networks: tuple[Network, ...]
     trusted_proxies: tuple[Network, ...]
@@ -59,6 +61,8 @@ def origin_of(peer: str | None, headers: Mapping[str, str], settings: TrustSetti
     if forwarded and not _within(peer_address, settings.trusted_proxies):
         return Origin(peer_address, local=False, trusted=False, forwarded=True,
                       reason=f"forwarded by {peer}, which is not a trusted proxy")  # fmt: skip
+    if not forwarded:
+        return _classified(peer_address, settings)
     address = peer_address
     if forwarded:
         hops = [h.strip() for h in headers.get("x-forwarded-for", "").split(",") if h.strip()]
@@ -74,6 +78,12 @@ def origin_of(peer: str | None, headers: Mapping[str, str], settings: TrustSetti
         if address is None:
             return Origin(None, local=False, trusted=False, forwarded=True,
                           reason="a trusted proxy sent no usable X-Forwarded-For")  # fmt: skip
+    return _classified(address, settings, forwarded=True)
+
+
+@functools.lru_cache(maxsize=1024)  # a client's peer address, classified once
+def _classified(address: Address | None, settings: TrustSettings, forwarded: bool = False
+                ) -> Origin:  # fmt: skip
     local = address is not None and (address in _SELF or address == _address(settings.listen_host))
     trusted = _within(address, settings.trusted_networks)
     where = (
