@@ -269,6 +269,8 @@ class Admission:
         """The window ``resident`` would get if it were loaded now, with itself gone and
         nobody else evicted, when that is larger than the one it has; else None."""
         ask = self.asks.ask(self.asks.named(resident.asked or resident.artifact.name))
+        if resident.window >= ask.window:  # no band goes past the preferred window
+            return None  # (core/bands.py), so no decision is needed: this runs every second
         snapshot = self.snapshots.snapshot()
         others = tuple(r for r in snapshot.residents if r.key != resident.key)
         decision = decide(replace(snapshot, residents=others), ask)
