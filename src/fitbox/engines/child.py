@@ -33,6 +33,11 @@ READY_BACKSTOP_S = 0.05
 READY_AFTER_OUTPUT_S = (0.002, 0.01)  # re-checks after the last chunk, then the backstop
 TAIL_LINES = 30
 READ_CHUNK = 64 * 1024
+# Once a child is ready its output is only kept (the file, the tail), so it is read in
+# batches: llama-server at -lv 4 prints ~35 lines a call, each a wake-up and a write on the
+# event loop that serves calls (0.4-0.5 ms of its CPU per 1-token chat, bench/hot_path.py).
+# The pipe holds 64 KiB: far more than a child prints in this pause.
+SETTLED_READ_PAUSE_S = 0.05
 TAIL_BYTES = 64 * 1024  # the end of the output kept in memory: what read_tail reads of a file
 MAX_LOG_BYTES = 16 * 1024 * 1024  # per child log file; one rotated copy is kept
 MAX_LOAD_SECTION = 4 * 1024 * 1024
@@ -146,6 +151,8 @@ class _LogPump:
                 self.load_section += data
             self._write(data)
             self.printed.set()
+            if not self.loading:  # ready: let a call's lines gather, read them at once
+                await asyncio.sleep(SETTLED_READ_PAUSE_S)
         self.printed.set()  # the pipe closed: the child is exiting
         if self.file is not None:
             with contextlib.suppress(OSError):
