@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fitbox.core.projector import ProjectorShape
 from fitbox.core.repack import CpuFeatures
@@ -70,6 +70,22 @@ class Candidate:
             if (m.where, m.window, m.type_k, m.type_v) == (where, window, type_k, type_v):
                 return m.footprint
         return None
+
+    def facts_filed_under(self, suffix: str) -> Candidate:
+        """This candidate with only the facts filed under placement classes ending in
+        ``suffix`` (a ``--no-repack`` or 4-bit load's own), the suffix taken off: priced as
+        that kind of load, never from the other kind's measurements."""
+
+        def own(pairs: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+            return tuple((w.removesuffix(suffix), n) for w, n in pairs if w.endswith(suffix))
+
+        return replace(
+            self,
+            measured=tuple(replace(m, where=m.where.removesuffix(suffix))
+                           for m in self.measured if m.where.endswith(suffix)),
+            refused_windows=own(self.refused_windows),
+            loaded_windows=own(self.loaded_windows),
+        )  # fmt: skip
 
     def window_cap(self, where: str) -> int | None:
         """The lowest refused window with no success at or above it: out of reach."""

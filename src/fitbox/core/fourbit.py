@@ -20,19 +20,11 @@ def in_place(candidate: Candidate) -> Candidate | None:
     4-bit loads measured as its own facts; None when its engine cannot quantize it."""
     if candidate.four_bit_weights is None or candidate.shape is None or candidate.load_in_4bit:
         return None
-    suffix = FOUR_BIT_CLASS
-
-    def own(pairs: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
-        return tuple((w.removesuffix(suffix), n) for w, n in pairs if w.endswith(suffix))
-
     # the layout's bytes are full precision: a 4-bit load is priced as one whole model
     return replace(
-        candidate, shape=replace(candidate.shape, weights_bytes=candidate.four_bit_weights),
+        candidate.facts_filed_under(FOUR_BIT_CLASS),
+        shape=replace(candidate.shape, weights_bytes=candidate.four_bit_weights),
         layout=None, four_bit=True, load_in_4bit=True,
-        measured=tuple(replace(m, where=m.where.removesuffix(suffix))
-                       for m in candidate.measured if m.where.endswith(suffix)),
-        refused_windows=own(candidate.refused_windows),
-        loaded_windows=own(candidate.loaded_windows),
     )  # fmt: skip
 
 

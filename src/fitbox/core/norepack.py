@@ -34,18 +34,7 @@ def without(
         return None
     if not host_weights(shape.tensors, cpu).repacked:
         return None
-    suffix = NO_REPACK_CLASS
-
-    def own(pairs: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
-        return tuple((w.removesuffix(suffix), n) for w, n in pairs if w.endswith(suffix))
-
-    return replace(
-        candidate, no_repack=True,
-        measured=tuple(replace(m, where=m.where.removesuffix(suffix))
-                       for m in candidate.measured if m.where.endswith(suffix)),
-        refused_windows=own(candidate.refused_windows),
-        loaded_windows=own(candidate.loaded_windows),
-    )  # fmt: skip
+    return replace(candidate.facts_filed_under(NO_REPACK_CLASS), no_repack=True)
 
 
 def placement_suffix(candidate: Candidate) -> str:
