@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 
@@ -199,7 +199,18 @@ async def shaped(chunks: AsyncGenerator[bytes, None],
         finally:
             await chunks.aclose()
         return
-    shaper = StreamShaper(field)
+    async for out in relay(chunks, StreamShaper(field)):
+        yield out
+
+
+class Shaper(Protocol):
+    def feed(self, chunk: bytes) -> bytes: ...
+    def finish(self) -> bytes: ...
+
+
+async def relay(chunks: AsyncGenerator[bytes, None], shaper: Shaper) -> AsyncGenerator[bytes, None]:
+    """``chunks`` through ``shaper``; closing this closes ``chunks`` at once (its end
+    releases the call's lease)."""
     try:
         async for chunk in chunks:
             out = shaper.feed(chunk)

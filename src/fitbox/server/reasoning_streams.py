@@ -394,20 +394,4 @@ def shaped(chunks: AsyncGenerator[bytes, None],
     (and a call that splits nothing) goes to server/reasoning.py as it is, no layer added."""
     if thinking is None or thinking.path == reasoning.CHAT or not thinking.splits:
         return reasoning.shaped(chunks, field_of(thinking))
-    return _reshaped(chunks, shaper_for(thinking))
-
-
-async def _reshaped(
-    chunks: AsyncGenerator[bytes, None], shaper: EventShaper | reasoning.StreamShaper
-) -> AsyncGenerator[bytes, None]:
-    """Closing this closes ``chunks`` at once (its end releases the call's lease)."""
-    try:
-        async for chunk in chunks:
-            out = shaper.feed(chunk)
-            if out:
-                yield out
-        rest = shaper.finish()
-        if rest:
-            yield rest
-    finally:
-        await chunks.aclose()
+    return reasoning.relay(chunks, shaper_for(thinking))
