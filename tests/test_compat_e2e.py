@@ -239,6 +239,55 @@ def test_anthropic_messages_whole_and_streamed(pair: Pair) -> None:
     ]  # fmt: skip
 
 
+# SmolLM2 answers this, greedily, with an emoji whose first token ends inside its UTF-8
+# bytes: llama-server sends no piece for that token, and its stream's opening went with it
+EMOJI = "Reply with only an emoji of a tree."
+
+
+def _events(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    text = httpx.post(f"{url}{path}", json={"model": SMOL, "stream": True, "temperature": 0,
+                                            **body}, timeout=60).text  # fmt: skip
+    return [json.loads(ln[6:]) for ln in text.splitlines() if ln.startswith("data: {")]
+
+
+def test_a_reply_that_opens_inside_a_character_still_opens_its_stream(pair: Pair) -> None:
+    """What the engine leaves out of such a stream's opening (server/openings.py) comes
+    through fitbox; each first assert shows the engine still leaves it out."""
+    messages = {"max_tokens": 4, "messages": [{"role": "user", "content": EMOJI}]}
+    direct, through = (_events(url, "/v1/messages", messages)
+                       for url in (pair.direct, pair.box.url))  # fmt: skip
+    assert all(e["type"] != "message_start" for e in direct), direct
+    assert through[0]["type"] == "message_start" and through[1:] == direct
+    start = through[0]["message"]
+    assert start["model"] == SMOL and start["role"] == "assistant" and start["content"] == []
+    whole = httpx.post(f"{pair.box.url}/v1/messages", timeout=60,
+                       json={"model": SMOL, "temperature": 0, **messages}).json()  # fmt: skip
+    prompt = whole["usage"]["input_tokens"] + whole["usage"].get("cache_read_input_tokens", 0)
+    assert start["usage"] == {"input_tokens": prompt, "output_tokens": 0}
+
+    direct, through = (_events(url, "/v1/chat/completions", messages)
+                       for url in (pair.direct, pair.box.url))  # fmt: skip
+    assert "role" not in direct[0]["choices"][0]["delta"], direct[0]
+    assert through[0]["choices"] == [{"index": 0, "delta": {"role": "assistant",
+                                                            "content": None},
+                                      "finish_reason": None}]  # fmt: skip
+    assert through[0]["id"] == through[1]["id"] and through[0]["model"] == SMOL
+    assert [e["choices"] for e in through[1:]] == [e["choices"] for e in direct]
+
+    asked = {"max_output_tokens": 8, "input": EMOJI}
+    direct, through = (_events(url, "/v1/responses", asked)
+                       for url in (pair.direct, pair.box.url))  # fmt: skip
+    kinds = [e["type"] for e in direct]
+    assert kinds.count("response.created") > 1, kinds
+    opening = ("response.created", "response.in_progress")
+    once = [k for i, k in enumerate(kinds) if k not in opening or k not in kinds[:i]]
+    assert [e["type"] for e in through] == once
+    fitbox = pair.clients(max_retries=0)[1]
+    with fitbox.responses.stream(model=SMOL, input=EMOJI, max_output_tokens=8,
+                                 temperature=0) as stream:  # fmt: skip
+        final = stream.get_final_response()
+    assert final.status in ("completed", "incomplete") and final.output_text
+
 # -- the engine's own routes ---------------------------------------------------------------
 
 

@@ -99,6 +99,7 @@ class Call:
         ))  # fmt: skip
         self._row = desk.store.barrier()  # set once the row above is committed
         self.lease: Lease | None = None
+        self.prompt_tokens: int | None = None  # the prompt's tokens, once counted exactly
 
     async def written(self) -> None:
         """Wait until the call's row exists in the store file. The response's first byte
@@ -139,10 +140,13 @@ class Call:
     # -- placing and sending -----------------------------------------------------------
 
     async def place(self, need: int, max_tokens: int, prompt_tokens: int,
-                    slots: int = 1, name: str | None = None) -> Resident:  # fmt: skip
+                    slots: int = 1, name: str | None = None,
+                    counted: bool = False) -> Resident:  # fmt: skip
         """Hold ``slots`` slots of a ready resident for this call (loading, evicting or
         waiting as decided); ``name``: the model it is placed on when not the one asked (a
-        default model)."""
+        default model); ``counted``: ``prompt_tokens`` is the model's own count, not a
+        bound."""
+        self.prompt_tokens = prompt_tokens if counted else None
         self.lease = lease = await self.desk.acquire(name or self.model, self.id, need,
                                                      max_tokens, slots)  # fmt: skip
         r = lease.resident

@@ -368,7 +368,13 @@ class LlamaServer:
     async def count_prompt(self, pool: EnginePool, path: str, body: bytes) -> int | None:
         """``/apply-template`` renders a chat body as the engine will; ``/tokenize`` counts
         it with the specials the engine adds to a prompt (server-context.cpp
-        tokenize_input_prompts(add_special, parse_special))."""
+        tokenize_input_prompts(add_special, parse_special)). A Messages or Responses body
+        is counted by the engine's own route for it (handle_count_tokens: the body made a
+        chat, rendered, tokenized the same way)."""
+        if path in _COUNTS:
+            counted = await _post_json(pool, _COUNTS[path], body)
+            tokens = counted.get("input_tokens") if counted else None
+            return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
         if path == "/v1/chat/completions":
             rendered = await _post_json(pool, "/apply-template", body)
             prompt = rendered.get("prompt") if rendered else None
@@ -382,6 +388,10 @@ class LlamaServer:
         counted = await _post_json(pool, "/tokenize", ask.encode())
         tokens = counted.get("tokens") if counted else None
         return len(tokens) if isinstance(tokens, list) else None
+
+
+_COUNTS = {"/v1/messages": "/v1/messages/count_tokens",
+           "/v1/responses": "/v1/responses/input_tokens"}  # fmt: skip
 
 
 def _loads(content: bytes) -> dict[str, Any]:

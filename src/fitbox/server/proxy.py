@@ -32,7 +32,7 @@ from fitbox.errors import (
     PermissionDenied,
     RouteNotServed,
 )
-from fitbox.server import progress, reasoning_routes, reasoning_streams, timing
+from fitbox.server import openings, progress, reasoning_routes, reasoning_streams, timing
 from fitbox.server.engine_errors import engine_error_body, retry_headers
 from fitbox.server.errors import body_for, is_insider
 from fitbox.server.names import NameRewrite, rewrite_for
@@ -149,13 +149,14 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
         check_served(box, name, path, body)
         slots = box.needs.choices(body)  # an n the box cannot give: refused before any 200
         query = _query(request)
+        count = _prompt_count(box, call, path, raw)
         if call.stream and progress.must_load(box, name):  # the 200 now, the load after it
 
             async def start() -> EngineResponse:
                 await _placed(box, call, path, raw, body, name, slots)
                 return await call.send(raw, accept, method, query)
 
-            return _waiting(request, call, start, body, headers, asked, field)
+            return _waiting(request, call, start, body, headers, asked, field, count)
         resident = await _placed(box, call, path, raw, body, name, slots)
         response = await call.send(raw, accept, method, query)
     except FitboxError as exc:
@@ -171,7 +172,7 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
     if call.stream and response.status < 400:
         await call.written()  # the status line is the first byte: the row is stored first
         return StreamingResponse(
-            _sse(call, response, is_insider(request), names, field),
+            _sse(call, response, is_insider(request), count, names, field),
             status_code=response.status,
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
             media_type=response.headers.get("content-type", "text/event-stream"),
@@ -180,15 +181,15 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
 
 
 def _waiting(request: Request, call: Call, start: progress.Start, body: dict[str, Any],
-             headers: dict[str, str], asked: str,
-             field: reasoning_routes.Thinking | None) -> Response:  # fmt: skip
+             headers: dict[str, str], asked: str, field: reasoning_routes.Thinking | None,
+             count: openings.Count) -> Response:  # fmt: skip
     """A stream whose model must load first: its 200 now (server/progress.py)."""
     insider = is_insider(request)
 
     async def relay(response: EngineResponse) -> AsyncGenerator[bytes, None]:
         if response.status < 400:
             names = rewrite_for(call.resident.artifact.name, asked)
-            async for chunk in _sse(call, response, insider, names, field):
+            async for chunk in _sse(call, response, insider, count, names, field):
                 yield chunk
             return
         content = await call.read(response)  # the engine refused it: its error, as an event
@@ -215,7 +216,7 @@ async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, A
     size = await box.needs.prompt(name, path, raw, body)
     size.refuse_if_too_long(param)
     need, reply = size.split(max_tokens)
-    resident = await call.place(need, reply, size.tokens, slots, name)
+    resident = await call.place(need, reply, size.tokens, slots, name, size.exact)
     if size.exact or fits(size, resident):
         return resident
     counted = await box.needs.counted(resident, path, raw)
@@ -225,7 +226,7 @@ async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, A
     size = PromptSize(counted, True, size.largest)
     size.refuse_if_too_long(param)
     need, reply = size.split(max_tokens)
-    return await call.place(need, reply, counted, slots, name)
+    return await call.place(need, reply, counted, slots, name, counted=True)
 
 
 async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],
@@ -266,14 +267,28 @@ async def _named(chunks: AsyncGenerator[bytes, None],
         await chunks.aclose()
 
 
-async def _sse(call: Call, response: EngineResponse, insider: bool,
+def _prompt_count(box: Box, call: Call, path: str, raw: bytes) -> openings.Count:
+    """The call's prompt tokens: as counted before placing, else by its engine now."""
+
+    async def count() -> int | None:
+        if call.prompt_tokens is not None:
+            return call.prompt_tokens
+        return await box.needs.counted(call.resident, path, raw)
+
+    return count
+
+
+async def _sse(call: Call, response: EngineResponse, insider: bool, count: openings.Count,
                names: NameRewrite | None = None,
                field: reasoning_routes.Thinking | None = None) -> AsyncIterator[bytes]:  # fmt: skip
     """The engine's stream as it comes (the thinking moved, the asked name put back, the
     figures before its end); a failure mid-stream ends it with an SSE error event (the
     status line is long gone), recorded by the call, shaped for the caller."""
     try:
-        shaped = _named(reasoning_streams.shaped(call.relay(response), field), names)
+        lease = call.lease
+        opened = openings.mended(call.relay(response), call.endpoint, call.resident.artifact.name,
+                                 lease.slots if lease else 1, count)  # fmt: skip
+        shaped = _named(reasoning_streams.shaped(opened, field), names)
         async for chunk in timing.annotated(shaped, call.stamps):
             yield chunk
     except FitboxError as error:
