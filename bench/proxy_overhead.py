@@ -30,13 +30,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import psutil
 
 from fitbox.models.pull import pull
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
 PROXY = [""]  # fitbox's URL once started
@@ -147,6 +151,25 @@ def concurrent_round(client: httpx.Client, base: str, streams: int,
     return sum(r[2] for r in results) / wall, [r[0] for r in results]
 
 
+def interleaved(rounds: int, direct: str, proxy: str,
+                measure: Callable[[str, str], T]) -> dict[str, list[T]]:  # fmt: skip
+    """``measure(name, base)`` on both paths, ``rounds`` each, the order swapped each round
+    (so neither path always goes first, after the other has warmed the engine)."""
+    got: dict[str, list[T]] = {"direct": [], "fitbox": []}
+    for i in range(rounds):
+        order = [("direct", direct), ("fitbox", proxy)]
+        for name, base in order if i % 2 else reversed(order):
+            got[name].append(measure(name, base))
+    return got
+
+
+def print_latency(lat: dict[str, list[float]]) -> None:
+    for p in (50, 95):
+        d, f = percentile(lat["direct"], p) * 1000.0, percentile(lat["fitbox"], p) * 1000.0
+        print(f"  p{p}  direct {d:7.2f} ms   fitbox {f:7.2f} ms   added {f - d:+6.2f} ms "
+              f"  ratio {f / d:.3f}")  # fmt: skip
+
+
 def tf_chat(client: httpx.Client, base: str, model: str) -> float:
     body = {"model": model, "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 1, "temperature": 0}  # fmt: skip
@@ -165,8 +188,6 @@ def tf_rows(requests: int, streams: int, tokens: int) -> None:
     folder = smol_folder(python, pull("smollm2", cache / "models"))
     env = {"FITBOX_TF_PYTHON": str(python), "VIRTUAL_ENV": "", "CONDA_PREFIX": ""}
     os.environ.update(env)  # start_fitbox's child inherits it
-    lat: dict[str, list[float]] = {"direct": [], "fitbox": []}
-    got: dict[str, list[tuple[float, float, int]]] = {"direct": [], "fitbox": []}
     body = {"model": folder.name, "messages": [{"role": "user", "content": "Tell a story."}],
             "max_tokens": tokens, "temperature": 0, "stream": True}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,26 +203,17 @@ def tf_rows(requests: int, streams: int, tokens: int) -> None:
                 for _ in range(3):  # warm both paths
                     tf_chat(client, direct, folder.name)
                     tf_chat(client, proxy, folder.name)
-                for i in range(requests):
-                    order = [("direct", direct), ("fitbox", proxy)]
-                    for name, base in order if i % 2 else reversed(order):
-                        lat[name].append(tf_chat(client, base, folder.name))
-                for i in range(streams):
-                    order = [("direct", direct), ("fitbox", proxy)]
-                    for name, base in order if i % 2 else reversed(order):
-                        got[name].append(_stream_once(client, base, body))
+                lat = interleaved(requests, direct, proxy,
+                                  lambda _, base: tf_chat(client, base, folder.name))
+                got = interleaved(streams, direct, proxy,
+                                  lambda _, base: _stream_once(client, base, body))
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
     ms = 1000.0
-    d50, f50 = percentile(lat["direct"], 50) * ms, percentile(lat["fitbox"], 50) * ms
-    d95, f95 = percentile(lat["direct"], 95) * ms, percentile(lat["fitbox"], 95) * ms
     print(f"transformers child, SmolLM2-135M float32 on CPU: chat max_tokens=1 "
           f"({requests} each, interleaved)")  # fmt: skip
-    print(f"  p50  direct {d50:7.2f} ms   fitbox {f50:7.2f} ms   added {f50 - d50:+6.2f} ms "
-          f"  ratio {f50 / d50:.3f}")  # fmt: skip
-    print(f"  p95  direct {d95:7.2f} ms   fitbox {f95:7.2f} ms   added {f95 - d95:+6.2f} ms "
-          f"  ratio {f95 / d95:.3f}")  # fmt: skip
+    print_latency(lat)
     d_ttfb = statistics.median(s[0] for s in got["direct"]) * ms
     f_ttfb = statistics.median(s[0] for s in got["fitbox"]) * ms
     d_tps = statistics.median(s[1] for s in got["direct"])
@@ -242,49 +254,34 @@ def main() -> int:
                 for _ in range(20):  # warm both paths
                     short_call(client, direct)
                     short_call(client, proxy)
-                lat = {"direct": [], "fitbox": []}  # type: dict[str, list[float]]
-                for i in range(args.requests):
-                    order = [("direct", direct), ("fitbox", proxy)]
-                    for name, base in order if i % 2 else reversed(order):
-                        lat[name].append(short_call(client, base))
-                streams = {"direct": [], "fitbox": []}  # type: dict[str, list[tuple[float, float, int]]]
-                for i in range(args.streams):
-                    order = [("direct", direct), ("fitbox", proxy)]
-                    for name, base in order if i % 2 else reversed(order):
-                        try:
-                            streams[name].append(stream_call(client, base, args.stream_tokens))
-                        except httpx.HTTPError as exc:
-                            raise SystemExit(f"stream {i} via {name} failed: {exc!r}") from exc
-                rates = {"direct": [], "fitbox": []}  # type: dict[str, list[float]]
-                ttfbs = {"direct": [], "fitbox": []}  # type: dict[str, list[float]]
-                for i in range(args.rounds):
-                    order = [("direct", direct), ("fitbox", proxy)]
-                    for name, base in order if i % 2 else reversed(order):
-                        rate, firsts = concurrent_round(client, base, args.concurrent,
-                                                        args.stream_tokens)  # fmt: skip
-                        rates[name].append(rate)
-                        ttfbs[name].extend(firsts)
+                lat = interleaved(args.requests, direct, proxy,
+                                  lambda _, base: short_call(client, base))
+
+                def stream(name: str, base: str) -> tuple[float, float, int]:
+                    try:
+                        return stream_call(client, base, args.stream_tokens)
+                    except httpx.HTTPError as exc:
+                        raise SystemExit(f"a stream via {name} failed: {exc!r}") from exc
+
+                streams = interleaved(args.streams, direct, proxy, stream)
+                rounds = interleaved(args.rounds, direct, proxy,
+                                     lambda _, base: concurrent_round(client, base,
+                                                                      args.concurrent,
+                                                                      args.stream_tokens))
+                rates = {k: [rate for rate, _ in v] for k, v in rounds.items()}
+                ttfbs = {k: [t for _, firsts in v for t in firsts] for k, v in rounds.items()}
                 slots = json.loads(httpx.get(f"{direct}/props").text).get("total_slots")
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
 
     ms = 1000.0
-    d50, f50 = percentile(lat["direct"], 50) * ms, percentile(lat["fitbox"], 50) * ms
-    d95, f95 = percentile(lat["direct"], 95) * ms, percentile(lat["fitbox"], 95) * ms
     d_ttfb = statistics.median(s[0] for s in streams["direct"]) * ms
     f_ttfb = statistics.median(s[0] for s in streams["fitbox"]) * ms
     d_tps = statistics.median(s[1] for s in streams["direct"])
     f_tps = statistics.median(s[1] for s in streams["fitbox"])
     print(f"short completions ({args.requests} each, max_tokens=1, interleaved)")
-    print(
-        f"  p50  direct {d50:7.2f} ms   fitbox {f50:7.2f} ms   added {f50 - d50:+6.2f} ms "
-        f"  ratio {f50 / d50:.3f}"
-    )
-    print(
-        f"  p95  direct {d95:7.2f} ms   fitbox {f95:7.2f} ms   added {f95 - d95:+6.2f} ms "
-        f"  ratio {f95 / d95:.3f}"
-    )
+    print_latency(lat)
     print(f"streams ({args.streams} each, {args.stream_tokens} tokens, ignore_eos)")
     print(
         f"  TTFB median  direct {d_ttfb:7.2f} ms   fitbox {f_ttfb:7.2f} ms   added "
