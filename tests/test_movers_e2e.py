@@ -42,7 +42,8 @@ def test_upload_copy_back_and_reap_on_a_real_box(
     write_tiny_llama(worker / "tiny-w.gguf", seed=5)
     env = {"FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
            "FITBOX_MOVERS": "upload_to_worker,copy_to_central,reap_to_fit"}  # fmt: skip
-    with running_fitbox(tmp_path / "home", [worker, central], env=env) as box:
+    # the central drive first: a name held on both is its central file to the catalog
+    with running_fitbox(tmp_path / "home", [central, worker], env=env) as box:
         reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=120, json={
             "model": SMOL, "max_tokens": 2,
             "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
@@ -77,6 +78,14 @@ def test_upload_copy_back_and_reap_on_a_real_box(
         again = httpx.post(f"{box.url}/v1/completions", timeout=120,
                            json={"model": "tiny-w", "prompt": "hi", "max_tokens": 1})  # fmt: skip
         assert again.status_code == 200, again.text
+        # SmolLM2 by name is its central file; the resident is the worker copy
+        pinned = httpx.post(f"{box.url}/v1/operator/unpin", json={"model": SMOL}, timeout=60)
+        assert pinned.status_code == 200, pinned.text
+        unloaded = httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL},
+                              timeout=60)  # fmt: skip
+        assert unloaded.status_code == 200, unloaded.text
+        left = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
+        assert str(copy) not in [r["artifact"] for r in left]
         bad = httpx.post(f"{box.url}/v1/operator/reap-to-fit", json={"bytes": "lots"},
                          timeout=60)  # fmt: skip
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "bytes"

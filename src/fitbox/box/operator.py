@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from fitbox.core.types import ResidentState
 from fitbox.errors import Conflict
 from fitbox.models.catalog import Catalog
@@ -44,12 +46,19 @@ class Operator:
         return resident
 
     def clear_failed(self, name: str) -> bool:
-        return self.supervisor.crashes.clear(self.catalog.resolve(name).key)
+        artifact = self.catalog.resolve(name)
+        keys = {artifact.key} | {r.artifact.key for r in self._copies_of(artifact.name)}
+        return any([self.supervisor.crashes.clear(key) for key in keys])
 
     def resident_named(self, name: str) -> Resident:
+        """The resident serving ``name``: the file it names, or its copy on another drive
+        (the catalog names one copy of a file held twice; the movers load the worker's)."""
         artifact = self.catalog.resolve(name)
-        resident = self.registry.get(artifact.key)
+        resident = self.registry.get(artifact.key) or next(self._copies_of(artifact.name), None)
         if resident is None:
             raise Conflict(f"'{artifact.name}' is not loaded.", param="model",
                            code="not_resident")  # fmt: skip
         return resident
+
+    def _copies_of(self, name: str) -> Iterator[Resident]:
+        return (r for r in self.registry if r.artifact.name == name)
