@@ -10,6 +10,7 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -274,6 +275,9 @@ def test_a_stream_that_fails_mid_way_withholds_the_log_from_outsiders() -> None:
     from fitbox.server import proxy
 
     class Failing:
+        endpoint, lease = "/v1/completions", None
+        resident = SimpleNamespace(artifact=SimpleNamespace(name="tiny"))
+
         def __init__(self) -> None:
             self.stamps: dict[str, float | None] = {"received_at": 0.0}  # Server-Timing's
 
@@ -285,7 +289,11 @@ def test_a_stream_that_fails_mid_way_withholds_the_log_from_outsiders() -> None:
             return None
 
     async def events(insider: bool) -> bytes:
-        return b"".join([c async for c in proxy._sse(Failing(), None, insider, None)])  # type: ignore[arg-type]
+        async def count() -> int | None:
+            return None
+
+        chunks = proxy._sse(Failing(), None, insider, count)  # type: ignore[arg-type]
+        return b"".join([c async for c in chunks])
 
     outsider, inside = asyncio.run(events(False)), asyncio.run(events(True))
     assert b"log_tail" not in outsider and b"failed mid-call" in outsider
