@@ -17,6 +17,7 @@ from typing import Any, TypeAlias
 
 import fitbox
 from fitbox import config as settings
+from fitbox.listening import endpoint_of, listen_socket, publish_endpoint
 from fitbox.units import format_bytes
 
 log = logging.getLogger("fitbox")
@@ -249,18 +250,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def _listen_socket(host: str, port: int | None) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto must say TCP: asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP,
-    # and without it Nagle + delayed ACK add ~40 ms to every response
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port or 0))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
 def serve(config: settings.Config, log_level: str) -> int:
     import uvicorn
 
@@ -319,20 +308,14 @@ def _start(config: settings.Config) -> tuple[Any, socket.socket, dict[str, Any]]
         print(f"fitbox: cannot start: {_why(exc, config.home)}", file=sys.stderr)
         return 1
     try:
-        sock = _listen_socket(config.host, config.port)
+        sock = listen_socket(config.host, config.port)
     except OSError as exc:
         store.close()
         print(f"fitbox: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 1
-    port = sock.getsockname()[1]
-    url_host = f"[{config.host}]" if ":" in config.host else config.host
-    endpoint = {"url": f"http://{url_host}:{port}", "host": config.host, "port": port,
-                "pid": os.getpid()}  # fmt: skip
+    endpoint = endpoint_of(config.host, sock)
     try:
-        # written beside and renamed: a reader never sees half a file
-        partial = config.endpoint_file.with_name(config.endpoint_file.name + ".part")
-        partial.write_text(json.dumps(endpoint) + "\n")
-        os.replace(partial, config.endpoint_file)
+        publish_endpoint(config.endpoint_file, endpoint)
     except OSError as exc:
         store.close()
         sock.close()

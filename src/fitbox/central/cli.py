@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from fitbox.central.backend import StoreTarget, StoreUnavailable
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
 from fitbox.home import CentralHome, default_home, make_private
+from fitbox.listening import endpoint_of, listen_socket, publish_endpoint
 from fitbox.store.keys import SCOPES, KeyError_, create_key
 
 CENTRAL_SCOPES = (*SCOPES, "worker")
@@ -106,21 +106,12 @@ def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: st
         store = CentralStore(target)  # made and migrated before anything listens
         where = store.where
         store.close()
-        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((config.host, config.port or 0))
-        sock.listen(2048)
+        sock = listen_socket(config.host, config.port)
+        endpoint = endpoint_of(config.host, sock)
+        publish_endpoint(home.endpoint, endpoint)
     except (OSError, RuntimeError, StoreUnavailable) as exc:
         print(f"fitbox central: cannot start: {exc}", file=sys.stderr)
         return 1
-    port = sock.getsockname()[1]
-    url_host = f"[{config.host}]" if ":" in config.host else config.host
-    endpoint = {"url": f"http://{url_host}:{port}", "host": config.host, "port": port,
-                "pid": os.getpid()}  # fmt: skip
-    partial = home.endpoint.with_name(home.endpoint.name + ".part")
-    partial.write_text(json.dumps(endpoint) + "\n")
-    os.replace(partial, home.endpoint)
     print(f"fitbox central {fitbox.__version__} listening on {endpoint['url']} (store: "
           f"{where})", flush=True)  # fmt: skip
     app = create_central_app(config, target)

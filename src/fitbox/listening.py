@@ -1,0 +1,36 @@
+"""The socket a serving fitbox (a box or a central) answers on, and the endpoint.json that
+tells the CLI, the installer and the tests where that is."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+
+def listen_socket(host: str, port: int | None) -> socket.socket:
+    """Bound and listening before the app starts (port 0 or None: any free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto must say TCP: asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP,
+    # and without it Nagle + delayed ACK add ~40 ms to every response
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port or 0))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def endpoint_of(host: str, sock: socket.socket) -> dict[str, Any]:
+    port = sock.getsockname()[1]
+    url_host = f"[{host}]" if ":" in host else host
+    return {"url": f"http://{url_host}:{port}", "host": host, "port": port, "pid": os.getpid()}
+
+
+def publish_endpoint(path: Path, endpoint: dict[str, Any]) -> None:
+    """Written beside and renamed: a reader never sees half a file."""
+    partial = path.with_name(path.name + ".part")
+    partial.write_text(json.dumps(endpoint) + "\n")
+    os.replace(partial, path)
