@@ -20,11 +20,11 @@ from fitbox.home import CentralHome, default_home, make_private
 from fitbox.installer.install import (
     Plan,
     Step,
-    _systemctl,
     carry_out,
     read_env,
     render_env,
     service_env,
+    start_or_say_how,
     system_user,
     systemd_running,
     wait_for_health,
@@ -100,16 +100,8 @@ def plan_central_install(target: CentralLayout, *, host: str | None, port: str |
         plan.steps.insert(0, Step("create the system user and group 'fitbox'", system_user))
         plan.steps.append(Step(f"give {target.home.path} to fitbox:fitbox (owner-only)",
                                lambda: _hand_over(target)))  # fmt: skip
-    if target.root == Path("/") and systemd_running():
-        scope = ["--user"] if target.kind == "user" else []
-        plan.steps.append(Step(f"systemctl daemon-reload, enable and (re)start {UNIT}",
-                               lambda: _systemctl(scope, UNIT)))  # fmt: skip
-        plan.starts_service = True
-    else:
-        where = "in this root" if target.root != Path("/") else "here (systemd is not running)"
-        plan.notes.append(f"the service is not started {where}; run it in the foreground with: "
-                          f"env $(cat {target.env_file} | grep -v '^#' | xargs) "
-                          f"{sys.executable} -m fitbox central serve")  # fmt: skip
+    start_or_say_how(plan, target.root, target.kind, target.env_file, UNIT,
+                     f"{sys.executable} -m fitbox central serve")  # fmt: skip
     home = env["FITBOX_HOME"]
     plan.notes.append(f"boxes join with a worker key: fitbox central keys create --scope worker "
                       f"--home {home} (it prints the command a new box runs)")  # fmt: skip

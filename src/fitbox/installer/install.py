@@ -103,17 +103,8 @@ def plan_install(
             "the group shares only the model store",
             lambda: _hand_over(target),
         ))  # fmt: skip
-    if target.root == Path("/") and systemd_running():
-        scope = ["--user"] if target.kind == "user" else []
-        plan.steps.append(
-            Step("systemctl daemon-reload, enable and (re)start fitbox", lambda: _systemctl(scope))
-        )
-        plan.starts_service = True
-    else:
-        where = "in this root" if target.root != Path("/") else "here (systemd is not running)"
-        plan.notes.append(f"the service is not started {where}; run it in the foreground with: "
-                          f"env $(cat {target.env_file} | grep -v '^#' | xargs) "
-                          f"{exec_start()}")  # fmt: skip
+    start_or_say_how(plan, target.root, target.kind, target.env_file, "fitbox.service",
+                     exec_start())  # fmt: skip
     if target.kind == "user":
         plan.notes.append("to keep it running after you log out: loginctl enable-linger $USER")
     return plan
@@ -169,6 +160,21 @@ def system_user() -> None:
         return
     subprocess.run(["useradd", "--system", "--user-group", "--home-dir", "/var/lib/fitbox",
                     "--shell", "/usr/sbin/nologin", "fitbox"], check=True)  # fmt: skip
+
+
+def start_or_say_how(plan: Plan, root: Path, kind: str, env_file: Path, unit: str,
+                     command: str) -> None:  # fmt: skip
+    """The step that (re)starts ``unit`` where systemd runs this root; else a note with the
+    foreground command, its env file's settings in front."""
+    if root == Path("/") and systemd_running():
+        scope = ["--user"] if kind == "user" else []
+        plan.steps.append(Step(f"systemctl daemon-reload, enable and (re)start {unit}",
+                               lambda: _systemctl(scope, unit)))  # fmt: skip
+        plan.starts_service = True
+        return
+    where = "in this root" if root != Path("/") else "here (systemd is not running)"
+    plan.notes.append(f"the service is not started {where}; run it in the foreground with: "
+                      f"env $(cat {env_file} | grep -v '^#' | xargs) {command}")  # fmt: skip
 
 
 def _systemctl(scope: list[str], unit: str = "fitbox.service") -> None:
