@@ -342,10 +342,11 @@ def test_a_prompt_that_outgrows_the_loaded_window_reloads_it_never_while_it_serv
         assert first["window"] == 1024
         # while a stream is on it, the model is never stopped: the big call waits, then 503.
         # The stream's engine is stopped, so it serves until the test lets it go, however
-        # fast the machine generates
+        # fast the machine generates; short, so a starved machine (0.9 tokens/s seen under
+        # load 10) still ends it within the wait for its result
         big = {"model": SMOL, "messages": [{"role": "user", "content": long_prompt}],
                "max_tokens": 2}  # fmt: skip
-        body = chat(SMOL, max_tokens=300, stream=True, ignore_eos=True)
+        body = chat(SMOL, max_tokens=16, stream=True, ignore_eos=True)
         with engine_stopped(box, SMOL):
             streaming = Background(lambda: stream_lines(box, body))
             until(lambda: calls_on(box, SMOL) == 1, "the stream's call on the resident")
