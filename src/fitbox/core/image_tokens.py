@@ -11,6 +11,7 @@ side within a pixel budget, so the count follows the image's size, read from its
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fitbox.core.projector import ProjectorShape
@@ -109,7 +110,7 @@ def projector_image_tokens(p: ProjectorShape) -> ImageTokens | None:
 
 
 def processor_image_tokens(
-    processor_class: str, processor: dict[str, object], images: dict[str, object]
+    processor_class: str, processor: Mapping[str, object], images: Mapping[str, object]
 ) -> ImageTokens | None:
     """Per image, from a transformers folder's ``processor_config.json`` (``processor``)
     and its image processor's settings (``images``: nested there, or
