@@ -80,8 +80,8 @@ def resized_tokens(dims: tuple[int, int], side: int, min_pixels: int, max_pixels
                      * max(1, math.floor(height / beta / side + SLACK)))  # fmt: skip
     if min_pixels and near_lo * side * side < min_pixels:  # scaled up to the floor
         beta = math.sqrt(min_pixels / area)
-        cases.append((math.floor(width * beta / side) + 1)
-                     * (math.floor(height * beta / side) + 1))  # fmt: skip
+        cases.append(math.ceil(width * beta / side + SLACK)
+                     * math.ceil(height * beta / side + SLACK))  # fmt: skip
     return max(cases)
 
 
