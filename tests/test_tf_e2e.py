@@ -1,8 +1,11 @@
 """The transformers engine end to end: real fitbox, real children in the engine's own venv,
 real weights (SmolLM2 rebuilt into a safetensors folder, all-MiniLM-L6-v2), the openai SDK.
 
-One fitbox serves the module's calls (each child loads once); the faults and the eviction
-run their own fitbox.
+One fitbox serves the module's calls; the engine-less one runs its own. A transformers
+child's load is the module's slow part, so the tests are ordered to load SmolLM2 as few
+times as they can (the child the faults restart serves the eviction, the adapter's base
+answer and the measured-load test, which unloads it last); each test still loads what it
+needs when run alone.
 """
 
 from __future__ import annotations
@@ -55,8 +58,8 @@ def box(
     the GGUF, and MiniLM."""
     tmp = tmp_path_factory.mktemp("tf")
     root = models_root(tmp / "models", smol_tf, minilm_tf, smollm2)
-    adapted_folder(tf_python, smol_tf, root / "smol-lora")
-    adapted_folder(tf_python, smol_tf, root / "smol-broken", broken=True)
+    adapted_folder(smol_tf, root / "smol-lora")
+    adapted_folder(smol_tf, root / "smol-broken", broken=True)
     # a short quiet bound for the hang test: a working child answers /health meanwhile
     env = engine_env(tf_python, tmp) | {"FITBOX_ENGINE_IDLE_TIMEOUT": str(IDLE_S),
                                         "FITBOX_STOP_GRACE": "1"}  # fmt: skip
@@ -197,44 +200,26 @@ def test_a_child_hung_mid_stream_ends_it_with_engine_timeout_and_is_restarted(
     assert again.choices[0].message.content
 
 
-def test_the_first_load_is_measured_and_priced_from_next_time(box: FitboxProcess) -> None:
-    client_for(box).chat.completions.create(model=SMOL, messages=HELLO, max_tokens=1)
-    residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
-    smol = next(r for r in residents if r["model"] == SMOL)
-    assert smol["basis"] == "measured"
-    header = sum((Path(smol["artifact"]) / "model.safetensors").stat().st_size for _ in [0])
-    # counted weights: the tied embedding once, every tensor float32, within the file's size
-    assert 0.9 * header < smol["footprint"]["weights"] <= header
-    assert smol["footprint"]["kv"] > 0  # the window's budget, held as the cache grows
-    # it holds its weights and compute part, and of its cache only what a call grew (let
-    # go after each call): the room keeps the rest of its budget (box/growth.py)
-    used = smol["footprint"]["weights"] + smol["footprint"]["compute"]
-    assert used <= smol["held_now"] < smol["bytes"], smol
-    unloaded = httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL}, timeout=60)
-    assert unloaded.status_code == 200, unloaded.text
-    plan = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL}, timeout=30).json()
-    assert plan["basis"] == "measured", plan  # the next decision prices from the load
-    assert plan["devices"][0]["weights_bytes"] == smol["footprint"]["weights"]
-
-
 def test_a_transformers_model_and_a_gguf_evict_each_other_by_memory(
     box: FitboxProcess, smollm2: Path
 ) -> None:
-    """Both load once with room to measure them; then a RAM cap that holds either one but
-    not both makes each call evict the other, priced from the measured footprints."""
+    """Both load once with room to measure them; then, the GGUF unloaded, a RAM cap that
+    holds either one but not both makes each call evict the other, priced from the measured
+    footprints (the transformers child loads twice: its loads are the slow part)."""
     gguf, client = smollm2.stem, client_for(box)
     for model in (SMOL, gguf):
         client.chat.completions.create(model=model, messages=HELLO, max_tokens=1)
     residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
     sizes = {r["model"]: r["bytes"] for r in residents if r["model"] in (SMOL, gguf)}
     assert len(sizes) == 2 and all(r["basis"] == "measured" for r in residents)
-    for model in {r["model"] for r in residents}:
+    for model in {r["model"] for r in residents} - {SMOL}:
         httpx.post(f"{box.url}/v1/operator/unload", json={"model": model}, timeout=60)
     cap = max(sizes.values()) + min(sizes.values()) // 2
     limited = httpx.post(f"{box.url}/v1/limits", json={"ram_max": cap}, timeout=30)
     assert limited.status_code == 200, limited.text
+    assert [m["id"] for m in box.models().values() if m["resident"]] == [SMOL]  # it fits
     try:
-        for model in (SMOL, gguf, SMOL):
+        for model in (gguf, SMOL):
             reply = client.chat.completions.create(model=model, messages=HELLO, max_tokens=2)
             assert reply.choices[0].message.content
             resident = [m for m in box.models().values() if m["resident"]]
@@ -262,6 +247,26 @@ def test_an_adapter_changes_the_greedy_answer_and_a_broken_one_fails_the_launch(
     error = broken.json()["error"]
     assert error["code"] == "engine_failed"
     assert "could not load 'smol-broken'" in error["message"]
+
+
+def test_the_first_load_is_measured_and_priced_from_next_time(box: FitboxProcess) -> None:
+    client_for(box).chat.completions.create(model=SMOL, messages=HELLO, max_tokens=1)
+    residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
+    smol = next(r for r in residents if r["model"] == SMOL)
+    assert smol["basis"] == "measured"
+    header = sum((Path(smol["artifact"]) / "model.safetensors").stat().st_size for _ in [0])
+    # counted weights: the tied embedding once, every tensor float32, within the file's size
+    assert 0.9 * header < smol["footprint"]["weights"] <= header
+    assert smol["footprint"]["kv"] > 0  # the window's budget, held as the cache grows
+    # it holds its weights and compute part, and of its cache only what a call grew (let
+    # go after each call): the room keeps the rest of its budget (box/growth.py)
+    used = smol["footprint"]["weights"] + smol["footprint"]["compute"]
+    assert used <= smol["held_now"] < smol["bytes"], smol
+    unloaded = httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL}, timeout=60)
+    assert unloaded.status_code == 200, unloaded.text
+    plan = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL}, timeout=30).json()
+    assert plan["basis"] == "measured", plan  # the next decision prices from the load
+    assert plan["devices"][0]["weights_bytes"] == smol["footprint"]["weights"]
 
 
 def test_install_tf_keeps_an_engine_built_from_the_same_requirements(

@@ -11,18 +11,21 @@ import pytest
 from gguf import GGUFWriter
 
 from fitbox.box.asks import candidate
+from fitbox.box.facts import Contract, Facts
 from fitbox.core.costs import Sizer
 from fitbox.core.projector import projector_footprint
 from fitbox.core.split import HOST, Placement
+from fitbox.core.types import Footprint
 from fitbox.engines.llama_server import EngineInfo
 from fitbox.engines.llama_server import build_argv as llama_argv
-from fitbox.engines.seam import LaunchIntent
+from fitbox.engines.seam import Held, LaunchIntent
 from fitbox.engines.tf import build_argv as tf_argv
 from fitbox.errors import InvalidRequest
 from fitbox.models.catalog import Artifact, scan
 from fitbox.models.hf_folders import folder_facts
 from fitbox.models.vision import is_vision_config, pair_projectors
 from fitbox.server.vision import check_images, check_vision
+from fitbox.store.db import Store
 
 from .ggufs import write_tiny_llama, write_vision_projector
 from .images import RED, STRIPES, data_url, noise
@@ -256,3 +259,45 @@ def test_the_projector_joins_the_footprint_on_the_device_it_runs_on(tmp_path: Pa
             d: f for d, f in bare.items() if d != device}  # fmt: skip
     whole = with_eyes.whole(512).total - without.whole(512).total
     assert whole == extra.weights + extra.compute
+
+
+def test_a_measurement_from_before_a_projector_was_paired_prices_the_projector_too(
+    tmp_path: Path,
+) -> None:
+    found = _artifacts(tmp_path)
+    seeing = found["seeing"]
+    assert seeing.projector is not None and seeing.mmproj is not None
+    blind = Artifact(seeing.name, seeing.path, seeing.facts)  # before the projector was there
+    extra = projector_footprint(seeing.projector)
+    contract, held = Contract(512, 1), Held(weights=1000, kv=200, compute=300, output=40)
+    measured = Footprint(1000, 200, 300, 40)
+
+    def fits(artifact: Artifact, facts: Facts) -> Footprint | None:
+        fitted = candidate(artifact, facts.of(artifact.identity(), 1))
+        return fitted.measured_fit(HOST, 512, "f16", "f16")
+
+    store = Store(tmp_path / "fitbox.sqlite3")
+    try:
+        facts = Facts(store)
+        facts.footprint_measured(held, blind, HOST, contract, 1.0, None)
+        assert fits(blind, facts) == measured
+        # paired since: the measurement stands for the text model, the projector is added
+        assert fits(seeing, facts) == Footprint(1000 + extra.weights, 200,
+                                                300 + extra.compute, 40)  # fmt: skip
+        store.flush()
+        # measured with it (the next load): as measured, and the store keeps which projector
+        facts.footprint_measured(held, seeing, HOST, contract, 1.0, None)
+        store.flush()
+        reopened = Facts(store)
+        assert fits(seeing, reopened) == measured
+        paired = seeing.projector_identity()
+        assert paired is not None and paired.startswith(f"{seeing.mmproj}|")
+        assert [m.projector for m in reopened.measured.values()] == [paired]
+        # the projector replaced (or taken away) since: that measurement prices neither
+        write_vision_projector(seeing.mmproj, n_embd_text=64, n_layer=3)
+        replaced = next(a for a in scan([tmp_path])[0] if a.name == "seeing")
+        assert replaced.projector_identity() != paired
+        assert fits(replaced, reopened) is None
+        assert fits(blind, reopened) is None
+    finally:
+        store.close()

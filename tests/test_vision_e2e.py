@@ -21,7 +21,10 @@ import openai
 import psutil
 import pytest
 
+from fitbox.core.prompts import prompt_bound
 from fitbox.models.gguf_facts import read_facts
+from fitbox.models.templates import chat_template_bytes
+from fitbox.models.vision import image_tokens
 
 from .conftest import FitboxProcess, running_fitbox
 from .ggufs import write_tiny_llama, write_vision_projector
@@ -36,6 +39,7 @@ TEXT = "text-only"
 MAX_IMAGE = 64 << 10
 # the projector's ViT: (64 / 8)^2 patches, each one image token in SmolLM2's prompt
 PROJECTOR_IMAGE_TOKENS = (64 // 8) ** 2
+BIG = noise(150, 80)  # ~36 KB of PNG: ~48K tokens by its base64 bytes
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +57,16 @@ def box(tmp_path_factory: pytest.TempPathFactory, tf_python: Path, smol_tf: Path
         yield running
 
 
+def question(*images: bytes) -> dict[str, Any]:
+    parts: list[Any] = [{"type": "text", "text": "What is in the picture?"}]
+    parts += [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images]
+    return {"messages": [{"role": "user", "content": parts}], "max_tokens": 6, "temperature": 0}
+
+
 def ask(box: FitboxProcess, model: str, *images: bytes) -> tuple[int, str]:
     """(prompt tokens, greedy answer) of one question about ``images``."""
     client = openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", timeout=300)
-    parts: list[Any] = [{"type": "text", "text": "What is in the picture?"}]
-    parts += [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images]
-    reply = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": parts}], max_tokens=6,
-        temperature=0)  # fmt: skip
+    reply = client.chat.completions.create(model=model, **question(*images))
     assert reply.usage is not None
     return reply.usage.prompt_tokens, reply.choices[0].message.content or ""
 
@@ -85,8 +91,16 @@ def test_llama_server_reads_an_image_through_the_projector_beside_its_gguf(
     argv = psutil.Process(resident["pid"]).cmdline()
     assert argv[argv.index("--mmproj") + 1].endswith("mmproj-smol.gguf")
     assert "--no-mmproj-offload" in argv  # placed in RAM, and kept there
-    projector = read_facts(Path(argv[argv.index("--mmproj") + 1])).projector
+    mmproj = Path(argv[argv.index("--mmproj") + 1])
+    projector = read_facts(mmproj).projector
     assert projector is not None
+    # the prompt bound a cold placement uses: never below the engine's count, an image
+    # counted as the projector's tokens, not as its ~35K base64 bytes
+    big_n, _ = ask(box, SMOL, BIG, STRIPES)
+    assert big_n == text_only + 2 * PROJECTOR_IMAGE_TOKENS
+    template = chat_template_bytes(Path(argv[argv.index("-m") + 1]))
+    bound = prompt_bound(question(BIG, STRIPES), template, image_tokens(mmproj, projector))
+    assert big_n <= bound < prompt_bound(question(BIG, STRIPES), template) / 10
     text_weights = read_facts(Path(argv[argv.index("-m") + 1])).shape.weights_bytes
     # the measured load counts the projector's buffer with the weights (its load log)
     assert resident["basis"] == "measured"
@@ -95,7 +109,7 @@ def test_llama_server_reads_an_image_through_the_projector_beside_its_gguf(
 
 
 def test_the_transformers_child_reads_an_image_through_the_folders_processor(
-    box: FitboxProcess,
+    box: FitboxProcess, tf_python: Path, smol_tf: Path,
 ) -> None:
     text_only, _ = ask(box, LLAVA)
     red_n, red = ask(box, LLAVA, RED)
@@ -103,6 +117,10 @@ def test_the_transformers_child_reads_an_image_through_the_folders_processor(
     stripes_n, stripes = ask(box, LLAVA, STRIPES)
     assert red_n == stripes_n == text_only + TINY_LLAVA_IMAGE_TOKENS
     assert both_n == text_only + 2 * TINY_LLAVA_IMAGE_TOKENS
+    # the folder's processor bounds each image: never below the child's count
+    folder = tiny_llava_folder(tf_python, smol_tf)
+    bound = prompt_bound(question(RED, STRIPES), 0, image_tokens(folder, None))
+    assert both_n <= bound < prompt_bound(question(RED, STRIPES), 0)
     assert red != stripes
     client = openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", timeout=300)
     stream = client.chat.completions.create(model=LLAVA, max_tokens=6, temperature=0,

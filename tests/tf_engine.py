@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 from fitbox.engines.tf import probe
 from fitbox.installer.tf_engine import (
@@ -56,19 +61,48 @@ tokenizer.save_pretrained(out)
 """
 
 
-# A LoRA on the attention projections with random (not zero) B matrices: the adapter
+# A LoRA on q_proj and v_proj (rank 8, alpha 64), both factors random as peft's
+# init_lora_weights=False draws them (kaiming-uniform bounds), written as the safetensors
+# file and config PeftModel.save_pretrained writes: no torch process to make it. Seeded, it
 # changes every greedy answer, so a reply tells whether it was applied.
-MAKE_LORA = """
-import sys
-import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
-torch.manual_seed(0)
-base = AutoModelForCausalLM.from_pretrained(sys.argv[1])
-config = LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"],
-                    init_lora_weights=False)
-get_peft_model(base, config).save_pretrained(sys.argv[2])
-"""
+LORA_RANK, LORA_ALPHA, LORA_TARGETS = 8, 64, ("q_proj", "v_proj")
+
+
+def write_lora(base: Path, out: Path, seed: int = 0) -> Path:
+    """A PEFT LoRA adapter folder for the llama-style folder ``base`` (its config.json)."""
+    config = json.loads((base / "config.json").read_text())
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    head = config.get("head_dim") or hidden // config["num_attention_heads"]
+    outs = {"q_proj": config["num_attention_heads"] * head,
+            "v_proj": config.get("num_key_value_heads", config["num_attention_heads"]) * head}
+    rng = np.random.default_rng(seed)
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    blobs: list[bytes] = []
+    at = 0
+    for layer in range(layers):
+        for target in LORA_TARGETS:
+            name = f"base_model.model.model.layers.{layer}.self_attn.{target}"
+            for part, shape in (("lora_A", (LORA_RANK, hidden)),
+                                ("lora_B", (outs[target], LORA_RANK))):  # fmt: skip
+                bound = 1 / math.sqrt(shape[1])
+                blob = rng.uniform(-bound, bound, shape).astype("<f4").tobytes()
+                header[f"{name}.{part}.weight"] = {"dtype": "F32", "shape": list(shape),
+                                                   "data_offsets": [at, at + len(blob)]}
+                blobs.append(blob)
+                at += len(blob)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)  # the format pads its header to 8 bytes
+    out.mkdir(parents=True)
+    with (out / "adapter_model.safetensors").open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for blob in blobs:
+            f.write(blob)
+    (out / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": LORA_RANK, "lora_alpha": LORA_ALPHA,
+        "target_modules": list(LORA_TARGETS), "lora_dropout": 0.0, "bias": "none",
+        "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": False,
+        "base_model_name_or_path": str(base), "task_type": None}))  # fmt: skip
+    return out
 
 
 # A tiny random LLaVA (CLIP ViT 32x32, patch 8, into a 2-layer llama of width 64) with
@@ -115,7 +149,7 @@ processor.save_pretrained(out)
 TINY_LLAVA_IMAGE_TOKENS = 16  # (32 / 8)^2 patches; the CLS token is dropped ("default")
 
 
-def adapted_folder(python: Path, base: Path, out: Path, *, broken: bool = False) -> Path:
+def adapted_folder(base: Path, out: Path, *, broken: bool = False) -> Path:
     """A model folder of ``base``'s files whose fitbox.json names a PEFT LoRA beside them;
     ``broken``: the adapter's config is there, its weights are not."""
     out.mkdir(parents=True)
@@ -125,8 +159,7 @@ def adapted_folder(python: Path, base: Path, out: Path, *, broken: bool = False)
         (out / "lora").mkdir()
         (out / "lora" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
     else:
-        subprocess.run([str(python), "-c", MAKE_LORA, str(base), str(out / "lora")],
-                       check=True, timeout=300, capture_output=True)  # fmt: skip
+        write_lora(base, out / "lora")
     (out / "fitbox.json").write_text('{"adapter_dir": "lora"}')
     return out
 

@@ -21,12 +21,12 @@ from fitbox.core.pins import Pins
 from fitbox.core.pins import parse as parse_pins
 from fitbox.core.repack import NO_REPACK_CLASS, CpuFeatures
 from fitbox.core.slots import choose
-from fitbox.core.types import Footprint, Goal, Rung
+from fitbox.core.types import Goal, Rung
 from fitbox.engines.seam import Abilities
 from fitbox.models.catalog import Artifact, Catalog, is_four_bit
 from fitbox.store.db import MeasuredFootprint
 
-from .facts import Facts
+from .facts import Facts, priced
 from .preferences import Preferences
 from .speeds import SpeedBook
 
@@ -68,8 +68,9 @@ def candidate(
     fits, loaded, speeds = [], [], {}
     can = abilities or Abilities()
     for m in measured:
-        fits.append(MeasuredFit(m.device, m.window, m.type_k, m.type_v,
-                                Footprint(m.weights, m.kv, m.compute, m.output)))  # fmt: skip
+        footprint = priced(m, artifact)  # with the projector it launches with now
+        if footprint is not None:
+            fits.append(MeasuredFit(m.device, m.window, m.type_k, m.type_v, footprint))
         loaded.append((m.device, m.window))
         if m.load_seconds is not None:
             host = m.device.removesuffix(FOUR_BIT_CLASS).removesuffix(NO_REPACK_CLASS) == "host"

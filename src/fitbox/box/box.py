@@ -36,7 +36,7 @@ from . import planning
 from .admit import Admission
 from .asks import Asks
 from .calls import CallDesk
-from .facts import Facts
+from .facts import Facts, priced
 from .lease import Lease
 from .movers import Movers
 from .needs import Needs
@@ -202,8 +202,8 @@ class Box:
             return {}
         found = self.facts.measurement(identity, parallel, place.where, place.window,
                                        place.type_k, place.type_v)  # fmt: skip
-        if found is None:
-            return {}
+        if found is None or priced(found, artifact) is None:
+            return {}  # none, or measured with a projector it no longer launches with
         source = {"box_id": found.origin_box, "row_id": found.origin_id,
                   "call_id": found.call_id, "measured_at": found.measured_at}  # fmt: skip
         return {"basis": "imported" if found.origin_box else "measured", "measured_by": source}

@@ -3,7 +3,10 @@
 A measured footprint is filed under the file's identity (path, size, mtime), the place it
 was loaded (a device, or a placement class) and its contract (window, slots, cache types);
 it replaces the estimate for the same key from then on, and outlives a restart in the
-store. A load that ran out of memory refuses its window on that place (DESIGN.md
+store. It records the vision projector loaded beside the model, if any: a model paired
+with a projector since is priced from it plus the projector's estimate, and one whose
+projector was replaced or removed since is not priced from it (``priced``). A load that
+ran out of memory refuses its window on that place (DESIGN.md
 principle 2) until a load at or above it succeeds.
 """
 
@@ -13,6 +16,8 @@ import contextlib
 import time
 from dataclasses import dataclass
 
+from fitbox.core.projector import with_projector
+from fitbox.core.types import Footprint
 from fitbox.engines.seam import Held
 from fitbox.models.catalog import Artifact
 from fitbox.models.identity import Identity, identity_of
@@ -39,7 +44,7 @@ def measured_key(identity: Identity, device: str, contract: Contract) -> Measure
 def measurement(
     held: Held, identity: Identity, device: str, contract: Contract,
     load_seconds: float | None, call_id: int | None, now: float,
-    estimate: tuple[int, str] | None = None,
+    estimate: tuple[int, str] | None = None, projector: str | None = None,
 ) -> MeasuredFootprint:  # fmt: skip
     """What a child reported it holds, as the footprint filed for its key."""
     return MeasuredFootprint(
@@ -50,8 +55,23 @@ def measurement(
         n_ctx=held.n_ctx, n_ctx_seq=held.n_ctx_seq, load_seconds=load_seconds,
         call_id=call_id, measured_at=now,
         estimate_bytes=estimate[0] if estimate else None,
-        estimate_basis=estimate[1] if estimate else None,
+        estimate_basis=estimate[1] if estimate else None, projector=projector,
     )  # fmt: skip
+
+
+def priced(m: MeasuredFootprint, artifact: Artifact) -> Footprint | None:
+    """What a measurement says ``artifact`` costs now: as measured when it was loaded with
+    the projector it has now; plus the projector's estimate (core/projector.py) when it
+    was measured without one and one is paired since; None when it was measured with a
+    projector the model no longer launches with (replaced or removed): the estimate stands
+    until the next load measures it."""
+    measured = Footprint(m.weights, m.kv, m.compute, m.output)
+    now = artifact.projector_identity()
+    if m.projector == now:
+        return measured
+    if m.projector is None and artifact.projector is not None:
+        return with_projector(measured, artifact.projector)
+    return None
 
 
 class Facts:
@@ -92,7 +112,7 @@ class Facts:
         except OSError:
             return None
         measured = measurement(held, identity, device, contract, load_seconds, call_id,
-                               time.time(), estimate)  # fmt: skip
+                               time.time(), estimate, artifact.projector_identity())  # fmt: skip
         self.measured[measured.key] = measured
         if self.store is not None:
             self.store.footprint_measured(measured)

@@ -7,26 +7,36 @@ prompt, one more token for the engine to write into (llama-server refuses a prom
 fills its slot), and the reply, capped at the largest slot the model can load: a reply
 longer than that is cut by the engine, as llama-server does. A prompt that fills the
 largest slot is refused with both numbers, in llama-server's own error shape.
+
+An image in the prompt is bounded by the tokens the model's projector or processor makes
+of it (core/image_tokens.py); a model whose kind is not covered bounds it by its bytes, and
+says so in the log once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fitbox.core.image_tokens import ImageTokens
 from fitbox.core.prompts import prompt_bound
 from fitbox.core.slots import choose
 from fitbox.core.types import ResidentState
 from fitbox.engines.http1 import EngineConnectionError
 from fitbox.errors import ContextExceeded, InvalidRequest
+from fitbox.models.catalog import Artifact
 from fitbox.models.templates import chat_template_bytes
+from fitbox.models.vision import image_tokens
 
 from .admit import Admission
 from .asks import Asks
 from .resident import Resident
 
 COUNT_S = 10.0  # the longest a call waits for its engine to count its prompt
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,7 @@ class Needs:
     def __init__(self, parallel: int, asks: Asks, admission: Admission) -> None:
         self.slots = choose(parallel)  # what every child gets (core/slots.py)
         self.asks, self.admission = asks, admission
+        self.uncounted: set[str] = set()  # models logged as bounding images by their bytes
 
     def choices(self, body: dict[str, Any]) -> int:
         """The slots a call takes: its ``n``. More than a child has is refused here."""
@@ -90,8 +101,8 @@ class Needs:
         named = self.asks.named(name)
         trained = named.first.facts.shape.n_ctx_train
         largest = self.slots.window_each(trained) if trained > 0 else 0
-        bound = PromptSize(prompt_bound(body, chat_template_bytes(named.first.path)), False,
-                           largest)  # fmt: skip
+        bound = PromptSize(self.bounded(body, chat_template_bytes(named.first.path),
+                                        named.artifacts), False, largest)  # fmt: skip
         resident = self.admission.joinable(named)
         if resident is None or fits(bound, resident):
             return bound
@@ -99,6 +110,27 @@ class Needs:
         if counted is None:
             return PromptSize(bound.tokens, False, largest, claimed=True)
         return PromptSize(counted, True, largest)
+
+    def bounded(self, body: dict[str, Any], template_bytes: int,
+                artifacts: Sequence[Artifact]) -> int:  # fmt: skip
+        """The prompt bound over every variant the call may be placed on: the largest, each
+        variant's images counted by its own projector or processor."""
+        if not artifacts or not _has_image_parts(body):
+            return prompt_bound(body, template_bytes)
+        return max(prompt_bound(body, template_bytes, self.per_image(a)) for a in artifacts)
+
+    def per_image(self, artifact: Artifact) -> ImageTokens | None:
+        """What one image becomes in ``artifact``'s engine; None (logged once a model) when
+        its projector or processor is a kind fitbox does not count."""
+        tokens = image_tokens(artifact.path, artifact.projector)
+        if tokens is None and artifact.name not in self.uncounted:
+            self.uncounted.add(artifact.name)
+            kind = (f"projector type {artifact.projector.projector_type!r}"
+                    if artifact.projector else "its processor")  # fmt: skip
+            log.info("%s: no image token count for %s (%s); its images are bounded by "
+                     "their bytes as tokens", artifact.name, kind,
+                     artifact.mmproj or artifact.path)  # fmt: skip
+        return tokens
 
     async def counted(self, resident: Resident, path: str, raw: bytes) -> int | None:
         """The prompt's tokens by a ready resident's own engine; None when it cannot say
@@ -111,6 +143,15 @@ class Needs:
             return await asyncio.wait_for(counting, COUNT_S)
         except (EngineConnectionError, TimeoutError):
             return None  # it is going away, or busy: the bound stands, the engine checks
+
+
+def _has_image_parts(body: dict[str, Any]) -> bool:
+    chat = body.get("messages", body.get("input"))
+    return isinstance(chat, list) and any(
+        isinstance(m, dict) and isinstance(m.get("content"), list)
+        and any(isinstance(p, dict) and p.get("type") in ("image_url", "input_image", "image")
+                for p in m["content"])
+        for m in chat)  # fmt: skip
 
 
 def fits(size: PromptSize, resident: Resident) -> bool:

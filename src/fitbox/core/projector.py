@@ -32,6 +32,10 @@ class ProjectorShape:
     n_ff: int
     n_layer: int
     class_token: bool = True
+    # what decides an image's tokens (core/image_tokens.py): clip.vision.projector.
+    # scale_factor (0: absent) and whether clip.vision.image_grid_pinpoints slices images
+    n_merge: int = 0
+    pinpoints: bool = False
 
     @property
     def positions(self) -> int:

@@ -78,6 +78,16 @@ class Artifact:
         """One stat of the file now; raises OSError when it is gone."""
         return identity_of(self.path)
 
+    def projector_identity(self) -> str | None:
+        """The projector launched beside it, as a measurement records it
+        (``path|size|mtime_ns``); None without one (or when it is gone)."""
+        if self.mmproj is None:
+            return None
+        try:
+            return "|".join(str(part) for part in identity_of(self.mmproj))
+        except OSError:
+            return None
+
 
 def _is_transformers_dir(dirpath: Path, filenames: list[str]) -> bool:
     if "config.json" not in filenames and "model_index.json" not in filenames:

@@ -22,7 +22,9 @@ from fitbox.core.split import Layout
 from fitbox.models.gguf_facts import GGUFFacts, read_facts
 from fitbox.models.identity import identity_of
 
-VERSION = 3  # 3: n_params, is_reranker; 2: every tensor's layer, type, rows, op, offset
+# 4: a projector's n_merge, pinpoints; 3: n_params, is_reranker; 2: every tensor's layer,
+# type, rows, op, offset
+VERSION = 4
 _TENSOR_FIELDS = ("layer", "type", "rows", "dims", "op", "offset", "n_bytes", "duplicate")
 
 

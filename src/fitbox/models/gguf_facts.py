@@ -270,6 +270,8 @@ def projector_shape(header: GGUFHeader) -> ProjectorShape | None:
         n_ff=_int(header, "clip.vision.feed_forward_length"),
         n_layer=_int(header, "clip.vision.block_count"),
         class_token="v.class_embd" in names,
+        n_merge=_int(header, "clip.vision.projector.scale_factor"),
+        pinpoints=bool(header.get("clip.vision.image_grid_pinpoints")),
     )  # fmt: skip
 
 

@@ -10,13 +10,25 @@ projector in a folder serves every model there; with several, a model takes the 
 name shares the longest start with its own (``mmproj-Qwen2-VL-2B-f16.gguf`` beside
 ``Qwen2-VL-2B-Q4_K_M.gguf``), and no projector (an ambiguous pairing) rather than a guess
 when two tie.
+
+How many tokens an image becomes (the prompt bound's image term, core/image_tokens.py) is
+read from the projector's header for a GGUF, and from the folder's processor settings
+(``processor_config.json``, its image processor nested there or in
+``preprocessor_config.json``) for a transformers folder.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from fitbox.core.image_tokens import ImageTokens, processor_image_tokens, projector_image_tokens
+from fitbox.core.projector import ProjectorShape
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
 # MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES (transformers models/auto/modeling_auto.py):
 # the decoder-only chat families people run; others are found by the vision_config rule.
@@ -81,3 +93,38 @@ def pair_projectors(models: Iterable[Path], projectors: Iterable[Path]) -> dict[
             if best > 0 and len(winners) == 1:
                 paired[model] = winners[0]
     return paired
+
+
+def image_tokens(path: Path, projector: ProjectorShape | None) -> ImageTokens | None:
+    """At most how many tokens one image becomes in the model at ``path``: by its projector
+    (a GGUF launched with ``--mmproj``), else by its folder's processor; None when neither
+    says (an unknown kind: its images are bounded by their bytes)."""
+    if projector is not None:
+        return projector_image_tokens(projector)
+    if not path.is_dir():
+        return None
+    stamps = []
+    for name in PROCESSOR_FILES:
+        try:
+            stamps.append((path / name).stat().st_mtime_ns)
+        except OSError:
+            stamps.append(0)
+    return _folder_image_tokens(path, tuple(stamps))
+
+
+@lru_cache(maxsize=64)
+def _folder_image_tokens(folder: Path, stamps: tuple[int, ...]) -> ImageTokens | None:
+    processor, images = _json(folder / PROCESSOR_FILES[0]), _json(folder / PROCESSOR_FILES[1])
+    nested = processor.get("image_processor")
+    if isinstance(nested, dict):  # transformers 5 writes one processor_config.json
+        images = {**images, **nested}
+    kind = processor.get("processor_class", images.get("processor_class"))
+    return processor_image_tokens(str(kind or ""), processor, images)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

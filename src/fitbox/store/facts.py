@@ -36,6 +36,8 @@ class MeasuredFootprint:
     estimate_basis: str | None = None  # "estimate" or "measured" (an earlier load)
     origin_box: str | None = None  # imported: the box that measured it (None: this box)
     origin_id: int | None = None  # imported: its row id on that box
+    # the projector loaded beside it (Artifact.projector_identity); None: none, or unknown
+    projector: str | None = None
 
     @property
     def key(self) -> tuple[str, int, int, str, int, int, str, str]:
@@ -78,12 +80,12 @@ def insert_footprint(conn: sqlite3.Connection, m: MeasuredFootprint) -> int:
         "INSERT INTO measured_footprints (artifact, artifact_size, artifact_mtime_ns, "
         "device, window, parallel, type_k, type_v, weights_bytes, kv_bytes, "
         "compute_bytes, output_bytes, n_ctx, n_ctx_seq, load_seconds, call_id, "
-        "measured_at, estimate_bytes, estimate_basis, origin_box, origin_id) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "measured_at, estimate_bytes, estimate_basis, origin_box, origin_id, projector) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.device, m.window,
          m.parallel, m.type_k, m.type_v, m.weights, m.kv, m.compute, m.output,
          m.n_ctx, m.n_ctx_seq, m.load_seconds, m.call_id, m.measured_at,
-         m.estimate_bytes, m.estimate_basis, m.origin_box, m.origin_id),
+         m.estimate_bytes, m.estimate_basis, m.origin_box, m.origin_id, m.projector),
     ).lastrowid or 0)  # fmt: skip
 
 
@@ -112,7 +114,7 @@ def latest_footprints(conn: sqlite3.Connection) -> list[MeasuredFootprint]:
             weights=r["weights_bytes"], kv=r["kv_bytes"], compute=r["compute_bytes"],
             output=r["output_bytes"], n_ctx=r["n_ctx"], n_ctx_seq=r["n_ctx_seq"],
             load_seconds=r["load_seconds"], call_id=r["call_id"], measured_at=r["measured_at"],
-            origin_box=r["origin_box"], origin_id=r["origin_id"],
+            origin_box=r["origin_box"], origin_id=r["origin_id"], projector=r["projector"],
         )  # fmt: skip
         newest[m.key] = m
     return list(newest.values())
