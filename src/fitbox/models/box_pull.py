@@ -19,7 +19,6 @@ import json
 import os
 import re
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,7 +35,6 @@ _SPEC = re.compile(
     r"^box://(?P<host>\[[0-9A-Fa-f:.]+\]|[^/:\[\]]+):(?P<port>\d{1,5})/(?P<model>[^/]+)$"
 )
 RETRY_AFTER_AT_MOST_S = 10.0
-CHECK_AHEAD = 2  # chunks read past the oldest one still being checked
 
 # (kind, file name, chunk index): "chunk_ok", "chunk_bad", "reused", "cut"
 Events = Callable[[str, str, int], None]
@@ -198,17 +196,16 @@ class BoxPull:
                             "manifest (did the file change?); pull again")  # fmt: skip
         outcome.chunk_bytes, outcome.chunks = chunk_bytes, tuple(chunks)
         part = outcome.path.with_name(outcome.path.name + ".part")
-        with part.open("r+b" if part.exists() else "wb") as out, Landing(out, part) as land:
-            done = _reuse_part(part, chunks, chunk_bytes, outcome.size, land)
+        with part.open("r+b" if part.exists() else "w+b") as out, Landing(out, part) as land:
+            done = _reuse_part(land, chunks, chunk_bytes, outcome.size)
             outcome.reused_chunks = done
             for index in range(done):
                 self._event("reused", outcome.name, index)
             failures = {index: 0 for index in range(len(chunks))}
             lost_in_a_row = 0
-            out.truncate(done * chunk_bytes)
             while done < len(chunks):
                 before = done
-                done, cut = self._fetch_from(outcome, out, chunks, done, land, failures)
+                done, cut = self._fetch_from(outcome, chunks, done, land, failures)
                 if not cut:
                     continue
                 outcome.cuts += 1
@@ -228,15 +225,16 @@ class BoxPull:
         _sync_dir(outcome.path.parent)
 
     def _fetch_from(
-        self, outcome: FileOutcome, out: Any, chunks: list[str], done: int, land: Landing,
+        self, outcome: FileOutcome, chunks: list[str], done: int, land: Landing,
         failures: dict[int, int],
     ) -> tuple[int, bool]:  # fmt: skip
-        """Stream from chunk ``done`` on, each chunk read whole into its own buffer, checked
-        on ``land``'s checking thread while the next is read, and only then handed to
-        ``land`` (written and fed to the whole file's sha256 on its landing thread): (chunks
-        done, whether the connection was cut). The bulk bytes go through
-        http.client's ``readinto``, straight from the socket into the chunk's buffer
-        (httpx's per-block parsing cost most of a core here)."""
+        """Stream from chunk ``done`` on, a piece at a time: each piece read from the socket
+        straight into one of ``land``'s buffers (http.client's ``readinto``; httpx's
+        per-block parsing cost most of a core here), added to its chunk's sha256 here and
+        handed to ``land`` (written and fed to the whole file's sha256 on its thread) while
+        the next is read. A chunk is kept once its sha256 matches; one that does not, or
+        that a cut broke, is thrown away (``land.rewind``). Returns (chunks done, whether
+        the connection was cut)."""
         chunk_bytes = outcome.chunk_bytes
         start = done * chunk_bytes
         conn = http.client.HTTPConnection(self.source.host.strip("[]"), self.source.port,
@@ -245,29 +243,6 @@ class BoxPull:
         headers = {"range": f"bytes={start}-"}
         if self.key:
             headers["authorization"] = f"Bearer {self.key}"
-        # chunks read and being checked on their thread, in order: the socket is read on
-        checking: deque[tuple[bytearray, Future[str]]] = deque()
-
-        def settle(keep: int) -> bool:
-            """Land the checked chunks beyond the ``keep`` newest; False at a bad one."""
-            nonlocal done
-            while len(checking) > keep:
-                buffer, digest = checking.popleft()
-                if digest.result() != chunks[done]:
-                    checking.clear()
-                    failures[done] += 1
-                    outcome.refetched_chunks += 1
-                    self._event("chunk_bad", outcome.name, done)
-                    if failures[done] > self.chunk_retries:
-                        raise PullError(f"{self.source}: chunk {done} of {outcome.name} failed "
-                                        f"its sha256 {failures[done]} times; the source's file "
-                                        "may be damaged or changing")  # fmt: skip
-                    return False
-                land.write(buffer)
-                self._event("chunk_ok", outcome.name, done)
-                done += 1
-            return True
-
         try:
             conn.request("GET", path, headers=headers)
             response = conn.getresponse()
@@ -277,94 +252,163 @@ class BoxPull:
             if response.status not in (200, 206) or (response.status == 200 and start):
                 raise PullError(f"{self.source} answered the file {outcome.name} with HTTP "
                                 f"{response.status}: {_reason_of(response.read())}")  # fmt: skip
-            land.drain()  # nothing of an earlier connection is still being written
-            out.seek(start)
-            cut = False
-            read = done
-            while read < len(chunks):
-                want = min(chunk_bytes, outcome.size - read * chunk_bytes)
-                buffer = bytearray(want)
-                view, filled = memoryview(buffer), 0
-                while filled < want:
-                    got = response.readinto(view[filled:])
-                    if not got:
-                        break
-                    filled += got
-                    outcome.fetched_bytes += got
-                if filled < want:
-                    cut = True  # the body ended short
-                    break
-                checking.append((buffer, land.check(buffer)))
-                read += 1
-                if not settle(CHECK_AHEAD):
+            while done < len(chunks):
+                want = min(chunk_bytes, outcome.size - done * chunk_bytes)
+                check, got = hashlib.sha256(), 0
+                while got < want:
+                    view = land.buffer()[: min(Landing.PIECE, want - got)]
+                    filled = _read_into(response, view)
+                    outcome.fetched_bytes += filled
+                    got += filled
+                    check.update(view[:filled])
+                    land.write(view[:filled])
+                    if filled < len(view):
+                        return done, True  # the body ended short; the broken chunk goes
+                if check.hexdigest() != chunks[done]:
+                    failures[done] += 1
+                    outcome.refetched_chunks += 1
+                    land.rewind()  # before the event: the bad bytes are gone when it is told
+                    self._event("chunk_bad", outcome.name, done)
+                    if failures[done] > self.chunk_retries:
+                        raise PullError(f"{self.source}: chunk {done} of {outcome.name} failed "
+                                        f"its sha256 {failures[done]} times; the source's file "
+                                        "may be damaged or changing")  # fmt: skip
                     return done, False  # fetched again from the bad chunk, on a new connection
-            all_good = settle(0)
-            return done, cut and all_good
+                land.verified()
+                self._event("chunk_ok", outcome.name, done)
+                done += 1
+            return done, False
         except (OSError, http.client.HTTPException):
-            all_good = settle(0)  # the whole chunks read before the cut still land
-            return done, all_good  # a bad one among them: fetched again, not a cut
+            return done, True  # the whole chunks verified before the cut are kept
         finally:
             conn.close()
-            land.drain()
+            land.rewind()  # whatever came after the last verified chunk goes
+
+
+def _read_into(response: http.client.HTTPResponse, view: memoryview) -> int:
+    """Fill ``view`` from the body; fewer bytes only where the body ended."""
+    filled = 0
+    while filled < len(view):
+        got = response.readinto(view[filled:])
+        if not got:
+            break
+        filled += got
+    return filled
 
 
 class Landing:
-    """Verified chunks, landed in order on a thread of their own: written to the staging
-    file and fed to the whole file's sha256 from the same buffer (both let go of the GIL,
-    so the network, each chunk's check, the disk and the whole hash overlap), the
-    write-back of each 32 MiB started as it lands (``sync_file_range``, not waited for);
-    ``finish`` waits for the last write and fsyncs once."""
+    """The staging file's bytes, landed in order on a thread of their own: each piece
+    written (``pwrite``) and fed to the whole file's sha256 from the buffer it was read
+    into, while the next piece is read (both let go of the GIL, so the network, the chunk's
+    check, the disk and the whole hash overlap). Pieces are small enough to still be in the
+    CPU's cache when they are written and hashed: writing each 4 MiB chunk once it had
+    verified cost 3 to 7 times the CPU of these writes (the bytes came back from memory).
 
-    IN_FLIGHT = 4  # chunks handed over and not yet landed, at most (16 MiB)
+    So the bytes of the chunk being received are written before it verifies; they are not
+    trusted: ``verified`` marks the end of a chunk that matched (the offset and the whole
+    hash's state there), ``rewind`` cuts the file back to the last mark and restores that
+    state. A ``.part`` left by a crash is checked chunk by chunk before reuse, so an
+    unverified tail in it is never kept. The write-back of each 32 MiB is started as it
+    lands (``sync_file_range``, not waited for); ``finish`` waits for the last write and
+    fsyncs once."""
+
+    PIECE = 1 << 20  # the L2 cache of this class of CPU; 256 KiB pieces cost more CPU
+    RING = 4  # pieces read and not yet landed, at most
 
     def __init__(self, out: BinaryIO, part: Path) -> None:
-        self._out, self._part, self._fd = out, part, out.fileno()
+        self._part, self._fd = part, out.fileno()
         self._digest = hashlib.sha256()
+        self._mark = (0, self._digest.copy())  # the end of the last verified chunk
+        self._at = 0  # where the next piece lands (the reader's side)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="pull-landing")
-        self._checker = ThreadPoolExecutor(1, thread_name_prefix="pull-check")
-        self._pending: deque[Future[None]] = deque()
-        self._unsynced_from: int | None = None
+        self._buffers = [bytearray(self.PIECE) for _ in range(self.RING)]
+        self._landing: list[Future[None] | None] = [None] * self.RING
+        self._next = 0
+        self._unsynced_from: int | None = None  # the landing thread's, and rewind's once drained
 
-    def _land(self, data: bytes | bytearray, write: bool) -> None:
+    def buffer(self) -> memoryview:
+        """The next piece's buffer, once its last piece landed (a write error is raised
+        here); the piece read into it is handed back with ``write`` or ``hash_only``."""
+        landing = self._landing[self._next]
+        if landing is not None:
+            self._landing[self._next] = None
+            landing.result()
+        return memoryview(self._buffers[self._next])
+
+    def write(self, piece: memoryview) -> None:
+        """Bytes read into ``buffer()``: written at the next offset and hashed."""
+        self._hand(piece, True)
+
+    def hash_only(self, piece: memoryview) -> None:
+        """Bytes read into ``buffer()`` from the file itself (a resumed ``.part``)."""
+        self._hand(piece, False)
+
+    def _hand(self, piece: memoryview, write: bool) -> None:
+        if not piece:
+            return
+        self._landing[self._next] = self._worker.submit(self._land, piece, self._at, write)
+        self._at += len(piece)
+        self._next = (self._next + 1) % self.RING
+
+    def _land(self, piece: memoryview, at: int, write: bool) -> None:
         if write:
             try:
-                at = self._out.tell()
-                self._out.write(data)
-                self._out.flush()
+                written = 0
+                while written < len(piece):
+                    written += os.pwrite(self._fd, piece[written:], at + written)
             except OSError as exc:  # a full or failing disk: no cut, no retry helps
                 raise PullError(f"could not write {self._part}: {exc}") from exc
             if self._unsynced_from is None:
                 self._unsynced_from = at
-            if at + len(data) - self._unsynced_from >= WRITE_BACK_BYTES:
-                start_write_back(self._fd, self._unsynced_from, at + len(data))
+            if at + len(piece) - self._unsynced_from >= WRITE_BACK_BYTES:
+                start_write_back(self._fd, self._unsynced_from, at + len(piece))
                 self._unsynced_from = None
-        self._digest.update(data)
+        self._digest.update(piece)
 
-    def _hand(self, data: bytes | bytearray, write: bool) -> None:
-        while len(self._pending) >= self.IN_FLIGHT:
-            self._pending.popleft().result()
-        self._pending.append(self._worker.submit(self._land, data, write))
+    def read_at(self, view: memoryview, at: int) -> int:
+        """Fill ``view`` from the staging file at ``at``; fewer bytes only at its end."""
+        filled = 0
+        while filled < len(view):
+            got = os.preadv(self._fd, [view[filled:]], at + filled)
+            if not got:
+                break
+            filled += got
+        return filled
 
-    def check(self, data: bytes | bytearray) -> Future[str]:
-        """A chunk's sha256 (hex), computed on the checking thread."""
-        return self._checker.submit(_sha256_hex, data)
+    def verified(self) -> None:
+        """Everything handed over so far is a chunk that matched: keep it."""
+        at = self._at
+        self._worker.submit(self._set_mark, at)  # after the chunk's last piece is hashed
 
-    def write(self, data: bytes | bytearray) -> None:
-        """A verified chunk: written at the file's position, then hashed."""
-        self._hand(data, True)
-
-    def feed(self, data: bytes | bytearray) -> None:
-        """A chunk already in the file (a resumed ``.part``): hashed only."""
-        self._hand(data, False)
+    def _set_mark(self, at: int) -> None:
+        self._mark = (at, self._digest.copy())
 
     def drain(self) -> None:
-        """Wait for every chunk handed over (a write error is raised here)."""
-        while self._pending:
-            self._pending.popleft().result()
+        """Wait for every piece handed over (a write error is raised here)."""
+        self._worker.submit(lambda: None).result()
+        for index, landing in enumerate(self._landing):
+            if landing is not None:
+                self._landing[index] = None
+                landing.result()
+
+    def rewind(self) -> None:
+        """Throw away what came after the last verified chunk: the file cut back there,
+        the whole hash as it was there, the next piece landing there."""
+        self.drain()
+        at, state = self._mark
+        self._digest, self._at = state.copy(), at
+        if self._unsynced_from is not None and self._unsynced_from >= at:
+            self._unsynced_from = None
+        try:
+            os.ftruncate(self._fd, at)
+        except OSError as exc:
+            raise PullError(f"could not cut {self._part} back to {at} bytes: {exc}") from exc
 
     def finish(self) -> str:
         """The whole file's sha256, once every chunk landed and the file is on the disk."""
         self.drain()
+        if self._at != self._mark[0]:  # a bug here, never the network: refuse the file
+            raise PullError(f"{self._part}: {self._at - self._mark[0]} bytes never verified")
         os.fsync(self._fd)
         return self._digest.hexdigest()
 
@@ -372,12 +416,7 @@ class Landing:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._checker.shutdown(wait=True)
         self._worker.shutdown(wait=True)
-
-
-def _sha256_hex(data: bytes | bytearray) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _sync_file_range() -> Callable[[int, int, int], None] | None:
@@ -406,22 +445,27 @@ def start_write_back(fd: int, start: int, end: int) -> None:
         _START_WRITE_BACK(fd, start, end - start)
 
 
-def _reuse_part(
-    part: Path, chunks: list[str], chunk_bytes: int, size: int, land: Landing
-) -> int:
-    """How many leading chunks of ``part`` verify (fed to ``land``'s whole sha256); the rest
-    is cut off by the caller."""
-    if not part.exists():
-        return 0
+def _reuse_part(land: Landing, chunks: list[str], chunk_bytes: int, size: int) -> int:
+    """How many leading chunks of the staging file verify (fed to ``land``'s whole sha256,
+    a piece at a time as a fetch's are); the rest is cut off."""
     done = 0
-    with part.open("rb") as f:
-        while done < len(chunks):
-            want = min(chunk_bytes, size - done * chunk_bytes)
-            block = f.read(want)
-            if len(block) != want or hashlib.sha256(block).hexdigest() != chunks[done]:
+    while done < len(chunks):
+        start = done * chunk_bytes
+        want = min(chunk_bytes, size - start)
+        check, got = hashlib.sha256(), 0
+        while got < want:
+            view = land.buffer()[: min(Landing.PIECE, want - got)]
+            filled = land.read_at(view, start + got)
+            check.update(view[:filled])
+            land.hash_only(view[:filled])
+            got += filled
+            if filled < len(view):
                 break
-            land.feed(block)
-            done += 1
+        if got < want or check.hexdigest() != chunks[done]:
+            break
+        land.verified()
+        done += 1
+    land.rewind()
     return done
 
 
