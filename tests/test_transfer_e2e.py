@@ -247,6 +247,35 @@ def test_a_pull_that_does_not_fit_reaps_a_worker_copy_with_a_central_twin_first(
     assert "room to pull box://" in reaps[0][1]
 
 
+def test_the_cli_asks_the_running_box_to_reap_and_says_why_not_without_one(
+    source: Source, tmp_path: Path
+) -> None:
+    """`fitbox pull` cannot see the box's residents: with reap_to_fit on it asks the box
+    serving its home to reap (the operator action); with none running, nothing is removed."""
+    worker, central, home = tmp_path / "nvme", tmp_path / "hdd", tmp_path / "home"
+    worker.mkdir()
+    central.mkdir()
+    write_tiny_llama(central / "tiny-x.gguf", seed=7)
+    shutil.copy2(central / "tiny-x.gguf", worker / "tiny-x.gguf")
+    size = (worker / "tiny-x.gguf").stat().st_size
+    env = {"FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
+           "FITBOX_MOVERS": "reap_to_fit", "FITBOX_STORAGE_MAX": str(size + size // 2)}
+    argv = [sys.executable, "-m", "fitbox", "pull", f"box://127.0.0.1:{source.port}/tiny",
+            "--home", str(home), "--to", str(worker)]  # fmt: skip
+    alone = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, **env})  # fmt: skip
+    assert alone.returncode == 1 and f"no fitbox serves {home}" in alone.stderr
+    assert (worker / "tiny-x.gguf").is_file() and not any(worker.glob("*.part"))
+    with running_fitbox(home, [worker, central], env=env) as dest_box:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, **env})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "the running box reaped" in done.stderr
+        assert "tiny" in dest_box.models()
+    assert sorted(p.name for p in worker.iterdir()) == ["tiny.gguf"]  # tiny-x made room
+    assert (central / "tiny-x.gguf").is_file()
+
+
 def test_no_room_is_refused_before_a_byte_moves(source: Source, tmp_path: Path) -> None:
     spec = f"box://127.0.0.1:{source.port}/{SMOL}"
     argv = [sys.executable, "-m", "fitbox", "pull", spec, "--home", str(tmp_path)]
