@@ -432,6 +432,28 @@ def test_a_model_that_offers_no_file_is_no_pull(source: Source, dest: tuple[Path
     assert not models.exists() or not any(models.iterdir())
 
 
+def test_a_source_that_is_not_a_fitbox_is_refused_with_what_it_said(tmp_path: Path) -> None:
+    """A web server that answers the manifest's route with a page, not JSON (here Python's
+    own http.server, serving a file at that path)."""
+    page = tmp_path / "v1" / "transfer" / "x" / "manifest"
+    page.parent.mkdir(parents=True)
+    page.write_text("<html>not a fitbox</html>")
+    server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind",
+                               "127.0.0.1", "-d", str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline().split(" port ")[1].split()[0])
+        puller = BoxPull(parse_box_spec(f"box://127.0.0.1:{port}/x"), tmp_path / "models")
+        with pytest.raises(PullError, match="not JSON: b'<html>not a fitbox"):
+            puller.run()
+    finally:
+        server.kill()
+        server.wait()
+        if server.stdout:
+            server.stdout.close()
+
+
 def test_a_drive_that_fills_mid_pull_ends_it_with_the_reason(
     source: Source, drive: SmallDrive
 ) -> None:
@@ -440,9 +462,6 @@ def test_a_drive_that_fills_mid_pull_ends_it_with_the_reason(
     seen: list[str] = []
     puller = BoxPull(parse_box_spec(f"box://127.0.0.1:{source.port}/{SMOL}"),
                      drive.path / "models", events=lambda kind, _n, _i: seen.append(kind))
-    try:
-        with pytest.raises(PullError, match=r"could not write .*No space left"):
-            puller.run()
-    finally:
-        puller.close()
+    with pytest.raises(PullError, match=r"could not write .*No space left"):
+        puller.run()
     assert "cut" not in seen and 0 < seen.count("chunk_ok") < 25
