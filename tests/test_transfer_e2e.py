@@ -68,6 +68,12 @@ def source(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Iterator[
     write_tiny_llama(outside / "elsewhere.gguf")
     (models / "evil").mkdir()
     (models / "evil" / "evil.gguf").symlink_to(outside / "elsewhere.gguf")
+    # a split model whose second shard links out of its directory: offered without it
+    (models / "split").mkdir()
+    write_tiny_llama(models / "split" / "split-00001-of-00002.gguf", seed=3)
+    write_tiny_llama(outside / "split-00002-of-00002.gguf", seed=4)
+    (models / "split" / "split-00002-of-00002.gguf").symlink_to(
+        outside / "split-00002-of-00002.gguf")
     # a Hugging Face cache snapshot: a symlink into its own blobs/ is offered
     repo = models / "models--org--tiny"
     (repo / "blobs").mkdir(parents=True)
@@ -429,6 +435,18 @@ def test_a_model_that_offers_no_file_is_no_pull(source: Source, dest: tuple[Path
     models, store = dest
     with pytest.raises(PullError, match="offers no file of evil"):
         pull_from_box(f"box://127.0.0.1:{source.port}/evil", models, store)
+    assert not models.exists() or not any(models.iterdir())
+
+
+def test_a_split_model_offered_without_a_shard_is_no_pull(
+    source: Source, dest: tuple[Path, Store]
+) -> None:
+    models, store = dest
+    listed = httpx.get(f"{source.box.url}/v1/transfer/split/manifest", timeout=60).json()
+    assert [f["path"] for f in listed["files"]] == ["split-00001-of-00002.gguf"]
+    with pytest.raises(PullError, match=r"without split-00002-of-00002\.gguf: a split GGUF is "
+                       "pulled whole"):  # fmt: skip
+        pull_from_box(f"box://127.0.0.1:{source.port}/split", models, store)
     assert not models.exists() or not any(models.iterdir())
 
 

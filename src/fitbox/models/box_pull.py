@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 from urllib.parse import quote, urlencode
 
 from fitbox.models.pull import PullError
-from fitbox.models.transfer import PathRefused, refuse_name
+from fitbox.models.transfer import PathRefused, missing_shards, refuse_name
 
 _SPEC = re.compile(
     r"^box://(?P<host>\[[0-9A-Fa-f:.]+\]|[^/:\[\]]+):(?P<port>\d{1,5})/(?P<model>[^/]+)$"
@@ -159,6 +159,12 @@ class BoxPull:
                 refuse_name(str(f["path"]))
             except PathRefused as exc:
                 raise PullError(f"{self.source} offered an unsafe path: {exc.reason}") from None
+        missing = missing_shards([str(f["path"]) for f in files])
+        if missing:
+            raise PullError(f"{self.source} offers {self.source.model} without "
+                            f"{', '.join(missing)}: a split GGUF is pulled whole or not at all "
+                            "(the source could not offer those: missing, or linked out of the "
+                            "model's directory)")  # fmt: skip
         self._refuse_if_here(files)
         self.dest_dir.mkdir(parents=True, exist_ok=True)
         needed = sum(int(f["bytes"]) - _size(self.dest_dir / f"{f['path']}.part") for f in files)
