@@ -37,7 +37,9 @@ class Landing:
     RING = 4  # pieces read and not yet landed, at most
     # each pwrite's size: on this Linux 6.18 VM, writes of 128 KiB and more were at times
     # 10x the CPU (1.5 s per 384 MiB, in copy_folio_from_iter_atomic: the page cache's large
-    # folios, it seems); 64 KiB stayed at 0.14-0.18 s (scratch benchmark, alternating sizes)
+    # folios coming from memory the host had taken back, it seems); 64 KiB stayed at
+    # 0.14-0.18 s in a scratch benchmark of alternating sizes and beat 16 KiB in pulls, but
+    # one pull in a fresh process still paid 1.2 s: rarer, not gone
     WRITE_BYTES = 64 << 10
 
     def __init__(self, fd: int, part: Path) -> None:
