@@ -68,6 +68,12 @@ def source(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Iterator[
     write_tiny_llama(outside / "elsewhere.gguf")
     (models / "evil").mkdir()
     (models / "evil" / "evil.gguf").symlink_to(outside / "elsewhere.gguf")
+    # a split model whose second shard links out of its directory: offered without it
+    (models / "split").mkdir()
+    write_tiny_llama(models / "split" / "split-00001-of-00002.gguf", seed=3)
+    write_tiny_llama(outside / "split-00002-of-00002.gguf", seed=4)
+    (models / "split" / "split-00002-of-00002.gguf").symlink_to(
+        outside / "split-00002-of-00002.gguf")
     # a Hugging Face cache snapshot: a symlink into its own blobs/ is offered
     repo = models / "models--org--tiny"
     (repo / "blobs").mkdir(parents=True)
@@ -247,6 +253,35 @@ def test_a_pull_that_does_not_fit_reaps_a_worker_copy_with_a_central_twin_first(
     assert "room to pull box://" in reaps[0][1]
 
 
+def test_the_cli_asks_the_running_box_to_reap_and_says_why_not_without_one(
+    source: Source, tmp_path: Path
+) -> None:
+    """`fitbox pull` cannot see the box's residents: with reap_to_fit on it asks the box
+    serving its home to reap (the operator action); with none running, nothing is removed."""
+    worker, central, home = tmp_path / "nvme", tmp_path / "hdd", tmp_path / "home"
+    worker.mkdir()
+    central.mkdir()
+    write_tiny_llama(central / "tiny-x.gguf", seed=7)
+    shutil.copy2(central / "tiny-x.gguf", worker / "tiny-x.gguf")
+    size = (worker / "tiny-x.gguf").stat().st_size
+    env = {"FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
+           "FITBOX_MOVERS": "reap_to_fit", "FITBOX_STORAGE_MAX": str(size + size // 2)}
+    argv = [sys.executable, "-m", "fitbox", "pull", f"box://127.0.0.1:{source.port}/tiny",
+            "--home", str(home), "--to", str(worker)]  # fmt: skip
+    alone = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, **env})  # fmt: skip
+    assert alone.returncode == 1 and f"no fitbox serves {home}" in alone.stderr
+    assert (worker / "tiny-x.gguf").is_file() and not any(worker.glob("*.part"))
+    with running_fitbox(home, [worker, central], env=env) as dest_box:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, **env})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "the running box reaped" in done.stderr
+        assert "tiny" in dest_box.models()
+    assert sorted(p.name for p in worker.iterdir()) == ["tiny.gguf"]  # tiny-x made room
+    assert (central / "tiny-x.gguf").is_file()
+
+
 def test_no_room_is_refused_before_a_byte_moves(source: Source, tmp_path: Path) -> None:
     spec = f"box://127.0.0.1:{source.port}/{SMOL}"
     argv = [sys.executable, "-m", "fitbox", "pull", spec, "--home", str(tmp_path)]
@@ -403,6 +438,40 @@ def test_a_model_that_offers_no_file_is_no_pull(source: Source, dest: tuple[Path
     assert not models.exists() or not any(models.iterdir())
 
 
+def test_a_split_model_offered_without_a_shard_is_no_pull(
+    source: Source, dest: tuple[Path, Store]
+) -> None:
+    models, store = dest
+    listed = httpx.get(f"{source.box.url}/v1/transfer/split/manifest", timeout=60).json()
+    assert [f["path"] for f in listed["files"]] == ["split-00001-of-00002.gguf"]
+    with pytest.raises(PullError, match=r"without split-00002-of-00002\.gguf: a split GGUF is "
+                       "pulled whole"):  # fmt: skip
+        pull_from_box(f"box://127.0.0.1:{source.port}/split", models, store)
+    assert not models.exists() or not any(models.iterdir())
+
+
+def test_a_source_that_is_not_a_fitbox_is_refused_with_what_it_said(tmp_path: Path) -> None:
+    """A web server that answers the manifest's route with a page, not JSON (here Python's
+    own http.server, serving a file at that path)."""
+    page = tmp_path / "v1" / "transfer" / "x" / "manifest"
+    page.parent.mkdir(parents=True)
+    page.write_text("<html>not a fitbox</html>")
+    server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind",
+                               "127.0.0.1", "-d", str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline().split(" port ")[1].split()[0])
+        puller = BoxPull(parse_box_spec(f"box://127.0.0.1:{port}/x"), tmp_path / "models")
+        with pytest.raises(PullError, match="not JSON: b'<html>not a fitbox"):
+            puller.run()
+    finally:
+        server.kill()
+        server.wait()
+        if server.stdout:
+            server.stdout.close()
+
+
 def test_a_drive_that_fills_mid_pull_ends_it_with_the_reason(
     source: Source, drive: SmallDrive
 ) -> None:
@@ -411,9 +480,6 @@ def test_a_drive_that_fills_mid_pull_ends_it_with_the_reason(
     seen: list[str] = []
     puller = BoxPull(parse_box_spec(f"box://127.0.0.1:{source.port}/{SMOL}"),
                      drive.path / "models", events=lambda kind, _n, _i: seen.append(kind))
-    try:
-        with pytest.raises(PullError, match=r"could not write .*No space left"):
-            puller.run()
-    finally:
-        puller.close()
+    with pytest.raises(PullError, match=r"could not write .*No space left"):
+        puller.run()
     assert "cut" not in seen and 0 < seen.count("chunk_ok") < 25

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -48,9 +49,16 @@ def _pull_from_box(config: settings.Config, spec: str, dest: Path, key: str | No
     from fitbox.models.pull import PullError
     from fitbox.store.db import Store
 
+    make_room = None
+    if "reap_to_fit" in config.movers:
+
+        def make_room(needed: int) -> None:
+            _reap_on_running_box(config, dest, needed, spec)
+
     store = Store(config.store_path)
     try:
-        outcomes = pull_from_box(spec, dest, store, key=key, storage_max=config.storage_max)
+        outcomes = pull_from_box(spec, dest, store, key=key, storage_max=config.storage_max,
+                                 make_room=make_room)  # fmt: skip
     except PullError as exc:
         print(f"fitbox pull: {exc}", file=sys.stderr)
         return 1
@@ -65,6 +73,46 @@ def _pull_from_box(config: settings.Config, spec: str, dest: Path, key: str | No
 
     refresh_running_box(config)
     return 0
+
+
+def _reap_on_running_box(config: settings.Config, dest: Path, needed: int, spec: str) -> None:
+    """reap_to_fit for a pull from the command line. Only the box serving this home knows
+    which copies are resident, serving or pinned, so it is asked to reap (its operator
+    action, keyless from this machine as every CLI call to it); with no box running nothing
+    is removed, and the pull is refused saying so."""
+    import httpx
+
+    from fitbox.models.box_pull import PullRefused
+
+    try:
+        url = json.loads(config.endpoint_file.read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        url = None
+    short = f"{dest} needs {format_bytes(needed)} more for {spec}"
+    if not url:
+        raise PullRefused(f"{short}, and no fitbox serves {config.home}: only a running box "
+                          "knows which copies are resident, serving or pinned, so nothing is "
+                          "reaped from here; start `fitbox serve` (reap_to_fit is on) or free "
+                          "room, then pull again")  # fmt: skip
+    try:
+        drives = httpx.get(f"{url}/v1/storage", timeout=30).json()["data"]
+        workers = {Path(r).resolve() for d in drives if d["role"] == "worker" for r in d["roots"]}
+        if dest.resolve() not in workers:
+            raise PullRefused(f"{short}; the running box reaps only its worker drive, and "
+                              f"{dest} is not on it (drive_roles); free room there, then pull "
+                              "again")  # fmt: skip
+        done = httpx.post(f"{url}/v1/operator/reap-to-fit", json={"bytes": needed},
+                          timeout=120)  # fmt: skip
+        body = done.json()
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise PullRefused(f"{short}; the running box at {url} could not be asked to reap: "
+                          f"{exc}") from None  # fmt: skip
+    if done.status_code != 200:
+        reason = (body.get("error") or {}).get("message", done.text[:200])
+        raise PullRefused(f"{short}; the running box refused to reap: {reason}")
+    print(f"fitbox pull: the running box reaped {format_bytes(int(body['freed_bytes']))} "
+          f"({len(body['removed'])} copies with a central twin) to make room",
+          file=sys.stderr)  # fmt: skip
 
 
 def _record_pull(

@@ -117,8 +117,6 @@ def pull_from_box(
         for outcome in failed:
             _record(store, spec, outcome, str(exc))
         raise
-    finally:
-        puller.close()
     for outcome in outcomes:
         st = os.stat(outcome.path)
         kept = KeptHash(str(outcome.path.resolve()), st.st_size, st.st_mtime_ns, outcome.sha256,

@@ -11,32 +11,26 @@ each name must be a plain file name (models/transfer.py ``refuse_name``).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 import http.client
 import json
 import os
 import re
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import quote, urlencode
 
-import httpx
-
+from fitbox.models.landing import Landing
 from fitbox.models.pull import PullError
-from fitbox.models.transfer import PathRefused, refuse_name
+from fitbox.models.transfer import PathRefused, missing_shards, refuse_name
 
 _SPEC = re.compile(
     r"^box://(?P<host>\[[0-9A-Fa-f:.]+\]|[^/:\[\]]+):(?P<port>\d{1,5})/(?P<model>[^/]+)$"
 )
 RETRY_AFTER_AT_MOST_S = 10.0
-CHECK_AHEAD = 2  # chunks read past the oldest one still being checked
 
 # (kind, file name, chunk index): "chunk_ok", "chunk_bad", "reused", "cut"
 Events = Callable[[str, str, int], None]
@@ -102,37 +96,44 @@ class BoxPull:
     # asked to free ``needed`` bytes when they do not fit (the reap_to_fit mover), if set
     make_room: Callable[[int], None] | None = None
     timeout_s: float = 60.0
-    http: httpx.Client | None = None
     outcomes: list[FileOutcome] = field(default_factory=list)
 
-    def _client(self) -> httpx.Client:
-        if self.http is None:
-            headers = {"authorization": f"Bearer {self.key}"} if self.key else {}
-            timeout = httpx.Timeout(self.timeout_s, connect=10.0)
-            self.http = httpx.Client(base_url=self.source.url, headers=headers, timeout=timeout)
-        return self.http
+    def _connect(self) -> http.client.HTTPConnection:
+        """A connection of its own per request, plain http.client: an ``httpx.Client``
+        took 90-190 ms to make (its TLS context) on a loaded box, for a plain-HTTP source."""
+        return http.client.HTTPConnection(self.source.host.strip("[]"), self.source.port,
+                                          timeout=self.timeout_s)  # fmt: skip
 
-    def close(self) -> None:
-        if self.http is not None:
-            self.http.close()
+    def _headers(self, **more: str) -> dict[str, str]:
+        return {**more, "authorization": f"Bearer {self.key}"} if self.key else more
 
     def _event(self, kind: str, name: str, index: int) -> None:
         if self.events:
             self.events(kind, name, index)
 
     def _get_json(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
+        target = f"{path}?{urlencode(params)}" if params else path
         for _ in range(3):
+            conn = self._connect()
             try:
-                response = self._client().get(path, params=params)
-            except httpx.HTTPError as exc:
+                conn.request("GET", target, headers=self._headers())
+                response = conn.getresponse()
+                raw = response.read()
+            except (OSError, http.client.HTTPException) as exc:
                 raise PullError(f"{self.source}: {path} could not be fetched: {exc}") from exc
-            if response.status_code == 429:
-                _wait_retry_after(response)
+            finally:
+                conn.close()
+            if response.status == 429:
+                _wait(response.getheader("retry-after"))
                 continue
-            if response.status_code != 200:
+            if response.status != 200:
                 raise PullError(f"{self.source} answered {path} with HTTP "
-                                f"{response.status_code}: {_reason(response)}")  # fmt: skip
-            body: dict[str, Any] = response.json()
+                                f"{response.status}: {_reason_of(raw)}")  # fmt: skip
+            try:
+                body: dict[str, Any] = json.loads(raw)
+            except ValueError:
+                raise PullError(f"{self.source} answered {path} with what is not JSON: "
+                                f"{raw[:200]!r}") from None  # fmt: skip
             return body
         raise PullError(f"{self.source} is busy sending other transfers; try again later")
 
@@ -156,6 +157,12 @@ class BoxPull:
                 refuse_name(str(f["path"]))
             except PathRefused as exc:
                 raise PullError(f"{self.source} offered an unsafe path: {exc.reason}") from None
+        missing = missing_shards([str(f["path"]) for f in files])
+        if missing:
+            raise PullError(f"{self.source} offers {self.source.model} without "
+                            f"{', '.join(missing)}: a split GGUF is pulled whole or not at all "
+                            "(the source could not offer those: missing, or linked out of the "
+                            "model's directory)")  # fmt: skip
         self._refuse_if_here(files)
         self.dest_dir.mkdir(parents=True, exist_ok=True)
         needed = sum(int(f["bytes"]) - _size(self.dest_dir / f"{f['path']}.part") for f in files)
@@ -198,17 +205,17 @@ class BoxPull:
                             "manifest (did the file change?); pull again")  # fmt: skip
         outcome.chunk_bytes, outcome.chunks = chunk_bytes, tuple(chunks)
         part = outcome.path.with_name(outcome.path.name + ".part")
-        with part.open("r+b" if part.exists() else "wb") as out, Landing(out, part) as land:
-            done = _reuse_part(part, chunks, chunk_bytes, outcome.size, land)
+        staging = part.open("r+b" if part.exists() else "w+b")
+        with staging as out, Landing(out.fileno(), part) as land:
+            done = _reuse_part(land, chunks, chunk_bytes, outcome.size)
             outcome.reused_chunks = done
             for index in range(done):
                 self._event("reused", outcome.name, index)
             failures = {index: 0 for index in range(len(chunks))}
             lost_in_a_row = 0
-            out.truncate(done * chunk_bytes)
             while done < len(chunks):
                 before = done
-                done, cut = self._fetch_from(outcome, out, chunks, done, land, failures)
+                done, cut = self._fetch_from(outcome, chunks, done, land, failures)
                 if not cut:
                     continue
                 outcome.cuts += 1
@@ -228,48 +235,22 @@ class BoxPull:
         _sync_dir(outcome.path.parent)
 
     def _fetch_from(
-        self, outcome: FileOutcome, out: Any, chunks: list[str], done: int, land: Landing,
+        self, outcome: FileOutcome, chunks: list[str], done: int, land: Landing,
         failures: dict[int, int],
     ) -> tuple[int, bool]:  # fmt: skip
-        """Stream from chunk ``done`` on, each chunk read whole into its own buffer, checked
-        on ``land``'s checking thread while the next is read, and only then handed to
-        ``land`` (written and fed to the whole file's sha256 on its landing thread): (chunks
-        done, whether the connection was cut). The bulk bytes go through
-        http.client's ``readinto``, straight from the socket into the chunk's buffer
-        (httpx's per-block parsing cost most of a core here)."""
+        """Stream from chunk ``done`` on, a piece at a time: each piece read from the socket
+        straight into one of ``land``'s buffers (http.client's ``readinto``; httpx's
+        per-block parsing cost most of a core here), added to its chunk's sha256 here and
+        handed to ``land`` (written and fed to the whole file's sha256 on its thread) while
+        the next is read. A chunk is kept once its sha256 matches; one that does not, or
+        that a cut broke, is thrown away (``land.rewind``). Returns (chunks done, whether
+        the connection was cut)."""
         chunk_bytes = outcome.chunk_bytes
         start = done * chunk_bytes
-        conn = http.client.HTTPConnection(self.source.host.strip("[]"), self.source.port,
-                                          timeout=self.timeout_s)  # fmt: skip
+        conn = self._connect()
         path = f"{self._route}/file?{urlencode({'path': outcome.name})}"
-        headers = {"range": f"bytes={start}-"}
-        if self.key:
-            headers["authorization"] = f"Bearer {self.key}"
-        # chunks read and being checked on their thread, in order: the socket is read on
-        checking: deque[tuple[bytearray, Future[str]]] = deque()
-
-        def settle(keep: int) -> bool:
-            """Land the checked chunks beyond the ``keep`` newest; False at a bad one."""
-            nonlocal done
-            while len(checking) > keep:
-                buffer, digest = checking.popleft()
-                if digest.result() != chunks[done]:
-                    checking.clear()
-                    failures[done] += 1
-                    outcome.refetched_chunks += 1
-                    self._event("chunk_bad", outcome.name, done)
-                    if failures[done] > self.chunk_retries:
-                        raise PullError(f"{self.source}: chunk {done} of {outcome.name} failed "
-                                        f"its sha256 {failures[done]} times; the source's file "
-                                        "may be damaged or changing")  # fmt: skip
-                    return False
-                land.write(buffer)
-                self._event("chunk_ok", outcome.name, done)
-                done += 1
-            return True
-
         try:
-            conn.request("GET", path, headers=headers)
+            conn.request("GET", path, headers=self._headers(range=f"bytes={start}-"))
             response = conn.getresponse()
             if response.status == 429:  # counted as a lost connection
                 _wait(response.getheader("retry-after"))
@@ -277,151 +258,71 @@ class BoxPull:
             if response.status not in (200, 206) or (response.status == 200 and start):
                 raise PullError(f"{self.source} answered the file {outcome.name} with HTTP "
                                 f"{response.status}: {_reason_of(response.read())}")  # fmt: skip
-            land.drain()  # nothing of an earlier connection is still being written
-            out.seek(start)
-            cut = False
-            read = done
-            while read < len(chunks):
-                want = min(chunk_bytes, outcome.size - read * chunk_bytes)
-                buffer = bytearray(want)
-                view, filled = memoryview(buffer), 0
-                while filled < want:
-                    got = response.readinto(view[filled:])
-                    if not got:
-                        break
-                    filled += got
-                    outcome.fetched_bytes += got
-                if filled < want:
-                    cut = True  # the body ended short
-                    break
-                checking.append((buffer, land.check(buffer)))
-                read += 1
-                if not settle(CHECK_AHEAD):
+            while done < len(chunks):
+                want = min(chunk_bytes, outcome.size - done * chunk_bytes)
+                check, got = hashlib.sha256(), 0
+                while got < want:
+                    view = land.buffer()[: min(Landing.PIECE, want - got)]
+                    filled = _read_into(response, view)
+                    outcome.fetched_bytes += filled
+                    got += filled
+                    check.update(view[:filled])
+                    land.write(view[:filled])
+                    if filled < len(view):
+                        return done, True  # the body ended short; the broken chunk goes
+                if check.hexdigest() != chunks[done]:
+                    failures[done] += 1
+                    outcome.refetched_chunks += 1
+                    land.rewind()  # before the event: the bad bytes are gone when it is told
+                    self._event("chunk_bad", outcome.name, done)
+                    if failures[done] > self.chunk_retries:
+                        raise PullError(f"{self.source}: chunk {done} of {outcome.name} failed "
+                                        f"its sha256 {failures[done]} times; the source's file "
+                                        "may be damaged or changing")  # fmt: skip
                     return done, False  # fetched again from the bad chunk, on a new connection
-            all_good = settle(0)
-            return done, cut and all_good
+                land.verified()
+                self._event("chunk_ok", outcome.name, done)
+                done += 1
+            return done, False
         except (OSError, http.client.HTTPException):
-            all_good = settle(0)  # the whole chunks read before the cut still land
-            return done, all_good  # a bad one among them: fetched again, not a cut
+            return done, True  # the whole chunks verified before the cut are kept
         finally:
             conn.close()
-            land.drain()
+            land.rewind()  # whatever came after the last verified chunk goes
 
 
-class Landing:
-    """Verified chunks, landed in order on a thread of their own: written to the staging
-    file and fed to the whole file's sha256 from the same buffer (both let go of the GIL,
-    so the network, each chunk's check, the disk and the whole hash overlap), the
-    write-back of each 32 MiB started as it lands (``sync_file_range``, not waited for);
-    ``finish`` waits for the last write and fsyncs once."""
-
-    IN_FLIGHT = 4  # chunks handed over and not yet landed, at most (16 MiB)
-
-    def __init__(self, out: BinaryIO, part: Path) -> None:
-        self._out, self._part, self._fd = out, part, out.fileno()
-        self._digest = hashlib.sha256()
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="pull-landing")
-        self._checker = ThreadPoolExecutor(1, thread_name_prefix="pull-check")
-        self._pending: deque[Future[None]] = deque()
-        self._unsynced_from: int | None = None
-
-    def _land(self, data: bytes | bytearray, write: bool) -> None:
-        if write:
-            try:
-                at = self._out.tell()
-                self._out.write(data)
-                self._out.flush()
-            except OSError as exc:  # a full or failing disk: no cut, no retry helps
-                raise PullError(f"could not write {self._part}: {exc}") from exc
-            if self._unsynced_from is None:
-                self._unsynced_from = at
-            if at + len(data) - self._unsynced_from >= WRITE_BACK_BYTES:
-                start_write_back(self._fd, self._unsynced_from, at + len(data))
-                self._unsynced_from = None
-        self._digest.update(data)
-
-    def _hand(self, data: bytes | bytearray, write: bool) -> None:
-        while len(self._pending) >= self.IN_FLIGHT:
-            self._pending.popleft().result()
-        self._pending.append(self._worker.submit(self._land, data, write))
-
-    def check(self, data: bytes | bytearray) -> Future[str]:
-        """A chunk's sha256 (hex), computed on the checking thread."""
-        return self._checker.submit(_sha256_hex, data)
-
-    def write(self, data: bytes | bytearray) -> None:
-        """A verified chunk: written at the file's position, then hashed."""
-        self._hand(data, True)
-
-    def feed(self, data: bytes | bytearray) -> None:
-        """A chunk already in the file (a resumed ``.part``): hashed only."""
-        self._hand(data, False)
-
-    def drain(self) -> None:
-        """Wait for every chunk handed over (a write error is raised here)."""
-        while self._pending:
-            self._pending.popleft().result()
-
-    def finish(self) -> str:
-        """The whole file's sha256, once every chunk landed and the file is on the disk."""
-        self.drain()
-        os.fsync(self._fd)
-        return self._digest.hexdigest()
-
-    def __enter__(self) -> Landing:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._checker.shutdown(wait=True)
-        self._worker.shutdown(wait=True)
+def _read_into(response: http.client.HTTPResponse, view: memoryview) -> int:
+    """Fill ``view`` from the body; fewer bytes only where the body ended."""
+    filled = 0
+    while filled < len(view):
+        got = response.readinto(view[filled:])
+        if not got:
+            break
+        filled += got
+    return filled
 
 
-def _sha256_hex(data: bytes | bytearray) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _sync_file_range() -> Callable[[int, int, int], None] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        call = libc.sync_file_range
-    except (OSError, AttributeError):
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-
-    def start(fd: int, offset: int, count: int) -> None:
-        call(fd, offset, count, SYNC_FILE_RANGE_WRITE)  # a failure only costs the overlap
-
-    return start
-
-
-SYNC_FILE_RANGE_WRITE = 2  # start write-back of dirty pages in the range; do not wait
-WRITE_BACK_BYTES = 32 << 20
-_START_WRITE_BACK = _sync_file_range()
-
-
-def start_write_back(fd: int, start: int, end: int) -> None:
-    """Start writing ``[start, end)`` of ``fd`` back to the disk without waiting, so the
-    final fsync has little left to do (Linux; elsewhere the fsync does it all)."""
-    if _START_WRITE_BACK is not None:
-        _START_WRITE_BACK(fd, start, end - start)
-
-
-def _reuse_part(
-    part: Path, chunks: list[str], chunk_bytes: int, size: int, land: Landing
-) -> int:
-    """How many leading chunks of ``part`` verify (fed to ``land``'s whole sha256); the rest
-    is cut off by the caller."""
-    if not part.exists():
-        return 0
+def _reuse_part(land: Landing, chunks: list[str], chunk_bytes: int, size: int) -> int:
+    """How many leading chunks of the staging file verify (fed to ``land``'s whole sha256,
+    a piece at a time as a fetch's are); the rest is cut off."""
     done = 0
-    with part.open("rb") as f:
-        while done < len(chunks):
-            want = min(chunk_bytes, size - done * chunk_bytes)
-            block = f.read(want)
-            if len(block) != want or hashlib.sha256(block).hexdigest() != chunks[done]:
+    while done < len(chunks):
+        start = done * chunk_bytes
+        want = min(chunk_bytes, size - start)
+        check, got = hashlib.sha256(), 0
+        while got < want:
+            view = land.buffer()[: min(Landing.PIECE, want - got)]
+            filled = land.read_at(view, start + got)
+            check.update(view[:filled])
+            land.hash_only(view[:filled])
+            got += filled
+            if filled < len(view):
                 break
-            land.feed(block)
-            done += 1
+        if got < want or check.hexdigest() != chunks[done]:
+            break
+        land.verified()
+        done += 1
+    land.rewind()
     return done
 
 
@@ -440,22 +341,11 @@ def _sync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _reason(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:200] or response.reason_phrase
-
-
 def _reason_of(body: bytes) -> str:
     try:
         return str(json.loads(body)["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return body[:200].decode("utf-8", "replace")
-
-
-def _wait_retry_after(response: httpx.Response) -> None:
-    _wait(response.headers.get("retry-after"))
 
 
 def _wait(retry_after: str | None) -> None:

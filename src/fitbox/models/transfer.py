@@ -117,6 +117,22 @@ def model_files(artifact: Path) -> list[OfferedFile]:
     return offered
 
 
+def missing_shards(names: list[str]) -> list[str]:
+    """The shards of each split GGUF among ``names`` that ``names`` lacks: a split model is
+    whole or it is no model (llama-server opens every shard of the set)."""
+    missing: list[str] = []
+    for name in names:
+        shard = _SHARD.match(name)
+        if not shard:
+            continue
+        count = int(shard.group("count"))
+        for i in range(1, count + 1):
+            sibling = f"{shard.group('base')}-{i:05d}-of-{count:05d}.gguf"
+            if sibling not in names and sibling not in missing:
+                missing.append(sibling)
+    return missing
+
+
 def offered(artifact: Path, name: str) -> OfferedFile:
     """``name`` as a file of the model at ``artifact``, or :class:`PathRefused`."""
     refuse_name(name)
