@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from fitbox.models.copying import sync_dir
 from fitbox.models.landing import Landing
 from fitbox.models.pull import PullError
 from fitbox.models.transfer import PathRefused, missing_shards, refuse_name
@@ -232,7 +233,7 @@ class BoxPull:
             raise PullError(f"{outcome.name}: every chunk verified but the whole file's sha256 "
                             f"is {digest}, not {outcome.sha256}; nothing was kept")  # fmt: skip
         os.replace(part, outcome.path)
-        _sync_dir(outcome.path.parent)
+        sync_dir(outcome.path.parent)
 
     def _fetch_from(
         self, outcome: FileOutcome, chunks: list[str], done: int, land: Landing,
@@ -331,14 +332,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _reason_of(body: bytes) -> str:
