@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 LONG_POLL_S = 25.0  # the box answers at most after this long with nothing new
 PAGE = 1000  # the box's MAX_ROWS
 RETRY_MOST_S = 5.0
+CALLS_SETTLE_S = 1.0  # how long a call-only change waits for the central's own calls to end
 SEEN_EVERY_S = 5.0  # the box's last-seen time and counter in the store: for a restart's view
 MIRRORED_TABLES = (*CURSOR_TABLES, *READING_TABLES)
 
@@ -49,9 +50,29 @@ class BoxLink:
     cursors: dict[str, int] = field(default_factory=dict)
     seen_stored_at: float = 0.0
     http: BoxHttp = field(init=False)  # kept connections to the box at record.url
+    no_calls: asyncio.Event = field(init=False)  # set while in_flight is 0
 
     def __post_init__(self) -> None:
         self.http = BoxHttp(self.record.url)
+        self.no_calls = asyncio.Event()
+        self.no_calls.set()
+
+    def call_started(self) -> None:
+        self.in_flight += 1
+        self.no_calls.clear()
+
+    def call_ended(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.no_calls.set()
+
+    async def calls_settled(self) -> None:
+        """Until the central's calls on this box end, ``CALLS_SETTLE_S`` at most: a call's
+        row opens as it starts and ends before its last byte leaves, so one replay after
+        it takes the row in its final form, and none runs beside the reply it relays."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CALLS_SETTLE_S):
+                await self.no_calls.wait()
 
     @property
     def headers(self) -> dict[str, str]:
@@ -145,7 +166,10 @@ class Fleet:
                 link.state, link.last_error, link.refused_calls = "up", None, False
                 link.waiting = int(state.get("waiting", 0))
                 if counter != link.counter:
-                    await self.sync(link, state.get("changed", CURSOR_TABLES))
+                    changed = state.get("changed", CURSOR_TABLES)
+                    if set(changed) <= {"call_log"} and link.synced_at is not None:
+                        await link.calls_settled()
+                    await self.sync(link, changed)
                     link.counter = counter
                 link.synced_at = time.time()
                 if link.synced_at - link.seen_stored_at >= SEEN_EVERY_S or was != "up":

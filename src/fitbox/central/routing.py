@@ -131,16 +131,16 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
             {**body, "model": candidate.model}).encode()  # fmt: skip
         headers = {**link.headers, "content-type": "application/json",
                    "accept": request.headers.get("accept", "*/*")}  # fmt: skip
-        link.in_flight += 1
+        link.call_started()
         try:
             response = await link.http.send("POST", path, content, headers)
         except (EngineConnectionError, TimeoutError) as exc:  # before the first byte
-            link.in_flight -= 1
+            link.call_ended()
             link.refused_calls = True
             tried.append(f"{link.record.box_id} ({exc or type(exc).__name__})")
             continue
         except BaseException:  # the client went away while the box was asked
-            link.in_flight -= 1
+            link.call_ended()
             raise
         return StreamingResponse(
             _relay(response, link),
@@ -156,7 +156,7 @@ async def _relay(response: EngineResponse, link: BoxLink) -> AsyncIterator[bytes
         async for chunk in relayed(response):
             yield chunk
     finally:
-        link.in_flight -= 1
+        link.call_ended()
         response.close()
 
 
