@@ -3,9 +3,9 @@ keep-alive connections, for the mirror's requests and the calls it forwards.
 
 Why not httpx: every call on a box moves its change counter twice (the call's row opens,
 then ends), and each move is a long-poll answer and a page the mirror reads, so a call
-through the central was five requests on httpx (~1.5 ms of CPU each, measured in
-bench/central.py) and a fresh connection for the forwarded one, all on the loop that
-relays the reply.
+through the central was five requests on httpx and a fresh connection for the forwarded
+one, all on the loop that relays the reply. bench/central.py, CPU of the central's process
+per call made to the box directly (its mirror's share): 18.75 ms on httpx, 5.25 ms on this.
 
 A kept connection the box closed while it sat idle (its keep-alive timer; a box that was
 paused closes them all as it resumes) fails before any byte of an answer: the request is
