@@ -29,11 +29,16 @@ READ_S = 600.0  # a forwarded call: the longest wait for its reply's next bytes
 
 
 class BoxHttpError(EngineConnectionError):
-    """A box answered a mirror or management request with an error status."""
+    """A box answered a mirror request with an error status."""
+
+
+class BoxUnreachable(EngineConnectionError):
+    """No answer from a box (refused, reset, closed before a status line), in its words."""
 
 
 class BoxHttp:
     def __init__(self, url: str) -> None:
+        self.url = url
         parts = urlsplit(url)
         https = parts.scheme == "https"
         self.pool = EnginePool(parts.hostname or "", parts.port or (443 if https else 80),
@@ -43,14 +48,22 @@ class BoxHttp:
                    limit_s: float = READ_S) -> EngineResponse:  # fmt: skip
         """The box's answer once its status line and headers are here (within ``limit_s``)."""
         async with asyncio.timeout(limit_s):
+            return await self._request(method, path, body, headers)
+
+    async def _request(self, method: str, path: str, body: bytes,
+                       headers: dict[str, str]) -> EngineResponse:  # fmt: skip
+        try:
             return await self.pool.request(method, path, body, headers)
+        except EngineConnectionError as exc:  # its words name an engine: say which box
+            raise BoxUnreachable(f"{self.url} did not answer: "
+                                 f"{exc.__cause__!r}" if exc.__cause__ else str(exc)) from exc
 
     async def get_json(self, path: str, headers: dict[str, str], limit_s: float,
                        **params: Any) -> Any:  # fmt: skip
         """GET ``path``'s JSON; a status of 400 or more raises ``BoxHttpError``."""
         target = f"{path}?{urlencode(params)}" if params else path
         async with asyncio.timeout(limit_s):
-            response = await self.pool.request("GET", target, headers=headers)
+            response = await self._request("GET", target, b"", headers)
             try:
                 raw = await response.read()
             finally:
