@@ -248,6 +248,7 @@ def main() -> int:
                     for _, base in alone:
                         short_call(client, base)
                 unfollowed = interleaved(client, alone, args.requests)
+                cpu_alone = cpu_per_call(client, box, args.requests, {"box": box_proc.pid})
                 join(client, central, box, root / "box")
                 deadline = time.monotonic() + 30
                 while not _resident_seen(client, central, box_id):
@@ -280,7 +281,8 @@ def main() -> int:
     solo = {name: percentile(v, 50) * ms for name, v in unfollowed.items()}
     print(f"  before the box joined the central (no mirror reading it): p50 direct "
           f"{solo['direct']:7.2f} ms   box {solo['box']:7.2f} ms, box added "
-          f"{solo['box'] - solo['direct']:+.2f} ms")  # fmt: skip
+          f"{solo['box'] - solo['direct']:+.2f} ms; the box's CPU per call "
+          f"{cpu_alone['box'] * ms:.2f} ms")  # fmt: skip
     print(f"  CPU per call ({args.requests} calls a path, batched), ms: "
           + "; ".join(f"{path}: central {c['central'] * ms:.2f}, box {c['box'] * ms:.2f}"
                       for path, c in cpu.items()))  # fmt: skip
