@@ -6,7 +6,10 @@
 1. Latency: short completions (max_tokens=1) to llama-server directly, through the box,
    and through a central in front of that box, interleaved; p50 and p95 of each, the box's
    added latency over llama-server and the central's over the box (the aim: the central
-   adds no more than the box does).
+   adds no more than the box does). First the box alone, before it joins the central (what
+   bench/side_by_side.py sees: no mirror reading it), then with the central following it.
+   Then CPU per call of the central's and the box's processes, each path in a batch of its
+   own (the central's CPU on calls made to the box directly is its mirror's cost).
 2. Mirror lag: a call made on the box directly, then the time from its reply until the
    central serves its row in its final form (polled every millisecond); p50 and p99.
 3. Sync cost, in process, on SQLite and on PostgreSQL (a throwaway cluster this run
@@ -33,6 +36,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.proxy_overhead import MODEL, REPO, child_url, percentile
@@ -80,6 +84,39 @@ def short_call(client: httpx.Client, base: str, model: str = MODEL) -> float:
         response.raise_for_status()
         return elapsed
     raise AssertionError("unreachable")
+
+
+def _cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def cpu_per_call(client: httpx.Client, base: str, calls: int,
+                 pids: dict[str, int]) -> dict[str, float]:  # fmt: skip
+    """Seconds of CPU each process spent per call, over ``calls`` calls to ``base`` (and
+    the quarter second after, for what the calls set off: the mirror's reads)."""
+    before = {name: _cpu_s(pid) for name, pid in pids.items()}
+    for _ in range(calls):
+        short_call(client, base)
+    time.sleep(0.25)
+    return {name: (_cpu_s(pid) - before[name]) / calls for name, pid in pids.items()}
+
+
+def interleaved(client: httpx.Client, paths: list[tuple[str, str]],
+                requests: int) -> dict[str, list[float]]:  # fmt: skip
+    lat: dict[str, list[float]] = {name: [] for name, _ in paths}
+    for i in range(requests):
+        for name, base in paths if i % 2 else list(reversed(paths)):
+            lat[name].append(short_call(client, base))
+    return lat
+
+
+def join(client: httpx.Client, central: str, box: str, home: Path) -> None:
+    """Register the box as ``fitbox serve --central`` does (server/joining.py)."""
+    health = client.get(f"{box}/health").json()
+    body = {"box_id": health["box_id"], "name": health["name"], "version": health["version"],
+            "url": box, "admin_key": (home / "box.key").read_text().strip()}  # fmt: skip
+    client.post(f"{central}/v1/boxes", json=body).raise_for_status()
 
 
 def newest_final_id(client: httpx.Client, central: str, box_id: str) -> int:
@@ -200,26 +237,32 @@ def main() -> int:
             root / "central" / "central-endpoint.json", env,
         )  # fmt: skip
         box_proc, box = _start(["serve", "--port", "auto", "--home", str(root / "box"), "--models",
-                                str(model_path.parent), "--central", central],
-                               root / "box" / "endpoint.json")  # fmt: skip
+                               str(model_path.parent)], root / "box" / "endpoint.json")  # fmt: skip
         try:
             box_id = httpx.get(f"{box}/health").json()["box_id"]
             with httpx.Client(timeout=120, limits=httpx.Limits(keepalive_expiry=2.0)) as client:
                 short_call(client, box)  # loads the model
+                direct = child_url(box_proc.pid)
+                alone = [("direct", direct), ("box", box)]
+                for _ in range(10):
+                    for _, base in alone:
+                        short_call(client, base)
+                unfollowed = interleaved(client, alone, args.requests)
+                cpu_alone = cpu_per_call(client, box, args.requests, {"box": box_proc.pid})
+                join(client, central, box, root / "box")
                 deadline = time.monotonic() + 30
                 while not _resident_seen(client, central, box_id):
                     if time.monotonic() > deadline:
                         raise SystemExit("the central never saw the box's model resident")
                     time.sleep(0.05)
-                direct = child_url(box_proc.pid)
                 paths = [("direct", direct), ("box", box), ("central", central)]
                 for _ in range(10):
                     for _, base in paths:
                         short_call(client, base)
-                lat: dict[str, list[float]] = {name: [] for name, _ in paths}
-                for i in range(args.requests):
-                    for name, base in paths if i % 2 else list(reversed(paths)):
-                        lat[name].append(short_call(client, base))
+                lat = interleaved(client, paths, args.requests)
+                pids = {"central": central_proc.pid, "box": box_proc.pid}
+                cpu = {name: cpu_per_call(client, base, args.requests, pids)
+                       for name, base in paths}  # fmt: skip
                 lags = mirror_lag(client, box, central, box_id, args.lag_calls)
         finally:
             for proc in (box_proc, central_proc):
@@ -235,6 +278,14 @@ def main() -> int:
     for label, p in (("p50", p50), ("p95", p95)):
         print(f"  {label}  direct {p['direct']:7.2f} ms   box {p['box']:7.2f} ms   central "
               f"{p['central']:7.2f} ms")  # fmt: skip
+    solo = {name: percentile(v, 50) * ms for name, v in unfollowed.items()}
+    print(f"  before the box joined the central (no mirror reading it): p50 direct "
+          f"{solo['direct']:7.2f} ms   box {solo['box']:7.2f} ms, box added "
+          f"{solo['box'] - solo['direct']:+.2f} ms; the box's CPU per call "
+          f"{cpu_alone['box'] * ms:.2f} ms")  # fmt: skip
+    print(f"  CPU per call ({args.requests} calls a path, batched), ms: "
+          + "; ".join(f"{path}: central {c['central'] * ms:.2f}, box {c['box'] * ms:.2f}"
+                      for path, c in cpu.items()))  # fmt: skip
     box_added, central_added = p50["box"] - p50["direct"], p50["central"] - p50["box"]
     print(
         f"  p50 added: box over llama-server {box_added:+.2f} ms, central over box "

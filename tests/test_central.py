@@ -376,3 +376,47 @@ def test_limits_from_the_centre_say_why_they_cannot_be_set(tmp_path: Path) -> No
         error = _error(client.post(path, json={"ram_max": "1GiB"}), 502, "box_unreachable")
         assert "http://127.0.0.1:9" in error["message"]
         _error(client.get(path), 502, "box_unreachable")
+
+
+def test_a_kept_connection_the_box_drops_unread_is_sent_again_on_a_fresh_one() -> None:
+    """A box's keep-alive timer closes a kept connection as a request arrives on it (a box
+    thawed after a pause): the box never read it, so the central sends it once more on a
+    fresh connection and the call is answered, not lost (central/box_link.py)."""
+    import asyncio
+
+    from fitbox.central.box_link import BoxHttp, relayed
+
+    requests_read: list[int] = []  # per connection, in the order they opened
+
+    async def box(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests_read.append(0)
+        mine, answered = len(requests_read) - 1, 0
+        while await reader.readuntil(b"\r\n\r\n"):
+            requests_read[mine] += 1
+            if answered:  # the second request on a kept connection: closed unanswered
+                break
+            body = b'{"ok": true}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            await writer.drain()
+            answered += 1
+        writer.close()
+
+    async def calls() -> list[bytes]:
+        server = await asyncio.start_server(box, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        http = BoxHttp(f"http://127.0.0.1:{port}")
+        got = []
+        try:
+            for _ in range(2):
+                response = await http.send("POST", "/v1/completions", b"{}", {}, 5.0)
+                got.append(b"".join([piece async for piece in relayed(response, 5.0)]))
+        finally:
+            await http.close()
+            server.close()
+            await server.wait_closed()
+        return got
+
+    assert asyncio.run(calls()) == [b'{"ok": true}', b'{"ok": true}']
+    # the kept connection carried both calls (the second dropped), the fresh one the second
+    assert requests_read == [2, 1]

@@ -240,15 +240,9 @@ async def _serving(app: Starlette, config: Config,
     store = CentralStore(store_path)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=60.0)
-    client = httpx.AsyncClient(limits=limits, timeout=timeout)
-    # A forwarded call always opens its own connection: one kept idle may be closed by the
-    # box's keep-alive timer as the call goes out (a box that paused, a GC, a VM stalled
-    # past it: the timer fires first when it resumes), and a POST sent there is lost with a
-    # ReadError that no retry could tell from a call the box took.
-    calls = httpx.AsyncClient(limits=httpx.Limits(max_connections=None,
-                                                  max_keepalive_connections=0),
-                              timeout=timeout)  # fmt: skip
-    fleet = Fleet(store, client, calls)
+    client = httpx.AsyncClient(limits=limits, timeout=timeout)  # management (central/box_link.py:
+    # the mirror's requests and the forwarded calls)
+    fleet = Fleet(store, client)
     offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.gate = Gate(
@@ -263,6 +257,5 @@ async def _serving(app: Starlette, config: Config,
         await fleet.close()
         await offers.close()
         await client.aclose()
-        await calls.aclose()
         app.state.gate.checker.close()
         store.close()

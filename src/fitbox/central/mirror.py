@@ -16,13 +16,17 @@ from typing import Any, Protocol
 import httpx
 
 from fitbox.central.backend import StoreUnavailable
+from fitbox.central.box_link import BoxHttp
 from fitbox.central.store import BoxRecord, CentralStore
+from fitbox.engines.http1 import EngineConnectionError
 from fitbox.store.db import CURSOR_TABLES, READING_TABLES
 
 log = logging.getLogger(__name__)
 LONG_POLL_S = 25.0  # the box answers at most after this long with nothing new
 PAGE = 1000  # the box's MAX_ROWS
 RETRY_MOST_S = 5.0
+CALLS_SETTLE_S = 1.0  # how long a call-only change waits for the central's own calls to end
+SEEN_EVERY_S = 5.0  # the box's last-seen time and counter in the store: for a restart's view
 MIRRORED_TABLES = (*CURSOR_TABLES, *READING_TABLES)
 
 
@@ -42,6 +46,33 @@ class BoxLink:
     in_flight: int = 0
     refused_calls: bool = False  # a call failed before its first byte; cleared when it answers
     synced_at: float | None = None
+    # each table's cursor as last stored (take_page), read from the store once
+    cursors: dict[str, int] = field(default_factory=dict)
+    seen_stored_at: float = 0.0
+    http: BoxHttp = field(init=False)  # kept connections to the box at record.url
+    no_calls: asyncio.Event = field(init=False)  # set while in_flight is 0
+
+    def __post_init__(self) -> None:
+        self.http = BoxHttp(self.record.url)
+        self.no_calls = asyncio.Event()
+        self.no_calls.set()
+
+    def call_started(self) -> None:
+        self.in_flight += 1
+        self.no_calls.clear()
+
+    def call_ended(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.no_calls.set()
+
+    async def calls_settled(self) -> None:
+        """Until the central's calls on this box end, ``CALLS_SETTLE_S`` at most: a call's
+        row opens as it starts and ends before its last byte leaves, so one replay after
+        it takes the row in its final form, and none runs beside the reply it relays."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CALLS_SETTLE_S):
+                await self.no_calls.wait()
 
     @property
     def headers(self) -> dict[str, str]:
@@ -70,14 +101,14 @@ class Listener(Protocol):
 class Fleet:
     """Every registered box and its follower; the one owner of the links."""
 
-    def __init__(self, store: CentralStore, client: httpx.AsyncClient,
-                 calls: httpx.AsyncClient | None = None) -> None:  # fmt: skip
+    def __init__(self, store: CentralStore, client: httpx.AsyncClient) -> None:
         self.store = store
-        self.client = client  # the mirror's and the management's requests (pooled)
-        self.calls = calls or client  # forwarded calls (routing.py)
+        self.client = client  # management's requests (limits, facts, plans); the mirror's
+        # and the forwarded calls go on each link's own connections (BoxLink.http)
         self.links: dict[str, BoxLink] = {}
         self.listeners: list[Listener] = []
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         for record in self.store.boxes():
@@ -92,7 +123,13 @@ class Fleet:
         if link is None:
             link = self.links[record.box_id] = BoxLink(record)
         else:
+            moved = link.record.url != record.url
             link.record, link.state, link.counter = record, "connecting", -1
+            if moved:  # calls in flight keep their connections; new ones go to the new address
+                old_http, link.http = link.http, BoxHttp(record.url)
+                closing = asyncio.get_running_loop().create_task(old_http.close())
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
         self._tasks[record.box_id] = asyncio.get_running_loop().create_task(self._follow(link))
 
     def find(self, name: str) -> BoxLink | None:
@@ -108,13 +145,15 @@ class Fleet:
         for task in self._tasks.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for link in self.links.values():
+            await link.http.close()
+        for closing in list(self._closing):
+            with contextlib.suppress(Exception):
+                await closing
 
     async def _get(self, link: BoxLink, path: str, limit_s: float = 10.0,
                    **params: Any) -> Any:  # fmt: skip
-        response = await self.client.get(f"{link.record.url}{path}", params=params,
-                                         headers=link.headers, timeout=limit_s)  # fmt: skip
-        response.raise_for_status()
-        return response.json()
+        return await link.http.get_json(path, link.headers, limit_s, **params)
 
     async def _follow(self, link: BoxLink) -> None:
         wait = 0.5
@@ -127,10 +166,16 @@ class Fleet:
                 link.state, link.last_error, link.refused_calls = "up", None, False
                 link.waiting = int(state.get("waiting", 0))
                 if counter != link.counter:
-                    await self.sync(link, state.get("changed", CURSOR_TABLES))
+                    changed = state.get("changed", CURSOR_TABLES)
+                    if set(changed) <= {"call_log"} and link.synced_at is not None:
+                        await link.calls_settled()
+                    await self.sync(link, changed)
                     link.counter = counter
-                    await asyncio.to_thread(self.store.seen, link.record.box_id, counter)
                 link.synced_at = time.time()
+                if link.synced_at - link.seen_stored_at >= SEEN_EVERY_S or was != "up":
+                    # not at every counter move: that was a store write for each, two a call
+                    await asyncio.to_thread(self.store.seen, link.record.box_id, counter)
+                    link.seen_stored_at = link.synced_at
                 if was != "up":  # back, or new: what it missed meanwhile
                     for listener in self.listeners:
                         listener.came_up(link)
@@ -142,7 +187,7 @@ class Fleet:
                 link.last_error = str(exc)
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, RETRY_MOST_S)
-            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            except (EngineConnectionError, TimeoutError, ValueError, KeyError, TypeError) as exc:
                 if link.state != "unreachable":
                     log.warning("box %s (%s) unreachable: %r", link.record.box_id,
                                 link.record.url, exc)  # fmt: skip
@@ -169,7 +214,10 @@ class Fleet:
 
     async def _replay(self, link: BoxLink, table: str) -> None:
         box_id = link.record.box_id
-        since = await asyncio.to_thread(self.store.cursor, box_id, table)
+        since = link.cursors.get(table)
+        if since is None:
+            since = link.cursors[table] = await asyncio.to_thread(self.store.cursor, box_id,
+                                                                  table)  # fmt: skip
         while True:
             page = await self._get(link, "/v1/telemetry", table=table, since=since, limit=PAGE)
             rows, after = page["rows"], int(page["next"])
@@ -177,6 +225,8 @@ class Fleet:
                 return
             rejected = await asyncio.to_thread(self.store.take_page, box_id, table,
                                                page["cursor"], rows, after)  # fmt: skip
+            link.cursors[table] = after  # stored with the page (a cancel before this line
+            # leaves the older one here: that page is replayed, and upserted, once more)
             for listener in self.listeners:
                 listener.mirrored(link, table, rows)
             if rejected:

@@ -21,7 +21,9 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from fitbox.central.box_link import relayed
 from fitbox.central.mirror import BoxLink, Fleet
+from fitbox.engines.http1 import EngineConnectionError, EngineResponse
 from fitbox.errors import EngineFailed, InvalidRequest, ModelNotFound
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer",
@@ -92,9 +94,9 @@ async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Cand
     return found
 
 
-def _passed_headers(response: httpx.Response, candidate: Candidate, tried: list[str],
+def _passed_headers(response: EngineResponse, candidate: Candidate, tried: list[str],
                     started: float) -> dict[str, str]:  # fmt: skip
-    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers = {k: v for k, v in response.headers.items() if k not in HOP_BY_HOP}
     box_id = candidate.link.record.box_id
     timing = f'box;desc="{box_id}";dur={(time.perf_counter() - started) * 1000:.1f}'
     headers["server-timing"] = ", ".join(filter(None, [headers.get("server-timing"), timing]))
@@ -129,32 +131,33 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
             {**body, "model": candidate.model}).encode()  # fmt: skip
         headers = {**link.headers, "content-type": "application/json",
                    "accept": request.headers.get("accept", "*/*")}  # fmt: skip
-        outgoing = fleet.calls.build_request("POST", f"{link.record.url}{path}",
-                                             content=content, headers=headers)  # fmt: skip
-        link.in_flight += 1
+        link.call_started()
         try:
-            response = await fleet.calls.send(outgoing, stream=True)
-        except httpx.TransportError as exc:  # before the first byte: the next one may serve
-            link.in_flight -= 1
+            response = await link.http.send("POST", path, content, headers)
+        except (EngineConnectionError, TimeoutError) as exc:  # before the first byte
+            link.call_ended()
             link.refused_calls = True
-            tried.append(f"{link.record.box_id} ({type(exc).__name__})")
+            tried.append(f"{link.record.box_id} ({exc or type(exc).__name__})")
             continue
+        except BaseException:  # the client went away while the box was asked
+            link.call_ended()
+            raise
         return StreamingResponse(
             _relay(response, link),
-            status_code=response.status_code,
+            status_code=response.status,
             headers=_passed_headers(response, candidate, tried, started),
         )
     raise EngineFailed(f"No box could take the call for '{model}': tried {', '.join(tried)}; "
                        "GET /v1/fleet shows each box's state.", param="model")  # fmt: skip
 
 
-async def _relay(response: httpx.Response, link: BoxLink) -> AsyncIterator[bytes]:
+async def _relay(response: EngineResponse, link: BoxLink) -> AsyncIterator[bytes]:
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in relayed(response):
             yield chunk
     finally:
-        link.in_flight -= 1
-        await response.aclose()
+        link.call_ended()
+        response.close()
 
 
 def model_list(fleet: Fleet) -> dict[str, Any]:

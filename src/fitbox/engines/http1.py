@@ -1,10 +1,11 @@
 """A lean HTTP/1.1 client for talking to engine children over loopback.
 
-fitbox only ever talks to its own llama-server children on 127.0.0.1, so it needs a small
-part of HTTP/1.1: one request at a time per connection, bodies framed by Content-Length
-or chunked transfer coding, keep-alive with a per-child pool. Measured against httpx on
-the same calls (bench/proxy_overhead.py), this costs ~0.3 ms of CPU per call instead of
-~1.8 ms, which on a small box is CPU taken from the engine itself.
+fitbox talks to its own llama-server children on 127.0.0.1 (and a central to its boxes,
+central/box_link.py), so it needs a small part of HTTP/1.1: one request at a time per
+connection, bodies framed by Content-Length or chunked transfer coding, keep-alive with a
+per-peer pool. Measured against httpx on the same calls (bench/proxy_overhead.py), this
+costs ~0.3 ms of CPU per call instead of ~1.8 ms, which on a small box is CPU taken from
+the engine itself.
 
 A pooled connection the engine closed while idle (cpp-httplib drops some after a stream,
 and all after 100 requests or 5 idle seconds) fails before any response byte arrives; the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -124,9 +126,10 @@ class EngineResponse:
 class EnginePool:
     """Keep-alive connections to one engine child."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
         self.host = host
         self.port = port
+        self.tls = tls  # an https peer (a box behind TLS); engine children never are
         self._idle: list[_Conn] = []
 
     async def _connect(self) -> _Conn:
@@ -135,7 +138,11 @@ class EnginePool:
             # comes as the connection opens, and the connection would be left open
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
                 reader, writer = await asyncio.open_connection(
-                    self.host, self.port, limit=MAX_HEADER_BYTES
+                    self.host,
+                    self.port,
+                    limit=MAX_HEADER_BYTES,
+                    ssl=self.tls,
+                    server_hostname=self.host if self.tls else None,
                 )
         except (OSError, TimeoutError) as exc:
             raise EngineConnectionError(
@@ -186,6 +193,9 @@ class EnginePool:
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             conn.close()
             raise EngineConnectionError(f"engine did not answer: {exc!r}") from exc
+        except BaseException:  # a caller's timeout or cancel: the request's state is unknown
+            conn.close()
+            raise
         lines = raw.decode("latin-1").split("\r\n")
         try:
             status = int(lines[0].split(" ", 2)[1])
