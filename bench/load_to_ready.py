@@ -83,16 +83,24 @@ def direct_ready(argv: list[str], env: dict[str, str] | None = None) -> float:
         proc.wait()
 
 
+def serving_port(argv: list[str]) -> int | None:
+    """The port a child serves on; None for fitbox's engine probe (``--port 0``: it prints
+    its system info and exits, engines/llama_server.py) and for anything without one."""
+    with contextlib.suppress(ValueError, IndexError):
+        port = int(argv[argv.index("--port") + 1])
+        return port or None
+    return None
+
+
 def watch_child(fitbox_pid: int, seen: dict[str, float], stop: threading.Event) -> None:
-    """Find fitbox's llama-server child and poll its /health every millisecond: the
-    wall-clock moment it first answers 200 is when the child was really ready."""
+    """Find fitbox's serving child and poll its /health every millisecond: the wall-clock
+    moment it first answers 200 is when the child was really ready. (It once locked onto the
+    engine probe's ``--port 0``, which never answers, so it never recorded a time.)"""
     port = None
     while port is None and not stop.is_set():
         for child in psutil.Process(fitbox_pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error, ValueError, IndexError):
-                argv = child.cmdline()
-                if "--port" in argv:
-                    port = int(argv[argv.index("--port") + 1])
+            with contextlib.suppress(psutil.Error):
+                port = port or serving_port(child.cmdline())
         time.sleep(0.001)
     while port is not None and not stop.is_set():
         if health_ok(port):
@@ -103,9 +111,10 @@ def watch_child(fitbox_pid: int, seen: dict[str, float], stop: threading.Event) 
 
 def fitbox_ready(
     models: Path, model: str, env: dict[str, str] | None = None, chat: bool = False
-) -> tuple[float, float, float, list[str]]:
-    """(launch -> fitbox sees ready, fitbox's lag behind the child's own readiness, whole
-    cold call) in seconds, and the child's argv. ``chat``: the call is a chat completion
+) -> tuple[float, float | None, float, list[str]]:
+    """(launch -> fitbox sees ready, fitbox's lag behind the child's own readiness (None:
+    the watcher saw no 200 before the call ended; negative: fitbox saw it first, from the
+    child's output), whole cold call) in seconds, and the child's argv. ``chat``: the call is a chat completion
     (the transformers child serves no /v1/completions)."""
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -148,7 +157,8 @@ def fitbox_ready(
                 "SELECT load_start_at, load_ready_at FROM call_log ORDER BY id LIMIT 1"
             ).fetchone()
             (argv,) = conn.execute("SELECT argv FROM children ORDER BY id LIMIT 1").fetchone()
-        return ready - start, ready - seen.get("ready", ready), whole, json.loads(argv)
+        lag = ready - seen["ready"] if "ready" in seen else None
+        return ready - start, lag, whole, json.loads(argv)
 
 
 def fitbox_ready_and_direct(
@@ -252,12 +262,16 @@ def main() -> int:
     parser.add_argument("--heap-mb", type=int, default=96)
     args = parser.parse_args()
     model = pull("smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models")
-    direct, seen, lag, whole = [], [], [], []
+    direct: list[float] = []
+    seen: list[float] = []
+    lag: list[float] = []
+    whole: list[float] = []
     for _ in range(args.rounds):  # interleaved, so page cache and load are shared
         ready, late, call, argv = fitbox_ready(model.parent, model.stem)
         direct.append(direct_ready(argv))
         seen.append(ready)
-        lag.append(late)
+        if late is not None:
+            lag.append(late)
         whole.append(call)
     d, f, w = (statistics.median(x) * 1000 for x in (direct, seen, whole))
     print(f"load-to-ready, SmolLM2-135M Q4_1 on CPU ({args.rounds} rounds each, medians)")
@@ -271,8 +285,10 @@ def main() -> int:
     print(f"  per round, fitbox - direct (ms): {deltas}")
     lags = sorted(x * 1000 for x in lag)
     print(
-        f"  fitbox's lag behind the child's own first 200 on /health (1 ms watcher): "
-        f"median {statistics.median(lags):.1f} ms, max {lags[-1]:.1f} ms"
+        f"  fitbox's lag behind the child's own first 200 on /health (1 ms watcher, "
+        f"{len(lags)} of {args.rounds} rounds seen; negative: fitbox saw it first): "
+        + (f"median {statistics.median(lags):+.1f} ms, min {lags[0]:+.1f}, max {lags[-1]:+.1f}"
+           if lags else "none seen")
     )
     if args.tf_rounds:
         tf_row(args.tf_rounds)
