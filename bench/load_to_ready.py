@@ -114,8 +114,8 @@ def fitbox_ready(
 ) -> tuple[float, float | None, float, list[str]]:
     """(launch -> fitbox sees ready, fitbox's lag behind the child's own readiness (None:
     the watcher saw no 200 before the call ended; negative: fitbox saw it first, from the
-    child's output), whole cold call) in seconds, and the child's argv. ``chat``: the call is a chat completion
-    (the transformers child serves no /v1/completions)."""
+    child's output), whole cold call) in seconds, and the child's argv. ``chat``: the call
+    is a chat completion (the transformers child serves no /v1/completions)."""
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         proc = subprocess.Popen(
