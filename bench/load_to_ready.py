@@ -284,12 +284,13 @@ def main() -> int:
     deltas = [round((b - a) * 1000, 1) for a, b in zip(direct, seen, strict=True)]
     print(f"  per round, fitbox - direct (ms): {deltas}")
     lags = sorted(x * 1000 for x in lag)
-    print(
-        f"  fitbox's lag behind the child's own first 200 on /health (1 ms watcher, "
-        f"{len(lags)} of {args.rounds} rounds seen; negative: fitbox saw it first): "
-        + (f"median {statistics.median(lags):+.1f} ms, min {lags[0]:+.1f}, max {lags[-1]:+.1f}"
-           if lags else "none seen")
-    )
+    spread = "none seen"
+    if lags:
+        spread = (f"median {statistics.median(lags):+.1f} ms, min {lags[0]:+.1f}, "
+                  f"max {lags[-1]:+.1f}")  # fmt: skip
+    print(f"  fitbox's lag behind the child's own first 200 on /health (1 ms watcher, "
+          f"{len(lags)} of {args.rounds} rounds seen; negative: fitbox saw it first): "
+          f"{spread}")  # fmt: skip
     if args.tf_rounds:
         tf_row(args.tf_rounds)
     if args.spawn_rounds:
