@@ -249,6 +249,8 @@ class Admission:
         work)."""
         if resident.place is None or resident.rung not in WEIGHTS_IN_RAM:
             return None
+        if not self.snapshots.busy.settled():
+            return None  # not while other work may come back at once
         ask = self.asks.ask(self.asks.named(resident.asked or resident.artifact.name))
         mine = next((c for c in ask.candidates if c.key == resident.key), None)
         speeds = mine.speeds_on(resident.rung) if mine else None
