@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import psutil
@@ -92,15 +93,20 @@ def serving_port(argv: list[str]) -> int | None:
     return None
 
 
-def watch_child(fitbox_pid: int, seen: dict[str, float], stop: threading.Event) -> None:
+def watch_child(
+    fitbox_pid: int, seen: dict[str, float], cpus: list[int], stop: threading.Event
+) -> None:
     """Find fitbox's serving child and poll its /health every millisecond: the wall-clock
-    moment it first answers 200 is when the child was really ready. (It once locked onto the
+    moment it first answers 200 is when the child was really ready; ``cpus``: the CPUs
+    fitbox pinned it to. (It once locked onto the
     engine probe's ``--port 0``, which never answers, so it never recorded a time.)"""
     port = None
     while port is None and not stop.is_set():
         for child in psutil.Process(fitbox_pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                port = port or serving_port(child.cmdline())
+                if port is None and (port := serving_port(child.cmdline())):
+                    time.sleep(0.005)  # past setpriv and taskset's exec: the engine's own
+                    cpus[:] = sorted(child.cpu_affinity() or [])
         time.sleep(0.001)
     while port is not None and not stop.is_set():
         if health_ok(port):
@@ -109,13 +115,22 @@ def watch_child(fitbox_pid: int, seen: dict[str, float], stop: threading.Event) 
         time.sleep(0.001)
 
 
+class Cold(NamedTuple):
+    """One cold call on a fresh fitbox, in seconds."""
+
+    ready: float  # fitbox launched the child -> fitbox saw it ready
+    lag: float | None  # fitbox's ready - the child's own first 200 on /health (1 ms watcher)
+    # None: the watcher saw no 200 before the call ended; negative: fitbox saw it first
+    whole: float  # the whole cold call, client side (load + 1 token)
+    argv: list[str]  # the child's, from the store's children row
+    cpus: list[int]  # the CPUs fitbox pinned the child to (empty: not seen)
+
+
 def fitbox_ready(
     models: Path, model: str, env: dict[str, str] | None = None, chat: bool = False
-) -> tuple[float, float | None, float, list[str]]:
-    """(launch -> fitbox sees ready, fitbox's lag behind the child's own readiness (None:
-    the watcher saw no 200 before the call ended; negative: fitbox saw it first, from the
-    child's output), whole cold call) in seconds, and the child's argv. ``chat``: the call
-    is a chat completion (the transformers child serves no /v1/completions)."""
+) -> Cold:
+    """One cold call on a fresh fitbox. ``chat``: a chat completion (the transformers child
+    serves no /v1/completions)."""
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         proc = subprocess.Popen(
@@ -135,8 +150,9 @@ def fitbox_ready(
                 except httpx.TransportError:
                     time.sleep(0.01)
             seen: dict[str, float] = {}
+            cpus: list[int] = []
             stop = threading.Event()
-            watcher = threading.Thread(target=watch_child, args=(proc.pid, seen, stop))
+            watcher = threading.Thread(target=watch_child, args=(proc.pid, seen, cpus, stop))
             watcher.start()
             started = time.perf_counter()
             body = {**BODY, "model": model}
@@ -158,7 +174,7 @@ def fitbox_ready(
             ).fetchone()
             (argv,) = conn.execute("SELECT argv FROM children ORDER BY id LIMIT 1").fetchone()
         lag = ready - seen["ready"] if "ready" in seen else None
-        return ready - start, lag, whole, json.loads(argv)
+        return Cold(ready - start, lag, whole, json.loads(argv), cpus)
 
 
 def fitbox_ready_and_direct(
@@ -170,9 +186,9 @@ def fitbox_ready_and_direct(
         (root / model.name).symlink_to(model)
     seen, direct = [], []
     for _ in range(rounds):
-        ready, _, _, argv = fitbox_ready(root, model.stem)
-        seen.append(ready)
-        direct.append(direct_ready(argv))
+        cold = fitbox_ready(root, model.stem)
+        seen.append(cold.ready)
+        direct.append(direct_ready(cold.argv))
     return seen, direct
 
 
@@ -236,11 +252,11 @@ def tf_row(rounds: int) -> None:
         root = Path(tmp)
         (root / folder.name).symlink_to(folder)
         for _ in range(rounds):
-            ready, _, call, argv = fitbox_ready(root, folder.name, env, chat=True)
+            cold = fitbox_ready(root, folder.name, env, chat=True)
             child_env = _child_env() | {"CUDA_VISIBLE_DEVICES": ""}  # as launch() gives it
-            direct.append(direct_ready(argv, child_env))
-            seen.append(ready)
-            whole.append(call)
+            direct.append(direct_ready(cold.argv, child_env))
+            seen.append(cold.ready)
+            whole.append(cold.whole)
     d, f, w = (statistics.median(x) * 1000 for x in (direct, seen, whole))
     print(f"load-to-ready, SmolLM2-135M float32 folder, transformers child on CPU "
           f"({rounds} rounds each, medians)")  # fmt: skip
@@ -263,26 +279,35 @@ def main() -> int:
     args = parser.parse_args()
     model = pull("smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models")
     direct: list[float] = []
+    pinned: list[float] = []
     seen: list[float] = []
     lag: list[float] = []
     whole: list[float] = []
-    for _ in range(args.rounds):  # interleaved, so page cache and load are shared
-        ready, late, call, argv = fitbox_ready(model.parent, model.stem)
-        direct.append(direct_ready(argv))
-        seen.append(ready)
-        if late is not None:
-            lag.append(late)
-        whole.append(call)
+    for i in range(args.rounds):  # interleaved, so page cache and load are shared
+        cold = fitbox_ready(model.parent, model.stem)
+        argv = cold.argv
+        alike = ["taskset", "-c", ",".join(map(str, cold.cpus)), *argv] if cold.cpus else argv
+        for baseline, into in ((argv, direct), (alike, pinned))[:: 1 if i % 2 else -1]:
+            into.append(direct_ready(baseline))
+        seen.append(cold.ready)
+        if cold.lag is not None:
+            lag.append(cold.lag)
+        whole.append(cold.whole)
     d, f, w = (statistics.median(x) * 1000 for x in (direct, seen, whole))
+    p = statistics.median(pinned) * 1000
     print(f"load-to-ready, SmolLM2-135M Q4_1 on CPU ({args.rounds} rounds each, medians)")
     print(f"  direct llama-server, fitbox's argv, 1 ms polls   {d:8.1f} ms")
     print(
         f"  fitbox launch -> fitbox sees ready               {f:8.1f} ms   added {f - d:+6.1f} ms"
         f"   ratio {f / d:.3f}"
     )
+    print(f"  direct, fitbox's argv and its pin (taskset)      {p:8.1f} ms   fitbox added "
+          f"{f - p:+6.1f} ms   ratio {f / p:.3f}")  # fmt: skip
     print(f"  fitbox cold call, client-side (load + 1 token)   {w:8.1f} ms")
     deltas = [round((b - a) * 1000, 1) for a, b in zip(direct, seen, strict=True)]
     print(f"  per round, fitbox - direct (ms): {deltas}")
+    deltas = [round((b - a) * 1000, 1) for a, b in zip(pinned, seen, strict=True)]
+    print(f"  per round, fitbox - direct pinned alike (ms): {deltas}")
     lags = sorted(x * 1000 for x in lag)
     spread = "none seen"
     if lags:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -79,6 +81,26 @@ def timings(served: Served, model: str, rounds: int, *, decode: bool) -> list[fl
                 key = "predicted_per_second" if decode else "prompt_per_second"
                 rates.append(float(found[key]))
     return rates
+
+
+def engines_of(served: Served) -> list[str]:
+    """What each llama-server of ``served`` runs at now: its -t (or llama-server's default,
+    a thread per CPU), the CPUs it may use and its threads, read from /proc."""
+    found = []
+    top = psutil.Process(served.proc.pid)
+    for proc in [top, *top.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            argv = proc.cmdline()
+            if not argv or not argv[0].endswith("llama-server") or "--models-dir" in argv:
+                continue
+            t = argv[argv.index("-t") + 1] if "-t" in argv else "default"
+            found.append(f"-t {t} on CPUs {sorted(proc.cpu_affinity() or [])}, "
+                         f"{proc.num_threads()} threads")  # fmt: skip
+    return found
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def concurrent(served: Served, model: str, clients: int, tokens: int = 64) -> float:
@@ -137,6 +159,10 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=2, help="prompt-read rounds")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--loads", type=int, default=5, help="load-to-ready rounds")
+    parser.add_argument("--settle", type=float, default=8.0,
+                        help="seconds idle before the decode rows: fitbox widens an engine "
+                             "loaded beside other work (here: the router's swaps) once the box "
+                             "stayed quiet 2 s and its cores free 3 checks in a row")  # fmt: skip
     args = parser.parse_args()
     ms: Callable[[float], str] = lambda s: f"{s * 1000:.1f} ms"  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -171,6 +197,11 @@ def main() -> int:
 
         decode: dict[str, list[float]] = {s.name: [] for s in systems}
         prompt: dict[str, list[float]] = {s.name: [] for s in systems}
+        running = {s.name: engines_of(s) for s in systems}
+        time.sleep(args.settle)  # every system idle alike; the swaps were other work
+        print(f"before the decode rows (load average {load_average()}): after the swaps "
+              f"{running}; after {args.settle:.0f} s idle "
+              f"{ {s.name: engines_of(s) for s in systems} }", flush=True)  # fmt: skip
         for i in range(args.decode):  # interleaved: the machine's load is shared
             for served in rotated(systems, i):
                 decode[served.name] += timings(served, names[0], 1, decode=True)
@@ -184,6 +215,8 @@ def main() -> int:
             row(label, {n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×)"
                         for n, v in rates.items() if v})  # fmt: skip
 
+        print(f"after the decode and prompt rows (load average {load_average()}): "
+              f"{ {s.name: engines_of(s) for s in systems} }", flush=True)  # fmt: skip
         together = {name: concurrent(by[name], names[0], args.clients) for name in by}
         row(f"concurrent aggregate tok/s, {args.clients} clients × 64 tokens",
             {n: f"{v:.1f} ({v / together['direct']:.3f}×)" for n, v in together.items()})
