@@ -10,6 +10,7 @@ of the box (no cores tier: an operator's --cpu-max is never exceeded by lending)
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,10 @@ def test_an_engine_loaded_beside_other_work_starts_again_on_every_core(tmp_path:
             assert not busy.busy() and await checks(ROOM_CHECKS + 1) == 0  # ...but not for long
             for _ in range(busy.readings - 1):
                 busy.observe(dict.fromkeys(cpus, 0.0), set(), engines_percent=0.0)
+            assert first.load_seconds is not None
+            first.last_used = time.monotonic() + 3600  # called just now: a reload would delay
+            assert await checks(ROOM_CHECKS + 1) == 0  # the next call by its load time
+            first.last_used = time.monotonic() - first.load_seconds  # idle as long as a load
             assert await checks(ROOM_CHECKS - 1) == 0  # quiet, not yet sustained
             assert await checks(1) == 1
             lease = await box.acquire("tiny-a")  # waits for the load on every core
