@@ -16,7 +16,8 @@ Figures, each with its ratio against the baseline measured in the same run:
                   (fitbox runs the -np its placement gives; direct runs its own default)
   load-to-ready   fitbox launch -> ready, minus llama-server's own readiness with the very
                   argv fitbox used (bench/load_to_ready.py), p50
-Direct and the router run at their defaults but the window (4096), which all three share.
+Direct and the router run at their defaults but the window (4096); fitbox's RAM cap (one
+model at a time) may give it a smaller one: the rows before the decode say what each ran.
 """
 
 from __future__ import annotations
@@ -94,8 +95,10 @@ def engines_of(served: Served) -> list[str]:
             if not argv or not argv[0].endswith("llama-server") or "--models-dir" in argv:
                 continue
             t = argv[argv.index("-t") + 1] if "-t" in argv else "default"
-            found.append(f"-t {t} on CPUs {sorted(proc.cpu_affinity() or [])}, "
-                         f"{proc.num_threads()} threads")  # fmt: skip
+            np = argv[argv.index("-np") + 1] if "-np" in argv else "default"
+            found.append(f"-t {t} -c {argv[argv.index('-c') + 1]} -np {np} on CPUs "
+                         f"{sorted(proc.cpu_affinity() or [])}, {proc.num_threads()} "
+                         "threads")  # fmt: skip
     return found
 
 
