@@ -94,9 +94,9 @@ def engines_of(served: Served) -> list[str]:
             argv = proc.cmdline()
             if not argv or not argv[0].endswith("llama-server") or "--models-dir" in argv:
                 continue
-            t = argv[argv.index("-t") + 1] if "-t" in argv else "default"
-            np = argv[argv.index("-np") + 1] if "-np" in argv else "default"
-            found.append(f"-t {t} -c {argv[argv.index('-c') + 1]} -np {np} on CPUs "
+            t, c, np = (argv[argv.index(f) + 1] if f in argv[:-1] else "default"
+                        for f in ("-t", "-c", "-np"))  # fmt: skip
+            found.append(f"-t {t} -c {c} -np {np} on CPUs "
                          f"{sorted(proc.cpu_affinity() or [])}, {proc.num_threads()} "
                          "threads")  # fmt: skip
     return found
