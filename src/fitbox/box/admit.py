@@ -251,6 +251,8 @@ class Admission:
             return None
         if not self.snapshots.busy.settled():
             return None  # not while other work may come back at once
+        if resident.threads >= len(self.snapshots.claimable_cores()):
+            return None  # every core already: no ask built, no snapshot read (every second)
         ask = self.asks.ask(self.asks.named(resident.asked or resident.artifact.name))
         mine = next((c for c in ask.candidates if c.key == resident.key), None)
         speeds = mine.speeds_on(resident.rung) if mine else None
