@@ -277,9 +277,9 @@ class Supervisor:
     async def relaunch(self, old: Resident, successor: Resident) -> None:
         """``old`` (idle, moved to ``stopping`` under the lock) leaves and ``successor``, the
         same file and contract on other threads (fewer: a claim took cores; more: they came
-        free, box/warmth.py), takes its place: SIGKILL (idle, nothing to
-        finish), then, under the lock, the one swapped for the other, so a call for the
-        model waits for the successor's load and never finds the file unplaced."""
+        free, box/warmth.py), takes its place: SIGKILL (idle, nothing to finish), then,
+        under the lock, the one swapped for the other, so a call for the model waits for
+        the successor's load and never finds the file unplaced."""
         if old.child is not None:
             await old.child.stop(0)
             self._child_ended(old, f"relaunched on {successor.threads} thread(s)")
