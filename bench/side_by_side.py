@@ -16,7 +16,8 @@ Figures, each with its ratio against the baseline measured in the same run:
                   (fitbox runs the -np its placement gives; direct runs its own default)
   load-to-ready   fitbox launch -> ready, minus llama-server's own readiness with the very
                   argv fitbox used (bench/load_to_ready.py), p50
-Direct and the router run at their defaults but the window (4096), which all three share.
+Direct and the router run at their defaults but the window (4096); fitbox's RAM cap (one
+model at a time) may give it a smaller one: the rows before the decode say what each ran.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -79,6 +82,28 @@ def timings(served: Served, model: str, rounds: int, *, decode: bool) -> list[fl
                 key = "predicted_per_second" if decode else "prompt_per_second"
                 rates.append(float(found[key]))
     return rates
+
+
+def engines_of(served: Served) -> list[str]:
+    """What each llama-server of ``served`` runs at now: its -t (or llama-server's default,
+    a thread per CPU), the CPUs it may use and its threads, read from /proc."""
+    found = []
+    top = psutil.Process(served.proc.pid)
+    for proc in [top, *top.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            argv = proc.cmdline()
+            if not argv or not argv[0].endswith("llama-server") or "--models-dir" in argv:
+                continue
+            t, c, np = (argv[argv.index(f) + 1] if f in argv[:-1] else "default"
+                        for f in ("-t", "-c", "-np"))  # fmt: skip
+            found.append(f"-t {t} -c {c} -np {np} on CPUs "
+                         f"{sorted(proc.cpu_affinity() or [])}, {proc.num_threads()} "
+                         "threads")  # fmt: skip
+    return found
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def concurrent(served: Served, model: str, clients: int, tokens: int = 64) -> float:
@@ -137,6 +162,10 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=2, help="prompt-read rounds")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--loads", type=int, default=5, help="load-to-ready rounds")
+    parser.add_argument("--settle", type=float, default=8.0,
+                        help="seconds idle before the decode rows: fitbox widens an engine "
+                             "loaded beside other work (here: the router's swaps) once the box "
+                             "stayed quiet 2 s and its cores free 3 checks in a row")  # fmt: skip
     args = parser.parse_args()
     ms: Callable[[float], str] = lambda s: f"{s * 1000:.1f} ms"  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -171,6 +200,11 @@ def main() -> int:
 
         decode: dict[str, list[float]] = {s.name: [] for s in systems}
         prompt: dict[str, list[float]] = {s.name: [] for s in systems}
+        running = {s.name: engines_of(s) for s in systems}
+        time.sleep(args.settle)  # every system idle alike; the swaps were other work
+        print(f"before the decode rows (load average {load_average()}): after the swaps "
+              f"{running}; after {args.settle:.0f} s idle "
+              f"{ {s.name: engines_of(s) for s in systems} }", flush=True)  # fmt: skip
         for i in range(args.decode):  # interleaved: the machine's load is shared
             for served in rotated(systems, i):
                 decode[served.name] += timings(served, names[0], 1, decode=True)
@@ -184,6 +218,8 @@ def main() -> int:
             row(label, {n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×)"
                         for n, v in rates.items() if v})  # fmt: skip
 
+        print(f"after the decode and prompt rows (load average {load_average()}): "
+              f"{ {s.name: engines_of(s) for s in systems} }", flush=True)  # fmt: skip
         together = {name: concurrent(by[name], names[0], args.clients) for name in by}
         row(f"concurrent aggregate tok/s, {args.clients} clients × 64 tokens",
             {n: f"{v:.1f} ({v / together['direct']:.3f}×)" for n, v in together.items()})

@@ -10,6 +10,7 @@ of the box (no cores tier: an operator's --cpu-max is never exceeded by lending)
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from fitbox import config as settings
 from fitbox.box.box import Box
 from fitbox.box.resident import Resident
 from fitbox.box.supervision.pinning import allowed_cpus, thread_ids
+from fitbox.box.warmth import ROOM_CHECKS
 from fitbox.engines.kinds import EngineKinds
 from fitbox.engines.llama_server import LlamaServer
 from fitbox.models.catalog import Catalog
@@ -103,6 +105,67 @@ def test_a_claim_that_takes_an_idle_engines_cores(tmp_path: Path) -> None:
             lease = await box.acquire("tiny-b")
             assert lease.resident is second
             lease.release()
+        finally:
+            await box.close()
+
+    asyncio.run(run())
+
+
+def test_an_engine_loaded_beside_other_work_starts_again_on_every_core(tmp_path: Path) -> None:
+    """Loaded while other work kept a core's worth of the box busy, the engine is lent no
+    core: one thread, core 0 left to the OS. While that work lasts it stays so; once the
+    work is gone and the cores stayed free for ``ROOM_CHECKS`` checks in a row, the idle
+    engine starts again with a thread per core, as llama-server started by hand would run
+    (issue 14: decode 0.93-0.97x direct after a swap beside the router's loads)."""
+    config, catalog = _two_tinies(tmp_path)
+
+    async def run() -> None:
+        box = Box(config, catalog, open_gpu_probe(""), None, [], EngineKinds([LlamaServer()]))
+        cores = box.physical_cores()
+        every = tuple(sorted(cores))
+        cpus = frozenset().union(*cores.values())
+        busy = box.snapshots.busy
+        other_work = {cpu: 100.0 for cpu in cores[0]}  # a core's worth, on the reserved core
+
+        async def checks(n: int) -> int:
+            widened = 0
+            for _ in range(n):
+                async with box.registry.lock:
+                    widened += box.warmth.widen_idle()
+            return widened
+
+        try:
+            for _ in range(busy.readings):
+                busy.observe(other_work, set(), engines_percent=0.0)
+            lease = await box.acquire("tiny-a")
+            first = lease.resident
+            lease.release()
+            assert first.cores == every[1:] and first.threads == len(every) - 1
+            assert await checks(ROOM_CHECKS + 1) == 0  # the other work lasts: it stays
+
+            busy.observe(dict.fromkeys(cpus, 0.0), set(), engines_percent=0.0)  # gone...
+            assert not busy.busy() and await checks(ROOM_CHECKS + 1) == 0  # ...but not for long
+            for _ in range(busy.readings - 1):
+                busy.observe(dict.fromkeys(cpus, 0.0), set(), engines_percent=0.0)
+            assert first.load_seconds is not None
+            first.last_used = time.monotonic() + 3600  # called just now: a reload would delay
+            assert await checks(ROOM_CHECKS + 1) == 0  # the next call by its load time
+            first.last_used = time.monotonic() - first.load_seconds  # idle as long as a load
+            assert await checks(ROOM_CHECKS - 1) == 0  # quiet, not yet sustained
+            assert await checks(1) == 1
+            lease = await box.acquire("tiny-a")  # waits for the load on every core
+            successor = lease.resident
+            assert successor is not first and successor is box.registry.get(first.key)
+            assert not first.child.alive  # type: ignore[union-attr]
+            assert successor.cores == every and successor.threads == len(every)
+            assert successor.window == first.window and successor.parallel == first.parallel
+            assert threads_on(successor) == {cpus}
+            argv = successor.child.argv  # type: ignore[union-attr]
+            assert argv[argv.index("-t") + 1] == str(len(every))
+            status, _ = await successor.child.pool.get("/health")  # type: ignore[union-attr]
+            assert status == 200
+            lease.release()
+            assert await checks(ROOM_CHECKS + 1) == 0  # it has every core: nothing more
         finally:
             await box.close()
 

@@ -176,6 +176,23 @@ def test_claims_cores_busy_with_other_work_are_taken_last() -> None:
     assert claims.claim(range(2), (), [busy], (), weights_in_ram=True, floor=1) is None
 
 
+def test_claims_widen_an_idle_engine_only_onto_free_cores() -> None:
+    me = resident("me", GiB, cores=(1,))  # launched on one thread beside other work
+    assert claims.widened(range(2), (), [me], "me", 1, floor=1) == (0, 1)  # alone now: lent
+    assert claims.widened(range(2), (0,), [me], "me", 1, floor=1) is None  # the work lasts
+    assert claims.widened(range(2), (), [me], "me", 2, floor=1) is None  # it has them all
+    # another engine, idle or not, keeps its cores and the reserved one is not lent beside it
+    other = resident("other", GiB, cores=(3,))
+    assert claims.widened(range(4), (), [me, other], "me", 1, floor=1) == (1, 2)
+    beside = resident("beside", GiB, cores=(2,))
+    assert claims.widened(range(3), (), [me, beside], "me", 1, floor=1) is None
+    # a core busy with other work is never crowded to widen, and the curve still decides
+    assert claims.widened(range(3), (2,), [me], "me", 1, floor=1) == (0, 1)  # not core 2
+    assert claims.widened(range(3), (0, 2), [me], "me", 1, floor=1) is None
+    curve = ((1, 100.0), (2, 99.5))  # one thread is within 1 % of two
+    assert claims.widened(range(2), (), [me], "me", 1, floor=1, threads=curve) is None
+
+
 def test_claims_the_reserved_core_comes_on_top_of_cpu_max() -> None:
     assert claims.claim_pool([3, 0, 2, 1], None) == (0, 1, 2, 3)
     assert claims.claim_pool(range(8), 2) == (0, 1, 2)  # core 0 stays, 1 and 2 are claimable

@@ -67,6 +67,22 @@ def test_other_work_on_cores_our_engines_hold_keeps_the_reserved_core_from_being
     assert busy.busy() == ()  # one reading below clears it
 
 
+def test_the_box_is_settled_only_after_as_many_quiet_readings_as_busy_must_last() -> None:
+    """Busy clears at one reading below; settled (what widening an engine waits for) needs
+    ``readings`` quiet ones in a row, and one busy reading starts the count again."""
+    busy = BusyCores({0: frozenset({0}), 1: frozenset({1})}, percent=90, readings=3)
+    assert not busy.settled()  # nothing read yet
+    for _ in range(2):
+        busy.observe({0: 50.0, 1: 100.0}, held=(1,), engines_percent=100.0)
+    assert not busy.settled()
+    busy.observe({0: 50.0, 1: 100.0}, held=(1,), engines_percent=100.0)
+    assert busy.settled()
+    busy.observe({0: 100.0, 1: 100.0}, held=(1,), engines_percent=100.0)  # a core's worth
+    assert not busy.settled() and busy.busy() == ()  # not busy yet either
+    busy.observe({0: 100.0, 1: 100.0}, held=(1,), engines_percent=None)  # not read: stays
+    assert not busy.settled()
+
+
 def test_our_engines_cpu_is_read_per_process_between_reads(
     spinner: tuple[psutil.Process, int],
 ) -> None:

@@ -18,9 +18,10 @@ from dataclasses import replace
 
 from fitbox.config import Config
 from fitbox.core.ask import Ask
+from fitbox.core.claims import widened
 from fitbox.core.decide import decide
 from fitbox.core.decision import Place, Refuse, Wait
-from fitbox.core.types import Device, ResidentState
+from fitbox.core.types import WEIGHTS_IN_RAM, Device, ResidentState
 from fitbox.engines.kinds import EngineKinds
 from fitbox.errors import EngineFailed, ModelBusy, ShuttingDown
 from fitbox.models.catalog import Artifact
@@ -239,6 +240,39 @@ class Admission:
             self.tasks.spawn(self.supervisor.relaunch(holder, successor))
         else:
             holder.cpus = self.snapshots.cpus_of(holder.place.cores if holder.place else ())
+
+    def wider_claim(self, resident: Resident) -> tuple[int, ...] | None:
+        """Under the lock: the larger claim an idle engine with weights in RAM would get if it
+        were loaded now (core/claims.py ``widened``), else None. It was launched on fewer
+        threads while other work ran or another engine held cores; llama-server alone would
+        run a thread per core (issue 14: 0.93-0.97x its decode after a swap beside other
+        work)."""
+        if resident.place is None or resident.rung not in WEIGHTS_IN_RAM:
+            return None
+        if not self.snapshots.busy.settled():
+            return None  # not while other work may come back at once
+        if resident.threads >= len(self.snapshots.claimable_cores()):
+            return None  # every core already: no ask built, no snapshot read (every second)
+        ask = self.asks.ask(self.asks.named(resident.asked or resident.artifact.name))
+        mine = next((c for c in ask.candidates if c.key == resident.key), None)
+        speeds = mine.speeds_on(resident.rung) if mine else None
+        snapshot = self.snapshots.snapshot()
+        return widened(snapshot.cores, snapshot.busy_cores, snapshot.residents, resident.key,
+                       resident.threads, floor=ask.cpu_floor,
+                       threads=speeds.threads if speeds else (),
+                       lend=snapshot.lend_reserved)  # fmt: skip
+
+    def widen(self, resident: Resident, cores: tuple[int, ...]) -> None:
+        """Under the lock: launch idle ``resident`` again with a thread per core of ``cores``,
+        the same file and contract; a call for it waits for that load."""
+        assert resident.place is not None
+        log.info("%s starts again with %d thread(s) on core(s) %s: it ran %d and they are "
+                 "free now", resident.artifact.name, len(cores), list(cores),
+                 resident.threads)  # fmt: skip
+        self.registry.move(resident, S.STOPPING)  # no call joins it while it relaunches
+        cpus = self.snapshots.cpus_of(cores)
+        successor = resident.relaunched(replace(resident.place, cores=cores), cpus)
+        self.tasks.spawn(self.supervisor.relaunch(resident, successor))
 
     def _outgrown(self, resident: Resident, prompt: int) -> bool:
         """A prompt larger than a slot of the loaded window needs the model loaded again with a

@@ -57,6 +57,7 @@ class Resident:
     expected_ends: dict[int, float | None] = field(default_factory=dict)  # per call
     served: int = 0  # calls it has taken since it was loaded
     room_seen: int = 0  # consecutive checks that found room for a larger window
+    cores_seen: int = 0  # consecutive checks that found more cores than its threads
     embeddings: bool = False  # a decoder also serving embeddings (the embeddings knob)
 
     def eta_idle(self) -> float | None:

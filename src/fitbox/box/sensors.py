@@ -44,6 +44,7 @@ class BusyCores:
         self.cores, self.percent, self.readings = dict(cores), percent, readings
         self._streak = dict.fromkeys(self.cores, 0)
         self._box_streak = 0  # readings in a row with other work worth a core, box-wide
+        self._quiet_streak = 0  # readings in a row with less, box-wide
         self.reserved = min(self.cores) if len(self.cores) > 1 else None
 
     def observe(
@@ -59,6 +60,14 @@ class BusyCores:
         if engines_percent is not None:
             other = sum(busy_by_cpu.values()) - engines_percent
             self._box_streak = self._box_streak + 1 if other >= self.percent else 0
+            self._quiet_streak = 0 if other >= self.percent else self._quiet_streak + 1
+
+    def settled(self) -> bool:
+        """Other work stayed under ``percent`` of a core box-wide for ``readings`` readings in
+        a row: quiet as long as busy must last. An engine is widened onto every core only
+        then (box/warmth.py); one reading below clears :meth:`busy`, and a thread per core
+        beside other work is what stalls llama.cpp."""
+        return self._quiet_streak >= self.readings
 
     def busy(self) -> tuple[int, ...]:
         found = {c for c, n in self._streak.items() if n >= self.readings}

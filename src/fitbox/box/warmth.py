@@ -1,6 +1,7 @@
 """Warm and cold: models loaded at start (preload, pinned), idle ones unloaded after their
-idle TTL, and ones loaded below their preferred window rebuilt once room has lasted. All
-follow the operator's knobs (box/preferences.py)."""
+idle TTL, ones loaded below their preferred window rebuilt once room has lasted, and ones
+launched on fewer threads than a claim now gives started again once the cores stayed free.
+All follow the operator's knobs (box/preferences.py)."""
 
 from __future__ import annotations
 
@@ -76,12 +77,31 @@ class Warmth:
                 grow.append((resident, window))
         return grow
 
+    def widen_idle(self) -> int:
+        """Under the lock: idle residents with demand (calls since the load), idle at least as
+        long as their load took, whose claim now would hold more cores than their threads,
+        on ``ROOM_CHECKS`` checks in a row, start again on those cores (box/admit.py
+        ``widen``). How many did."""
+        widened, now = 0, time.monotonic()
+        for resident in list(self.registry):
+            # idle at least as long as its load took: a call that comes while it loads again
+            # waits that long (a transformers child loads in ~30 s, SmolLM2 in ~0.3 s)
+            recent = now - resident.last_used < (resident.load_seconds or 0.0)
+            busy = resident.state is not S.READY or resident.calls or recent
+            cores = None if busy or not resident.served else self.admission.wider_claim(resident)
+            resident.cores_seen = resident.cores_seen + 1 if cores else 0
+            if cores and resident.cores_seen >= ROOM_CHECKS:
+                self.admission.widen(resident, cores)
+                widened += 1
+        return widened
+
     async def unload_idle(self) -> None:
         while True:
             await asyncio.sleep(IDLE_CHECK_EVERY_S)
             async with self.registry.lock:
                 expired = self.idle_expired(time.monotonic())
                 grow = self.to_grow()
+                self.widen_idle()
             for resident, window in grow:
                 log.info("%s: room for a %d-token window has lasted; rebuilding it (was %d)",
                          resident.artifact.name, window, resident.window)  # fmt: skip

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fitbox.core.types import ResidentView
 
@@ -147,3 +147,23 @@ def claim(
         tuple(sorted(picked + [core for core, _ in taken] + crowded)),
         tuple(sorted({key for _, key in taken})),
     )
+
+
+def widened(
+    cores: Sequence[int], busy_cores: Collection[int], residents: Sequence[ResidentView],
+    key: str, running: int, *, floor: int, threads: Sequence[tuple[int, float]] = (),
+    lend: bool = True,
+) -> tuple[int, ...] | None:  # fmt: skip
+    """The larger claim an idle engine with weights in RAM (``key``, launched on ``running``
+    threads while other work ran or another engine held cores) would get now, or None.
+    Only free cores and the lent one count: widening never takes an engine's cores nor
+    crowds other work (its ``-t`` is fixed at launch: more cores cost a relaunch,
+    box/warmth.py)."""
+    kept = [r if r.key == key else replace(r, calls=max(r.calls, 1)) for r in residents]
+    found = claim(cores, busy_cores, kept, {key}, weights_in_ram=True, floor=floor,
+                  threads=threads, lend=lend)  # fmt: skip
+    if found is None or len(found.cores) <= running:
+        return None
+    if set(found.cores) & (set(_holders(residents, {key})) | set(busy_cores)):
+        return None
+    return found.cores

@@ -276,12 +276,13 @@ class Supervisor:
 
     async def relaunch(self, old: Resident, successor: Resident) -> None:
         """``old`` (idle, moved to ``stopping`` under the lock) leaves and ``successor``, the
-        same file and contract on fewer threads, takes its place: SIGKILL (idle, nothing to
-        finish), then, under the lock, the one swapped for the other, so a call for the
-        model waits for the successor's load and never finds the file unplaced."""
+        same file and contract on other threads (fewer: a claim took cores; more: they came
+        free, box/warmth.py), takes its place: SIGKILL (idle, nothing to finish), then,
+        under the lock, the one swapped for the other, so a call for the model waits for
+        the successor's load and never finds the file unplaced."""
         if old.child is not None:
             await old.child.stop(0)
-            self._child_ended(old, "relaunched on fewer threads")
+            self._child_ended(old, f"relaunched on {successor.threads} thread(s)")
         async with self.registry.lock:
             if old.state is not S.STOPPING or not self.registry.holds(old):
                 return  # a close stopped it meanwhile
