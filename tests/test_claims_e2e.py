@@ -48,6 +48,15 @@ def _two_tinies(tmp_path: Path) -> tuple[settings.Config, Catalog]:
     return config, Catalog(config.models, config.aliases, config.facts_cache)
 
 
+def _box_on_its_cores(
+    config: settings.Config, catalog: Catalog
+) -> tuple[Box, dict[int, frozenset[int]], tuple[int, ...], frozenset[int]]:
+    """A box on llama-server; its physical cores (each with its CPUs), their ids, all CPUs."""
+    box = Box(config, catalog, open_gpu_probe(""), None, [], EngineKinds([LlamaServer()]))
+    cores = box.physical_cores()
+    return box, cores, tuple(sorted(cores)), frozenset().union(*cores.values())
+
+
 def test_a_claim_that_takes_an_idle_engines_cores(tmp_path: Path) -> None:
     """Alone, the first engine borrows the reserved core (two threads on a 2-core box).
     The second claim takes a core from it: its two threads crowded onto the one core left
@@ -58,10 +67,7 @@ def test_a_claim_that_takes_an_idle_engines_cores(tmp_path: Path) -> None:
     config, catalog = _two_tinies(tmp_path)
 
     async def run() -> None:
-        box = Box(config, catalog, open_gpu_probe(""), None, [], EngineKinds([LlamaServer()]))
-        cores = box.physical_cores()
-        every = tuple(sorted(cores))
-        cpus = frozenset().union(*cores.values())
+        box, cores, every, cpus = _box_on_its_cores(config, catalog)
         rest = cpus - cores[0]
         try:
             lease = await box.acquire("tiny-a")
@@ -120,10 +126,7 @@ def test_an_engine_loaded_beside_other_work_starts_again_on_every_core(tmp_path:
     config, catalog = _two_tinies(tmp_path)
 
     async def run() -> None:
-        box = Box(config, catalog, open_gpu_probe(""), None, [], EngineKinds([LlamaServer()]))
-        cores = box.physical_cores()
-        every = tuple(sorted(cores))
-        cpus = frozenset().union(*cores.values())
+        box, cores, every, cpus = _box_on_its_cores(config, catalog)
         busy = box.snapshots.busy
         other_work = {cpu: 100.0 for cpu in cores[0]}  # a core's worth, on the reserved core
 

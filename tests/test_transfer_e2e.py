@@ -228,9 +228,9 @@ def test_the_operator_action_pulls_and_refuses_what_is_here(source: Source, tmp_
         assert "already here" in again.json()["error"]["message"]
 
 
-def test_a_pull_that_does_not_fit_reaps_a_worker_copy_with_a_central_twin_first(
-    source: Source, tmp_path: Path
-) -> None:
+def _a_full_worker_drive_with_a_twin(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A worker drive holding tiny-x, its twin on a central drive, and a storage budget too
+    small for tiny-x and another tiny beside it; reap_to_fit on (the fitbox env)."""
     worker, central = tmp_path / "nvme", tmp_path / "hdd"
     worker.mkdir()
     central.mkdir()
@@ -239,6 +239,13 @@ def test_a_pull_that_does_not_fit_reaps_a_worker_copy_with_a_central_twin_first(
     size = (worker / "tiny-x.gguf").stat().st_size
     env = {"FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
            "FITBOX_MOVERS": "reap_to_fit", "FITBOX_STORAGE_MAX": str(size + size // 2)}
+    return worker, central, env
+
+
+def test_a_pull_that_does_not_fit_reaps_a_worker_copy_with_a_central_twin_first(
+    source: Source, tmp_path: Path
+) -> None:
+    worker, central, env = _a_full_worker_drive_with_a_twin(tmp_path)
     with running_fitbox(tmp_path / "home", [worker, central], env=env) as dest_box:
         body = {"model": f"box://127.0.0.1:{source.port}/tiny"}
         got = httpx.post(f"{dest_box.url}/v1/operator/pull-model", json=body, timeout=120)
@@ -258,14 +265,8 @@ def test_the_cli_asks_the_running_box_to_reap_and_says_why_not_without_one(
 ) -> None:
     """`fitbox pull` cannot see the box's residents: with reap_to_fit on it asks the box
     serving its home to reap (the operator action); with none running, nothing is removed."""
-    worker, central, home = tmp_path / "nvme", tmp_path / "hdd", tmp_path / "home"
-    worker.mkdir()
-    central.mkdir()
-    write_tiny_llama(central / "tiny-x.gguf", seed=7)
-    shutil.copy2(central / "tiny-x.gguf", worker / "tiny-x.gguf")
-    size = (worker / "tiny-x.gguf").stat().st_size
-    env = {"FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
-           "FITBOX_MOVERS": "reap_to_fit", "FITBOX_STORAGE_MAX": str(size + size // 2)}
+    worker, central, env = _a_full_worker_drive_with_a_twin(tmp_path)
+    home = tmp_path / "home"
     argv = [sys.executable, "-m", "fitbox", "pull", f"box://127.0.0.1:{source.port}/tiny",
             "--home", str(home), "--to", str(worker)]  # fmt: skip
     alone = subprocess.run(argv, capture_output=True, text=True, timeout=120,
