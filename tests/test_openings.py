@@ -11,6 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fitbox.server import openings
+from fitbox.server.reasoning import CHAT
+from fitbox.server.reasoning_routes import MESSAGES, RESPONSES
 
 
 def _sse(data: dict[str, Any], name: str | None = None) -> bytes:
@@ -56,7 +58,7 @@ STOP = _sse({"type": "message_stop"}, "message_stop")
 
 @given(st.lists(st.integers(min_value=0, max_value=400), max_size=6))
 def test_a_messages_stream_without_its_start_gets_one_first(cuts: list[int]) -> None:
-    out, seen = _run(BLOCK + STOP, cuts, openings.MESSAGES)
+    out, seen = _run(BLOCK + STOP, cuts, MESSAGES)
     events = _data(out)
     assert [e["type"] for e in events] == ["message_start", "content_block_start", "message_stop"]
     message = events[0]["message"]
@@ -68,12 +70,12 @@ def test_a_messages_stream_without_its_start_gets_one_first(cuts: list[int]) -> 
 
 def test_a_messages_stream_with_its_start_is_left_as_it_came_and_counts_nothing() -> None:
     start = openings.message_start("served", 3)
-    out, seen = _run(start + BLOCK + STOP, [5, 90], openings.MESSAGES)
+    out, seen = _run(start + BLOCK + STOP, [5, 90], MESSAGES)
     assert out == start + BLOCK + STOP and seen == ["engine"]
 
 
 def test_an_engine_that_cannot_count_gives_zero_input_tokens() -> None:
-    out, _ = _run(BLOCK, [], openings.MESSAGES, counted=None)
+    out, _ = _run(BLOCK, [], MESSAGES, counted=None)
     assert _data(out)[0]["message"]["usage"]["input_tokens"] == 0
 
 
@@ -86,7 +88,7 @@ def _chunk(index: int, delta: dict[str, Any], **extra: Any) -> bytes:
 def test_each_chat_choice_opens_with_its_role_once(cuts: list[int]) -> None:
     stream = (_chunk(0, {"content": "🌳"}) + _chunk(1, {"role": "assistant", "content": None})
               + _chunk(1, {"content": "x"}) + _chunk(0, {"content": "y"}) + b"data: [DONE]\n\n")
-    out, _ = _run(stream, cuts, openings.CHAT, choices=2)
+    out, _ = _run(stream, cuts, CHAT, choices=2)
     deltas = [(e["choices"][0]["index"], e["choices"][0]["delta"]) for e in _data(out)]
     role = {"role": "assistant", "content": None}
     assert deltas == [(0, role), (0, {"content": "🌳"}), (1, role), (1, {"content": "x"}),
@@ -95,7 +97,7 @@ def test_each_chat_choice_opens_with_its_role_once(cuts: list[int]) -> None:
 
 
 def test_a_made_role_chunk_carries_no_figures() -> None:
-    out, _ = _run(_chunk(0, {"content": "a"}, timings={"predicted_n": 1}), [], openings.CHAT)
+    out, _ = _run(_chunk(0, {"content": "a"}, timings={"predicted_n": 1}), [], CHAT)
     first = _data(out)[0]
     assert "timings" not in first and first["id"] == "c1" and first["model"] == "served"
 
@@ -108,7 +110,7 @@ def test_a_responses_stream_says_created_and_in_progress_once(cuts: list[int]) -
                  "response.output_text.delta")  # fmt: skip
     done = _sse({"type": "response.completed"}, "response.completed")
     out, _ = _run(created + progress + delta + created + progress + delta + done, cuts,
-                  openings.RESPONSES)  # fmt: skip
+                  RESPONSES)  # fmt: skip
     assert out == created + progress + delta + delta + done
 
 

@@ -16,52 +16,21 @@ stream's chunks only where one of its opening events is in them.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
-from fitbox.server.reasoning import relay
+from fitbox.server.reasoning import CHAT
+from fitbox.server.reasoning_routes import MESSAGES, RESPONSES, dumps
+from fitbox.server.sse_events import EventCutter, event_data, relay
 
-CHAT, MESSAGES, RESPONSES = "/v1/chat/completions", "/v1/messages", "/v1/responses"
+SEP = b"\n\n"  # the end of an event
 Count = Callable[[], Awaitable[int | None]]
 _RESPONSE_OPENINGS = (b"event: response.created\n", b"event: response.in_progress\n")
 
 
-class _Events:
-    """A stream cut into whole events (each held until its ``\\n\\n``)."""
-
-    def __init__(self) -> None:
-        self.pending = b""
-
-    def whole(self, chunk: bytes) -> list[bytes]:
-        self.pending += chunk
-        end = self.pending.rfind(b"\n\n")
-        if end < 0:
-            return []
-        events, self.pending = self.pending[: end + 2], self.pending[end + 2 :]
-        return [e + b"\n\n" for e in events.split(b"\n\n") if e]
-
-    def finish(self) -> bytes:
-        rest, self.pending = self.pending, b""
-        return rest
-
-
-def _data(event: bytes) -> dict[str, Any] | None:
-    """An event's JSON data (``data: {…}``, after an ``event:`` line or not); None else."""
-    at = event.find(b"data: {")
-    if at < 0 or (at > 0 and event[at - 1 : at] != b"\n"):
-        return None
-    try:
-        data = json.loads(event[at + 6 :])
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _frame(data: dict[str, Any], name: str | None = None) -> bytes:
-    line = b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
-    return (b"event: " + name.encode() + b"\n" if name else b"") + line + b"\n\n"
+    return (b"event: " + name.encode() + b"\n" if name else b"") + b"data: " + dumps(data) + SEP
 
 
 async def _messages_opened(chunks: AsyncGenerator[bytes, None], model: str,
@@ -69,16 +38,16 @@ async def _messages_opened(chunks: AsyncGenerator[bytes, None], model: str,
     """A Messages stream opens with ``message_start``; one is made when its first event is
     another: its model the served name (put back as the asked one after), its input tokens
     the prompt as the engine counts it (0 when it cannot say within its time)."""
-    events = _Events()
+    events = EventCutter()
     try:
         async for chunk in chunks:
             first = events.whole(chunk)
             if not first:
                 continue
-            data = _data(first[0])
+            data = event_data(first[0])
             if data is not None and data.get("type") != "message_start":
                 yield message_start(model, await count())
-            yield b"".join(first) + events.finish()
+            yield b"".join(e + SEP for e in first) + events.finish()
             break
         async for chunk in chunks:
             yield chunk
@@ -97,7 +66,7 @@ def message_start(model: str, prompt_tokens: int | None) -> bytes:
     return _frame({"type": "message_start", "message": message}, "message_start")
 
 
-class ChatOpening(_Events):
+class ChatOpening(EventCutter):
     """Each choice of a chat stream opens with a chunk whose delta is the role; one is made
     (from the choice's first chunk, its text left out) for a choice that opens without."""
 
@@ -112,10 +81,10 @@ class ChatOpening(_Events):
         return b"".join(out) + (self.finish() if not self.waiting else b"")
 
     def _opened(self, event: bytes) -> bytes:
-        data = _data(event) if self.waiting else None
+        data = event_data(event) if self.waiting else None
         choices = data.get("choices") if data is not None else None
         if data is None or not isinstance(choices, list):
-            return event
+            return event + SEP
         openings = []
         for choice in choices:
             index = choice.get("index", 0) if isinstance(choice, dict) else None
@@ -127,14 +96,14 @@ class ChatOpening(_Events):
                 role = {"index": index, "delta": {"role": "assistant", "content": None},
                         "finish_reason": None}  # fmt: skip
                 openings.append(_frame({**_without_figures(data), "choices": [role]}))
-        return b"".join(openings) + event
+        return b"".join(openings) + event + SEP
 
 
 def _without_figures(data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k not in ("timings", "usage", "choices")}
 
 
-class ResponsesOpening(_Events):
+class ResponsesOpening(EventCutter):
     """A Responses stream says ``response.created`` and ``response.in_progress`` once."""
 
     def __init__(self) -> None:
@@ -146,7 +115,7 @@ class ResponsesOpening(_Events):
             o in chunk for o in _RESPONSE_OPENINGS
         ):
             return chunk  # whole events, no opening among them: as they came
-        return b"".join(e for e in self.whole(chunk) if self._first(e))
+        return b"".join(e + SEP for e in self.whole(chunk) if self._first(e))
 
     def _first(self, event: bytes) -> bool:
         opening = next((o for o in _RESPONSE_OPENINGS if event.startswith(o)), None)

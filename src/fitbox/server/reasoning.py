@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.requests import Request
 
 from fitbox.box.box import Box
+from fitbox.server.sse_events import EventCutter, relay
 
 OPEN, CLOSE = "<think>", "</think>"
 ENGINE_FIELD = "reasoning_content"  # where llama-server puts what it splits
@@ -139,27 +140,18 @@ def whole(content: bytes, field: str | None) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-class StreamShaper:
+class StreamShaper(EventCutter):
     """The same for a stream, event by event (an event is held until its ``\\n\\n``)."""
 
     def __init__(self, field: str) -> None:
+        super().__init__()
         self.field = field
-        self.pending = b""
         self.splitters: dict[int, ThinkSplitter] = {}
 
     def feed(self, chunk: bytes) -> bytes:
         if not self.pending and chunk.endswith(b"\n\n") and self._untouched(chunk):
             return chunk  # whole events, none of which needs a change: as they came
-        self.pending += chunk
-        end = self.pending.rfind(b"\n\n")
-        if end < 0:
-            return b""
-        events, self.pending = self.pending[: end + 2], self.pending[end + 2 :]
-        return b"".join(self._event(e) + b"\n\n" for e in events.split(b"\n\n") if e)
-
-    def finish(self) -> bytes:
-        rest, self.pending = self.pending, b""
-        return rest
+        return b"".join(self._event(e) + b"\n\n" for e in self.whole(chunk))
 
     def _untouched(self, data: bytes) -> bool:
         """No splitter is inside or holding, no tag may start here, and nothing to rename."""
@@ -201,23 +193,3 @@ async def shaped(chunks: AsyncGenerator[bytes, None],
         return
     async for out in relay(chunks, StreamShaper(field)):
         yield out
-
-
-class Shaper(Protocol):
-    def feed(self, chunk: bytes) -> bytes: ...
-    def finish(self) -> bytes: ...
-
-
-async def relay(chunks: AsyncGenerator[bytes, None], shaper: Shaper) -> AsyncGenerator[bytes, None]:
-    """``chunks`` through ``shaper``; closing this closes ``chunks`` at once (its end
-    releases the call's lease)."""
-    try:
-        async for chunk in chunks:
-            out = shaper.feed(chunk)
-            if out:
-                yield out
-        rest = shaper.finish()
-        if rest:
-            yield rest
-    finally:
-        await chunks.aclose()

@@ -12,7 +12,6 @@ numbered on (``index``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -32,34 +31,19 @@ from fitbox.server.reasoning_routes import (
     split,
     thinking_block,
 )
+from fitbox.server.sse_events import EventCutter, event_data, relay
 
 
-class EventShaper:
+class EventShaper(EventCutter):
     """A route's event stream, event by event (held until its ``\\n\\n``): subclasses say
     what becomes of one parsed event (a list of events to send in its place)."""
 
-    def __init__(self) -> None:
-        self.pending = b""
-
     def feed(self, chunk: bytes) -> bytes:
-        self.pending += chunk
-        end = self.pending.rfind(b"\n\n")
-        if end < 0:
-            return b""
-        events, self.pending = self.pending[: end + 2], self.pending[end + 2 :]
-        return b"".join(self._one(e) for e in events.split(b"\n\n") if e)
-
-    def finish(self) -> bytes:
-        rest, self.pending = self.pending, b""
-        return rest
+        return b"".join(self._one(e) for e in self.whole(chunk))
 
     def _one(self, event: bytes) -> bytes:
-        at = event.find(b"data: {")
-        if at < 0 or (at > 0 and event[at - 1 : at] != b"\n"):
-            return event + b"\n\n"
-        try:
-            data = json.loads(event[at + 6 :])
-        except ValueError:
+        data = event_data(event)
+        if data is None:
             return event + b"\n\n"
         out = self.shape(data)
         if out is None:
@@ -394,4 +378,4 @@ def shaped(chunks: AsyncGenerator[bytes, None],
     (and a call that splits nothing) goes to server/reasoning.py as it is, no layer added."""
     if thinking is None or thinking.path == reasoning.CHAT or not thinking.splits:
         return reasoning.shaped(chunks, field_of(thinking))
-    return reasoning.relay(chunks, shaper_for(thinking))
+    return relay(chunks, shaper_for(thinking))
