@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fitbox.core.image_tokens import ImageTokens
-from fitbox.core.prompts import prompt_bound
+from fitbox.core.prompts import image_payloads, prompt_bound
 from fitbox.core.slots import choose
 from fitbox.core.types import ResidentState
 from fitbox.engines.http1 import EngineConnectionError
@@ -115,7 +115,8 @@ class Needs:
                 artifacts: Sequence[Artifact]) -> int:  # fmt: skip
         """The prompt bound over every variant the call may be placed on: the largest, each
         variant's images counted by its own projector or processor."""
-        if not artifacts or not _has_image_parts(body):
+        chat = body.get("messages", body.get("input"))
+        if not artifacts or next(image_payloads(chat), None) is None:  # no image it counts
             return prompt_bound(body, template_bytes)
         return max(prompt_bound(body, template_bytes, self.per_image(a)) for a in artifacts)
 
@@ -143,15 +144,6 @@ class Needs:
             return await asyncio.wait_for(counting, COUNT_S)
         except (EngineConnectionError, TimeoutError):
             return None  # it is going away, or busy: the bound stands, the engine checks
-
-
-def _has_image_parts(body: dict[str, Any]) -> bool:
-    chat = body.get("messages", body.get("input"))
-    return isinstance(chat, list) and any(
-        isinstance(m, dict) and isinstance(m.get("content"), list)
-        and any(isinstance(p, dict) and p.get("type") in ("image_url", "input_image", "image")
-                for p in m["content"])
-        for m in chat)  # fmt: skip
 
 
 def fits(size: PromptSize, resident: Resident) -> bool:

@@ -53,7 +53,7 @@ def prompt_bound(
         # \uXXXX: six bytes for every two or more the body holds
         values = _bytes(body) + ((TOJSON_GROWTH - 1) * _bytes(tools) if tools is not None else 0)
         if images is not None:
-            values += sum(_image_change(payload, images) for payload in _image_payloads(chat))
+            values += sum(_image_change(payload, images) for payload in image_payloads(chat))
         return (items + 1) * template + values + ADDED_TOKENS
     prompt = body.get("prompt")
     if prompt is None:
@@ -61,7 +61,7 @@ def prompt_bound(
     return _bytes(prompt) + ADDED_TOKENS
 
 
-def _image_payloads(chat: Any) -> Iterator[str]:
+def image_payloads(chat: Any) -> Iterator[str]:
     """The base64 text of each image in a chat's content parts, in every shape the door
     passes on (server/vision.py ``images``): chat's ``image_url``, Responses'
     ``input_image``, Messages' ``image`` with a base64 source."""
