@@ -55,8 +55,8 @@ class BoxHttp:
         try:
             return await self.pool.request(method, path, body, headers)
         except EngineConnectionError as exc:  # its words name an engine: say which box
-            raise BoxUnreachable(f"{self.url} did not answer: "
-                                 f"{exc.__cause__!r}" if exc.__cause__ else str(exc)) from exc
+            why = repr(exc.__cause__) if exc.__cause__ else str(exc)
+            raise BoxUnreachable(f"{self.url} did not answer: {why}") from exc
 
     async def get_json(self, path: str, headers: dict[str, str], limit_s: float,
                        **params: Any) -> Any:  # fmt: skip
