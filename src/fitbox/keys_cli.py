@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from fitbox.config import Config
+from fitbox.listening import published_url
 from fitbox.store import keys as keydb
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -28,9 +29,10 @@ def parse_duration(text: str) -> int:
 
 
 def _service(config: Config) -> str | None:
-    endpoint = config.endpoint_file
+    url = published_url(config.endpoint_file)
+    if url is None:
+        return None
     try:
-        url = str(json.loads(endpoint.read_text())["url"])
         httpx.get(f"{url}/health", timeout=2).raise_for_status()
     except (OSError, ValueError, KeyError, httpx.HTTPError):
         return None

@@ -29,6 +29,15 @@ def endpoint_of(host: str, sock: socket.socket) -> dict[str, Any]:
     return {"url": f"http://{url_host}:{port}", "host": host, "port": port, "pid": os.getpid()}
 
 
+def published_url(path: Path) -> str | None:
+    """The URL a serving fitbox published at ``path``; None when there is none to read."""
+    try:
+        url = json.loads(path.read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return url if isinstance(url, str) else None
+
+
 def publish_endpoint(path: Path, endpoint: dict[str, Any]) -> None:
     """Written beside and renamed: a reader never sees half a file."""
     partial = path.with_name(path.name + ".part")

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from fitbox import config as settings
+from fitbox.listening import published_url
 from fitbox.units import format_bytes
 
 
@@ -15,11 +16,10 @@ def _plan_from_service(config: settings.Config, args: argparse.Namespace) -> dic
     """Ask the running fitbox (it knows what is resident); None when none answers."""
     import httpx
 
-    endpoint = config.endpoint_file
-    if not endpoint.exists():
+    url = published_url(config.endpoint_file)
+    if url is None:
         return None
     try:
-        url = json.loads(endpoint.read_text())["url"]
         params = {"model": args.model, **({"kv": args.kv} if args.kv else {})}
         params.update({k: str(v) for k, v in (("ctx", args.ctx), ("parallel", args.parallel)) if v})
         response = httpx.get(f"{url}/v1/plan", params=params, timeout=10)

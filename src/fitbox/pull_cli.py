@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from fitbox import config as settings
+from fitbox.listening import published_url
 from fitbox.units import format_bytes
 
 
@@ -84,10 +84,7 @@ def _reap_on_running_box(config: settings.Config, dest: Path, needed: int, spec:
 
     from fitbox.models.box_pull import PullRefused
 
-    try:
-        url = json.loads(config.endpoint_file.read_text())["url"]
-    except (OSError, ValueError, KeyError, TypeError):
-        url = None
+    url = published_url(config.endpoint_file)
     short = f"{dest} needs {format_bytes(needed)} more for {spec}"
     if not url:
         raise PullRefused(f"{short}, and no fitbox serves {config.home}: only a running box "

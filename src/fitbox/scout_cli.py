@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fitbox import config as settings
+from fitbox.listening import published_url
 from fitbox.units import format_bytes
 
 
@@ -39,8 +40,10 @@ def refresh_running_box(config: settings.Config) -> bool:
     """Tell the fitbox serving this home to rescan its models; False when none answers."""
     import httpx
 
+    url = published_url(config.endpoint_file)
+    if url is None:
+        return False
     try:
-        url = json.loads(config.endpoint_file.read_text())["url"]
         return httpx.post(f"{url}/v1/operator/refresh-models", timeout=10).status_code == 200
     except (OSError, ValueError, KeyError, TypeError, httpx.HTTPError):
         return False

@@ -14,7 +14,7 @@ from fitbox.central.backend import StoreTarget, StoreUnavailable
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
 from fitbox.home import CentralHome, default_home, make_private
-from fitbox.listening import endpoint_of, listen_socket, publish_endpoint
+from fitbox.listening import endpoint_of, listen_socket, publish_endpoint, published_url
 from fitbox.store.keys import SCOPES, KeyError_, create_key
 
 CENTRAL_SCOPES = (*SCOPES, "worker")
@@ -84,10 +84,7 @@ def _create_key(home: CentralHome, target: StoreTarget, args: argparse.Namespace
     print(f"(id {key.key_id}, scopes {', '.join(scopes)}: the secret is shown this once)",
           file=sys.stderr)  # fmt: skip
     if "worker" in scopes:
-        try:
-            url = json.loads(home.endpoint.read_text())["url"]
-        except (OSError, ValueError, KeyError):
-            url = "http://THIS-CENTRAL:PORT"
+        url = published_url(home.endpoint) or "http://THIS-CENTRAL:PORT"
         print(f"a new box joins with: fitbox serve --host 0.0.0.0 --central {url} "
               f"--central-key {secret}", file=sys.stderr)  # fmt: skip
     return 0
