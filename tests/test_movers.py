@@ -23,7 +23,7 @@ from fitbox.core.reap import Kept
 from fitbox.core.types import Footprint, ResidentState
 from fitbox.engines.kinds import EngineKinds
 from fitbox.models.catalog import Catalog
-from fitbox.models.copying import CopyRefused, copy_verified
+from fitbox.models.copying import CopyRefused, copy_set_verified, copy_verified
 from fitbox.probe.gpus import open_gpu_probe
 from fitbox.store.db import Store
 
@@ -187,13 +187,13 @@ def test_a_call_waits_on_its_upload_and_the_queue_shows_it(
     write_tiny_llama(central / "tiny-e.gguf", seed=6)
     box = box_on(tmp_path, worker, central, store, FITBOX_MOVERS="upload_to_worker")
     gate = threading.Event()
-    real_copy = copy_verified
+    real_copy = copy_set_verified
 
-    def held_copy(*args: Any) -> tuple[str, tuple[str, ...]]:
+    def held_copy(*args: Any) -> list[tuple[str, tuple[str, ...]]]:
         assert gate.wait(60), "the test never opened the gate"
         return real_copy(*args)
 
-    monkeypatch.setattr(movers, "copy_verified", held_copy)
+    monkeypatch.setattr(movers, "copy_set_verified", held_copy)
 
     async def run() -> None:
         named = box.asks.named("tiny-e")

@@ -23,6 +23,7 @@ import pytest
 from .conftest import running_fitbox
 from .ggufs import write_tiny_llama
 from .holds import until
+from .splits import split_gguf
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -98,3 +99,35 @@ def test_upload_copy_back_and_reap_on_a_real_box(
     assert ("reap", str(worker / "tiny-w.gguf"), "ok") in done
     assert ("reap-to-fit", None, "ok") in done
     assert sorted(os.listdir(worker)) == sorted([smollm2.name, "tiny-w.gguf"])
+
+
+def test_a_split_gguf_is_uploaded_whole_loaded_from_the_worker_and_reaped_whole(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    """SmolLM2 split by the real llama-gguf-split, on the central drive only: the first call
+    uploads every shard and the engine loads the worker's set (llama-server opens the
+    siblings of the first shard itself); unloaded, the set is reaped as one."""
+    worker, central = tmp_path / "nvme" / "models", tmp_path / "hdd" / "models"
+    worker.mkdir(parents=True)
+    shards = split_gguf(smollm2, central / "smol", "smol-split", max_tensors=100)
+    env = {"FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
+           "FITBOX_MOVERS": "upload_to_worker,reap_to_fit"}  # fmt: skip
+    with running_fitbox(tmp_path / "home", [central, worker], env=env) as box:
+        reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=120, json={
+            "model": "smol-split", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        copies = [worker / "smol" / s.name for s in shards]
+        assert sorted(os.listdir(worker / "smol")) == [s.name for s in shards]  # no .part
+        assert [sha256(c) for c in copies] == [sha256(s) for s in shards]
+        residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
+        assert [r["artifact"] for r in residents] == [str(copies[0])]
+        unloaded = httpx.post(f"{box.url}/v1/operator/unload", json={"model": "smol-split"},
+                              timeout=60)  # fmt: skip
+        assert unloaded.status_code == 200, unloaded.text
+        huge = shutil.disk_usage(worker).free + (1 << 40)
+        reaped = httpx.post(f"{box.url}/v1/operator/reap-to-fit", json={"bytes": huge},
+                            timeout=60).json()  # fmt: skip
+        assert reaped["removed"] == [str(c) for c in copies], reaped
+        assert os.listdir(worker / "smol") == []  # every shard went with the first
+        assert all(s.is_file() for s in shards)

@@ -78,7 +78,7 @@ class Box:
         self.movers = Movers(config, catalog, self.registry, self.prefs, store, self.tasks)
         if self.movers.on("upload_to_worker"):
             self.admission.before_load = self.movers.before_load
-        if self.movers.on("copy_to_central"):
+        if self.movers.on("copy_to_central") or self.movers.on("upload_to_worker"):
             self.admission.after_load = self.movers.after_load
         self.operator = Operator(catalog, self.registry, self.admission, self.supervisor)
         self.needs = Needs(config.parallel, self.asks, self.admission)

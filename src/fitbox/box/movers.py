@@ -13,7 +13,10 @@
   background after its first load (or as an operator action), so a reap can free it later.
 
 Drives are the model roots, each with its role (box/drives.py). A root's copies are the
-catalog's single-file GGUFs stored under it (a link is not a copy: its bytes are elsewhere).
+GGUFs stored under it (a link is not a copy: its bytes are elsewhere). A split GGUF's shards
+are one copy and move as one (core/reap.py ``copies_of``, models/copying.py
+``copy_set_verified``): every shard copied and verified before any is renamed, the first
+(the name the catalog lists) renamed last; reaped whole, the first shard removed first.
 """
 
 from __future__ import annotations
@@ -23,16 +26,16 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from fitbox.config import Config
-from fitbox.core.reap import Copy, Drive, DriveRole, ReapPlan, reap_to_fit
+from fitbox.core.reap import Copy, Drive, DriveRole, ReapPlan, StoredFile, copies_of, reap_to_fit
 from fitbox.models.catalog import Artifact, Catalog
-from fitbox.models.copying import CopyRefused, copy_verified
-from fitbox.models.transfer import CHUNK_BYTES, hash_file
+from fitbox.models.copying import CopyRefused, copy_set_verified
+from fitbox.models.transfer import CHUNK_BYTES, hash_file, set_files
 from fitbox.probe.disk import read_drive
 from fitbox.store import hashes
 from fitbox.store.db import Store
@@ -56,7 +59,7 @@ class Upload:
     model: str
     source: Path
     dest: Path
-    size: int
+    size: int  # every file of it (a split GGUF's shards)
     since: float = field(default_factory=time.time)
     done_bytes: int = 0
     call_ids: list[int | None] = field(default_factory=list)
@@ -135,16 +138,14 @@ class Movers:
             budget = storage_max if role is DriveRole.WORKER else None
             drives.append(Drive(str(root), role, read_drive(root).free, bytes_under(root),
                                 budget))  # fmt: skip
-        called = self._last_called()
-        copies = []
+        files = []
         for root, path in self._stored_ggufs():
             try:
                 sha256, size = self.kept_hash(path).sha256, os.stat(path).st_size
             except OSError:
                 continue
-            copies.append(Copy(str(path), str(root), size, sha256,
-                               called.get(str(path), 0.0)))  # fmt: skip
-        return drives, copies
+            files.append(StoredFile(str(path), str(root), size, sha256))
+        return drives, copies_of(files, self._last_called())
 
     def _stored_ggufs(self) -> Iterator[tuple[Path, Path]]:
         """(root, file) for each GGUF stored under a root: a link is no copy (its bytes are
@@ -187,14 +188,17 @@ class Movers:
         async with self.registry.lock:
             plan = reap_to_fit(drives, self._live(copies), str(root), need)
             for victim in plan.victims:
-                try:
-                    os.unlink(victim.path)
+                try:  # a split GGUF's first shard first: the catalog stops naming it at once
+                    for path in victim.files:
+                        os.unlink(path)
                 except OSError as exc:
                     self.store.operator_action("reap", victim.path, origin, key_id, "error",
                                                f"could not remove it: {exc}")  # fmt: skip
                     continue
                 detail = {"why": why, "bytes": victim.bytes, "sha256": victim.sha256,
                           "last_called": victim.last_called, "need": need}  # fmt: skip
+                if victim.shards:
+                    detail["files"] = list(victim.files)
                 self.store.operator_action("reap", victim.path, origin, key_id, "ok",
                                            json.dumps(detail))  # fmt: skip
                 log.info("reaped %s (%s): %s", victim.path, format_bytes(victim.bytes), why)
@@ -231,7 +235,7 @@ class Movers:
     async def _worker_copy(self, artifact: Artifact, worker: Path,
                            call_id: int | None) -> Path | None:  # fmt: skip
         held = self.root_of(artifact.path)
-        if held is None or held[1] is not DriveRole.CENTRAL or not _single_file(artifact):
+        if held is None or held[1] is not DriveRole.CENTRAL or not _movable(artifact):
             return None
         dest = worker / artifact.path.resolve().relative_to(held[0].resolve())
         upload = self.uploads.get(dest)
@@ -239,14 +243,36 @@ class Movers:
             if dest.is_file():
                 same = await asyncio.to_thread(self._same_bytes, artifact.path, dest)
                 return dest if same else None
-            upload = Upload(artifact.name, artifact.path, dest, artifact.path.stat().st_size)
+            try:
+                size = sum(path.stat().st_size for path in set_files(artifact.path))
+            except OSError as exc:  # a shard missing: no model to copy (nor to load)
+                log.warning("%s is not uploaded: %s", artifact.name, exc)
+                return None
+            upload = Upload(artifact.name, artifact.path, dest, size)
             self.uploads[dest] = upload
             self.tasks.spawn(self._upload(upload, worker))
         upload.call_ids.append(call_id)
         return await asyncio.shield(upload.finished)
 
     def _same_bytes(self, a: Path, b: Path) -> bool:
-        return self.kept_hash(a).sha256 == self.kept_hash(b).sha256
+        """Whether every file of the model at ``a`` has its twin at ``b`` (shard by shard)."""
+        try:
+            return all(self.kept_hash(x).sha256 == self.kept_hash(y).sha256
+                       for x, y in zip(set_files(a), set_files(b), strict=True))  # fmt: skip
+        except OSError:
+            return False
+
+    def _copy_model(self, source: Path, dest: Path,
+                    progress: Callable[[int], None] | None = None) -> str:  # fmt: skip
+        """Every file of the model at ``source`` (a split GGUF's shards) copied beside
+        ``dest`` as one (models/copying.py), each checked against its kept sha256 and its
+        hash kept at the copy; the first file's sha256. Blocks: call it off the loop."""
+        pairs = [(src, dst, self.kept_hash(src).sha256)
+                 for src, dst in zip(set_files(source), set_files(dest), strict=True)]  # fmt: skip
+        landed = copy_set_verified(pairs, progress)
+        for (_src, dst, _expected), (sha256, chunks) in zip(pairs, landed, strict=True):
+            self._keep(dst, sha256, chunks)
+        return landed[0][0]
 
     async def _upload(self, upload: Upload, worker: Path) -> None:
         assert self.store is not None
@@ -258,14 +284,12 @@ class Movers:
             if room < upload.size:
                 raise CopyRefused(f"the worker drive {worker} has {format_bytes(room)} room, "
                                   f"{upload.model} needs {format_bytes(upload.size)}")  # fmt: skip
-            expected = (await asyncio.to_thread(self.kept_hash, upload.source)).sha256
 
             def progress(n: int) -> None:
                 upload.done_bytes += n
 
-            sha256, chunks = await asyncio.to_thread(copy_verified, upload.source, upload.dest,
-                                                     expected, progress)  # fmt: skip
-            await asyncio.to_thread(self._keep, upload.dest, sha256, chunks)
+            sha256 = await asyncio.to_thread(self._copy_model, upload.source, upload.dest,
+                                             progress)  # fmt: skip
             self._uploaded_at[str(upload.dest)] = time.monotonic()
             self.store.operator_action("upload-to-worker", upload.model, None, None, "ok",
                                        json.dumps({"from": str(upload.source),
@@ -287,8 +311,10 @@ class Movers:
     # -- copy_to_central -------------------------------------------------------------------
 
     def after_load(self, artifact: Artifact) -> None:
-        """After a model's load: a worker-only file is copied to a central drive, in the
-        background."""
+        """After a model's load: an uploaded copy is no longer kept from a reap for it (its
+        resident is, while it lasts); a worker-only file is copied to a central drive, in
+        the background."""
+        self._uploaded_at.pop(str(artifact.path), None)
         if self.on("copy_to_central"):
             self.tasks.spawn(self.copy_to_central(artifact))
 
@@ -301,26 +327,26 @@ class Movers:
             return None, "no model root is on a central drive"
         if held is None or held[1] is not DriveRole.WORKER:
             return None, f"{artifact.path} is not stored on the worker drive"
-        if not _single_file(artifact):
-            return None, "only a model in one GGUF file is moved (not a shard)"
+        if not _movable(artifact):
+            return None, "only a GGUF model is moved (a transformers folder is not)"
         if artifact.path in self._copying:
             return None, "it is being copied already"
         dest = central / artifact.path.resolve().relative_to(held[0].resolve())
         self._copying.add(artifact.path)
         try:
-            sha256 = (await asyncio.to_thread(self.kept_hash, artifact.path)).sha256
-            if await asyncio.to_thread(self._twin_on_central, sha256):
+            files = set_files(artifact.path)
+            sha256s = [(await asyncio.to_thread(self.kept_hash, f)).sha256 for f in files]
+            if all([await asyncio.to_thread(self._twin_on_central, h) for h in sha256s]):
                 return None, "its exact twin (same sha256) is on a central drive already"
             if dest.exists():
-                if (await asyncio.to_thread(self.kept_hash, dest)).sha256 == sha256:
+                if await asyncio.to_thread(self._same_bytes, artifact.path, dest):
                     return None, f"its exact twin (same sha256) is {dest} already"
                 raise CopyRefused(f"{dest} exists with other bytes; nothing was copied")
-            size, free = artifact.path.stat().st_size, read_drive(central).free
+            size, free = sum(f.stat().st_size for f in files), read_drive(central).free
             if free < size:
                 raise CopyRefused(f"the central drive {central} has {format_bytes(free)} "
                                   f"free, {artifact.name} needs {format_bytes(size)}")  # fmt: skip
-            _, chunks = await asyncio.to_thread(copy_verified, artifact.path, dest, sha256)
-            await asyncio.to_thread(self._keep, dest, sha256, chunks)
+            sha256 = await asyncio.to_thread(self._copy_model, artifact.path, dest)
         except (CopyRefused, OSError) as exc:
             log.warning("%s was not copied to the central drive: %s", artifact.name, exc)
             self.store.operator_action("copy-to-central", artifact.name, None, None, "error",
@@ -349,6 +375,7 @@ class Movers:
         return False
 
 
-def _single_file(artifact: Artifact) -> bool:
-    """Only a whole model in one GGUF moves (a shard's siblings would be left behind)."""
-    return artifact.format == "gguf" and "-of-" not in artifact.path.name
+def _movable(artifact: Artifact) -> bool:
+    """A GGUF model moves: one file, or a split GGUF's shards together (a transformers
+    folder does not: its files are not GGUFs the drives' copies count)."""
+    return artifact.format == "gguf"

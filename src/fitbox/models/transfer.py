@@ -103,18 +103,24 @@ def model_files(artifact: Path) -> list[OfferedFile]:
     """The artifact's own files: the GGUF and, for a split GGUF, every shard beside it.
     A file the jail refuses is left out (the manifest never lists it)."""
     model_dir = artifact.parent
-    shard = _SHARD.match(artifact.name)
-    names = [artifact.name]
-    if shard:
-        count = int(shard.group("count"))
-        names = [f"{shard.group('base')}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
     offered = []
-    for name in names:
+    for name in (path.name for path in set_files(artifact)):
         try:
             offered.append(jailed(model_dir, name))
         except PathRefused:
             continue
     return offered
+
+
+def set_files(artifact: Path) -> list[Path]:
+    """The files a model at ``artifact`` is: that GGUF, or for a split GGUF every shard its
+    name counts, beside it, the first first (whether each exists is the caller's to see)."""
+    shard = _SHARD.match(artifact.name)
+    if not shard:
+        return [artifact]
+    count = int(shard.group("count"))
+    return [artifact.with_name(f"{shard.group('base')}-{i:05d}-of-{count:05d}.gguf")
+            for i in range(1, count + 1)]  # fmt: skip
 
 
 def missing_shards(names: list[str]) -> list[str]:

@@ -142,7 +142,7 @@ async def _reap(box: Box, need: int, origin: str | None, key_id: str | None) -> 
         raise Conflict("This box keeps no store, so no copy's hash is known.", code="no_store")
     plan = await box.movers.reap(worker, need, "operator action", origin, key_id)
     return {"root": str(worker), "freed_bytes": plan.freed, "short_by_bytes": plan.short_by,
-            "removed": [c.path for c in plan.victims],
+            "removed": [path for c in plan.victims for path in c.files],  # every shard
             "kept": [{"path": c.path, "why": why.value} for c, why in plan.kept]}  # fmt: skip
 
 
