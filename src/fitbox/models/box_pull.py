@@ -5,8 +5,10 @@ earlier pull is kept up to its last chunk that still verifies (those bytes are n
 again); the rest is fetched with one ranged GET, each chunk checked against its sha256 as it
 lands (a chunk that does not match is cut off and fetched again, a bounded number of times);
 a cut connection resumes at the last verified chunk; the whole file's sha256 is checked;
-then the ``.part`` is renamed into place. Nothing the source names is trusted as a path:
-each name must be a plain file name (models/transfer.py ``refuse_name``).
+once every file of the model verified, the ``.part`` files are renamed into place (the
+first last, so a split GGUF is never named with a shard missing). Nothing the source names
+is trusted as a path: each name must be a plain file name (models/transfer.py
+``refuse_name``).
 """
 
 from __future__ import annotations
@@ -185,6 +187,12 @@ class BoxPull:
                 raise
             finally:
                 outcome.seconds = time.monotonic() - started
+        # renamed only once every file verified, the first last: a split GGUF is named (the
+        # catalog lists it by its first shard) only when all its shards are in place
+        for outcome in reversed(self.outcomes):
+            os.replace(outcome.path.with_name(outcome.path.name + ".part"), outcome.path)
+        for parent in dict.fromkeys(o.path.parent for o in self.outcomes):
+            sync_dir(parent)
         return self.outcomes
 
     def _refuse_if_here(self, files: list[dict[str, Any]]) -> None:
@@ -232,8 +240,6 @@ class BoxPull:
             part.unlink()
             raise PullError(f"{outcome.name}: every chunk verified but the whole file's sha256 "
                             f"is {digest}, not {outcome.sha256}; nothing was kept")  # fmt: skip
-        os.replace(part, outcome.path)
-        sync_dir(outcome.path.parent)
 
     def _fetch_from(
         self, outcome: FileOutcome, chunks: list[str], done: int, land: Landing,
