@@ -33,6 +33,7 @@ from fitbox.store.past_paths import past_paths
 from .conftest import running_fitbox
 from .ggufs import write_tiny_llama
 from .holds import until
+from .small_drive import SmallDrive
 
 BLOB = "sha256-" + "ab" * 32
 
@@ -162,7 +163,8 @@ def test_mounted_drives_are_read_and_automount_points_never_entered(tmp_path: Pa
     info.write_text(MOUNTINFO)
     mounts = read_mounts(info)
     assert drives(mounts) == [Path("/"), Path("/srv/models big")]
-    assert automounts(mounts) == {Path("/mnt/nas")}
+    assert automounts(mounts).points == {Path("/mnt/nas")}
+    assert automounts(mounts).devices == {os.makedev(0, 35)}
     # an automount point inside a walked root: listed as skipped, never entered
     (tmp_path / "root" / "nas").mkdir(parents=True)
     write_tiny_llama(tmp_path / "root" / "nas" / "would-wake.gguf")
@@ -170,6 +172,83 @@ def test_mounted_drives_are_read_and_automount_points_never_entered(tmp_path: Pa
     report = scout([tmp_path / "root"], env={}, home=tmp_path / "home", mountinfo=info)
     assert _under(report.findings, tmp_path) == []
     assert report.tally.automounts_skipped == [str(tmp_path / "root" / "nas")]
+
+
+# Lines as Linux writes them (mountinfo(5)): systemd's automount of binfmt_misc, empty and
+# then with the filesystem it mounted on top; an autofs daemon's indirect map (/net); a
+# direct map with a space in its point; an NFS share an automount point already mounted.
+REAL_AUTOFS = """\
+28 22 0:26 / /proc/sys/fs/binfmt_misc rw,relatime shared:13 - autofs systemd-1 rw,fd=29,\
+pgrp=1,timeout=0,minproto=5,maxproto=5,direct,pipe_ino=15367
+452 28 0:48 / /proc/sys/fs/binfmt_misc rw,nosuid,nodev,noexec,relatime shared:241 - \
+binfmt_misc binfmt_misc rw
+36 22 0:32 / /net rw,relatime shared:19 - autofs /etc/auto.net rw,fd=7,pgrp=1203,timeout=300,\
+minproto=5,maxproto=5,indirect,pipe_ino=23921
+37 22 0:33 / /srv/team\\040share rw,relatime shared:20 - autofs /etc/auto.direct rw,fd=13,\
+pgrp=1203,timeout=300,minproto=5,maxproto=5,direct,pipe_ino=23925
+61 37 0:52 / /srv/team\\040share rw,relatime shared:40 - nfs4 nas:/export/team rw,vers=4.2
+"""
+
+
+def test_real_autofs_lines_name_every_automount_point_mounted_or_not(tmp_path: Path) -> None:
+    """Rule 1 on lines as the kernel writes them: each autofs entry is a point, a mounted
+    one too (its NFS entry on top is no reason to enter it), and whatever lies below one."""
+    info = tmp_path / "mountinfo"
+    info.write_text(REAL_AUTOFS)
+    assert len(REAL_AUTOFS.splitlines()) == 5
+    mounts = read_mounts(info)
+    found = automounts(mounts)
+    assert found.points == {Path("/proc/sys/fs/binfmt_misc"), Path("/net"),
+                            Path("/srv/team share")}  # fmt: skip
+    assert found.devices == {os.makedev(0, 26), os.makedev(0, 32), os.makedev(0, 33)}
+    assert drives(mounts) == [Path("/srv/team share")]  # the NFS share, a real filesystem
+    assert found.point_over(Path("/net/fileserver/models")) == Path("/net")
+    assert found.point_over(Path("/srv/team share/../team share/m.gguf")) == \
+        Path("/srv/team share")  # fmt: skip
+    assert found.point_over(Path("/srv/team")) is None
+    assert found.point_over(Path("/network")) is None  # a prefix of letters is no parent
+
+
+def test_an_automount_point_reached_by_another_spelling_is_skipped_by_its_device(
+    tmp_path: Path, drive: SmallDrive
+) -> None:
+    """Rule 2: no autofs here (this kernel has none), so the table names the device of a
+    real tmpfs mounted inside the walked root as an autofs one, at a path the walk never
+    spells (as when a root is reached through a link). The walk stats the directory (a
+    stat never triggers an automount) and does not list it: its GGUF is never found."""
+    write_tiny_llama(drive.path / "would-wake.gguf")
+    write_tiny_llama(tmp_path / "beside.gguf")
+    dev = os.stat(drive.path).st_dev
+    info = tmp_path / "mountinfo"
+    info.write_text(MOUNTINFO + f"60 22 {os.major(dev)}:{os.minor(dev)} / /mnt/spelt\\040"
+                    "otherwise rw - autofs systemd-1 rw,fd=9,direct\n")  # fmt: skip
+    report = scout([tmp_path], env={}, home=tmp_path / "home", mountinfo=info)
+    assert [Path(f.path).name for f in report.findings] == ["beside.gguf"]
+    assert report.tally.automounts_skipped == [str(drive.path)]
+    plain = scout([tmp_path], env={}, home=tmp_path / "home", mountinfo=tmp_path / "none")
+    assert sorted(Path(f.path).name for f in plain.findings) == ["beside.gguf", "would-wake.gguf"]
+
+
+def test_known_places_and_remembered_paths_behind_an_automount_point_are_not_reached(
+    tmp_path: Path,
+) -> None:
+    """HF_HOME, OLLAMA_MODELS and a path fitbox's store remembers, all under a point the
+    table names: none is looked up (resolving or listing one would cross the point)."""
+    share = tmp_path / "share"
+    (share / "hf" / "hub").mkdir(parents=True)
+    (share / "ollama" / "manifests").mkdir(parents=True)
+    write_tiny_llama(share / "remembered.gguf")
+    info = tmp_path / "mountinfo"
+    info.write_text(f"70 22 0:77 / {share} rw - autofs systemd-1 rw,fd=9,direct\n")
+    env = {"HF_HOME": str(share / "hf"), "OLLAMA_MODELS": str(share / "ollama")}
+    report = scout([], past=[(share / "remembered.gguf", "pulled once")], env=env,
+                   home=tmp_path / "home", mountinfo=info)  # fmt: skip
+    assert report.findings == []
+    assert sorted(report.tally.automounts_skipped) == sorted(
+        [str(share / "hf" / "hub"), str(share / "ollama"), str(share / "remembered.gguf")])
+    without = scout([], past=[(share / "remembered.gguf", "pulled once")], env=env,
+                    home=tmp_path / "home", mountinfo=tmp_path / "none")  # fmt: skip
+    assert [Path(f.path).name for f in without.findings] == ["remembered.gguf"]
 
 
 def test_model_paths_are_read_from_command_lines() -> None:

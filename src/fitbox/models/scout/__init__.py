@@ -56,17 +56,20 @@ def _hints(
     for store, why in ollama_stores(env, home):
         if store in read:
             continue
-        yield from ollama_hints(store, why, tally, limits.max_results)
+        yield from ollama_hints(store, why, tally, limits.max_results, skip)
     for cache, why in hf_caches(env, home):
-        yield from hf_hints(cache, why, limits, tally)
+        yield from hf_hints(cache, why, limits, tally, skip)
     for folder, why in lmstudio_folders(env, home):
         yield from folder_hints(folder, why, "lmstudio", limits, tally, skip)
     for root in roots if roots is not None else drives(mounts):
         yield from folder_hints(root, "found walking", "root", limits, tally, skip)
         if tally.dirs_left:
             break
-    for path, why in past:
-        yield Hint(path, "store", why, evidence=HISTORICAL)
+    for path, why in past:  # a path once used, behind a sleeping share now, is not woken
+        if skip.point_over(path) is None:
+            yield Hint(path, "store", why, evidence=HISTORICAL)
+        else:
+            tally.automounts_skipped.append(str(path))
 
 
 def scout(

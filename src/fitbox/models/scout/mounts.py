@@ -1,10 +1,19 @@
 """Mounted drives from ``/proc/self/mountinfo``: the ones worth a look, and the automount
 points (autofs) that a look would wake (mount a network share, spin up a disk): never
-entered."""
+entered.
+
+The rule, in two parts. (1) A path the table names as an autofs mount point, or any path
+below one (compared as written: resolving it would itself cross the point), is never
+listed or looked up, mounted or not: listing a mounted one would hold it awake. (2) A
+directory whose ``stat`` (which never triggers an automount: Linux's ``stat`` and ``lstat``
+act as ``AT_NO_AUTOMOUNT``) reports an autofs device from the table is an automount point
+with nothing mounted on it, however the path to it was spelled: it is never listed.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MOUNTINFO = Path("/proc/self/mountinfo")
@@ -47,6 +56,31 @@ _SYSTEM = ("/proc", "/sys", "/dev", "/run", "/boot", "/snap")
 class Mount:
     point: Path
     fstype: str
+    device: int | None = None  # st_dev of its root, from the table's MAJOR:MINOR
+
+
+@dataclass(frozen=True)
+class Automounts:
+    """What the mount table says an automounter answers for."""
+
+    points: frozenset[Path] = frozenset()
+    devices: frozenset[int] = field(default_factory=frozenset)  # the autofs filesystems
+
+    def point_over(self, path: Path) -> Path | None:
+        """The automount point ``path`` is or lies under, as written (rule 1), if any."""
+        normal = Path(os.path.normpath(os.path.abspath(path)))
+        for point in (normal, *normal.parents):
+            if point in self.points:
+                return point
+        return None
+
+    def is_unmounted_point(self, st: os.stat_result) -> bool:
+        """Whether a directory so stat'ed is an autofs directory: an automount point with
+        nothing mounted on it yet (rule 2)."""
+        return st.st_dev in self.devices
+
+
+NO_AUTOMOUNTS = Automounts()
 
 
 def _unescape(field: str) -> str:
@@ -70,13 +104,22 @@ def read_mounts(mountinfo: Path = MOUNTINFO) -> list[Mount]:
         fields, after = left.split(), right.split()
         if not sep or len(fields) < 5 or not after:
             continue
-        found.append(Mount(Path(_unescape(fields[4])), after[0]))
+        found.append(Mount(Path(_unescape(fields[4])), after[0], _device(fields[2])))
     return found
 
 
-def automounts(mounts: list[Mount]) -> frozenset[Path]:
-    """Mount points an automounter answers for: entering one mounts it."""
-    return frozenset(m.point for m in mounts if m.fstype == "autofs")
+def _device(field: str) -> int | None:
+    major, sep, minor = field.partition(":")
+    if not sep or not major.isdigit() or not minor.isdigit():
+        return None
+    return os.makedev(int(major), int(minor))
+
+
+def automounts(mounts: list[Mount]) -> Automounts:
+    """Mount points an automounter answers for (entering one mounts it), and their devices."""
+    autofs = [m for m in mounts if m.fstype == "autofs"]
+    return Automounts(frozenset(m.point for m in autofs),
+                      frozenset(m.device for m in autofs if m.device is not None))  # fmt: skip
 
 
 def drives(mounts: list[Mount]) -> list[Path]:

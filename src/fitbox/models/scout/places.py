@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from .findings import Hint, Limits, Tally
+from .mounts import NO_AUTOMOUNTS, Automounts
 from .walk import walk
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
@@ -56,15 +57,18 @@ def _distinct(places: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
     return out
 
 
-def hf_hints(cache: Path, why: str, limits: Limits, tally: Tally) -> Iterator[Hint]:
+def hf_hints(cache: Path, why: str, limits: Limits, tally: Tally,
+             automounts: Automounts = NO_AUTOMOUNTS) -> Iterator[Hint]:  # fmt: skip
     """GGUFs in each repo's snapshots (the blobs they link to have no names)."""
+    if _behind_automount(cache, automounts, tally):
+        return
     try:
         repos = sorted(p for p in cache.iterdir() if p.name.startswith("models--"))
     except OSError:
         return
     for repo in repos:
         repo_id = repo.name.removeprefix("models--").replace("--", "/")
-        for path in walk([repo / "snapshots"], limits, tally):
+        for path in walk([repo / "snapshots"], limits, tally, automounts):
             yield Hint(
                 path,
                 "hf_cache",
@@ -73,11 +77,12 @@ def hf_hints(cache: Path, why: str, limits: Limits, tally: Tally) -> Iterator[Hi
             )
 
 
-def ollama_hints(store: Path, why: str, tally: Tally, max_manifests: int) -> Iterator[Hint]:
+def ollama_hints(store: Path, why: str, tally: Tally, max_manifests: int,
+                 automounts: Automounts = NO_AUTOMOUNTS) -> Iterator[Hint]:  # fmt: skip
     """Each manifest (manifests/HOST/NAMESPACE/MODEL/TAG, JSON) names its layers by digest
     and media type; the model layer's blob (blobs/sha256-HEX) is the GGUF, served in place."""
     manifests = store / "manifests"
-    if not manifests.is_dir():
+    if _behind_automount(store, automounts, tally) or not manifests.is_dir():
         return
     seen = 0
     for dirpath, dirnames, filenames in os.walk(manifests):
@@ -111,9 +116,18 @@ def ollama_hints(store: Path, why: str, tally: Tally, max_manifests: int) -> Ite
                 )
 
 
+def _behind_automount(place: Path, automounts: Automounts, tally: Tally) -> bool:
+    """Whether reaching ``place`` would cross an automount point (counted as skipped): a
+    known place (HF_HOME, OLLAMA_MODELS, …) on a sleeping share is not woken either."""
+    point = automounts.point_over(place)
+    if point is not None:
+        tally.automounts_skipped.append(str(place))
+    return point is not None
+
+
 def folder_hints(
     folder: Path, why: str, source: str, limits: Limits, tally: Tally,
-    automounts: frozenset[Path] = frozenset(),
+    automounts: Automounts = NO_AUTOMOUNTS,
 ) -> Iterator[Hint]:  # fmt: skip
     for path in walk([folder], limits, tally, automounts):
         yield Hint(path, source, f"{why} {folder}")
