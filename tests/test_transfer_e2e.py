@@ -32,6 +32,7 @@ from .conftest import FitboxProcess, running_fitbox
 from .ggufs import write_tiny_llama
 from .holds import until
 from .small_drive import SmallDrive
+from .splits import split_gguf
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 FAKES = Path(__file__).parent / "fakes"
@@ -74,6 +75,9 @@ def source(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Iterator[
     write_tiny_llama(outside / "split-00002-of-00002.gguf", seed=4)
     (models / "split" / "split-00002-of-00002.gguf").symlink_to(
         outside / "split-00002-of-00002.gguf")
+    # a whole split model, made by the real llama-gguf-split
+    write_tiny_llama(outside / "whole.gguf", seed=5)
+    split_gguf(outside / "whole.gguf", models / "whole", "whole", max_tensors=11)
     # a Hugging Face cache snapshot: a symlink into its own blobs/ is offered
     repo = models / "models--org--tiny"
     (repo / "blobs").mkdir(parents=True)
@@ -449,6 +453,27 @@ def test_a_split_model_offered_without_a_shard_is_no_pull(
                        "pulled whole"):  # fmt: skip
         pull_from_box(f"box://127.0.0.1:{source.port}/split", models, store)
     assert not models.exists() or not any(models.iterdir())
+
+
+def test_a_split_model_is_pulled_whole_and_named_only_once_every_shard_verified(
+    source: Source, dest: tuple[Path, Store]
+) -> None:
+    """At each verified chunk (the events come on the pull's own thread, in order) no shard
+    is in place yet: the renames come after the last, shard 1's last."""
+    models, store = dest
+    shards = sorted((source.models / "whole").iterdir())
+    landed: list[list[str]] = []
+
+    def look(kind: str, _name: str, _index: int) -> None:
+        if kind == "chunk_ok":
+            landed.append(sorted(p.name for p in models.glob("*.gguf")))
+
+    outcomes = pull_from_box(f"box://127.0.0.1:{source.port}/whole", models, store,
+                             events=look)  # fmt: skip
+    assert [o.name for o in outcomes] == [s.name for s in shards]
+    assert len(landed) == len(shards) and landed == [[]] * len(shards)
+    assert sorted(p.name for p in models.iterdir()) == [s.name for s in shards]  # no .part
+    assert [_sha256(models / s.name) for s in shards] == [_sha256(s) for s in shards]
 
 
 def test_a_source_that_is_not_a_fitbox_is_refused_with_what_it_said(tmp_path: Path) -> None:
