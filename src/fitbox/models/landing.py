@@ -4,9 +4,12 @@ file's sha256, and the mark of the last verified chunk)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import errno
 import hashlib
+import mmap
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,9 +32,17 @@ class Landing:
     trusted: ``verified`` marks the end of a chunk that matched (the offset and the whole
     hash's state there), ``rewind`` cuts the file back to the last mark and restores that
     state. A ``.part`` left by a crash is checked chunk by chunk before reuse, so an
-    unverified tail in it is never kept. The write-back of each 32 MiB is started as it
-    lands (``sync_file_range``, not waited for); ``finish`` waits for the last write and
-    fsyncs once."""
+    unverified tail in it is never kept. ``finish`` waits for the last write and fsyncs
+    once.
+
+    Pieces are written with ``O_DIRECT`` (from page-aligned buffers, at aligned offsets),
+    straight to the drive: on this VM, 375 MiB written through the page cache in 64 KiB
+    pwrites took 0.44-0.48 s and 0.18 s of CPU before its fsync, and direct 1 MiB writes
+    0.22-0.27 s and 0.03 s of CPU, fsync included; nothing is left for the fsync to write
+    back and the page cache is not filled with a file no one reads yet. The file's
+    unaligned tail, and every piece where the filesystem refuses ``O_DIRECT`` (tmpfs
+    before Linux 6.6, some FUSE), go through the page cache, their write-back started
+    every 32 MiB (``sync_file_range``, not waited for)."""
 
     PIECE = 1 << 20  # the L2 cache of this class of CPU; 256 KiB pieces cost more CPU
     RING = 4  # pieces read and not yet landed, at most
@@ -50,7 +61,9 @@ class Landing:
         # one thread writes, one feeds the whole hash: each piece is the same buffer for both
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="pull-write")
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="pull-hash")
-        self._buffers = [bytearray(self.PIECE) for _ in range(self.RING)]
+        # page-aligned, as O_DIRECT needs (an anonymous mmap starts on a page)
+        self._buffers = [mmap.mmap(-1, self.PIECE) for _ in range(self.RING)]
+        self._direct = _open_direct(part)  # None: every piece through the page cache
         self._landing: list[tuple[Future[None], ...]] = [()] * self.RING
         self._next = 0
         self._unsynced_from: int | None = None  # the writer's, and rewind's once drained
@@ -84,12 +97,37 @@ class Landing:
 
     def _land(self, piece: memoryview, at: int) -> None:
         try:
-            written = 0
-            while written < len(piece):
-                step = piece[written : written + self.WRITE_BYTES]
-                written += os.pwrite(self._fd, step, at + written)
+            if self._direct is not None and at % ALIGN == 0:
+                done = self._write_direct(piece[: len(piece) - len(piece) % ALIGN], at)
+                piece, at = piece[done:], at + done
+            if piece:
+                self._write_buffered(piece, at)
         except OSError as exc:  # a full or failing disk: no cut, no retry helps
             raise PullError(f"could not write {self._part}: {exc}") from exc
+
+    def _write_direct(self, piece: memoryview, at: int) -> int:
+        """Write ``piece`` (aligned) with O_DIRECT; how much was (all, but where the
+        filesystem refused O_DIRECT: then never again for this file)."""
+        written = 0
+        while written < len(piece) and self._direct is not None:
+            try:
+                step = os.pwrite(self._direct, piece[written:], at + written)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                os.close(self._direct)  # the filesystem takes no O_DIRECT after all
+                self._direct = None
+                break
+            written += step
+            if not step or step % ALIGN:  # short, off alignment: the rest is buffered
+                break
+        return written
+
+    def _write_buffered(self, piece: memoryview, at: int) -> None:
+        written = 0
+        while written < len(piece):
+            step = piece[written : written + self.WRITE_BYTES]
+            written += os.pwrite(self._fd, step, at + written)
         if self._unsynced_from is None:
             self._unsynced_from = at
         if at + len(piece) - self._unsynced_from >= WRITE_BACK_BYTES:
@@ -153,6 +191,23 @@ class Landing:
     def __exit__(self, *_: object) -> None:
         self._writer.shutdown(wait=True)
         self._hasher.shutdown(wait=True)
+        if self._direct is not None:
+            os.close(self._direct)
+        for buffer in self._buffers:
+            with contextlib.suppress(BufferError):  # a view still held: the GC frees it
+                buffer.close()
+
+
+def _open_direct(part: Path) -> int | None:
+    """A second descriptor of the staging file that writes around the page cache, or None
+    where the filesystem (or the platform) has no O_DIRECT."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(part, os.O_WRONLY | flag)
+    except OSError:
+        return None
 
 
 def _sync_file_range() -> Callable[[int, int, int], None] | None:
@@ -169,6 +224,7 @@ def _sync_file_range() -> Callable[[int, int, int], None] | None:
     return start
 
 
+ALIGN = 4096  # O_DIRECT's offsets and lengths: the largest logical block size in common use
 SYNC_FILE_RANGE_WRITE = 2  # start write-back of dirty pages in the range; do not wait
 WRITE_BACK_BYTES = 32 << 20
 _START_WRITE_BACK = _sync_file_range()
