@@ -223,10 +223,11 @@ def test_an_automount_point_reached_by_another_spelling_is_skipped_by_its_device
     info.write_text(MOUNTINFO + f"60 22 {os.major(dev)}:{os.minor(dev)} / /mnt/spelt\\040"
                     "otherwise rw - autofs systemd-1 rw,fd=9,direct\n")  # fmt: skip
     report = scout([tmp_path], env={}, home=tmp_path / "home", mountinfo=info)
-    assert [Path(f.path).name for f in report.findings] == ["beside.gguf"]
+    assert [Path(f.path).name for f in _under(report.findings, tmp_path)] == ["beside.gguf"]
     assert report.tally.automounts_skipped == [str(drive.path)]
     plain = scout([tmp_path], env={}, home=tmp_path / "home", mountinfo=tmp_path / "none")
-    assert sorted(Path(f.path).name for f in plain.findings) == ["beside.gguf", "would-wake.gguf"]
+    assert sorted(Path(f.path).name for f in _under(plain.findings, tmp_path)) == [
+        "beside.gguf", "would-wake.gguf"]  # fmt: skip
 
 
 def test_known_places_and_remembered_paths_behind_an_automount_point_are_not_reached(
@@ -243,12 +244,12 @@ def test_known_places_and_remembered_paths_behind_an_automount_point_are_not_rea
     env = {"HF_HOME": str(share / "hf"), "OLLAMA_MODELS": str(share / "ollama")}
     report = scout([], past=[(share / "remembered.gguf", "pulled once")], env=env,
                    home=tmp_path / "home", mountinfo=info)  # fmt: skip
-    assert report.findings == []
+    assert _under(report.findings, tmp_path) == []
     assert sorted(report.tally.automounts_skipped) == sorted(
         [str(share / "hf" / "hub"), str(share / "ollama"), str(share / "remembered.gguf")])
     without = scout([], past=[(share / "remembered.gguf", "pulled once")], env=env,
                     home=tmp_path / "home", mountinfo=tmp_path / "none")  # fmt: skip
-    assert [Path(f.path).name for f in without.findings] == ["remembered.gguf"]
+    assert [Path(f.path).name for f in _under(without.findings, tmp_path)] == ["remembered.gguf"]
 
 
 def test_model_paths_are_read_from_command_lines() -> None:
