@@ -13,12 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from fitbox import config as settings
+from fitbox.box.box import Box
 from fitbox.core.reap import Kept
+from fitbox.engines.kinds import EngineKinds
+from fitbox.models.catalog import Catalog
 from fitbox.models.copying import CopyRefused, copy_set_verified
+from fitbox.probe.gpus import open_gpu_probe
 from fitbox.store.db import Store
 
 from .ggufs import write_tiny_llama
 from .splits import split_gguf
+from .test_box_inprocess import NoBinary
 from .test_movers import actions, box_on
 
 TENSORS = 11  # a tiny llama has 21: two shards
@@ -155,3 +161,27 @@ def test_a_set_is_named_only_once_every_shard_landed_and_a_bad_shard_leaves_noth
         (tmp_path / "to" / shards[1].name).write_bytes(b"in the way")
         copy_set_verified(pairs)
     assert names(tmp_path / "to") == [shards[1].name]  # what was there is left alone
+
+
+def test_a_pinned_set_whose_name_answers_from_the_central_drive_is_kept(
+    tmp_path: Path, roots: tuple[Path, Path], store: Store
+) -> None:
+    """The central root first: the catalog names the set by its central copy, so the
+    worker's set is known by its file's name, the shard suffix cut (``pinned`` is by name)."""
+    worker, central = roots
+    split_tiny(tmp_path, central / "p", "pinned-set", seed=8)
+    shutil.copytree(central / "p", worker / "p")
+    config = settings.load(
+        {"home": str(tmp_path / "home"), "models": f"{central}{os.pathsep}{worker}"},
+        env={"FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
+             "FITBOX_MOVERS": "reap_to_fit", "FITBOX_STORAGE_MAX": "1"},
+    )  # fmt: skip
+    catalog = Catalog(config.models, config.aliases, config.facts_cache)
+    box = Box(config, catalog, open_gpu_probe(""), store, [], EngineKinds([NoBinary()]))
+    assert box.catalog.resolve("pinned-set").path.parent == central / "p"
+    box.prefs.apply("pair", "pinned-set", {"pinned": True})
+
+    plan = asyncio.run(box.movers.reap(worker, 1 << 30, "a test"))
+    assert plan.victims == ()
+    assert [(Path(c.path).parent, why) for c, why in plan.kept] == [(worker / "p", Kept.PINNED)]
+    assert len(names(worker / "p")) == 2

@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -50,6 +51,7 @@ from .tasks import Tasks
 from .transfers import bytes_under
 
 log = logging.getLogger(__name__)
+_SHARD_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
 
 
 @dataclass
@@ -168,7 +170,10 @@ class Movers:
         marked = []
         for copy in copies:
             resident = residents.get(copy.path)
-            name = names.get(copy.path, Path(copy.path).name.removesuffix(".gguf"))
+            # a copy the catalog does not list (its name is served from another root): the
+            # name its file gives, a split GGUF's without the shard suffix
+            stem = Path(copy.path).name.removesuffix(".gguf")
+            name = names.get(copy.path, _SHARD_SUFFIX.sub("", stem) if copy.shards else stem)
             pinned = bool(self.prefs.pairs.get(name, {}).get("pinned"))
             uploaded = self._uploaded_at.get(copy.path, float("-inf"))
             pinned |= time.monotonic() - uploaded < self.config.load_timeout  # its call loads it
