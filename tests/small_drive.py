@@ -51,13 +51,16 @@ class SmallDrive:
 
 
 @contextlib.contextmanager
-def small_drive(where: Path) -> Iterator[SmallDrive]:
+def small_drive(where: Path, fstype: str = "tmpfs") -> Iterator[SmallDrive]:
+    """``fstype="ramfs"``: a drive with no size limit that refuses O_DIRECT (tmpfs takes it
+    since Linux 6.6)."""
     where.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE},mode=0755", "tmpfs",
-                              str(where)], capture_output=True, text=True)  # fmt: skip
+    options = f"size={SIZE},mode=0755" if fstype == "tmpfs" else "mode=0755"
+    mounted = subprocess.run(["mount", "-t", fstype, "-o", options, fstype, str(where)],
+                             capture_output=True, text=True)  # fmt: skip
     if mounted.returncode != 0:
         pytest.skip(
-            f"cannot mount a tmpfs here ({mounted.stderr.strip()}): full-disk tests "
+            f"cannot mount a {fstype} here ({mounted.stderr.strip()}): full-disk tests "
             "need root; test_full_drive.py also covers writes by SQLITE_FULL injection"
         )
     try:

@@ -31,7 +31,7 @@ from fitbox.store.db import Store
 from .conftest import FitboxProcess, running_fitbox
 from .ggufs import write_tiny_llama
 from .holds import until
-from .small_drive import SmallDrive
+from .small_drive import SmallDrive, small_drive
 from .splits import split_gguf
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -474,6 +474,23 @@ def test_a_split_model_is_pulled_whole_and_named_only_once_every_shard_verified(
     assert len(landed) == len(shards) and landed == [[]] * len(shards)
     assert sorted(p.name for p in models.iterdir()) == [s.name for s in shards]  # no .part
     assert [_sha256(models / s.name) for s in shards] == [_sha256(s) for s in shards]
+
+
+def test_a_drive_that_refuses_o_direct_lands_the_pull_through_the_page_cache(
+    source: Source, tmp_path: Path
+) -> None:
+    """ramfs refuses O_DIRECT (this box's ext4 and tmpfs take it): every piece goes through
+    the page cache instead, and the file verifies the same. (ramfs says it has 0 bytes
+    free, so the room check is left out, as the full-drive test does.)"""
+    with small_drive(tmp_path / "ramfs", fstype="ramfs") as drive:
+        with pytest.raises(OSError):  # the drive really has no O_DIRECT
+            os.open(drive.path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT)
+        puller = BoxPull(parse_box_spec(f"box://127.0.0.1:{source.port}/{SMOL}"),
+                         drive.path / "models")  # fmt: skip
+        (outcome,) = puller.run()
+        assert outcome.sha256 == source.sha256 and outcome.refetched_chunks == 0
+        assert _sha256(drive.path / "models" / source.smol.name) == source.sha256
+        (drive.path / "models" / source.smol.name).unlink()  # ramfs holds it in memory
 
 
 def test_a_source_that_is_not_a_fitbox_is_refused_with_what_it_said(tmp_path: Path) -> None:
