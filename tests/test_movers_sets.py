@@ -185,3 +185,38 @@ def test_a_pinned_set_whose_name_answers_from_the_central_drive_is_kept(
     assert plan.victims == ()
     assert [(Path(c.path).parent, why) for c, why in plan.kept] == [(worker / "p", Kept.PINNED)]
     assert len(names(worker / "p")) == 2
+
+
+def test_an_upload_stopped_between_its_renames_is_finished_not_wedged(
+    tmp_path: Path, roots: tuple[Path, Path], store: Store
+) -> None:
+    """The worker holds shard 2 of a set and not shard 1, as a copy stopped after its
+    first rename (the last shard) leaves it: the next upload copies only shard 1. A stray
+    shard with other bytes is never overwritten: the call loads from the central drive."""
+    worker, central = roots
+    far = split_tiny(tmp_path, central / "far", "far", seed=9)
+    odd = split_tiny(tmp_path, central / "odd", "odd", seed=10)
+    other = split_tiny(tmp_path, tmp_path / "other", "odd", seed=11)
+    (worker / "far").mkdir()
+    (worker / "odd").mkdir()
+    shutil.copy2(far[1], worker / "far" / far[1].name)
+    shutil.copy2(other[1], worker / "odd" / other[1].name)  # same name, other bytes
+    left = os.stat(worker / "far" / far[1].name)
+    box = box_on(tmp_path, worker, central, store, FITBOX_MOVERS="upload_to_worker")
+
+    async def run() -> None:
+        done = await box.movers.before_load(box.asks.named("far"), None)
+        assert done.first.path == worker / "far" / far[0].name
+        refused = await box.movers.before_load(box.asks.named("odd"), None)
+        assert refused.first.path == odd[0]
+
+    asyncio.run(run())
+    assert names(worker / "far") == [s.name for s in far]
+    assert [sha256(worker / "far" / s.name) for s in far] == [sha256(s) for s in far]
+    kept = os.stat(worker / "far" / far[1].name)
+    assert (kept.st_ino, kept.st_mtime_ns) == (left.st_ino, left.st_mtime_ns)  # not copied
+    assert names(worker / "odd") == [other[1].name]  # left alone, no .part
+    assert sha256(worker / "odd" / other[1].name) == sha256(other[1])
+    rows = [(a["target"], a["outcome"]) for a in actions(store)
+            if a["action"] == "upload-to-worker"]  # fmt: skip
+    assert rows == [("far", "ok"), ("odd", "error")]

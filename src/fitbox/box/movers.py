@@ -272,12 +272,22 @@ class Movers:
         """Every file of the model at ``source`` (a split GGUF's shards) copied beside
         ``dest`` as one (models/copying.py), each checked against its kept sha256 and its
         hash kept at the copy; the first file's sha256. Blocks: call it off the loop."""
-        pairs = [(src, dst, self.kept_hash(src).sha256)
-                 for src, dst in zip(set_files(source), set_files(dest), strict=True)]  # fmt: skip
+        first, *rest = [(src, dst, self.kept_hash(src).sha256)
+                        for src, dst in zip(set_files(source), set_files(dest), strict=True)]
+        # a later shard already there with its source's bytes (a copy stopped between its
+        # renames, before the first's) is kept, not copied again; one with other bytes
+        # refuses the copy (copy_set_verified: it exists)
+        pairs = [first, *(pair for pair in rest if not self._is_twin(pair[1], pair[2]))]
         landed = copy_set_verified(pairs, progress)
         for (_src, dst, _expected), (sha256, chunks) in zip(pairs, landed, strict=True):
             self._keep(dst, sha256, chunks)
         return landed[0][0]
+
+    def _is_twin(self, path: Path, sha256: str) -> bool:
+        try:
+            return path.is_file() and self.kept_hash(path).sha256 == sha256
+        except OSError:
+            return False
 
     async def _upload(self, upload: Upload, worker: Path) -> None:
         assert self.store is not None
