@@ -476,6 +476,28 @@ def test_a_split_model_is_pulled_whole_and_named_only_once_every_shard_verified(
     assert [_sha256(models / s.name) for s in shards] == [_sha256(s) for s in shards]
 
 
+def test_a_split_pull_stopped_between_its_renames_is_finished_by_the_next(
+    source: Source, dest: tuple[Path, Store]
+) -> None:
+    """Shard 2 in place and shard 1 not (what a pull stopped after its first rename, the
+    last shard's, leaves): the next pull hashes shard 2 here, keeps it, fetches shard 1
+    only. With other bytes under shard 2's name it is refused, the file left alone."""
+    models, store = dest
+    shards = sorted((source.models / "whole").iterdir())
+    models.mkdir(parents=True)
+    shutil.copyfile(shards[1], models / shards[1].name)
+    first, second = pull_from_box(f"box://127.0.0.1:{source.port}/whole", models, store)
+    assert second.fetched_bytes == 0 and second.reused_chunks == len(second.chunks) == 1
+    assert first.fetched_bytes == shards[0].stat().st_size
+    assert [_sha256(models / s.name) for s in shards] == [_sha256(s) for s in shards]
+    for path in models.iterdir():
+        path.unlink()
+    (models / shards[1].name).write_bytes(b"not the shard")
+    with pytest.raises(PullError, match="exists with other bytes"):
+        pull_from_box(f"box://127.0.0.1:{source.port}/whole", models, store)
+    assert sorted(p.name for p in models.iterdir()) == [shards[1].name]
+
+
 def test_a_drive_that_refuses_o_direct_lands_the_pull_through_the_page_cache(
     source: Source, tmp_path: Path
 ) -> None:

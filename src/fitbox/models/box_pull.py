@@ -28,7 +28,7 @@ from urllib.parse import quote, urlencode
 from fitbox.models.copying import sync_dir
 from fitbox.models.landing import Landing
 from fitbox.models.pull import PullError
-from fitbox.models.transfer import PathRefused, missing_shards, refuse_name
+from fitbox.models.transfer import FileHash, PathRefused, hash_file, missing_shards, refuse_name
 
 _SPEC = re.compile(
     r"^box://(?P<host>\[[0-9A-Fa-f:.]+\]|[^/:\[\]]+):(?P<port>\d{1,5})/(?P<model>[^/]+)$"
@@ -166,9 +166,11 @@ class BoxPull:
                             f"{', '.join(missing)}: a split GGUF is pulled whole or not at all "
                             "(the source could not offer those: missing, or linked out of the "
                             "model's directory)")  # fmt: skip
-        self._refuse_if_here(files)
+        landed = self._landed_before(files)
+        self._refuse_if_here([f for f in files if f["path"] not in landed])
         self.dest_dir.mkdir(parents=True, exist_ok=True)
-        needed = sum(int(f["bytes"]) - _size(self.dest_dir / f"{f['path']}.part") for f in files)
+        needed = sum(int(f["bytes"]) - _size(self.dest_dir / f"{f['path']}.part")
+                     for f in files if f["path"] not in landed)  # fmt: skip
         reason = self.no_room(max(0, needed))
         if reason and self.make_room is not None:
             self.make_room(max(0, needed))
@@ -179,6 +181,11 @@ class BoxPull:
             outcome = FileOutcome(f["path"], self.dest_dir / f["path"], int(f["bytes"]),
                                   str(f["sha256"]))  # fmt: skip
             self.outcomes.append(outcome)
+            if outcome.name in landed:  # in place already, its sha256 checked here
+                found = landed[outcome.name]
+                outcome.chunk_bytes, outcome.chunks = found.chunk_bytes, found.chunks
+                outcome.reused_chunks, outcome.seconds = len(found.chunks), found.seconds
+                continue
             started = time.monotonic()
             try:
                 self._pull_file(outcome)
@@ -190,10 +197,27 @@ class BoxPull:
         # renamed only once every file verified, the first last: a split GGUF is named (the
         # catalog lists it by its first shard) only when all its shards are in place
         for outcome in reversed(self.outcomes):
-            os.replace(outcome.path.with_name(outcome.path.name + ".part"), outcome.path)
+            if outcome.name not in landed:
+                os.replace(outcome.path.with_name(outcome.path.name + ".part"), outcome.path)
         for parent in dict.fromkeys(o.path.parent for o in self.outcomes):
             sync_dir(parent)
         return self.outcomes
+
+    def _landed_before(self, files: list[dict[str, Any]]) -> dict[str, FileHash]:
+        """The files after the first already in place with the source's sha256, hashed
+        here, while the first is not: a pull stopped between its renames (the first is
+        renamed last) left them; they are kept, not fetched again. The first in place is
+        the model here already (refused, as any file in the way is)."""
+        if not files or (self.dest_dir / files[0]["path"]).exists():
+            return {}
+        landed = {}
+        for f in files[1:]:
+            path = self.dest_dir / f["path"]
+            if path.is_file() and not path.is_symlink() and path.stat().st_size == f["bytes"]:
+                hashed = hash_file(path)
+                if hashed.sha256 == f["sha256"]:
+                    landed[str(f["path"])] = hashed
+        return landed
 
     def _refuse_if_here(self, files: list[dict[str, Any]]) -> None:
         for f in files:
