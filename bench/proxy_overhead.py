@@ -17,6 +17,9 @@ The transformers rows (issue 16, ``--tf-requests 0`` leaves them out): SmolLM2 a
 float32 safetensors folder in the transformers child (the engine venv the tests build,
 tests/tf_engine.py), the same child called directly and through fitbox, interleaved:
 one-token chat calls (added p50 and the ratio) and streams (TTFB and tokens/s ratio).
+
+Issue 17's figure (everything a client and an operator can see on, against all of it
+off, in one run) is bench/operator_overhead.py's.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sqlite3
 import stat
 import time
@@ -17,7 +18,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from fitbox import cli, config
-from fitbox.server.app import create_app
+from fitbox.server.app import ROUTES, create_app
+from fitbox.server.auth import is_inference
 from fitbox.store.keys import create_key
 
 from .conftest import BOX
@@ -121,6 +123,50 @@ def test_a_rebound_name_gets_nothing_from_the_box_without_a_key(started: Path) -
         admin = make_key(started, "admin")  # a key decides for itself, whatever the Host
         assert local.get("/v1/keys", headers={**evil, **bearer(admin)}).status_code == 200
         assert local.get("/health", headers=evil).status_code == 200  # open stays open
+
+
+# open to anyone, so no Host can matter: nothing of the box's is in them
+PUBLIC = frozenset({"/health", "/openapi.json"})
+
+
+def test_every_route_but_inference_refuses_a_rebound_host_without_a_key(started: Path) -> None:
+    """Each route family the app serves (management, telemetry, metrics, the dashboard and
+    its events, the calls page, MCP), every method: a keyless call from the box itself
+    under another name is refused at the door with an OpenAI-shaped 403. A route added
+    later is checked here too, unless it is inference or named PUBLIC."""
+    checked = []
+    with client(started, LOCAL) as local:
+        for route in ROUTES:
+            path = re.sub(r"\{[^}]+\}", "x", route.path)
+            if path in PUBLIC or is_inference(path):
+                continue
+            for method in sorted((route.methods or set()) - {"HEAD"}):
+                refused = local.request(method, path, headers={"Host": "evil.example"})
+                body = error(refused, 403, "permission_error")
+                assert body["code"] == "host_not_allowed", (method, path, body)
+                assert "evil.example" in body["message"] or "host name" in body["message"]
+                checked.append(f"{method} {path}")
+        # inference keeps trust by address (as a trusted network has it): not a Host rule
+        assert local.get("/v1/models", headers={"Host": "evil.example"}).status_code == 200
+    families = {"/v1/keys", "/v1/telemetry/state", "/metrics", "/", "/dashboard/events",
+                "/calls", "/mcp", "/v1/operator/x", "/v1/settings/box", "/v1/transfer/x/file"}
+    assert families <= {c.split(" ", 1)[1] for c in checked}
+
+
+def test_a_rebound_host_is_no_insider(started: Path) -> None:
+    """/slots holds every caller's prompts: a keyless call from the box itself sees it only
+    under a Host naming the box (the door passes inference under any Host)."""
+    with client(started, LOCAL) as local:
+        refused = error(local.get("/slots", params={"model": "no-such"},
+                                  headers={"Host": "evil.example"}), 403, "permission_error")
+        assert refused["code"] == "insider_only" and "FITBOX_HOST_NAMES" in refused["message"]
+        # past the door and the insider rule, to the model lookup (no child is started)
+        own = local.get("/slots", params={"model": "no-such"}, headers={"Host": "127.0.0.1:8484"})
+        assert error(own, 404, "invalid_request_error")["code"] == "model_not_found"
+        admin = make_key(started, "admin")  # a key decides for itself, whatever the Host
+        keyed = local.get("/slots", params={"model": "no-such"},
+                          headers={"Host": "evil.example", **bearer(admin)})  # fmt: skip
+        assert error(keyed, 404, "invalid_request_error")["code"] == "model_not_found"
 
 
 def test_another_page_cannot_change_the_box_without_a_key(started: Path) -> None:

@@ -4,16 +4,20 @@ streamed and error responses, each figure the same as the call row says."""
 from __future__ import annotations
 
 import re
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 
+from fitbox import config
+from fitbox.server.app import create_app
 from fitbox.server.timing import figures
 
-from .conftest import FitboxProcess, running_fitbox
+from .conftest import BOX, FitboxProcess, running_fitbox
 from .holds import until
 
 pytestmark = pytest.mark.engine
@@ -133,3 +137,41 @@ def test_a_refused_body_and_a_route_that_is_no_call_have_a_total(box: FitboxProc
 def test_the_parser_reads_what_the_spec_allows() -> None:
     assert parse_server_timing('miss, db;dur=53, app;dur=47.2;desc="x", 1 bad;dur=1') == {
         "miss": None, "db": 53.0, "app": 47.2}  # fmt: skip
+
+
+def test_a_server_that_offers_trailers_gets_the_last_figures_in_one(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    """uvicorn offers no trailers (see the test above); Starlette's test transport does (the
+    ASGI ``http.response.trailers`` extension). The real app and route on a real stream: a
+    client that sent ``TE: trailers`` gets a Trailer header and then the figures its start
+    could not carry (ttft, total), the same as the last SSE comment and the call row; a
+    client that did not ask gets no trailer."""
+    cfg = config.load({"home": str(tmp_path), "models": str(smollm2.parent)}, env={})
+    body = {"model": SMOL, "messages": HELLO, "max_tokens": 4, "stream": True}
+    with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as client:
+        # resident first: a stream that waits for a load has its 200 sent before any figure
+        # is known (server/progress.py), so its start would carry none
+        loaded = client.post("/v1/chat/completions", json={**body, "stream": False})
+        assert loaded.status_code == 200, loaded.text
+        asked = client.post("/v1/chat/completions", json=body,
+                            headers={"te": "trailers", **rid()})  # fmt: skip
+        unasked = client.post("/v1/chat/completions", json=body, headers=rid())
+    assert asked.status_code == unasked.status_code == 200
+    assert asked.headers["trailer"] == "server-timing"
+    early = parse_server_timing(asked.headers["server-timing"])
+    assert list(early) == ["queue", "load"] and early["load"] == 0
+    trailers = dict(asked.extensions["http.response.trailers"])
+    late = parse_server_timing(trailers[b"server-timing"].decode())
+    assert list(late) == ["queue", "load", "ttft", "total"]
+    events = [e for e in asked.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert late == parse_server_timing(events[-2].removeprefix(": server-timing "))
+    with sqlite3.connect(tmp_path / "fitbox.sqlite3") as conn:
+        conn.row_factory = sqlite3.Row
+        row = dict(conn.execute("SELECT * FROM call_log WHERE request_id = ?",
+                                (asked.request.headers["x-request-id"],)).fetchone())  # fmt: skip
+    assert late == row_figures(row)
+    assert early == {k: late[k] for k in ("queue", "load")}
+    assert "trailer" not in unasked.headers
+    assert "http.response.trailers" not in unasked.extensions

@@ -16,13 +16,15 @@
   (``box_host()``: an address, localhost, FITBOX_HOST or FITBOX_HOST_NAMES), and a
   state-changing one (POST, PUT, PATCH, DELETE) that carries an Origin must come from the
   box's own origin (the Host it was sent to): another page's form or fetch is refused.
+- `/calls` is for the box itself only, key or not (a loopback peer, the same Host rule).
 - `/health` is open. A presented fitbox key (``fb_…``) that is not valid is refused even
   where no key is needed: a client that sends a revoked key should hear about it. Any other
   bearer value (OpenAI SDKs insist on *some* api_key: "sk-no-key", "unused") is no key.
 - Engine internals (an engine's log lines: paths, ports, slot state) are for insiders: an
-  admin key (the box key is one), or no key from the box itself. A key decides for itself
-  wherever it comes from; a trusted network without a key is no insider. Routes and error
-  handlers read ``request.state.insider``.
+  admin key (the box key is one), or no key from the box itself under a Host naming the box
+  (a rebound page must not read ``/slots``: every caller's prompts). A key decides for
+  itself wherever it comes from; a trusted network without a key is no insider. Routes and
+  error handlers read ``request.state.insider``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ OPEN = frozenset({"/health"})
 READ = ("/v1/telemetry", "/metrics")  # telemetry: a read (or admin) key, or the box itself
 # outside /v1 but guarded as it is: the metrics (read) and the dashboard (management)
 MCP = "/mcp"
-GUARDED = frozenset({"/metrics", "/", "/dashboard/events", MCP})
+BOX_ONLY = frozenset({"/calls"})  # the box itself only, whatever key comes
+GUARDED = frozenset({"/metrics", "/", "/dashboard/events", MCP, *BOX_ONLY})
 CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -84,6 +87,13 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate,
     if presented and key is None:
         raise AuthenticationFailed("The API key is not valid: unknown, revoked or expired.")
     origin = origin or origin_of(peer, headers, gate.settings)
+    if path in BOX_ONLY:
+        if not origin.local:
+            raise PermissionDenied(f"{path} is served to the box itself only: "
+                                   f"{origin.reason}.", code="loopback_only")  # fmt: skip
+        if key is None:
+            check_browser(headers, method, gate.settings)
+        return key
     if path == MCP:  # each tool is admitted again as the route it mirrors (mcp_tools.py)
         if key is not None:
             return key
@@ -167,7 +177,7 @@ def check_browser(headers: Mapping[str, str], method: str, settings: TrustSettin
     """Refuse a keyless call from the box itself that a web page could have made (see the
     module's rule on DNS rebinding); a call with no Host or Origin (curl, a script) passes."""
     host = headers.get("host")
-    if host is not None and not box_host(host, settings):
+    if not names_box(headers, settings):
         raise PermissionDenied(
             f"The Host header {host!r} does not name this box: without a key, a call from "
             "the box itself is served only to an address, localhost, FITBOX_HOST or a name "
@@ -186,9 +196,16 @@ def check_browser(headers: Mapping[str, str], method: str, settings: TrustSettin
             code="origin_not_allowed", param="origin")  # fmt: skip
 
 
-def insider(key: ApiKey | None, origin: Origin) -> bool:
-    """Whether the caller may see engine internals (see the module's last rule)."""
-    return "admin" in key.scopes if key is not None else origin.local
+def names_box(headers: Mapping[str, str], settings: TrustSettings) -> bool:
+    """Whether the request's Host (if it sent one: curl over HTTP/1.0 may not) names the box."""
+    host = headers.get("host")
+    return host is None or box_host(host, settings)
+
+
+def insider(key: ApiKey | None, origin: Origin, named_box: bool = True) -> bool:
+    """Whether the caller may see engine internals (see the module's last rule);
+    ``named_box``: its Host names this box (``names_box``)."""
+    return "admin" in key.scopes if key is not None else origin.local and named_box
 
 
 class AuthMiddleware:
@@ -214,5 +231,5 @@ class AuthMiddleware:
                 return
             state = scope.setdefault("state", {})
             state["api_key"] = key
-            state["insider"] = insider(key, origin)
+            state["insider"] = insider(key, origin, names_box(headers, gate.settings))
         await self.app(scope, receive, send)

@@ -6,7 +6,8 @@ JavaScript off. With it, the page listens on /dashboard/events, which sends the 
 ``<main>`` each time the store's change counter moves (``app.state.changes``) or a resident
 changes state (the registry's change signal: a load finishing writes no row), and, while a
 resident is loading, once per ``SPACING_S`` (the bytes of its weights read so far). Nothing
-is sent otherwise: no polling, no heartbeat.
+is sent otherwise: no polling, no heartbeat. A change is rendered once the counter has been
+still for ``QUIET_S`` (after the reply of the call that moved it), at most ``SPACING_S`` late.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ ROWS = 20  # calls, evictions and refusals shown
 # the least time between two updates to one page: a busy box moves the counter twice per
 # call, and rendering the page each time would cost every call (bench/operator_overhead.py)
 SPACING_S = 1.0
+# how long the counter must stay still before a page is rendered: a call moves it as it
+# starts (its row opens) and after its reply went (its row ends), so a render waits for the
+# end instead of running on the loop while the call it saw is being forwarded
+QUIET_S = 0.05
 
 
 def _rows(store: Store) -> tuple[list[dict[str, Any]], ...]:
@@ -102,6 +107,20 @@ async def _changed(signal: ChangeSignal, registry: asyncio.Event, store: Store,
             wait.cancel()
 
 
+async def _settled(signal: ChangeSignal, store: Store, leaving: asyncio.Event) -> None:
+    """Until the store's counter has stayed still for ``QUIET_S``, at most ``SPACING_S`` (a box
+    busy with back-to-back calls is never still: its page is rendered at that bound)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SPACING_S
+    while not leaving.is_set():
+        seen, left = store.counter, deadline - loop.time()
+        if left <= 0:
+            return
+        await signal.wait(min(QUIET_S, left), leaving)
+        if store.counter == seen:
+            return
+
+
 async def events(request: Request) -> Response:
     """GET /dashboard/events?since=COUNTER: an update at once if the counter has moved past
     ``since`` (the page was rendered before it), then one per change."""
@@ -117,6 +136,7 @@ async def events(request: Request) -> Response:
         while not leaving.is_set():  # a stopping server ends the stream: the page reconnects
             registry = box.registry.change()
             if store.counter != shown or _states(box) != states or _loading(box):
+                await _settled(signal, store, leaving)
                 states = _states(box)
                 view = await gather(box, store)
                 shown = view.counter

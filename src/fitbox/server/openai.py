@@ -137,5 +137,7 @@ async def slots(request: Request) -> Response:
     if not is_insider(request):
         raise PermissionDenied(
             "GET /slots shows every caller's prompt and generated text: it needs an admin key "
-            "or a call from the box itself.", code="insider_only")  # fmt: skip
+            "or a call from the box itself sent to an address, localhost, FITBOX_HOST or a "
+            "name in FITBOX_HOST_NAMES (a web page rebound to this box sends its own name).",
+            code="insider_only")  # fmt: skip
     return await _read(request, "/slots")

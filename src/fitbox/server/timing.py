@@ -12,8 +12,13 @@ A whole reply (or an error) carries all it has in its header. A streamed reply's
 carries what is known when it goes out (queue, load); the rest comes in a last SSE comment
 (``: server-timing queue;dur=…, …``) before ``data: [DONE]``, and in an HTTP trailer where
 the server can send one (the ASGI ``http.response.trailers`` extension) and the client sent
-``TE: trailers``. uvicorn's HTTP/1.1 protocols (h11, httptools) do not offer that extension,
-so under ``fitbox serve`` a stream's last figures are in the SSE comment only.
+``TE: trailers``. uvicorn's HTTP/1.1 protocols (h11, httptools; read in 0.54) do not offer
+that extension: their scope has no ``extensions``, a stream ends with a bare last chunk
+(``0\r\n\r\n``) and a message after the last body raises. So under ``fitbox serve`` a
+stream's last figures are in the SSE comment only. uvicorn 0.54's HTTP/2 protocol
+(``http="zttp", http2=True``, which needs the separate ``zttp`` package) does offer it, and
+this middleware would need no change there. Starlette's test transport offers it too:
+tests/test_timing_e2e.py drives the real route and a real engine through it.
 
 A response that is no call (``/v1/models``, a refused key, management) gets ``total``: the
 time from its request's arrival to its status line.
