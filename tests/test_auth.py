@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import socket
 import sqlite3
 import stat
 import time
@@ -129,11 +130,11 @@ def test_a_rebound_name_gets_nothing_from_the_box_without_a_key(started: Path) -
 PUBLIC = frozenset({"/health", "/openapi.json"})
 
 
-def test_every_route_but_inference_refuses_a_rebound_host_without_a_key(started: Path) -> None:
+def test_every_route_refuses_a_rebound_host_without_a_key(started: Path) -> None:
     """Each route family the app serves (management, telemetry, metrics, the dashboard and
     its events, the calls page, MCP), every method: a keyless call from the box itself
-    under another name is refused at the door with an OpenAI-shaped 403. A route added
-    later is checked here too, unless it is inference or named PUBLIC."""
+    under another name is refused at the door with an OpenAI-shaped 403, inference too
+    (below). A route added later is checked here too, unless it is named PUBLIC."""
     checked = []
     with client(started, LOCAL) as local:
         for route in ROUTES:
@@ -146,8 +147,17 @@ def test_every_route_but_inference_refuses_a_rebound_host_without_a_key(started:
                 assert body["code"] == "host_not_allowed", (method, path, body)
                 assert "evil.example" in body["message"] or "host name" in body["message"]
                 checked.append(f"{method} {path}")
-        # inference keeps trust by address (as a trusted network has it): not a Host rule
-        assert local.get("/v1/models", headers={"Host": "evil.example"}).status_code == 200
+        # inference too: a rebound page could read replies and start loads that evict
+        for path in ("/v1/models", "/v1/chat/completions", "/props"):
+            refused = local.request("POST" if "chat" in path else "GET", path,
+                                    headers={"Host": "evil.example"}, json={})  # fmt: skip
+            body = error(refused, 403, "permission_error")
+            assert body["code"] == "host_not_allowed" and "evil.example" in body["message"]
+        for own in ("127.0.0.1:8484", "localhost", socket.gethostname()):
+            assert local.get("/v1/models", headers={"Host": own}).status_code == 200, own
+        keyed = local.get("/v1/models", headers={"Host": "evil.example",
+                                                 **bearer(make_key(started, "inference"))})
+        assert keyed.status_code == 200  # a key decides for itself, whatever the Host
     families = {"/v1/keys", "/v1/telemetry/state", "/metrics", "/", "/dashboard/events",
                 "/calls", "/mcp", "/v1/operator/x", "/v1/settings/box", "/v1/transfer/x/file"}
     assert families <= {c.split(" ", 1)[1] for c in checked}
@@ -155,11 +165,11 @@ def test_every_route_but_inference_refuses_a_rebound_host_without_a_key(started:
 
 def test_a_rebound_host_is_no_insider(started: Path) -> None:
     """/slots holds every caller's prompts: a keyless call from the box itself sees it only
-    under a Host naming the box (the door passes inference under any Host)."""
+    under a Host naming the box (the door refuses any other before the insider rule)."""
     with client(started, LOCAL) as local:
         refused = error(local.get("/slots", params={"model": "no-such"},
                                   headers={"Host": "evil.example"}), 403, "permission_error")
-        assert refused["code"] == "insider_only" and "FITBOX_HOST_NAMES" in refused["message"]
+        assert refused["code"] == "host_not_allowed" and "FITBOX_HOST_NAMES" in refused["message"]
         # past the door and the insider rule, to the model lookup (no child is started)
         own = local.get("/slots", params={"model": "no-such"}, headers={"Host": "127.0.0.1:8484"})
         assert error(own, 404, "invalid_request_error")["code"] == "model_not_found"

@@ -12,8 +12,9 @@
 - Without a key, trust in "the box itself" is trust in a loopback peer, which a web page in
   the operator's own browser is too: a page whose name was rebound by DNS to 127.0.0.1
   reaches this box under its own name. So a keyless call from the box itself to
-  management, the dashboard, telemetry or MCP must send a Host that names the box
-  (``box_host()``: an address, localhost, FITBOX_HOST or FITBOX_HOST_NAMES), and a
+  inference, management, the dashboard, telemetry or MCP must send a Host that names the
+  box (``box_host()``: an address, localhost, the box's hostname, FITBOX_HOST or
+  FITBOX_HOST_NAMES; a keyless caller on a trusted network keeps its names), and a
   state-changing one (POST, PUT, PATCH, DELETE) that carries an Origin must come from the
   box's own origin (the Host it was sent to): another page's form or fetch is refused.
 - `/calls` is for the box itself only, key or not (a loopback peer, the same Host rule).
@@ -30,6 +31,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,6 +55,8 @@ MCP = "/mcp"
 BOX_ONLY = frozenset({"/calls"})  # the box itself only, whatever key comes
 GUARDED = frozenset({"/metrics", "/", "/dashboard/events", MCP, *BOX_ONLY})
 CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# the box's own name names it: a rebinding page sends the attacker's name, never this one
+_OWN_NAME = socket.gethostname().lower().rstrip(".")
 
 
 @dataclass
@@ -119,6 +123,17 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate,
                 "This box requires an API key for inference: send Authorization: Bearer "
                 "fb_<id>_<secret> (create one with 'fitbox keys create').",
                 code="missing_api_key")  # fmt: skip
+        if origin.local and not names_box(headers, gate.settings):
+            # a page whose name was rebound to 127.0.0.1 could read replies and start loads
+            # that evict the operator's models (a trusted network's other machines keep
+            # their names: their browsers are not this box's)
+            raise PermissionDenied(
+                f"The Host header {headers.get('host')!r} does not name this box: without a "
+                "key, inference from the box itself is served only to an address, localhost, "
+                "the box's hostname, FITBOX_HOST or a name in FITBOX_HOST_NAMES (a web page "
+                "whose name was rebound to this box would send its own). Use "
+                "http://127.0.0.1:PORT, add the name to FITBOX_HOST_NAMES, or send a key.",
+                code="host_not_allowed", param="host")  # fmt: skip
         if origin.local or origin.trusted:
             return None
         raise AuthenticationFailed(f"An API key is required: {origin.reason}.",
@@ -169,7 +184,7 @@ def box_host(host: str, settings: TrustSettings) -> bool:
     address bar, which no DNS answer can change), localhost or ``*.localhost`` (browsers
     resolve those to loopback themselves), FITBOX_HOST, or a name in FITBOX_HOST_NAMES."""
     name = _host_name(host)
-    return (_address_host(host) or name.endswith(".localhost")
+    return (_address_host(host) or name.endswith(".localhost") or name == _OWN_NAME
             or name == _host_name(settings.listen_host) or name in settings.host_names)  # fmt: skip
 
 
