@@ -1,11 +1,12 @@
 """The central with real boxes: three `fitbox serve` processes (own homes, own loopback
 ports, real llama-server children on SmolLM2 and a generated llama) and one `fitbox central
 serve`, all on loopback. Registration, mirroring (exactly once, through a kill -9 of the
-central, a box frozen and thawed, and a box that moves port), the fleet view, limits set
-from the centre, facts one box measured priced on another, routing by BOX/MODEL and by bare
-name with the openai SDK (resident, fits, fits elsewhere when the resident box is full), SSE
-through, and the retry before the first byte on a box the test kills. Boxes are sorted by
-id: boxes[0] wins a tie; boxes[2] runs an engine only in the tests that call it."""
+central, a box frozen for 30 s and thawed, and a box that moves port), the fleet view,
+limits set from the centre, facts one box measured priced on another, routing by BOX/MODEL
+and by bare name with the openai SDK (resident, fits, fits elsewhere when the resident box
+is full), SSE through, and the retry before the first byte on a box the test kills. Boxes
+are sorted by id: boxes[0] wins a tie; boxes[2] runs an engine only in the tests that call
+it."""
 
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ def _all_up(central: Central, ids: list[str]) -> bool:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
           llama_server_bin: Path) -> Iterator[Fleet]:  # fmt: skip
-    central = Central(tmp_path_factory.mktemp("central"))
+    # a 5 s long-poll (25 s by default): a box frozen for 30 s outlasts its 15 s answer bound
+    central = Central(tmp_path_factory.mktemp("central"), env={"FITBOX_CENTRAL_LONG_POLL": "5"})
     made = subprocess.run(
         [
             sys.executable,
@@ -370,18 +372,31 @@ def test_every_call_is_mirrored_once_in_its_final_form(fleet: Fleet) -> None:
     assert children and all(c["artifact"] for c in children)
 
 
-def test_a_box_frozen_and_thawed_loses_nothing_and_repeats_nothing(fleet: Fleet) -> None:
+FROZEN_S = 30.0  # the issue's proof: a box stopped this long and brought back
+
+
+def _in_state(central: Central, box_id: str, state: str) -> dict[str, Any] | None:
+    """The box's entry of the fleet view while it is in ``state``."""
+    box = central.fleet()[box_id]
+    return box if box["state"] == state else None
+
+
+def test_a_box_frozen_for_30_s_and_thawed_loses_nothing_and_repeats_nothing(
+    fleet: Fleet,
+) -> None:
     """Box c is frozen (SIGSTOP: its sockets still take connections, nothing answers) while
-    calls wait on it, direct and through the central, and the rest of the fleet goes on;
-    thawed (SIGCONT), every call is answered and every row is mirrored once. The freeze is
-    held by the test's own events (the other box's rows mirrored, the calls waiting), not
-    for 30 s: a frozen box looks the same to the central at 2 s as at 30."""
+    calls wait on it, direct and through the central, and the rest of the fleet goes on. The
+    central's long-poll to it runs out (the fixture's 5 s long-poll and its 10 s margin, well
+    inside the freeze) and marks it unreachable; the freeze is held by the test's own events
+    (that mark seen, the other box's rows mirrored, the calls waiting) and for 30 s at least;
+    thawed (SIGCONT), every call is answered and every row is mirrored once."""
     frozen, frozen_id = fleet.boxes[2], fleet.ids[2]
     other, other_id = fleet.boxes[0], fleet.ids[0]
     with openai.OpenAI(base_url=f"{frozen.url}/v1", api_key="unused") as direct:
         direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
     until(lambda: _mirrored_exactly(fleet.central, frozen, frozen_id), "box c's rows mirrored")
     os.kill(frozen.proc.pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
     try:
         waiting = [
             Background(lambda: httpx.post(f"{frozen.url}/v1/completions", timeout=120, json={
@@ -394,7 +409,12 @@ def test_a_box_frozen_and_thawed_loses_nothing_and_repeats_nothing(fleet: Fleet)
             direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
         until(lambda: _mirrored_exactly(fleet.central, other, other_id),
               "the rest of the fleet mirrored while box c is frozen")  # fmt: skip
+        seen = until(lambda: _in_state(fleet.central, frozen_id, "unreachable"),
+                     "the central's long-poll to the frozen box running out", FROZEN_S)  # fmt: skip
+        assert "TimeoutError" in seen["last_error"]  # it ran out: no connection was refused
         assert all(w.is_alive() for w in waiting)  # nothing answers on a frozen box
+        time.sleep(max(0.0, FROZEN_S - (time.monotonic() - stopped_at)))  # the issue's 30 s
+        assert all(w.is_alive() for w in waiting)
     finally:
         os.kill(frozen.proc.pid, signal.SIGCONT)
     for call in waiting:
@@ -403,7 +423,7 @@ def test_a_box_frozen_and_thawed_loses_nothing_and_repeats_nothing(fleet: Fleet)
     assert len(frozen.calls()) >= 3
     until(lambda: _mirrored_exactly(fleet.central, frozen, frozen_id),
           "box c's rows, the ones taken while frozen too, mirrored once each")  # fmt: skip
-    assert fleet.central.fleet()[frozen_id]["state"] == "up"
+    until(lambda: fleet.central.fleet()[frozen_id]["state"] == "up", "box c up again")
 
 
 def test_a_row_the_mirror_cannot_take_is_kept_raw_and_the_rest_syncs(fleet: Fleet) -> None:

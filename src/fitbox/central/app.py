@@ -251,7 +251,7 @@ async def _serving(app: Starlette, config: Config,
     timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=60.0)
     client = httpx.AsyncClient(limits=limits, timeout=timeout)  # management (central/box_link.py:
     # the mirror's requests and the forwarded calls)
-    fleet = Fleet(store, client)
+    fleet = Fleet(store, client, config.central_long_poll)
     offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.gate = Gate(

@@ -22,7 +22,9 @@ from fitbox.engines.http1 import EngineConnectionError
 from fitbox.store.db import CURSOR_TABLES, READING_TABLES
 
 log = logging.getLogger(__name__)
-LONG_POLL_S = 25.0  # the box answers at most after this long with nothing new
+LONG_POLL_S = 25.0  # the box answers at most after this long with nothing new (the default
+# of FITBOX_CENTRAL_LONG_POLL)
+ANSWER_MARGIN_S = 10.0  # a long-poll not answered this long after its wait: the box is frozen
 PAGE = 1000  # the box's MAX_ROWS
 RETRY_MOST_S = 5.0
 CALLS_SETTLE_S = 1.0  # how long a call-only change waits for the central's own calls to end
@@ -101,8 +103,10 @@ class Listener(Protocol):
 class Fleet:
     """Every registered box and its follower; the one owner of the links."""
 
-    def __init__(self, store: CentralStore, client: httpx.AsyncClient) -> None:
+    def __init__(self, store: CentralStore, client: httpx.AsyncClient,
+                 long_poll_s: float = LONG_POLL_S) -> None:  # fmt: skip
         self.store = store
+        self.long_poll_s = long_poll_s
         self.client = client  # management's requests (limits, facts, plans); the mirror's
         # and the forwarded calls go on each link's own connections (BoxLink.http)
         self.links: dict[str, BoxLink] = {}
@@ -159,8 +163,9 @@ class Fleet:
         wait = 0.5
         while True:
             try:
-                state = await self._get(link, "/v1/telemetry/state", LONG_POLL_S + 10,
-                                        since=link.counter, wait=LONG_POLL_S)  # fmt: skip
+                wait_s = self.long_poll_s
+                state = await self._get(link, "/v1/telemetry/state", wait_s + ANSWER_MARGIN_S,
+                                        since=link.counter, wait=wait_s)  # fmt: skip
                 counter = int(state["counter"])
                 was = link.state
                 link.state, link.last_error, link.refused_calls = "up", None, False
