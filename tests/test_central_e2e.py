@@ -2,11 +2,11 @@
 ports, real llama-server children on SmolLM2 and a generated llama) and one `fitbox central
 serve`, all on loopback. Registration, mirroring (exactly once, through a kill -9 of the
 central, a box frozen for 30 s and thawed, and a box that moves port), the fleet view,
-limits set from the centre, facts one box measured priced on another, routing by BOX/MODEL
-and by bare name with the openai SDK (resident, fits, fits elsewhere when the resident box
-is full), SSE through, and the retry before the first byte on a box the test kills. Boxes
-are sorted by id: boxes[0] wins a tie; boxes[2] runs an engine only in the tests that call
-it."""
+limits set from the centre, facts one box measured (footprints, speeds, refused windows)
+priced on another, routing by BOX/MODEL and by bare name with the openai SDK (resident,
+fits, fits elsewhere when the resident box is full), SSE through, and the retry before the
+first byte on a box the test kills. Boxes are sorted by id: boxes[0] wins a tie; boxes[2]
+runs an engine only in the tests that call it."""
 
 from __future__ import annotations
 
@@ -279,6 +279,72 @@ def test_a_footprint_one_box_measured_prices_the_first_load_of_the_others(fleet:
 
         labelled = until(labelled_rows, "the import mirrored, labelled with its origin")
         assert labelled[0]["origin_id"] == row["id"]
+
+
+def _refuse_by_hand(box: FitboxProcess, like: dict[str, Any], window: int) -> int:
+    """A refused window in the box's store, with its event (what a load that ran out of
+    memory writes: test_faults_e2e proves a real one does): the mirror's view of it, once
+    the box's counter moves (a call)."""
+    with contextlib.closing(sqlite3.connect(box.home / "fitbox.sqlite3", timeout=10)) as conn:
+        row_id = conn.execute(
+            "INSERT INTO refused_windows (artifact, artifact_size, artifact_mtime_ns, "
+            "placement, window, type_k, type_v, detail, measured_at) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, 'failed to allocate buffer for kv cache', ?)",
+            (like["artifact"], like["artifact_size"], like["artifact_mtime_ns"], like["device"],
+             window, like["type_k"], like["type_v"], time.time())).lastrowid  # fmt: skip
+        seq = conn.execute("INSERT INTO events (at, kind, tbl, row_id) VALUES (?, 'fact', "
+                           "'refused_windows', ?)", (time.time(), row_id)).lastrowid  # fmt: skip
+        conn.execute("UPDATE refused_windows SET seq = ? WHERE id = ?", (seq, row_id))
+        conn.commit()
+    assert row_id is not None
+    return row_id
+
+
+def test_speeds_and_refused_windows_one_box_measured_reach_the_others(fleet: Fleet) -> None:
+    """Box a served SmolLM2 (the tests above) and measured its speeds; b and c hold the same
+    bytes and never called it: their ETAs come from a's speeds, named as a's. A window a's
+    load was refused at is not the first b and c try, and says whose refusal it was."""
+    a = fleet.ids[0]
+    footprint = next(r for r in fleet.central.mirrored("measured_footprints", a)
+                     if r["origin_box"] is None)  # fmt: skip
+    until(lambda: [r for r in fleet.central.mirrored("measured_speeds", a)
+                   if r["origin_box"] is None], "box a's speeds mirrored")  # fmt: skip
+    top = 2 * footprint["window"]  # above the window a loaded at: nothing lifts it
+    for box in fleet.boxes[1:]:
+        before = _plan_at(box, top)
+        assert before["band"]["max"] == top and before["refused_windows"] == []
+    refused_id = _refuse_by_hand(fleet.boxes[0], footprint, top)
+    with openai.OpenAI(base_url=f"{fleet.boxes[0].url}/v1", api_key="unused") as direct:
+        direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)  # moves the counter
+    for box, box_id in zip(fleet.boxes[1:], fleet.ids[1:], strict=True):
+
+        def imported(b: FitboxProcess = box) -> dict[str, Any] | None:
+            plan = _plan_at(b, top)
+            return plan if plan["speeds_measured_by"] and plan["refused_windows"] else None
+
+        plan = until(imported, f"box {box_id} pricing from box a's speeds and refusal", 60)
+        assert plan["speeds_measured_by"] == [a]
+        assert plan["refused_windows"] == [{"device": footprint["device"], "window": top,
+                                            "origin_box": a}]  # fmt: skip
+        assert plan["decision"] == "place" and plan["band"]["max"] < top  # not tried first
+
+        def labelled(i: str = box_id) -> list[dict[str, Any]]:
+            return [r for r in fleet.central.mirrored("refused_windows", i)
+                    if r["origin_box"] == a]  # fmt: skip
+
+        assert until(labelled, "the import mirrored, labelled with its origin")[0][
+            "origin_id"] == refused_id  # fmt: skip
+        speeds = until(lambda i=box_id: fleet.central.mirrored("measured_speeds", i),  # type: ignore[misc]
+                       "the imported speeds mirrored")  # fmt: skip
+        assert all(r["origin_box"] == a for r in speeds)  # labelled; none of its own yet
+
+
+def _plan_at(box: FitboxProcess, window: int) -> dict[str, Any]:
+    response = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL, "ctx": window},
+                         timeout=60)  # fmt: skip
+    assert response.status_code == 200, response.text
+    plan: dict[str, Any] = response.json()
+    return plan
 
 
 def test_the_central_sets_a_box_s_central_tier_under_the_box_s_own(fleet: Fleet) -> None:
