@@ -30,6 +30,9 @@ RETRY_MOST_S = 5.0
 CALLS_SETTLE_S = 1.0  # how long a call-only change waits for the central's own calls to end
 SEEN_EVERY_S = 5.0  # the box's last-seen time and counter in the store: for a restart's view
 MIRRORED_TABLES = (*CURSOR_TABLES, *READING_TABLES)
+# what a call writes as it runs: its row, and the speeds its engine's timings measured. A
+# change of these alone changes no resident, model or health: no snapshot is read again
+CALL_TABLES = frozenset({"call_log", "measured_speeds"})
 
 
 @dataclass
@@ -172,7 +175,7 @@ class Fleet:
                 link.waiting = int(state.get("waiting", 0))
                 if counter != link.counter:
                     changed = state.get("changed", CURSOR_TABLES)
-                    if set(changed) <= {"call_log"} and link.synced_at is not None:
+                    if set(changed) <= CALL_TABLES and link.synced_at is not None:
                         await link.calls_settled()
                     await self.sync(link, changed)
                     link.counter = counter
@@ -206,7 +209,7 @@ class Fleet:
         (which move no counter) follow any change but a call's: a call changes no resident
         set, and the queue length comes with every long-poll answer."""
         tables = [t for t in changed if t in CURSOR_TABLES]
-        calls_only = set(tables) <= {"call_log"} and link.synced_at is not None
+        calls_only = set(tables) <= CALL_TABLES and link.synced_at is not None
         if not calls_only:
             tables += list(READING_TABLES)
         await asyncio.gather(*(self._replay(link, table) for table in tables))
