@@ -205,9 +205,11 @@ PATHS: dict[str, dict[str, Any]] = {
                                     _query("max_tokens", "integer")])},
     "/v1/telemetry/state": {"get": _op(
         "The change counter; long-polls until it passes `since` or `wait` seconds pass, or "
-        "the box stops (stopping: true)",
+        "the box stops (stopping: true). `cursors=TABLE:CURSOR,…`: the answer carries each "
+        "changed table's first page from its cursor (pages)",
         "the box itself, or a key with the read or admin scope",
-        params=[_query("since", "integer"), _query("wait", "number")])},
+        params=[_query("since", "integer"), _query("wait", "number"),
+                _query("cursors", "string")])},
     "/v1/telemetry": {"get": _op(
         "Cursor replay of a table by seq", "the box itself, or a key with the read scope",
         params=[_query("table", "string", True), _query("since", "integer"),
