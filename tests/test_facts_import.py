@@ -1,6 +1,7 @@
-"""Facts another box measured, imported in process (no engine): matched by the file's
-sha256, priced from at once with their origin named, kept once however often offered, never
-above a measurement made here, and every refusal an OpenAI-shaped error."""
+"""Facts another box measured (footprints, refused windows, speeds), imported in process (no
+engine): matched by the file's sha256, priced from at once with their origin named, kept
+once however often offered, never above a measurement made here, and every refusal an
+OpenAI-shaped error."""
 
 from __future__ import annotations
 
