@@ -457,3 +457,22 @@ def test_a_kept_connection_the_box_drops_unread_is_sent_again_on_a_fresh_one() -
     assert asyncio.run(calls()) == [b'{"ok": true}', b'{"ok": true}']
     # the kept connection carried both calls (the second dropped), the fresh one the second
     assert requests_read == [2, 1]
+
+
+def test_speeds_are_offered_while_a_box_would_still_read_them() -> None:
+    """Every call with timings writes a speed: the central offers the first of each (box,
+    file, rung), as many as a box keeps of imported ones, and a box that comes up the newest
+    that many, never every one (each would cost every other box a request and a write)."""
+    from fitbox.box.speeds import SPEED_WINDOW
+    from fitbox.central.facts import SPEEDS_OFFERED, SpeedQuota, newest_speeds
+
+    assert SPEEDS_OFFERED == SPEED_WINDOW
+    quota = SpeedQuota(most=2)
+    rows = [{"artifact": "/m/a.gguf", "rung": "ram-only", "id": i} for i in range(3)]
+    assert [r["id"] for r in quota.take("box-a", rows)] == [0, 1]
+    assert quota.take("box-a", rows) == []  # its share is offered: none again
+    assert [r["id"] for r in quota.take("box-b", rows[:1])] == [0]  # each box its own
+    other = {"artifact": "/m/a.gguf", "rung": "gpu-only", "id": 9}
+    assert quota.take("box-a", [other]) == [other]  # each rung its own
+    later = {"artifact": "/m/a.gguf", "rung": "ram-only", "id": 5}
+    assert [r["id"] for r in newest_speeds([*rows, other, later], most=2)] == [2, 9, 5]

@@ -29,8 +29,42 @@ log = logging.getLogger(__name__)
 OFFERED = {"measured_footprints": "footprints", "refused_windows": "refused_windows",
            "measured_speeds": "speeds"}  # fmt: skip
 WELCOME_ROWS = 1000  # a box that comes up is offered each other box's newest rows of each
+# speeds offered per (box, file, rung): a box prices from the last 20 it imported (box/speeds.py
+# SPEED_WINDOW) only until it measures its own, and every call with timings writes one:
+# offering each would cost every other box a request, a write and a sync per call anywhere
+SPEEDS_OFFERED = 20
 OFFER_TIMEOUT_S = 120.0  # the box may hash a file of the same size first, once
 FileKey = tuple[str, str, int, int]  # (box id, path, size, mtime_ns) on the measuring box
+
+
+def newest_speeds(rows: list[dict[str, Any]], most: int = SPEEDS_OFFERED) -> list[dict[str, Any]]:
+    """The newest ``most`` speeds of each (file, rung), oldest first (``rows`` oldest first)."""
+    kept: dict[tuple[Any, Any], int] = {}
+    newest: list[dict[str, Any]] = []
+    for row in reversed(rows):
+        key = (row.get("artifact"), row.get("rung"))
+        if kept.get(key, 0) < most:
+            kept[key] = kept.get(key, 0) + 1
+            newest.append(row)
+    return newest[::-1]
+
+
+class SpeedQuota:
+    """How many speeds of each (box, file, rung) this central has offered: the first
+    ``most`` are, the rest are not (see SPEEDS_OFFERED)."""
+
+    def __init__(self, most: int = SPEEDS_OFFERED) -> None:
+        self.most = most
+        self._offered: dict[tuple[str, Any, Any], int] = {}
+
+    def take(self, box_id: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        taken = []
+        for row in rows:
+            key = (box_id, row.get("artifact"), row.get("rung"))
+            if self._offered.get(key, 0) < self.most:
+                self._offered[key] = self._offered.get(key, 0) + 1
+                taken.append(row)
+        return taken
 
 
 class FactOffers:
@@ -38,6 +72,7 @@ class FactOffers:
         self.fleet = fleet
         self._sha256: dict[FileKey, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._speeds = SpeedQuota()
         fleet.listeners.append(self)
 
     def mirrored(self, link: BoxLink, table: str, rows: list[Any]) -> None:
@@ -45,6 +80,8 @@ class FactOffers:
         if kind is None:
             return
         own = [r for r in rows if isinstance(r, dict) and r.get("origin_box") is None]
+        if kind == "speeds":
+            own = self._speeds.take(link.record.box_id, own)
         if own:
             to = [other for other in self.fleet.links.values()
                   if other is not link and other.state == "up"]  # fmt: skip
@@ -76,6 +113,8 @@ class FactOffers:
                                                True)  # fmt: skip
                 own = [{k: v for k, v in r.items() if k != "box_id"} for r in reversed(rows)
                        if r.get("origin_box") is None]  # oldest first, as they were measured
+                if kind == "speeds":
+                    own = newest_speeds(own)
                 if own:
                     offered[kind] = own
             if offered:
