@@ -225,11 +225,13 @@ def test_offered_windows_and_speeds_the_box_cannot_take_say_why(
         assert _error(response, 400, "invalid_request")["param"] == param, body
 
 
-def test_a_refused_window_of_this_box_s_own_decides_over_an_imported_one(
+def test_this_box_s_own_facts_on_a_place_decide_over_an_imported_refusal(
     box: tuple[TestClient, str, int],
 ) -> None:
-    """Another box's refusal counts on a place until this box has one of its own there."""
+    """Another box's refusal counts on a place until this box has a fact of its own there: a
+    refusal, or a load (then a window the other box was refused at may be tried here)."""
     from fitbox.box.facts import Contract
+    from fitbox.engines.seam import Held
     from fitbox.store.facts import ImportedWindow
 
     client, _, _ = box
@@ -244,6 +246,9 @@ def test_a_refused_window_of_this_box_s_own_decides_over_an_imported_one(
     assert facts.refusals(artifact) == {("host", 256): ORIGIN, ("gpu0", 256): ORIGIN}
     facts.window_refused(artifact, "host", Contract(512, 1), "out of memory", None)
     assert facts.refusals(artifact) == {("host", 512): None, ("gpu0", 256): ORIGIN}
+    facts.footprint_measured(Held(1000, 100, 10, 1), artifact, "gpu0", Contract(128, 1), 0.5,
+                             None)  # a load here, below the other box's refused window
+    assert facts.refusals(artifact) == {("host", 512): None}
 
 
 def test_a_speed_this_box_measured_wins_over_an_imported_one_across_a_restart(

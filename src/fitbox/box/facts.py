@@ -8,7 +8,8 @@ with a projector since is priced from it plus the projector's estimate, and one 
 projector was replaced or removed since is not priced from it (``priced``). A load that
 ran out of memory refuses its window on that place (DESIGN.md
 principle 2) until a load at or above it succeeds. A refused window another box measured
-for a file with the same bytes (imported) counts the same until this box has its own.
+for a file with the same bytes (imported) counts the same until this box has loaded, or
+been refused, on that place itself.
 """
 
 from __future__ import annotations
@@ -100,10 +101,13 @@ class Facts:
     def refusals(self, artifact: Artifact) -> dict[tuple[str, int], str | None]:
         """The refused windows that count for this file, each with the box whose load was
         refused (None: this one). Another box's refusal counts on a place only until this
-        box has its own there: then its own decide (and, as for its own, a load here at or
-        above a window lifts it: core/ask.py window_cap)."""
+        box has a measurement of its own there (a load, or a refusal): it keeps the box from
+        trying that window first, and from then on the box's own facts decide (and, as for
+        its own, a load at or above a window lifts it: core/ask.py window_cap)."""
         own = self._refused.get(artifact.key, set())
-        places = {where for where, _ in own}
+        places = {where for where, _ in own} | {
+            m.device for m in self.measured.values()
+            if m.artifact == artifact.key and m.origin_box is None}  # fmt: skip
         found: dict[tuple[str, int], str | None] = {
             refusal: origin for refusal, origin in self._imported_refused.get(artifact.key,
                                                                               {}).items()
