@@ -24,6 +24,7 @@ from fitbox.server.joining import Registration
 from fitbox.store.keys import create_key
 
 from .conftest import BOX as HOST
+from .holds import Background, until
 from .postgres import PostgresCluster
 
 OUTSIDE = ("203.0.113.9", 50000)  # a documentation address: never the central itself
@@ -343,6 +344,42 @@ def test_a_database_that_went_away_is_a_503_that_names_it(
         assert rows.status_code == 200, rows.text
 
 
+def test_a_key_check_the_database_holds_holds_no_other_call(
+    postgres: PostgresCluster, tmp_path: Path,
+) -> None:  # fmt: skip
+    """A key check waits on PostgreSQL (the test holds the keys' table locked): a call that
+    needs no key is answered meanwhile by the same running central, and the key is admitted
+    once the test lets the table go."""
+    import psycopg
+
+    url = postgres.create_database()
+    key = _key(url, "admin")
+    config = settings.load({"home": str(tmp_path), "host": "0.0.0.0"}, env={})
+    with TestClient(create_central_app(config, url), client=OUTSIDE, base_url=HOST) as client, \
+            psycopg.connect(url, autocommit=True) as locker, \
+            psycopg.connect(url, autocommit=True) as watcher:  # fmt: skip
+        locker.execute("BEGIN")
+        locker.execute("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
+        try:
+            keyed = Background(lambda: client.get("/v1/fleet",
+                                                  headers={"Authorization": f"Bearer {key}"}))
+
+            def key_check_waiting() -> bool:
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                    "'fitbox-central' AND wait_event_type = 'Lock'").fetchone()  # fmt: skip
+                return bool(row and row[0] == 1)
+
+            until(key_check_waiting, "the key check waiting on the locked table")
+            keyless = Background(lambda: client.get("/health"))
+            assert keyless.result(within=30).status_code == 200  # not held behind the key
+            assert keyed.is_alive()  # the key check still waits on the database
+        finally:
+            locker.execute("COMMIT")
+        answer = keyed.result()
+        assert answer.status_code == 200, answer.text
+
+
 def test_every_route_of_the_central_is_in_its_openapi(central: tuple[TestClient, Path]) -> None:
     from fitbox.central.app import ROUTES
 
@@ -420,3 +457,22 @@ def test_a_kept_connection_the_box_drops_unread_is_sent_again_on_a_fresh_one() -
     assert asyncio.run(calls()) == [b'{"ok": true}', b'{"ok": true}']
     # the kept connection carried both calls (the second dropped), the fresh one the second
     assert requests_read == [2, 1]
+
+
+def test_speeds_are_offered_while_a_box_would_still_read_them() -> None:
+    """Every call with timings writes a speed: the central offers the first of each (box,
+    file, rung), as many as a box keeps of imported ones, and a box that comes up the newest
+    that many, never every one (each would cost every other box a request and a write)."""
+    from fitbox.box.speeds import SPEED_WINDOW
+    from fitbox.central.facts import SPEEDS_OFFERED, SpeedQuota, newest_speeds
+
+    assert SPEEDS_OFFERED == SPEED_WINDOW
+    quota = SpeedQuota(most=2)
+    rows = [{"artifact": "/m/a.gguf", "rung": "ram-only", "id": i} for i in range(3)]
+    assert [r["id"] for r in quota.take("box-a", rows)] == [0, 1]
+    assert quota.take("box-a", rows) == []  # its share is offered: none again
+    assert [r["id"] for r in quota.take("box-b", rows[:1])] == [0]  # each box its own
+    other = {"artifact": "/m/a.gguf", "rung": "gpu-only", "id": 9}
+    assert quota.take("box-a", [other]) == [other]  # each rung its own
+    later = {"artifact": "/m/a.gguf", "rung": "ram-only", "id": 5}
+    assert [r["id"] for r in newest_speeds([*rows, other, later], most=2)] == [2, 9, 5]

@@ -1,11 +1,12 @@
 """The central with real boxes: three `fitbox serve` processes (own homes, own loopback
 ports, real llama-server children on SmolLM2 and a generated llama) and one `fitbox central
 serve`, all on loopback. Registration, mirroring (exactly once, through a kill -9 of the
-central, a box frozen and thawed, and a box that moves port), the fleet view, limits set
-from the centre, facts one box measured priced on another, routing by BOX/MODEL and by bare
-name with the openai SDK (resident, fits, fits elsewhere when the resident box is full), SSE
-through, and the retry before the first byte on a box the test kills. Boxes are sorted by
-id: boxes[0] wins a tie; boxes[2] runs an engine only in the tests that call it."""
+central, a box frozen for 30 s and thawed, and a box that moves port), the fleet view,
+limits set from the centre, facts one box measured (footprints, speeds, refused windows)
+priced on another, routing by BOX/MODEL and by bare name with the openai SDK (resident,
+fits, fits elsewhere when the resident box is full), SSE through, and the retry before the
+first byte on a box the test kills. Boxes are sorted by id: boxes[0] wins a tie; boxes[2]
+runs an engine only in the tests that call it."""
 
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ def _all_up(central: Central, ids: list[str]) -> bool:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
           llama_server_bin: Path) -> Iterator[Fleet]:  # fmt: skip
-    central = Central(tmp_path_factory.mktemp("central"))
+    # a 5 s long-poll (25 s by default): a box frozen for 30 s outlasts its 15 s answer bound
+    central = Central(tmp_path_factory.mktemp("central"), env={"FITBOX_CENTRAL_LONG_POLL": "5"})
     made = subprocess.run(
         [
             sys.executable,
@@ -279,6 +281,72 @@ def test_a_footprint_one_box_measured_prices_the_first_load_of_the_others(fleet:
         assert labelled[0]["origin_id"] == row["id"]
 
 
+def _refuse_by_hand(box: FitboxProcess, like: dict[str, Any], window: int) -> int:
+    """A refused window in the box's store, with its event (what a load that ran out of
+    memory writes: test_faults_e2e proves a real one does): the mirror's view of it, once
+    the box's counter moves (a call)."""
+    with contextlib.closing(sqlite3.connect(box.home / "fitbox.sqlite3", timeout=10)) as conn:
+        row_id = conn.execute(
+            "INSERT INTO refused_windows (artifact, artifact_size, artifact_mtime_ns, "
+            "placement, window, type_k, type_v, detail, measured_at) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, 'failed to allocate buffer for kv cache', ?)",
+            (like["artifact"], like["artifact_size"], like["artifact_mtime_ns"], like["device"],
+             window, like["type_k"], like["type_v"], time.time())).lastrowid  # fmt: skip
+        seq = conn.execute("INSERT INTO events (at, kind, tbl, row_id) VALUES (?, 'fact', "
+                           "'refused_windows', ?)", (time.time(), row_id)).lastrowid  # fmt: skip
+        conn.execute("UPDATE refused_windows SET seq = ? WHERE id = ?", (seq, row_id))
+        conn.commit()
+    assert row_id is not None
+    return row_id
+
+
+def test_speeds_and_refused_windows_one_box_measured_reach_the_others(fleet: Fleet) -> None:
+    """Box a served SmolLM2 (the tests above) and measured its speeds; b and c hold the same
+    bytes and never called it: their ETAs come from a's speeds, named as a's. A window a's
+    load was refused at is not the first b and c try, and says whose refusal it was."""
+    a = fleet.ids[0]
+    footprint = next(r for r in fleet.central.mirrored("measured_footprints", a)
+                     if r["origin_box"] is None)  # fmt: skip
+    until(lambda: [r for r in fleet.central.mirrored("measured_speeds", a)
+                   if r["origin_box"] is None], "box a's speeds mirrored")  # fmt: skip
+    top = 2 * footprint["window"]  # above the window a loaded at: nothing lifts it
+    for box in fleet.boxes[1:]:
+        before = _plan_at(box, top)
+        assert before["band"]["max"] == top and before["refused_windows"] == []
+    refused_id = _refuse_by_hand(fleet.boxes[0], footprint, top)
+    with openai.OpenAI(base_url=f"{fleet.boxes[0].url}/v1", api_key="unused") as direct:
+        direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)  # moves the counter
+    for box, box_id in zip(fleet.boxes[1:], fleet.ids[1:], strict=True):
+
+        def imported(b: FitboxProcess = box) -> dict[str, Any] | None:
+            plan = _plan_at(b, top)
+            return plan if plan["speeds_measured_by"] and plan["refused_windows"] else None
+
+        plan = until(imported, f"box {box_id} pricing from box a's speeds and refusal", 60)
+        assert plan["speeds_measured_by"] == [a]
+        assert plan["refused_windows"] == [{"device": footprint["device"], "window": top,
+                                            "origin_box": a}]  # fmt: skip
+        assert plan["decision"] == "place" and plan["band"]["max"] < top  # not tried first
+
+        def labelled(i: str = box_id) -> list[dict[str, Any]]:
+            return [r for r in fleet.central.mirrored("refused_windows", i)
+                    if r["origin_box"] == a]  # fmt: skip
+
+        assert until(labelled, "the import mirrored, labelled with its origin")[0][
+            "origin_id"] == refused_id  # fmt: skip
+        speeds = until(lambda i=box_id: fleet.central.mirrored("measured_speeds", i),  # type: ignore[misc]
+                       "the imported speeds mirrored")  # fmt: skip
+        assert all(r["origin_box"] == a for r in speeds)  # labelled; none of its own yet
+
+
+def _plan_at(box: FitboxProcess, window: int) -> dict[str, Any]:
+    response = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL, "ctx": window},
+                         timeout=60)  # fmt: skip
+    assert response.status_code == 200, response.text
+    plan: dict[str, Any] = response.json()
+    return plan
+
+
 def test_the_central_sets_a_box_s_central_tier_under_the_box_s_own(fleet: Fleet) -> None:
     box, box_id = fleet.boxes[1], fleet.ids[1]
     path = f"/v1/fleet/boxes/{box_id}/limits"
@@ -370,18 +438,31 @@ def test_every_call_is_mirrored_once_in_its_final_form(fleet: Fleet) -> None:
     assert children and all(c["artifact"] for c in children)
 
 
-def test_a_box_frozen_and_thawed_loses_nothing_and_repeats_nothing(fleet: Fleet) -> None:
+FROZEN_S = 30.0  # the issue's proof: a box stopped this long and brought back
+
+
+def _in_state(central: Central, box_id: str, state: str) -> dict[str, Any] | None:
+    """The box's entry of the fleet view while it is in ``state``."""
+    box = central.fleet()[box_id]
+    return box if box["state"] == state else None
+
+
+def test_a_box_frozen_for_30_s_and_thawed_loses_nothing_and_repeats_nothing(
+    fleet: Fleet,
+) -> None:
     """Box c is frozen (SIGSTOP: its sockets still take connections, nothing answers) while
-    calls wait on it, direct and through the central, and the rest of the fleet goes on;
-    thawed (SIGCONT), every call is answered and every row is mirrored once. The freeze is
-    held by the test's own events (the other box's rows mirrored, the calls waiting), not
-    for 30 s: a frozen box looks the same to the central at 2 s as at 30."""
+    calls wait on it, direct and through the central, and the rest of the fleet goes on. The
+    central's long-poll to it runs out (the fixture's 5 s long-poll and its 10 s margin, well
+    inside the freeze) and marks it unreachable; the freeze is held by the test's own events
+    (that mark seen, the other box's rows mirrored, the calls waiting) and for 30 s at least;
+    thawed (SIGCONT), every call is answered and every row is mirrored once."""
     frozen, frozen_id = fleet.boxes[2], fleet.ids[2]
     other, other_id = fleet.boxes[0], fleet.ids[0]
     with openai.OpenAI(base_url=f"{frozen.url}/v1", api_key="unused") as direct:
         direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
     until(lambda: _mirrored_exactly(fleet.central, frozen, frozen_id), "box c's rows mirrored")
     os.kill(frozen.proc.pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
     try:
         waiting = [
             Background(lambda: httpx.post(f"{frozen.url}/v1/completions", timeout=120, json={
@@ -394,7 +475,12 @@ def test_a_box_frozen_and_thawed_loses_nothing_and_repeats_nothing(fleet: Fleet)
             direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
         until(lambda: _mirrored_exactly(fleet.central, other, other_id),
               "the rest of the fleet mirrored while box c is frozen")  # fmt: skip
+        seen = until(lambda: _in_state(fleet.central, frozen_id, "unreachable"),
+                     "the central's long-poll to the frozen box running out", FROZEN_S)  # fmt: skip
+        assert "TimeoutError" in seen["last_error"]  # it ran out: no connection was refused
         assert all(w.is_alive() for w in waiting)  # nothing answers on a frozen box
+        time.sleep(max(0.0, FROZEN_S - (time.monotonic() - stopped_at)))  # the issue's 30 s
+        assert all(w.is_alive() for w in waiting)
     finally:
         os.kill(frozen.proc.pid, signal.SIGCONT)
     for call in waiting:
@@ -403,7 +489,7 @@ def test_a_box_frozen_and_thawed_loses_nothing_and_repeats_nothing(fleet: Fleet)
     assert len(frozen.calls()) >= 3
     until(lambda: _mirrored_exactly(fleet.central, frozen, frozen_id),
           "box c's rows, the ones taken while frozen too, mirrored once each")  # fmt: skip
-    assert fleet.central.fleet()[frozen_id]["state"] == "up"
+    until(lambda: fleet.central.fleet()[frozen_id]["state"] == "up", "box c up again")
 
 
 def test_a_row_the_mirror_cannot_take_is_kept_raw_and_the_rest_syncs(fleet: Fleet) -> None:

@@ -177,3 +177,29 @@ def test_telemetry_needs_the_read_scope_from_elsewhere(tmp_path: Path) -> None:
         assert httpx.get(state, headers={"Authorization": f"Bearer {caller}"}).status_code == 403
         bad = httpx.get(f"{box.url}/v1/telemetry", params={"table": "api_keys"})
         assert bad.status_code == 400 and "api_keys" not in bad.json()["error"]["message"][:20]
+
+
+def test_a_long_poll_answer_carries_the_changed_rows_from_the_reader_s_cursors(
+    tmp_path: Path,
+) -> None:
+    """A mirror gives its cursors with the long-poll: the answer carries each changed
+    table's page from them (the rows a replay would return), one request a change."""
+    with running_fitbox(tmp_path / "home", [tmp_path / "models"]) as box:
+        start = counter(box)
+        miss(box, 1)
+        counter_reaches(box, start + 2)  # the call's row opened and finished
+        state = httpx.get(f"{box.url}/v1/telemetry/state", params={
+            "since": start, "wait": 5, "cursors": "call_log:0,children:0"}).json()  # fmt: skip
+        assert "call_log" in state["changed"] and "children" not in state["changed"]
+        assert set(state["pages"]) == {"call_log"}  # only the tables that changed
+        page = state["pages"]["call_log"]
+        assert page["rows"] == replay(box, "call_log") and page["rows"]
+        assert page["next"] == page["rows"][-1]["seq"] and page["cursor"] == "seq"
+        plain = httpx.get(f"{box.url}/v1/telemetry/state", params={"since": start}).json()
+        assert "pages" not in plain  # a reader that gives no cursors: the counter alone
+        for bad in ("nope:1", "call_log:x", "call_log:\u00b2", f"call_log:{2**70}"):
+            refused = httpx.get(f"{box.url}/v1/telemetry/state", params={"cursors": bad})
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "invalid_request" and error["param"] == "cursors"
+            assert "call_log" in error["message"]  # the tables it may name

@@ -323,6 +323,15 @@ SETTINGS: tuple[Setting, ...] = (
         "default: central.sqlite3 in the central's home",
     ),
     Setting(
+        "central_long_poll",
+        "FITBOX_CENTRAL_LONG_POLL",
+        "25",
+        "seconds the central's mirror asks each box to hold a long-poll with nothing new "
+        "(fitbox central serve); a box that has not answered 10 s after that is marked "
+        "unreachable and asked again",
+        values.positive_float,
+    ),
+    Setting(
         "aliases",
         "FITBOX_ALIASES",
         "",
@@ -377,6 +386,7 @@ class Config:
     central_url: str = ""
     central_key: str = ""
     central_db: str = ""
+    central_long_poll: float = 25.0
     max_image: int = 20 << 20
     extra: dict[str, str] = field(default_factory=dict)
 

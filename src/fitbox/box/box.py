@@ -184,6 +184,12 @@ class Box:
         report = planning.report(decision, snapshot, names, planning.basis(decision, ask))
         if isinstance(decision, Place) and report["basis"] == "measured":
             report.update(self._measured_by(chosen, ask.parallel, decision))
+        if isinstance(decision, Place):  # boxes whose speeds price its ETA in place of its own
+            report["speeds_measured_by"] = self.speeds.origins(chosen, decision.rung.value)
+        report["refused_windows"] = [  # what caps its windows, and whose load was refused
+            {"device": where, "window": window, "origin_box": origin}
+            for (where, window), origin in sorted(self.facts.refusals(chosen).items(),
+                                                  key=lambda found: found[0])]  # fmt: skip
         return {
             "model": chosen.name, "asked": name, "artifact": str(chosen.path),
             "architecture": chosen.facts.architecture, "quant": chosen.facts.quant,

@@ -7,7 +7,9 @@ store. It records the vision projector loaded beside the model, if any: a model 
 with a projector since is priced from it plus the projector's estimate, and one whose
 projector was replaced or removed since is not priced from it (``priced``). A load that
 ran out of memory refuses its window on that place (DESIGN.md
-principle 2) until a load at or above it succeeds.
+principle 2) until a load at or above it succeeds. A refused window another box measured
+for a file with the same bytes (imported) counts the same until this box has loaded, or
+been refused, on that place itself.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fitbox.engines.seam import Held
 from fitbox.models.catalog import Artifact
 from fitbox.models.identity import Identity, identity_of
 from fitbox.store.db import MeasuredFootprint, Store
+from fitbox.store.facts import ImportedWindow
 
 MeasuredKey = tuple[str, int, int, str, int, int, str, str]
 
@@ -81,13 +84,39 @@ class Facts:
             measured = store.measured_footprints() if store else []
         self.measured: dict[MeasuredKey, MeasuredFootprint] = {m.key: m for m in measured}
         self._refused: dict[str, set[tuple[str, int]]] = {}  # file -> (where, window)
-        for path, size, mtime_ns, where, window in store.refused_windows() if store else []:
+        # file -> (where, window) -> the box whose load was refused there
+        self._imported_refused: dict[str, dict[tuple[str, int], str]] = {}
+        for (path, size, mtime_ns, where, window), origin in (store.refused_windows()
+                                                              if store else []):  # fmt: skip
             with contextlib.suppress(OSError):  # a file replaced since then starts afresh
                 if identity_of(path) == (path, size, mtime_ns):
-                    self._refused.setdefault(path, set()).add((where, window))
+                    self._file_refusal(path, where, window, origin)
+
+    def _file_refusal(self, path: str, where: str, window: int, origin: str | None) -> None:
+        if origin is None:
+            self._refused.setdefault(path, set()).add((where, window))
+        else:
+            self._imported_refused.setdefault(path, {})[(where, window)] = origin
+
+    def refusals(self, artifact: Artifact) -> dict[tuple[str, int], str | None]:
+        """The refused windows that count for this file, each with the box whose load was
+        refused (None: this one). Another box's refusal counts on a place only until this
+        box has a measurement of its own there (a load, or a refusal): it keeps the box from
+        trying that window first, and from then on the box's own facts decide (and, as for
+        its own, a load at or above a window lifts it: core/ask.py window_cap)."""
+        own = self._refused.get(artifact.key, set())
+        places = {where for where, _ in own} | {
+            m.device for m in self.measured.values()
+            if m.artifact == artifact.key and m.origin_box is None}  # fmt: skip
+        found: dict[tuple[str, int], str | None] = {
+            refusal: origin for refusal, origin in self._imported_refused.get(artifact.key,
+                                                                              {}).items()
+            if refusal[0] not in places}  # fmt: skip
+        found.update(dict.fromkeys(own))
+        return found
 
     def refused(self, artifact: Artifact) -> set[tuple[str, int]]:
-        return self._refused.get(artifact.key, set())
+        return set(self.refusals(artifact))
 
     def of(self, identity: Identity, parallel: int) -> list[MeasuredFootprint]:
         """Every footprint measured for this file at this many slots."""
@@ -132,6 +161,14 @@ class Facts:
                     type_k: str, type_v: str) -> MeasuredFootprint | None:  # fmt: skip
         """The footprint that prices this placement, if one was measured (here or imported)."""
         return self.measured.get((*identity, where, window, parallel, type_k, type_v))
+
+    def window_imported(self, window: ImportedWindow) -> None:
+        """File a window another box's load was refused at, for a file with these bytes (its
+        key is this box's file): it keeps this box from trying that window first."""
+        path, _, _, where, tokens = window.key
+        self._file_refusal(path, where, tokens, window.origin_box)
+        if self.store is not None:
+            self.store.window_imported(window)
 
     def window_refused(
         self, artifact: Artifact, where: str, contract: Contract, said: str | None,

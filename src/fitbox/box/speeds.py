@@ -45,16 +45,45 @@ def median_speeds(
                   threads=curve)  # fmt: skip
 
 
+SpeedKey = tuple[str, int, int, str]  # (artifact, size, mtime_ns, rung)
+
+
+def preferred(own: Speeds, imported: Speeds) -> Speeds:
+    """This box's own medians, each figure it has not measured yet taken from another box's
+    measurement of the same bytes: its own is preferred once it has one."""
+    return Speeds(
+        load_seconds=own.load_seconds if own.load_seconds is not None
+        else imported.load_seconds,
+        prompt_ms=own.prompt_ms if own.prompt_ms is not None else imported.prompt_ms,
+        decode_ms=own.decode_ms if own.decode_ms is not None else imported.decode_ms,
+        threads=own.threads or imported.threads,
+    )  # fmt: skip
+
+
 class SpeedBook:
     def __init__(self, store: Store | None) -> None:
         self.store = store
-        self._recent: dict[tuple[str, int, int, str], deque[MeasuredSpeed]] = {}
+        self._recent: dict[SpeedKey, deque[MeasuredSpeed]] = {}
         # (cores it ran on, decode ms per token): the thread curve, as the store kept it
-        self._curves: dict[tuple[str, int, int, str], deque[tuple[int, float]]] = {}
+        self._curves: dict[SpeedKey, deque[tuple[int, float]]] = {}
+        # the same, measured by other boxes on files with the same bytes (imported)
+        self._imported: dict[SpeedKey, deque[MeasuredSpeed]] = {}
+        self._imported_curves: dict[SpeedKey, deque[tuple[int, float]]] = {}
         for speed in store.recent_speeds() if store else []:
-            self._recent.setdefault(speed.key, deque(maxlen=SPEED_WINDOW)).append(speed)
-        for key, cores, decode_ms in store.recent_curve() if store else []:
-            self._curves.setdefault(key, deque(maxlen=CURVE_WINDOW)).append((cores, decode_ms))
+            self._keep(speed)
+        for key, cores, decode_ms, origin in store.recent_curve() if store else []:
+            curves = self._curves if origin is None else self._imported_curves
+            curves.setdefault(key, deque(maxlen=CURVE_WINDOW)).append((cores, decode_ms))
+
+    def _keep(self, speed: MeasuredSpeed, curve: bool = False) -> None:
+        own = speed.origin_box is None
+        recent, curves = ((self._recent, self._curves) if own
+                          else (self._imported, self._imported_curves))  # fmt: skip
+        recent.setdefault(speed.key, deque(maxlen=SPEED_WINDOW)).append(speed)
+        if curve and speed.decode_per_token_ms and speed.cores:
+            curves.setdefault(speed.key, deque(maxlen=CURVE_WINDOW)).append(
+                (speed.cores, speed.decode_per_token_ms)
+            )
 
     def record(self, resident: Resident, timings: CallTimings, call_id: int) -> None:
         """A call's timings as a measured speed of this file on this rung, when they
@@ -73,13 +102,16 @@ class SpeedBook:
             resident.place.where if resident.place else resident.device, timings.prompt_n,
             prompt_ms, timings.decode_n, decode_ms, call_id, time.time(), cores,
         )  # fmt: skip
-        self._recent.setdefault(speed.key, deque(maxlen=SPEED_WINDOW)).append(speed)
-        if decode_ms and cores:
-            self._curves.setdefault(speed.key, deque(maxlen=CURVE_WINDOW)).append(
-                (cores, decode_ms)
-            )
+        self._keep(speed, curve=True)
         if self.store is not None:
             self.store.speed_measured(speed)
+
+    def imported(self, speed: MeasuredSpeed) -> None:
+        """File a speed another box measured on a file with these bytes (its key is this
+        box's file): it prices ETAs and claims until this box measures its own."""
+        self._keep(speed, curve=True)
+        if self.store is not None:
+            self.store.speed_imported(speed)
 
     def of(self, artifact: Artifact, rung: str) -> Speeds:
         """Medians of the last measured speeds of a file on a rung (None where unmeasured)."""
@@ -87,11 +119,32 @@ class SpeedBook:
 
     def by_rung(self, artifact: Artifact, identity: Identity | None = None) -> dict[str, Speeds]:
         """The medians for every rung the file was measured on (one stat of the file, or
-        none when the caller has its identity)."""
+        none when the caller has its identity): this box's own, another box's where this
+        one has not measured yet."""
         if identity is None:
             try:
                 identity = artifact.identity()
             except OSError:
                 return {}
-        return {key[3]: median_speeds(recent, self._curves.get(key, ()))
-                for key, recent in self._recent.items() if key[:3] == identity}  # fmt: skip
+        keys = {k for k in (*self._recent, *self._imported) if k[:3] == identity}
+        return {key[3]: preferred(
+                    median_speeds(self._recent.get(key, ()), self._curves.get(key, ())),
+                    median_speeds(self._imported.get(key, ()),
+                                  self._imported_curves.get(key, ())))
+                for key in keys}  # fmt: skip
+
+    def origins(self, artifact: Artifact, rung: str) -> list[str]:
+        """The boxes whose measurements of this file on this rung this box prices from, in
+        place of its own (none: its own, or none measured)."""
+        try:
+            key = (*artifact.identity(), rung)
+        except OSError:
+            return []
+        own = median_speeds(self._recent.get(key, ()), self._curves.get(key, ()))
+        other = median_speeds(self._imported.get(key, ()), self._imported_curves.get(key, ()))
+        borrowed = ((own.prompt_ms is None and other.prompt_ms is not None)
+                    or (own.decode_ms is None and other.decode_ms is not None)
+                    or (not own.threads and bool(other.threads)))  # fmt: skip
+        if not borrowed:
+            return []
+        return sorted({s.origin_box for s in self._imported.get(key, ()) if s.origin_box})

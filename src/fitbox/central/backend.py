@@ -295,8 +295,8 @@ class PostgresKeyChecker(KeyChecker):
     def _lookup(self, key_id: str) -> Any:
         """A dropped connection (a database restart) is opened again and the read tried
         once more. While the database cannot be reached, keys fail closed at once for a
-        few seconds rather than each request waiting out a connect (verify runs on the
-        event loop)."""
+        few seconds rather than each request waiting out a connect (verify runs in a
+        thread of its own, central/app.py CentralAuth: each waiting request holds one)."""
         psycopg = _psycopg()
         with self._lock:
             for attempt in (1, 2):

@@ -22,12 +22,17 @@ from fitbox.engines.http1 import EngineConnectionError
 from fitbox.store.db import CURSOR_TABLES, READING_TABLES
 
 log = logging.getLogger(__name__)
-LONG_POLL_S = 25.0  # the box answers at most after this long with nothing new
+LONG_POLL_S = 25.0  # the box answers at most after this long with nothing new (the default
+# of FITBOX_CENTRAL_LONG_POLL)
+ANSWER_MARGIN_S = 10.0  # a long-poll not answered this long after its wait: the box is frozen
 PAGE = 1000  # the box's MAX_ROWS
 RETRY_MOST_S = 5.0
 CALLS_SETTLE_S = 1.0  # how long a call-only change waits for the central's own calls to end
 SEEN_EVERY_S = 5.0  # the box's last-seen time and counter in the store: for a restart's view
 MIRRORED_TABLES = (*CURSOR_TABLES, *READING_TABLES)
+# what a call writes as it runs: its row, and the speeds its engine's timings measured. A
+# change of these alone changes no resident, model or health: no snapshot is read again
+CALL_TABLES = frozenset({"call_log", "measured_speeds"})
 
 
 @dataclass
@@ -101,8 +106,10 @@ class Listener(Protocol):
 class Fleet:
     """Every registered box and its follower; the one owner of the links."""
 
-    def __init__(self, store: CentralStore, client: httpx.AsyncClient) -> None:
+    def __init__(self, store: CentralStore, client: httpx.AsyncClient,
+                 long_poll_s: float = LONG_POLL_S) -> None:  # fmt: skip
         self.store = store
+        self.long_poll_s = long_poll_s
         self.client = client  # management's requests (limits, facts, plans); the mirror's
         # and the forwarded calls go on each link's own connections (BoxLink.http)
         self.links: dict[str, BoxLink] = {}
@@ -159,17 +166,22 @@ class Fleet:
         wait = 0.5
         while True:
             try:
-                state = await self._get(link, "/v1/telemetry/state", LONG_POLL_S + 10,
-                                        since=link.counter, wait=LONG_POLL_S)  # fmt: skip
+                wait_s = self.long_poll_s
+                cursors = [f"{t}:{await self._cursor(link, t)}" for t in CURSOR_TABLES]
+                # the answer carries each changed table's first page from these cursors: one
+                # request a change (a box that does not know them answers without pages)
+                state = await self._get(link, "/v1/telemetry/state", wait_s + ANSWER_MARGIN_S,
+                                        since=link.counter, wait=wait_s,
+                                        cursors=",".join(cursors))  # fmt: skip
                 counter = int(state["counter"])
                 was = link.state
                 link.state, link.last_error, link.refused_calls = "up", None, False
                 link.waiting = int(state.get("waiting", 0))
                 if counter != link.counter:
                     changed = state.get("changed", CURSOR_TABLES)
-                    if set(changed) <= {"call_log"} and link.synced_at is not None:
+                    if set(changed) <= CALL_TABLES and link.synced_at is not None:
                         await link.calls_settled()
-                    await self.sync(link, changed)
+                    await self.sync(link, changed, state.get("pages") or {})
                     link.counter = counter
                 link.synced_at = time.time()
                 if link.synced_at - link.seen_stored_at >= SEEN_EVERY_S or was != "up":
@@ -195,16 +207,20 @@ class Fleet:
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, RETRY_MOST_S)
 
-    async def sync(self, link: BoxLink, changed: list[str] | tuple[str, ...]) -> None:
+    async def sync(self, link: BoxLink, changed: list[str] | tuple[str, ...],
+                   pages: dict[str, Any] | None = None) -> None:  # fmt: skip
         """Replay the tables the box says changed, each from its cursor (a table replayed
-        without need costs a request, never a row twice). The snapshots and the readings
-        (which move no counter) follow any change but a call's: a call changes no resident
-        set, and the queue length comes with every long-poll answer."""
+        without need costs a request, never a row twice), starting from the page the
+        long-poll answer carried for it, if any. The snapshots and the readings (which move
+        no counter) follow any change but a call's: a call changes no resident set, and the
+        queue length comes with every long-poll answer."""
         tables = [t for t in changed if t in CURSOR_TABLES]
-        calls_only = set(tables) <= {"call_log"} and link.synced_at is not None
+        calls_only = set(tables) <= CALL_TABLES and link.synced_at is not None
         if not calls_only:
             tables += list(READING_TABLES)
-        await asyncio.gather(*(self._replay(link, table) for table in tables))
+        carried = pages or {}
+        await asyncio.gather(*(self._replay(link, table, carried.get(table))
+                               for table in tables))  # fmt: skip
         if calls_only:
             return
         health, residents, models = await asyncio.gather(
@@ -212,14 +228,23 @@ class Fleet:
             self._get(link, "/v1/models"))  # fmt: skip
         link.health, link.residents, link.models = health, residents["data"], models["data"]
 
-    async def _replay(self, link: BoxLink, table: str) -> None:
-        box_id = link.record.box_id
+    async def _cursor(self, link: BoxLink, table: str) -> int:
+        """The table's cursor as last stored, read from the store once per box."""
         since = link.cursors.get(table)
         if since is None:
-            since = link.cursors[table] = await asyncio.to_thread(self.store.cursor, box_id,
-                                                                  table)  # fmt: skip
+            since = link.cursors[table] = await asyncio.to_thread(
+                self.store.cursor, link.record.box_id, table)  # fmt: skip
+        return since
+
+    async def _replay(self, link: BoxLink, table: str, carried: Any = None) -> None:
+        """From the table's cursor: the page the long-poll carried (read from that cursor),
+        then pages asked for until one is not full."""
+        box_id = link.record.box_id
+        since = await self._cursor(link, table)
         while True:
-            page = await self._get(link, "/v1/telemetry", table=table, since=since, limit=PAGE)
+            page = carried if isinstance(carried, dict) else await self._get(
+                link, "/v1/telemetry", table=table, since=since, limit=PAGE)  # fmt: skip
+            carried = None
             rows, after = page["rows"], int(page["next"])
             if not rows:
                 return

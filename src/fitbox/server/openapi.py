@@ -205,9 +205,11 @@ PATHS: dict[str, dict[str, Any]] = {
                                     _query("max_tokens", "integer")])},
     "/v1/telemetry/state": {"get": _op(
         "The change counter; long-polls until it passes `since` or `wait` seconds pass, or "
-        "the box stops (stopping: true)",
+        "the box stops (stopping: true). `cursors=TABLE:CURSOR,…`: the answer carries each "
+        "changed table's first page from its cursor (pages)",
         "the box itself, or a key with the read or admin scope",
-        params=[_query("since", "integer"), _query("wait", "number")])},
+        params=[_query("since", "integer"), _query("wait", "number"),
+                _query("cursors", "string")])},
     "/v1/telemetry": {"get": _op(
         "Cursor replay of a table by seq", "the box itself, or a key with the read scope",
         params=[_query("table", "string", True), _query("since", "integer"),
@@ -275,12 +277,15 @@ PATHS: dict[str, dict[str, Any]] = {
                               "hashes that model file of the catalog once and lists it alone",
                               MANAGEMENT, params=[_query("artifact", "string")])},
     "/v1/facts/import": {"post": _op(
-        "Footprints another box measured for a file with this sha256, filed under this box's "
-        "file with their origin; plans price from them (basis imported) until a load here "
-        "measures the same key", MANAGEMENT,
-        {"type": "object", "required": ["origin_box", "sha256", "footprints"],
+        "Footprints, refused windows and speeds another box measured for a file with this "
+        "sha256 (one list at least), filed under this box's file with their origin; plans "
+        "price from them (basis imported, refused_windows, speeds_measured_by) until this "
+        "box measures its own", MANAGEMENT,
+        {"type": "object", "required": ["origin_box", "sha256"],
          "properties": {"origin_box": {"type": "string"}, "sha256": {"type": "string"},
-                        "footprints": {"type": "array", "items": {"type": "object"}}}})},
+                        "footprints": {"type": "array", "items": {"type": "object"}},
+                        "refused_windows": {"type": "array", "items": {"type": "object"}},
+                        "speeds": {"type": "array", "items": {"type": "object"}}}})},
     "/v1/keys": {"get": _op("API keys, without secrets", MANAGEMENT),
                  "post": _op("Create a key (the secret is shown once)", MANAGEMENT, KEY)},
     "/v1/keys/{key_id}": {"get": _op("One key", MANAGEMENT, params=KEY_ID),

@@ -74,20 +74,44 @@ async def state(request: Request) -> Response:
     leaving: asyncio.Event = request.app.state.leaving.event
     since = int(_number(request, "since", -1, -1, 2**62))
     wait = _number(request, "wait", 0, 0, MAX_WAIT_S)
+    cursors = _cursors(request)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while store.counter <= since and loop.time() < deadline and not leaving.is_set():
         await signal.wait(deadline - loop.time(), leaving)
+    counter = store.counter  # before the reads: a row changed after it is read again
     with contextlib.closing(_reader(store)) as conn:
         changed = _changed_since(conn, since)
-    return JSONResponse({
-        "counter": store.counter,
+        pages = {table: _page(conn, table, cursors[table], MAX_ROWS)
+                 for table in changed if table in cursors}  # fmt: skip
+    answer: dict[str, object] = {
+        "counter": counter,
         "changed": changed,
         "residents": len(box.residents()),
         "waiting": len(box.queue()),
         "store": store.health(),
         "stopping": leaving.is_set(),
-    })  # fmt: skip
+    }  # fmt: skip
+    if cursors:
+        answer["pages"] = pages
+    return JSONResponse(answer)
+
+
+def _cursors(request: Request) -> dict[str, int]:
+    """``cursors=call_log:120,children:7``: the reader's cursor of each cursor table it
+    wants the changed rows of in the answer itself (a mirror: one request a change, not a
+    long-poll and then a replay of each table)."""
+    raw = request.query_params.get("cursors", "")
+    found: dict[str, int] = {}
+    for item in filter(None, raw.split(",")):
+        table, _, cursor = item.partition(":")
+        if (table not in CURSOR_TABLES or not (cursor.isascii() and cursor.isdigit())
+                or int(cursor) > 2**62):  # fmt: skip
+            raise InvalidRequest(f"Query parameter 'cursors' is TABLE:CURSOR,…, each TABLE one "
+                                 f"of {', '.join(CURSOR_TABLES)}; {item!r} is not.",
+                                 param="cursors")  # fmt: skip
+        found[table] = int(cursor)
+    return found
 
 
 def _changed_since(conn: sqlite3.Connection, since: int) -> list[str]:
@@ -134,13 +158,18 @@ async def rows(request: Request) -> Response:
                              param="table")  # fmt: skip
     since = int(_number(request, "since", 0, 0, 2**62))
     limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
-    cursor = "id" if table in READING_TABLES else "seq"
     with contextlib.closing(_reader(store)) as conn:
-        found = [_as_json(r) for r in conn.execute(
-            f"SELECT * FROM {table} WHERE {cursor} > ? ORDER BY {cursor} LIMIT ?",  # noqa: S608
-            (since, limit))]  # fmt: skip
-    return JSONResponse({"table": table, "cursor": cursor, "rows": found,
-                         "next": found[-1][cursor] if found else since})  # fmt: skip
+        return JSONResponse(_page(conn, table, since, limit))
+
+
+def _page(conn: sqlite3.Connection, table: str, since: int, limit: int) -> dict[str, object]:
+    """One page of a table's replay from ``since``: its rows, and the cursor to go on from."""
+    cursor = "id" if table in READING_TABLES else "seq"
+    found = [_as_json(r) for r in conn.execute(
+        f"SELECT * FROM {table} WHERE {cursor} > ? ORDER BY {cursor} LIMIT ?",  # noqa: S608
+        (since, limit))]  # fmt: skip
+    return {"table": table, "cursor": cursor, "rows": found,
+            "next": found[-1][cursor] if found else since}  # fmt: skip
 
 
 WITHHELD = {"api_keys": {"salt", "digest"}}  # secrets never leave the box

@@ -300,10 +300,20 @@ class Store:
 
     def footprint_imported(self, measured: MeasuredFootprint) -> None:
         """A footprint another box measured, with its origin; an offer taken before: no row."""
+        self._imported("measured_footprints", lambda conn: facts.import_footprint(conn, measured))
 
+    def window_imported(self, window: facts.ImportedWindow) -> None:
+        """A window another box's load was refused at; an offer taken before: no row."""
+        self._imported("refused_windows", lambda conn: facts.import_refused_window(conn, window))
+
+    def speed_imported(self, speed: MeasuredSpeed) -> None:
+        """A speed another box measured, with its origin; an offer taken before: no row."""
+        self._imported("measured_speeds", lambda conn: facts.import_speed(conn, speed))
+
+    def _imported(self, table: str, insert: Callable[[sqlite3.Connection], int | None]) -> None:
         def job(conn: sqlite3.Connection) -> None:
-            if (row_id := facts.import_footprint(conn, measured)) is not None:
-                self._event(conn, "fact", "measured_footprints", row_id)
+            if (row_id := insert(conn)) is not None:
+                self._event(conn, "fact", table, row_id)
 
         self._submit(job)
 
@@ -370,10 +380,11 @@ class Store:
             facts.insert_refused_window(conn, key, type_k, type_v, detail, call_id, now),
         ))  # fmt: skip
 
-    def refused_windows(self) -> list[RefusedWindowKey]:
-        """(artifact, size, mtime_ns, placement, window) of every refused window."""
+    def refused_windows(self) -> list[tuple[RefusedWindowKey, str | None]]:
+        """(artifact, size, mtime_ns, placement, window) of every refused window, with the
+        box that measured it (None: this one)."""
         try:
-            result: list[RefusedWindowKey] = self.run(facts.refused_windows)
+            result: list[tuple[RefusedWindowKey, str | None]] = self.run(facts.refused_windows)
         except sqlite3.Error:
             return []
         return result

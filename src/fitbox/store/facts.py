@@ -61,18 +61,34 @@ class MeasuredSpeed:
     call_id: int | None
     measured_at: float
     cores: int | None = None  # physical cores the engine ran on: a point of its thread curve
+    origin_box: str | None = None  # imported: the box that measured it (None: this box)
+    origin_id: int | None = None  # imported: its row id on that box
 
     @property
     def key(self) -> tuple[str, int, int, str]:
         return (self.artifact, self.artifact_size, self.artifact_mtime_ns, self.rung)
 
 
-# ((artifact, size, mtime_ns, rung), cores it ran on, decode ms per token): a curve point
-CurvePoint = tuple[tuple[str, int, int, str], int, float]
+# ((artifact, size, mtime_ns, rung), cores it ran on, decode ms per token, the box that
+# measured it: None for this one): a curve point
+CurvePoint = tuple[tuple[str, int, int, str], int, float, str | None]
 
 
 # (artifact, size, mtime_ns, placement, window) of a window that failed to load
 RefusedWindowKey = tuple[str, int, int, str, int]
+
+
+@dataclass(frozen=True)
+class ImportedWindow:
+    """A window another box's load was refused at, filed under this box's file."""
+
+    key: RefusedWindowKey
+    type_k: str
+    type_v: str
+    detail: str | None
+    measured_at: float
+    origin_box: str
+    origin_id: int
 
 
 def insert_footprint(conn: sqlite3.Connection, m: MeasuredFootprint) -> int:
@@ -137,11 +153,26 @@ def insert_speed(conn: sqlite3.Connection, m: MeasuredSpeed) -> int:
     return int(conn.execute(
         "INSERT INTO measured_speeds (artifact, artifact_size, artifact_mtime_ns, rung, "
         "placement, prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms,"
-        " call_id, measured_at, cores) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " call_id, measured_at, cores, origin_box, origin_id) VALUES "
+        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.rung, m.placement,
          m.prompt_tokens, m.prompt_per_token_ms, m.decode_tokens, m.decode_per_token_ms,
-         m.call_id, m.measured_at, m.cores),
+         m.call_id, m.measured_at, m.cores, m.origin_box, m.origin_id),
     ).lastrowid or 0)  # fmt: skip
+
+
+def _taken(conn: sqlite3.Connection, table: str, origin_box: str | None, origin_id: int | None,
+           artifact: str) -> bool:  # fmt: skip
+    """Whether this offer (the origin's row, filed under this file) was taken before."""
+    return conn.execute(
+        f"SELECT 1 FROM {table} WHERE origin_box = ? AND origin_id = ? AND "  # noqa: S608
+        "artifact = ?", (origin_box, origin_id, artifact)).fetchone() is not None  # fmt: skip
+
+
+def import_speed(conn: sqlite3.Connection, m: MeasuredSpeed) -> int | None:
+    """File a speed another box measured; None when this offer was taken before."""
+    taken = _taken(conn, "measured_speeds", m.origin_box, m.origin_id, m.artifact)
+    return None if taken else insert_speed(conn, m)
 
 
 def recent_speeds(conn: sqlite3.Connection) -> list[MeasuredSpeed]:
@@ -149,19 +180,21 @@ def recent_speeds(conn: sqlite3.Connection) -> list[MeasuredSpeed]:
     rows = conn.execute(
         "SELECT artifact, artifact_size, artifact_mtime_ns, rung, placement, "
         "prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms, call_id,"
-        " measured_at, cores FROM recent_speeds ORDER BY id"
+        " measured_at, cores, origin_box, origin_id FROM recent_speeds ORDER BY id"
     )
     return [MeasuredSpeed(*row) for row in rows]
 
 
 def recent_curve(conn: sqlite3.Connection) -> list[CurvePoint]:
     """The last 60 decode rates of every (file, rung) with the cores they ran on, oldest
-    first: the thread curve a restarted box places with."""
+    first, this box's own and imported ones apart: the thread curve a restarted box places
+    with."""
     rows = conn.execute(
-        "SELECT artifact, artifact_size, artifact_mtime_ns, rung, cores, decode_per_token_ms"
-        " FROM recent_curve ORDER BY id"
+        "SELECT artifact, artifact_size, artifact_mtime_ns, rung, cores, decode_per_token_ms,"
+        " origin_box FROM recent_curve ORDER BY id"
     )
-    return [((a, size, mtime, rung), cores, ms) for a, size, mtime, rung, cores, ms in rows]
+    return [((a, size, mtime, rung), cores, ms, origin)
+            for a, size, mtime, rung, cores, ms, origin in rows]  # fmt: skip
 
 
 def insert_refused_window(
@@ -177,8 +210,23 @@ def insert_refused_window(
     ).lastrowid or 0)  # fmt: skip
 
 
-def refused_windows(conn: sqlite3.Connection) -> list[RefusedWindowKey]:
-    """Every window that failed to load, oldest first."""
-    return [tuple(r) for r in conn.execute(
-        "SELECT artifact, artifact_size, artifact_mtime_ns, placement, window "
+def import_refused_window(conn: sqlite3.Connection, w: ImportedWindow) -> int | None:
+    """File a window another box's load was refused at; None when taken before."""
+    artifact, size, mtime_ns, placement, window = w.key
+    if _taken(conn, "refused_windows", w.origin_box, w.origin_id, artifact):
+        return None
+    return int(conn.execute(
+        "INSERT INTO refused_windows (artifact, artifact_size, artifact_mtime_ns, placement,"
+        " window, type_k, type_v, detail, call_id, measured_at, origin_box, origin_id) VALUES"
+        " (?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+        (artifact, size, mtime_ns, placement, window, w.type_k, w.type_v, w.detail,
+         w.measured_at, w.origin_box, w.origin_id),
+    ).lastrowid or 0)  # fmt: skip
+
+
+def refused_windows(conn: sqlite3.Connection) -> list[tuple[RefusedWindowKey, str | None]]:
+    """Every window that failed to load, oldest first, with the box that measured it (None:
+    this one)."""
+    return [(tuple(r[:5]), r[5]) for r in conn.execute(
+        "SELECT artifact, artifact_size, artifact_mtime_ns, placement, window, origin_box "
         "FROM refused_windows ORDER BY id")]  # fmt: skip
