@@ -7,6 +7,8 @@ binary's own ``--help`` (read once per binary), and only flags it has are passed
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import glob
 import json
 import os
@@ -14,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -303,6 +306,7 @@ class LlamaServer:
     def __init__(self, engine_dir: str = "") -> None:
         self.engine_dir = engine_dir
         self._info: EngineInfo | None = None
+        self._locating = threading.Lock()  # one probe at a time: the others wait for it
 
     def serves(self, artifact_format: str) -> bool:
         return artifact_format == "gguf"
@@ -313,6 +317,18 @@ class LlamaServer:
     def locate(self) -> None:
         if self._info is None:
             self._info = inspect(find_binary(self.engine_dir).path)
+
+    async def prepare(self) -> None:
+        """Find the binary and read it (``--help``, ``--version``, ``--list-devices`` and a
+        ``--port 0`` start: ~0.3 s each on 2 cores) in a thread, so the event loop serves
+        meanwhile; a fresh box's first decision used to run them on the loop. Cached; a
+        missing binary is said by the load that needs it (``locate``), not here."""
+        if self._info is None:
+            await asyncio.to_thread(self._locate_once)
+
+    def _locate_once(self) -> None:
+        with self._locating, contextlib.suppress(EngineNotFound):
+            self.locate()
 
     def info(self) -> EngineInfo:
         self.locate()
