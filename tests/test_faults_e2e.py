@@ -3,6 +3,7 @@ engine that hangs at load, room that stays busy past the wait bound, simulated G
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from fitbox.core import sizing
+from fitbox.engines.llama_server import PROBE_S
 from fitbox.models.gguf_facts import read_facts
 
 from .conftest import FitboxProcess, running_fitbox
@@ -42,6 +44,18 @@ def chat(model: str, **extra: object) -> dict[str, object]:
 
 def engine_pids(box: FitboxProcess) -> list[int]:
     return [p.pid for p in psutil.Process(box.proc.pid).children(recursive=True)]
+
+
+def loading(box: FitboxProcess) -> list[int]:
+    """Engines launched for a load: on a port of their own (a probe of the binary starts
+    on ``--port 0``)."""
+    found = []
+    for child in psutil.Process(box.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            argv = child.cmdline()
+            if "--port" in argv[:-1] and argv[argv.index("--port") + 1] != "0":
+                found.append(child.pid)
+    return found
 
 
 def stream_lines(box: FitboxProcess, body: dict[str, object]) -> list[str]:
@@ -317,8 +331,9 @@ def test_sigterm_during_a_load_that_never_finishes_stops_everything_within_15_s(
             f"{box.url}/v1/chat/completions", json=chat("tiny-llama"), timeout=60),
             daemon=True)  # fmt: skip
         caller.start()
-        deadline = time.monotonic() + 10
-        while not engine_pids(box):
+        # the load, not a probe of the binary (its --port 0 start hangs too, for PROBE_S)
+        deadline = time.monotonic() + 10 + PROBE_S
+        while not loading(box):
             assert time.monotonic() < deadline, "the fake engine never started"
             time.sleep(0.05)
         children = engine_pids(box)

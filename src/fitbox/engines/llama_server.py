@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fitbox.core.repack import CpuFeatures
-from fitbox.engines.child import Child
+from fitbox.engines.child import Child, die_with_parent, launch_argv
 from fitbox.engines.http1 import EnginePool
 from fitbox.engines.load_log import parse_load_log
 from fitbox.engines.seam import (
@@ -163,7 +163,11 @@ def parse_devices(text: str) -> tuple[str, ...]:
 
 
 def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    """A probe of the binary, killed when fitbox dies: probes run in a thread while fitbox
+    serves (``LlamaServer.prepare``), and a stop does not wait for one that hangs."""
+    chained = launch_argv(argv, frozenset())
+    return subprocess.run(chained or argv, capture_output=True, text=True, timeout=timeout,
+                          check=False, preexec_fn=None if chained else die_with_parent)  # fmt: skip
 
 
 def _cpu_features(path: Path, flags: frozenset[str]) -> CpuFeatures:
