@@ -3,10 +3,10 @@
     python bench/proxy_cpu.py [--tree NAME=SRC]... [--calls 100] [--streams 10]
                               [--tokens 128] [--rounds 3] [--idle 4]
 
-Latency on a shared box is noise; CPU time is not: the fitbox process's utime + stime
-(``/proc/PID/stat``, its own threads, not its children) is read before and after each batch
-of calls. Each system is fitbox serving the repo's SmolLM2 as a real process: one per
-``--tree`` (a source tree's ``src/``, run through ``PYTHONPATH``; the first is the
+Latency on a shared box is noise; CPU time is not: the fitbox process's CPU time (each of
+its threads' ``/proc/PID/task/TID/schedstat``, in ns; not its children) is read before and
+after each batch of calls. Each system is fitbox serving the repo's SmolLM2 as a real
+process: one per ``--tree`` (a source tree's ``src/``, run through ``PYTHONPATH``; the first is the
 baseline), then this checkout's own, all measured interleaved, round by round, in the
 same run; each figure's ratio is against the first tree's.
 
@@ -46,7 +46,15 @@ CACHE = Path(os.environ.get("FITBOX_TEST_CACHE", Path(__file__).resolve().parent
 
 
 def cpu_seconds(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
+    """The process's CPU time to the nanosecond: each thread's ``schedstat`` (utime + stime
+    count 10 ms ticks, too coarse to take an idle rate off a long batch)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int((task / "schedstat").read_text().split()[0])
+    if total:
+        return total / 1e9
+    times = psutil.Process(pid).cpu_times()  # no schedstat here (CONFIG_SCHEDSTATS off)
     return times.user + times.system
 
 
