@@ -18,7 +18,6 @@ import pytest
 from fitbox import config as settings
 from fitbox.box.box import Box
 from fitbox.box.resident import Resident
-from fitbox.box.residents import CALLS_SEEN
 from fitbox.box.supervision.pinning import allowed_cpus, thread_ids
 from fitbox.box.warmth import ROOM_CHECKS
 from fitbox.engines.kinds import EngineKinds
@@ -170,83 +169,6 @@ def test_an_engine_loaded_beside_other_work_starts_again_on_every_core(tmp_path:
             assert status == 200
             lease.release()
             assert await checks(ROOM_CHECKS + 1) == 0  # it has every core: nothing more
-        finally:
-            await box.close()
-
-    asyncio.run(run())
-
-
-def test_an_engine_whose_calls_come_together_starts_again_without_the_lent_core(
-    tmp_path: Path,
-) -> None:
-    """Alone on a quiet box the engine is lent the reserved core, a thread per core. Its
-    calls then come several at once (the test holds their leases together): fitbox relays
-    each of their streams, and with a thread on every core the engine's spin barriers wait
-    whenever that work takes one (issue 14: 4 clients 0.85-0.96x direct at -t 2, 1.03-1.17x
-    at -t 1). Never while a call is on it, but once idle as long as its load took on
-    ``ROOM_CHECKS`` checks in a row, it starts again without the reserved core, and a load
-    of it while its calls come so gets none either. When they come one at a time again it
-    is widened back onto every core."""
-    config, catalog = _two_tinies(tmp_path)
-
-    async def run() -> None:
-        box, cores, every, cpus = _box_on_its_cores(config, catalog)
-        busy = box.snapshots.busy
-        for _ in range(busy.readings):  # no other work: the box has settled
-            busy.observe(dict.fromkeys(cpus, 0.0), set(), engines_percent=0.0)
-
-        async def checks(n: int) -> int:
-            relaunched = 0
-            for _ in range(n):
-                async with box.registry.lock:
-                    relaunched += box.warmth.widen_idle()
-            return relaunched
-
-        async def together(clients: int) -> Resident:
-            leases = [await box.acquire("tiny-a") for _ in range(clients)]
-            for lease in leases:
-                lease.release()
-            return leases[0].resident
-
-        def idle_as_long_as_a_load(resident: Resident) -> None:
-            assert resident.load_seconds is not None
-            resident.last_used = time.monotonic() - resident.load_seconds
-
-        try:
-            first = await together(1)
-            assert first.cores == every and first.threads == len(every)  # lent: alone
-            assert await checks(ROOM_CHECKS + 1) == 0  # its calls come alone: it stays
-            for _ in range(2):  # two rounds of four clients at once
-                assert await together(4) is first
-            assert box.registry.batched(first.key) is True
-            lease = await box.acquire("tiny-a")  # a call on it: never relaunched
-            idle_as_long_as_a_load(first)
-            assert await checks(ROOM_CHECKS + 1) == 0
-            lease.release()
-            idle_as_long_as_a_load(first)
-            assert await checks(ROOM_CHECKS - 1) == 0  # not yet sustained
-            assert await checks(1) == 1
-            narrow = await together(4)  # waits for the load without the reserved core
-            assert narrow is not first and not first.child.alive  # type: ignore[union-attr]
-            assert narrow.cores == every[1:] and narrow.threads == len(every) - 1
-            assert threads_on(narrow) == {cpus - cores[0]}
-            argv = narrow.child.argv  # type: ignore[union-attr]
-            assert argv[argv.index("-t") + 1] == str(len(every) - 1)
-            idle_as_long_as_a_load(narrow)
-            assert await checks(ROOM_CHECKS + 1) == 0  # narrow already: it stays
-
-            await box.supervisor.stop(narrow)  # loaded again while its calls come together
-            loaded = await together(1)
-            assert loaded is not narrow and loaded.cores == every[1:]
-
-            for _ in range(CALLS_SEEN):  # now one at a time, as many as the registry weighs
-                assert await together(1) is loaded
-            assert box.registry.batched(loaded.key) is False
-            idle_as_long_as_a_load(loaded)
-            assert await checks(ROOM_CHECKS) == 1
-            wide = await together(1)
-            assert wide is not loaded and wide.cores == every and wide.threads == len(every)
-            assert threads_on(wide) == {cpus}
         finally:
             await box.close()
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from fitbox.config import Config
 from fitbox.core.ask import Ask
-from fitbox.core.claims import narrowed, widened
+from fitbox.core.claims import widened
 from fitbox.core.decide import decide
 from fitbox.core.decision import Place, Refuse, Wait
 from fitbox.core.types import WEIGHTS_IN_RAM, Device, ResidentState
@@ -169,8 +169,6 @@ class Admission:
             self.registry.join(existing, slots)
             return Lease(existing, self.registry, slots=slots), []
         ask = self.asks.ask(named, need=need, max_tokens=max_tokens)
-        if any(self.registry.batched(a.key) for a in named.artifacts):
-            ask = replace(ask, batched=True)  # its calls come several at once: no lent core
         devices = self.snapshots.devices()  # one probe reading: pricing, deciding, labelling
         decision = decide(self.snapshots.snapshot(devices), ask)
         names = {a.key: a.name for a in named.artifacts}
@@ -254,12 +252,8 @@ class Admission:
             return None
         if not self.snapshots.busy.settled():
             return None  # not while other work may come back at once
-        company = self.registry.batched(resident.key)
-        claimable = self.snapshots.claimable_cores()
-        # the lent core only to one whose calls come alone; not clear either way: as it runs
-        lend = company is False
-        if resident.threads >= len(claimable) - (0 if lend else 1):
-            return None  # every core it may get already: no ask, no snapshot (every second)
+        if resident.threads >= len(self.snapshots.claimable_cores()):
+            return None  # every core already: no ask built, no snapshot read (every second)
         ask = self.asks.ask(self.asks.named(resident.asked or resident.artifact.name))
         mine = next((c for c in ask.candidates if c.key == resident.key), None)
         speeds = mine.speeds_on(resident.rung) if mine else None
@@ -267,25 +261,15 @@ class Admission:
         return widened(snapshot.cores, snapshot.busy_cores, snapshot.residents, resident.key,
                        resident.threads, floor=ask.cpu_floor,
                        threads=speeds.threads if speeds else (),
-                       lend=snapshot.lend_reserved and lend)  # fmt: skip
-
-    def narrower_claim(self, resident: Resident) -> tuple[int, ...] | None:
-        """Under the lock: the claim an idle engine with weights in RAM whose calls come
-        several at once keeps without the reserved core it was lent (core/claims.py
-        ``narrowed``), else None: fitbox relays each of its streams on that core."""
-        if resident.place is None or resident.rung not in WEIGHTS_IN_RAM:
-            return None
-        if self.registry.batched(resident.key) is not True:
-            return None
-        return narrowed(self.snapshots.claimable_cores(), resident.cores)
+                       lend=snapshot.lend_reserved)  # fmt: skip
 
     def widen(self, resident: Resident, cores: tuple[int, ...]) -> None:
         """Under the lock: launch idle ``resident`` again with a thread per core of ``cores``,
         the same file and contract; a call for it waits for that load."""
         assert resident.place is not None
-        log.info("%s starts again with %d thread(s) on core(s) %s: it ran %d, and its calls "
-                 "come %s", resident.artifact.name, len(cores), list(cores), resident.threads,
-                 "several at once" if len(cores) < resident.threads else "alone")  # fmt: skip
+        log.info("%s starts again with %d thread(s) on core(s) %s: it ran %d and they are "
+                 "free now", resident.artifact.name, len(cores), list(cores),
+                 resident.threads)  # fmt: skip
         self.registry.move(resident, S.STOPPING)  # no call joins it while it relaunches
         cpus = self.snapshots.cpus_of(cores)
         successor = resident.relaunched(replace(resident.place, cores=cores), cpus)

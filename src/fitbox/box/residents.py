@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Iterator
 
-from fitbox.core.claims import batched
 from fitbox.core.types import ResidentState
 
 from .resident import Resident
@@ -32,7 +30,6 @@ TRANSITIONS: dict[ResidentState, frozenset[ResidentState]] = {
     S.FAILED: frozenset(),
 }
 GONE = frozenset({S.STOPPED, S.FAILED})
-CALLS_SEEN = 8  # the recent calls per file that say whether its calls come in batches
 
 
 class IllegalTransition(RuntimeError):
@@ -44,9 +41,6 @@ class Registry:
         self._residents: dict[str, Resident] = {}
         self.lock = asyncio.Lock()  # covers placement decisions, never a load
         self._changed = asyncio.Event()
-        # per file, its last CALLS_SEEN calls: whether other slots were busy as each began
-        # (kept across its relaunches and reloads: the load it serves, not one child's)
-        self._company: dict[str, deque[bool]] = {}
 
     # -- reading -------------------------------------------------------------------
 
@@ -65,10 +59,6 @@ class Registry:
     def holds(self, resident: Resident) -> bool:
         """Whether ``resident`` is still the one registered for its file."""
         return self._residents.get(resident.key) is resident
-
-    def batched(self, key: str) -> bool | None:
-        """Whether the calls on the file ``key`` come several at once (core/claims.py)."""
-        return batched(self._company.get(key, ()))
 
     def held_by_device(self) -> dict[str, int]:
         """Bytes every resident holds, summed per device."""
@@ -112,8 +102,6 @@ class Registry:
         resident.calls += 1
         resident.slots_taken += slots
         resident.served += 1
-        seen = self._company.setdefault(resident.key, deque(maxlen=CALLS_SEEN))
-        seen.append(resident.slots_taken > 1)
         resident.last_used = time.monotonic()
 
     def release(self, resident: Resident, slots: int = 1) -> None:

@@ -79,18 +79,16 @@ class Warmth:
 
     def widen_idle(self) -> int:
         """Under the lock: idle residents with demand (calls since the load), idle at least as
-        long as their load took, whose claim now would hold more cores than their threads
-        (their calls come alone), or fewer (they come several at once, and were lent the
-        reserved core: core/claims.py), on ``ROOM_CHECKS`` checks in a row, start again on
-        those cores (box/admit.py ``widen``). How many did. A serving engine never is."""
+        long as their load took, whose claim now would hold more cores than their threads,
+        on ``ROOM_CHECKS`` checks in a row, start again on those cores (box/admit.py
+        ``widen``). How many did."""
         widened, now = 0, time.monotonic()
         for resident in list(self.registry):
             # idle at least as long as its load took: a call that comes while it loads again
             # waits that long (a transformers child loads in ~30 s, SmolLM2 in ~0.3 s)
             recent = now - resident.last_used < (resident.load_seconds or 0.0)
             busy = resident.state is not S.READY or resident.calls or recent
-            cores = None if busy or not resident.served else (
-                self.admission.narrower_claim(resident) or self.admission.wider_claim(resident))
+            cores = None if busy or not resident.served else self.admission.wider_claim(resident)
             resident.cores_seen = resident.cores_seen + 1 if cores else 0
             if cores and resident.cores_seen >= ROOM_CHECKS:
                 self.admission.widen(resident, cores)

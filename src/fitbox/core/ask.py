@@ -111,7 +111,6 @@ class Ask:
     prompt_tokens: int = 0
     max_tokens: int = 0
     cpu_floor: int = 1  # free physical cores a rung with weights in RAM needs at least
-    batched: bool = False  # its recent calls came several at once: no lent core (claims.py)
 
     @property
     def slots(self) -> Slots:

@@ -11,11 +11,6 @@
 - Cores kept busy by other work (a sustained reading, box/sensors.py) are taken last: only
   when the free and idle cores are fewer than the engine needs. Foreign work is not an
   engine; refusing to serve because something else computes would help no one.
-- The reserved core is lent only to an engine whose calls come one at a time. One whose
-  recent calls came several at once (``batched``) runs beside fitbox relaying each of its
-  streams: on 2 cores its 2 threads then wait on each other's spin barriers whenever the
-  proxy takes a core (issue 14: 4 clients through fitbox 0.85-0.96x direct at -t 2,
-  1.03-1.17x at -t 1), so it is left the reserved core's share (``narrowed``).
 - A GPU-only engine gets one core. An engine reading weights from RAM gets as many as still
   make it faster: from its measured bandwidth curve when it reaches that many cores (the
   fewest within 1 % of the best measured rate), else every free core; at least ``floor``.
@@ -30,8 +25,6 @@ from fitbox.core.types import ResidentView
 
 GOOD_ENOUGH = 0.99  # within 1 % of the best measured rate: the parity bar (issue 14)
 RESERVED_CORES = 1  # the lowest-numbered core stays for fitbox and the OS
-BATCHED_SHARE = 0.6  # of an engine's recent calls, this share or more found company: batched
-SINGLE_SHARE = 0.3  # this share or less: one at a time (between: it stays as it runs)
 
 
 @dataclass(frozen=True)
@@ -174,28 +167,3 @@ def widened(
     if set(found.cores) & (set(_holders(residents, {key})) | set(busy_cores)):
         return None
     return found.cores
-
-
-def batched(company: Sequence[bool]) -> bool | None:
-    """Whether an engine's recent calls come several at once (True) or one at a time (False);
-    None when neither is clear, and then it stays as it runs (a mixed load does not relaunch
-    it back and forth). ``company``: per recent call, whether other slots were busy as it
-    started.
-
-    >>> batched([False, True, True, True]), batched([False] * 8), batched([False, True])
-    (True, False, None)
-    """
-    if not company:
-        return None
-    share = sum(company) / len(company)
-    return True if share >= BATCHED_SHARE else False if share <= SINGLE_SHARE else None
-
-
-def narrowed(cores: Sequence[int], held: Sequence[int]) -> tuple[int, ...] | None:
-    """The claim an idle engine whose calls come in batches keeps without the reserved core
-    it was lent, or None when it holds no lent core or holds only that one."""
-    keep = reserved_core(cores)
-    if keep is None or keep not in held:
-        return None
-    rest = tuple(c for c in held if c != keep)
-    return rest or None

@@ -261,8 +261,7 @@ def _admit(search: Search, q: int, candidate: Candidate, rung: Rung, attempt: At
     claim = claims.claim(
         snapshot.cores, snapshot.busy_cores, snapshot.residents, leaving,
         weights_in_ram=rung in WEIGHTS_IN_RAM, floor=search.ask.cpu_floor,
-        threads=speeds.threads if speeds else (),
-        lend=snapshot.lend_reserved and not search.ask.batched,
+        threads=speeds.threads if speeds else (), lend=snapshot.lend_reserved,
     )  # fmt: skip
     type_k, type_v = attempt.type_k, attempt.type_v
     if claim is None:
