@@ -3,6 +3,7 @@ engine that hangs at load, room that stays busy past the wait bound, simulated G
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from fitbox.core import sizing
+from fitbox.engines.llama_server import PROBE_S
 from fitbox.models.gguf_facts import read_facts
 
 from .conftest import FitboxProcess, running_fitbox
@@ -42,6 +44,18 @@ def chat(model: str, **extra: object) -> dict[str, object]:
 
 def engine_pids(box: FitboxProcess) -> list[int]:
     return [p.pid for p in psutil.Process(box.proc.pid).children(recursive=True)]
+
+
+def loading(box: FitboxProcess) -> list[int]:
+    """Engines launched for a load: on a port of their own (a probe of the binary starts
+    on ``--port 0``)."""
+    found = []
+    for child in psutil.Process(box.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            argv = child.cmdline()
+            if "--port" in argv[:-1] and argv[argv.index("--port") + 1] != "0":
+                found.append(child.pid)
+    return found
 
 
 def stream_lines(box: FitboxProcess, body: dict[str, object]) -> list[str]:
@@ -317,8 +331,9 @@ def test_sigterm_during_a_load_that_never_finishes_stops_everything_within_15_s(
             f"{box.url}/v1/chat/completions", json=chat("tiny-llama"), timeout=60),
             daemon=True)  # fmt: skip
         caller.start()
-        deadline = time.monotonic() + 10
-        while not engine_pids(box):
+        # the load, not a probe of the binary (its --port 0 start hangs too, for PROBE_S)
+        deadline = time.monotonic() + 10 + PROBE_S
+        while not loading(box):
             assert time.monotonic() < deadline, "the fake engine never started"
             time.sleep(0.05)
         children = engine_pids(box)
@@ -347,7 +362,9 @@ def test_a_prompt_that_outgrows_the_loaded_window_reloads_it_never_while_it_serv
         big = {"model": SMOL, "messages": [{"role": "user", "content": long_prompt}],
                "max_tokens": 2}  # fmt: skip
         body = chat(SMOL, max_tokens=16, stream=True, ignore_eos=True)
-        with engine_stopped(box, SMOL):
+        # the engine that serves the stream, read when the stream begins: an idle engine may
+        # have been started again on other cores meanwhile (box/warmth.py widen_idle)
+        with engine_stopped(box, SMOL) as serving:
             streaming = Background(lambda: stream_lines(box, body))
             until(lambda: calls_on(box, SMOL) == 1, "the stream's call on the resident")
             busy = httpx.post(f"{box.url}/v1/chat/completions", json=big, timeout=60)
@@ -355,12 +372,12 @@ def test_a_prompt_that_outgrows_the_loaded_window_reloads_it_never_while_it_serv
         assert busy.status_code == 503
         assert busy.json()["error"]["code"] == "model_busy"
         assert rest[-1] == "data: [DONE]" and "error" not in "".join(rest[-3:])
-        assert resident(box, SMOL)["pid"] == first["pid"]  # it served on, never reloaded
+        assert resident(box, SMOL)["pid"] == serving  # it served on, never reloaded
         # idle now: the same call reloads it with a window its prompt fits in
         again = httpx.post(f"{box.url}/v1/chat/completions", json=big, timeout=60)
         assert again.status_code == 200, again.text
         (second,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
-        assert second["window"] > 1024 and second["pid"] != first["pid"]
+        assert second["window"] > 1024 and second["pid"] != serving
         assert "outgrows its 1024-token slot" in box.log()
 
 

@@ -113,7 +113,7 @@ class Asks:
         pins = parse_pins(name)
         return Named(name, pins, tuple(self.catalog.variants(pins.name)))
 
-    def settings_for(self, name: str, artifacts: Iterable[Artifact] = ()) -> dict[str, Any]:
+    def settings_for(self, name: str, artifacts: Iterable[Artifact] = ()) -> Mapping[str, Any]:
         """Effective knobs for a model: its own (by the name asked, else a variant's name),
         else the box's, else the start-up settings."""
         for key in [name, *(a.name for a in artifacts)]:
@@ -121,7 +121,7 @@ class Asks:
                 return self.prefs.effective(key)
         return self.prefs.effective()
 
-    def knobs(self, named: Named) -> dict[str, Any]:
+    def knobs(self, named: Named) -> Mapping[str, Any]:
         return self.settings_for(named.family, named.artifacts)
 
     def candidate(self, artifact: Artifact, parallel: int) -> Candidate:

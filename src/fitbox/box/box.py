@@ -221,6 +221,7 @@ class Box:
 
     def start(self) -> None:
         """Background work: preload and pinned models, the idle-TTL unloader, the sensors."""
+        self.tasks.spawn(self.engines.prepare())  # probed before the first call asks
         self.tasks.spawn(self.warmth.warm_up())
         self.tasks.spawn(self.warmth.unload_idle())
         self.tasks.spawn(sense(self.config, self.registry, self.gpus, self.store,

@@ -45,15 +45,22 @@ Acquire = Callable[[str, int | None, int, int, int], Awaitable[Lease]]
 _LAST_EVENTS = (b"event: response.completed", b"event: message_stop")
 
 
-def stream_ended(tail: bytes) -> bool:
-    """Whether an OpenAI (or Responses, or Anthropic) event stream has sent its last event."""
-    ended = tail.rstrip()
-    if ended.endswith(b"data: [DONE]"):
+_BLANK = b" \t\n\r\x0b\x0c"  # what bytes.rstrip() strips
+_DONE = b"data: [DONE]"
+
+
+def stream_ended(tail: bytes | bytearray) -> bool:
+    """Whether an OpenAI (or Responses, or Anthropic) event stream has sent its last event.
+    Read in place, from the end (it runs once a piece, on up to 2 x ``KEEP_TAIL`` bytes)."""
+    end = len(tail)
+    while end and tail[end - 1] in _BLANK:
+        end -= 1
+    if tail.endswith(_DONE, 0, end):
         return True
     if not tail.endswith(b"\n\n"):  # an event is whole once its blank line has come
         return False
-    last = ended[ended.rfind(b"\n\n") + 2 :] if b"\n\n" in ended else ended
-    return last.startswith(_LAST_EVENTS)
+    start = tail.rfind(b"\n\n", 0, end)  # the last event begins after the one before it
+    return tail.startswith(_LAST_EVENTS, start + 2 if start >= 0 else 0)
 
 
 def usage_of(tail: bytes) -> dict[str, Any]:
@@ -209,22 +216,20 @@ class Call:
         piece is handed on: what happens after (the client leaving, the engine dropping
         its framing's end, fitbox killed) changes nothing."""
         first_byte_at: float | None = None
-        tail = b""
+        tail = bytearray()  # its end: trimmed to KEEP_TAIL once it doubles (no copy a piece)
         outcome, error_code, status = "ok", None, response.status
         whole = False  # the stream's end came: the row says ok, whatever comes next
-        chunks = response.iter_bytes()
+        watched = self.desk.watchdog.stream(self.resident, response.iter_bytes())
         try:
-            while True:
-                try:
-                    chunk = await self._watched(anext(chunks))
-                except StopAsyncIteration:
-                    break
+            async for chunk in watched:
                 if first_byte_at is None:
                     first_byte_at = time.time()
-                tail = (tail + chunk)[-KEEP_TAIL:]
+                tail += chunk
+                if len(tail) > 2 * KEEP_TAIL:
+                    del tail[: len(tail) - KEEP_TAIL]
                 if not whole and stream_ended(tail):  # the engine's last event is here
                     whole = True
-                    self._ended("ok", status, None, first_byte_at, tail)
+                    self._ended("ok", status, None, first_byte_at, bytes(tail[-KEEP_TAIL:]))
                     await self.finished()
                 yield chunk  # after the end, the rest of the body is read for the connection
         except (EngineConnectionError, EngineTimeout) as exc:
@@ -237,10 +242,11 @@ class Call:
             outcome = "interrupted"
             raise
         finally:
+            await watched.aclose()
             response.close()
             self._release()
             if not whole:
-                self._ended(outcome, status, error_code, first_byte_at, tail)
+                self._ended(outcome, status, error_code, first_byte_at, bytes(tail[-KEEP_TAIL:]))
 
     def _ended(self, outcome: str, status: int, error_code: str | None,
                first_byte_at: float | None, tail: bytes) -> None:  # fmt: skip

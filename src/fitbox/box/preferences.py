@@ -7,8 +7,9 @@ effective value: the model's own, else the box's, else the setting fitbox was st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from fitbox.config import Config
@@ -153,6 +154,10 @@ class Preferences:
     pairs: dict[str, dict[str, Any]] = field(default_factory=dict)
     limits: dict[str, Any] = field(default_factory=dict)
     keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # by key id: KEY_KNOBS
+    # what effective() and for_key() merged, by model / key id: a call asks 3-4 times and
+    # the knobs change only through apply(), which forgets them
+    _merged: dict[tuple[str, str | None], Mapping[str, Any]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)  # fmt: skip
 
     def defaults(self) -> dict[str, Any]:
         c = self.config
@@ -163,17 +168,24 @@ class Preferences:
                 "embeddings": False, "reasoning_field": "reasoning_content",
                 "progress": False}  # fmt: skip
 
-    def effective(self, model: str | None = None) -> dict[str, Any]:
-        merged = self.defaults() | self.box
-        if model is not None:
-            merged |= self.pairs.get(model, {})
-        return merged
+    def effective(self, model: str | None = None) -> Mapping[str, Any]:
+        """The knobs a call on ``model`` gets (read-only: one merge serves every call)."""
+        found = self._merged.get(("model", model))
+        if found is None:
+            merged = self.defaults() | self.box
+            if model is not None:
+                merged |= self.pairs.get(model, {})
+            found = self._merged["model", model] = MappingProxyType(merged)
+        return found
 
-    def for_key(self, key_id: str | None) -> dict[str, Any]:
+    def for_key(self, key_id: str | None) -> Mapping[str, Any]:
         """What a call under the key ``key_id`` sees (KEY_KNOBS): its own, else the box's."""
-        merged = self.effective()
-        return {k: v for k, v in (merged | self.keys.get(key_id or "", {})).items()
-                if k in KEY_KNOBS}  # fmt: skip
+        found = self._merged.get(("key", key_id))
+        if found is None:
+            merged = {k: v for k, v in (dict(self.effective()) | self.keys.get(key_id or "", {}))
+                      .items() if k in KEY_KNOBS}  # fmt: skip
+            found = self._merged["key", key_id] = MappingProxyType(merged)
+        return found
 
     def limit(self, name: str) -> Any:
         """The box tier of a limit: set here, else the start-up setting, else None."""
@@ -191,6 +203,7 @@ class Preferences:
         return min(found, default=None)
 
     def apply(self, scope: str, model: str, values: dict[str, Any]) -> None:
+        self._merged.clear()
         target = {"box": self.box, "limits": self.limits}.get(scope)
         owners = self.keys if scope == "key" else self.pairs  # key: ``model`` is the key id
         if target is None:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -17,7 +18,7 @@ import psutil
 from fitbox.config import Config
 from fitbox.models.scout import scout
 from fitbox.probe.gpus import GpuProbe, GpuReading
-from fitbox.probe.host import CoreBusyCounter, read_usage, start_cpu_counter
+from fitbox.probe.host import CoreBusyCounter, HostUsage, read_usage, start_cpu_counter
 from fitbox.store.db import Store
 
 from .growth import refresh_held_now
@@ -83,13 +84,17 @@ class EngineCpu:
     def __init__(self) -> None:
         self._last: dict[int, float] = {}
         self._at = time.monotonic()
+        self._processes: dict[int, psutil.Process] = {}  # one per pid: no new one per read
 
     def read(self, pids: Collection[int]) -> float | None:
         now, seconds = time.monotonic(), {}
+        kept: dict[int, psutil.Process] = {}
         for pid in pids:
             with contextlib.suppress(psutil.Error):
-                times = psutil.Process(pid).cpu_times()
+                process = kept[pid] = self._processes.get(pid) or psutil.Process(pid)
+                times = process.cpu_times()
                 seconds[pid] = times.user + times.system
+        self._processes = kept
         # an engine new since the last read counts from its start: its load is ours too
         spent = sum(total - self._last.get(pid, 0.0) for pid, total in seconds.items())
         elapsed, self._last, self._at = now - self._at, seconds, now
@@ -105,9 +110,9 @@ def engine_pids(registry: Registry) -> list[int]:
     return [r.child.pid for r in registry if r.child is not None and r.child.pid is not None]
 
 
-def read_all(registry: Registry, now: float, gpus: list[GpuReading]) -> list[tuple[Any, ...]]:
+def rows_of(registry: Registry, now: float, host: HostUsage,
+            gpus: list[GpuReading]) -> list[tuple[Any, ...]]:  # fmt: skip
     held = registry.held_by_device()
-    host = read_usage()
     rows: list[tuple[Any, ...]] = [
         (now, "host", 0, host.mem_total, host.mem_available, held.get("host", 0),
          host.cpu_percent, host.swap_free)
@@ -121,11 +126,11 @@ def read_all(registry: Registry, now: float, gpus: list[GpuReading]) -> list[tup
 
 
 def gpu_processes(
-    registry: Registry, probe: GpuProbe, gpus: list[GpuReading]
+    registry: Registry, listed: dict[str, dict[int, int]], gpus: list[GpuReading]
 ) -> tuple[dict[str, dict[int, int]], set[str]]:
-    """Compute processes per GPU, and which GPUs are simulated. NVML lists them on a real GPU;
-    on a SIMULATED one, fitbox's own children placed there are its processes."""
-    found = probe.processes()
+    """Compute processes per GPU, and which GPUs are simulated. NVML lists them on a real GPU
+    (``listed``); on a SIMULATED one, fitbox's own children placed there are its processes."""
+    found = {device: dict(pids) for device, pids in listed.items()}
     simulated = {f"gpu{g.index}" for g in gpus if g.simulated}
     for resident in registry:
         pid = resident.child.pid if resident.child else None
@@ -157,37 +162,55 @@ def scout_process(pid: int, device: str, store: Store) -> int:
     return len(report.findings)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One tick's reads of the OS and the GPUs, taken in a thread (``read_tick``)."""
+
+    busy_by_cpu: dict[int, float]
+    engines_percent: float | None
+    host: HostUsage | None = None
+    gpus: list[GpuReading] = field(default_factory=list)
+    processes: dict[str, dict[int, int]] = field(default_factory=dict)
+
+
+def read_tick(counter: CoreBusyCounter, engines: EngineCpu, pids: list[int],
+              probe: GpuProbe | None) -> Reading:  # fmt: skip
+    """The psutil and NVML reads of one tick (~2 ms of /proc on 2 cores, 4 times a second):
+    in a thread, so the event loop relays streamed tokens meanwhile. ``probe`` None: the
+    CPU only (no store to keep the rest)."""
+    busy, percent = counter.read(), engines.read(pids)
+    if probe is None:
+        return Reading(busy, percent)
+    return Reading(busy, percent, read_usage(), probe.read(), probe.processes())
+
+
 async def sense(
     config: Config, registry: Registry, probe: GpuProbe, store: Store | None,
     started_pids: set[int], busy: BusyCores | None = None,
 ) -> None:  # fmt: skip
     """Every ``reading_interval``: what each resident holds now (box/growth.py), which cores
     stay busy with other work (into ``busy``), and, with a store, one reading of memory
-    and GPU processes into it.
+    and GPU processes into it. The reads run in a thread; what they found is applied here,
+    on the loop, which owns ``busy`` and the registry.
     ``started_pids``: every engine pid this fitbox started (the supervisor's)."""
     counter, engines = CoreBusyCounter(), EngineCpu()
-    counter.read()  # the first reading only starts the counter
-    engines.read(engine_pids(registry))
-    if store is None:
-        while True:
-            await asyncio.sleep(config.reading_interval)
-            await refresh_held_now(registry)
-            if busy is not None:
-                busy.observe(counter.read(), held_cores(registry),
-                             engines.read(engine_pids(registry)))  # fmt: skip
-    start_cpu_counter()  # the first reading only starts the CPU counter
+    await asyncio.to_thread(read_tick, counter, engines, engine_pids(registry), None)
+    if store is not None:
+        start_cpu_counter()  # the first reading only starts the CPU counter
     pruned = 0.0
     seen: dict[str, dict[int, int]] = {}
     while True:
         await asyncio.sleep(config.reading_interval)
         await refresh_held_now(registry)
+        reading = await asyncio.to_thread(read_tick, counter, engines, engine_pids(registry),
+                                          probe if store is not None else None)  # fmt: skip
         if busy is not None:
-            busy.observe(counter.read(), held_cores(registry),
-                         engines.read(engine_pids(registry)))  # fmt: skip
+            busy.observe(reading.busy_by_cpu, held_cores(registry), reading.engines_percent)
+        if store is None or reading.host is None:
+            continue
         now = time.time()
-        gpus = probe.read()  # one NVML reading serves memory and processes
-        store.readings(read_all(registry, now, gpus))
-        current, simulated = gpu_processes(registry, probe, gpus)
+        store.readings(rows_of(registry, now, reading.host, reading.gpus))
+        current, simulated = gpu_processes(registry, reading.processes, reading.gpus)
         for device, pid, change, used in diff_processes(seen, current):
             mine = pid in started_pids  # started by this fitbox, now or before
             store.gpu_process(device, pid, change, used, mine, device in simulated)

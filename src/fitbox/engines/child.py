@@ -94,7 +94,7 @@ def launch_argv(argv: list[str], cpus: frozenset[int]) -> list[str] | None:
     return [setpriv, "--pdeathsig", "KILL", *pinned, *argv]
 
 
-def _die_with_parent(cpus: frozenset[int] = frozenset()) -> None:
+def die_with_parent(cpus: frozenset[int] = frozenset()) -> None:
     """Runs in the child between fork and exec: SIGKILL when fitbox dies, and the CPU claim
     as its affinity (every thread it starts inherits it)."""
     if sys.platform.startswith("linux"):
@@ -225,7 +225,7 @@ class Child:
             start_new_session=True,
             env={**os.environ, **self.env} if self.env else None,
             # prctl + affinity in the forked child, where setpriv and taskset cannot run
-            preexec_fn=None if chained else functools.partial(_die_with_parent, self.cpus),
+            preexec_fn=None if chained else functools.partial(die_with_parent, self.cpus),
         )
         assert self.proc.stdout is not None
         self._pump_task = asyncio.get_running_loop().create_task(self._pump.run(self.proc.stdout))

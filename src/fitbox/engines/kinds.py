@@ -37,6 +37,11 @@ class EngineKinds:
     def for_artifact(self, artifact: HasFormat) -> Engine:
         return self.for_format(artifact.format)
 
+    async def prepare(self) -> None:
+        """Every kind's probes, off the event loop (engines/seam.py ``prepare``)."""
+        for kind in self.kinds:
+            await kind.prepare()
+
 
 def engines_home(engine_dir: str, home: Path | None) -> Path | None:
     """Where fitbox builds engine environments: the engine dir setting, else the home's."""

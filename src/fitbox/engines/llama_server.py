@@ -7,6 +7,8 @@ binary's own ``--help`` (read once per binary), and only flags it has are passed
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import glob
 import json
 import os
@@ -14,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fitbox.core.repack import CpuFeatures
-from fitbox.engines.child import Child
+from fitbox.engines.child import Child, die_with_parent, launch_argv
 from fitbox.engines.http1 import EnginePool
 from fitbox.engines.load_log import parse_load_log
 from fitbox.engines.seam import (
@@ -160,7 +163,11 @@ def parse_devices(text: str) -> tuple[str, ...]:
 
 
 def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    """A probe of the binary, killed when fitbox dies: probes run in a thread while fitbox
+    serves (``LlamaServer.prepare``), and a stop does not wait for one that hangs."""
+    chained = launch_argv(argv, frozenset())
+    return subprocess.run(chained or argv, capture_output=True, text=True, timeout=timeout,
+                          check=False, preexec_fn=None if chained else die_with_parent)  # fmt: skip
 
 
 def _cpu_features(path: Path, flags: frozenset[str]) -> CpuFeatures:
@@ -303,6 +310,7 @@ class LlamaServer:
     def __init__(self, engine_dir: str = "") -> None:
         self.engine_dir = engine_dir
         self._info: EngineInfo | None = None
+        self._locating = threading.Lock()  # one probe at a time: the others wait for it
 
     def serves(self, artifact_format: str) -> bool:
         return artifact_format == "gguf"
@@ -313,6 +321,18 @@ class LlamaServer:
     def locate(self) -> None:
         if self._info is None:
             self._info = inspect(find_binary(self.engine_dir).path)
+
+    async def prepare(self) -> None:
+        """Find the binary and read it (``--help``, ``--version``, ``--list-devices`` and a
+        ``--port 0`` start: ~0.3 s each on 2 cores) in a thread, so the event loop serves
+        meanwhile; a fresh box's first decision used to run them on the loop. Cached; a
+        missing binary is said by the load that needs it (``locate``), not here."""
+        if self._info is None:
+            await asyncio.to_thread(self._locate_once)
+
+    def _locate_once(self) -> None:
+        with self._locating, contextlib.suppress(EngineNotFound):
+            self.locate()
 
     def info(self) -> EngineInfo:
         self.locate()

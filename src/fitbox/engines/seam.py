@@ -113,6 +113,11 @@ class Engine(Protocol):
         """Find a runnable engine now (cached); raises ``EngineNotFound`` with the fix."""
         ...
 
+    async def prepare(self) -> None:
+        """Do what ``locate`` does off the event loop, where it costs more than a moment
+        (probes of the binary); never raises: a load says what is missing."""
+        ...
+
     def cpu_features(self) -> CpuFeatures | None:
         """What the engine's CPU backend does with weights in RAM (the repack rule's input,
         read once per binary); None: unknown, or nothing is repacked."""

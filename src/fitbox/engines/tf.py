@@ -248,6 +248,10 @@ class Transformers:
         if self._probe is None:
             self._probe, _ = select(self.engine_dir)
 
+    async def prepare(self) -> None:
+        """Nothing before a decision: its probe (torch imported, up to minutes) starts off
+        the loop when a decision first asks its abilities."""
+
     def selected(self) -> Probe:
         self.locate()
         assert self._probe is not None

@@ -199,7 +199,7 @@ def _verdict(v: Any, label: dict[str, str]) -> dict[str, Any]:
 
 def _key_view(box: Box, key_id: str) -> dict[str, Any]:
     return {"key": key_id, "own": box.prefs.keys.get(key_id, {}),
-            "effective": box.prefs.for_key(key_id)}  # fmt: skip
+            "effective": dict(box.prefs.for_key(key_id))}  # fmt: skip
 
 
 async def key_settings(request: Request) -> Response:
