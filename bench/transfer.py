@@ -80,14 +80,16 @@ def bench_transfer(rounds: int, copies: int, work: Path) -> None:
         httpx.get(f"{url}/v1/transfer/{NAME}/manifest", timeout=600).raise_for_status()  # hashed
         port = url.rsplit(":", 1)[1]
         curl_s, synced_s, pull_s = [], [], []
-        curl_cpu, pull_cpu = [], []
+        curl_cpu, pull_cpu, source_curl, source_pull = [], [], [], []
         for i in range(rounds):
             out = work / f"curl-{i}"
             started, cpu = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN)
+            served = _source_cpu(proc.pid)
             target = f"{url}/v1/transfer/{NAME}/file?path={source.name}"
             subprocess.run(["curl", "-sf", "-o", str(out), target], check=True)
             curl_s.append(time.perf_counter() - started)
             curl_cpu.append(_cpu(resource.RUSAGE_CHILDREN) - cpu)
+            source_curl.append(_source_cpu(proc.pid) - served)
             assert out.stat().st_size == size
             out.unlink()
             started = time.perf_counter()  # curl, then the file made durable as a pull's is
@@ -99,9 +101,11 @@ def bench_transfer(rounds: int, copies: int, work: Path) -> None:
             store = Store(dest / "fitbox.sqlite3")
             try:
                 started, cpu = time.perf_counter(), _cpu(resource.RUSAGE_SELF)
+                served = _source_cpu(proc.pid)
                 (outcome,) = pull_from_box(f"box://127.0.0.1:{port}/{NAME}", dest / "models", store)
                 pull_s.append(time.perf_counter() - started)
                 pull_cpu.append(_cpu(resource.RUSAGE_SELF) - cpu)
+                source_pull.append(_source_cpu(proc.pid) - served)
             finally:
                 store.close()
             assert outcome.size == size and outcome.reused_chunks == 0
@@ -119,6 +123,8 @@ def bench_transfer(rounds: int, copies: int, work: Path) -> None:
     print(f"  curl + sync     {synced_m:6.2f} s  {mib / synced_m:7.0f} MiB/s  (durable, as a pull)")
     print(f"  fitbox pull     {pull_m:6.2f} s  {mib / pull_m:7.0f} MiB/s  {pull_c:5.2f} CPU s  "
           "(chunks + whole sha256)")  # fmt: skip
+    print(f"  the source box's CPU serving it: {statistics.median(source_curl):.2f} s to curl, "
+          f"{statistics.median(source_pull):.2f} s to the pull")  # fmt: skip
     print(f"  pull/curl throughput {curl_m / pull_m:.1%} (aim >= 90 %); "
           f"pull/(curl + sync) {synced_m / pull_m:.1%}")
 
@@ -128,6 +134,12 @@ def _cpu(who: int) -> float:
     a child that is still running, so not counted) or of the children that ended (curl)."""
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
+
+
+def _source_cpu(pid: int) -> float:
+    """User + system CPU seconds of the running source box (/proc: 10 ms ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_scout(dirs: int, work: Path) -> None:
