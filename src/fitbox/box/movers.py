@@ -25,7 +25,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -34,6 +33,7 @@ from typing import Any
 
 from fitbox.config import Config
 from fitbox.core.reap import Copy, Drive, DriveRole, ReapPlan, StoredFile, copies_of, reap_to_fit
+from fitbox.core.shard_names import shard_of_stem
 from fitbox.models.catalog import Artifact, Catalog
 from fitbox.models.copying import CopyRefused, copy_set_verified
 from fitbox.models.transfer import CHUNK_BYTES, hash_file, set_files
@@ -51,7 +51,6 @@ from .tasks import Tasks
 from .transfers import bytes_under
 
 log = logging.getLogger(__name__)
-_SHARD_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
 
 
 @dataclass
@@ -173,7 +172,8 @@ class Movers:
             # a copy the catalog does not list (its name is served from another root): the
             # name its file gives, a split GGUF's without the shard suffix
             stem = Path(copy.path).name.removesuffix(".gguf")
-            name = names.get(copy.path, _SHARD_SUFFIX.sub("", stem) if copy.shards else stem)
+            shard = shard_of_stem(stem) if copy.shards else None
+            name = names.get(copy.path, shard.base if shard else stem)
             pinned = bool(self.prefs.pairs.get(name, {}).get("pinned"))
             uploaded = self._uploaded_at.get(copy.path, float("-inf"))
             pinned |= time.monotonic() - uploaded < self.config.load_timeout  # its call loads it

@@ -17,12 +17,11 @@ a shard (no model as it stands) is never reaped in part.
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-_SHARD = re.compile(r"^(?P<base>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+from fitbox.core.shard_names import shard_of
 
 
 class DriveRole(Enum):
@@ -96,12 +95,12 @@ def copies_of(files: Sequence[StoredFile], last_called: Mapping[str, float]) -> 
     singles: list[Copy] = []
     sets: dict[tuple[str, str, str, int], list[tuple[int, StoredFile]]] = {}
     for f in files:
-        found = _SHARD.match(posixpath.basename(f.path))
+        found = shard_of(posixpath.basename(f.path))
         if found is None:
             singles.append(Copy(f.path, f.drive, f.bytes, f.sha256, last_called.get(f.path, 0.0)))
             continue
-        key = (f.drive, posixpath.dirname(f.path), found["base"], int(found["count"]))
-        sets.setdefault(key, []).append((int(found["index"]), f))
+        key = (f.drive, posixpath.dirname(f.path), found.base, found.count)
+        sets.setdefault(key, []).append((found.index, f))
     for (drive, _, _, count), members in sets.items():
         members.sort(key=lambda pair: pair[0])
         shards = tuple(Shard(f.path, f.bytes, f.sha256) for _, f in members)

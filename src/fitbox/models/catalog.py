@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fitbox.core.projector import ProjectorShape
+from fitbox.core.shard_names import shard_of_stem
 from fitbox.errors import ModelNotFound
 from fitbox.models.facts_cache import FactsCache
 from fitbox.models.gguf_facts import GGUFFacts
@@ -35,7 +36,6 @@ from fitbox.models.vision import pair_projectors
 
 log = logging.getLogger(__name__)
 
-_SHARD = re.compile(r"^(?P<base>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})$")
 _SKIP_SUFFIXES = (".part", ".tmp", ".partial", ".download")
 _QUANT_SUFFIX = re.compile(r"[._-](?:UD-)?(I?Q\d\w*|F16|BF16|F32)$", re.IGNORECASE)
 _FOUR_BIT = re.compile(r"^(I?Q4|MXFP4)", re.IGNORECASE)
@@ -127,9 +127,9 @@ def _walk(root: Path) -> Iterator[tuple[str, Path]]:
 def _model_name(path: Path) -> str | None:
     """File stem; for split GGUFs only the first shard names the model."""
     stem = path.name[:-5] if path.name.lower().endswith(".gguf") else path.name
-    shard = _SHARD.match(stem)
+    shard = shard_of_stem(stem)
     if shard:
-        return shard.group("base") if int(shard.group("index")) == 1 else None
+        return shard.base if shard.index == 1 else None
     return stem
 
 

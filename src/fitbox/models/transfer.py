@@ -19,9 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fitbox.core.shard_names import shard_of
+
 CHUNK_BYTES = 4 << 20  # what one chunksum covers: small enough that a cut loses little
 READ_BLOCK = 1 << 20
-_SHARD = re.compile(r"^(?P<base>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 class PathRefused(ValueError):
@@ -115,12 +116,10 @@ def model_files(artifact: Path) -> list[OfferedFile]:
 def set_files(artifact: Path) -> list[Path]:
     """The files a model at ``artifact`` is: that GGUF, or for a split GGUF every shard its
     name counts, beside it, the first first (whether each exists is the caller's to see)."""
-    shard = _SHARD.match(artifact.name)
+    shard = shard_of(artifact.name)
     if not shard:
         return [artifact]
-    count = int(shard.group("count"))
-    return [artifact.with_name(f"{shard.group('base')}-{i:05d}-of-{count:05d}.gguf")
-            for i in range(1, count + 1)]  # fmt: skip
+    return [artifact.with_name(name) for name in shard.siblings()]
 
 
 def missing_shards(names: list[str]) -> list[str]:
@@ -128,12 +127,10 @@ def missing_shards(names: list[str]) -> list[str]:
     whole or it is no model (llama-server opens every shard of the set)."""
     missing: list[str] = []
     for name in names:
-        shard = _SHARD.match(name)
+        shard = shard_of(name)
         if not shard:
             continue
-        count = int(shard.group("count"))
-        for i in range(1, count + 1):
-            sibling = f"{shard.group('base')}-{i:05d}-of-{count:05d}.gguf"
+        for sibling in shard.siblings():
             if sibling not in names and sibling not in missing:
                 missing.append(sibling)
     return missing
