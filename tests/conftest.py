@@ -155,7 +155,8 @@ def start_fitbox(
     argv += list(extra)
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            argv, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            argv, stdout=log_file, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
         )
     try:
         url = _answering(proc, home / "endpoint.json", log_path)
@@ -188,8 +189,17 @@ def stop_fitbox(box: FitboxProcess, timeout: float = 20) -> int:
         try:
             box.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            # a stop that hangs is a bug: SIGABRT makes faulthandler (on for every fitbox a
+            # test starts) print each thread's stack into the log before the kill
+            box.proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                box.proc.wait(timeout=5)
             box.proc.kill()
             box.proc.wait()
+            if os.environ.get("FITBOX_TEST_STALLED_DIR"):  # where a hunt for stalls keeps them
+                kept = Path(os.environ["FITBOX_TEST_STALLED_DIR"]) / f"{box.proc.pid}.log"
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                kept.write_text(box.log())
     return box.proc.returncode
 
 

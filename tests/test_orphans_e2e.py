@@ -4,6 +4,7 @@ merely reuses a recorded pid is never touched."""
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 import time
@@ -13,7 +14,7 @@ import psutil
 
 from fitbox.store.db import Store
 
-from .conftest import running_fitbox
+from .conftest import running_fitbox, start_fitbox, stop_fitbox
 
 
 def record(home: Path, proc: subprocess.Popen[bytes], create_time: float) -> None:
@@ -52,9 +53,14 @@ def test_every_child_is_recorded_and_closed(
     import httpx
 
     home = tmp_path / "home"
-    with running_fitbox(home, [smollm2.parent]) as box:
+    box = start_fitbox(home, [smollm2.parent])
+    try:
         httpx.post(f"{box.url}/v1/completions", timeout=60,
                    json={"model": "smollm2", "prompt": "hi", "max_tokens": 1})  # fmt: skip
+    finally:
+        code = stop_fitbox(box)
+    # uvicorn re-raises the signal once the stop is done: -SIGTERM is a stop that finished
+    assert code == -signal.SIGTERM, f"fitbox's stop did not finish ({code}):\n{box.log()[-6000:]}"
     with sqlite3.connect(home / "fitbox.sqlite3") as conn:
         rows = conn.execute("SELECT pid, ended_how, argv FROM children").fetchall()
     assert len(rows) == 1 and rows[0][1] == "stopped"

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from typing import Any
 
 from fitbox.config import Config
@@ -51,6 +53,8 @@ from .supervision import Supervisor, Watchdog
 from .supervision.crashes import CrashLedger
 from .tasks import Tasks
 from .warmth import Warmth
+
+log = logging.getLogger(__name__)
 
 
 class Box:
@@ -230,9 +234,15 @@ class Box:
     async def close(self) -> None:
         """Stop every child, each bounded by the stop ladder."""
         self.admission.closing = True
+        began = time.monotonic()
         await self.tasks.cancel_all()
-        await asyncio.gather(*(self.supervisor.stop(r) for r in self.registry),
-                             return_exceptions=True)  # fmt: skip
+        log.info("stopping: background tasks ended after %.2f s", time.monotonic() - began)
+        residents = list(self.registry)
+        ended = await asyncio.gather(*(self.supervisor.stop(r) for r in residents),
+                                     return_exceptions=True)  # fmt: skip
+        for resident, result in zip(residents, ended, strict=True):
+            if isinstance(result, BaseException):  # said, never swallowed: a child may live on
+                log.error("stopping %s failed: %r", resident.artifact.name, result)
 
     def kill_all_now(self) -> None:
         self.supervisor.kill_all_now()

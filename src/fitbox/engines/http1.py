@@ -26,6 +26,7 @@ IDLE_EXPIRY_S = 2.0  # below cpp-httplib's 5 s keep-alive timeout
 MAX_IDLE = 16
 MAX_HEADER_BYTES = 64 * 1024
 READ_SIZE = 64 * 1024
+CLOSE_WAIT_S = 2.0
 
 
 class EngineConnectionError(ConnectionError):
@@ -227,4 +228,5 @@ class EnginePool:
             conn.close()
         for conn in idle:
             with contextlib.suppress(Exception):
-                await conn.writer.wait_closed()
+                async with asyncio.timeout(CLOSE_WAIT_S):  # a stop is never held by a socket
+                    await conn.writer.wait_closed()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator
 
 import anyio
@@ -157,11 +158,16 @@ async def _serving(
         async with app.state.mcp.running():
             yield
     finally:
+        # each step of a stop is logged with its time, so a stop that hangs says where
+        began = time.monotonic()
+        log.info("stopping: %d engine(s) to stop", len(box.registry))
         if joining is not None:
             joining.cancel()
         await box.close()
+        log.info("stopping: engines stopped after %.2f s", time.monotonic() - began)
         app.state.gate.checker.close()
         store.close()
+        log.info("stopped: the store closed after %.2f s", time.monotonic() - began)
 
 
 def _identity(config: Config, store: Store, address: str | None) -> dict[str, str | None]:
