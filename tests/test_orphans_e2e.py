@@ -16,6 +16,8 @@ from fitbox.store.db import Store
 
 from .conftest import running_fitbox, start_fitbox, stop_fitbox
 
+STOP_BOUND_S = 60
+
 
 def record(home: Path, proc: subprocess.Popen[bytes], create_time: float) -> None:
     with sqlite3.connect(home / "fitbox.sqlite3") as conn:
@@ -58,7 +60,9 @@ def test_every_child_is_recorded_and_closed(
         httpx.post(f"{box.url}/v1/completions", timeout=60,
                    json={"model": "smollm2", "prompt": "hi", "max_tokens": 1})  # fmt: skip
     finally:
-        code = stop_fitbox(box)
+        # past fitbox's own bounds on a stop (uvicorn's 5 s, stop_grace 5 s, the log pump's
+        # 5 s, the store's drain): a slow or stalled machine is waited out, never raced
+        code = stop_fitbox(box, timeout=STOP_BOUND_S)
     # uvicorn re-raises the signal once the stop is done: -SIGTERM is a stop that finished
     assert code == -signal.SIGTERM, f"fitbox's stop did not finish ({code}):\n{box.log()[-6000:]}"
     with sqlite3.connect(home / "fitbox.sqlite3") as conn:
