@@ -110,6 +110,14 @@ def test_a_file_shorter_than_its_length_ends_the_connection(big: Path) -> None:
     assert after.content == big.read_bytes()[5:10]
 
 
+def test_a_head_sends_no_body_and_the_connection_serves_on(big: Path) -> None:
+    with served(FileApp(big), ZeroCopyHttpToolsProtocol) as url, httpx.Client() as client:
+        head = client.head(f"{url}/x?offset=0&count=1000", timeout=60)
+        after = client.get(f"{url}/x?offset=3&count=4", timeout=60)  # the same connection
+    assert head.status_code == 200 and head.headers["content-length"] == "1000"
+    assert head.content == b"" and after.content == big.read_bytes()[3:7]
+
+
 def test_uvicorns_own_protocol_offers_no_zerocopy(big: Path) -> None:
     app = FileApp(big)
     with served(app, "httptools") as url:

@@ -74,7 +74,7 @@ async def _send_file(cycle: RequestResponseCycle, message: dict[str, Any]) -> No
         raise RuntimeError(f"{ZEROCOPY} needs a started response with a Content-Length")
     if cycle.flow.write_paused and not cycle.disconnected:
         await cycle.flow.drain()
-    if cycle.disconnected:
+    if cycle.disconnected or cycle.scope["method"] == "HEAD":  # a HEAD's body is never sent
         return
     file, at = message["file"], int(message.get("offset") or 0)
     count = int(message["count"]) if message.get("count") is not None else None
