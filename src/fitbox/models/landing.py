@@ -11,7 +11,6 @@ import errno
 import hashlib
 import mmap
 import os
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +20,7 @@ from fitbox.models.pull import PullError
 
 class Landing:
     """The staging file's bytes, landed in order on threads of their own: each piece
-    written (``pwrite``, on one of WRITERS) and fed to the whole file's sha256 (on another) from the
+    written (``pwrite``, on one) and fed to the whole file's sha256 (on the other) from the
     buffer it was read into, while the next piece is read (all let go of the GIL, so the
     network, the chunk's check, the disk and the whole hash overlap; one thread doing both
     was the slow stage, 57-67 % of curl against 67-81 % in alternating bench runs).
@@ -53,25 +52,18 @@ class Landing:
     # 0.14-0.18 s in a scratch benchmark of alternating sizes and beat 16 KiB in pulls, but
     # one pull in a fresh process still paid 1.2 s: rarer, not gone
     WRITE_BYTES = 64 << 10
-    # writes in flight at once: this VM's drive took 375 MiB of 1 MiB O_DIRECT writes in
-    # 1.05-1.12 s one at a time (dd oflag=direct), 0.62 s two at a time (two dd at once):
-    # one write at a time was the pull's floor, slower than curl + sync (1.63 s of pull
-    # against curl's 0.60 s in bench/transfer.py)
-    WRITERS = 2
 
     def __init__(self, fd: int, part: Path) -> None:
         self._part, self._fd = part, fd
         self._digest = hashlib.sha256()
         self._mark = (0, self._digest.copy())  # the end of the last verified chunk
         self._at = 0  # where the next piece lands (the reader's side)
-        # writers (WRITERS at once), one feeds the whole hash: each piece the same buffer for both
-        self._writer = ThreadPoolExecutor(self.WRITERS, thread_name_prefix="pull-write")
+        # one thread writes, one feeds the whole hash: each piece is the same buffer for both
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="pull-write")
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="pull-hash")
         # page-aligned, as O_DIRECT needs (an anonymous mmap starts on a page)
         self._buffers = [mmap.mmap(-1, self.PIECE) for _ in range(self.RING)]
         self._direct = _open_direct(part)  # None: every piece through the page cache
-        self._direct_ok = self._direct is not None  # False once the filesystem refused it
-        self._buffered = threading.Lock()  # the write-back mark, for writers side by side
         self._landing: list[tuple[Future[None], ...]] = [()] * self.RING
         self._next = 0
         self._unsynced_from: int | None = None  # the writer's, and rewind's once drained
@@ -105,7 +97,7 @@ class Landing:
 
     def _land(self, piece: memoryview, at: int) -> None:
         try:
-            if self._direct_ok and at % ALIGN == 0:
+            if self._direct is not None and at % ALIGN == 0:
                 done = self._write_direct(piece[: len(piece) - len(piece) % ALIGN], at)
                 piece, at = piece[done:], at + done
             if piece:
@@ -117,15 +109,14 @@ class Landing:
         """Write ``piece`` (aligned) with O_DIRECT; how much was (all, but where the
         filesystem refused O_DIRECT: then never again for this file)."""
         written = 0
-        while written < len(piece) and self._direct is not None and self._direct_ok:
+        while written < len(piece) and self._direct is not None:
             try:
                 step = os.pwrite(self._direct, piece[written:], at + written)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                # the filesystem takes no O_DIRECT after all; the descriptor is closed only
-                # at the end, another writer may still be in a pwrite with it
-                self._direct_ok = False
+                os.close(self._direct)  # the filesystem takes no O_DIRECT after all
+                self._direct = None
                 break
             written += step
             if not step or step % ALIGN:  # short, off alignment: the rest is buffered
@@ -137,12 +128,11 @@ class Landing:
         while written < len(piece):
             step = piece[written : written + self.WRITE_BYTES]
             written += os.pwrite(self._fd, step, at + written)
-        with self._buffered:
-            if self._unsynced_from is None or at < self._unsynced_from:
-                self._unsynced_from = at
-            if at + len(piece) - self._unsynced_from >= WRITE_BACK_BYTES:
-                start_write_back(self._fd, self._unsynced_from, at + len(piece))
-                self._unsynced_from = None
+        if self._unsynced_from is None:
+            self._unsynced_from = at
+        if at + len(piece) - self._unsynced_from >= WRITE_BACK_BYTES:
+            start_write_back(self._fd, self._unsynced_from, at + len(piece))
+            self._unsynced_from = None
 
     def _digest_update(self, piece: memoryview) -> None:
         self._digest.update(piece)  # the hasher thread's: rewind swaps it once drained
