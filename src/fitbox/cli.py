@@ -276,7 +276,8 @@ def serve(config: settings.Config, log_level: str) -> int:
 
     server = Server(
         uvicorn.Config(
-            app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+            app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+            http=_http_protocol(),
         )
     )
 
@@ -288,6 +289,16 @@ def serve(config: settings.Config, log_level: str) -> int:
     atexit.register(last_resort)
     server.run(sockets=[sock])
     return 0
+
+
+def _http_protocol() -> Any:
+    """uvicorn's httptools protocol with ``sendfile`` for transfers (server/zerocopy.py), or
+    uvicorn's own choice where httptools is missing."""
+    try:
+        from fitbox.server.zerocopy import ZeroCopyHttpToolsProtocol
+    except ImportError:
+        return "auto"
+    return ZeroCopyHttpToolsProtocol
 
 
 def _start(config: settings.Config) -> tuple[Any, socket.socket, dict[str, Any]] | int:

@@ -24,6 +24,8 @@ from fitbox.store.db import Store
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 RETRY_AFTER_S = 2.0
+# ASGI's extension for a file sent by the server (server/zerocopy.py offers it under uvicorn)
+ZEROCOPY = "http.response.zerocopysend"
 
 
 class Transfers:
@@ -147,6 +149,37 @@ async def _read(f: OfferedFile, start: int, end: int) -> AsyncIterator[bytes]:
         await handle.aclose()
 
 
+class _SendingFile(Response):
+    """The file's bytes start..end sent by the server with ``sendfile`` (the
+    ``http.response.zerocopysend`` extension of server/zerocopy.py: page cache to socket,
+    no block through Python); the transfer slot given back however it ends."""
+
+    def __init__(self, f: OfferedFile, start: int, end: int, release: Callable[[], None],
+                 status: int, headers: dict[str, str]) -> None:  # fmt: skip
+        super().__init__(status_code=status, headers=headers,
+                         media_type="application/octet-stream")  # fmt: skip
+        self._file, self._start, self._end, self._release = f, start, end, release
+        self._given = headers  # for the streamed path, should the file be gone
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            handle = await anyio.to_thread.run_sync(open, self._file.real, "rb")
+        except OSError:  # gone since it was offered: streamed, it ends as it always did
+            streamed = _read(self._file, self._start, self._end)
+            gone = _Sending(streamed, self._release, self.status_code, self._given)
+            await gone(scope, receive, send)
+            return
+        try:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})  # fmt: skip
+            await send({"type": ZEROCOPY, "file": handle, "offset": self._start,
+                        "count": self._end - self._start + 1, "more_body": True})  # fmt: skip
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            handle.close()
+            self._release()
+
+
 async def file(request: Request) -> Response:
     f = _offered(request)
     wanted = _range(request.headers.get("range"), f.size)
@@ -155,7 +188,10 @@ async def file(request: Request) -> Response:
     if wanted:
         headers["content-range"] = f"bytes {start}-{end}/{f.size}"
     release = _transfers(request).take()
-    return _Sending(_read(f, start, end), release, 206 if wanted else 200, headers)
+    status = 206 if wanted else 200
+    if ZEROCOPY in request.scope.get("extensions", {}):
+        return _SendingFile(f, start, end, release, status, headers)
+    return _Sending(_read(f, start, end), release, status, headers)
 
 
 async def kept_hashes(request: Request) -> Response:
