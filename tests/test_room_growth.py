@@ -108,3 +108,40 @@ def test_an_engine_that_allocates_at_load_is_never_asked_twice_and_a_hung_one_ke
         assert loading.held_now is None  # still loading: not asked
 
     asyncio.run(scenario())
+
+
+def test_a_stop_that_cancels_the_loop_asking_ends_it_even_when_the_answer_is_in(
+    tmp_path: Path,
+) -> None:
+    """The sensor loop asks each tick; a box's stop cancels it. A cancel that lands just as
+    the engine answered (here: in the answer itself) must end the loop: on Python 3.11 the
+    ask was an ``asyncio.wait_for``, which then returned the answer and lost the cancel, and
+    the loop ran on, holding the stop forever (CI's test_orphans_e2e failures)."""
+
+    async def scenario() -> None:
+        registry = Registry()
+        loop_task: asyncio.Task[None] | None = None
+
+        class CancelledAsItAnswers(Growing):
+            async def held_now(self, child: object) -> int | None:
+                if self.asked == 0:
+                    assert loop_task is not None
+                    loop_task.cancel()  # the stop, in the one turn the answer takes
+                return await super().held_now(child)
+
+        engine = CancelledAsItAnswers(WEIGHTS)
+        r = resident(tmp_path, engine)
+        registry.add(r)
+        registry.move(r, ResidentState.READY)
+
+        async def sensor_loop() -> None:  # box/sensors.py: ask, then wait for the next tick
+            while engine.asked < 2:  # a lost cancel shows as a second ask, then it ends
+                await refresh_held_now(registry)
+                await asyncio.sleep(0)
+
+        loop_task = asyncio.create_task(sensor_loop())
+        with pytest.raises(asyncio.CancelledError):
+            await loop_task
+        assert engine.asked == 1  # never asked again after the stop
+
+    asyncio.run(scenario())

@@ -27,7 +27,11 @@ async def refresh_held_now(registry: Registry) -> None:
         if resident.basis != "measured":
             continue  # still priced by its estimate: nothing measured to grow from
         try:
-            now = await asyncio.wait_for(resident.engine.held_now(child), ASK_S)
+            # asyncio.timeout, never wait_for: on 3.11 a wait_for whose inner call is done
+            # when a cancel lands returns its result and loses the cancel, and the sensor
+            # loop that asked then ran on after a stop cancelled it (the stop hung forever)
+            async with asyncio.timeout(ASK_S):
+                now = await resident.engine.held_now(child)
         except TimeoutError:
             continue
         if resident.child is child and resident.state is ResidentState.READY:

@@ -141,7 +141,8 @@ class Needs:
             return None
         counting = resident.engine.count_prompt(resident.child.pool, path, raw)
         try:
-            return await asyncio.wait_for(counting, COUNT_S)
+            async with asyncio.timeout(COUNT_S):  # not wait_for: on 3.11 it can lose a cancel
+                return await counting
         except (EngineConnectionError, TimeoutError):
             return None  # it is going away, or busy: the bound stands, the engine checks
 

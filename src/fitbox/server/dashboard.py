@@ -143,7 +143,8 @@ async def events(request: Request) -> Response:
                 yield _event(view)
                 # changes meanwhile are gathered together, once the spacing has passed
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(leaving.wait(), SPACING_S)
+                    async with asyncio.timeout(SPACING_S):  # not wait_for: it can lose a cancel
+                        await leaving.wait()
                 continue
             await _changed(signal, registry, store, shown, leaving)
 

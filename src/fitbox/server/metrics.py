@@ -161,8 +161,8 @@ class Metrics:
         assert resident.child is not None
         path = resident.engine.metrics_path() or "/metrics"
         try:
-            status, body = await asyncio.wait_for(resident.child.pool.get(path),
-                                                  CHILD_TIMEOUT_S)  # fmt: skip
+            async with asyncio.timeout(CHILD_TIMEOUT_S):  # not wait_for: it can lose a cancel
+                status, body = await resident.child.pool.get(path)
         except (TimeoutError, EngineConnectionError, OSError):
             status, body = 0, b""
         if status != 200:
