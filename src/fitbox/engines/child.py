@@ -36,7 +36,9 @@ READ_CHUNK = 64 * 1024
 # Once a child is ready its output is only kept (the file, the tail), so it is read in
 # batches: llama-server at -lv 4 prints ~35 lines a call, each a wake-up and a write on the
 # event loop that serves calls (0.4-0.5 ms of its CPU per 1-token chat, bench/hot_path.py).
-# The pipe holds 64 KiB: far more than a child prints in this pause.
+# The pipe's reading is paused meanwhile: asyncio's pipe transport reads every line as it
+# comes whether or not the pump asks (~18 loop wake-ups and reads a call, in the middle of
+# it), and the kernel's pipe holds 64 KiB: far more than a child prints in this pause.
 SETTLED_READ_PAUSE_S = 0.05
 TAIL_BYTES = 64 * 1024  # the end of the output kept in memory: what read_tail reads of a file
 MAX_LOG_BYTES = 16 * 1024 * 1024  # per child log file; one rotated copy is kept
@@ -145,18 +147,32 @@ class _LogPump:
         self.printed = asyncio.Event()  # set by every chunk; the readiness wait clears it
         self._write(header)
 
-    async def run(self, stream: asyncio.StreamReader) -> None:
+    async def run(self, stream: asyncio.StreamReader,
+                  pipe: asyncio.ReadTransport | None = None) -> None:  # fmt: skip
+        """``pipe``: the transport that reads ``stream``'s pipe, paused between batches."""
         while data := await stream.read(READ_CHUNK):
             if self.loading and len(self.load_section) < MAX_LOAD_SECTION:
                 self.load_section += data
             self._write(data)
             self.printed.set()
             if not self.loading:  # ready: let a call's lines gather, read them at once
-                await asyncio.sleep(SETTLED_READ_PAUSE_S)
+                await self._gather(pipe)
         self.printed.set()  # the pipe closed: the child is exiting
         if self.file is not None:
             with contextlib.suppress(OSError):
                 self.file.close()
+
+    @staticmethod
+    async def _gather(pipe: asyncio.ReadTransport | None) -> None:
+        """Let the child's next lines wait in the pipe, unread, for the pause."""
+        if pipe is None or pipe.is_closing():
+            await asyncio.sleep(SETTLED_READ_PAUSE_S)
+            return
+        pipe.pause_reading()
+        try:
+            await asyncio.sleep(SETTLED_READ_PAUSE_S)
+        finally:
+            pipe.resume_reading()  # (a no-op on a pipe closed meanwhile)
 
     def _write(self, data: bytes) -> None:
         self.recent += data
@@ -177,6 +193,14 @@ class _LogPump:
     def tail(self, lines: int) -> list[str]:
         text = bytes(self.recent).decode("utf-8", errors="replace")
         return list(deque((ln for ln in text.splitlines() if ln.strip()), maxlen=lines))
+
+
+def _stdout_pipe(proc: asyncio.subprocess.Process) -> asyncio.ReadTransport | None:
+    """The transport reading the child's stdout pipe (asyncio offers no public way from a
+    ``Process``; its own stream flow control uses the same one), None if not found."""
+    transport = getattr(proc, "_transport", None)
+    pipe = transport.get_pipe_transport(1) if transport is not None else None
+    return pipe if isinstance(pipe, asyncio.ReadTransport) else None
 
 
 class Child:
@@ -228,7 +252,9 @@ class Child:
             preexec_fn=None if chained else functools.partial(die_with_parent, self.cpus),
         )
         assert self.proc.stdout is not None
-        self._pump_task = asyncio.get_running_loop().create_task(self._pump.run(self.proc.stdout))
+        self._pump_task = asyncio.get_running_loop().create_task(
+            self._pump.run(self.proc.stdout, _stdout_pipe(self.proc))
+        )
 
     async def wait_ready(self, limit_s: float) -> float:
         """Seconds from launch until /health answers 200, checked each time the child prints
