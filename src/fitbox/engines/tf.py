@@ -236,6 +236,9 @@ class Transformers:
         self.engine_dir = engine_dir
         self._probe: Probe | None = None
         self._probing: threading.Thread | None = None  # abilities() asks it once, off the loop
+        # one probe at a time: a load's locate (a worker thread) and abilities()' probe
+        # thread may ask at once, and each probe imports torch in a subprocess
+        self._locating = threading.Lock()
         self._kv_budget: dict[int, int] = {}  # port -> the KV its window may grow to
 
     def serves(self, artifact_format: str) -> bool:
@@ -245,8 +248,11 @@ class Transformers:
         return ROUTES
 
     def locate(self) -> None:
-        if self._probe is None:
-            self._probe, _ = select(self.engine_dir)
+        if self._probe is not None:
+            return
+        with self._locating:
+            if self._probe is None:
+                self._probe, _ = select(self.engine_dir)
 
     async def prepare(self) -> None:
         """Nothing before a decision: its probe (torch imported, up to minutes) starts off

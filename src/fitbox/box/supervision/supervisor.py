@@ -10,6 +10,7 @@ OSError launching it: a full drive, no fork): a resource failure is not the mode
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -134,7 +135,9 @@ class Supervisor:
 
     async def _launch(self, resident: Resident) -> Child:
         try:
-            resident.engine.locate()
+            # in a thread: a transformers engine not probed yet imports torch in a
+            # subprocess there (seconds, minutes on a busy box), and the loop serves meanwhile
+            await asyncio.to_thread(resident.engine.locate)
         except EngineNotFound as exc:
             raise EngineFailed(str(exc)) from None
         spec = resident.engine.launch(intent_for(resident, free_port(), self.config.warmup))
