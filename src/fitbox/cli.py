@@ -254,6 +254,7 @@ def serve(config: settings.Config, log_level: str) -> int:
     import uvicorn
 
     from fitbox.server.app import create_app
+    from fitbox.server.wire import JoinedHttpTools
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -276,7 +277,8 @@ def serve(config: settings.Config, log_level: str) -> int:
 
     server = Server(
         uvicorn.Config(
-            app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+            app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+            http=JoinedHttpTools,  # what one loop step writes goes as one send (server/wire.py)
         )
     )
 
