@@ -109,3 +109,20 @@ def test_close_sends_what_was_written_first() -> None:
 
 def test_abort_drops_what_was_held() -> None:
     asyncio.run(_abort_drops_what_was_held())
+
+
+async def _flush_sends_now_and_raw_is_the_socket_transport() -> None:
+    joined, peer, real = await _pair()
+    try:
+        joined.write(b"head")
+        joined.flush()  # before a direct write to the socket's transport (sendfile)
+        assert joined.raw is real
+        real.write(b"file")
+        assert await _sent(peer, 8) == b"headfile"
+    finally:
+        real.close()
+        peer.close()
+
+
+def test_flush_sends_now_and_raw_is_the_socket_transport() -> None:
+    asyncio.run(_flush_sends_now_and_raw_is_the_socket_transport())

@@ -36,20 +36,27 @@ class Joined(asyncio.Transport):
         if not data:
             return
         if not self._held:
-            self._loop.call_soon(self._send)
+            self._loop.call_soon(self.flush)
         self._held.append(bytes(data))
 
     def writelines(self, list_of_data: Any) -> None:
         for data in list_of_data:
             self.write(data)
 
-    def _send(self) -> None:
+    @property
+    def raw(self) -> asyncio.Transport:
+        """The socket's own transport, for what must write to it directly (``loop.sendfile``
+        checks the transport's kind): :meth:`flush` first, so what was written goes before."""
+        return self._transport
+
+    def flush(self) -> None:
+        """Send what this step wrote so far, now."""
         held, self._held = self._held, []
         if held and not self._transport.is_closing():
             self._transport.write(held[0] if len(held) == 1 else b"".join(held))
 
     def close(self) -> None:
-        self._send()  # what this step wrote goes first: close sends the buffer, then closes
+        self.flush()  # what this step wrote goes first: close sends the buffer, then closes
         self._transport.close()
 
     def abort(self) -> None:
@@ -57,7 +64,7 @@ class Joined(asyncio.Transport):
         self._transport.abort()
 
     def write_eof(self) -> None:
-        self._send()
+        self.flush()
         self._transport.write_eof()
 
     def can_write_eof(self) -> bool:
