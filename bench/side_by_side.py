@@ -60,7 +60,11 @@ def added_latency(systems: list[Served], model: str, rounds: int) -> dict[str, l
             chat(client, served.url, model)  # loaded and its prompt cached, for every system
         for i in range(rounds):
             for served in rotated(systems, i):
-                took, status, _ = chat(client, served.url, model)
+                try:
+                    took, status, _ = chat(client, served.url, model)
+                except httpx.TransportError as exc:  # named, not fatal: whose connection broke
+                    print(f"added latency, round {i}: {served.name} dropped the call ({exc!r})")
+                    continue
                 if status == 200:
                     seen[served.name].append(took)
     return seen
