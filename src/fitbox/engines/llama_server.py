@@ -319,8 +319,11 @@ class LlamaServer:
         return ROUTES
 
     def locate(self) -> None:
-        if self._info is None:
-            self._info = inspect(find_binary(self.engine_dir).path)
+        if self._info is not None:
+            return
+        with self._locating:  # prepare's thread, a load's thread and info() may ask at once
+            if self._info is None:
+                self._info = inspect(find_binary(self.engine_dir).path)
 
     async def prepare(self) -> None:
         """Find the binary and read it (``--help``, ``--version``, ``--list-devices`` and a
@@ -331,7 +334,7 @@ class LlamaServer:
             await asyncio.to_thread(self._locate_once)
 
     def _locate_once(self) -> None:
-        with self._locating, contextlib.suppress(EngineNotFound):
+        with contextlib.suppress(EngineNotFound):
             self.locate()
 
     def info(self) -> EngineInfo:
