@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import functools
 import os
 import shutil
@@ -32,12 +33,15 @@ from fitbox.engines.http1 import EngineConnectionError, EnginePool
 READY_BACKSTOP_S = 0.05
 READY_AFTER_OUTPUT_S = (0.002, 0.01)  # re-checks after the last chunk, then the backstop
 TAIL_LINES = 30
-READ_CHUNK = 64 * 1024
 # Once a child is ready its output is only kept (the file, the tail), so it is read in
-# batches: llama-server at -lv 4 prints ~35 lines a call, each a wake-up and a write on the
-# event loop that serves calls (0.4-0.5 ms of its CPU per 1-token chat, bench/hot_path.py).
-# The pipe holds 64 KiB: far more than a child prints in this pause.
+# batches: llama-server at -lv 4 prints ~31 lines a 1-token chat, each written on its own,
+# and a pipe read as it comes is a wake-up of the event loop that serves calls, with a read
+# and a write, per line (~40 a call, 0.4-0.5 ms of its CPU, bench/hot_path.py). Between
+# batches nobody watches the pipe: the kernel holds the lines (the pipe is widened to
+# PIPE_BYTES where it can be; 64 KiB otherwise, far more than a child prints in the pause),
+# and llama.cpp's log thread, not its server, would be the one to wait on a full pipe.
 SETTLED_READ_PAUSE_S = 0.05
+PIPE_BYTES = 1 << 20
 TAIL_BYTES = 64 * 1024  # the end of the output kept in memory: what read_tail reads of a file
 MAX_LOG_BYTES = 16 * 1024 * 1024  # per child log file; one rotated copy is kept
 MAX_LOAD_SECTION = 4 * 1024 * 1024
@@ -143,20 +147,35 @@ class _LogPump:
         self.recent = bytearray()
         self.loading = True
         self.printed = asyncio.Event()  # set by every chunk; the readiness wait clears it
+        self.hurry = asyncio.Event()  # the child is stopping: no more pauses between reads
         self._write(header)
 
-    async def run(self, stream: asyncio.StreamReader) -> None:
-        while data := await stream.read(READ_CHUNK):
-            if self.loading and len(self.load_section) < MAX_LOAD_SECTION:
-                self.load_section += data
-            self._write(data)
-            self.printed.set()
-            if not self.loading:  # ready: let a call's lines gather, read them at once
-                await asyncio.sleep(SETTLED_READ_PAUSE_S)
-        self.printed.set()  # the pipe closed: the child is exiting
-        if self.file is not None:
-            with contextlib.suppress(OSError):
-                self.file.close()
+    async def run(self, fd: int) -> None:
+        """Copy what the child prints to ``fd`` (the pipe's read end, non-blocking; closed
+        here) until the pipe closes: while it loads, each chunk as it comes; once it is
+        ready, all that gathered, at most once per ``SETTLED_READ_PAUSE_S``."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await _readable(loop, fd)
+                data, closed = _read_all(fd)
+                if data:
+                    if self.loading and len(self.load_section) < MAX_LOAD_SECTION:
+                        self.load_section += data
+                    self._write(data)
+                    self.printed.set()
+                if closed:
+                    break
+                if not self.loading:  # ready: let the next lines gather in the pipe
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(SETTLED_READ_PAUSE_S):
+                            await self.hurry.wait()  # set by a stop: read the rest now
+        finally:
+            os.close(fd)
+            self.printed.set()  # the pipe closed: the child is exiting
+            if self.file is not None:
+                with contextlib.suppress(OSError):
+                    self.file.close()
 
     def _write(self, data: bytes) -> None:
         self.recent += data
@@ -177,6 +196,45 @@ class _LogPump:
     def tail(self, lines: int) -> list[str]:
         text = bytes(self.recent).decode("utf-8", errors="replace")
         return list(deque((ln for ln in text.splitlines() if ln.strip()), maxlen=lines))
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """Until ``fd`` has something to read (or is closed); nobody watches it after."""
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def seen() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, seen)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+def _read_all(fd: int) -> tuple[bytes, bool]:
+    """What the pipe holds now, and whether its write end is closed (all read)."""
+    pieces: list[bytes] = []
+    while True:
+        try:
+            piece = os.read(fd, PIPE_BYTES)
+        except BlockingIOError:
+            return b"".join(pieces), False
+        if not piece:
+            return b"".join(pieces), True
+        pieces.append(piece)
+
+
+def _log_pipe() -> tuple[int, int]:
+    """A pipe for the child's output: (read end, non-blocking; write end, for the child).
+    Both ends are non-inheritable (PEP 446), so no other child fitbox starts holds them."""
+    read_end, write_end = os.pipe()
+    if hasattr(fcntl, "F_SETPIPE_SZ"):
+        with contextlib.suppress(OSError):  # past /proc/sys/fs/pipe-max-size: keep 64 KiB
+            fcntl.fcntl(read_end, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    os.set_blocking(read_end, False)
+    return read_end, write_end
 
 
 class Child:
@@ -217,18 +275,26 @@ class Child:
         self._pump = _LogPump(self.log_path, f"$ {' '.join(self.argv)}\n".encode())
         self.started_at = time.monotonic()
         chained = launch_argv(self.argv, self.cpus)
-        self.proc = await asyncio.create_subprocess_exec(
-            *(chained or self.argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, **self.env} if self.env else None,
-            # prctl + affinity in the forked child, where setpriv and taskset cannot run
-            preexec_fn=None if chained else functools.partial(die_with_parent, self.cpus),
-        )
-        assert self.proc.stdout is not None
-        self._pump_task = asyncio.get_running_loop().create_task(self._pump.run(self.proc.stdout))
+        # the output pipe is fitbox's own, not asyncio's: its read end is watched only
+        # while the pump asks (asyncio's pipe transport reads every line as it comes)
+        read_end, write_end = _log_pipe()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *(chained or self.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
+                # prctl + affinity in the forked child, where setpriv and taskset cannot run
+                preexec_fn=None if chained else functools.partial(die_with_parent, self.cpus),
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)  # the child's copy is its own: EOF comes when it exits
+        self._pump_task = asyncio.get_running_loop().create_task(self._pump.run(read_end))
 
     async def wait_ready(self, limit_s: float) -> float:
         """Seconds from launch until /health answers 200, checked each time the child prints
@@ -292,6 +358,8 @@ class Child:
         # the leader is gone; make sure nothing it forked lingers in the group
         self._signal_group(signal.SIGKILL)
         await self.pool.aclose()
+        if self._pump is not None:
+            self._pump.hurry.set()
         if self._pump_task is not None:  # the pipe is closed now: the pump drains and ends
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5):  # past it the pump is cancelled
