@@ -23,6 +23,9 @@ Stages (each a function of the path; ``app`` holds all but ``outside``):
   reasoning  the whole reply's thinking split (``reasoning.whole``)
   finished   waiting for the row's commit (``Call.finished``)
   logpump    the child's log lines copied in fitbox's loop (``_LogPump._write``), per call
+  commit     the store's writer committing a batch (``Writer._apply``, on its own thread):
+             its events per call say how many commits a call costs, its wall what a
+             ``finished`` may wait for
   outside    the client's added time not inside ``app``: uvicorn's HTTP parse and write,
              the event loop, the GIL (the store's writer thread), and the extra hop
 ``--profile`` also writes a cProfile of the server's timed phase (view with
@@ -53,7 +56,7 @@ from bench.proxy_overhead import REPO, child_url, percentile, start_fitbox_argv
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 STAGES = ("app", "auth", "body", "open", "route", "prompt", "place", "send", "read",
-          "answered", "reasoning", "finished", "logpump")  # fmt: skip
+          "answered", "reasoning", "finished", "logpump", "commit")  # fmt: skip
 
 # -- inside the server ---------------------------------------------------------------------
 
@@ -96,6 +99,7 @@ def _install_probes() -> None:
     from fitbox.box.needs import Needs
     from fitbox.engines import child
     from fitbox.server import auth, openai, proxy, reasoning, timing
+    from fitbox.store import writer
 
     _probe(timing.ServerTimingMiddleware, "__call__", "app")
     _probe(auth, "admit", "auth")
@@ -114,6 +118,7 @@ def _install_probes() -> None:
     _probe(reasoning, "whole", "reasoning")
     _probe(calls.Call, "finished", "finished")
     _probe(child._LogPump, "_write", "logpump")
+    _probe(writer.Writer, "_apply", "commit")
 
 
 THREADS: dict[str, int] = {}  # thread name -> its CPU ns when the timed phase began

@@ -1,8 +1,8 @@
 """Side by side: llama-server directly, llama.cpp's router (``--models-max 1``) and fitbox, on
 the same two models in one run, interleaved round by round (bench/rig.py).
 
-    python bench/side_by_side.py [--latency 30] [--swaps 30] [--decode 2] [--prompt 2]
-                                 [--clients 4] [--loads 5]
+    python bench/side_by_side.py [--latency 30] [--swaps 30] [--decode 6] [--prompt 6]
+                                 [--clients 4] [--together 3] [--loads 5]
 
 Figures, each with its ratio against the baseline measured in the same run:
   added latency   1-token chat, p50, on a loaded model (baseline: direct llama-server)
@@ -14,6 +14,9 @@ Figures, each with its ratio against the baseline measured in the same run:
   prompt tok/s    a ~300-token prompt read, cache off, the engine's own timings
   concurrent      --clients clients at once on one model, aggregate tok/s, client side
                   (fitbox runs the -np its placement gives; direct runs its own default)
+Decode, prompt and concurrent rounds are interleaved, each round led by the next system (so
+each leads alike), with QUIET_S idle before every call; each ratio is of the medians, and
+"rounds a-b" the lowest and highest of the per-round ratios to direct's same round.
   load-to-ready   fitbox launch -> ready, minus llama-server's own readiness with the very
                   argv fitbox used (bench/load_to_ready.py), p50
 Direct and the router run at their defaults but the window (4096); fitbox's RAM cap (one
@@ -46,11 +49,26 @@ PROMPT = " ".join(["the quick brown fox jumps over the lazy dog."] * 30)  # ~300
 MAX_ATTEMPTS = 20
 
 
+QUIET_S = 0.2  # before each timed engine call: llama.cpp's threads spin < 20 ms after one
+
+
 def rotated(systems: list[Served], round_no: int) -> list[Served]:
     """Each round starts with the next system: an engine's threads still spinning after its
-    call (llama.cpp polls for work a while) slow whichever is called right after it."""
+    call (llama.cpp polls for work a while) slow whichever is called right after it, and a
+    round count that is a multiple of the systems' puts each first equally often."""
     shift = round_no % len(systems)
     return systems[shift:] + systems[:shift]
+
+
+def balanced(rounds: int, systems: int = 3) -> int:
+    """``rounds`` rounded up to a multiple of ``systems`` (each system first alike)."""
+    return -(-rounds // systems) * systems
+
+
+def spread(rates: dict[str, list[float]], name: str) -> str:
+    """The per-round ratios to direct's same round: their lowest and highest."""
+    ratios = [v / d for v, d in zip(rates[name], rates["direct"], strict=False) if d]
+    return f"rounds {min(ratios):.3f}-{max(ratios):.3f}" if ratios else "no rounds"
 
 
 def added_latency(systems: list[Served], model: str, rounds: int) -> dict[str, list[float]]:
@@ -162,9 +180,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=int, default=30, help="1-token chat rounds")
     parser.add_argument("--swaps", type=int, default=30, help="swap rounds")
-    parser.add_argument("--decode", type=int, default=2, help="256-token rounds")
-    parser.add_argument("--prompt", type=int, default=2, help="prompt-read rounds")
+    parser.add_argument("--decode", type=int, default=6,
+                        help="256-token rounds (rounded up to a multiple of 3)")
+    parser.add_argument("--prompt", type=int, default=6,
+                        help="prompt-read rounds (rounded up to a multiple of 3)")
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--together", type=int, default=3,
+                        help="concurrent rounds (rounded up to a multiple of 3)")
     parser.add_argument("--loads", type=int, default=5, help="load-to-ready rounds")
     parser.add_argument("--settle", type=float, default=8.0,
                         help="seconds idle before the decode rows: fitbox widens an engine "
@@ -209,24 +231,38 @@ def main() -> int:
         print(f"before the decode rows (load average {load_average()}): after the swaps "
               f"{running}; after {args.settle:.0f} s idle "
               f"{ {s.name: engines_of(s) for s in systems} }", flush=True)  # fmt: skip
-        for i in range(args.decode):  # interleaved: the machine's load is shared
+        decode_rounds, prompt_rounds = balanced(args.decode), balanced(args.prompt)
+        for i in range(decode_rounds):  # interleaved: the machine's load is shared
             for served in rotated(systems, i):
+                time.sleep(QUIET_S)
                 decode[served.name] += timings(served, names[0], 1, decode=True)
-        for i in range(args.prompt):
+        for i in range(prompt_rounds):
             for served in rotated(systems, i):
+                time.sleep(QUIET_S)
                 prompt[served.name] += timings(served, names[0], 1, decode=False)
-        for label, rates in ((f"decode tok/s, 256 tokens, one model alone ({args.decode} "
+        for label, rates in ((f"decode tok/s, 256 tokens, one model alone ({decode_rounds} "
                               "rounds)", decode),
-                             (f"prompt-read tok/s, ~300 tokens ({args.prompt} rounds)", prompt)):
+                             (f"prompt-read tok/s, ~300 tokens ({prompt_rounds} rounds)",
+                              prompt)):  # fmt: skip
             d = statistics.median(rates["direct"]) if rates["direct"] else float("nan")
-            row(label, {n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×)"
+            row(label, {n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×"
+                           f"{'' if n == 'direct' else '; ' + spread(rates, n)})"
                         for n, v in rates.items() if v})  # fmt: skip
 
         print(f"after the decode and prompt rows (load average {load_average()}): "
               f"{ {s.name: engines_of(s) for s in systems} }", flush=True)  # fmt: skip
-        together = {name: concurrent(by[name], names[0], args.clients) for name in by}
-        row(f"concurrent aggregate tok/s, {args.clients} clients × 64 tokens",
-            {n: f"{v:.1f} ({v / together['direct']:.3f}×)" for n, v in together.items()})
+        together: dict[str, list[float]] = {s.name: [] for s in systems}
+        together_rounds = balanced(args.together)
+        for i in range(together_rounds):
+            for served in rotated(systems, i):
+                time.sleep(QUIET_S)
+                together[served.name].append(concurrent(served, names[0], args.clients))
+        d = statistics.median(together["direct"])
+        row(f"concurrent aggregate tok/s, {args.clients} clients × 64 tokens "
+            f"({together_rounds} rounds)",
+            {n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×"
+                f"{'' if n == 'direct' else '; ' + spread(together, n)})"
+             for n, v in together.items()})  # fmt: skip
         stack.close()
 
         fit, own = fitbox_ready_and_direct(models.parent / "load", model_a, args.loads)

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
@@ -354,3 +355,23 @@ def test_a_stream_that_fails_mid_way_withholds_the_log_from_outsiders() -> None:
     outsider, inside = asyncio.run(events(False)), asyncio.run(events(True))
     assert b"log_tail" not in outsider and b"failed mid-call" in outsider
     assert b":41234" in inside and outsider.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_trusted_proxy_s_forwarding_is_judged_once_by_fitbox_in_the_real_server(
+    home: Path,
+) -> None:
+    """``fitbox serve`` through uvicorn: uvicorn's own proxy-headers middleware (on by
+    default, believing 127.0.0.1) would put the forwarded client in place of the proxy
+    before fitbox's door looked, and the door would then find a forwarded request from a
+    peer that is no trusted proxy: a LAN client behind a trusted proxy on the box refused."""
+    from .conftest import start_fitbox, stop_fitbox
+
+    box = start_fitbox(home / "served", [home / "models"],
+                       env={"FITBOX_TRUSTED_PROXIES": "127.0.0.1"})  # fmt: skip
+    try:
+        lan = httpx.get(f"{box.url}/v1/models", headers={"X-Forwarded-For": "10.0.0.8"})
+        assert lan.status_code == 200, lan.text
+        outside = httpx.get(f"{box.url}/v1/models", headers={"X-Forwarded-For": "203.0.113.1"})
+        error(outside, 401, "authentication_error")
+    finally:
+        stop_fitbox(box)

@@ -114,7 +114,8 @@ def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: st
     app = create_central_app(config, target)
     server = uvicorn.Server(
         uvicorn.Config(
-            app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+            app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+            proxy_headers=False,  # the door judges forwarding (server/trust.py), not uvicorn
         )
     )
     server.run(sockets=[sock])

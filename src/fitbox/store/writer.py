@@ -161,11 +161,11 @@ class Writer:
             self._refused(refused[-1])
         elif wrote and not self._kept:
             self._resumed()
+        self._settle(results)  # first: a call waiting on its row goes before the watchers
         if self.batch_counter != self.counter:
             self.counter = self.batch_counter
             for listener in self.listeners:
                 listener(self.counter)
-        self._settle(results)
 
     def _transaction(self, batch: list[Queued]) -> list[Result]:
         """Run a batch in one transaction. A job that fails on its own is its caller's and
