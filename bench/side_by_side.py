@@ -1,8 +1,8 @@
 """Side by side: llama-server directly, llama.cpp's router (``--models-max 1``) and fitbox, on
 the same two models in one run, interleaved round by round (bench/rig.py).
 
-    python bench/side_by_side.py [--latency 30] [--swaps 30] [--decode 6] [--prompt 6]
-                                 [--clients 4] [--together 3] [--loads 5]
+    python bench/side_by_side.py [--latency 60] [--swaps 30] [--decode 6] [--prompt 6]
+                                 [--clients 4] [--together 6] [--loads 10]
 
 Figures, each with its ratio against the baseline measured in the same run:
   added latency   1-token chat, p50, on a loaded model (baseline: direct llama-server)
@@ -15,8 +15,10 @@ Figures, each with its ratio against the baseline measured in the same run:
   concurrent      --clients clients at once on one model, aggregate tok/s, client side
                   (fitbox runs the -np its placement gives; direct runs its own default)
 Decode, prompt and concurrent rounds are interleaved, each round led by the next system (so
-each leads alike), with QUIET_S idle before every call; each ratio is of the medians, and
-"rounds a-b" the lowest and highest of the per-round ratios to direct's same round.
+each leads alike), with QUIET_S idle before every call; each ratio is of the medians; "paired"
+is the geometric mean of the per-round ratios to direct's same round with its 95 % bootstrap
+interval (an interval around 1 says the run cannot tell the two apart), "rounds" their
+lowest and highest.
   load-to-ready   fitbox launch -> ready, minus llama-server's own readiness with the very
                   argv fitbox used (bench/load_to_ready.py), p50
 Direct and the router run at their defaults but the window (4096); fitbox's RAM cap (one
@@ -28,7 +30,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -66,9 +70,17 @@ def balanced(rounds: int, systems: int = 3) -> int:
 
 
 def spread(rates: dict[str, list[float]], name: str) -> str:
-    """The per-round ratios to direct's same round: their lowest and highest."""
-    ratios = [v / d for v, d in zip(rates[name], rates["direct"], strict=False) if d]
-    return f"rounds {min(ratios):.3f}-{max(ratios):.3f}" if ratios else "no rounds"
+    """The per-round ratios to direct's same round: their geometric mean with a 95 %
+    bootstrap interval (does the run tell the two apart?), lowest and highest."""
+    ratios = [v / d for v, d in zip(rates[name], rates["direct"], strict=False) if d and v]
+    if not ratios:
+        return "no rounds"
+    logs = [math.log(r) for r in ratios]
+    draw = random.Random(14)  # the same resamples every run: the interval is the data's
+    means = sorted(statistics.fmean(draw.choices(logs, k=len(logs))) for _ in range(2000))
+    low, high = math.exp(means[50]), math.exp(means[1949])
+    return (f"paired {math.exp(statistics.fmean(logs)):.3f}× [95 % {low:.3f}-{high:.3f}], "
+            f"rounds {min(ratios):.3f}-{max(ratios):.3f}")
 
 
 def added_latency(systems: list[Served], model: str, rounds: int) -> dict[str, list[float]]:
@@ -178,16 +190,16 @@ def row(label: str, values: dict[str, str]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--latency", type=int, default=30, help="1-token chat rounds")
+    parser.add_argument("--latency", type=int, default=60, help="1-token chat rounds")
     parser.add_argument("--swaps", type=int, default=30, help="swap rounds")
     parser.add_argument("--decode", type=int, default=6,
                         help="256-token rounds (rounded up to a multiple of 3)")
     parser.add_argument("--prompt", type=int, default=6,
                         help="prompt-read rounds (rounded up to a multiple of 3)")
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--together", type=int, default=3,
+    parser.add_argument("--together", type=int, default=6,
                         help="concurrent rounds (rounded up to a multiple of 3)")
-    parser.add_argument("--loads", type=int, default=5, help="load-to-ready rounds")
+    parser.add_argument("--loads", type=int, default=10, help="load-to-ready rounds")
     parser.add_argument("--settle", type=float, default=8.0,
                         help="seconds idle before the decode rows: fitbox widens an engine "
                              "loaded beside other work (here: the router's swaps) once the box "
