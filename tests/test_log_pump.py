@@ -117,3 +117,26 @@ def test_a_stopped_child_s_last_lines_are_kept_without_waiting_out_the_pause(
     assert asyncio.run(run()) == 0
     assert engine.tail()[-3:] == ["loaded", "a call", "bye"]
     assert (tmp_path / "e.log").read_bytes().endswith(b"loaded\na call\nbye\n")
+
+
+def test_one_wake_up_reads_at_most_its_share_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child printing faster than the pump reads cannot hold the event loop in one read
+    loop: each wake-up takes at most READ_AT_ONCE (made tiny here), the rest the next."""
+    monkeypatch.setattr(child, "PIPE_BYTES", 4)
+    monkeypatch.setattr(child, "READ_AT_ONCE", 8)
+    batches = _counting_reads(monkeypatch)
+    printed = bytes(range(32, 127))  # 95 bytes, in one write
+
+    async def run() -> None:
+        read_end, write_end = _log_pipe()
+        pump = _LogPump(tmp_path / "child.log", b"")
+        os.write(write_end, printed)
+        os.close(write_end)
+        async with asyncio.timeout(30):
+            await pump.run(read_end)
+
+    asyncio.run(run())
+    assert all(len(batch) <= 8 for batch in batches) and len(batches) >= 12
+    assert b"".join(batches) == printed == (tmp_path / "child.log").read_bytes()

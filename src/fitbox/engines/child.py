@@ -42,6 +42,7 @@ TAIL_LINES = 30
 # and llama.cpp's log thread, not its server, would be the one to wait on a full pipe.
 SETTLED_READ_PAUSE_S = 0.05
 PIPE_BYTES = 1 << 20
+READ_AT_ONCE = 4 * PIPE_BYTES  # one wake-up's reads, at most
 TAIL_BYTES = 64 * 1024  # the end of the output kept in memory: what read_tail reads of a file
 MAX_LOG_BYTES = 16 * 1024 * 1024  # per child log file; one rotated copy is kept
 MAX_LOAD_SECTION = 4 * 1024 * 1024
@@ -214,16 +215,20 @@ async def _readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
 
 
 def _read_all(fd: int) -> tuple[bytes, bool]:
-    """What the pipe holds now, and whether its write end is closed (all read)."""
+    """What the pipe holds now (at most ``READ_AT_ONCE``: a child printing as fast as this
+    reads cannot hold the loop), and whether its write end is closed (all read)."""
     pieces: list[bytes] = []
-    while True:
+    taken = 0
+    while taken < READ_AT_ONCE:
         try:
             piece = os.read(fd, PIPE_BYTES)
         except BlockingIOError:
-            return b"".join(pieces), False
+            break
         if not piece:
             return b"".join(pieces), True
         pieces.append(piece)
+        taken += len(piece)
+    return b"".join(pieces), False
 
 
 def _log_pipe() -> tuple[int, int]:
