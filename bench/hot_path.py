@@ -56,7 +56,7 @@ from bench.proxy_overhead import REPO, child_url, percentile, start_fitbox_argv
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 STAGES = ("app", "auth", "body", "open", "route", "prompt", "place", "send", "read",
-          "answered", "reasoning", "finished", "logpump", "commit")  # fmt: skip
+          "answered", "reasoning", "finished", "logpump", "commit", "sql")  # fmt: skip
 
 # -- inside the server ---------------------------------------------------------------------
 
@@ -119,6 +119,7 @@ def _install_probes() -> None:
     _probe(calls.Call, "finished", "finished")
     _probe(child._LogPump, "_write", "logpump")
     _probe(writer.Writer, "_apply", "commit")
+    _probe(writer.Writer, "_transaction", "sql")
 
 
 THREADS: dict[str, int] = {}  # thread name -> its CPU ns when the timed phase began

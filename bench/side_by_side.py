@@ -83,8 +83,10 @@ def spread(rates: dict[str, list[float]], name: str) -> str:
             f"rounds {min(ratios):.3f}-{max(ratios):.3f}")
 
 
-def added_latency(systems: list[Served], model: str, rounds: int) -> dict[str, list[float]]:
-    seen: dict[str, list[float]] = {s.name: [] for s in systems}
+def added_latency(systems: list[Served], model: str, rounds: int
+                  ) -> dict[str, dict[int, float]]:  # fmt: skip
+    """Each system's 1-token call time, by round (a call a system dropped: no entry)."""
+    seen: dict[str, dict[int, float]] = {s.name: {} for s in systems}
     with httpx.Client() as client:
         for served in systems:
             chat(client, served.url, model)  # loaded and its prompt cached, for every system
@@ -96,8 +98,21 @@ def added_latency(systems: list[Served], model: str, rounds: int) -> dict[str, l
                     print(f"added latency, round {i}: {served.name} dropped the call ({exc!r})")
                     continue
                 if status == 200:
-                    seen[served.name].append(took)
+                    seen[served.name][i] = took
     return seen
+
+
+def paired_difference(by_round: dict[str, dict[int, float]], a: str, b: str) -> str:
+    """``a`` minus ``b`` in the rounds both answered: the median per-round difference with
+    a 95 % bootstrap interval (an interval around 0 says the run cannot tell them apart)."""
+    both = sorted(set(by_round[a]) & set(by_round[b]))
+    diffs = [(by_round[a][i] - by_round[b][i]) * 1000 for i in both]
+    if len(diffs) < 2:
+        return "too few rounds"
+    draw = random.Random(14)
+    medians = sorted(statistics.median(draw.choices(diffs, k=len(diffs))) for _ in range(2000))
+    return (f"{a} − {b}, paired per round: {statistics.median(diffs):+.2f} ms "
+            f"[95 % {medians[50]:+.2f} to {medians[1949]:+.2f}] over {len(diffs)} rounds")
 
 
 def timings(served: Served, model: str, rounds: int, *, decode: bool) -> list[float]:
@@ -218,13 +233,15 @@ def main() -> int:
         print("| figure | direct llama-server | llama.cpp router (--models-max 1) | fitbox |")
         print("|---|---|---|---|", flush=True)
 
-        latency = added_latency(systems, names[0], args.latency)
+        by_round = added_latency(systems, names[0], args.latency)
+        latency = {n: list(v.values()) for n, v in by_round.items()}
         base = statistics.median(latency["direct"])
         row(f"added latency of a 1-token chat, p50 ({args.latency} rounds)", {
             n: (f"{ms(base)} (baseline)" if n == "direct" else
                 f"{(statistics.median(v) - base) * 1000:+.2f} ms "
                 f"({statistics.median(v) / base:.3f}×)")
             for n, v in latency.items() if v})  # fmt: skip
+        print(f"added latency: {paired_difference(by_round, 'fitbox', 'router')}", flush=True)
 
         swapped, retries = swaps([by["router"], by["fitbox"]], names, args.swaps)
         r50 = statistics.median(swapped["router"])
