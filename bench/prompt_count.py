@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.rig import SMOL, wait_health
-from bench.side_by_side import PROMPT
+from bench.side_by_side import PROMPT, bootstrap_95
 from fitbox.engines.child import free_port
 from fitbox.engines.llama_server import find_binary
 from fitbox.models.pull import pull
@@ -75,12 +74,11 @@ def main() -> int:
         for proc, _ in servers.values():
             proc.kill()
             proc.wait()
-    draw = random.Random(14)
     for name in names[1:]:
         logs = [math.log(a / b) for a, b in zip(rates[name], rates["default"], strict=True)]
-        means = sorted(statistics.fmean(draw.choices(logs, k=len(logs))) for _ in range(2000))
+        low, high = (math.exp(x) for x in bootstrap_95(logs, statistics.fmean))
         print(f"{name:8} vs default: paired {math.exp(statistics.fmean(logs)):.3f}× "
-              f"[95 % {math.exp(means[50]):.3f}-{math.exp(means[1949]):.3f}], "
+              f"[95 % {low:.3f}-{high:.3f}], "
               f"prompt tok/s p50 {statistics.median(rates[name]):.1f} "
               f"(default {statistics.median(rates['default']):.1f})")  # fmt: skip
     return 0

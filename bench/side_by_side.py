@@ -69,6 +69,27 @@ def balanced(rounds: int, systems: int = 3) -> int:
     return -(-rounds // systems) * systems
 
 
+def bootstrap_95(values: list[float], statistic: Callable[[list[float]], float]
+                 ) -> tuple[float, float]:  # fmt: skip
+    """The 2.5th and 97.5th percentiles of ``statistic`` over 2000 resamples of ``values``
+    (seeded, so the same data gives the same interval every run)."""
+    draw = random.Random(14)
+    found = sorted(statistic(draw.choices(values, k=len(values))) for _ in range(2000))
+    return found[50], found[1949]
+
+
+def interleaved(systems: list[Served], rounds: int,
+                measure: Callable[[Served], list[float]]) -> dict[str, list[float]]:  # fmt: skip
+    """``measure`` of each system, round by round, each round led by the next system and
+    every call after ``QUIET_S`` of quiet."""
+    seen: dict[str, list[float]] = {s.name: [] for s in systems}
+    for i in range(rounds):
+        for served in rotated(systems, i):
+            time.sleep(QUIET_S)
+            seen[served.name] += measure(served)
+    return seen
+
+
 def spread(rates: dict[str, list[float]], name: str) -> str:
     """The per-round ratios to direct's same round: their geometric mean with a 95 %
     bootstrap interval (does the run tell the two apart?), lowest and highest."""
@@ -76,9 +97,7 @@ def spread(rates: dict[str, list[float]], name: str) -> str:
     if not ratios:
         return "no rounds"
     logs = [math.log(r) for r in ratios]
-    draw = random.Random(14)  # the same resamples every run: the interval is the data's
-    means = sorted(statistics.fmean(draw.choices(logs, k=len(logs))) for _ in range(2000))
-    low, high = math.exp(means[50]), math.exp(means[1949])
+    low, high = (math.exp(x) for x in bootstrap_95(logs, statistics.fmean))
     return (f"paired {math.exp(statistics.fmean(logs)):.3f}× [95 % {low:.3f}-{high:.3f}], "
             f"rounds {min(ratios):.3f}-{max(ratios):.3f}")
 
@@ -109,10 +128,9 @@ def paired_difference(by_round: dict[str, dict[int, float]], a: str, b: str) -> 
     diffs = [(by_round[a][i] - by_round[b][i]) * 1000 for i in both]
     if len(diffs) < 2:
         return "too few rounds"
-    draw = random.Random(14)
-    medians = sorted(statistics.median(draw.choices(diffs, k=len(diffs))) for _ in range(2000))
+    low, high = bootstrap_95(diffs, statistics.median)
     return (f"{a} − {b}, paired per round: {statistics.median(diffs):+.2f} ms "
-            f"[95 % {medians[50]:+.2f} to {medians[1949]:+.2f}] over {len(diffs)} rounds")
+            f"[95 % {low:+.2f} to {high:+.2f}] over {len(diffs)} rounds")
 
 
 def timings(served: Served, model: str, rounds: int, *, decode: bool) -> list[float]:
@@ -253,22 +271,17 @@ def main() -> int:
         row(f"calls that failed and needed a retry, {args.swaps} rounds",
             {n: str(v) for n, v in retries.items()})  # fmt: skip
 
-        decode: dict[str, list[float]] = {s.name: [] for s in systems}
-        prompt: dict[str, list[float]] = {s.name: [] for s in systems}
         running = {s.name: engines_of(s) for s in systems}
         time.sleep(args.settle)  # every system idle alike; the swaps were other work
         print(f"before the decode rows (load average {load_average()}): after the swaps "
               f"{running}; after {args.settle:.0f} s idle "
               f"{ {s.name: engines_of(s) for s in systems} }", flush=True)  # fmt: skip
         decode_rounds, prompt_rounds = balanced(args.decode), balanced(args.prompt)
-        for i in range(decode_rounds):  # interleaved: the machine's load is shared
-            for served in rotated(systems, i):
-                time.sleep(QUIET_S)
-                decode[served.name] += timings(served, names[0], 1, decode=True)
-        for i in range(prompt_rounds):
-            for served in rotated(systems, i):
-                time.sleep(QUIET_S)
-                prompt[served.name] += timings(served, names[0], 1, decode=False)
+        # interleaved: the machine's load is shared
+        decode = interleaved(systems, decode_rounds,
+                             lambda s: timings(s, names[0], 1, decode=True))  # fmt: skip
+        prompt = interleaved(systems, prompt_rounds,
+                             lambda s: timings(s, names[0], 1, decode=False))  # fmt: skip
         for label, rates in ((f"decode tok/s, 256 tokens, one model alone ({decode_rounds} "
                               "rounds)", decode),
                              (f"prompt-read tok/s, ~300 tokens ({prompt_rounds} rounds)",
@@ -280,12 +293,9 @@ def main() -> int:
 
         print(f"after the decode and prompt rows (load average {load_average()}): "
               f"{ {s.name: engines_of(s) for s in systems} }", flush=True)  # fmt: skip
-        together: dict[str, list[float]] = {s.name: [] for s in systems}
         together_rounds = balanced(args.together)
-        for i in range(together_rounds):
-            for served in rotated(systems, i):
-                time.sleep(QUIET_S)
-                together[served.name].append(concurrent(served, names[0], args.clients))
+        together = interleaved(systems, together_rounds,
+                               lambda s: [concurrent(s, names[0], args.clients)])  # fmt: skip
         d = statistics.median(together["direct"])
         row(f"concurrent aggregate tok/s, {args.clients} clients × 64 tokens "
             f"({together_rounds} rounds)",
