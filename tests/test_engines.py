@@ -16,6 +16,7 @@ from fitbox.engines.llama_server import (
     EngineInfo,
     EngineNotFound,
     LaunchIntent,
+    LlamaServer,
     build_argv,
     candidates,
     find_binary,
@@ -193,3 +194,20 @@ def test_a_child_runs_as_its_own_argv_on_its_claim_through_the_launch_chain(
 
     assert launch_argv(argv, cpus) is not None, "setpriv and taskset run on this box"
     asyncio.run(run())
+
+
+def test_only_a_context_refusal_gives_the_prompt_s_count() -> None:
+    """The refusal as this build sends it (HTTP 400 before any event, streamed or not)."""
+    engine = LlamaServer()
+    refusal = (b'{"error":{"code":400,"message":"request (431 tokens) exceeds the available '
+               b'context size (256 tokens), try increasing it","type":"exceed_context_size_'
+               b'error","n_prompt_tokens":431,"n_ctx":256}}')  # fmt: skip
+    assert engine.refused_prompt(400, refusal) == 431
+    other = b'{"error":{"code":400,"message":"bad","type":"invalid_request_error"}}'
+    assert engine.refused_prompt(400, other) is None
+    assert engine.refused_prompt(500, refusal) is None
+    assert engine.refused_prompt(400, b"not json") is None
+    assert engine.refused_prompt(400, refusal.replace(b"431,", b"true,")) is None
+    assert all(engine.sends_on_bound(p) for p in ("/v1/chat/completions", "/v1/completions",
+                                                  "/v1/messages", "/v1/responses"))  # fmt: skip
+    assert not engine.sends_on_bound("/v1/embeddings")  # not sent on an overflowing bound

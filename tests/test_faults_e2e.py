@@ -348,35 +348,52 @@ def test_sigterm_during_a_load_that_never_finishes_stops_everything_within_15_s(
 def test_a_prompt_that_outgrows_the_loaded_window_reloads_it_never_while_it_serves(
     tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
-    env = {"FITBOX_CTX": "1024", "FITBOX_WAIT_TIMEOUT": "2", **HOLD_IDLE_TIMEOUT}
-    long_prompt = "hello " * 1000  # ~1000 tokens: more than the 1024-token slot can hold
+    """A long prompt goes to the loaded engine on its bound, never counted first; the
+    engine's refusal (the prompt is more than the slot) carries its count, and the call is
+    placed again by it: it waits while the model serves, then reloads it when idle."""
+    gate = tmp_path / "gate"
+    gate.touch()  # open: the first call is not held
+    env = {**gated_engine(llama_server_bin, gate), "FITBOX_CTX": "1024",
+           "FITBOX_WAIT_TIMEOUT": "2", **HOLD_IDLE_TIMEOUT}  # fmt: skip
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
         assert httpx.post(f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
                           timeout=60).status_code == 200  # fmt: skip
-        (first,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        first = resident(box, SMOL)
         assert first["window"] == 1024
-        # while a stream is on it, the model is never stopped: the big call waits, then 503.
-        # The stream's engine is stopped, so it serves until the test lets it go, however
-        # fast the machine generates; short, so a starved machine (0.9 tokens/s seen under
-        # load 10) still ends it within the wait for its result
-        big = {"model": SMOL, "messages": [{"role": "user", "content": long_prompt}],
+        # ~700 tokens: its byte bound overflows the 1024-token slot, its tokens do not
+        fits = {"model": SMOL, "max_tokens": 2,
+                "messages": [{"role": "user", "content": "hello " * 700}]}  # fmt: skip
+        served = httpx.post(f"{box.url}/v1/chat/completions", json=fits, timeout=60)
+        assert served.status_code == 200, served.text
+        assert 700 < served.json()["usage"]["prompt_tokens"] < 1024
+        asked = [line for line in engine_logs(box).splitlines() if "fake: forwarded" in line]
+        assert asked[-1].endswith("POST /v1/chat/completions")  # sent as it came
+        assert not any("/tokenize" in a or "/apply-template" in a for a in asked), asked
+        # while a stream is on it, the model is never stopped: the big call waits, then
+        # 503. The stream is held at the gate after its first event, however fast the
+        # machine generates, until the test opens it
+        big = {"model": SMOL, "messages": [{"role": "user", "content": "hello " * 1000}],
                "max_tokens": 2}  # fmt: skip
         body = chat(SMOL, max_tokens=16, stream=True, ignore_eos=True)
-        # the engine that serves the stream, read when the stream begins: an idle engine may
-        # have been started again on other cores meanwhile (box/warmth.py widen_idle)
-        with engine_stopped(box, SMOL) as serving:
+        gate.unlink()
+        try:
             streaming = Background(lambda: stream_lines(box, body))
             until(lambda: calls_on(box, SMOL) == 1, "the stream's call on the resident")
+            serving = resident(box, SMOL)["pid"]
             busy = httpx.post(f"{box.url}/v1/chat/completions", json=big, timeout=60)
+        finally:
+            gate.touch()
         rest = streaming.result()
-        assert busy.status_code == 503
+        assert busy.status_code == 503, busy.text
         assert busy.json()["error"]["code"] == "model_busy"
         assert rest[-1] == "data: [DONE]" and "error" not in "".join(rest[-3:])
         assert resident(box, SMOL)["pid"] == serving  # it served on, never reloaded
-        # idle now: the same call reloads it with a window its prompt fits in
-        again = httpx.post(f"{box.url}/v1/chat/completions", json=big, timeout=60)
-        assert again.status_code == 200, again.text
-        (second,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
+        log = box.log()
+        assert "its engine counted the prompt at" in log and "1024-token slot" in log
+        # idle now: the same call, streamed, reloads it with a window its prompt fits in
+        again = stream_lines(box, {**big, "stream": True})
+        assert again[-1] == "data: [DONE]" and "error" not in "".join(again), again
+        second = resident(box, SMOL)
         assert second["window"] > 1024 and second["pid"] != serving
         assert "outgrows its 1024-token slot" in box.log()
 

@@ -152,3 +152,24 @@ def test_nobody_listening_is_a_connection_error() -> None:
             await EnginePool("127.0.0.1", port).get("/health")
 
     asyncio.run(run())
+
+
+def test_a_body_read_ahead_is_given_again_whole_and_its_connection_reused() -> None:
+    """``kept``: the error body fitbox reads before deciding (a refusal that carries the
+    prompt's count) is the same body whoever reads the response after."""
+
+    async def run() -> None:
+        data = chunked(b'{"error":', b'{"code":400}}')
+        async with serving(lambda req: bytewise(data)) as served:
+            pool = EnginePool("127.0.0.1", served.port)
+            response = await pool.request("POST", "/", b"{}")
+            assert await response.kept() == b'{"error":{"code":400}}'
+            assert await response.kept() == b'{"error":{"code":400}}'  # not read twice
+            assert [p async for p in response.iter_bytes()] == [b'{"error":{"code":400}}']
+            assert await response.read() == b'{"error":{"code":400}}'
+            response.close()
+            assert (await collect(pool))[1] == b'{"error":{"code":400}}'
+            assert served.connections == 1  # read to its end: the connection went back
+            await pool.aclose()
+
+    asyncio.run(run())

@@ -3,6 +3,7 @@
     call = box.calls.open("/v1/chat/completions", model, stream, request_id)   # row: pending
     await call.place(need, max_tokens, prompt_tokens)   # a lease on a ready resident; placed
     response = await call.send(body, accept)            # under the hang watchdog
+    await call.refused_prompt(response)                 # its count, if its slot was short
     await call.written()                                # the row exists: a first byte may go
     content = await call.read(response)  |  async for chunk in call.relay(response): ...
     call.answered(status, content)       # ok, usage, timings → a measured speed
@@ -196,6 +197,19 @@ class Call:
         except EngineConnectionError as exc:
             raise self._engine_failed(exc) from None
         return response
+
+    async def refused_prompt(self, response: EngineResponse) -> int | None:
+        """The prompt's tokens when the engine refused this call because its slot cannot
+        hold the prompt (a call sent on its bound, box/needs.py); None: any other answer.
+        An error body read here is kept for whoever reads the response next."""
+        if response.status < 400:
+            return None
+        try:
+            content = await self._watched(response.kept())
+        except EngineConnectionError as exc:
+            response.close()
+            raise self._engine_failed(exc) from None
+        return self.resident.engine.refused_prompt(response.status, content)
 
     # -- the reply -------------------------------------------------------------------------
 

@@ -1,8 +1,13 @@
 """What a call needs before it is placed: its prompt's tokens and its slots.
 
-A prompt is counted by the model's own chat template and tokenizer when the model is
-ready (the engine seam's ``count_prompt``); otherwise by a bound that is never below that
-count (core/prompts.py), and counted again once placed. The window asked for holds the
+A prompt is sized by a bound that is never below its tokens (core/prompts.py). When the
+bound overflows the slot of the model it goes to, the prompt is counted by the model's own
+chat template and tokenizer (the engine seam's ``count_prompt``), before it is placed when
+the model is ready, else once placed; unless the engine refuses a prompt too long for its
+slot with the prompt's count (``sends_on_bound``, llama-server): then the call is sent on
+its bound, and placed again by the count only when it is refused (server/proxy.py
+``_sent``). Counting first cost two engine round trips before every long-prompt call
+(bench/prompt_count.py). The window asked for holds the
 prompt, one more token for the engine to write into (llama-server refuses a prompt that
 fills its slot), and the reply, capped at the largest slot the model can load: a reply
 longer than that is cut by the engine, as llama-server does. A prompt that fills the
@@ -96,20 +101,27 @@ class Needs:
 
     async def prompt(self, name: str, path: str, raw: bytes, body: dict[str, Any]) -> PromptSize:
         """The prompt's size before placement: the bound when it already fits the slot of
-        a loaded model (no engine round trip for the common call), else the loaded
-        model's own count, else the bound."""
+        a loaded model, or when the loaded model's engine refuses a prompt too long for
+        its slot with the prompt's count (no engine round trip before the call is sent),
+        else the loaded model's own count, else the bound."""
         named = self.asks.named(name)
-        trained = named.first.facts.shape.n_ctx_train
-        largest = self.slots.window_each(trained) if trained > 0 else 0
+        largest = self._largest(named.first.facts.shape.n_ctx_train)
         bound = PromptSize(self.bounded(body, chat_template_bytes(named.first.path),
                                         named.artifacts), False, largest)  # fmt: skip
         resident = self.admission.joinable(named)
-        if resident is None or fits(bound, resident):
+        if resident is None or fits(bound, resident) or resident.engine.sends_on_bound(path):
             return bound
         counted = await self.counted(resident, path, raw)
         if counted is None:
             return PromptSize(bound.tokens, False, largest, claimed=True)
         return PromptSize(counted, True, largest)
+
+    def largest(self, name: str) -> int:
+        """The longest prompt + reply one slot of ``name`` can hold (0: unknown)."""
+        return self._largest(self.asks.named(name).first.facts.shape.n_ctx_train)
+
+    def _largest(self, trained: int) -> int:
+        return self.slots.window_each(trained) if trained > 0 else 0
 
     def bounded(self, body: dict[str, Any], template_bytes: int,
                 artifacts: Sequence[Artifact]) -> int:  # fmt: skip

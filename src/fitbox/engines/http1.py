@@ -55,9 +55,14 @@ class EngineResponse:
         length = headers.get("content-length")
         self._remaining = int(length) if length is not None and not self._chunked else None
         self._done = False
+        self._kept: bytes | None = None  # the whole body, read ahead once (``kept``)
 
     async def iter_bytes(self) -> AsyncIterator[bytes]:
         """The body's data as it arrives (chunk framing removed)."""
+        if self._kept is not None:  # read ahead: given again, whole
+            if self._kept:
+                yield self._kept
+            return
         assert self._conn is not None
         reader = self._conn.reader
         try:
@@ -112,6 +117,13 @@ class EngineResponse:
     async def read(self) -> bytes:
         parts = [part async for part in self.iter_bytes()]
         return b"".join(parts)
+
+    async def kept(self) -> bytes:
+        """The whole body, read now and kept: ``read`` and ``iter_bytes`` give it again
+        (an error body fitbox reads before it decides whether the call goes on)."""
+        if self._kept is None:
+            self._kept = await self.read()
+        return self._kept
 
     def close(self) -> None:
         """Give the connection back if the body was read to its end, else drop it."""

@@ -388,6 +388,20 @@ class LlamaServer:
     def shape(self, path: str, body: bytes) -> tuple[str, bytes]:
         return path, body  # forwarded as the client sent it: llama-server speaks OpenAI
 
+    def sends_on_bound(self, path: str) -> bool:
+        return path in _REFUSES_WITH_COUNT
+
+    def refused_prompt(self, status: int, body: bytes) -> int | None:
+        """``n_prompt_tokens`` of an ``exceed_context_size_error`` (server-context.cpp
+        sends it when the prompt's tokens fill the slot's context)."""
+        if status != 400:
+            return None
+        error = _loads(body).get("error")
+        if not isinstance(error, dict) or error.get("type") != "exceed_context_size_error":
+            return None
+        tokens = error.get("n_prompt_tokens")
+        return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
+
     async def count_prompt(self, pool: EnginePool, path: str, body: bytes) -> int | None:
         """``/apply-template`` renders a chat body as the engine will; ``/tokenize`` counts
         it with the specials the engine adds to a prompt (server-context.cpp
@@ -415,6 +429,10 @@ class LlamaServer:
 
 _COUNTS = {"/v1/messages": "/v1/messages/count_tokens",
            "/v1/responses": "/v1/responses/input_tokens"}  # fmt: skip
+# The routes whose refusal of a prompt longer than the slot carries its count, measured on
+# this build for each, streamed or not: HTTP 400 before any event, ``{"error": {"type":
+# "exceed_context_size_error", "n_prompt_tokens": 431, "n_ctx": 256, …}}``
+_REFUSES_WITH_COUNT = frozenset(("/v1/chat/completions", "/v1/completions", *_COUNTS))
 
 
 def _loads(content: bytes) -> dict[str, Any]:

@@ -162,6 +162,18 @@ class Engine(Protocol):
         template and tokenizer make them; None: this engine or call cannot say."""
         ...
 
+    def sends_on_bound(self, path: str) -> bool:
+        """Whether a call on ``path`` whose prompt bound overflows a ready child's slot
+        is sent as it is, uncounted: the child refuses a prompt its slot cannot hold and
+        says the prompt's tokens (``refused_prompt``), so the call is placed again only
+        then, and the common call costs no counting round trips."""
+        ...
+
+    def refused_prompt(self, status: int, body: bytes) -> int | None:
+        """The prompt's tokens when ``body`` is a child's refusal of a call because its
+        slot cannot hold the prompt; None: any other answer."""
+        ...
+
     def metrics_path(self) -> str | None:
         """Where a child serves its own Prometheus metrics (re-exported by fitbox's
         ``/metrics`` with a ``model`` label); None: it serves none."""

@@ -336,5 +336,11 @@ class Transformers:
     async def count_prompt(self, pool: EnginePool, path: str, body: bytes) -> int | None:
         return None  # the child has no tokenize route yet: the bound places its calls
 
+    def sends_on_bound(self, path: str) -> bool:
+        return False  # the child refuses a long prompt without its count (tf_child/chat.py)
+
+    def refused_prompt(self, status: int, body: bytes) -> int | None:
+        return None
+
     def metrics_path(self) -> str | None:
         return None  # the child serves no Prometheus figures of its own (yet)

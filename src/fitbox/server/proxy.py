@@ -14,6 +14,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -153,12 +154,12 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
         if call.stream and progress.must_load(box, name):  # the 200 now, the load after it
 
             async def start() -> EngineResponse:
-                await _placed(box, call, path, raw, body, name, slots)
-                return await call.send(raw, accept, method, query)
+                sending = _Sending(raw, accept, method, query)
+                return (await _sent(box, call, path, body, name, slots, sending))[1]
 
             return _waiting(request, call, start, body, headers, asked, field, count)
-        resident = await _placed(box, call, path, raw, body, name, slots)
-        response = await call.send(raw, accept, method, query)
+        sending = _Sending(raw, accept, method, query)
+        resident, response = await _sent(box, call, path, body, name, slots, sending)
     except FitboxError as exc:
         call.failed(exc)
         await call.finished()  # an error is a first and last byte: it leaves once stored
@@ -206,27 +207,76 @@ def _waiting(request: Request, call: Call, start: progress.Start, body: dict[str
                              media_type="text/event-stream")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class _Sending:
+    """What goes to the engine once the call is placed: the body and the request line's
+    parts, as the client sent them."""
+
+    raw: bytes
+    accept: str
+    method: str
+    query: str
+
+
+async def _sent(box: Box, call: Call, path: str, body: dict[str, Any], name: str, slots: int,
+                sending: _Sending) -> tuple[Resident, EngineResponse]:  # fmt: skip
+    """Place the call and send it. A call sent on its prompt's bound that the engine
+    refuses because the slot it got cannot hold the prompt is placed again by the count
+    the refusal carries (a larger window, or refused with both numbers), and sent once
+    more: the common long prompt costs no counting round trips before it is sent."""
+    resident = await _placed(box, call, path, sending.raw, body, name, slots)
+    response = await _send(call, sending)
+    if call.prompt_tokens is not None:  # counted before it went: the engine's answer stands
+        return resident, response
+    counted = await call.refused_prompt(response)
+    if counted is None:
+        return resident, response
+    response.close()
+    call.unplace()
+    log.info("%s: its engine counted the prompt at %d tokens, more than the %d-token slot "
+             "it was sent to; placed again by that count", call.model, counted,
+             resident.slots.window_each(resident.window))  # fmt: skip
+    resident = await _placed_by_count(call, body, name, slots, counted,
+                                      box.needs.largest(name))  # fmt: skip
+    return resident, await _send(call, sending)
+
+
+async def _send(call: Call, sending: _Sending) -> EngineResponse:
+    return await call.send(sending.raw, sending.accept, sending.method, sending.query)
+
+
 async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, Any],
                   name: str, slots: int) -> Resident:  # fmt: skip
     """Place a call by its prompt's tokens (box/needs.py): counted by the model when it is
-    ready, else bounded, counted once placed, and placed again with a larger window (or
-    refused with both numbers) when the count outgrows the slot it got."""
-    max_tokens = _max_tokens(body)
-    param = "messages" if "messages" in body else "prompt"
+    ready and its engine cannot say a prompt is too long, else bounded. A bound that
+    overflows the slot it got is counted once placed, and placed again with a larger
+    window (or refused with both numbers) when the count outgrows it; unless its engine
+    says so itself when it is sent (``_sent``)."""
     size = await box.needs.prompt(name, path, raw, body)
-    size.refuse_if_too_long(param)
-    need, reply = size.split(max_tokens)
+    size.refuse_if_too_long(_prompt_param(body))
+    need, reply = size.split(_max_tokens(body))
     resident = await call.place(need, reply, size.tokens, slots, name, size.exact)
-    if size.exact or fits(size, resident):
+    if size.exact or fits(size, resident) or resident.engine.sends_on_bound(path):
         return resident
     counted = await box.needs.counted(resident, path, raw)
     if counted is None or fits(PromptSize(counted, True, size.largest), resident):
         return resident
     call.unplace()
-    size = PromptSize(counted, True, size.largest)
-    size.refuse_if_too_long(param)
-    need, reply = size.split(max_tokens)
+    return await _placed_by_count(call, body, name, slots, counted, size.largest)
+
+
+async def _placed_by_count(call: Call, body: dict[str, Any], name: str, slots: int,
+                           counted: int, largest: int) -> Resident:  # fmt: skip
+    """Place again a call whose prompt its engine counted at ``counted`` tokens, more
+    than the slot it had: a window that holds it, or refused with both numbers."""
+    size = PromptSize(counted, True, largest)
+    size.refuse_if_too_long(_prompt_param(body))
+    need, reply = size.split(_max_tokens(body))
     return await call.place(need, reply, counted, slots, name, counted=True)
+
+
+def _prompt_param(body: dict[str, Any]) -> str:
+    return "messages" if "messages" in body else "prompt"
 
 
 async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],
