@@ -5,12 +5,13 @@
 side_by_side.py's prompt row with enough rounds to tell ~1 % apart: the repo's SmolLM2 in
 direct llama-server (its defaults) and in fitbox, the same ~300-token prompt (cache off,
 one token out) sent to each in turn, the order swapped every round, 0.2 s of quiet before
-each call. Its byte bound overflows fitbox's slot, so this is the call fitbox used to count
-on its engine first (bench/prompt_count.py). Prints the engine's own prompt tokens/s
+each call (side_by_side.interleaved). Its byte bound overflows fitbox's slot: the call
+fitbox counted on its engine first until it sent such calls on their bound
+(bench/prompt_count.py). Prints the engine's own prompt tokens/s
 (``timings.prompt_per_second``) through each, fitbox's per-round ratio to direct's (the
 geometric mean, a 95 % bootstrap interval), and the time of the whole call, fitbox − direct
-per round (the latency counting first added), and the CPU fitbox's own process (every
-thread, its children not counted) used meanwhile, per call. ``--control`` puts a second
+per round, and the CPU fitbox's own process (every thread, its children not counted) used
+over the rounds, per call of its own (idle work included). ``--control`` puts a second
 direct llama-server, the same argv, where fitbox was: the ratio two identical engines give
 on this box, the floor the fitbox row is read against.
 """
@@ -29,8 +30,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.rig import chat, direct, fitbox, two_models
-from bench.side_by_side import PROMPT, QUIET_S, bootstrap_95, spread
+from bench.rig import Served, chat, direct, fitbox, two_models
+from bench.side_by_side import PROMPT, bootstrap_95, interleaved, spread
 
 WARM_S = 8.0  # after the first calls: fitbox's idle engine is widened to the spare cores
 
@@ -48,25 +49,25 @@ def main() -> int:
                  else fitbox(Path(tmp) / "home", models, FITBOX_RAM_MAX=str(cap)))  # fmt: skip
         with direct(models / f"{model}.gguf") as alone, other as box:
             box.name = "fitbox"  # the control too: the second system's row
-            systems = (alone, box)
+            systems = [alone, box]
             own = psutil.Process(box.proc.pid)
-            rates: dict[str, list[float]] = {s.name: [] for s in systems}
             seconds: dict[str, list[float]] = {s.name: [] for s in systems}
             with httpx.Client(timeout=120) as client:
+
+                def prompt_rate(served: Served) -> list[float]:
+                    took, status, body = chat(client, served.url, model, content=PROMPT,
+                                              cache_prompt=False)  # fmt: skip
+                    timings = body.get("timings")
+                    if status != 200 or not isinstance(timings, dict):
+                        raise SystemExit(f"{served.name} answered {status}: {body}")
+                    seconds[served.name].append(took)
+                    return [float(timings["prompt_per_second"])]
+
                 for served in systems:
                     chat(client, served.url, model)
                 time.sleep(WARM_S)
                 cpu_before = sum(own.cpu_times()[:2])
-                for n in range(args.rounds):
-                    for served in systems if n % 2 else systems[::-1]:
-                        time.sleep(QUIET_S)
-                        took, status, body = chat(client, served.url, model, content=PROMPT,
-                                                  cache_prompt=False)  # fmt: skip
-                        timings = body.get("timings")
-                        if status != 200 or not isinstance(timings, dict):
-                            raise SystemExit(f"{served.name} answered {status}: {body}")
-                        rates[served.name].append(float(timings["prompt_per_second"]))
-                        seconds[served.name].append(took)
+                rates = interleaved(systems, args.rounds, prompt_rate)
                 cpu = sum(own.cpu_times()[:2]) - cpu_before
     for name, values in rates.items():
         print(f"{name:7} prompt {statistics.median(values):7.1f} tok/s (median of {len(values)})")

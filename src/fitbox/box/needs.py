@@ -6,12 +6,11 @@ chat template and tokenizer (the engine seam's ``count_prompt``), before it is p
 the model is ready, else once placed; unless the engine refuses a prompt too long for its
 slot with the prompt's count (``sends_on_bound``, llama-server): then the call is sent on
 its bound, and placed again by the count only when it is refused (server/proxy.py
-``_sent``). Counting first cost two engine round trips before every long-prompt call
-(bench/prompt_count.py). The window asked for holds the
-prompt, one more token for the engine to write into (llama-server refuses a prompt that
-fills its slot), and the reply, capped at the largest slot the model can load: a reply
-longer than that is cut by the engine, as llama-server does. A prompt that fills the
-largest slot is refused with both numbers, in llama-server's own error shape.
+``_sent``): no counting round trips before the common long-prompt call. The window asked
+for holds the prompt, one more token for the engine to write into (llama-server refuses a
+prompt that fills its slot), and the reply, capped at the largest slot the model can load:
+a reply longer than that is cut by the engine, as llama-server does. A prompt that fills
+the largest slot is refused with both numbers, in llama-server's own error shape.
 
 An image in the prompt is bounded by the tokens the model's projector or processor makes
 of it (core/image_tokens.py); a model whose kind is not covered bounds it by its bytes, and
@@ -105,7 +104,8 @@ class Needs:
         its slot with the prompt's count (no engine round trip before the call is sent),
         else the loaded model's own count, else the bound."""
         named = self.asks.named(name)
-        largest = self._largest(named.first.facts.shape.n_ctx_train)
+        trained = named.first.facts.shape.n_ctx_train
+        largest = self.slots.window_each(trained) if trained > 0 else 0
         bound = PromptSize(self.bounded(body, chat_template_bytes(named.first.path),
                                         named.artifacts), False, largest)  # fmt: skip
         resident = self.admission.joinable(named)
@@ -115,13 +115,6 @@ class Needs:
         if counted is None:
             return PromptSize(bound.tokens, False, largest, claimed=True)
         return PromptSize(counted, True, largest)
-
-    def largest(self, name: str) -> int:
-        """The longest prompt + reply one slot of ``name`` can hold (0: unknown)."""
-        return self._largest(self.asks.named(name).first.facts.shape.n_ctx_train)
-
-    def _largest(self, trained: int) -> int:
-        return self.slots.window_each(trained) if trained > 0 else 0
 
     def bounded(self, body: dict[str, Any], template_bytes: int,
                 artifacts: Sequence[Artifact]) -> int:  # fmt: skip

@@ -224,7 +224,7 @@ async def _sent(box: Box, call: Call, path: str, body: dict[str, Any], name: str
     refuses because the slot it got cannot hold the prompt is placed again by the count
     the refusal carries (a larger window, or refused with both numbers), and sent once
     more: the common long prompt costs no counting round trips before it is sent."""
-    resident = await _placed(box, call, path, sending.raw, body, name, slots)
+    resident, size = await _placed(box, call, path, sending.raw, body, name, slots)
     response = await _send(call, sending)
     if call.prompt_tokens is not None:  # counted before it went: the engine's answer stands
         return resident, response
@@ -236,8 +236,7 @@ async def _sent(box: Box, call: Call, path: str, body: dict[str, Any], name: str
     log.info("%s: its engine counted the prompt at %d tokens, more than the %d-token slot "
              "it was sent to; placed again by that count", call.model, counted,
              resident.slots.window_each(resident.window))  # fmt: skip
-    resident = await _placed_by_count(call, body, name, slots, counted,
-                                      box.needs.largest(name))  # fmt: skip
+    resident = await _placed_by_count(call, body, name, slots, counted, size.largest)
     return resident, await _send(call, sending)
 
 
@@ -246,23 +245,23 @@ async def _send(call: Call, sending: _Sending) -> EngineResponse:
 
 
 async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, Any],
-                  name: str, slots: int) -> Resident:  # fmt: skip
+                  name: str, slots: int) -> tuple[Resident, PromptSize]:  # fmt: skip
     """Place a call by its prompt's tokens (box/needs.py): counted by the model when it is
     ready and its engine cannot say a prompt is too long, else bounded. A bound that
     overflows the slot it got is counted once placed, and placed again with a larger
     window (or refused with both numbers) when the count outgrows it; unless its engine
-    says so itself when it is sent (``_sent``)."""
+    says so itself when it is sent (``_sent``). Returns the size it was first placed by."""
     size = await box.needs.prompt(name, path, raw, body)
     size.refuse_if_too_long(_prompt_param(body))
     need, reply = size.split(_max_tokens(body))
     resident = await call.place(need, reply, size.tokens, slots, name, size.exact)
     if size.exact or fits(size, resident) or resident.engine.sends_on_bound(path):
-        return resident
+        return resident, size
     counted = await box.needs.counted(resident, path, raw)
     if counted is None or fits(PromptSize(counted, True, size.largest), resident):
-        return resident
+        return resident, size
     call.unplace()
-    return await _placed_by_count(call, body, name, slots, counted, size.largest)
+    return await _placed_by_count(call, body, name, slots, counted, size.largest), size
 
 
 async def _placed_by_count(call: Call, body: dict[str, Any], name: str, slots: int,
