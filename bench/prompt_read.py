@@ -1,6 +1,6 @@
 """Prompt read through fitbox against llama-server alone: #14's one figure that was short.
 
-    python bench/prompt_read.py [--rounds 30] [--control]
+    python bench/prompt_read.py [--sessions 5] [--rounds 20] [--control]
 
 side_by_side.py's prompt row with enough rounds to tell ~1 % apart: the repo's SmolLM2 in
 direct llama-server (its defaults) and in fitbox, the same ~300-token prompt (cache off,
@@ -14,11 +14,19 @@ per round, and the CPU fitbox's own process (every thread, its children not coun
 over the rounds, per call of its own (idle work included). ``--control`` puts a second
 direct llama-server, the same argv, where fitbox was: the ratio two identical engines give
 on this box, the floor the fitbox row is read against.
+
+Each ``--sessions`` starts both systems afresh: one pair of engine processes reads at a
+ratio of its own (the same two read within ±0.5 % of each other round after round, yet a
+fresh pair lands 1-2 % elsewhere: where each process's repacked weights fell in memory),
+so a run of one session measures that pair's luck as much as fitbox. The figure is the
+geometric mean over sessions, its interval a bootstrap over sessions.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import statistics
 import sys
 import tempfile
@@ -38,16 +46,46 @@ WARM_S = 8.0  # after the first calls: fitbox's idle engine is widened to the sp
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--sessions", type=int, default=5, help="fresh pairs of systems")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds in each session")
     parser.add_argument("--control", action="store_true",
                         help="a second direct llama-server in fitbox's place")  # fmt: skip
     args = parser.parse_args()
+    who = "control" if args.control else "fitbox"
+    ratios: list[float] = []  # each session's paired geometric mean
+    for n in range(args.sessions):
+        rates, added, cpu = session(args.rounds, args.control, b_first=n % 2 == 1)
+        logs = [math.log(f / d) for f, d in zip(rates["fitbox"], rates["direct"], strict=True)]
+        ratios.append(math.exp(statistics.fmean(logs)))
+        print(f"session {n + 1}: direct {statistics.median(rates['direct']):6.1f} tok/s, "
+              f"{who} {statistics.median(rates['fitbox']):6.1f}: {spread(rates, 'fitbox')}; "
+              f"call time {who} − direct {statistics.median(added):+.2f} ms; {who} process "
+              f"CPU {cpu / args.rounds * 1000:.1f} ms a call", flush=True)  # fmt: skip
+    logs = [math.log(r) for r in ratios]
+    low, high = (math.exp(x) for x in bootstrap_95(logs, statistics.fmean))
+    print(f"{who} ÷ direct over {args.sessions} sessions of {args.rounds} rounds: "
+          f"{math.exp(statistics.fmean(logs)):.3f}× [95 % over sessions {low:.3f}-{high:.3f}], "
+          f"sessions {min(ratios):.3f}-{max(ratios):.3f}")  # fmt: skip
+    return 0
+
+
+def session(rounds: int, control: bool,
+            b_first: bool) -> tuple[dict[str, list[float]], list[float], float]:  # fmt: skip
+    """One fresh pair: each system's prompt rates by round, the call time B − direct per
+    round (ms), and the CPU B's own process used over the rounds (s). ``b_first``: B is
+    started before direct (the control read 0.992× with direct always started first)."""
     with tempfile.TemporaryDirectory() as tmp:
         models, names, cap = two_models(Path(tmp) / "models")
         model = names[0]
-        other = (direct(models / f"{model}.gguf") if args.control
+        other = (direct(models / f"{model}.gguf") if control
                  else fitbox(Path(tmp) / "home", models, FITBOX_RAM_MAX=str(cap)))  # fmt: skip
-        with direct(models / f"{model}.gguf") as alone, other as box:
+        with contextlib.ExitStack() as stack:
+            if b_first:
+                box = stack.enter_context(other)
+                alone = stack.enter_context(direct(models / f"{model}.gguf"))
+            else:
+                alone = stack.enter_context(direct(models / f"{model}.gguf"))
+                box = stack.enter_context(other)
             box.name = "fitbox"  # the control too: the second system's row
             systems = [alone, box]
             own = psutil.Process(box.proc.pid)
@@ -67,18 +105,10 @@ def main() -> int:
                     chat(client, served.url, model)
                 time.sleep(WARM_S)
                 cpu_before = sum(own.cpu_times()[:2])
-                rates = interleaved(systems, args.rounds, prompt_rate)
+                rates = interleaved(systems, rounds, prompt_rate)
                 cpu = sum(own.cpu_times()[:2]) - cpu_before
-    for name, values in rates.items():
-        print(f"{name:7} prompt {statistics.median(values):7.1f} tok/s (median of {len(values)})")
-    print(f"fitbox ÷ direct: {spread(rates, 'fitbox')}")
     added = [(f - d) * 1000 for f, d in zip(seconds["fitbox"], seconds["direct"], strict=True)]
-    low, high = bootstrap_95(added, statistics.median)
-    print(f"{'control' if args.control else 'fitbox'} process CPU: "
-          f"{cpu / args.rounds * 1000:.1f} ms a call, over {args.rounds * 2} calls to both")
-    print(f"call time, fitbox − direct per round: {statistics.median(added):+.2f} ms "
-          f"[95 % {low:+.2f} to {high:+.2f}]")
-    return 0
+    return rates, added, cpu
 
 
 if __name__ == "__main__":

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
+from starlette.routing import Route
+from starlette.testclient import TestClient
 
+from fitbox.server import telemetry
+from fitbox.store import writer
 from fitbox.store.db import CallStart, Store, connect
 from fitbox.store.migrations import Migration, SchemaTooNew, load_migrations, migrate
 from fitbox.store.settings import StoredSetting, read_settings, write_settings
+from tests.holds import until
 
 
 def test_migrations_are_recorded_and_applied_once(tmp_path: Path) -> None:
@@ -169,3 +176,64 @@ def test_settings_outlive_the_store_and_none_clears_a_knob(tmp_path: Path) -> No
         again.close()
     assert stored == [StoredSetting("box", "", "goal", "fast"),
                       StoredSetting("pair", "smollm2", "rungs", ["4bit"])]  # fmt: skip
+
+
+def committed_readings(path: Path) -> int:
+    """Readings another connection sees: what the writer has committed."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return int(conn.execute("SELECT COUNT(*) FROM resource_log").fetchone()[0])
+
+
+READING = (1.0, "host", 0, 8 << 30, 4 << 30, 0, 12.5, 0)
+
+
+def test_a_reading_wakes_no_one_yet_rides_with_the_next_job_and_none_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four readings a second each woke the writer's thread for a commit of its own while an
+    engine computed beside fitbox; now they wait for a job that wakes it anyway, or for one
+    of their own ``LAZY_S`` old."""
+    monkeypatch.setattr(writer, "LAZY_S", 3600.0)
+    store = Store(tmp_path / "s.sqlite3")
+    store.flush()  # the writer now waits for a wake-up
+    for _ in range(3):
+        store.readings([READING])
+    assert not store._writer._wake.is_set()  # the cause itself, not a timing
+    assert committed_readings(store.path) == 0
+    asyncio.run(store.recent_calls())  # a read: what was queued before it goes first
+    assert committed_readings(store.path) == 3
+    store.readings([READING])
+    store.close()  # a stop commits every reading still queued
+    assert committed_readings(store.path) == 4
+
+
+def test_a_reading_left_waiting_wakes_the_writer_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer, "LAZY_S", 0.0)  # every reading has waited long enough
+    store = Store(tmp_path / "s.sqlite3")
+    try:
+        store.flush()
+        store.readings([READING])
+        until(lambda: committed_readings(store.path) == 1, "the reading committed")
+    finally:
+        store.close()
+
+
+def test_a_replay_of_readings_sees_every_reading_taken_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/v1/telemetry reads on a connection of its own: it commits the queued readings first,
+    or the central's mirror would lag the box by up to ``LAZY_S``."""
+    monkeypatch.setattr(writer, "LAZY_S", 3600.0)
+    store = Store(tmp_path / "s.sqlite3")
+    app = Starlette(routes=[Route("/v1/telemetry", telemetry.rows)])
+    app.state.store = store
+    try:
+        store.flush()
+        store.readings([READING, (*READING[:1], "gpu0", 1, 8 << 30, 8 << 30, 0, None, None)])
+        with TestClient(app) as client:
+            page = client.get("/v1/telemetry", params={"table": "resource_log"}).json()
+        assert [r["device"] for r in page["rows"]] == ["host", "gpu0"]
+    finally:
+        store.close()

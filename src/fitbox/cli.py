@@ -253,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def serve(config: settings.Config, log_level: str) -> int:
     import uvicorn
 
+    from fitbox.quiet_server import QuietServer
     from fitbox.server.app import create_app
 
     logging.basicConfig(
@@ -267,7 +268,7 @@ def serve(config: settings.Config, log_level: str) -> int:
 
     app = create_app(config, store, endpoint["url"])
 
-    class Server(uvicorn.Server):
+    class Server(QuietServer):
         def handle_exit(self, sig: int, frame: Any) -> None:
             leaving = getattr(app.state, "leaving", None)
             if leaving is not None:

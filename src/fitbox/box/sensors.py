@@ -175,13 +175,23 @@ class Reading:
 
 def read_tick(counter: CoreBusyCounter, engines: EngineCpu, pids: list[int],
               probe: GpuProbe | None) -> Reading:  # fmt: skip
-    """The psutil and NVML reads of one tick (~2 ms of /proc on 2 cores, 4 times a second):
-    in a thread, so the event loop relays streamed tokens meanwhile. ``probe`` None: the
-    CPU only (no store to keep the rest)."""
+    """The psutil and NVML reads of one tick. ``probe`` None: the CPU only (no store to keep
+    the rest)."""
     busy, percent = counter.read(), engines.read(pids)
     if probe is None:
         return Reading(busy, percent)
     return Reading(busy, percent, read_usage(), probe.read(), probe.processes())
+
+
+async def take_reading(counter: CoreBusyCounter, engines: EngineCpu, pids: list[int],
+                       probe: GpuProbe | None) -> Reading:  # fmt: skip
+    """One tick's reads: on the loop where they are all /proc (~155 us of CPU on 2 cores,
+    measured), in a thread where NVML asks a driver that can stall (``probe.blocking``).
+    A thread hop four times a second cost more than the reads: the pool's wake-up and the
+    loop's, each taking the GIL while an engine computes beside fitbox."""
+    if probe is not None and probe.blocking:
+        return await asyncio.to_thread(read_tick, counter, engines, pids, probe)
+    return read_tick(counter, engines, pids, probe)
 
 
 async def sense(
@@ -190,11 +200,11 @@ async def sense(
 ) -> None:  # fmt: skip
     """Every ``reading_interval``: what each resident holds now (box/growth.py), which cores
     stay busy with other work (into ``busy``), and, with a store, one reading of memory
-    and GPU processes into it. The reads run in a thread; what they found is applied here,
-    on the loop, which owns ``busy`` and the registry.
+    and GPU processes into it (``take_reading``); what they found is applied here, on the
+    loop, which owns ``busy`` and the registry.
     ``started_pids``: every engine pid this fitbox started (the supervisor's)."""
     counter, engines = CoreBusyCounter(), EngineCpu()
-    await asyncio.to_thread(read_tick, counter, engines, engine_pids(registry), None)
+    read_tick(counter, engines, engine_pids(registry), None)  # /proc only: starts the counters
     if store is not None:
         start_cpu_counter()  # the first reading only starts the CPU counter
     pruned = 0.0
@@ -202,8 +212,8 @@ async def sense(
     while True:
         await asyncio.sleep(config.reading_interval)
         await refresh_held_now(registry)
-        reading = await asyncio.to_thread(read_tick, counter, engines, engine_pids(registry),
-                                          probe if store is not None else None)  # fmt: skip
+        reading = await take_reading(counter, engines, engine_pids(registry),
+                                     probe if store is not None else None)  # fmt: skip
         if busy is not None:
             busy.observe(reading.busy_by_cpu, held_cores(registry), reading.engines_percent)
         if store is None or reading.host is None:

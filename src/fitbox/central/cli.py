@@ -94,6 +94,7 @@ def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: st
     import uvicorn
 
     from fitbox.central.app import create_central_app
+    from fitbox.quiet_server import QuietServer
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
@@ -112,7 +113,7 @@ def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: st
     print(f"fitbox central {fitbox.__version__} listening on {endpoint['url']} (store: "
           f"{where})", flush=True)  # fmt: skip
     app = create_central_app(config, target)
-    server = uvicorn.Server(
+    server = QuietServer(
         uvicorn.Config(
             app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5,
             proxy_headers=False,  # the door judges forwarding (server/trust.py), not uvicorn

@@ -25,6 +25,10 @@ class GpuReading:
 
 
 class GpuProbe:
+    # whether a read may block: NVML asks the driver, which can stall for seconds on a GPU
+    # in trouble, so its reads run off the event loop (box/sensors.py)
+    blocking = False
+
     def read(self) -> list[GpuReading]:
         raise NotImplementedError
 
@@ -50,6 +54,8 @@ class SimulatedGpus(GpuProbe):
 
 
 class NvmlGpus(GpuProbe):
+    blocking = True
+
     def __init__(self) -> None:
         import pynvml
 

@@ -158,6 +158,11 @@ async def rows(request: Request) -> Response:
                              param="table")  # fmt: skip
     since = int(_number(request, "since", 0, 0, 2**62))
     limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
+    if table in READING_TABLES:  # readings are committed lazily: the ones taken so far first
+        written = store.barrier()
+        store.hurry()
+        with contextlib.suppress(sqlite3.Error):  # a barrier: failures are counted, not raised
+            await asyncio.wrap_future(written)
     with contextlib.closing(_reader(store)) as conn:
         return JSONResponse(_page(conn, table, since, limit))
 

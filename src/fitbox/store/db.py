@@ -192,8 +192,9 @@ class Store:
         """Call ``listener(counter)`` (from the writer thread) after each commit that moved it."""
         self._writer.listeners.append(listener)
 
-    def _submit(self, job: Job, wait: bool = False, keep: bool = True) -> Future[Any] | None:
-        return self._writer.submit(job, wait, keep)
+    def _submit(self, job: Job, wait: bool = False, keep: bool = True,
+                lazy: bool = False) -> Future[Any] | None:  # fmt: skip
+        return self._writer.submit(job, wait, keep, lazy)
 
     # -- the call log ------------------------------------------------------------
 
@@ -319,12 +320,13 @@ class Store:
 
     def readings(self, rows: list[tuple[Any, ...]]) -> None:
         """Sensor readings (at, device, simulated, total, free, fitbox, busy %, swap free):
-        stored without an event, so the change counter does not move."""
+        stored without an event, so the change counter does not move; lazily (writer.py
+        ``LAZY_S``): a read still sees every reading queued before it."""
         sql = (
             "INSERT INTO resource_log (at, device, simulated, total_bytes, free_bytes, "
             "fitbox_bytes, busy_percent, swap_free_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )
-        self._submit(lambda conn: conn.executemany(sql, rows), keep=False)
+        self._submit(lambda conn: conn.executemany(sql, rows), keep=False, lazy=True)
 
     def gpu_process(self, device: str, pid: int, change: str, used: int | None, ours: bool,
                     simulated: bool) -> None:  # fmt: skip

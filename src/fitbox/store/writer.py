@@ -5,7 +5,10 @@ Callers never wait for a write: they queue it and go on. The thread wakes at mos
 so a busy box pays one commit and one thread wake-up for many call-log updates instead of a
 GIL hand-off per write; ``hurry()`` cuts the linger short for a caller that waits on a
 ``barrier()`` (a call's row, before its first byte leaves). Reads go through the same thread
-and are awaited.
+and are awaited. A lazy write (a sensor reading, four a second) wakes no one: it rides with
+the next commit, a read, or the lazy write that finds the oldest unwoken one ``LAZY_S`` old,
+so an idle box commits readings once per ``LAZY_S`` instead of at each one (each commit
+woke the thread and took the GIL from the loop while an engine computed beside it).
 
 A full (or failing) drive costs no write made meanwhile: a queued write that fails for want
 of room (``SQLITE_FULL``, an I/O error) is kept in memory, in order, and tried again with
@@ -37,6 +40,7 @@ LINGER_S = 0.02  # how long the writer lets work pile up after a wake-up
 RETRY_S = 1.0  # how often writes kept back by a full drive are tried again
 KEEP_AT_MOST = 20_000  # writes kept in memory while the drive is full (a call is ~4)
 LOG_EVERY_S = 60.0  # one line per this while writes keep failing
+LAZY_S = 5.0  # at most this long a lazy write waits for a commit to ride with
 
 Job = Callable[[sqlite3.Connection], Any]
 
@@ -95,12 +99,23 @@ class Writer:
         self._bugs = Throttle(LOG_EVERY_S)
         self._wake = threading.Event()
         self._hurry = threading.Event()  # someone waits on a commit: skip the linger
+        # when the oldest lazy write still unwoken was queued: set by submitters, cleared by
+        # the thread before it drains (a lazy write queued meanwhile is drained or starts anew)
+        self._lazy_since: float | None = None
         self._thread = threading.Thread(target=self._loop, name="fitbox-store", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job, wait: bool = False, keep: bool = True) -> Future[Any] | None:
+    def submit(self, job: Job, wait: bool = False, keep: bool = True,
+               lazy: bool = False) -> Future[Any] | None:  # fmt: skip
+        """Queue a job. ``lazy``: no wake-up of its own until ``LAZY_S`` has passed."""
         future: Future[Any] | None = Future() if wait else None
         self._queue.append(Queued(job, future, keep))
+        if lazy and future is None:
+            now = time.monotonic()
+            if self._lazy_since is None:
+                self._lazy_since = now
+            if now - self._lazy_since < LAZY_S:
+                return None
         if not self._wake.is_set():
             self._wake.set()
         return future
@@ -123,6 +138,7 @@ class Writer:
             self._wake.clear()  # before draining: a later submit wakes us again
             self._hurry.wait(LINGER_S)
             self._hurry.clear()  # before draining: what is queued now goes in this batch
+            self._lazy_since = None
             batch = []
             while self._queue:
                 batch.append(self._queue.popleft())
