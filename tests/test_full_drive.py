@@ -137,7 +137,7 @@ def test_a_full_disk_is_logged_once_not_per_write(
     try:
         cap_pages(store)
         deadline = began + 30
-        while store.health()["write_failures"] < 20:  # four sensor readings a second's worth
+        while store.health()["write_failures"] < 20:  # twenty sensor readings' worth
             assert time.monotonic() < deadline
             store.readings([(time.time(), "host", 0, 1, 1, 0, None, None)])
             store.call_started(CallStart("r", "/x", "m" * 500, False, 0.0))

@@ -152,8 +152,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "cpu_busy_readings",
         "FITBOX_CPU_BUSY_READINGS",
-        "8",
-        "sensor readings in a row a core must stay that busy before claims avoid it",
+        "2",
+        "sensor readings in a row a core must stay that busy before claims avoid it (with "
+        "FITBOX_READING_INTERVAL: 2 s by default)",
         values.positive_int,
     ),
     Setting(
@@ -183,8 +184,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "reading_interval",
         "FITBOX_READING_INTERVAL",
-        "0.25",
-        "seconds between sensor readings (host RAM and CPU, each GPU) kept in resource_log",
+        "1",
+        "seconds between sensor readings (host RAM and CPU, each GPU) kept in resource_log; "
+        "each wakes fitbox, beside an engine that may be computing",
         values.positive_float,
     ),
     Setting(

@@ -187,7 +187,7 @@ async def take_reading(counter: CoreBusyCounter, engines: EngineCpu, pids: list[
                        probe: GpuProbe | None) -> Reading:  # fmt: skip
     """One tick's reads: on the loop where they are all /proc (~155 us of CPU on 2 cores,
     measured), in a thread where NVML asks a driver that can stall (``probe.blocking``).
-    A thread hop four times a second cost more than the reads: the pool's wake-up and the
+    A thread hop at each tick cost more than the reads: the pool's wake-up and the
     loop's, each taking the GIL while an engine computes beside fitbox."""
     if probe is not None and probe.blocking:
         return await asyncio.to_thread(read_tick, counter, engines, pids, probe)

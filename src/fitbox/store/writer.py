@@ -5,7 +5,7 @@ Callers never wait for a write: they queue it and go on. The thread wakes at mos
 so a busy box pays one commit and one thread wake-up for many call-log updates instead of a
 GIL hand-off per write; ``hurry()`` cuts the linger short for a caller that waits on a
 ``barrier()`` (a call's row, before its first byte leaves). Reads go through the same thread
-and are awaited. A lazy write (a sensor reading, four a second) wakes no one: it rides with
+and are awaited. A lazy write (a sensor reading, one a second) wakes no one: it rides with
 the next commit, a read, or the lazy write that finds the oldest unwoken one ``LAZY_S`` old,
 so an idle box commits readings once per ``LAZY_S`` instead of at each one (each commit
 woke the thread and took the GIL from the loop while an engine computed beside it).
