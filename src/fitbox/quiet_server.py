@@ -47,7 +47,7 @@ class QuietServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         counter = 0
         should_exit = await self.on_tick(counter)
-        while not should_exit and not self._exiting:
+        while not should_exit:  # on_tick returns True once should_exit is set
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(TICK_S):
                     await self._exit.wait()
