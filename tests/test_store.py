@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,27 @@ def test_a_replay_of_readings_sees_every_reading_taken_before_it(
         assert [r["device"] for r in page["rows"]] == ["host", "gpu0"]
     finally:
         store.close()
+
+
+def test_a_cancelled_wait_for_a_commit_leaves_the_writer_its_future(tmp_path: Path) -> None:
+    """A client gone mid-wait cancels the waiting task, never the barrier the writer settles:
+    a cancelled one would raise in the writer's thread and stop every later write."""
+    store = Store(tmp_path / "s.sqlite3")
+    gate = threading.Event()
+    store._writer.submit(lambda conn: gate.wait(30))  # the writer, held by the test
+    barrier = store.barrier()
+
+    async def cancel_a_wait() -> None:
+        waiting = asyncio.create_task(store.committed(barrier, 60.0))
+        await asyncio.sleep(0)  # the wait has begun
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(cancel_a_wait())
+    gate.set()
+    assert barrier.result(timeout=30) is None and not barrier.cancelled()
+    call = store.call_started(CallStart("after", "/x", "m", False, 0.0))
+    store.call_updated(call, outcome="ok")
+    assert [r["request_id"] for r in asyncio.run(store.recent_calls())] == ["after"]
+    store.close()

@@ -16,8 +16,6 @@ Every way out releases the lease once. Engine failures arrive as ``FitboxError``
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import re
 import time
@@ -124,13 +122,7 @@ class Call:
     async def _committed(self, row: Future[Any]) -> None:
         """A store that cannot commit within ``ROW_WAIT_S`` is not waited for longer: its
         failures are counted, and the call goes on."""
-        if row.done():
-            return
-        self.desk.store.hurry()
-        with contextlib.suppress(Exception):  # sqlite3.Error, TimeoutError
-            # shielded: a cancelled wait must not cancel the writer's future
-            async with asyncio.timeout(ROW_WAIT_S):
-                await asyncio.shield(asyncio.wrap_future(row))
+        await self.desk.store.committed(row, ROW_WAIT_S)
 
     def _record(self, **values: Any) -> None:
         self.stamps.update((k, v) for k, v in values.items() if k.endswith("_at"))

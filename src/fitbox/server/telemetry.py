@@ -22,6 +22,7 @@ from fitbox.store.db import CURSOR_TABLES, READING_TABLES, Store
 
 MAX_WAIT_S = 60.0
 MAX_ROWS = 1000
+COMMIT_WAIT_S = 5.0  # the longest a replay of readings waits for the queued ones to commit
 
 
 class ChangeSignal:
@@ -159,10 +160,7 @@ async def rows(request: Request) -> Response:
     since = int(_number(request, "since", 0, 0, 2**62))
     limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
     if table in READING_TABLES:  # readings are committed lazily: the ones taken so far first
-        written = store.barrier()
-        store.hurry()
-        with contextlib.suppress(sqlite3.Error):  # a barrier: failures are counted, not raised
-            await asyncio.wrap_future(written)
+        await store.committed(store.barrier(), COMMIT_WAIT_S)
     with contextlib.closing(_reader(store)) as conn:
         return JSONResponse(_page(conn, table, since, limit))
 

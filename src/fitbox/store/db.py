@@ -471,6 +471,18 @@ class Store:
         """Commit what is queued without lingering: a caller waits on a ``barrier()``."""
         self._writer.hurry()
 
+    async def committed(self, barrier: Future[Any], limit: float) -> None:
+        """Await a ``barrier()`` for at most ``limit`` seconds, the writer hurried; a store
+        that fails or cannot commit in time is not waited for (its failures are counted).
+        Shielded: a cancelled wait (a client gone) must not cancel the writer's future,
+        whose settling would then raise in the writer's thread."""
+        if barrier.done():
+            return
+        self.hurry()
+        with contextlib.suppress(Exception):  # sqlite3.Error, TimeoutError
+            async with asyncio.timeout(limit):
+                await asyncio.shield(asyncio.wrap_future(barrier))
+
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until everything queued so far is written (or has failed)."""
         future = self._submit(lambda conn: None, wait=True)
