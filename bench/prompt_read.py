@@ -39,7 +39,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.rig import Served, chat, direct, fitbox, two_models
+from bench.rig import WINDOW, Served, chat, direct, fitbox, two_models
 from bench.side_by_side import PROMPT, bootstrap_95, interleaved, spread
 
 WARM_S = 8.0  # after the first calls: fitbox's idle engine is widened to the spare cores
@@ -87,10 +87,12 @@ def session(rounds: int, control: bool, flags: list[str],
     round (ms), and the CPU B's own process used over the rounds (s). ``b_first``: B is
     started before direct (the control read 0.992× with direct always started first)."""
     with tempfile.TemporaryDirectory() as tmp:
-        models, names, cap = two_models(Path(tmp) / "models")
+        models, names, _ = two_models(Path(tmp) / "models")
         model = names[0]
+        # no RAM cap (only one model is called): fitbox loads the window direct runs,
+        # checked below, where side_by_side's cap shrinks it to 2048
         other = (direct(models / f"{model}.gguf", *flags) if control
-                 else fitbox(Path(tmp) / "home", models, FITBOX_RAM_MAX=str(cap)))  # fmt: skip
+                 else fitbox(Path(tmp) / "home", models))  # fmt: skip
         with contextlib.ExitStack() as stack:
             if b_first:
                 box = stack.enter_context(other)
@@ -115,12 +117,22 @@ def session(rounds: int, control: bool, flags: list[str],
 
                 for served in systems:
                     chat(client, served.url, model)
+                if not control:
+                    same_window(client, box.url, model)
                 time.sleep(WARM_S)
                 cpu_before = sum(own.cpu_times()[:2])
                 rates = interleaved(systems, rounds, prompt_rate)
                 cpu = sum(own.cpu_times()[:2]) - cpu_before
     added = [(f - d) * 1000 for f, d in zip(seconds["fitbox"], seconds["direct"], strict=True)]
     return rates, added, cpu
+
+
+def same_window(client: httpx.Client, url: str, model: str) -> None:
+    """The issue compares at the same window: fitbox's engine must hold direct's."""
+    data = client.get(f"{url}/v1/residents").json()["data"]
+    window = next(int(r["window"]) for r in data if r["model"] == model)
+    if window != WINDOW:
+        raise SystemExit(f"fitbox loaded {model} at a {window}-token window, direct at {WINDOW}")
 
 
 if __name__ == "__main__":

@@ -83,13 +83,19 @@ def test_a_long_prompt_on_a_fresh_box_gets_a_larger_window(box: FitboxProcess) -
     assert loaded["window"] > PREFERRED and loaded["parallel"] == 4 and loaded["kv_unified"]
 
 
-def test_a_prompt_no_window_holds_is_refused_with_both_numbers(box: FitboxProcess) -> None:
-    reply = post(box, {"model": SMOL, "max_tokens": 4,
-                       "messages": [{"role": "user", "content": words(9000)}]})  # fmt: skip
+@pytest.mark.parametrize(("path", "field"), [("/v1/chat/completions", "messages"),
+                                           ("/v1/responses", "input")])  # fmt: skip
+def test_a_prompt_no_window_holds_is_refused_with_both_numbers(box: FitboxProcess, path: str,
+                                                               field: str) -> None:  # fmt: skip
+    """The refusal names the field the prompt came in (the Responses API's is ``input``)."""
+    prompt = words(9000)
+    body: dict[str, Any] = ({"max_tokens": 4, "messages": [{"role": "user", "content": prompt}]}
+                            if field == "messages" else {"max_output_tokens": 4, "input": prompt})
+    reply = httpx.post(f"{box.url}{path}", json={"model": SMOL, **body}, timeout=300)
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["type"] == "exceed_context_size_error"
-    assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+    assert error["code"] == "context_length_exceeded" and error["param"] == field
     assert error["n_ctx"] == TRAINED and error["n_prompt_tokens"] > TRAINED
     assert reply.headers["x-should-retry"] == "false"
     assert set(error) >= {"message", "type", "code", "param"}

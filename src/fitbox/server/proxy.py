@@ -275,7 +275,9 @@ async def _placed_by_count(call: Call, body: dict[str, Any], name: str, slots: i
 
 
 def _prompt_param(body: dict[str, Any]) -> str:
-    return "messages" if "messages" in body else "prompt"
+    """The field a too-long prompt came in: chat's and Anthropic's ``messages``, the
+    Responses API's and embeddings' ``input``, a completion's ``prompt``."""
+    return next((field for field in ("messages", "input") if field in body), "prompt")
 
 
 async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],
