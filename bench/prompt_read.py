@@ -1,26 +1,26 @@
 """Prompt read through fitbox against llama-server alone: #14's one figure that was short.
 
-    python bench/prompt_read.py [--sessions 5] [--rounds 20] [--control]
+    python bench/prompt_read.py [--sessions 12] [--rounds 6] [--control-flags '...']
 
-side_by_side.py's prompt row with enough rounds to tell ~1 % apart: the repo's SmolLM2 in
-direct llama-server (its defaults) and in fitbox, the same ~300-token prompt (cache off,
-one token out) sent to each in turn, the order swapped every round, 0.2 s of quiet before
-each call (side_by_side.interleaved). Its byte bound overflows fitbox's slot: the call
-fitbox counted on its engine first until it sent such calls on their bound
-(bench/prompt_count.py). Prints the engine's own prompt tokens/s
-(``timings.prompt_per_second``) through each, fitbox's per-round ratio to direct's (the
-geometric mean, a 95 % bootstrap interval), and the time of the whole call, fitbox − direct
-per round, and the CPU fitbox's own process (every thread, its children not counted) used
-over the rounds, per call of its own (idle work included). ``--control`` puts a second
-direct llama-server, the same argv, where fitbox was: the ratio two identical engines give
-on this box, the floor the fitbox row is read against.
+side_by_side.py's prompt row with enough sessions to tell ~1 % apart: the repo's SmolLM2 in
+direct llama-server (its defaults), in a second direct llama-server, the same argv (the
+control), and in fitbox, all at one window (fitbox runs without a RAM cap here, and the
+bench checks its engine holds direct's window). The same ~300-token prompt (cache off, one
+token out) goes to each in turn, each round led by the next system, 0.2 s of quiet before
+each call (side_by_side.interleaved). Prints the engine's own prompt tokens/s
+(``timings.prompt_per_second``), fitbox's and the control's ratio to direct's same round,
+and fitbox's to the control's; the time of the whole call, fitbox − direct; and the CPU
+fitbox's own process (every thread, its children not counted) used over the rounds, per
+call of its own (idle work included). The control row is what two identical engines give
+on this box: the floor the fitbox row is read against.
 
-Each ``--sessions`` starts both systems afresh: one pair of engine processes reads at a
-ratio of its own (the same two read within ±0.5 % of each other round after round, yet a
-fresh pair lands 1-2 % elsewhere: where each process's repacked weights fell in memory),
-so a run of one session measures that pair's luck as much as fitbox. The figure is the
-geometric mean over sessions, its interval a bootstrap over sessions; and the median of
-every round's ratio, which a few rounds disturbed by other work on the box do not move.
+Each session starts every system afresh, because a llama-server process reads at a speed
+of its own. The same two processes read within ±0.5 % of each other round after round; a
+fresh pair lands elsewhere, by ±3 % on this 2-core box (a session's ratio ranged 0.93-1.06
+between two launches of one argv; where each process's memory and stack fell). A run of
+one session measures that luck as much as fitbox, so the figure is the geometric mean over
+many short sessions, its interval a bootstrap over sessions; and the median of every
+round's ratio, which a few rounds disturbed by other work on the box do not move.
 """
 
 from __future__ import annotations
@@ -40,69 +40,74 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.rig import WINDOW, Served, chat, direct, fitbox, two_models
-from bench.side_by_side import PROMPT, bootstrap_95, interleaved, spread
+from bench.side_by_side import PROMPT, bootstrap_95, interleaved
 
 WARM_S = 8.0  # after the first calls: fitbox's idle engine is widened to the spare cores
+ROWS = ("fitbox", "control")  # each read against direct's same round
+SYSTEMS = ("direct", *ROWS)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=5, help="fresh pairs of systems")
-    parser.add_argument("--rounds", type=int, default=20, help="rounds in each session")
-    parser.add_argument("--control", action="store_true",
-                        help="a second direct llama-server in fitbox's place")  # fmt: skip
+    parser.add_argument("--sessions", type=int, default=12, help="fresh sets of systems")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="rounds a session (a multiple of 3 leads each alike)")  # fmt: skip
     parser.add_argument("--control-flags", default="",
                         help="flags the control's llama-server adds to direct's argv, "
                              "e.g. the ones fitbox launches with")  # fmt: skip
     args = parser.parse_args()
-    who = "control" if args.control else "fitbox"
-    ratios: list[float] = []  # each session's paired geometric mean
-    rounds: list[float] = []  # every round's ratio, all sessions
+    sessions: dict[str, list[float]] = {k: [] for k in (*ROWS, "fitbox ÷ control")}
+    rounds: dict[str, list[float]] = {k: [] for k in sessions}  # every round's ratio
     for n in range(args.sessions):
-        rates, added, cpu = session(args.rounds, args.control, args.control_flags.split(),
-                                    b_first=n % 2 == 1)
-        logs = [math.log(f / d) for f, d in zip(rates["fitbox"], rates["direct"], strict=True)]
-        ratios.append(math.exp(statistics.fmean(logs)))
-        rounds += [math.exp(x) for x in logs]
-        print(f"session {n + 1}: direct {statistics.median(rates['direct']):6.1f} tok/s, "
-              f"{who} {statistics.median(rates['fitbox']):6.1f}: {spread(rates, 'fitbox')}; "
-              f"call time {who} − direct {statistics.median(added):+.2f} ms; {who} process "
-              f"CPU {cpu / args.rounds * 1000:.1f} ms a call", flush=True)  # fmt: skip
-    logs = [math.log(r) for r in ratios]
-    low, high = (math.exp(x) for x in bootstrap_95(logs, statistics.fmean))
-    print(f"{who} ÷ direct over {args.sessions} sessions of {args.rounds} rounds: "
-          f"{math.exp(statistics.fmean(logs)):.3f}× [95 % over sessions {low:.3f}-{high:.3f}], "
-          f"sessions {min(ratios):.3f}-{max(ratios):.3f}")  # fmt: skip
-    # a round another tenant of the box disturbed moves a mean; the median of every round
-    # does not move for a few of them
-    low, high = bootstrap_95(rounds, statistics.median)
-    print(f"{who} ÷ direct, median of all {len(rounds)} rounds: "
-          f"{statistics.median(rounds):.3f}× [95 % {low:.3f}-{high:.3f}]")
+        rates, added, cpu = session(args.rounds, args.control_flags.split(), first=n)
+        pairs = {"fitbox": ("fitbox", "direct"), "control": ("control", "direct"),
+                 "fitbox ÷ control": ("fitbox", "control")}  # fmt: skip
+        for row, (a, b) in pairs.items():
+            logs = [math.log(x / y) for x, y in zip(rates[a], rates[b], strict=True)]
+            sessions[row].append(math.exp(statistics.fmean(logs)))
+            rounds[row] += [math.exp(x) for x in logs]
+        print(f"session {n + 1}: direct {statistics.median(rates['direct']):6.1f} tok/s; "
+              f"÷ direct: fitbox {sessions['fitbox'][-1]:.3f}, control "
+              f"{sessions['control'][-1]:.3f}; call time fitbox − direct "
+              f"{statistics.median(added):+.2f} ms; fitbox process CPU "
+              f"{cpu / args.rounds * 1000:.1f} ms a call", flush=True)  # fmt: skip
+    for row, ratios in sessions.items():
+        name = row if "÷" in row else f"{row} ÷ direct"
+        logs = [math.log(r) for r in ratios]
+        low, high = (math.exp(x) for x in bootstrap_95(logs, statistics.fmean))
+        # a round another tenant of the box disturbed moves a mean; the median of every
+        # round does not move for a few of them
+        m_low, m_high = bootstrap_95(rounds[row], statistics.median)
+        print(f"{name:17} over {args.sessions} sessions of {args.rounds} rounds: "
+              f"{math.exp(statistics.fmean(logs)):.3f}× [95 % over sessions {low:.3f}-"
+              f"{high:.3f}], sessions {min(ratios):.3f}-{max(ratios):.3f}; median of all "
+              f"rounds {statistics.median(rounds[row]):.3f}× "
+              f"[{m_low:.3f}-{m_high:.3f}]")  # fmt: skip
     return 0
 
 
-def session(rounds: int, control: bool, flags: list[str],
-            b_first: bool) -> tuple[dict[str, list[float]], list[float], float]:  # fmt: skip
-    """One fresh pair: each system's prompt rates by round, the call time B − direct per
-    round (ms), and the CPU B's own process used over the rounds (s). ``b_first``: B is
-    started before direct (the control read 0.992× with direct always started first)."""
+def session(rounds: int, flags: list[str],
+            first: int) -> tuple[dict[str, list[float]], list[float], float]:  # fmt: skip
+    """One fresh set of systems: each one's prompt rates by round, the call time fitbox −
+    direct per round (ms), and the CPU fitbox's own process used over the rounds (s).
+    Session ``first`` starts them in an order rotated by one from the last (the control
+    read 0.992× when direct was always started first)."""
     with tempfile.TemporaryDirectory() as tmp:
         models, names, _ = two_models(Path(tmp) / "models")
         model = names[0]
+        gguf = models / f"{model}.gguf"
         # no RAM cap (only one model is called): fitbox loads the window direct runs,
         # checked below, where side_by_side's cap shrinks it to 2048
-        other = (direct(models / f"{model}.gguf", *flags) if control
-                 else fitbox(Path(tmp) / "home", models))  # fmt: skip
+        starts = {"direct": lambda: direct(gguf), "control": lambda: direct(gguf, *flags),
+                  "fitbox": lambda: fitbox(Path(tmp) / "home", models)}  # fmt: skip
+        shift = first % len(SYSTEMS)
         with contextlib.ExitStack() as stack:
-            if b_first:
-                box = stack.enter_context(other)
-                alone = stack.enter_context(direct(models / f"{model}.gguf"))
-            else:
-                alone = stack.enter_context(direct(models / f"{model}.gguf"))
-                box = stack.enter_context(other)
-            box.name = "fitbox"  # the control too: the second system's row
-            systems = [alone, box]
-            own = psutil.Process(box.proc.pid)
+            up: dict[str, Served] = {}
+            for name in SYSTEMS[shift:] + SYSTEMS[:shift]:
+                up[name] = stack.enter_context(starts[name]())
+                up[name].name = name
+            systems = [up[name] for name in SYSTEMS]
+            own = psutil.Process(up["fitbox"].proc.pid)
             seconds: dict[str, list[float]] = {s.name: [] for s in systems}
             with httpx.Client(timeout=120) as client:
 
@@ -117,8 +122,7 @@ def session(rounds: int, control: bool, flags: list[str],
 
                 for served in systems:
                     chat(client, served.url, model)
-                if not control:
-                    same_window(client, box.url, model)
+                same_window(client, up["fitbox"].url, model)
                 time.sleep(WARM_S)
                 cpu_before = sum(own.cpu_times()[:2])
                 rates = interleaved(systems, rounds, prompt_rate)

@@ -431,7 +431,10 @@ _COUNTS = {"/v1/messages": "/v1/messages/count_tokens",
            "/v1/responses": "/v1/responses/input_tokens"}  # fmt: skip
 # The routes whose refusal of a prompt longer than the slot carries its count, measured on
 # this build for each, streamed or not: HTTP 400 before any event, ``{"error": {"type":
-# "exceed_context_size_error", "n_prompt_tokens": 431, "n_ctx": 256, …}}``
+# "exceed_context_size_error", "n_prompt_tokens": 431, "n_ctx": 256, …}}``. Not
+# /v1/embeddings: an embedder that cannot split a batch (non-causal pooling) refuses input
+# past its ubatch with a plain server error and no count (server-context.cpp "input (%d
+# tokens) is too large to process"), so an embedding call is counted before it is sent
 _REFUSES_WITH_COUNT = frozenset(("/v1/chat/completions", "/v1/completions", *_COUNTS))
 
 
