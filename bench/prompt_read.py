@@ -43,8 +43,10 @@ from bench.rig import WINDOW, Served, chat, direct, fitbox, two_models
 from bench.side_by_side import PROMPT, bootstrap_95, interleaved
 
 WARM_S = 8.0  # after the first calls: fitbox's idle engine is widened to the spare cores
-ROWS = ("fitbox", "control")  # each read against direct's same round
-SYSTEMS = ("direct", *ROWS)
+SYSTEMS = ("direct", "fitbox", "control")
+# each row: one system's rate over another's in the same round
+PAIRS = {"fitbox ÷ direct": ("fitbox", "direct"), "control ÷ direct": ("control", "direct"),
+         "fitbox ÷ control": ("fitbox", "control")}  # fmt: skip
 
 
 def main() -> int:
@@ -56,29 +58,26 @@ def main() -> int:
                         help="flags the control's llama-server adds to direct's argv, "
                              "e.g. the ones fitbox launches with")  # fmt: skip
     args = parser.parse_args()
-    sessions: dict[str, list[float]] = {k: [] for k in (*ROWS, "fitbox ÷ control")}
-    rounds: dict[str, list[float]] = {k: [] for k in sessions}  # every round's ratio
+    sessions: dict[str, list[float]] = {row: [] for row in PAIRS}  # each session's geo-mean
+    rounds: dict[str, list[float]] = {row: [] for row in PAIRS}  # every round's ratio
     for n in range(args.sessions):
         rates, added, cpu = session(args.rounds, args.control_flags.split(), first=n)
-        pairs = {"fitbox": ("fitbox", "direct"), "control": ("control", "direct"),
-                 "fitbox ÷ control": ("fitbox", "control")}  # fmt: skip
-        for row, (a, b) in pairs.items():
+        for row, (a, b) in PAIRS.items():
             logs = [math.log(x / y) for x, y in zip(rates[a], rates[b], strict=True)]
             sessions[row].append(math.exp(statistics.fmean(logs)))
             rounds[row] += [math.exp(x) for x in logs]
         print(f"session {n + 1}: direct {statistics.median(rates['direct']):6.1f} tok/s; "
-              f"÷ direct: fitbox {sessions['fitbox'][-1]:.3f}, control "
-              f"{sessions['control'][-1]:.3f}; call time fitbox − direct "
+              f"÷ direct: fitbox {sessions['fitbox ÷ direct'][-1]:.3f}, control "
+              f"{sessions['control ÷ direct'][-1]:.3f}; call time fitbox − direct "
               f"{statistics.median(added):+.2f} ms; fitbox process CPU "
               f"{cpu / args.rounds * 1000:.1f} ms a call", flush=True)  # fmt: skip
     for row, ratios in sessions.items():
-        name = row if "÷" in row else f"{row} ÷ direct"
         logs = [math.log(r) for r in ratios]
         low, high = (math.exp(x) for x in bootstrap_95(logs, statistics.fmean))
         # a round another tenant of the box disturbed moves a mean; the median of every
         # round does not move for a few of them
         m_low, m_high = bootstrap_95(rounds[row], statistics.median)
-        print(f"{name:17} over {args.sessions} sessions of {args.rounds} rounds: "
+        print(f"{row:17} over {args.sessions} sessions of {args.rounds} rounds: "
               f"{math.exp(statistics.fmean(logs)):.3f}× [95 % over sessions {low:.3f}-"
               f"{high:.3f}], sessions {min(ratios):.3f}-{max(ratios):.3f}; median of all "
               f"rounds {statistics.median(rounds[row]):.3f}× "
