@@ -86,7 +86,7 @@ def candidate(
         measured=tuple(fits), loaded_windows=tuple(loaded), refused_windows=tuple(refused),
         speeds=tuple(speeds.items()), cpu=cpu, projector=artifact.projector,
         four_bit_weights=artifact.facts.four_bit_weights if can.four_bit_in_place else None,
-        partial_offload=can.partial_offload,
+        partial_offload=can.partial_offload, on_gpus=can.gpus,
     )  # fmt: skip
 
 

@@ -57,6 +57,7 @@ class Candidate:
     four_bit_weights: int | None = None
     load_in_4bit: bool = False  # this candidate is that load: launched quantized
     partial_offload: bool = True  # its engine can put some layers on a GPU, the rest in RAM
+    on_gpus: bool = True  # its engine can load onto a GPU at all (a GPU backend is built in)
 
     @property
     def is_moe(self) -> bool:

@@ -53,6 +53,8 @@ NOT_OFFERED = {
     RejectReason.NEEDS_LAYOUT: "partial offload needs the per-layer sizes of the file",
     RejectReason.NO_PARTIAL_OFFLOAD: "its engine loads a model whole on a GPU or in RAM, "
                                      "not part of its layers on each",
+    RejectReason.NO_GPU_BACKEND: "its engine was built without a GPU backend: it loads "
+                                 "everything in RAM",
 }
 
 
@@ -90,6 +92,9 @@ def _sets(
     """The device sets a rung may use (``[[()]]``: host RAM); None: a partial offload,
     whose layer count ``fitting.partial`` searches."""
     room = search.room
+    if rung is not Rung.RAM_ONLY and room.gpus and not candidate.on_gpus:
+        # priced on a GPU, it would load in RAM: RAM the room never charged
+        return RejectReason.NO_GPU_BACKEND
     if rung in GPU_RUNGS:
         if not room.gpus:
             return RejectReason.NO_GPU

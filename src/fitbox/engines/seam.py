@@ -57,6 +57,9 @@ class Abilities:
 
     four_bit_in_place: bool = False  # quantizes full-precision weights to 4-bit as it loads
     partial_offload: bool = True  # some layers on a GPU, the rest in RAM (-ngl N)
+    # it can put weights on a GPU at all: a llama-server built without a GPU backend, or a
+    # CPU-only torch, loads everything in RAM whatever -ngl or the device map asks
+    gpus: bool = True
 
 
 @dataclass(frozen=True)

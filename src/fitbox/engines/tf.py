@@ -277,7 +277,9 @@ class Transformers:
                                                  name="tf-probe")  # fmt: skip
                 self._probing.start()
             return Abilities(four_bit_in_place=False, partial_offload=False)
-        return Abilities(four_bit_in_place=self._probe.four_bit, partial_offload=False)
+        # a CPU-only torch loads on no GPU, whatever the device map asks
+        return Abilities(four_bit_in_place=self._probe.four_bit, partial_offload=False,
+                         gpus=self._probe.cuda)  # fmt: skip
 
     def _locate_quietly(self) -> None:
         with contextlib.suppress(EngineNotFound):  # a call to the model says so, with the fix
