@@ -153,7 +153,8 @@ def timings(served: Served, model: str, rounds: int, *, decode: bool) -> list[fl
 
 def engines_of(served: Served) -> list[str]:
     """What each llama-server of ``served`` runs at now: its -t (or llama-server's default,
-    a thread per CPU), the CPUs it may use and its threads, read from /proc."""
+    a thread per physical core), its layers on a GPU, the CPUs it may use and its threads,
+    read from /proc."""
     found = []
     top = psutil.Process(served.proc.pid)
     for proc in [top, *top.children(recursive=True)]:
@@ -161,9 +162,9 @@ def engines_of(served: Served) -> list[str]:
             argv = proc.cmdline()
             if not argv or not argv[0].endswith("llama-server") or "--models-dir" in argv:
                 continue
-            t, c, np = (argv[argv.index(f) + 1] if f in argv[:-1] else "default"
-                        for f in ("-t", "-c", "-np"))  # fmt: skip
-            found.append(f"-t {t} -c {c} -np {np} on CPUs "
+            t, c, np, ngl = (argv[argv.index(f) + 1] if f in argv[:-1] else "default"
+                             for f in ("-t", "-c", "-np", "-ngl"))  # fmt: skip
+            found.append(f"-t {t} -c {c} -np {np} -ngl {ngl} on CPUs "
                          f"{sorted(proc.cpu_affinity() or [])}, {proc.num_threads()} "
                          "threads")  # fmt: skip
     return found
