@@ -11,6 +11,7 @@ a CUDA build and an old build do. A GPU that NVML would report is an in-process 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from fitbox import config as settings
@@ -31,7 +32,9 @@ CORES = tuple(range(4))
 
 
 def test_a_candidate_whose_engine_has_no_gpu_backend_is_placed_in_ram_and_says_why() -> None:
-    snap = Snapshot((gpu(0, 24 * GiB), host(64 * GiB)), (), cores=CORES)
+    # a GPU the probe reads (a declared one is taken at its word: core/room.py declared_gpus)
+    snap = Snapshot((replace(gpu(0, 24 * GiB), simulated=False), host(64 * GiB)), (),
+                    cores=CORES)  # fmt: skip
     on_gpu = decide(snap, _ask(model("m", 4 * GiB, quant="Q4_0")))
     assert isinstance(on_gpu, Place) and on_gpu.rung is Rung.GPU_ONLY and on_gpu.gpu_layers
     assert len(on_gpu.cores) == 1  # a GPU-only engine's claim

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import replace
 from typing import Any
 
 from fitbox.config import Config
@@ -101,14 +100,11 @@ class Box:
             return None
 
     def _abilities(self, artifact: Artifact) -> Abilities:
-        """What the engine that would load ``artifact`` can do beyond a whole load. On a
-        simulated inventory the declared GPUs are taken at their word: the engine here has
-        no GPU backend, and the GPU paths are what the simulation is for."""
+        """What the engine that would load ``artifact`` can do beyond a whole load."""
         try:
-            can = self.engines.for_artifact(artifact).abilities()
+            return self.engines.for_artifact(artifact).abilities()
         except FitboxError:
             return Abilities()  # no engine serves it: the call fails on that, not here
-        return replace(can, gpus=True) if self.gpus.simulated else can
 
     @property
     def calls(self) -> CallDesk:

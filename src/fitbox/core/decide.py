@@ -92,7 +92,7 @@ def _sets(
     """The device sets a rung may use (``[[()]]``: host RAM); None: a partial offload,
     whose layer count ``fitting.partial`` searches."""
     room = search.room
-    if rung is not Rung.RAM_ONLY and room.gpus and not candidate.on_gpus:
+    if rung is not Rung.RAM_ONLY and room.gpus and not (candidate.on_gpus or room.declared_gpus):
         # priced on a GPU, it would load in RAM: RAM the room never charged
         return RejectReason.NO_GPU_BACKEND
     if rung in GPU_RUNGS:

@@ -36,6 +36,9 @@ class Room:
         # (by name, gpu10 would come before gpu2).
         self.gpus = [d.id for d in snapshot.devices if d.kind is DeviceKind.GPU]
         self.order = {g: i for i, g in enumerate(self.gpus)}
+        # a declared inventory is taken at its word, whatever the engine was built with: on a
+        # box without a GPU it is how the GPU paths run at all (on a CPU-only engine)
+        self.declared_gpus = any(d.simulated for d in snapshot.devices)
         self.has_host = HOST in self.empty
 
     def fits(self, need: Mapping[str, Footprint], pool: Mapping[str, int]) -> bool:

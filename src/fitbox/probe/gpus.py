@@ -28,9 +28,6 @@ class GpuProbe:
     # whether a read may block: NVML asks the driver, which can stall for seconds on a GPU
     # in trouble, so its reads run off the event loop (box/sensors.py)
     blocking = False
-    # a declared inventory: its GPUs are what the operator says, whatever the engine was
-    # built with (a box without a GPU runs the GPU paths on a CPU-only engine this way)
-    simulated = False
 
     def read(self) -> list[GpuReading]:
         raise NotImplementedError
@@ -42,8 +39,6 @@ class GpuProbe:
 
 class SimulatedGpus(GpuProbe):
     """A declared inventory such as ``24GiB,24GiB``. Free memory is what fitbox leaves."""
-
-    simulated = True
 
     def __init__(self, spec: str) -> None:
         try:
