@@ -38,9 +38,11 @@ def main() -> int:
         warm = scan([root], FactsCache(cache))[0]
         warm_s = time.perf_counter() - started
     assert len(cold) == len(warm) == args.files
-    print(f"{args.files} model headers: cold {cold_s * 1000:.0f} ms "
-          f"({cold_s / args.files * 1000:.1f} ms each), warm {warm_s * 1000:.1f} ms, "
-          f"warm/cold {warm_s / cold_s:.3f}")  # fmt: skip
+    print(
+        f"{args.files} model headers: cold {cold_s * 1000:.0f} ms "
+        f"({cold_s / args.files * 1000:.1f} ms each), warm {warm_s * 1000:.1f} ms, "
+        f"warm/cold {warm_s / cold_s:.3f}"
+    )
     return 0
 
 

@@ -62,11 +62,15 @@ def _answering(proc: subprocess.Popen[bytes], endpoint: Path) -> str:
     raise SystemExit(f"nothing answered at {endpoint}")
 
 
-def _start(argv: list[str], endpoint: Path,
-           env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "fitbox", *argv, "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, **(env or {})})  # fmt: skip
+def _start(
+    argv: list[str], endpoint: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fitbox", *argv, "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
     return proc, _answering(proc, endpoint)
 
 
@@ -91,8 +95,9 @@ def _cpu_s(pid: int) -> float:
     return float(times.user + times.system)
 
 
-def cpu_per_call(client: httpx.Client, base: str, calls: int,
-                 pids: dict[str, int]) -> dict[str, float]:  # fmt: skip
+def cpu_per_call(
+    client: httpx.Client, base: str, calls: int, pids: dict[str, int]
+) -> dict[str, float]:
     """Seconds of CPU each process spent per call, over ``calls`` calls to ``base`` (and
     the quarter second after, for what the calls set off: the mirror's reads)."""
     before = {name: _cpu_s(pid) for name, pid in pids.items()}
@@ -102,8 +107,9 @@ def cpu_per_call(client: httpx.Client, base: str, calls: int,
     return {name: (_cpu_s(pid) - before[name]) / calls for name, pid in pids.items()}
 
 
-def interleaved(client: httpx.Client, paths: list[tuple[str, str]],
-                requests: int) -> dict[str, list[float]]:  # fmt: skip
+def interleaved(
+    client: httpx.Client, paths: list[tuple[str, str]], requests: int
+) -> dict[str, list[float]]:
     lat: dict[str, list[float]] = {name: [] for name, _ in paths}
     for i in range(requests):
         for name, base in paths if i % 2 else list(reversed(paths)):
@@ -114,8 +120,13 @@ def interleaved(client: httpx.Client, paths: list[tuple[str, str]],
 def join(client: httpx.Client, central: str, box: str, home: Path) -> None:
     """Register the box as ``fitbox serve --central`` does (server/joining.py)."""
     health = client.get(f"{box}/health").json()
-    body = {"box_id": health["box_id"], "name": health["name"], "version": health["version"],
-            "url": box, "admin_key": (home / "box.key").read_text().strip()}  # fmt: skip
+    body = {
+        "box_id": health["box_id"],
+        "name": health["name"],
+        "version": health["version"],
+        "url": box,
+        "admin_key": (home / "box.key").read_text().strip(),
+    }
     client.post(f"{central}/v1/boxes", json=body).raise_for_status()
 
 
@@ -147,9 +158,19 @@ def mirror_lag(
 
 
 def _page(rows: int) -> list[dict[str, object]]:
-    return [{"id": i, "seq": i, "request_id": f"r{i}", "endpoint": "/v1/completions",
-             "outcome": "ok", "received_at": 1.0 + i, "prompt_tokens": 5,
-             "completion_tokens": 1} for i in range(1, rows + 1)]  # fmt: skip
+    return [
+        {
+            "id": i,
+            "seq": i,
+            "request_id": f"r{i}",
+            "endpoint": "/v1/completions",
+            "outcome": "ok",
+            "received_at": 1.0 + i,
+            "prompt_tokens": 5,
+            "completion_tokens": 1,
+        }
+        for i in range(1, rows + 1)
+    ]
 
 
 def _mirror_cost(target: StoreTarget, page: list[dict[str, object]]) -> tuple[float, float]:
@@ -178,13 +199,16 @@ def sync_cost_sqlite(page: list[dict[str, object]], folder: Path) -> tuple[float
     conn = sqlite3.connect(folder / "plain.sqlite3", isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("CREATE TABLE t (box_id TEXT, tbl TEXT, source_id INTEGER, seq INTEGER, "
-                 "data TEXT, PRIMARY KEY (box_id, tbl, source_id))")  # fmt: skip
+    conn.execute(
+        "CREATE TABLE t (box_id TEXT, tbl TEXT, source_id INTEGER, seq INTEGER, "
+        "data TEXT, PRIMARY KEY (box_id, tbl, source_id))"
+    )
     started = time.perf_counter()
     for first in range(0, len(page), 1000):
         conn.execute("BEGIN")
-        conn.executemany("INSERT INTO t VALUES ('box', 'call_log', ?, ?, ?)",
-                         _plain_params(page, first))  # fmt: skip
+        conn.executemany(
+            "INSERT INTO t VALUES ('box', 'call_log', ?, ?, ?)", _plain_params(page, first)
+        )
         conn.execute("COMMIT")
     plain = time.perf_counter() - started
     conn.close()
@@ -201,13 +225,17 @@ def sync_cost_postgres(page: list[dict[str, object]]) -> tuple[float, float, flo
     try:
         new, replayed = _mirror_cost(cluster.create_database(), page)
         with psycopg.connect(cluster.create_database(), autocommit=True) as conn:
-            conn.execute("CREATE TABLE t (box_id TEXT, tbl TEXT, source_id BIGINT, seq BIGINT, "
-                         "data TEXT, PRIMARY KEY (box_id, tbl, source_id))")  # fmt: skip
+            conn.execute(
+                "CREATE TABLE t (box_id TEXT, tbl TEXT, source_id BIGINT, seq BIGINT, "
+                "data TEXT, PRIMARY KEY (box_id, tbl, source_id))"
+            )
             started = time.perf_counter()
             for first in range(0, len(page), 1000):
                 with conn.transaction(), conn.cursor() as cursor:
-                    cursor.executemany("INSERT INTO t VALUES ('box', 'call_log', %s, %s, %s)",
-                                       _plain_params(page, first))  # fmt: skip
+                    cursor.executemany(
+                        "INSERT INTO t VALUES ('box', 'call_log', %s, %s, %s)",
+                        _plain_params(page, first),
+                    )
             plain = time.perf_counter() - started
     finally:
         cluster.stop()
@@ -219,8 +247,12 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--lag-calls", type=int, default=50)
     parser.add_argument("--rows", type=int, default=10000)
-    parser.add_argument("--central-store", choices=["sqlite", "postgresql"], default="sqlite",
-                        help="the store of the central that parts 1 and 2 measure")  # fmt: skip
+    parser.add_argument(
+        "--central-store",
+        choices=["sqlite", "postgresql"],
+        default="sqlite",
+        help="the store of the central that parts 1 and 2 measure",
+    )
     args = parser.parse_args()
     model_path = pull(
         "smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models"
@@ -234,10 +266,21 @@ def main() -> int:
             env["FITBOX_CENTRAL_DB"] = cluster.create_database()
         central_proc, central = _start(
             ["central", "serve", "--port", "auto", "--home", str(root / "central")],
-            root / "central" / "central-endpoint.json", env,
-        )  # fmt: skip
-        box_proc, box = _start(["serve", "--port", "auto", "--home", str(root / "box"), "--models",
-                               str(model_path.parent)], root / "box" / "endpoint.json")  # fmt: skip
+            root / "central" / "central-endpoint.json",
+            env,
+        )
+        box_proc, box = _start(
+            [
+                "serve",
+                "--port",
+                "auto",
+                "--home",
+                str(root / "box"),
+                "--models",
+                str(model_path.parent),
+            ],
+            root / "box" / "endpoint.json",
+        )
         try:
             box_id = httpx.get(f"{box}/health").json()["box_id"]
             with httpx.Client(timeout=120, limits=httpx.Limits(keepalive_expiry=2.0)) as client:
@@ -261,8 +304,9 @@ def main() -> int:
                         short_call(client, base)
                 lat = interleaved(client, paths, args.requests)
                 pids = {"central": central_proc.pid, "box": box_proc.pid}
-                cpu = {name: cpu_per_call(client, base, args.requests, pids)
-                       for name, base in paths}  # fmt: skip
+                cpu = {
+                    name: cpu_per_call(client, base, args.requests, pids) for name, base in paths
+                }
                 lags = mirror_lag(client, box, central, box_id, args.lag_calls)
         finally:
             for proc in (box_proc, central_proc):
@@ -276,23 +320,33 @@ def main() -> int:
     p95 = {name: percentile(v, 95) * ms for name, v in lat.items()}
     print(f"short completions ({args.requests} each, max_tokens=1, interleaved)")
     for label, p in (("p50", p50), ("p95", p95)):
-        print(f"  {label}  direct {p['direct']:7.2f} ms   box {p['box']:7.2f} ms   central "
-              f"{p['central']:7.2f} ms")  # fmt: skip
+        print(
+            f"  {label}  direct {p['direct']:7.2f} ms   box {p['box']:7.2f} ms   central "
+            f"{p['central']:7.2f} ms"
+        )
     solo = {name: percentile(v, 50) * ms for name, v in unfollowed.items()}
-    print(f"  before the box joined the central (no mirror reading it): p50 direct "
-          f"{solo['direct']:7.2f} ms   box {solo['box']:7.2f} ms, box added "
-          f"{solo['box'] - solo['direct']:+.2f} ms; the box's CPU per call "
-          f"{cpu_alone['box'] * ms:.2f} ms")  # fmt: skip
-    print(f"  CPU per call ({args.requests} calls a path, batched), ms: "
-          + "; ".join(f"{path}: central {c['central'] * ms:.2f}, box {c['box'] * ms:.2f}"
-                      for path, c in cpu.items()))  # fmt: skip
+    print(
+        f"  before the box joined the central (no mirror reading it): p50 direct "
+        f"{solo['direct']:7.2f} ms   box {solo['box']:7.2f} ms, box added "
+        f"{solo['box'] - solo['direct']:+.2f} ms; the box's CPU per call "
+        f"{cpu_alone['box'] * ms:.2f} ms"
+    )
+    print(
+        f"  CPU per call ({args.requests} calls a path, batched), ms: "
+        + "; ".join(
+            f"{path}: central {c['central'] * ms:.2f}, box {c['box'] * ms:.2f}"
+            for path, c in cpu.items()
+        )
+    )
     box_added, central_added = p50["box"] - p50["direct"], p50["central"] - p50["box"]
     print(
         f"  p50 added: box over llama-server {box_added:+.2f} ms, central over box "
         f"{central_added:+.2f} ms, ratio central/box added {central_added / box_added:.2f}"
     )
-    print(f"mirror lag ({args.lag_calls} calls, reply on the box -> final row on the central, "
-          f"central on {args.central_store})")  # fmt: skip
+    print(
+        f"mirror lag ({args.lag_calls} calls, reply on the box -> final row on the central, "
+        f"central on {args.central_store})"
+    )
     print(f"  p50 {percentile(lags, 50) * ms:.1f} ms   p99 {percentile(lags, 99) * ms:.1f} ms")
     per_10k = 10000 / args.rows
     print(f"sync cost, {args.rows} call rows in pages of 1000, seconds per 10k rows")
@@ -301,8 +355,10 @@ def main() -> int:
             print(f"  {store:10s} not measured: {cost}")
             continue
         new, replayed, plain = (c * per_10k for c in cost)
-        print(f"  {store:10s} mirror new {new:.3f} s, replayed {replayed:.3f} s; plain "
-              f"executemany {plain:.3f} s; ratio mirror/plain {new / plain:.2f}")  # fmt: skip
+        print(
+            f"  {store:10s} mirror new {new:.3f} s, replayed {replayed:.3f} s; plain "
+            f"executemany {plain:.3f} s; ratio mirror/plain {new / plain:.2f}"
+        )
     return 0
 
 

@@ -24,19 +24,39 @@ from starlette.types import Message, Receive, Scope, Send
 
 from fitbox.server import reasoning, timing
 
-REPLY = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "choices": [
-    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi!"}}],
-    "usage": {"prompt_tokens": 9, "completion_tokens": 3}}).encode()  # fmt: skip
+REPLY = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "Hi!"},
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 3},
+    }
+).encode()
 THINKING = REPLY.replace(b'"Hi!"', b'"<think>a short thought</think>Hi!"')
 
 
 def _app(content: bytes) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        stamps = {"received_at": 1.0, "admitted_at": 1.001, "first_byte_at": 1.002,
-                  "last_byte_at": 1.002}  # fmt: skip
+        stamps = {
+            "received_at": 1.0,
+            "admitted_at": 1.001,
+            "first_byte_at": 1.002,
+            "last_byte_at": 1.002,
+        }
         scope["state"][timing.STAMPS_STATE] = stamps
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": content})
 
     return app
@@ -70,15 +90,20 @@ def _events(tokens: int, think: bool) -> list[bytes]:
     words = ["<think>", *["hm "] * (tokens - 3), "</think>", "Hi"] if think else ["w "] * tokens
     out = []
     for word in words:
-        chunk = {"choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
-                 "object": "chat.completion.chunk", "id": "chatcmpl-1", "created": 1,
-                 "model": "m"}  # fmt: skip
+        chunk = {
+            "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
+            "object": "chat.completion.chunk",
+            "id": "chatcmpl-1",
+            "created": 1,
+            "model": "m",
+        }
         out.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
     return [*out, b"data: [DONE]\n\n"]
 
 
-async def _source(events: list[bytes], stamps: dict[str, float | None]) -> AsyncGenerator[
-        bytes, None]:  # fmt: skip
+async def _source(
+    events: list[bytes], stamps: dict[str, float | None]
+) -> AsyncGenerator[bytes, None]:
     for event in events:
         if event.startswith(b"data: [DONE]"):
             stamps["last_byte_at"] = 2.0

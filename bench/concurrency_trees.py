@@ -47,8 +47,7 @@ def main() -> int:
         (models / smol.name).symlink_to(smol)
         systems: dict[str, Served] = {"direct": stack.enter_context(direct(smol))}
         for name, src in [t.split("=", 1) for t in args.tree] + [["this", mine]]:
-            systems[name] = stack.enter_context(fitbox(Path(tmp) / name, models,
-                                                       PYTHONPATH=src))  # fmt: skip
+            systems[name] = stack.enter_context(fitbox(Path(tmp) / name, models, PYTHONPATH=src))
         for name, served in systems.items():
             if name != "direct":
                 for _ in range(2):
@@ -58,13 +57,15 @@ def main() -> int:
         seen: dict[str, list[float]] = {n: [] for n in systems}
         names = list(systems)
         for i in range(args.rounds):
-            for name in names[i % len(names):] + names[: i % len(names)]:
+            for name in names[i % len(names) :] + names[: i % len(names)]:
                 seen[name].append(concurrent(systems[name], SMOL, args.clients))
             time.sleep(args.pause)
         base = statistics.median(seen["direct"])
         for name, rates in seen.items():
-            print(f"{name:10} {statistics.median(rates):7.1f} tok/s "
-                  f"({statistics.median(rates) / base:.3f}x)  {[round(r) for r in rates]}")
+            print(
+                f"{name:10} {statistics.median(rates):7.1f} tok/s "
+                f"({statistics.median(rates) / base:.3f}x)  {[round(r) for r in rates]}"
+            )
         print(f"engines after: { {n: engines_of(s) for n, s in systems.items()} }")
     print(f"load average after: {os.getloadavg()}")
     return 0

@@ -34,8 +34,16 @@ def catalog(n: int, rng: random.Random) -> list[Candidate]:
     for i in range(n):
         quant, bits = quants[i % len(quants)]
         size = int((1 + i // 4 % 12) * bits / 8 * GiB)
-        out.append(model(f"m{i // 4}.{quant}", size, n_layer=rng.choice([24, 32, 48, 64]),
-                         quant=quant, four_bit=bits == 4, moe=i % 12 == 0))  # fmt: skip
+        out.append(
+            model(
+                f"m{i // 4}.{quant}",
+                size,
+                n_layer=rng.choice([24, 32, 48, 64]),
+                quant=quant,
+                four_bit=bits == 4,
+                moe=i % 12 == 0,
+            )
+        )
     return out
 
 
@@ -44,11 +52,19 @@ def snapshot(gpus: int, residents: int, rng: random.Random) -> Snapshot:
     views = []
     for i in range(residents):
         device = devices[i % len(devices)].id
-        views.append(ResidentView(
-            key=f"r{i}", device=device, bytes=rng.randint(1, 5) * GiB,
-            state=ResidentState.READY, calls=rng.choice([0, 0, 1]), last_used=float(i),
-            pinned=i % 7 == 0, cores=(i + 1,) if i < 30 else (), reload_seconds=float(i % 5 + 1),
-        ))  # fmt: skip
+        views.append(
+            ResidentView(
+                key=f"r{i}",
+                device=device,
+                bytes=rng.randint(1, 5) * GiB,
+                state=ResidentState.READY,
+                calls=rng.choice([0, 0, 1]),
+                last_used=float(i),
+                pinned=i % 7 == 0,
+                cores=(i + 1,) if i < 30 else (),
+                reload_seconds=float(i % 5 + 1),
+            )
+        )
     return Snapshot(devices, tuple(views), cores=tuple(range(32)))
 
 
@@ -68,8 +84,10 @@ def time_decisions(snap: Snapshot, cat: list[Candidate], variants: int) -> list[
 def report(label: str, times: list[float], baseline_ms: float) -> None:
     times.sort()
     p50, p99 = statistics.median(times), times[int(len(times) * 0.99) - 1]
-    print(f"{label:<44} p50 {p50:6.3f} ms  p99 {p99:6.3f} ms  "
-          f"({p50 / baseline_ms:5.1f} x one footprint)")  # fmt: skip
+    print(
+        f"{label:<44} p50 {p50:6.3f} ms  p99 {p99:6.3f} ms  "
+        f"({p50 / baseline_ms:5.1f} x one footprint)"
+    )
 
 
 def main() -> None:
@@ -87,11 +105,15 @@ def main() -> None:
     for gpus in (1, 2, 4, 16):
         report(f"  GPUs = {gpus}", time_decisions(snapshot(gpus, 16, rng), cat, 4), baseline)
     for residents in (0, 4, 64):
-        report(f"  residents = {residents}", time_decisions(snapshot(8, residents, rng), cat, 4),
-               baseline)  # fmt: skip
+        report(
+            f"  residents = {residents}",
+            time_decisions(snapshot(8, residents, rng), cat, 4),
+            baseline,
+        )
     for size in (20, 1000):
-        report(f"  catalog = {size} artifacts", time_decisions(base, catalog(size, rng), 4),
-               baseline)  # fmt: skip
+        report(
+            f"  catalog = {size} artifacts", time_decisions(base, catalog(size, rng), 4), baseline
+        )
     for variants in (1, 2):
         report(f"  variants per name = {variants}", time_decisions(base, cat, variants), baseline)
     # GPUs too small for most models alone: the device-set search (issue #21) does its most

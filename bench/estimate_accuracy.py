@@ -49,13 +49,17 @@ from tests.quants import quantized_models  # noqa: E402
 MIB = 1 << 20
 KINDS = ("weights", "kv", "compute", "output", "total")
 FULL_GRID = [
-    LoadSpec(1024, 1), LoadSpec(4096, 1), LoadSpec(8192, 4), LoadSpec(4096, 4, unified=True),
+    LoadSpec(1024, 1),
+    LoadSpec(4096, 1),
+    LoadSpec(8192, 4),
+    LoadSpec(4096, 4, unified=True),
     LoadSpec(2048, 1, type_k="q8_0", type_v="q8_0"),
     LoadSpec(4096, 2, type_k="q4_0", type_v="q4_0"),
     LoadSpec(2048, 1, type_k="bf16", type_v="f16"),
-    LoadSpec(1024, 1, flash_attn=False), LoadSpec(4096, 2, flash_attn=False),
+    LoadSpec(1024, 1, flash_attn=False),
+    LoadSpec(4096, 2, flash_attn=False),
     LoadSpec(2048, 1, type_k="q8_0", flash_attn=False),
-]  # fmt: skip
+]
 QUICK_GRID = [FULL_GRID[1], FULL_GRID[2], FULL_GRID[4], FULL_GRID[8]]
 
 
@@ -91,11 +95,23 @@ def predict(path: Path, spec: LoadSpec, cpu: CpuFeatures | None) -> dict[str, in
     """fitbox's estimate for a load on host RAM with these settings."""
     shape = read_facts(path).shape
     window = sizing.effective_window(shape, spec.window)
-    f = sizing.footprint(shape, window, spec.parallel, type_k=spec.type_k, type_v=spec.type_v,
-                         unified=spec.unified, cpu=cpu if spec.repack else None,
-                         flash_attn=spec.flash_attn)  # fmt: skip
-    return {"weights": f.weights, "kv": f.kv, "compute": f.compute, "output": f.output,
-            "total": f.total}  # fmt: skip
+    f = sizing.footprint(
+        shape,
+        window,
+        spec.parallel,
+        type_k=spec.type_k,
+        type_v=spec.type_v,
+        unified=spec.unified,
+        cpu=cpu if spec.repack else None,
+        flash_attn=spec.flash_attn,
+    )
+    return {
+        "weights": f.weights,
+        "kv": f.kv,
+        "compute": f.compute,
+        "output": f.output,
+        "total": f.total,
+    }
 
 
 def compare(name: str, path: Path, spec: LoadSpec, binary: Path) -> list[Row]:
@@ -105,8 +121,12 @@ def compare(name: str, path: Path, spec: LoadSpec, binary: Path) -> list[Row]:
     got = report.bytes_by_kind()
     if not got["model"]:
         raise RuntimeError(f"{name} {spec.label()} did not load: {report.errors}")
-    measured = {"weights": got["model"], "kv": got["kv"] + got["recurrent"],
-                "compute": got["compute"], "output": got["output"]}  # fmt: skip
+    measured = {
+        "weights": got["model"],
+        "kv": got["kv"] + got["recurrent"],
+        "compute": got["compute"],
+        "output": got["output"],
+    }
     measured["total"] = sum(measured.values())
     return [Row(name, spec.label(), k, predicted[k], measured[k]) for k in KINDS]
 
@@ -128,12 +148,12 @@ def applicable(path: Path, grid: list[LoadSpec]) -> list[LoadSpec]:
     """The settings the engine accepts for this model (a quantized cache needs its block to
     divide the head dim, a quantized V needs flash attention)."""
     shape = read_facts(path).shape
-    return [s for s in grid if not sizing.kv_type_problem(shape, s.type_k, s.type_v,
-                                                          s.flash_attn)]  # fmt: skip
+    return [s for s in grid if not sizing.kv_type_problem(shape, s.type_k, s.type_v, s.flash_attn)]
 
 
-def jobs(tmp: Path, grid: list[LoadSpec], only: str, rotate: bool) -> Iterator[
-        tuple[str, Path, LoadSpec]]:  # fmt: skip
+def jobs(
+    tmp: Path, grid: list[LoadSpec], only: str, rotate: bool
+) -> Iterator[tuple[str, Path, LoadSpec]]:
     """(model, file, settings) to load: the zoo over the grid; each quant over the grid, or
     (``rotate``) one setting per quant, taken round the grid so every setting is covered."""
     if only in ("", "zoo"):
@@ -167,17 +187,30 @@ AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])
 """
 
 
-async def _counted(python: Path, folder: Path, embedding: bool, logs: Path,
-                   four_bit: bool = False, bnb: Path | None = None) -> int:  # fmt: skip
+async def _counted(
+    python: Path,
+    folder: Path,
+    embedding: bool,
+    logs: Path,
+    four_bit: bool = False,
+    bnb: Path | None = None,
+) -> int:
     from fitbox.engines.child import Child, free_port
     from fitbox.engines.seam import LaunchIntent
     from fitbox.engines.tf import Transformers
 
     engine = Transformers()
     engine._probe = probe(python)  # this interpreter, whatever the discovery order says
-    intent = LaunchIntent(model_path=folder, alias=folder.name, window=512, parallel=1,
-                          gpu_layers=0, port=free_port(), embedding=embedding,
-                          load_in_4bit=four_bit)  # fmt: skip
+    intent = LaunchIntent(
+        model_path=folder,
+        alias=folder.name,
+        window=512,
+        parallel=1,
+        gpu_layers=0,
+        port=free_port(),
+        embedding=embedding,
+        load_in_4bit=four_bit,
+    )
     spec = engine.launch(intent)
     env = dict(spec.env) | ({"PYTHONPATH": str(bnb)} if bnb is not None else {})
     child = Child(list(spec.argv), spec.port, logs / f"{folder.name}.log", env=env)
@@ -204,15 +237,26 @@ def tf_rows(bnb: Path | None = None) -> list[Row]:
     f32 = smol_folder(python, pull("smollm2", cache / "models"))
     bf16 = f32.with_name("SmolLM2-135M-Instruct-bf16")
     if not (bf16 / "model.safetensors").is_file():
-        subprocess.run([str(python), "-c", TO_BF16, str(f32), str(bf16)], check=True,
-                       capture_output=True, timeout=600)  # fmt: skip
+        subprocess.run(
+            [str(python), "-c", TO_BF16, str(f32), str(bf16)],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for folder, embedding in ((f32, False), (bf16, False), (minilm_folder(), True)):
             facts = folder_facts(folder)
             counted = asyncio.run(_counted(python, folder, embedding, Path(tmp)))
-            rows.append(Row(folder.name, f"tf {facts.quant} ram-only", "weights",
-                            facts.shape.weights_bytes, counted))  # fmt: skip
+            rows.append(
+                Row(
+                    folder.name,
+                    f"tf {facts.quant} ram-only",
+                    "weights",
+                    facts.shape.weights_bytes,
+                    counted,
+                )
+            )
         if bnb is None:
             print("4-bit: not measured (the test venv has no bitsandbytes; pass --bnb DIR)")
         else:
@@ -223,8 +267,15 @@ def tf_rows(bnb: Path | None = None) -> list[Row]:
             except Exception as exc:  # bitsandbytes that cannot run here: say so, go on
                 print(f"4-bit: not measured ({exc})")
             else:
-                rows.append(Row(f32.name, "tf 4bit (bnb nf4) ram", "weights",
-                                facts.four_bit_weights, counted))  # fmt: skip
+                rows.append(
+                    Row(
+                        f32.name,
+                        "tf 4bit (bnb nf4) ram",
+                        "weights",
+                        facts.four_bit_weights,
+                        counted,
+                    )
+                )
     return rows
 
 
@@ -237,8 +288,9 @@ def worst(rows: list[Row]) -> dict[str, Row]:
         if not of_kind:
             continue
         relative = kind in ("compute", "total")
-        out[kind] = max(of_kind, key=lambda r: abs(r.error) if relative
-                        else abs(r.predicted - r.measured))  # fmt: skip
+        out[kind] = max(
+            of_kind, key=lambda r: abs(r.error) if relative else abs(r.predicted - r.measured)
+        )
     return out
 
 
@@ -246,24 +298,34 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="four settings per model")
     parser.add_argument("--only", choices=("zoo", "quants", "tf"), default="")
-    parser.add_argument("--bnb", type=Path, default=None,
-                        help="a folder holding bitsandbytes (pip install --target): 4-bit row")
+    parser.add_argument(
+        "--bnb",
+        type=Path,
+        default=None,
+        help="a folder holding bitsandbytes (pip install --target): 4-bit row",
+    )
     args = parser.parse_args()
     rows = [] if args.only == "tf" else run(QUICK_GRID if args.quick else FULL_GRID, args.only)
     if args.only in ("", "tf"):
         rows += tf_rows(args.bnb)
-    print(f"{'model':<14} {'settings':<30} {'kind':<8} {'predicted MiB':>13} "
-          f"{'measured MiB':>13} {'error':>8}")  # fmt: skip
+    print(
+        f"{'model':<14} {'settings':<30} {'kind':<8} {'predicted MiB':>13} "
+        f"{'measured MiB':>13} {'error':>8}"
+    )
     for r in rows:
-        print(f"{r.model:<14} {r.spec:<30} {r.kind:<8} {r.predicted / MIB:13.2f} "
-              f"{r.measured / MIB:13.2f} {r.error:+8.2%}{'' if r.met else '  MISS'}")  # fmt: skip
+        print(
+            f"{r.model:<14} {r.spec:<30} {r.kind:<8} {r.predicted / MIB:13.2f} "
+            f"{r.measured / MIB:13.2f} {r.error:+8.2%}{'' if r.met else '  MISS'}"
+        )
     models_n, loads = len({r.model for r in rows}), len({(r.model, r.spec) for r in rows})
     print(f"\n{loads} loads of {models_n} models; worst row per kind:")
     for kind, r in worst(rows).items():
         misses = sum(1 for x in rows if x.kind == kind and not x.met)
-        print(f"  {kind:<8} {r.model} {r.spec}: {r.error:+.2%} "
-              f"({(r.predicted - r.measured) / MIB:+.3f} MiB)  "
-              f"{'target met' if not misses else f'{misses} rows miss the target'}")  # fmt: skip
+        print(
+            f"  {kind:<8} {r.model} {r.spec}: {r.error:+.2%} "
+            f"({(r.predicted - r.measured) / MIB:+.3f} MiB)  "
+            f"{'target met' if not misses else f'{misses} rows miss the target'}"
+        )
     return 0 if all(r.met for r in rows) else 1
 
 

@@ -55,8 +55,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.proxy_overhead import REPO, child_url, percentile, start_fitbox_argv
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
-STAGES = ("app", "auth", "body", "open", "route", "prompt", "place", "send", "read",
-          "answered", "reasoning", "finished", "logpump", "commit", "sql")  # fmt: skip
+STAGES = (
+    "app",
+    "auth",
+    "body",
+    "open",
+    "route",
+    "prompt",
+    "place",
+    "send",
+    "read",
+    "answered",
+    "reasoning",
+    "finished",
+    "logpump",
+    "commit",
+    "sql",
+)
 
 # -- inside the server ---------------------------------------------------------------------
 
@@ -159,8 +174,9 @@ def serve_probed(argv: list[str]) -> int:
             profile.disable()
             profile.dump_stats(os.environ["HOT_PATH_PROFILE"])
         threads = {name: ns - THREADS.get(name, 0) for name, ns in _thread_cpu().items()}
-        Path(os.environ["HOT_PATH_OUT"]).write_text(json.dumps(
-            {"wall": SPENT, "cpu": CPU, "threads": threads}))
+        Path(os.environ["HOT_PATH_OUT"]).write_text(
+            json.dumps({"wall": SPENT, "cpu": CPU, "threads": threads})
+        )
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, dump)
@@ -193,8 +209,10 @@ def report(client_s: dict[str, list[float]], found: dict[str, Any], calls: int) 
     d50 = percentile(client_s["direct"], 50) * 1e6
     f50 = percentile(client_s["fitbox"], 50) * 1e6
     print(f"1-token chat, {calls} each, interleaved on the same child (client side)")
-    print(f"  p50  direct {d50 / 1000:7.2f} ms   fitbox {f50 / 1000:7.2f} ms   "
-          f"added {(f50 - d50) / 1000:+6.2f} ms   ratio {f50 / d50:.3f}")  # fmt: skip
+    print(
+        f"  p50  direct {d50 / 1000:7.2f} ms   fitbox {f50 / 1000:7.2f} ms   "
+        f"added {(f50 - d50) / 1000:+6.2f} ms   ratio {f50 / d50:.3f}"
+    )
     print("stage         wall p50 us  wall/call us  cpu/call us  events/call")
     for stage in STAGES:
         values = spent.get(stage, [])
@@ -203,11 +221,15 @@ def report(client_s: dict[str, list[float]], found: dict[str, Any], calls: int) 
             continue
         p50 = percentile([v / 1000 for v in values], 50)
         per_call = len(values) / calls
-        print(f"  {stage:<10} {p50:12.1f}  {sum(values) / 1000 / calls:12.1f}  "
-              f"{sum(cpu.get(stage, [])) / 1000 / calls:11.1f}  {per_call:11.2f}")  # fmt: skip
+        print(
+            f"  {stage:<10} {p50:12.1f}  {sum(values) / 1000 / calls:12.1f}  "
+            f"{sum(cpu.get(stage, [])) / 1000 / calls:11.1f}  {per_call:11.2f}"
+        )
     app, send = (percentile(spent.get(k, [0]), 50) / 1000 for k in ("app", "send"))
-    print(f"  app minus send (p50s): {app - send:8.1f} us; outside it (added minus that): "
-          f"{(f50 - d50) - (app - send):8.1f} us")  # fmt: skip
+    print(
+        f"  app minus send (p50s): {app - send:8.1f} us; outside it (added minus that): "
+        f"{(f50 - d50) - (app - send):8.1f} us"
+    )
     print("fitbox's CPU per call, by thread (all its work in the timed phase / calls):")
     for name, ns in sorted(threads.items(), key=lambda item: -item[1]):
         if ns > 0:
@@ -225,8 +247,11 @@ def main() -> int:
     model = pull("smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "spent.json"
-        env = {**os.environ, "HOT_PATH_OUT": str(out),
-               **dict(item.split("=", 1) for item in args.env)}  # fmt: skip
+        env = {
+            **os.environ,
+            "HOT_PATH_OUT": str(out),
+            **dict(item.split("=", 1) for item in args.env),
+        }
         if args.profile:
             env["HOT_PATH_PROFILE"] = str(args.profile.resolve())
         argv = [sys.executable, str(Path(__file__).resolve()), "--serve-probed"]

@@ -31,8 +31,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_fitbox(Path(tmp), model.parent)
         try:
-            httpx.post(f"{url}/v1/completions", timeout=120,
-                       json={"model": "smollm2", "prompt": "hi", "max_tokens": 1})  # fmt: skip
+            httpx.post(
+                f"{url}/v1/completions",
+                timeout=120,
+                json={"model": "smollm2", "prompt": "hi", "max_tokens": 1},
+            )
             time.sleep(1.0)
             before = httpx.get(f"{url}/v1/telemetry/state").json()["counter"]
             time.sleep(args.seconds)
@@ -41,8 +44,10 @@ def main() -> int:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
     per_minute = (after - before) * 60 / args.seconds
-    print(f"idle for {args.seconds:.0f} s with a resident model: counter {before} -> {after}, "
-          f"{per_minute:.1f} moves per minute")  # fmt: skip
+    print(
+        f"idle for {args.seconds:.0f} s with a resident model: counter {before} -> {after}, "
+        f"{per_minute:.1f} moves per minute"
+    )
     return 0
 
 

@@ -57,8 +57,10 @@ def main() -> int:
     for tid, ms in sorted(spent.items(), key=lambda kv: -kv[1]):
         if ms >= 0.05:
             print(f"thread {tid}: {ms:.2f} ms/s")
-    print(f"fitbox idle, every thread: {sum(spent.values()):.2f} ms of CPU a second "
-          f"({' '.join(args.settings) or 'defaults'})")
+    print(
+        f"fitbox idle, every thread: {sum(spent.values()):.2f} ms of CPU a second "
+        f"({' '.join(args.settings) or 'defaults'})"
+    )
     return 0
 
 

@@ -64,15 +64,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="fitbox-landing-", dir=args.dir) as tmp:
         for _ in range(args.rounds):
             for label in runs:
-                runs[label].append(land(Path(tmp) / "x.part", source, total,
-                                        label == "O_DIRECT"))  # fmt: skip
+                runs[label].append(land(Path(tmp) / "x.part", source, total, label == "O_DIRECT"))
     print(f"landing {args.mib} MiB and its fsync, median of {args.rounds} interleaved rounds:")
     medians = {}
     for label, got in runs.items():
         wall, cpu = statistics.median(w for w, _ in got), statistics.median(c for _, c in got)
         medians[label] = wall
-        print(f"  {label:10}  {wall:6.2f} s  {args.mib / wall:6.0f} MiB/s  {cpu:5.2f} CPU s "
-              "(the whole sha256 included)")  # fmt: skip
+        print(
+            f"  {label:10}  {wall:6.2f} s  {args.mib / wall:6.0f} MiB/s  {cpu:5.2f} CPU s "
+            "(the whole sha256 included)"
+        )
     print(f"  O_DIRECT / page cache time {medians['O_DIRECT'] / medians['page cache']:.1%}")
     return 0
 

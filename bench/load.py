@@ -47,17 +47,20 @@ def models_dir(root: Path) -> tuple[Path, list[str], int]:
     (root / smol.name).symlink_to(smol)
     write_tiny_llama(root / "tiny-a.gguf", extra_vocab=40_000)
     write_tiny_llama(root / "tiny-b.gguf", extra_vocab=60_000)
-    sizes = sorted(sizing.footprint(read_facts(p).shape, 4096, 1).total
-                   for p in root.iterdir())  # fmt: skip
+    sizes = sorted(sizing.footprint(read_facts(p).shape, 4096, 1).total for p in root.iterdir())
     budget = sizes[-1] + sizes[-2] + (sizes[0] // 2)  # two at once, never three
     return root, [SMOL, "tiny-a", "tiny-b"], budget
 
 
-async def one_call(client: httpx.AsyncClient, url: str, model: str, max_tokens: int
-                   ) -> tuple[str, float]:  # fmt: skip
+async def one_call(
+    client: httpx.AsyncClient, url: str, model: str, max_tokens: int
+) -> tuple[str, float]:
     started = time.monotonic()
-    body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}],
-            "max_tokens": max_tokens}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "max_tokens": max_tokens,
+    }
     try:
         response = await client.post(f"{url}/v1/chat/completions", json=body, timeout=300)
     except httpx.HTTPError:
@@ -82,21 +85,28 @@ async def drive(url: str, plan: list[list[str]], max_tokens: int) -> list[tuple[
     return [r for rs in results for r in rs]
 
 
-def run_policy(policy: str, models: Path, budget: int, plan: list[list[str]],
-               max_tokens: int) -> dict[str, float]:  # fmt: skip
+def run_policy(
+    policy: str, models: Path, budget: int, plan: list[list[str]], max_tokens: int
+) -> dict[str, float]:
     import os
 
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        os.environ.update({"FITBOX_ADMISSION": policy, "FITBOX_RAM_MAX": str(budget),
-                           "FITBOX_WAIT_TIMEOUT": "240"})  # fmt: skip
+        os.environ.update(
+            {
+                "FITBOX_ADMISSION": policy,
+                "FITBOX_RAM_MAX": str(budget),
+                "FITBOX_WAIT_TIMEOUT": "240",
+            }
+        )
         proc, url = start_fitbox(home, models)
         try:
             started = time.monotonic()
             results = asyncio.run(drive(url, plan, max_tokens))
             wall = time.monotonic() - started
-            rows = httpx.get(f"{url}/v1/telemetry", params={"table": "children", "limit": 1000},
-                             timeout=30).json()["rows"]  # fmt: skip
+            rows = httpx.get(
+                f"{url}/v1/telemetry", params={"table": "children", "limit": 1000}, timeout=30
+            ).json()["rows"]
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -132,16 +142,20 @@ def main() -> None:
         rng = random.Random(7)
         plan = [[rng.choice(names) for _ in range(args.calls)] for _ in range(args.clients)]
         calls = args.clients * args.calls
-        print(f"{args.clients} clients x {args.calls} calls over {len(names)} models, RAM "
-              f"budget {budget >> 20} MiB (holds two); ideal: {100 * 3 / calls:.1f} loads/100 "
-              "calls")  # fmt: skip
+        print(
+            f"{args.clients} clients x {args.calls} calls over {len(names)} models, RAM "
+            f"budget {budget >> 20} MiB (holds two); ideal: {100 * 3 / calls:.1f} loads/100 "
+            "calls"
+        )
         for policy in ("eta", "smart", "fifo"):
             r = run_policy(policy, models, budget, plan, args.max_tokens)
-            print(f"{policy:>5}: answered {r['answered']:.0f}  failed {r['failed']:.0f}  "
-                  f"lost {r['lost']:.0f}  p50 {r['p50'] * 1000:7.0f} ms  "
-                  f"p99 {r['p99'] * 1000:7.0f} ms  loads/100 calls {r['loads_per_100']:5.1f} "
-                  f"(x{r['loads_per_100'] / (100 * 3 / calls):.1f} ideal)  "
-                  f"wall {r['wall']:.1f} s")  # fmt: skip
+            print(
+                f"{policy:>5}: answered {r['answered']:.0f}  failed {r['failed']:.0f}  "
+                f"lost {r['lost']:.0f}  p50 {r['p50'] * 1000:7.0f} ms  "
+                f"p99 {r['p99'] * 1000:7.0f} ms  loads/100 calls {r['loads_per_100']:5.1f} "
+                f"(x{r['loads_per_100'] / (100 * 3 / calls):.1f} ideal)  "
+                f"wall {r['wall']:.1f} s"
+            )
 
 
 if __name__ == "__main__":

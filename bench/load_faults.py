@@ -72,18 +72,28 @@ def two_models(root: Path) -> tuple[list[str], int]:
     smol = pull("smollm2", REPO / ".cache" / "models")
     (root / smol.name).symlink_to(smol)
     write_tiny_llama(root / "tiny-a.gguf", extra_vocab=40_000)
-    sizes = sorted(sizing.footprint(read_facts(p).shape, 4096, 1).total
-                   for p in root.iterdir())  # fmt: skip
+    sizes = sorted(sizing.footprint(read_facts(p).shape, 4096, 1).total for p in root.iterdir())
     return [SMOL, "tiny-a"], sizes[-1] + sizes[0] // 2  # one at a time, never both
 
 
 def serve(run: Run) -> None:
     port = run.url.rsplit(":", 1)[1]
-    argv = [sys.executable, "-m", "fitbox", "serve", "--port", port, "--home", str(run.home),
-            "--models", str(run.models)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "fitbox",
+        "serve",
+        "--port",
+        port,
+        "--home",
+        str(run.home),
+        "--models",
+        str(run.models),
+    ]
     with (run.home / "serve.log").open("ab") as log:
-        run.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **run.env})  # fmt: skip
+        run.proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **run.env}
+        )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.TransportError):
@@ -106,14 +116,24 @@ def signal_all(pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-async def one_call(client: httpx.AsyncClient, run: Run, model: str, request_id: str,
-                   max_tokens: int) -> str:  # fmt: skip
-    body = {"model": model, "messages": [{"role": "user", "content": "Tell a story."}],
-            "max_tokens": max_tokens, "stream": True, "ignore_eos": True}  # fmt: skip
+async def one_call(
+    client: httpx.AsyncClient, run: Run, model: str, request_id: str, max_tokens: int
+) -> str:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Tell a story."}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
     started = False  # the status line came: the response's first byte left fitbox
     try:
-        async with client.stream("POST", f"{run.url}/v1/chat/completions", json=body,
-                                 headers={"x-request-id": request_id}) as response:  # fmt: skip
+        async with client.stream(
+            "POST",
+            f"{run.url}/v1/chat/completions",
+            json=body,
+            headers={"x-request-id": request_id},
+        ) as response:
             started = True
             if response.status_code != 200:
                 error = json.loads(await response.aread()).get("error", {})
@@ -130,8 +150,9 @@ async def one_call(client: httpx.AsyncClient, run: Run, model: str, request_id: 
     return "answered" if events and events[-1] == "data: [DONE]" else "lost"
 
 
-async def client_run(client: httpx.AsyncClient, run: Run, n: int, models: list[str],
-                     calls: int, max_tokens: int) -> None:  # fmt: skip
+async def client_run(
+    client: httpx.AsyncClient, run: Run, n: int, models: list[str], calls: int, max_tokens: int
+) -> None:
     rng = random.Random(n)
     for k in range(calls):
         model, attempt = rng.choice(models), 0
@@ -139,7 +160,8 @@ async def client_run(client: httpx.AsyncClient, run: Run, n: int, models: list[s
             request_id = f"c{n}-{k}-{attempt}"
             try:
                 outcome = await asyncio.wait_for(
-                    one_call(client, run, model, request_id, max_tokens), CALL_LIMIT_S)
+                    one_call(client, run, model, request_id, max_tokens), CALL_LIMIT_S
+                )
             except TimeoutError:
                 outcome = "hung"
             run.outcomes[request_id] = outcome
@@ -160,8 +182,10 @@ async def faults(run: Run) -> None:
     await after(run, FAULT_EVERY)
     signal_all(engines(run), signal.SIGKILL)
     run.faults.append("engines killed")
-    for hold, name in ((3 * IDLE_S, "stopped past the idle bound"),
-                       (IDLE_S / 2, "stopped for half the idle bound")):  # fmt: skip
+    for hold, name in (
+        (3 * IDLE_S, "stopped past the idle bound"),
+        (IDLE_S / 2, "stopped for half the idle bound"),
+    ):
         await after(run, run.answered() + FAULT_EVERY)
         stopped = engines(run)
         signal_all(stopped, signal.SIGSTOP)
@@ -181,8 +205,9 @@ async def drive(run: Run, models: list[str], clients: int, calls: int, max_token
     timeout = httpx.Timeout(CALL_LIMIT_S, connect=5)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         injector = asyncio.ensure_future(faults(run))
-        await asyncio.gather(*(client_run(client, run, n, models, calls, max_tokens)
-                               for n in range(clients)))  # fmt: skip
+        await asyncio.gather(
+            *(client_run(client, run, n, models, calls, max_tokens) for n in range(clients))
+        )
         injector.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await injector
@@ -199,12 +224,18 @@ def fault_run(clients: int, calls: int, max_tokens: int) -> None:
         home = Path(tmp) / "home"
         home.mkdir()
         # the run crashes engines on purpose: a crash limit it cannot reach keeps them loadable
-        env = {"FITBOX_RAM_MAX": str(budget), "FITBOX_ENGINE_IDLE_TIMEOUT": str(IDLE_S),
-               "FITBOX_STOP_GRACE": "1", "FITBOX_WAIT_TIMEOUT": "240",
-               "FITBOX_CRASH_LIMIT": "100"}  # fmt: skip
+        env = {
+            "FITBOX_RAM_MAX": str(budget),
+            "FITBOX_ENGINE_IDLE_TIMEOUT": str(IDLE_S),
+            "FITBOX_STOP_GRACE": "1",
+            "FITBOX_WAIT_TIMEOUT": "240",
+            "FITBOX_CRASH_LIMIT": "100",
+        }
         run = Run(f"http://127.0.0.1:{free_port()}", home, Path(tmp) / "models", env)
-        print(f"{clients} streaming clients x {calls} calls over {len(names)} models, RAM "
-              f"budget {budget >> 20} MiB (holds one), idle bound {IDLE_S:.0f} s")  # fmt: skip
+        print(
+            f"{clients} streaming clients x {calls} calls over {len(names)} models, RAM "
+            f"budget {budget >> 20} MiB (holds one), idle bound {IDLE_S:.0f} s"
+        )
         serve(run)
         started = time.monotonic()
         try:
@@ -224,14 +255,20 @@ def report(run: Run, wall: float) -> None:
     not_ok = [rid for rid, o in run.outcomes.items() if o == "answered" and stored.get(rid) != "ok"]
     log = (run.home / "serve.log").read_text(errors="replace")
     print(f"faults: {'; '.join(run.faults) or 'none (too few calls)'}")
-    print(f"calls: answered {counts['answered']}  failed as data {counts['failed']}  "
-          f"hung {counts['hung']}  without a row {len(no_row)}  |  cut by the fitbox kill "
-          f"{counts['cut']}  no byte before it {counts['dropped']}  refused while down "
-          f"{counts['refused']}  lost {counts['lost']}  "
-          f"answered but not stored ok {len(not_ok)}")  # fmt: skip
-    print(f"log: {log.count('hung: nothing for')} hang episodes, "
-          f"{log.count('marked failed')} failed marks, "
-          f"{log.count('never retrieved')} unread task exceptions; wall {wall:.1f} s")
+    print(
+        f"calls: answered {counts['answered']}  failed as data {counts['failed']}  "
+        f"hung {counts['hung']}  without a row {len(no_row)}  |  cut by the fitbox kill "
+        f"{counts['cut']}  no byte before it {counts['dropped']}  refused while down "
+        f"{counts['refused']}  lost {counts['lost']}  "
+        f"answered but not stored ok {len(not_ok)}"
+    )
+    print(
+        f"log: {log.count('hung: nothing for')} hang episodes, "
+        f"{log.count('marked failed')} failed marks, "
+        f"{log.count('never retrieved')} unread task exceptions; wall {wall:.1f} s"
+    )
     if no_row or not_ok:
-        print(f"  without a row: {no_row[:10]}  not stored ok: "
-              f"{[(rid, stored.get(rid)) for rid in not_ok[:10]]}")
+        print(
+            f"  without a row: {no_row[:10]}  not stored ok: "
+            f"{[(rid, stored.get(rid)) for rid in not_ok[:10]]}"
+        )

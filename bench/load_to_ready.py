@@ -137,11 +137,24 @@ def fitbox_ready(
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fitbox", "serve", "--port", "auto", "--home", str(home),
-             "--models", str(models), "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "fitbox",
+                "serve",
+                "--port",
+                "auto",
+                "--home",
+                str(home),
+                "--models",
+                str(models),
+                "--log-level",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
-        )  # fmt: skip
+        )
         try:
             while not (home / "endpoint.json").exists():
                 time.sleep(0.01)
@@ -161,9 +174,14 @@ def fitbox_ready(
             body = {**BODY, "model": model}
             path = "/v1/completions"
             if chat:
-                path, body = "/v1/chat/completions", {"model": model, "max_tokens": 1,
-                                                      "messages": [{"role": "user",
-                                                                    "content": "Hi"}]}  # fmt: skip
+                path, body = (
+                    "/v1/chat/completions",
+                    {
+                        "model": model,
+                        "max_tokens": 1,
+                        "messages": [{"role": "user", "content": "Hi"}],
+                    },
+                )
             httpx.post(f"{url}{path}", json=body, timeout=600).raise_for_status()
             whole = time.perf_counter() - started
             stop.set()
@@ -220,8 +238,10 @@ def spawn_ab(argv: list[str], rounds: int, heap_mb: int) -> dict[str, list[tuple
     ballast[::4096] = b"x" * len(ballast[::4096])  # touched: resident, as a real heap is
     cpus = frozenset(os.sched_getaffinity(0))
     chained = child_module.launch_argv
-    seen: dict[str, list[tuple[float, float]]] = {"setpriv chain (vfork)": [],
-                                                  "preexec_fn (fork)": []}  # fmt: skip
+    seen: dict[str, list[tuple[float, float]]] = {
+        "setpriv chain (vfork)": [],
+        "preexec_fn (fork)": [],
+    }
 
     async def run() -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -261,8 +281,10 @@ def tf_row(rounds: int) -> None:
             seen.append(cold.ready)
             whole.append(cold.whole)
     d, f, w = (statistics.median(x) * 1000 for x in (direct, seen, whole))
-    print(f"load-to-ready, SmolLM2-135M float32 folder, transformers child on CPU "
-          f"({rounds} rounds each, medians)")  # fmt: skip
+    print(
+        f"load-to-ready, SmolLM2-135M float32 folder, transformers child on CPU "
+        f"({rounds} rounds each, medians)"
+    )
     print(f"  direct child, fitbox's argv, 1 ms polls          {d:8.1f} ms")
     print(
         f"  fitbox launch -> fitbox sees ready               {f:8.1f} ms   added {f - d:+6.1f} ms"
@@ -304,8 +326,10 @@ def main() -> int:
         f"  fitbox launch -> fitbox sees ready               {f:8.1f} ms   added {f - d:+6.1f} ms"
         f"   ratio {f / d:.3f}"
     )
-    print(f"  direct, fitbox's argv and its pin (taskset)      {p:8.1f} ms   fitbox added "
-          f"{f - p:+6.1f} ms   ratio {f / p:.3f}")  # fmt: skip
+    print(
+        f"  direct, fitbox's argv and its pin (taskset)      {p:8.1f} ms   fitbox added "
+        f"{f - p:+6.1f} ms   ratio {f / p:.3f}"
+    )
     print(f"  fitbox cold call, client-side (load + 1 token)   {w:8.1f} ms")
     deltas = [round((b - a) * 1000, 1) for a, b in zip(direct, seen, strict=True)]
     print(f"  per round, fitbox - direct (ms): {deltas}")
@@ -314,17 +338,22 @@ def main() -> int:
     lags = sorted(x * 1000 for x in lag)
     spread = "none seen"
     if lags:
-        spread = (f"median {statistics.median(lags):+.1f} ms, min {lags[0]:+.1f}, "
-                  f"max {lags[-1]:+.1f}")  # fmt: skip
-    print(f"  fitbox's lag behind the child's own first 200 on /health (1 ms watcher, "
-          f"{len(lags)} of {args.rounds} rounds seen; negative: fitbox saw it first): "
-          f"{spread}")  # fmt: skip
+        spread = (
+            f"median {statistics.median(lags):+.1f} ms, min {lags[0]:+.1f}, max {lags[-1]:+.1f}"
+        )
+    print(
+        f"  fitbox's lag behind the child's own first 200 on /health (1 ms watcher, "
+        f"{len(lags)} of {args.rounds} rounds seen; negative: fitbox saw it first): "
+        f"{spread}"
+    )
     if args.tf_rounds:
         tf_row(args.tf_rounds)
     if args.spawn_rounds:
         seen_by = spawn_ab(argv, args.spawn_rounds, args.heap_mb)
-        print(f"one Child, {args.heap_mb} MB heap, {args.spawn_rounds} rounds interleaved: "
-              "spawn (start() returned), launch -> ready, p50 / max ms (/ fork)")  # fmt: skip
+        print(
+            f"one Child, {args.heap_mb} MB heap, {args.spawn_rounds} rounds interleaved: "
+            "spawn (start() returned), launch -> ready, p50 / max ms (/ fork)"
+        )
         forked = seen_by["preexec_fn (fork)"]
         base = [statistics.median(x[i] for x in forked) for i in (0, 1)]
         for label, values in seen_by.items():
@@ -336,10 +365,12 @@ def main() -> int:
         if lags:  # the parts fitbox adds, each measured on its own, not as a difference
             spawn = statistics.median(v[0] for v in seen_by["setpriv chain (vfork)"]) * 1000
             own = spawn + max(statistics.median(lags), 0.0)
-            print(f"fitbox's own part of launch -> ready, p50: spawn {spawn:.1f} ms + ready "
-                  f"seen {statistics.median(lags):+.1f} ms after the child's first 200 <= "
-                  f"{own:.1f} ms (direct's own spawn not taken off; target < 20 ms); the rest "
-                  "of a round's difference is the load's own spread")  # fmt: skip
+            print(
+                f"fitbox's own part of launch -> ready, p50: spawn {spawn:.1f} ms + ready "
+                f"seen {statistics.median(lags):+.1f} ms after the child's first 200 <= "
+                f"{own:.1f} ms (direct's own spawn not taken off; target < 20 ms); the rest "
+                "of a round's difference is the load's own spread"
+            )
     return 0
 
 

@@ -32,10 +32,14 @@ from fitbox.server.names import NameRewrite
 
 
 def events(n: int) -> list[bytes]:
-    chunk = {"choices": [{"finish_reason": None, "index": 0, "delta": {"content": " word"}}],
-             "created": 1796136129, "id": "chatcmpl-DrGt4Io3qaKpTuJ6yPkm2PQGGHagn0x8",
-             "model": MODEL, "system_fingerprint": "b0-unknown",
-             "object": "chat.completion.chunk"}  # fmt: skip
+    chunk = {
+        "choices": [{"finish_reason": None, "index": 0, "delta": {"content": " word"}}],
+        "created": 1796136129,
+        "id": "chatcmpl-DrGt4Io3qaKpTuJ6yPkm2PQGGHagn0x8",
+        "model": MODEL,
+        "system_fingerprint": "b0-unknown",
+        "object": "chat.completion.chunk",
+    }
     line = b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
     return [line] * n + [b"data: [DONE]\n\n"]
 
@@ -62,8 +66,13 @@ def in_process(n: int) -> tuple[float, float]:
 
 def stream(client: httpx.Client, base: str, model: str, tokens: int) -> tuple[float, float]:
     """(time to first byte, largest gap between two chunks) of one streamed chat."""
-    body = {"model": model, "messages": [{"role": "user", "content": "Tell a story."}],
-            "max_tokens": tokens, "stream": True, "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Tell a story."}],
+        "max_tokens": tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
     started = time.perf_counter()
     arrivals: list[float] = []
     with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
@@ -85,11 +94,14 @@ def main() -> int:
 
     plain, rewritten = in_process(args.events)
     print(f"in process ({args.events} chat chunk events, best of 5)")
-    print(f"  per event  passed on {plain * 1e6:6.3f} us   rewritten {rewritten * 1e6:6.3f} us"
-          f"   added {(rewritten - plain) * 1e6:+6.3f} us")  # fmt: skip
+    print(
+        f"  per event  passed on {plain * 1e6:6.3f} us   rewritten {rewritten * 1e6:6.3f} us"
+        f"   added {(rewritten - plain) * 1e6:+6.3f} us"
+    )
 
-    model_path = pull("smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))
-                      / "models")  # fmt: skip
+    model_path = pull(
+        "smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models"
+    )
     runs: dict[str, list[tuple[float, float]]] = {MODEL: [], "smollm2": []}
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_fitbox(Path(tmp), model_path.parent)
@@ -106,12 +118,15 @@ def main() -> int:
             proc.wait(timeout=30)
     ttfb = {k: statistics.median(r[0] for r in v) * 1e3 for k, v in runs.items()}
     gap = {k: statistics.median(r[1] for r in v) * 1e3 for k, v in runs.items()}
-    print(f"through fitbox ({args.streams} streams each, {args.stream_tokens} tokens, "
-          "interleaved)")  # fmt: skip
-    print(f"  TTFB median         by name {ttfb[MODEL]:7.2f} ms   by alias "
-          f"{ttfb['smollm2']:7.2f} ms   ratio {ttfb['smollm2'] / ttfb[MODEL]:.3f}")  # fmt: skip
-    print(f"  largest gap median  by name {gap[MODEL]:7.2f} ms   by alias "
-          f"{gap['smollm2']:7.2f} ms   ratio {gap['smollm2'] / gap[MODEL]:.3f}")  # fmt: skip
+    print(f"through fitbox ({args.streams} streams each, {args.stream_tokens} tokens, interleaved)")
+    print(
+        f"  TTFB median         by name {ttfb[MODEL]:7.2f} ms   by alias "
+        f"{ttfb['smollm2']:7.2f} ms   ratio {ttfb['smollm2'] / ttfb[MODEL]:.3f}"
+    )
+    print(
+        f"  largest gap median  by name {gap[MODEL]:7.2f} ms   by alias "
+        f"{gap['smollm2']:7.2f} ms   ratio {gap['smollm2'] / gap[MODEL]:.3f}"
+    )
     return 0
 
 

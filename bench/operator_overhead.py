@@ -94,8 +94,12 @@ class Watcher:
     this process's interpreter while a call is timed, and its CPU is not fitbox's."""
 
     def __init__(self, proxy: str, scrape_every: float) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", WATCHER, proxy, str(scrape_every)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WATCHER, proxy, str(scrape_every)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.events = self.scrapes = 0
 
     def _until(self, word: str) -> None:
@@ -141,8 +145,13 @@ def _chat(client: httpx.Client, base: str, stream: bool) -> float:
 
 
 def _chat_once(client: httpx.Client, base: str, stream: bool) -> float:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": 4 if stream else 1, "temperature": 0, "stream": stream}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4 if stream else 1,
+        "temperature": 0,
+        "stream": stream,
+    }
     started = time.perf_counter()
     if stream:
         with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
@@ -169,18 +178,30 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=20)
     parser.add_argument("--per-block", type=int, default=40, help="pairs per block")
     parser.add_argument("--scrape-every", type=float, default=1.0)
-    parser.add_argument("--idle-s", type=float, default=5.0,
-                        help="seconds of no calls, off and then watched, at the end")  # fmt: skip
-    parser.add_argument("--parts", default="watch,reasoning,progress",
-                        help="what 'on' turns on (to find which part costs): watch (the "
-                        "dashboard open and /metrics scraped), reasoning, progress")  # fmt: skip
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=5.0,
+        help="seconds of no calls, off and then watched, at the end",
+    )
+    parser.add_argument(
+        "--parts",
+        default="watch,reasoning,progress",
+        help="what 'on' turns on (to find which part costs): watch (the "
+        "dashboard open and /metrics scraped), reasoning, progress",
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    turned_on = {"reasoning_field": ON["reasoning_field"] if "reasoning" in parts else OFF[
-        "reasoning_field"], "progress": "progress" in parts}  # fmt: skip
+    turned_on = {
+        "reasoning_field": ON["reasoning_field"]
+        if "reasoning" in parts
+        else OFF["reasoning_field"],
+        "progress": "progress" in parts,
+    }
     model = pull("smollm2", Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache")) / "models")
     added: dict[str, dict[str, list[float]]] = {
-        kind: {"whole": [], "stream": []} for kind in ("off", "on")}  # fmt: skip
+        kind: {"whole": [], "stream": []} for kind in ("off", "on")
+    }
     cpu = {"off": 0.0, "on": 0.0}
     wall = {"off": 0.0, "on": 0.0}
     calls = {"off": 0, "on": 0}
@@ -229,25 +250,37 @@ def main() -> int:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
     ms = 1000.0
-    print(f"short chats, {args.blocks} blocks of {args.per_block} pairs (fitbox, direct), "
-          f"on ({args.parts}) and off blocks alternating; load average "
-          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"short chats, {args.blocks} blocks of {args.per_block} pairs (fitbox, direct), "
+        f"on ({args.parts}) and off blocks alternating; load average "
+        f"{os.getloadavg()[0]:.1f}"
+    )
     for shape in ("whole", "stream"):
         off = statistics.median(added["off"][shape]) * ms
         on = statistics.median(added["on"][shape]) * ms
-        print(f"  {shape:6} added p50  off {off:+7.3f} ms   on {on:+7.3f} ms   "
-              f"difference {on - off:+7.3f} ms")  # fmt: skip
+        print(
+            f"  {shape:6} added p50  off {off:+7.3f} ms   on {on:+7.3f} ms   "
+            f"difference {on - off:+7.3f} ms"
+        )
     per_call = {k: cpu[k] / calls[k] * ms for k in cpu}
-    print(f"  fitbox CPU per call  off {per_call['off']:6.3f} ms   on {per_call['on']:6.3f} ms"
-          f"   difference {per_call['on'] - per_call['off']:+6.3f} ms")  # fmt: skip
+    print(
+        f"  fitbox CPU per call  off {per_call['off']:6.3f} ms   on {per_call['on']:6.3f} ms"
+        f"   difference {per_call['on'] - per_call['off']:+6.3f} ms"
+    )
     per_s = {k: cpu[k] / wall[k] * ms for k in cpu}
-    print(f"  fitbox CPU per second  off {per_s['off']:6.1f} ms   on {per_s['on']:6.1f} ms   "
-          f"difference {per_s['on'] - per_s['off']:+6.1f} ms   ({calls['on'] / wall['on']:.1f} "
-          f"calls/s on, {scrapes / wall['on']:.2f} scrapes/s)")  # fmt: skip
-    print(f"  no calls: fitbox CPU per second  off {idle['off'] * ms:6.1f} ms   watched "
-          f"{idle['on'] * ms:6.1f} ms ({idle_scrapes} scrapes in {args.idle_s:g} s)")  # fmt: skip
-    print(f"  while on: {watcher.events} dashboard updates, {scrapes} scrapes; "
-          f"resends after a dropped keep-alive connection: {RESENT[0]}")  # fmt: skip
+    print(
+        f"  fitbox CPU per second  off {per_s['off']:6.1f} ms   on {per_s['on']:6.1f} ms   "
+        f"difference {per_s['on'] - per_s['off']:+6.1f} ms   ({calls['on'] / wall['on']:.1f} "
+        f"calls/s on, {scrapes / wall['on']:.2f} scrapes/s)"
+    )
+    print(
+        f"  no calls: fitbox CPU per second  off {idle['off'] * ms:6.1f} ms   watched "
+        f"{idle['on'] * ms:6.1f} ms ({idle_scrapes} scrapes in {args.idle_s:g} s)"
+    )
+    print(
+        f"  while on: {watcher.events} dashboard updates, {scrapes} scrapes; "
+        f"resends after a dropped keep-alive connection: {RESENT[0]}"
+    )
     return 0
 
 

@@ -32,11 +32,29 @@ from fitbox.engines.child import free_port
 from fitbox.engines.llama_server import find_binary
 from fitbox.models.pull import pull
 
-FITBOX_ARGV = ["-c", "2048", "-np", "4", "-ngl", "0", "--kv-unified", "-t", "2", "--no-warmup",
-               "--fit", "off", "--metrics", "--no-webui", "--reasoning-format", "deepseek",
-               "--verbosity", "4", "--log-colors", "off"]  # fmt: skip
-VARIANTS = {"default": ["-c", "4096", "--no-webui"], "fitargv": FITBOX_ARGV,
-            "counted": FITBOX_ARGV}  # fmt: skip
+FITBOX_ARGV = [
+    "-c",
+    "2048",
+    "-np",
+    "4",
+    "-ngl",
+    "0",
+    "--kv-unified",
+    "-t",
+    "2",
+    "--no-warmup",
+    "--fit",
+    "off",
+    "--metrics",
+    "--no-webui",
+    "--reasoning-format",
+    "deepseek",
+    "--verbosity",
+    "4",
+    "--log-colors",
+    "off",
+]
+VARIANTS = {"default": ["-c", "4096", "--no-webui"], "fitargv": FITBOX_ARGV, "counted": FITBOX_ARGV}
 
 
 def main() -> int:
@@ -50,24 +68,35 @@ def main() -> int:
     try:
         for name, flags in VARIANTS.items():
             port = free_port()
-            proc = subprocess.Popen([binary, "-m", str(model), "--host", "127.0.0.1", "--port",
-                                     str(port), *flags], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.STDOUT)  # fmt: skip
+            proc = subprocess.Popen(
+                [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *flags],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+            )
             servers[name] = (proc, f"http://127.0.0.1:{port}")
             wait_health(servers[name][1], proc)
-        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1,
-                "cache_prompt": False}  # fmt: skip
+        body = {
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 1,
+            "cache_prompt": False,
+        }
         rates: dict[str, list[float]] = {name: [] for name in servers}
         names = list(servers)
         with httpx.Client(timeout=120) as client:
             for i in range(args.rounds):
-                for name in names[i % len(names):] + names[: i % len(names)]:
+                for name in names[i % len(names) :] + names[: i % len(names)]:
                     url = servers[name][1]
                     time.sleep(0.2)
                     if name == "counted":
                         shown = client.post(f"{url}/apply-template", json=body).json()
-                        client.post(f"{url}/tokenize", json={"content": shown["prompt"],
-                                    "add_special": True, "parse_special": True})  # fmt: skip
+                        client.post(
+                            f"{url}/tokenize",
+                            json={
+                                "content": shown["prompt"],
+                                "add_special": True,
+                                "parse_special": True,
+                            },
+                        )
                     reply = client.post(f"{url}/v1/chat/completions", json=body).json()
                     rates[name].append(float(reply["timings"]["prompt_per_second"]))
     finally:
@@ -77,10 +106,12 @@ def main() -> int:
     for name in names[1:]:
         logs = [math.log(a / b) for a, b in zip(rates[name], rates["default"], strict=True)]
         low, high = (math.exp(x) for x in bootstrap_95(logs, statistics.fmean))
-        print(f"{name:8} vs default: paired {math.exp(statistics.fmean(logs)):.3f}× "
-              f"[95 % {low:.3f}-{high:.3f}], "
-              f"prompt tok/s p50 {statistics.median(rates[name]):.1f} "
-              f"(default {statistics.median(rates['default']):.1f})")  # fmt: skip
+        print(
+            f"{name:8} vs default: paired {math.exp(statistics.fmean(logs)):.3f}× "
+            f"[95 % {low:.3f}-{high:.3f}], "
+            f"prompt tok/s p50 {statistics.median(rates[name]):.1f} "
+            f"(default {statistics.median(rates['default']):.1f})"
+        )
     return 0
 
 

@@ -45,18 +45,25 @@ from bench.side_by_side import PROMPT, bootstrap_95, interleaved
 WARM_S = 8.0  # after the first calls: fitbox's idle engine is widened to the spare cores
 SYSTEMS = ("direct", "fitbox", "control")
 # each row: one system's rate over another's in the same round
-PAIRS = {"fitbox ÷ direct": ("fitbox", "direct"), "control ÷ direct": ("control", "direct"),
-         "fitbox ÷ control": ("fitbox", "control")}  # fmt: skip
+PAIRS = {
+    "fitbox ÷ direct": ("fitbox", "direct"),
+    "control ÷ direct": ("control", "direct"),
+    "fitbox ÷ control": ("fitbox", "control"),
+}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=12, help="fresh sets of systems")
-    parser.add_argument("--rounds", type=int, default=6,
-                        help="rounds a session (a multiple of 3 leads each alike)")  # fmt: skip
-    parser.add_argument("--control-flags", default="",
-                        help="flags the control's llama-server adds to direct's argv, "
-                             "e.g. the ones fitbox launches with")  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=int, default=6, help="rounds a session (a multiple of 3 leads each alike)"
+    )
+    parser.add_argument(
+        "--control-flags",
+        default="",
+        help="flags the control's llama-server adds to direct's argv, "
+        "e.g. the ones fitbox launches with",
+    )
     args = parser.parse_args()
     sessions: dict[str, list[float]] = {row: [] for row in PAIRS}  # each session's geo-mean
     rounds: dict[str, list[float]] = {row: [] for row in PAIRS}  # every round's ratio
@@ -66,27 +73,33 @@ def main() -> int:
             logs = [math.log(x / y) for x, y in zip(rates[a], rates[b], strict=True)]
             sessions[row].append(math.exp(statistics.fmean(logs)))
             rounds[row] += [math.exp(x) for x in logs]
-        print(f"session {n + 1}: direct {statistics.median(rates['direct']):6.1f} tok/s; "
-              f"÷ direct: fitbox {sessions['fitbox ÷ direct'][-1]:.3f}, control "
-              f"{sessions['control ÷ direct'][-1]:.3f}; call time fitbox − direct "
-              f"{statistics.median(added):+.2f} ms; fitbox process CPU "
-              f"{cpu / args.rounds * 1000:.1f} ms a call", flush=True)  # fmt: skip
+        print(
+            f"session {n + 1}: direct {statistics.median(rates['direct']):6.1f} tok/s; "
+            f"÷ direct: fitbox {sessions['fitbox ÷ direct'][-1]:.3f}, control "
+            f"{sessions['control ÷ direct'][-1]:.3f}; call time fitbox − direct "
+            f"{statistics.median(added):+.2f} ms; fitbox process CPU "
+            f"{cpu / args.rounds * 1000:.1f} ms a call",
+            flush=True,
+        )
     for row, ratios in sessions.items():
         logs = [math.log(r) for r in ratios]
         low, high = (math.exp(x) for x in bootstrap_95(logs, statistics.fmean))
         # a round another tenant of the box disturbed moves a mean; the median of every
         # round does not move for a few of them
         m_low, m_high = bootstrap_95(rounds[row], statistics.median)
-        print(f"{row:17} over {args.sessions} sessions of {args.rounds} rounds: "
-              f"{math.exp(statistics.fmean(logs)):.3f}× [95 % over sessions {low:.3f}-"
-              f"{high:.3f}], sessions {min(ratios):.3f}-{max(ratios):.3f}; median of all "
-              f"rounds {statistics.median(rounds[row]):.3f}× "
-              f"[{m_low:.3f}-{m_high:.3f}]")  # fmt: skip
+        print(
+            f"{row:17} over {args.sessions} sessions of {args.rounds} rounds: "
+            f"{math.exp(statistics.fmean(logs)):.3f}× [95 % over sessions {low:.3f}-"
+            f"{high:.3f}], sessions {min(ratios):.3f}-{max(ratios):.3f}; median of all "
+            f"rounds {statistics.median(rounds[row]):.3f}× "
+            f"[{m_low:.3f}-{m_high:.3f}]"
+        )
     return 0
 
 
-def session(rounds: int, flags: list[str],
-            first: int) -> tuple[dict[str, list[float]], list[float], float]:  # fmt: skip
+def session(
+    rounds: int, flags: list[str], first: int
+) -> tuple[dict[str, list[float]], list[float], float]:
     """One fresh set of systems: each one's prompt rates by round, the call time fitbox −
     direct per round (ms), and the CPU fitbox's own process used over the rounds (s).
     Session ``first`` starts them in an order rotated by one from the last (the control
@@ -97,8 +110,11 @@ def session(rounds: int, flags: list[str],
         gguf = models / f"{model}.gguf"
         # no RAM cap (only one model is called): fitbox loads the window direct runs,
         # checked below, where side_by_side's cap shrinks it to 2048
-        starts = {"direct": lambda: direct(gguf), "control": lambda: direct(gguf, *flags),
-                  "fitbox": lambda: fitbox(Path(tmp) / "home", models)}  # fmt: skip
+        starts = {
+            "direct": lambda: direct(gguf),
+            "control": lambda: direct(gguf, *flags),
+            "fitbox": lambda: fitbox(Path(tmp) / "home", models),
+        }
         shift = first % len(SYSTEMS)
         with contextlib.ExitStack() as stack:
             up: dict[str, Served] = {}
@@ -111,8 +127,9 @@ def session(rounds: int, flags: list[str],
             with httpx.Client(timeout=120) as client:
 
                 def prompt_rate(served: Served) -> list[float]:
-                    took, status, body = chat(client, served.url, model, content=PROMPT,
-                                              cache_prompt=False)  # fmt: skip
+                    took, status, body = chat(
+                        client, served.url, model, content=PROMPT, cache_prompt=False
+                    )
                     timings = body.get("timings")
                     if status != 200 or not isinstance(timings, dict):
                         raise SystemExit(f"{served.name} answered {status}: {body}")

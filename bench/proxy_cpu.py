@@ -59,8 +59,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def chat(client: httpx.Client, url: str, tokens: int, stream: bool) -> bool:
-    body = {"model": SMOL, "messages": [{"role": "user", "content": "Tell a story."}],
-            "max_tokens": tokens, "ignore_eos": True, "stream": stream}  # fmt: skip
+    body = {
+        "model": SMOL,
+        "messages": [{"role": "user", "content": "Tell a story."}],
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     if not stream:
         client.post(f"{url}/v1/chat/completions", json=body, timeout=300).raise_for_status()
         return True
@@ -124,14 +129,20 @@ def systems(home: Path, models: Path, trees: list[str]) -> Iterator[list[Served]
 
 
 ROWS = ("idle", "call", "stream", "token", "first")
-UNITS = {"idle": "CPU ms/s", "call": "CPU ms", "stream": "CPU ms", "token": "CPU us",
-         "first": "wall ms"}  # fmt: skip
+UNITS = {
+    "idle": "CPU ms/s",
+    "call": "CPU ms",
+    "stream": "CPU ms",
+    "token": "CPU us",
+    "first": "wall ms",
+}
 
 
 def one_round(served: Served, args: argparse.Namespace, seen: dict[str, list[float]]) -> None:
     rate = idle_rate(served, args.idle)
     seen["idle"].append(rate * 1000)
     with httpx.Client() as client:
+
         def calls(n: int, tokens: int, stream: bool) -> Callable[[], object]:
             return lambda: [chat(client, served.url, tokens, stream) for _ in range(n)]
 
@@ -145,8 +156,12 @@ def one_round(served: Served, args: argparse.Namespace, seen: dict[str, list[flo
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tree", action="append", default=[],
-                        help="NAME=SRC: a source tree's src/ to run as a fitbox too")
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        help="NAME=SRC: a source tree's src/ to run as a fitbox too",
+    )
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--streams", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=128)
@@ -161,19 +176,22 @@ def main() -> int:
         (models / smol.name).symlink_to(smol)
         with systems(Path(tmp), models, args.tree) as found:
             seen: dict[str, dict[str, list[float]]] = {
-                s.name: {row: [] for row in ROWS} for s in found}
+                s.name: {row: [] for row in ROWS} for s in found
+            }
             for served in found:
                 seen[served.name]["first"].append(first_call_stall(served))
             for i in range(args.rounds):
-                for served in found[i % len(found):] + found[: i % len(found)]:
+                for served in found[i % len(found) :] + found[: i % len(found)]:
                     one_round(served, args, seen[served.name])
                 print(f"round {i + 1} done, load {os.getloadavg()}", flush=True)
     names = list(seen)
     print(f"{'row':8}{'unit':>10}" + "".join(f"{n:>18}" for n in names))
     for row in ROWS:
         medians = [statistics.median(seen[n][row]) for n in names]
-        cells = [f"{m:>9.3f}" + (f" ({m / medians[0]:.2f}x)" if i and medians[0] > 0 else
-                                 " " * 8) for i, m in enumerate(medians)]  # fmt: skip
+        cells = [
+            f"{m:>9.3f}" + (f" ({m / medians[0]:.2f}x)" if i and medians[0] > 0 else " " * 8)
+            for i, m in enumerate(medians)
+        ]
         print(f"{row:8}{UNITS[row]:>10}" + "".join(f"{c:>18}" for c in cells))
     print(f"uptime after: {os.getloadavg()}")
     return 0

@@ -54,11 +54,22 @@ def start_fitbox(home: Path, models: Path) -> tuple[subprocess.Popen[bytes], str
     return start_fitbox_argv([sys.executable, "-m", "fitbox"], home, models, dict(os.environ))
 
 
-def start_fitbox_argv(command: list[str], home: Path, models: Path,
-                      env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+def start_fitbox_argv(
+    command: list[str], home: Path, models: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
     """``command serve …`` (``python -m fitbox``, or a bench's own wrapper), healthy."""
-    argv = [*command, "serve", "--port", "auto", "--home", str(home), "--models", str(models),
-            "--log-level", "warning"]  # fmt: skip
+    argv = [
+        *command,
+        "serve",
+        "--port",
+        "auto",
+        "--home",
+        str(home),
+        "--models",
+        str(models),
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     endpoint = home / "endpoint.json"
     deadline = time.monotonic() + 60
@@ -144,8 +155,9 @@ def _stream_once(
     return first - started, usage / (last - first), usage
 
 
-def concurrent_round(client: httpx.Client, base: str, streams: int,
-                     tokens: int) -> tuple[float, list[float]]:  # fmt: skip
+def concurrent_round(
+    client: httpx.Client, base: str, streams: int, tokens: int
+) -> tuple[float, list[float]]:
     """``streams`` streams started together: (aggregate tokens/s, each one's TTFB)."""
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=streams) as pool:
@@ -154,8 +166,9 @@ def concurrent_round(client: httpx.Client, base: str, streams: int,
     return sum(r[2] for r in results) / wall, [r[0] for r in results]
 
 
-def interleaved(rounds: int, direct: str, proxy: str,
-                measure: Callable[[str, str], T]) -> dict[str, list[T]]:  # fmt: skip
+def interleaved(
+    rounds: int, direct: str, proxy: str, measure: Callable[[str, str], T]
+) -> dict[str, list[T]]:
     """``measure(name, base)`` on both paths, ``rounds`` each, the order swapped each round
     (so neither path always goes first, after the other has warmed the engine)."""
     got: dict[str, list[T]] = {"direct": [], "fitbox": []}
@@ -169,13 +182,19 @@ def interleaved(rounds: int, direct: str, proxy: str,
 def print_latency(lat: dict[str, list[float]]) -> None:
     for p in (50, 95):
         d, f = percentile(lat["direct"], p) * 1000.0, percentile(lat["fitbox"], p) * 1000.0
-        print(f"  p{p}  direct {d:7.2f} ms   fitbox {f:7.2f} ms   added {f - d:+6.2f} ms "
-              f"  ratio {f / d:.3f}")  # fmt: skip
+        print(
+            f"  p{p}  direct {d:7.2f} ms   fitbox {f:7.2f} ms   added {f - d:+6.2f} ms "
+            f"  ratio {f / d:.3f}"
+        )
 
 
 def tf_chat(client: httpx.Client, base: str, model: str) -> float:
-    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": 1, "temperature": 0}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+        "temperature": 0,
+    }
     started = time.perf_counter()
     client.post(f"{base}/v1/chat/completions", json=body).raise_for_status()
     return time.perf_counter() - started
@@ -191,8 +210,13 @@ def tf_rows(requests: int, streams: int, tokens: int) -> None:
     folder = smol_folder(python, pull("smollm2", cache / "models"))
     env = {"FITBOX_TF_PYTHON": str(python), "VIRTUAL_ENV": "", "CONDA_PREFIX": ""}
     os.environ.update(env)  # start_fitbox's child inherits it
-    body = {"model": folder.name, "messages": [{"role": "user", "content": "Tell a story."}],
-            "max_tokens": tokens, "temperature": 0, "stream": True}  # fmt: skip
+    body = {
+        "model": folder.name,
+        "messages": [{"role": "user", "content": "Tell a story."}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "models").mkdir()
         (Path(tmp) / "models" / folder.name).symlink_to(folder)
@@ -206,24 +230,30 @@ def tf_rows(requests: int, streams: int, tokens: int) -> None:
                 for _ in range(3):  # warm both paths
                     tf_chat(client, direct, folder.name)
                     tf_chat(client, proxy, folder.name)
-                lat = interleaved(requests, direct, proxy,
-                                  lambda _, base: tf_chat(client, base, folder.name))
-                got = interleaved(streams, direct, proxy,
-                                  lambda _, base: _stream_once(client, base, body))
+                lat = interleaved(
+                    requests, direct, proxy, lambda _, base: tf_chat(client, base, folder.name)
+                )
+                got = interleaved(
+                    streams, direct, proxy, lambda _, base: _stream_once(client, base, body)
+                )
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
     ms = 1000.0
-    print(f"transformers child, SmolLM2-135M float32 on CPU: chat max_tokens=1 "
-          f"({requests} each, interleaved)")  # fmt: skip
+    print(
+        f"transformers child, SmolLM2-135M float32 on CPU: chat max_tokens=1 "
+        f"({requests} each, interleaved)"
+    )
     print_latency(lat)
     d_ttfb = statistics.median(s[0] for s in got["direct"]) * ms
     f_ttfb = statistics.median(s[0] for s in got["fitbox"]) * ms
     d_tps = statistics.median(s[1] for s in got["direct"])
     f_tps = statistics.median(s[1] for s in got["fitbox"])
-    print(f"  streams ({streams} each, {tokens} tokens): TTFB median direct {d_ttfb:7.2f} ms "
-          f"fitbox {f_ttfb:7.2f} ms (added {f_ttfb - d_ttfb:+6.2f} ms); tokens/s direct "
-          f"{d_tps:6.1f} fitbox {f_tps:6.1f} ratio {f_tps / d_tps:.3f}")  # fmt: skip
+    print(
+        f"  streams ({streams} each, {tokens} tokens): TTFB median direct {d_ttfb:7.2f} ms "
+        f"fitbox {f_ttfb:7.2f} ms (added {f_ttfb - d_ttfb:+6.2f} ms); tokens/s direct "
+        f"{d_tps:6.1f} fitbox {f_tps:6.1f} ratio {f_tps / d_tps:.3f}"
+    )
 
 
 def main() -> int:
@@ -257,8 +287,9 @@ def main() -> int:
                 for _ in range(20):  # warm both paths
                     short_call(client, direct)
                     short_call(client, proxy)
-                lat = interleaved(args.requests, direct, proxy,
-                                  lambda _, base: short_call(client, base))
+                lat = interleaved(
+                    args.requests, direct, proxy, lambda _, base: short_call(client, base)
+                )
 
                 def stream(name: str, base: str) -> tuple[float, float, int]:
                     try:
@@ -267,10 +298,14 @@ def main() -> int:
                         raise SystemExit(f"a stream via {name} failed: {exc!r}") from exc
 
                 streams = interleaved(args.streams, direct, proxy, stream)
-                rounds = interleaved(args.rounds, direct, proxy,
-                                     lambda _, base: concurrent_round(client, base,
-                                                                      args.concurrent,
-                                                                      args.stream_tokens))
+                rounds = interleaved(
+                    args.rounds,
+                    direct,
+                    proxy,
+                    lambda _, base: concurrent_round(
+                        client, base, args.concurrent, args.stream_tokens
+                    ),
+                )
                 rates = {k: [rate for rate, _ in v] for k, v in rounds.items()}
                 ttfbs = {k: [t for _, firsts in v for t in firsts] for k, v in rounds.items()}
                 slots = json.loads(httpx.get(f"{direct}/props").text).get("total_slots")
@@ -294,11 +329,15 @@ def main() -> int:
         f"  tokens/s     direct {d_tps:7.1f}      fitbox {f_tps:7.1f}      ratio "
         f"{f_tps / d_tps:.3f}"
     )
-    print(f"concurrent streams ({args.concurrent} at once x {args.rounds} rounds each, "
-          f"{args.stream_tokens} tokens, the child's slots: {slots})")
+    print(
+        f"concurrent streams ({args.concurrent} at once x {args.rounds} rounds each, "
+        f"{args.stream_tokens} tokens, the child's slots: {slots})"
+    )
     d_agg, f_agg = statistics.median(rates["direct"]), statistics.median(rates["fitbox"])
-    print(f"  aggregate tokens/s  direct {d_agg:7.1f}   fitbox {f_agg:7.1f}   ratio "
-          f"{f_agg / d_agg:.3f}")  # fmt: skip
+    print(
+        f"  aggregate tokens/s  direct {d_agg:7.1f}   fitbox {f_agg:7.1f}   ratio "
+        f"{f_agg / d_agg:.3f}"
+    )
     for p in (50, 99):
         dp, fp = percentile(ttfbs["direct"], p) * ms, percentile(ttfbs["fitbox"], p) * ms
         print(f"  TTFB p{p}  direct {dp:8.1f} ms   fitbox {fp:8.1f} ms   ratio {fp / dp:.3f}")

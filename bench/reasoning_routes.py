@@ -26,26 +26,48 @@ from fitbox.server.reasoning_streams import shaped
 
 Event = Callable[[str], dict[str, Any]]
 SHAPES: dict[str, tuple[list[dict[str, Any]], Event, list[dict[str, Any]]]] = {
-    CHAT: ([], lambda w: {"choices": [{"index": 0, "delta": {"content": w},
-                                       "finish_reason": None}]}, []),
-    COMPLETIONS: ([], lambda w: {"choices": [{"index": 0, "text": w,
-                                              "finish_reason": None}]}, []),
-    RESPONSES: ([{"type": "response.created", "response": {"id": "resp_1"}},
-                 {"type": "response.output_item.added",
-                  "item": {"type": "message", "id": "msg_1", "content": []}},
-                 {"type": "response.content_part.added", "item_id": "msg_1",
-                  "part": {"type": "output_text", "text": ""}}],
-                lambda w: {"type": "response.output_text.delta", "item_id": "msg_1",
-                           "delta": w},
-                [{"type": "response.output_text.done", "item_id": "msg_1", "text": ""},
-                 {"type": "response.completed", "response": {"output": []}}]),
-    MESSAGES: ([{"type": "message_start", "message": {"id": "m", "content": []}},
-                {"type": "content_block_start", "index": 0,
-                 "content_block": {"type": "text", "text": ""}}],
-               lambda w: {"type": "content_block_delta", "index": 0,
-                          "delta": {"type": "text_delta", "text": w}},
-               [{"type": "content_block_stop", "index": 0}, {"type": "message_stop"}]),
-}  # fmt: skip
+    CHAT: (
+        [],
+        lambda w: {"choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]},
+        [],
+    ),
+    COMPLETIONS: ([], lambda w: {"choices": [{"index": 0, "text": w, "finish_reason": None}]}, []),
+    RESPONSES: (
+        [
+            {"type": "response.created", "response": {"id": "resp_1"}},
+            {
+                "type": "response.output_item.added",
+                "item": {"type": "message", "id": "msg_1", "content": []},
+            },
+            {
+                "type": "response.content_part.added",
+                "item_id": "msg_1",
+                "part": {"type": "output_text", "text": ""},
+            },
+        ],
+        lambda w: {"type": "response.output_text.delta", "item_id": "msg_1", "delta": w},
+        [
+            {"type": "response.output_text.done", "item_id": "msg_1", "text": ""},
+            {"type": "response.completed", "response": {"output": []}},
+        ],
+    ),
+    MESSAGES: (
+        [
+            {"type": "message_start", "message": {"id": "m", "content": []}},
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ],
+        lambda w: {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": w},
+        },
+        [{"type": "content_block_stop", "index": 0}, {"type": "message_stop"}],
+    ),
+}
 
 
 def _events(path: str, tokens: int, think: bool) -> list[bytes]:

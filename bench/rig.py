@@ -46,8 +46,12 @@ def two_models(root: Path) -> tuple[Path, list[str], int]:
     if not quant.exists():
         quant.parent.mkdir(parents=True, exist_ok=True)
         binary = find_binary().path.with_name("llama-quantize")
-        subprocess.run([str(binary), "--allow-requantize", str(smol), str(quant), "Q4_0", "2"],
-                       check=True, capture_output=True, timeout=300)  # fmt: skip
+        subprocess.run(
+            [str(binary), "--allow-requantize", str(smol), str(quant), "Q4_0", "2"],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
     root.mkdir(parents=True, exist_ok=True)
     for path in (smol, quant):
         with contextlib.suppress(FileExistsError):
@@ -89,8 +93,9 @@ class Served:
 @contextlib.contextmanager
 def _llama_server(name: str, argv: list[str], port: int) -> Iterator[Served]:
     """One llama-server process (direct or the router), healthy, stopped at the end."""
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     served = Served(name, f"http://127.0.0.1:{port}", proc)
     try:
         wait_health(served.url, proc)
@@ -103,8 +108,17 @@ def _llama_server(name: str, argv: list[str], port: int) -> Iterator[Served]:
 def direct(model: Path, *extra: str) -> Iterator[Served]:
     """llama-server at its own defaults (threads, batch, warmup), the window the others get."""
     port = free_port()
-    argv = [str(find_binary().path), "-m", str(model), "-c", str(WINDOW), "--port", str(port),
-            "--no-webui", *extra]  # fmt: skip
+    argv = [
+        str(find_binary().path),
+        "-m",
+        str(model),
+        "-c",
+        str(WINDOW),
+        "--port",
+        str(port),
+        "--no-webui",
+        *extra,
+    ]
     with _llama_server("direct", argv, port) as served:
         yield served
 
@@ -113,8 +127,20 @@ def direct(model: Path, *extra: str) -> Iterator[Served]:
 def router(models: Path) -> Iterator[Served]:
     """llama.cpp's own router: one model at a time (``--models-max 1``), children it starts."""
     port = free_port()
-    argv = [str(find_binary().path), "--models-dir", str(models), "--models-max", "1",
-            "-c", str(WINDOW), "-np", "1", "--port", str(port), "--no-webui"]  # fmt: skip
+    argv = [
+        str(find_binary().path),
+        "--models-dir",
+        str(models),
+        "--models-max",
+        "1",
+        "-c",
+        str(WINDOW),
+        "-np",
+        "1",
+        "--port",
+        str(port),
+        "--no-webui",
+    ]
     with _llama_server("router", argv, port) as served:
         yield served
 
@@ -122,11 +148,27 @@ def router(models: Path) -> Iterator[Served]:
 @contextlib.contextmanager
 def fitbox(home: Path, models: Path, **env: str) -> Iterator[Served]:
     """fitbox serve as a real process (its own session: its children go with it)."""
-    argv = [sys.executable, "-m", "fitbox", "serve", "--port", "auto", "--home", str(home),
-            "--models", str(models), "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "FITBOX_CTX": str(WINDOW), **env},
-                            start_new_session=True)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "fitbox",
+        "serve",
+        "--port",
+        "auto",
+        "--home",
+        str(home),
+        "--models",
+        str(models),
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "FITBOX_CTX": str(WINDOW), **env},
+        start_new_session=True,
+    )
     try:
         endpoint = home / "endpoint.json"
         deadline = time.monotonic() + START_LIMIT_S
@@ -141,11 +183,21 @@ def fitbox(home: Path, models: Path, **env: str) -> Iterator[Served]:
         stop(proc)
 
 
-def chat(client: httpx.Client, url: str, model: str, max_tokens: int = 1,
-         content: str = "Hi", **extra: object) -> tuple[float, int, dict[str, object]]:  # fmt: skip
+def chat(
+    client: httpx.Client,
+    url: str,
+    model: str,
+    max_tokens: int = 1,
+    content: str = "Hi",
+    **extra: object,
+) -> tuple[float, int, dict[str, object]]:
     """(seconds, status, body) of one non-streaming chat call."""
-    body = {"model": model, "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens, **extra}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        **extra,
+    }
     started = time.perf_counter()
     response = client.post(f"{url}/v1/chat/completions", json=body, timeout=300)
     seconds = time.perf_counter() - started

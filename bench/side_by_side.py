@@ -69,8 +69,9 @@ def balanced(rounds: int, systems: int = 3) -> int:
     return -(-rounds // systems) * systems
 
 
-def bootstrap_95(values: list[float], statistic: Callable[[list[float]], float]
-                 ) -> tuple[float, float]:  # fmt: skip
+def bootstrap_95(
+    values: list[float], statistic: Callable[[list[float]], float]
+) -> tuple[float, float]:
     """The 2.5th and 97.5th percentiles of ``statistic`` over 2000 resamples of ``values``
     (seeded, so the same data gives the same interval every run)."""
     draw = random.Random(14)
@@ -78,8 +79,9 @@ def bootstrap_95(values: list[float], statistic: Callable[[list[float]], float]
     return found[50], found[1949]
 
 
-def interleaved(systems: list[Served], rounds: int,
-                measure: Callable[[Served], list[float]]) -> dict[str, list[float]]:  # fmt: skip
+def interleaved(
+    systems: list[Served], rounds: int, measure: Callable[[Served], list[float]]
+) -> dict[str, list[float]]:
     """``measure`` of each system, round by round, each round led by the next system and
     every call after ``QUIET_S`` of quiet."""
     seen: dict[str, list[float]] = {s.name: [] for s in systems}
@@ -98,12 +100,13 @@ def spread(rates: dict[str, list[float]], name: str) -> str:
         return "no rounds"
     logs = [math.log(r) for r in ratios]
     low, high = (math.exp(x) for x in bootstrap_95(logs, statistics.fmean))
-    return (f"paired {math.exp(statistics.fmean(logs)):.3f}× [95 % {low:.3f}-{high:.3f}], "
-            f"rounds {min(ratios):.3f}-{max(ratios):.3f}")
+    return (
+        f"paired {math.exp(statistics.fmean(logs)):.3f}× [95 % {low:.3f}-{high:.3f}], "
+        f"rounds {min(ratios):.3f}-{max(ratios):.3f}"
+    )
 
 
-def added_latency(systems: list[Served], model: str, rounds: int
-                  ) -> dict[str, dict[int, float]]:  # fmt: skip
+def added_latency(systems: list[Served], model: str, rounds: int) -> dict[str, dict[int, float]]:
     """Each system's 1-token call time, by round (a call a system dropped: no entry)."""
     seen: dict[str, dict[int, float]] = {s.name: {} for s in systems}
     with httpx.Client() as client:
@@ -129,8 +132,10 @@ def paired_difference(by_round: dict[str, dict[int, float]], a: str, b: str) -> 
     if len(diffs) < 2:
         return "too few rounds"
     low, high = bootstrap_95(diffs, statistics.median)
-    return (f"{a} − {b}, paired per round: {statistics.median(diffs):+.2f} ms "
-            f"[95 % {low:+.2f} to {high:+.2f}] over {len(diffs)} rounds")
+    return (
+        f"{a} − {b}, paired per round: {statistics.median(diffs):+.2f} ms "
+        f"[95 % {low:+.2f} to {high:+.2f}] over {len(diffs)} rounds"
+    )
 
 
 def timings(served: Served, model: str, rounds: int, *, decode: bool) -> list[float]:
@@ -139,11 +144,11 @@ def timings(served: Served, model: str, rounds: int, *, decode: bool) -> list[fl
     with httpx.Client() as client:
         for _ in range(rounds):
             if decode:
-                _, status, body = chat(client, served.url, model, max_tokens=256,
-                                       ignore_eos=True)  # fmt: skip
+                _, status, body = chat(client, served.url, model, max_tokens=256, ignore_eos=True)
             else:
-                _, status, body = chat(client, served.url, model, max_tokens=1,
-                                       content=PROMPT, cache_prompt=False)  # fmt: skip
+                _, status, body = chat(
+                    client, served.url, model, max_tokens=1, content=PROMPT, cache_prompt=False
+                )
             found = body.get("timings") if status == 200 else None
             if isinstance(found, dict):
                 key = "predicted_per_second" if decode else "prompt_per_second"
@@ -162,11 +167,15 @@ def engines_of(served: Served) -> list[str]:
             argv = proc.cmdline()
             if not argv or not argv[0].endswith("llama-server") or "--models-dir" in argv:
                 continue
-            t, c, np, ngl = (argv[argv.index(f) + 1] if f in argv[:-1] else "default"
-                             for f in ("-t", "-c", "-np", "-ngl"))  # fmt: skip
-            found.append(f"-t {t} -c {c} -np {np} -ngl {ngl} on CPUs "
-                         f"{sorted(proc.cpu_affinity() or [])}, {proc.num_threads()} "
-                         "threads")  # fmt: skip
+            t, c, np, ngl = (
+                argv[argv.index(f) + 1] if f in argv[:-1] else "default"
+                for f in ("-t", "-c", "-np", "-ngl")
+            )
+            found.append(
+                f"-t {t} -c {c} -np {np} -ngl {ngl} on CPUs "
+                f"{sorted(proc.cpu_affinity() or [])}, {proc.num_threads()} "
+                "threads"
+            )
     return found
 
 
@@ -196,8 +205,9 @@ def concurrent(served: Served, model: str, clients: int, tokens: int = 64) -> fl
     return sum(done) / (time.perf_counter() - began)
 
 
-def swaps(systems: list[Served], names: list[str], rounds: int
-          ) -> tuple[dict[str, list[float]], dict[str, int]]:  # fmt: skip
+def swaps(
+    systems: list[Served], names: list[str], rounds: int
+) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Alternate the two models on each system; a failed call is retried (and counted)
     until it answers. A swap's time runs from its first attempt to its answer."""
     seconds: dict[str, list[float]] = {s.name: [] for s in systems}
@@ -218,104 +228,156 @@ def swaps(systems: list[Served], names: list[str], rounds: int
 
 
 def row(label: str, values: dict[str, str]) -> None:
-    print(f"| {label} | {values.get('direct', '—')} | {values.get('router', '—')} | "
-          f"{values.get('fitbox', '—')} |", flush=True)  # fmt: skip
+    print(
+        f"| {label} | {values.get('direct', '—')} | {values.get('router', '—')} | "
+        f"{values.get('fitbox', '—')} |",
+        flush=True,
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=int, default=60, help="1-token chat rounds")
     parser.add_argument("--swaps", type=int, default=30, help="swap rounds")
-    parser.add_argument("--decode", type=int, default=6,
-                        help="256-token rounds (rounded up to a multiple of 3)")
-    parser.add_argument("--prompt", type=int, default=6,
-                        help="prompt-read rounds (rounded up to a multiple of 3)")
+    parser.add_argument(
+        "--decode", type=int, default=6, help="256-token rounds (rounded up to a multiple of 3)"
+    )
+    parser.add_argument(
+        "--prompt", type=int, default=6, help="prompt-read rounds (rounded up to a multiple of 3)"
+    )
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--together", type=int, default=6,
-                        help="concurrent rounds (rounded up to a multiple of 3)")
+    parser.add_argument(
+        "--together", type=int, default=6, help="concurrent rounds (rounded up to a multiple of 3)"
+    )
     parser.add_argument("--loads", type=int, default=10, help="load-to-ready rounds")
-    parser.add_argument("--settle", type=float, default=8.0,
-                        help="seconds idle before the decode rows: fitbox widens an engine "
-                             "loaded beside other work (here: the router's swaps) once the box "
-                             "stayed quiet 2 s and its cores free 3 checks in a row")  # fmt: skip
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=8.0,
+        help="seconds idle before the decode rows: fitbox widens an engine "
+        "loaded beside other work (here: the router's swaps) once the box "
+        "stayed quiet 2 s and its cores free 3 checks in a row",
+    )
     args = parser.parse_args()
     ms: Callable[[float], str] = lambda s: f"{s * 1000:.1f} ms"  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         models, names, cap = two_models(Path(tmp) / "models")
         model_a = models / f"{names[0]}.gguf"
-        systems = [stack.enter_context(direct(model_a)), stack.enter_context(router(models)),
-                   stack.enter_context(fitbox(Path(tmp) / "home", models,
-                                              FITBOX_RAM_MAX=str(cap)))]  # fmt: skip
+        systems = [
+            stack.enter_context(direct(model_a)),
+            stack.enter_context(router(models)),
+            stack.enter_context(fitbox(Path(tmp) / "home", models, FITBOX_RAM_MAX=str(cap))),
+        ]
         by = {s.name: s for s in systems}
-        print(f"side by side: {names[0]} and {names[1]}, window 4096, fitbox RAM cap "
-              f"{cap >> 20} MiB (one model at a time)")  # fmt: skip
+        print(
+            f"side by side: {names[0]} and {names[1]}, window 4096, fitbox RAM cap "
+            f"{cap >> 20} MiB (one model at a time)"
+        )
         print("| figure | direct llama-server | llama.cpp router (--models-max 1) | fitbox |")
         print("|---|---|---|---|", flush=True)
 
         by_round = added_latency(systems, names[0], args.latency)
         latency = {n: list(v.values()) for n, v in by_round.items()}
         base = statistics.median(latency["direct"])
-        row(f"added latency of a 1-token chat, p50 ({args.latency} rounds)", {
-            n: (f"{ms(base)} (baseline)" if n == "direct" else
-                f"{(statistics.median(v) - base) * 1000:+.2f} ms "
-                f"({statistics.median(v) / base:.3f}×)")
-            for n, v in latency.items() if v})  # fmt: skip
+        row(
+            f"added latency of a 1-token chat, p50 ({args.latency} rounds)",
+            {
+                n: (
+                    f"{ms(base)} (baseline)"
+                    if n == "direct"
+                    else f"{(statistics.median(v) - base) * 1000:+.2f} ms "
+                    f"({statistics.median(v) / base:.3f}×)"
+                )
+                for n, v in latency.items()
+                if v
+            },
+        )
         print(f"added latency: {paired_difference(by_round, 'fitbox', 'router')}", flush=True)
 
         swapped, retries = swaps([by["router"], by["fitbox"]], names, args.swaps)
         r50 = statistics.median(swapped["router"])
-        row(f"swap (load + 1 token), p50 / max ({args.swaps} rounds)", {
-            n: f"{ms(statistics.median(v))} / {ms(max(v))} "
-               f"({statistics.median(v) / r50:.2f}× the router's p50; max "
-               f"{max(v) / statistics.median(v):.2f}× its own p50)"
-            for n, v in swapped.items()})  # fmt: skip
-        row(f"calls that failed and needed a retry, {args.swaps} rounds",
-            {n: str(v) for n, v in retries.items()})  # fmt: skip
+        row(
+            f"swap (load + 1 token), p50 / max ({args.swaps} rounds)",
+            {
+                n: f"{ms(statistics.median(v))} / {ms(max(v))} "
+                f"({statistics.median(v) / r50:.2f}× the router's p50; max "
+                f"{max(v) / statistics.median(v):.2f}× its own p50)"
+                for n, v in swapped.items()
+            },
+        )
+        row(
+            f"calls that failed and needed a retry, {args.swaps} rounds",
+            {n: str(v) for n, v in retries.items()},
+        )
 
         running = {s.name: engines_of(s) for s in systems}
         time.sleep(args.settle)  # every system idle alike; the swaps were other work
-        print(f"before the decode rows (load average {load_average()}): after the swaps "
-              f"{running}; after {args.settle:.0f} s idle "
-              f"{ {s.name: engines_of(s) for s in systems} }", flush=True)  # fmt: skip
+        print(
+            f"before the decode rows (load average {load_average()}): after the swaps "
+            f"{running}; after {args.settle:.0f} s idle "
+            f"{ {s.name: engines_of(s) for s in systems} }",
+            flush=True,
+        )
         decode_rounds, prompt_rounds = balanced(args.decode), balanced(args.prompt)
         # interleaved: the machine's load is shared
-        decode = interleaved(systems, decode_rounds,
-                             lambda s: timings(s, names[0], 1, decode=True))  # fmt: skip
-        prompt = interleaved(systems, prompt_rounds,
-                             lambda s: timings(s, names[0], 1, decode=False))  # fmt: skip
-        for label, rates in ((f"decode tok/s, 256 tokens, one model alone ({decode_rounds} "
-                              "rounds)", decode),
-                             (f"prompt-read tok/s, ~300 tokens ({prompt_rounds} rounds)",
-                              prompt)):  # fmt: skip
+        decode = interleaved(systems, decode_rounds, lambda s: timings(s, names[0], 1, decode=True))
+        prompt = interleaved(
+            systems, prompt_rounds, lambda s: timings(s, names[0], 1, decode=False)
+        )
+        for label, rates in (
+            (f"decode tok/s, 256 tokens, one model alone ({decode_rounds} rounds)", decode),
+            (f"prompt-read tok/s, ~300 tokens ({prompt_rounds} rounds)", prompt),
+        ):
             d = statistics.median(rates["direct"]) if rates["direct"] else float("nan")
-            row(label, {n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×"
-                           f"{'' if n == 'direct' else '; ' + spread(rates, n)})"
-                        for n, v in rates.items() if v})  # fmt: skip
+            row(
+                label,
+                {
+                    n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×"
+                    f"{'' if n == 'direct' else '; ' + spread(rates, n)})"
+                    for n, v in rates.items()
+                    if v
+                },
+            )
 
-        print(f"after the decode and prompt rows (load average {load_average()}): "
-              f"{ {s.name: engines_of(s) for s in systems} }", flush=True)  # fmt: skip
+        print(
+            f"after the decode and prompt rows (load average {load_average()}): "
+            f"{ {s.name: engines_of(s) for s in systems} }",
+            flush=True,
+        )
         together_rounds = balanced(args.together)
-        together = interleaved(systems, together_rounds,
-                               lambda s: [concurrent(s, names[0], args.clients)])  # fmt: skip
+        together = interleaved(
+            systems, together_rounds, lambda s: [concurrent(s, names[0], args.clients)]
+        )
         d = statistics.median(together["direct"])
-        row(f"concurrent aggregate tok/s, {args.clients} clients × 64 tokens "
+        row(
+            f"concurrent aggregate tok/s, {args.clients} clients × 64 tokens "
             f"({together_rounds} rounds)",
-            {n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×"
+            {
+                n: f"{statistics.median(v):.1f} ({statistics.median(v) / d:.3f}×"
                 f"{'' if n == 'direct' else '; ' + spread(together, n)})"
-             for n, v in together.items()})  # fmt: skip
+                for n, v in together.items()
+            },
+        )
         stack.close()
 
         fit, own = fitbox_ready_and_direct(models.parent / "load", model_a, args.loads)
         added = [f - d for f, d in zip(fit, own, strict=True)]
-        row(f"load-to-ready, p50 ({args.loads} rounds; fitbox: minus direct with its argv)", {
-            "direct": ms(statistics.median(own)),
-            "fitbox": f"{ms(statistics.median(fit))}, added "
-                      f"{statistics.median(added) * 1000:+.1f} ms "
-                      f"({statistics.median(fit) / statistics.median(own):.3f}×)"})  # fmt: skip
-    raw = {"swap_ms": {n: [round(x * 1000) for x in v] for n, v in swapped.items()},
-           "latency_p95_ms": {n: round(percentile(v, 0.95) * 1000, 2)
-                              for n, v in latency.items() if v},
-           "load_added_ms": [round(x * 1000, 1) for x in added]}  # fmt: skip
+        row(
+            f"load-to-ready, p50 ({args.loads} rounds; fitbox: minus direct with its argv)",
+            {
+                "direct": ms(statistics.median(own)),
+                "fitbox": f"{ms(statistics.median(fit))}, added "
+                f"{statistics.median(added) * 1000:+.1f} ms "
+                f"({statistics.median(fit) / statistics.median(own):.3f}×)",
+            },
+        )
+    raw = {
+        "swap_ms": {n: [round(x * 1000) for x in v] for n, v in swapped.items()},
+        "latency_p95_ms": {
+            n: round(percentile(v, 0.95) * 1000, 2) for n, v in latency.items() if v
+        },
+        "load_added_ms": [round(x * 1000, 1) for x in added],
+    }
     print(f"raw: {json.dumps(raw)}")
     return 0
 

@@ -52,8 +52,9 @@ def measure(path: Path, calls: int) -> tuple[float, float, int]:
     for i in range(calls):
         call = store.call_started(CallStart(f"b{i}", "/v1/completions", "m", False, 0.0))
         store.call_updated(call, admitted_at=1.0, device="host", window=4096)
-        store.call_updated(call, outcome="ok", prompt_tokens=3, completion_tokens=5,
-                           last_byte_at=2.0)  # fmt: skip
+        store.call_updated(
+            call, outcome="ok", prompt_tokens=3, completion_tokens=5, last_byte_at=2.0
+        )
     caller = time.perf_counter() - started
     store.flush()
     total = time.perf_counter() - started
@@ -68,13 +69,20 @@ def baseline(path: Path, calls: int) -> float:
     conn.execute("PRAGMA synchronous=NORMAL")
     started = time.perf_counter()
     for i in range(calls):
-        row = conn.execute("INSERT INTO call_log (request_id, endpoint, model_asked, outcome, "
-                           "received_at) VALUES (?, '/v1/completions', 'm', 'pending', 0)",
-                           (f"d{i}",)).lastrowid  # fmt: skip
-        conn.execute("UPDATE call_log SET admitted_at = 1, device = 'host', window = 4096 "
-                     "WHERE id = ?", (row,))  # fmt: skip
-        conn.execute("UPDATE call_log SET outcome = 'ok', prompt_tokens = 3, "
-                     "completion_tokens = 5, last_byte_at = 2 WHERE id = ?", (row,))  # fmt: skip
+        row = conn.execute(
+            "INSERT INTO call_log (request_id, endpoint, model_asked, outcome, "
+            "received_at) VALUES (?, '/v1/completions', 'm', 'pending', 0)",
+            (f"d{i}",),
+        ).lastrowid
+        conn.execute(
+            "UPDATE call_log SET admitted_at = 1, device = 'host', window = 4096 WHERE id = ?",
+            (row,),
+        )
+        conn.execute(
+            "UPDATE call_log SET outcome = 'ok', prompt_tokens = 3, "
+            "completion_tokens = 5, last_byte_at = 2 WHERE id = ?",
+            (row,),
+        )
     elapsed = time.perf_counter() - started
     conn.close()
     return elapsed / calls * 1e6
@@ -85,10 +93,24 @@ def fsyncs_per_call(rows: int, calls: int) -> str:
     if strace is None:
         return "unknown (no strace)"
     out = subprocess.run(
-        [strace, "-f", "-c", "-e", "trace=fsync,fdatasync", sys.executable, __file__,
-         "--child", "--rows", str(rows), "--calls", str(calls)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            strace,
+            "-f",
+            "-c",
+            "-e",
+            "trace=fsync,fdatasync",
+            sys.executable,
+            __file__,
+            "--child",
+            "--rows",
+            str(rows),
+            "--calls",
+            str(calls),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     row = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?f(?:data)?sync$", re.M)
     counts = [int(m.group(1)) for m in row.finditer(out.stderr)]
     return f"{sum(counts) / calls:.3f}"
@@ -159,11 +181,13 @@ def main() -> int:
             fill(path, rows)
             caller_us, total_us, commits = measure(path, args.calls)
             direct_us = baseline(path, args.calls)
-            print(f"  table of {rows:>9,} rows: caller {caller_us:6.1f} µs/call, "
-                  f"written {total_us:7.1f} µs/call, {commits} commits "
-                  f"({commits / args.calls:.3f} per call); baseline autocommit "
-                  f"{direct_us:7.1f} µs/call (ratio caller/baseline "
-                  f"{caller_us / direct_us:.3f})")  # fmt: skip
+            print(
+                f"  table of {rows:>9,} rows: caller {caller_us:6.1f} µs/call, "
+                f"written {total_us:7.1f} µs/call, {commits} commits "
+                f"({commits / args.calls:.3f} per call); baseline autocommit "
+                f"{direct_us:7.1f} µs/call (ratio caller/baseline "
+                f"{caller_us / direct_us:.3f})"
+            )
     print(f"  fsyncs per call (10,000-row table): {fsyncs_per_call(10_000, args.calls)}")
     with tempfile.TemporaryDirectory() as tmp:
         median, worst = asyncio.run(wake_latency(Path(tmp) / "wake.sqlite3"))
@@ -174,9 +198,11 @@ def main() -> int:
         lingered = asyncio.run(row_waits(Path(tmp) / "lingered.sqlite3", 50, hurry=False))
     p50, p99 = hurried[len(hurried) // 2], hurried[int(len(hurried) * 0.99)]
     linger = lingered[len(lingered) // 2] / 1000
-    print(f"  a row committed before the first byte (worst case: the byte is ready at once): "
-          f"wait p50 {p50:.0f} µs, p99 {p99:.0f} µs over {rounds} calls; baseline, the same "
-          f"wait on the linger alone: p50 {linger:.1f} ms")  # fmt: skip
+    print(
+        f"  a row committed before the first byte (worst case: the byte is ready at once): "
+        f"wait p50 {p50:.0f} µs, p99 {p99:.0f} µs over {rounds} calls; baseline, the same "
+        f"wait on the linger alone: p50 {linger:.1f} ms"
+    )
     return 0
 
 

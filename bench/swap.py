@@ -41,11 +41,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.rig import chat, fitbox, two_models
 
 STAMP = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) ")
-MARKS = (("load", "load_model: loading model"), ("tensors", "load_tensors: loading model"),
-         ("context", "llama_context: constructing"), ("warmup", "warming up the model"),
-         ("slots", "load_model: initializing"), ("listening", "listening on"))  # fmt: skip
-PHASES = ("decide", "victim stop", "launch prep", "spawn+seen", "init", "metadata",
-          "mmap tensors", "context", "warmup", "server init", "first token")  # fmt: skip
+MARKS = (
+    ("load", "load_model: loading model"),
+    ("tensors", "load_tensors: loading model"),
+    ("context", "llama_context: constructing"),
+    ("warmup", "warming up the model"),
+    ("slots", "load_model: initializing"),
+    ("listening", "listening on"),
+)
+PHASES = (
+    "decide",
+    "victim stop",
+    "launch prep",
+    "spawn+seen",
+    "init",
+    "metadata",
+    "mmap tensors",
+    "context",
+    "warmup",
+    "server init",
+    "first token",
+)
 
 
 def child_marks(log: Path) -> dict[str, float]:
@@ -68,9 +84,11 @@ def child_marks(log: Path) -> dict[str, float]:
 def phases_of(home: Path) -> list[dict[str, float]]:
     """Per swap call (one that evicted), each phase in seconds."""
     conn = sqlite3.connect(home / "fitbox.sqlite3")
-    calls = conn.execute("SELECT id, received_at, load_start_at, load_ready_at, last_byte_at "
-                         "FROM call_log WHERE load_start_at IS NOT NULL AND evicted IS NOT NULL "
-                         "AND evicted != '[]' ORDER BY id").fetchall()  # fmt: skip
+    calls = conn.execute(
+        "SELECT id, received_at, load_start_at, load_ready_at, last_byte_at "
+        "FROM call_log WHERE load_start_at IS NOT NULL AND evicted IS NOT NULL "
+        "AND evicted != '[]' ORDER BY id"
+    ).fetchall()
     found = []
     for call_id, received, launched, ready, last in calls:
         (evicted_at, victim) = conn.execute(
@@ -87,15 +105,21 @@ def phases_of(home: Path) -> list[dict[str, float]]:
         (log,) = sorted((home / "logs").glob(f"*-{port}.log"))
         marks = child_marks(log)
         warm = marks.get("warmup", marks["slots"])
-        found.append({
-            "decide": evicted_at - received, "victim stop": reaped - evicted_at,
-            "launch prep": launched - reaped,
-            "spawn+seen": (ready - launched) - marks["listening"],
-            "init": marks["load"], "metadata": marks["tensors"] - marks["load"],
-            "mmap tensors": marks["context"] - marks["tensors"],
-            "context": warm - marks["context"], "warmup": marks["slots"] - warm,
-            "server init": marks["listening"] - marks["slots"], "first token": last - ready,
-        })  # fmt: skip
+        found.append(
+            {
+                "decide": evicted_at - received,
+                "victim stop": reaped - evicted_at,
+                "launch prep": launched - reaped,
+                "spawn+seen": (ready - launched) - marks["listening"],
+                "init": marks["load"],
+                "metadata": marks["tensors"] - marks["load"],
+                "mmap tensors": marks["context"] - marks["tensors"],
+                "context": warm - marks["context"],
+                "warmup": marks["slots"] - warm,
+                "server init": marks["listening"] - marks["slots"],
+                "first token": last - ready,
+            }
+        )
     conn.close()
     return found
 
@@ -113,17 +137,23 @@ def report(label: str, rows: list[dict[str, float]], client: list[float]) -> Non
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="swaps per fitbox")
-    parser.add_argument("--warmup", default="auto",
-                        help="FITBOX_WARMUP per fitbox, comma-separated: several run side by "
-                             "side, their swaps interleaved (e.g. on,auto)")  # fmt: skip
+    parser.add_argument(
+        "--warmup",
+        default="auto",
+        help="FITBOX_WARMUP per fitbox, comma-separated: several run side by "
+        "side, their swaps interleaved (e.g. on,auto)",
+    )
     args = parser.parse_args()
     variants = args.warmup.split(",")
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         models, names, cap = two_models(Path(tmp) / "models")
         client = stack.enter_context(httpx.Client())
-        boxes = [stack.enter_context(fitbox(Path(tmp) / f"home-{v}", models,
-                                            FITBOX_RAM_MAX=str(cap), FITBOX_WARMUP=v))
-                 for v in variants]  # fmt: skip
+        boxes = [
+            stack.enter_context(
+                fitbox(Path(tmp) / f"home-{v}", models, FITBOX_RAM_MAX=str(cap), FITBOX_WARMUP=v)
+            )
+            for v in variants
+        ]
         seconds: dict[str, list[float]] = {v: [] for v in variants}
         for served in boxes:
             chat(client, served.url, names[0])  # the first load is not a swap

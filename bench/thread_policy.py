@@ -83,8 +83,9 @@ def burning(percent: float) -> Iterator[None]:
 def engine_rate(served: Served, prompt: bool, tokens: int) -> float | None:
     with httpx.Client() as client:
         if prompt:
-            _, status, body = chat(client, served.url, SMOL, max_tokens=1, content=PROMPT,
-                                   cache_prompt=False)  # fmt: skip
+            _, status, body = chat(
+                client, served.url, SMOL, max_tokens=1, content=PROMPT, cache_prompt=False
+            )
         else:
             _, status, body = chat(client, served.url, SMOL, max_tokens=tokens, ignore_eos=True)
     found = body.get("timings") if status == 200 else None
@@ -94,8 +95,10 @@ def engine_rate(served: Served, prompt: bool, tokens: int) -> float | None:
 
 
 def one_round(served: Served, args: argparse.Namespace, seen: dict[str, list[float]]) -> None:
-    for case, rate in (("single", engine_rate(served, False, args.tokens)),
-                       ("prompt", engine_rate(served, True, args.tokens))):  # fmt: skip
+    for case, rate in (
+        ("single", engine_rate(served, False, args.tokens)),
+        ("prompt", engine_rate(served, True, args.tokens)),
+    ):
         if rate is not None:
             seen[case].append(rate)
     seen["batch"].append(concurrent(served, SMOL, args.clients, args.tokens))
@@ -109,8 +112,12 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--burn", type=float, default=30.0, help="percent of one core")
-    parser.add_argument("--variant", action="append", default=[],
-                        help="NAME=ARGS, more llama-server flags to compare (repeatable)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME=ARGS, more llama-server flags to compare (repeatable)",
+    )
     parser.add_argument("--only", default="", help="comma-separated variant names to run")
     args = parser.parse_args()
     variants = dict(VARIANTS)
@@ -118,21 +125,23 @@ def main() -> int:
         name, _, flags = given.partition("=")
         variants[name] = flags
     if args.only:
-        variants = {n: a for n, a in variants.items() if n in args.only.split(",") or
-                    n == "default"}  # fmt: skip
+        variants = {
+            n: a for n, a in variants.items() if n in args.only.split(",") or n == "default"
+        }
     print(f"load average before: {os.getloadavg()}", flush=True)
     smol = pull("smollm2", CACHE / "models")
     with tempfile.TemporaryDirectory(), contextlib.ExitStack() as stack:
         served = {}
         for name, extra in variants.items():
-            served[name] = stack.enter_context(direct(smol, "-np", str(args.clients),
-                                                      *extra.split()))  # fmt: skip
+            served[name] = stack.enter_context(
+                direct(smol, "-np", str(args.clients), *extra.split())
+            )
         seen: dict[str, dict[str, list[float]]] = {n: {c: [] for c in CASES} for n in served}
         names = list(served)
         for n in names:  # warm: weights paged in, first-call costs paid
             engine_rate(served[n], False, 8)
         for i in range(args.rounds):
-            for n in names[i % len(names):] + names[: i % len(names)]:
+            for n in names[i % len(names) :] + names[: i % len(names)]:
                 one_round(served[n], args, seen[n])
             print(f"round {i + 1}/{args.rounds}, load {os.getloadavg()}", flush=True)
     base = {c: statistics.median(seen["default"][c]) for c in CASES if seen["default"][c]}

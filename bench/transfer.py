@@ -43,8 +43,20 @@ NAME = "bench-transfer"
 
 
 def start_fitbox(home: Path, models: Path) -> tuple[subprocess.Popen[bytes], str]:
-    argv = [sys.executable, "-m", "fitbox", "serve", "--port", "auto", "--home", str(home),
-            "--models", str(models), "--log-level", "warning"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "fitbox",
+        "serve",
+        "--port",
+        "auto",
+        "--home",
+        str(home),
+        "--models",
+        str(models),
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300  # a loaded shared machine starts slowly
     while time.monotonic() < deadline:
@@ -118,15 +130,20 @@ def bench_transfer(rounds: int, copies: int, work: Path) -> None:
     mib = size / (1 << 20)
     print(f"transfer of {mib:.0f} MiB over loopback, median of {rounds} interleaved rounds:")
     curl_c, pull_c = statistics.median(curl_cpu), statistics.median(pull_cpu)
-    print(f"  curl            {curl_m:6.2f} s  {mib / curl_m:7.0f} MiB/s  "
-          f"{curl_c:5.2f} CPU s")  # fmt: skip
+    print(f"  curl            {curl_m:6.2f} s  {mib / curl_m:7.0f} MiB/s  {curl_c:5.2f} CPU s")
     print(f"  curl + sync     {synced_m:6.2f} s  {mib / synced_m:7.0f} MiB/s  (durable, as a pull)")
-    print(f"  fitbox pull     {pull_m:6.2f} s  {mib / pull_m:7.0f} MiB/s  {pull_c:5.2f} CPU s  "
-          "(chunks + whole sha256)")  # fmt: skip
-    print(f"  the source box's CPU serving it: {statistics.median(source_curl):.2f} s to curl, "
-          f"{statistics.median(source_pull):.2f} s to the pull")  # fmt: skip
-    print(f"  pull/curl throughput {curl_m / pull_m:.1%} (aim >= 90 %); "
-          f"pull/(curl + sync) {synced_m / pull_m:.1%}")
+    print(
+        f"  fitbox pull     {pull_m:6.2f} s  {mib / pull_m:7.0f} MiB/s  {pull_c:5.2f} CPU s  "
+        "(chunks + whole sha256)"
+    )
+    print(
+        f"  the source box's CPU serving it: {statistics.median(source_curl):.2f} s to curl, "
+        f"{statistics.median(source_pull):.2f} s to the pull"
+    )
+    print(
+        f"  pull/curl throughput {curl_m / pull_m:.1%} (aim >= 90 %); "
+        f"pull/(curl + sync) {synced_m / pull_m:.1%}"
+    )
 
 
 def _cpu(who: int) -> float:
@@ -153,15 +170,19 @@ def bench_scout(dirs: int, work: Path) -> None:
             os.mkdir(parent / f"e{j:04d}")
     made_s = time.perf_counter() - started
     print(f"scout on a {dirs:,}-directory tree (made in {made_s:.1f} s):")
-    for label, limits in (("whole tree", Limits(max_depth=2, max_dirs=10 * dirs)),
-                          ("default limits", Limits())):  # fmt: skip
+    for label, limits in (
+        ("whole tree", Limits(max_depth=2, max_dirs=10 * dirs)),
+        ("default limits", Limits()),
+    ):
         started = time.perf_counter()
         report = scout([top], env={}, home=work, limits=limits, mountinfo=work / "none")
         took = time.perf_counter() - started
         t = report.tally
         reached = ", limit reached" if t.dirs_left else ""
-        print(f"  {label:15} {took:6.2f} s  {t.dirs_visited:>7,} directories listed "
-              f"({t.dirs_visited / took:,.0f}/s){reached}")  # fmt: skip
+        print(
+            f"  {label:15} {took:6.2f} s  {t.dirs_visited:>7,} directories listed "
+            f"({t.dirs_visited / took:,.0f}/s){reached}"
+        )
 
 
 def main() -> int:
@@ -169,8 +190,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--copies", type=int, default=4)
     parser.add_argument("--dirs", type=int, default=100_000)
-    parser.add_argument("--work", metavar="DIR", help="where the files go (default: the temp dir;"
-                        " /dev/shm takes the disk out of the comparison)")  # fmt: skip
+    parser.add_argument(
+        "--work",
+        metavar="DIR",
+        help="where the files go (default: the temp dir;"
+        " /dev/shm takes the disk out of the comparison)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fitbox-bench-", dir=args.work) as tmp:
         bench_transfer(args.rounds, args.copies, Path(tmp))

@@ -17,8 +17,15 @@ from typing import Any
 
 from .tools import required_tool
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--no-first-run", "--disable-component-update", "--disable-sync")  # fmt: skip
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+)
 
 
 class DevToolsError(RuntimeError):
@@ -45,8 +52,9 @@ class Browser:
                         self._replies[message["id"]] = message
                         self._arrived.notify_all()
 
-    def send(self, method: str, session: str | None = None, timeout: float = 60,
-             **params: Any) -> dict[str, Any]:  # fmt: skip
+    def send(
+        self, method: str, session: str | None = None, timeout: float = 60, **params: Any
+    ) -> dict[str, Any]:
         self._next += 1
         message: dict[str, Any] = {"id": self._next, "method": method, "params": params}
         if session:
@@ -66,8 +74,14 @@ class Browser:
         target = self.send("Target.createTarget", url="about:blank")["targetId"]
         session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         page = Page(self, session)
-        self.send("Emulation.setDeviceMetricsOverride", session, width=1280, height=900,
-                  deviceScaleFactor=1, mobile=False)  # fmt: skip
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            session,
+            width=1280,
+            height=900,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         if not javascript:
             self.send("Emulation.setScriptExecutionDisabled", session, value=True)
         self.send("Page.enable", session)
@@ -91,8 +105,9 @@ class Page:
     def eval(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (DevTools runs it even where the
         page's own scripts are disabled)."""
-        found = self.browser.send("Runtime.evaluate", self.session, expression=expression,
-                                  returnByValue=True)  # fmt: skip
+        found = self.browser.send(
+            "Runtime.evaluate", self.session, expression=expression, returnByValue=True
+        )
         if "exceptionDetails" in found:
             raise DevToolsError(f"{expression}: {found['exceptionDetails']}")
         return found["result"].get("value")
@@ -125,11 +140,19 @@ def chromium(profile: Path) -> Iterator[Browser]:
 
     with (profile.parent / "chromium.log").open("wb") as log:
         proc = subprocess.Popen(
-            [str(binary), *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-pipe",
-             "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=wire,
+            [
+                str(binary),
+                *FLAGS,
+                f"--user-data-dir={profile}",
+                "--remote-debugging-pipe",
+                "about:blank",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            preexec_fn=wire,
             close_fds=False,  # the parent's own descriptors are close-on-exec (PEP 446)
-        )  # fmt: skip
+        )
     os.close(commands_r)
     os.close(replies_w)
     try:

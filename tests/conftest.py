@@ -141,9 +141,12 @@ class FitboxProcess:
 
 
 def start_fitbox(
-    home: Path, models: list[Path], *extra: str, env: dict[str, str] | None = None,
+    home: Path,
+    models: list[Path],
+    *extra: str,
+    env: dict[str, str] | None = None,
     log_path: Path | None = None,
-) -> FitboxProcess:  # fmt: skip
+) -> FitboxProcess:
     """``log_path``: where fitbox's own output goes when not in the home (a home on a drive
     the test fills, or one fitbox must make itself)."""
     if log_path is None:
@@ -155,7 +158,9 @@ def start_fitbox(
     argv += list(extra)
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            argv, stdout=log_file, stderr=subprocess.STDOUT,
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
         )
     try:
@@ -205,9 +210,12 @@ def stop_fitbox(box: FitboxProcess, timeout: float = 20) -> int:
 
 @contextlib.contextmanager
 def running_fitbox(
-    home: Path, models: list[Path], *extra: str, env: dict[str, str] | None = None,
+    home: Path,
+    models: list[Path],
+    *extra: str,
+    env: dict[str, str] | None = None,
     log_path: Path | None = None,
-) -> Iterator[FitboxProcess]:  # fmt: skip
+) -> Iterator[FitboxProcess]:
     box = start_fitbox(home, models, *extra, env=env, log_path=log_path)
     try:
         yield box

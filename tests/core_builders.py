@@ -20,10 +20,17 @@ MiB = 1 << 20
 
 def shape(n_layer: int = 32, weights: int = 4 * GiB, n_ctx_train: int = 32768) -> ModelShape:
     return ModelShape(
-        weights_bytes=weights, n_layer=n_layer, n_ctx_train=n_ctx_train, n_embd=4096,
-        n_vocab=32000, n_head=32, kv_heads=(8,) * n_layer, key_length=128, value_length=128,
+        weights_bytes=weights,
+        n_layer=n_layer,
+        n_ctx_train=n_ctx_train,
+        n_embd=4096,
+        n_vocab=32000,
+        n_head=32,
+        kv_heads=(8,) * n_layer,
+        key_length=128,
+        value_length=128,
         n_ff=14336,
-    )  # fmt: skip
+    )
 
 
 def layout(n_layer: int, weights: int, moe_share: float = 0.0) -> Layout:
@@ -51,10 +58,14 @@ def model(
     **extra: object,
 ) -> Candidate:
     return Candidate(
-        key=key, quant=quant, shape=shape(n_layer, weights, n_ctx_train),
-        layout=layout(n_layer, weights, 0.8 if moe else 0.0), four_bit=four_bit,
-        speeds=speeds, **extra,  # type: ignore[arg-type]
-    )  # fmt: skip
+        key=key,
+        quant=quant,
+        shape=shape(n_layer, weights, n_ctx_train),
+        layout=layout(n_layer, weights, 0.8 if moe else 0.0),
+        four_bit=four_bit,
+        speeds=speeds,
+        **extra,  # type: ignore[arg-type]
+    )
 
 
 def smollm2(key: str = "smollm2", **extra: object) -> Candidate:
@@ -63,17 +74,33 @@ def smollm2(key: str = "smollm2", **extra: object) -> Candidate:
     embeddings, so the last GPU of a split also holds a copy of them."""
     n_layer, plain = 30, (False,) * 30
     return Candidate(
-        key=key, quant="Q4_1",
+        key=key,
+        quant="Q4_1",
         shape=ModelShape(
-            weights_bytes=96_576_768, n_layer=n_layer, n_ctx_train=8192, n_embd=576,
-            n_vocab=49152, n_head=9, kv_heads=(3,) * n_layer, key_length=64, value_length=64,
-            swa_layers=plain, key_length_swa=64, value_length_swa=64,
-            recurrent_layers=plain, n_ff=1536,
+            weights_bytes=96_576_768,
+            n_layer=n_layer,
+            n_ctx_train=8192,
+            n_embd=576,
+            n_vocab=49152,
+            n_head=9,
+            kv_heads=(3,) * n_layer,
+            key_length=64,
+            value_length=64,
+            swa_layers=plain,
+            key_length_swa=64,
+            value_length_swa=64,
+            recurrent_layers=plain,
+            n_ff=1536,
         ),
-        layout=Layout(layer_bytes=(2_216_448,) * n_layer, routed_bytes=(0,) * n_layer,
-                      input_bytes=30_081_024, output_bytes=2304, output_tied=True),
+        layout=Layout(
+            layer_bytes=(2_216_448,) * n_layer,
+            routed_bytes=(0,) * n_layer,
+            input_bytes=30_081_024,
+            output_bytes=2304,
+            output_tied=True,
+        ),
         **extra,  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
 
 
 def fixed(key: str, total: int, **extra: object) -> Candidate:

@@ -38,11 +38,10 @@ def add_tokenizer(writer: GGUFWriter, tokens: list[str]) -> None:
     writer.add_token_scores([0.0] * 3 + [-float(i) for i in range(len(tokens) - 3)])
     writer.add_token_types(
         [
-            TokenType.UNKNOWN if i == 0 else TokenType.CONTROL if t in CONTROL
-            else TokenType.NORMAL
+            TokenType.UNKNOWN if i == 0 else TokenType.CONTROL if t in CONTROL else TokenType.NORMAL
             for i, t in enumerate(tokens)
         ]
-    )  # fmt: skip
+    )
     writer.add_unk_token_id(0)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
@@ -149,9 +148,17 @@ def two_models_one_at_a_time(root: Path, smollm2: Path) -> int:
 
 
 def write_vision_projector(
-    path: Path, *, n_embd_text: int, image_size: int = 64, patch_size: int = 8,
-    n_embd: int = 128, n_head: int = 4, n_ff: int = 512, n_layer: int = 2, seed: int = 0,
-) -> Path:  # fmt: skip
+    path: Path,
+    *,
+    n_embd_text: int,
+    image_size: int = 64,
+    patch_size: int = 8,
+    n_embd: int = 128,
+    n_head: int = 4,
+    n_ff: int = 512,
+    n_layer: int = 2,
+    seed: int = 0,
+) -> Path:
     """A loadable LLaVA-style (``mlp``) CLIP projector for ``--mmproj`` (tools/mtmd/clip.cpp
     load_hparams/load_tensors): a ViT of ``n_layer`` blocks over (image/patch)^2 patches
     plus a class token, and a two-layer MLP into the text model's ``n_embd_text``."""

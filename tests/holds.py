@@ -31,8 +31,11 @@ GATED = Path(__file__).parent / "fakes" / "gated-llama-server"
 
 def gated_engine(real: Path, gate: Path) -> dict[str, str]:
     """Settings that run every engine behind the gated fake; ``gate.touch()`` opens it."""
-    return {"LLAMA_SERVER_BIN": str(GATED), "FAKE_REAL_LLAMA_SERVER": str(real),
-            "FAKE_GATE": str(gate)}  # fmt: skip
+    return {
+        "LLAMA_SERVER_BIN": str(GATED),
+        "FAKE_REAL_LLAMA_SERVER": str(real),
+        "FAKE_GATE": str(gate),
+    }
 
 
 def engine_logs(box: FitboxProcess) -> str:

@@ -18,18 +18,24 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
 
 def png(width: int, height: int, pixel: Callable[[int, int], Pixel]) -> bytes:
     """An 8-bit RGB PNG whose pixel (x, y) is ``pixel(x, y)``."""
-    rows = b"".join(b"\x00" + b"".join(bytes(pixel(x, y)) for x in range(width))
-                    for y in range(height))  # fmt: skip
+    rows = b"".join(
+        b"\x00" + b"".join(bytes(pixel(x, y)) for x in range(width)) for y in range(height)
+    )
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(rows))
-            + _chunk(b"IEND", b""))  # fmt: skip
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", zlib.compress(rows))
+        + _chunk(b"IEND", b"")
+    )
 
 
 def noise(width: int, height: int, seed: int = 0) -> bytes:
     """A PNG of random pixels: it barely compresses, so its size is about 3 x its pixels."""
     rng = random.Random(seed)
-    return png(width, height, lambda x, y: (rng.randrange(256), rng.randrange(256),
-                                            rng.randrange(256)))  # fmt: skip
+    return png(
+        width, height, lambda x, y: (rng.randrange(256), rng.randrange(256), rng.randrange(256))
+    )
 
 
 def data_url(image: bytes, media: str = "image/png") -> str:

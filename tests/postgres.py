@@ -86,8 +86,9 @@ class PostgresCluster:
         return self.url(name)
 
     def _run(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.as_user, *argv], capture_output=True, text=True,
-                              timeout=120, check=False)  # fmt: skip
+        return subprocess.run(
+            [*self.as_user, *argv], capture_output=True, text=True, timeout=120, check=False
+        )
 
     @classmethod
     def start(cls, durable: bool = False) -> PostgresCluster:
@@ -116,9 +117,20 @@ class PostgresCluster:
         if self.as_user:
             owner = pwd.getpwnam(RUN_AS)
             os.chown(password_file, owner.pw_uid, owner.pw_gid)
-        made = self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", SUPERUSER,
-                         f"--pwfile={password_file}", "--auth-local=trust",
-                         "--auth-host=scram-sha-256", "-N", "-E", "UTF8", "--locale=C")  # fmt: skip
+        made = self._run(
+            str(self.bin / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            SUPERUSER,
+            f"--pwfile={password_file}",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            "-N",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        )
         password_file.unlink()
         if made.returncode != 0:
             raise RuntimeError(f"initdb failed:\n{made.stdout}{made.stderr}")
@@ -129,10 +141,28 @@ class PostgresCluster:
         log = self.root / "server.log"
         for _ in range(5):
             self.port = _free_port()
-            options = ["-k", str(self.root), "-c", "listen_addresses=127.0.0.1", "-p",
-                       str(self.port), *(() if durable else FAST)]  # fmt: skip
-            started = self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(log),
-                                "-w", "-t", "60", "-o", " ".join(options), "start")  # fmt: skip
+            options = [
+                "-k",
+                str(self.root),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-p",
+                str(self.port),
+                *(() if durable else FAST),
+            ]
+            started = self._run(
+                str(self.bin / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(log),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                " ".join(options),
+                "start",
+            )
             if started.returncode == 0:
                 return
             text = log.read_text(errors="replace") if log.exists() else ""
@@ -142,7 +172,8 @@ class PostgresCluster:
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
-            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w",
-                      "stop")  # fmt: skip
+            self._run(
+                str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"
+            )
         with contextlib.suppress(OSError):
             shutil.rmtree(self.root)

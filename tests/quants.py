@@ -24,13 +24,38 @@ from .gguf_zoo import write_moe
 from .ggufs import write_tiny_llama
 
 BASE_TYPES = (
-    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-    "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M",
-    "TQ1_0", "TQ2_0", "Q1_0", "Q2_0", "MXFP4_MOE", "F16", "BF16",
-)  # fmt: skip
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K_S",
+    "Q3_K_M",
+    "Q3_K_L",
+    "Q4_K_S",
+    "Q4_K_M",
+    "Q5_K_S",
+    "Q5_K_M",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+    "IQ3_S",
+    "IQ3_M",
+    "TQ1_0",
+    "TQ2_0",
+    "Q1_0",
+    "Q2_0",
+    "MXFP4_MOE",
+    "F16",
+    "BF16",
+)
 # (name, writer of the F32 source, llama-quantize type, extra arguments)
-EXTRA = (("moe-Q4_0", "moe", "Q4_0", ()), ("moe-MXFP4_MOE", "moe", "MXFP4_MOE", ()),
-         ("tied-Q4_0", "tied", "Q4_0", ("--pure",)))  # fmt: skip
+EXTRA = (
+    ("moe-Q4_0", "moe", "Q4_0", ()),
+    ("moe-MXFP4_MOE", "moe", "MXFP4_MOE", ()),
+    ("tied-Q4_0", "tied", "Q4_0", ("--pure",)),
+)
 
 
 def quantize_binary() -> Path:
@@ -38,8 +63,9 @@ def quantize_binary() -> Path:
 
 
 def write_base(path: Path) -> Path:
-    return write_tiny_llama(path, n_embd=512, n_layer=2, n_head=8, n_head_kv=4, n_ff=1536,
-                            n_ctx=8192)  # fmt: skip
+    return write_tiny_llama(
+        path, n_embd=512, n_layer=2, n_head=8, n_head_kv=4, n_ff=1536, n_ctx=8192
+    )
 
 
 def quantize(source: Path, target: Path, qtype: str, *extra: str) -> Path:
@@ -56,9 +82,10 @@ def quantized_models(root: Path) -> dict[str, Path]:
     once (files already there are kept: a bench rerun or a session fixture reuses them)."""
     root.mkdir(parents=True, exist_ok=True)
     sources = {
-        "base": root / "base-F32.gguf", "moe": root / "moe-F32.gguf",
+        "base": root / "base-F32.gguf",
+        "moe": root / "moe-F32.gguf",
         "tied": root / "tied-F32.gguf",
-    }  # fmt: skip
+    }
     if not sources["base"].exists():
         write_base(sources["base"])
     if not sources["moe"].exists():

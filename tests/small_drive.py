@@ -56,8 +56,9 @@ def small_drive(where: Path, fstype: str = "tmpfs") -> Iterator[SmallDrive]:
     since Linux 6.6)."""
     where.mkdir(parents=True, exist_ok=True)
     options = f"size={SIZE},mode=0755" if fstype == "tmpfs" else "mode=0755"
-    mounted = subprocess.run(["mount", "-t", fstype, "-o", options, fstype, str(where)],
-                             capture_output=True, text=True)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", fstype, "-o", options, fstype, str(where)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(
             f"cannot mount a {fstype} here ({mounted.stderr.strip()}): full-disk tests "

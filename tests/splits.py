@@ -13,9 +13,19 @@ def split_gguf(source: Path, dest_dir: Path, name: str, max_tensors: int) -> lis
     tensors a shard); the shards, the first first. A failure is the test's, with its output."""
     tool = find_binary().path.with_name("llama-gguf-split")
     dest_dir.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([str(tool), "--split", "--split-max-tensors", str(max_tensors),
-                           str(source), str(dest_dir / name)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            str(tool),
+            "--split",
+            "--split-max-tensors",
+            str(max_tensors),
+            str(source),
+            str(dest_dir / name),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"llama-gguf-split failed:\n{done.stdout[-2000:]}{done.stderr}")
     shards = sorted(dest_dir.glob(f"{name}-*-of-*.gguf"))

@@ -118,8 +118,9 @@ def test_an_unexpected_error_is_an_openai_500_that_closes_the_connection(
     monkeypatch.setattr(keys, "list_keys", broken)
     cfg = config.load({"home": str(tmp_path / "home"), "models": str(tmp_path)}, env={})
     app = create_app(cfg)
-    with TestClient(app, base_url=BOX, client=("127.0.0.1", 1),
-                    raise_server_exceptions=False) as client:  # fmt: skip
+    with TestClient(
+        app, base_url=BOX, client=("127.0.0.1", 1), raise_server_exceptions=False
+    ) as client:
         response = client.get("/v1/keys")
     error = assert_error(response, 500, "internal_error")
     assert "RuntimeError" in str(error["message"])
@@ -160,7 +161,10 @@ def test_a_call_refused_by_validation_leaves_a_row(
     (row,) = call_rows(client)
     assert (row["endpoint"], row["model_asked"], row["stream"]) == (path, model, stream)
     assert (row["outcome"], row["http_status"], row["error_code"]) == (
-        "error", 400, "invalid_request")  # fmt: skip
+        "error",
+        400,
+        "invalid_request",
+    )
 
 
 def test_management_bodies_refused_leave_no_call_row(client: TestClient) -> None:

@@ -73,8 +73,10 @@ def test_the_box_key_is_made_once_owner_only_and_works(started: Path) -> None:
     first = key_file.read_text().strip()
     assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600 and first.startswith("fb_")
     with client(started, OUTSIDE) as outside:
-        assert outside.get("/v1/plan", params={"model": "tiny"},
-                           headers=bearer(first)).status_code == 200  # fmt: skip
+        assert (
+            outside.get("/v1/plan", params={"model": "tiny"}, headers=bearer(first)).status_code
+            == 200
+        )
     assert key_file.read_text().strip() == first  # a restart keeps it
 
 
@@ -119,8 +121,14 @@ def test_a_rebound_name_gets_nothing_from_the_box_without_a_key(started: Path) -
             assert body["code"] == "host_not_allowed" and "FITBOX_HOST_NAMES" in body["message"]
         refused = local.post("/v1/keys", json={"name": "x"}, headers={"Host": "evil.example:80"})
         assert error(refused, 403, "permission_error")["param"] == "host"
-        for host in ("127.0.0.1:8484", "localhost:8484", "[::1]:8484", "fitbox.lan:8484",
-                     "FITBOX.LAN", "app.localhost"):  # fmt: skip
+        for host in (
+            "127.0.0.1:8484",
+            "localhost:8484",
+            "[::1]:8484",
+            "fitbox.lan:8484",
+            "FITBOX.LAN",
+            "app.localhost",
+        ):
             assert local.get("/v1/keys", headers={"Host": host}).status_code == 200, host
         admin = make_key(started, "admin")  # a key decides for itself, whatever the Host
         assert local.get("/v1/keys", headers={**evil, **bearer(admin)}).status_code == 200
@@ -150,17 +158,29 @@ def test_every_route_refuses_a_rebound_host_without_a_key(started: Path) -> None
                 checked.append(f"{method} {path}")
         # inference too: a rebound page could read replies and start loads that evict
         for path in ("/v1/models", "/v1/chat/completions", "/props"):
-            refused = local.request("POST" if "chat" in path else "GET", path,
-                                    headers={"Host": "evil.example"}, json={})  # fmt: skip
+            refused = local.request(
+                "POST" if "chat" in path else "GET", path, headers={"Host": "evil.example"}, json={}
+            )
             body = error(refused, 403, "permission_error")
             assert body["code"] == "host_not_allowed" and "evil.example" in body["message"]
         for own in ("127.0.0.1:8484", "localhost", socket.gethostname()):
             assert local.get("/v1/models", headers={"Host": own}).status_code == 200, own
-        keyed = local.get("/v1/models", headers={"Host": "evil.example",
-                                                 **bearer(make_key(started, "inference"))})
+        keyed = local.get(
+            "/v1/models", headers={"Host": "evil.example", **bearer(make_key(started, "inference"))}
+        )
         assert keyed.status_code == 200  # a key decides for itself, whatever the Host
-    families = {"/v1/keys", "/v1/telemetry/state", "/metrics", "/", "/dashboard/events",
-                "/calls", "/mcp", "/v1/operator/x", "/v1/settings/box", "/v1/transfer/x/file"}
+    families = {
+        "/v1/keys",
+        "/v1/telemetry/state",
+        "/metrics",
+        "/",
+        "/dashboard/events",
+        "/calls",
+        "/mcp",
+        "/v1/operator/x",
+        "/v1/settings/box",
+        "/v1/transfer/x/file",
+    }
     assert families <= {c.split(" ", 1)[1] for c in checked}
 
 
@@ -168,15 +188,19 @@ def test_a_rebound_host_is_no_insider(started: Path) -> None:
     """/slots holds every caller's prompts: a keyless call from the box itself sees it only
     under a Host naming the box (the door refuses any other before the insider rule)."""
     with client(started, LOCAL) as local:
-        refused = error(local.get("/slots", params={"model": "no-such"},
-                                  headers={"Host": "evil.example"}), 403, "permission_error")
+        refused = error(
+            local.get("/slots", params={"model": "no-such"}, headers={"Host": "evil.example"}),
+            403,
+            "permission_error",
+        )
         assert refused["code"] == "host_not_allowed" and "FITBOX_HOST_NAMES" in refused["message"]
         # past the door and the insider rule, to the model lookup (no child is started)
         own = local.get("/slots", params={"model": "no-such"}, headers={"Host": "127.0.0.1:8484"})
         assert error(own, 404, "invalid_request_error")["code"] == "model_not_found"
         admin = make_key(started, "admin")  # a key decides for itself, whatever the Host
-        keyed = local.get("/slots", params={"model": "no-such"},
-                          headers={"Host": "evil.example", **bearer(admin)})  # fmt: skip
+        keyed = local.get(
+            "/slots", params={"model": "no-such"}, headers={"Host": "evil.example", **bearer(admin)}
+        )
         assert error(keyed, 404, "invalid_request_error")["code"] == "model_not_found"
 
 
@@ -187,14 +211,14 @@ def test_another_page_cannot_change_the_box_without_a_key(started: Path) -> None
             refused = local.post("/v1/keys", json={"name": "x"}, headers={"Origin": origin})
             body = error(refused, 403, "permission_error")
             assert body["code"] == "origin_not_allowed" and origin in body["message"]
-        own = local.post("/v1/keys", json={"name": "mine", "scopes": ["read"]},
-                         headers={"Origin": BOX})  # fmt: skip
+        own = local.post(
+            "/v1/keys", json={"name": "mine", "scopes": ["read"]}, headers={"Origin": BOX}
+        )
         assert own.status_code == 201, own.text
         assert local.get("/v1/keys", headers={"Origin": "http://evil.example"}).status_code == 200
         admin = make_key(started, "admin")
         headers = {"Origin": "http://evil.example", **bearer(admin)}
-        with_key = local.post("/v1/keys", json={"name": "y", "scopes": ["read"]},
-                              headers=headers)  # fmt: skip
+        with_key = local.post("/v1/keys", json={"name": "y", "scopes": ["read"]}, headers=headers)
         assert with_key.status_code == 201
 
 
@@ -205,8 +229,11 @@ def test_forwarded_requests_from_an_untrusted_peer_are_outside(started: Path) ->
         error(local.get("/v1/keys", headers=spoofed), 401, "authentication_error")
     with client(started, LOCAL, trusted_proxies="127.0.0.1") as proxied:
         assert proxied.get("/v1/models", headers={"X-Forwarded-For": "10.0.0.8"}).status_code == 200
-        error(proxied.get("/v1/models", headers={"X-Forwarded-For": "203.0.113.1"}), 401,
-              "authentication_error")  # fmt: skip
+        error(
+            proxied.get("/v1/models", headers={"X-Forwarded-For": "203.0.113.1"}),
+            401,
+            "authentication_error",
+        )
 
 
 def test_revoked_and_expired_keys_fail_on_the_next_request(started: Path) -> None:
@@ -238,8 +265,11 @@ def test_a_key_limited_to_models_sees_and_uses_only_those(started: Path) -> None
     with client(started, OUTSIDE) as outside:
         names = [m["id"] for m in outside.get("/v1/models", headers=bearer(key)).json()["data"]]
         assert names == ["tiny"]
-        refused = outside.post("/v1/chat/completions", headers=bearer(key), json={
-            "model": "other", "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
+        refused = outside.post(
+            "/v1/chat/completions",
+            headers=bearer(key),
+            json={"model": "other", "messages": [{"role": "user", "content": "x"}]},
+        )
         assert error(refused, 403, "permission_error")["code"] == "model_not_allowed"
 
 
@@ -253,12 +283,16 @@ def test_a_damaged_key_row_never_breaks_a_listing_and_grants_nothing_new(
 ) -> None:
     forever = make_key(started, "inference", expires_at=math.inf)  # what bodies let in before
     past, revoked, scrambled = (make_key(started, "inference") for _ in range(3))
-    damage = [("expires_at", -math.inf, past), ("revoked_at", "garbage", revoked),
-              ("scopes", "not json", scrambled)]  # fmt: skip
+    damage = [
+        ("expires_at", -math.inf, past),
+        ("revoked_at", "garbage", revoked),
+        ("scopes", "not json", scrambled),
+    ]
     with sqlite3.connect(started / "fitbox.sqlite3") as conn:
         for column, value, key in damage:
-            conn.execute(f"UPDATE api_keys SET {column} = ? WHERE key_id = ?",
-                         (value, key.split("_")[1]))  # fmt: skip
+            conn.execute(
+                f"UPDATE api_keys SET {column} = ? WHERE key_id = ?", (value, key.split("_")[1])
+            )
     with client(started, LOCAL) as local, client(started, OUTSIDE) as outside:
         listed = local.get("/v1/keys")
         assert listed.status_code == 200, listed.text
@@ -316,8 +350,11 @@ def test_engine_logs_reach_the_box_and_admins_never_inference_callers(
     elif scopes is not None:
         headers = bearer(make_key(started, *scopes))
     with client(started, peer) as caller:
-        response = caller.post("/v1/chat/completions", headers=headers, json={
-            "model": "tiny", "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
+        response = caller.post(
+            "/v1/chat/completions",
+            headers=headers,
+            json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
+        )
     body = error(response, 502, "server_error")
     assert body["code"] == "engine_failed" and "could not load 'tiny'" in body["message"]
     assert ("log_tail" in body) is sees and (":41234" in response.text) is sees
@@ -366,8 +403,9 @@ def test_a_trusted_proxy_s_forwarding_is_judged_once_by_fitbox_in_the_real_serve
     peer that is no trusted proxy: a LAN client behind a trusted proxy on the box refused."""
     from .conftest import start_fitbox, stop_fitbox
 
-    box = start_fitbox(home / "served", [home / "models"],
-                       env={"FITBOX_TRUSTED_PROXIES": "127.0.0.1"})  # fmt: skip
+    box = start_fitbox(
+        home / "served", [home / "models"], env={"FITBOX_TRUSTED_PROXIES": "127.0.0.1"}
+    )
     try:
         lan = httpx.get(f"{box.url}/v1/models", headers={"X-Forwarded-For": "10.0.0.8"})
         assert lan.status_code == 200, lan.text

@@ -20,14 +20,19 @@ SERVER, CLIENT = "127.0.0.2", "127.0.0.3"
 
 
 def keys_cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fitbox", "keys", *args, "--home", str(home)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fitbox", "keys", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def from_client(api_key: str | None = None) -> httpx.Client:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.Client(transport=httpx.HTTPTransport(local_address=CLIENT), headers=headers,
-                        timeout=60)  # fmt: skip
+    return httpx.Client(
+        transport=httpx.HTTPTransport(local_address=CLIENT), headers=headers, timeout=60
+    )
 
 
 def test_scoped_keys_over_real_sockets(

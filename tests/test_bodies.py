@@ -49,18 +49,29 @@ def drive(
         if pulled == len(chunks):
             return {"type": "http.disconnect"}
         pulled += 1
-        return {"type": "http.request", "body": chunks[pulled - 1],
-                "more_body": pulled < len(chunks)}  # fmt: skip
+        return {
+            "type": "http.request",
+            "body": chunks[pulled - 1],
+            "more_body": pulled < len(chunks),
+        }
 
     async def send(message: Message) -> None:
         sent.append(message)
 
     scope: Scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": CHAT, "raw_path": CHAT.encode(), "query_string": b"",
-        "root_path": "", "client": ("127.0.0.1", 50000), "server": ("testserver", 80),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": CHAT,
+        "raw_path": CHAT.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
         "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
-    }  # fmt: skip
+    }
     assert client.portal is not None
     client.portal.call(client.app, scope, receive, send)
     start = next(m for m in sent if m["type"] == "http.response.start")

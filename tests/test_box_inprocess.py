@@ -53,19 +53,26 @@ def models(tmp_path: Path) -> Path:
 
 
 def make_box(tmp_path: Path, models: Path, store: Store | None = None, **env: str) -> Box:
-    config = settings.load({"home": str(tmp_path / "home"), "models": str(models)},
-                           env={"FITBOX_WAIT_TIMEOUT": "30", **env})  # fmt: skip
+    config = settings.load(
+        {"home": str(tmp_path / "home"), "models": str(models)},
+        env={"FITBOX_WAIT_TIMEOUT": "30", **env},
+    )
     catalog = Catalog(config.models, config.aliases, config.facts_cache)
-    return Box(config, catalog, open_gpu_probe(""), store, [],
-               EngineKinds([NoBinary()]))  # fmt: skip
+    return Box(config, catalog, open_gpu_probe(""), store, [], EngineKinds([NoBinary()]))
 
 
 def resident_of(box: Box, name: str, state: ResidentState = S.READY) -> Resident:
     """Register a resident of ``name`` as admission would, and bring it to ``state``."""
     artifact = box.catalog.resolve(name)
-    resident = Resident(artifact=artifact, device="host", footprint=Footprint(1 << 20, 0, 0, 0),
-                        window=512, parallel=2, simulated=False,
-                        engine=box.admission.engines.for_artifact(artifact))  # fmt: skip
+    resident = Resident(
+        artifact=artifact,
+        device="host",
+        footprint=Footprint(1 << 20, 0, 0, 0),
+        window=512,
+        parallel=2,
+        simulated=False,
+        engine=box.admission.engines.for_artifact(artifact),
+    )
     box.registry.add(resident)
     if state is not S.STARTING:
         box.registry.move(resident, S.READY)
@@ -118,9 +125,7 @@ def test_every_state_change_follows_the_table_and_an_illegal_one_raises(
     asyncio.run(run())
 
 
-def test_the_registry_refuses_a_second_resident_for_one_file(
-    tmp_path: Path, models: Path
-) -> None:
+def test_the_registry_refuses_a_second_resident_for_one_file(tmp_path: Path, models: Path) -> None:
     async def run() -> None:
         box = make_box(tmp_path, models)
         resident_of(box, "tiny-a")
@@ -269,10 +274,12 @@ def rows(store: Store) -> list[dict[str, Any]]:
 def test_a_call_owns_its_row_from_start_to_its_measured_speed(
     tmp_path: Path, models: Path, store: Store
 ) -> None:
-    body = (b'{"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5}, '
-            b'"timings": {"prompt_n": 11, "prompt_ms": 5.5, "prompt_per_token_ms": 0.5, '
-            b'"predicted_n": 5, "predicted_ms": 10.0, "predicted_per_token_ms": 2.0, '
-            b'"cache_n": 0}}')  # fmt: skip
+    body = (
+        b'{"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5}, '
+        b'"timings": {"prompt_n": 11, "prompt_ms": 5.5, "prompt_per_token_ms": 0.5, '
+        b'"predicted_n": 5, "predicted_ms": 10.0, "predicted_per_token_ms": 2.0, '
+        b'"cache_n": 0}}'
+    )
 
     async def run() -> None:
         box = make_box(tmp_path, models, store)
@@ -311,7 +318,10 @@ def test_a_call_that_fails_or_is_cut_off_records_it_and_releases_its_lease(
         assert resident.calls == 0
         first, second = rows(store)[-2:]
         assert (first["outcome"], first["error_code"], first["http_status"]) == (
-            "error", "model_not_found", 404)
+            "error",
+            "model_not_found",
+            404,
+        )
         assert second["outcome"] == "interrupted" and second["artifact"] is not None
 
     asyncio.run(run())

@@ -25,8 +25,7 @@ FRONTED = Path(__file__).parent / "fakes" / "fronted-llama-server"
 
 
 def chat(**extra: object) -> dict[str, object]:
-    return {"model": SMOL, "messages": [{"role": "user", "content": "Tell me a story."}],
-            **extra}  # fmt: skip
+    return {"model": SMOL, "messages": [{"role": "user", "content": "Tell me a story."}], **extra}
 
 
 def row_of(home: Path, request_id: str) -> dict[str, object] | None:
@@ -43,14 +42,19 @@ def test_a_stream_the_client_got_whole_is_recorded_ok_whatever_the_client_does_n
 ) -> None:
     """Every event and [DONE] reach the client, which then leaves; fitbox is still waiting
     for the end of the engine's body (withheld by the fake) when it learns so."""
-    env = {"LLAMA_SERVER_BIN": str(FRONTED), "FAKE_REAL_BIN": str(llama_server_bin),
-           "FAKE_HOLD_STREAM_END": "1"}  # fmt: skip
+    env = {
+        "LLAMA_SERVER_BIN": str(FRONTED),
+        "FAKE_REAL_BIN": str(llama_server_bin),
+        "FAKE_HOLD_STREAM_END": "1",
+    }
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
-        body = chat(max_tokens=8, stream=True, ignore_eos=True,
-                    stream_options={"include_usage": True})  # fmt: skip
+        body = chat(
+            max_tokens=8, stream=True, ignore_eos=True, stream_options={"include_usage": True}
+        )
         events: list[str] = []
-        with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
-                          timeout=60) as response:  # fmt: skip
+        with httpx.stream(
+            "POST", f"{box.url}/v1/chat/completions", json=body, timeout=60
+        ) as response:
             assert response.status_code == 200
             for line in response.iter_lines():
                 if line.startswith("data: "):
@@ -76,9 +80,13 @@ def test_a_call_row_is_in_the_store_before_the_first_byte_of_its_response(
         for n in range(4):
             for stream in (True, False):
                 request_id = f"first-byte-{n}-{stream}"
-                with httpx.stream("POST", f"{box.url}/v1/chat/completions", timeout=60,
-                                  json=chat(max_tokens=4, stream=stream),
-                                  headers={"x-request-id": request_id}) as response:  # fmt: skip
+                with httpx.stream(
+                    "POST",
+                    f"{box.url}/v1/chat/completions",
+                    timeout=60,
+                    json=chat(max_tokens=4, stream=stream),
+                    headers={"x-request-id": request_id},
+                ) as response:
                     # the status line is here: the response's first byte has left fitbox
                     assert row_of(home, request_id) is not None, f"{request_id}: no row yet"
                     response.read()
@@ -92,7 +100,7 @@ def test_a_call_row_is_in_the_store_before_the_first_byte_of_its_response(
                 json=body,
                 timeout=30,
                 headers={"x-request-id": "killed"},
-            ) as response,  # fmt: skip
+            ) as response,
         ):
             box.proc.kill()
             response.read()
@@ -113,9 +121,12 @@ def test_a_reply_the_client_got_whole_is_stored_ok_before_its_last_byte(
         for n in range(4):
             for stream in (True, False):
                 request_id = f"last-byte-{n}-{stream}"
-                reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
-                                   json=chat(max_tokens=4, stream=stream),
-                                   headers={"x-request-id": request_id})  # fmt: skip
+                reply = httpx.post(
+                    f"{box.url}/v1/chat/completions",
+                    timeout=60,
+                    json=chat(max_tokens=4, stream=stream),
+                    headers={"x-request-id": request_id},
+                )
                 assert reply.status_code == 200, reply.text
                 row = row_of(box.home, request_id)
                 assert row is not None and row["outcome"] == "ok", (request_id, row)

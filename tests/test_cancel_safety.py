@@ -12,8 +12,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "fitbox"
 
 
 def test_no_module_bounds_an_await_with_wait_for() -> None:
-    found = [f"{path.relative_to(SRC)}:{n}"
-             for path in sorted(SRC.rglob("*.py"))
-             for n, line in enumerate(path.read_text().splitlines(), 1)
-             if re.search(r"\bwait_for\(", line) and not line.lstrip().startswith("#")]  # fmt: skip
+    found = [
+        f"{path.relative_to(SRC)}:{n}"
+        for path in sorted(SRC.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bwait_for\(", line) and not line.lstrip().startswith("#")
+    ]
     assert found == [], f"use asyncio.timeout instead of wait_for at {found}"

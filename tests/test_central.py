@@ -28,8 +28,13 @@ from .holds import Background, until
 from .postgres import PostgresCluster
 
 OUTSIDE = ("203.0.113.9", 50000)  # a documentation address: never the central itself
-BOX = {"box_id": "0b7c1d2e-0000-4000-8000-000000000001", "name": "gpu-1", "version": "0.1.0",
-       "url": "http://198.51.100.7:8484", "admin_key": "fb_000000000000_" + "x" * 43}  # fmt: skip
+BOX = {
+    "box_id": "0b7c1d2e-0000-4000-8000-000000000001",
+    "name": "gpu-1",
+    "version": "0.1.0",
+    "url": "http://198.51.100.7:8484",
+    "admin_key": "fb_000000000000_" + "x" * 43,
+}
 
 
 def _key(target: StoreTarget, *scopes: str) -> str:
@@ -79,8 +84,11 @@ def test_registering_from_outside_needs_the_worker_key(
 def test_an_inference_key_cannot_register(central: tuple[TestClient, StoreTarget]) -> None:
     client, store_path = central
     key = _key(store_path, "inference")
-    error = _error(client.post("/v1/boxes", json=BOX, headers={"Authorization": f"Bearer {key}"}),
-                   403, "insufficient_scope")  # fmt: skip
+    error = _error(
+        client.post("/v1/boxes", json=BOX, headers={"Authorization": f"Bearer {key}"}),
+        403,
+        "insufficient_scope",
+    )
     assert "worker" in error["message"]
 
 
@@ -115,8 +123,9 @@ def test_a_loopback_box_is_refused_by_a_central_elsewhere(
     loopback = {**BOX, "url": "http://127.0.0.1:8484"}
     error = _error(client.post("/v1/boxes", json=loopback, headers=auth), 400, "box_unreachable")
     assert "--host 0.0.0.0" in error["message"] and error["param"] == "url"
-    error = _error(client.post("/v1/boxes", json={**BOX, "url": ""}, headers=auth), 400,
-                   "invalid_request")  # fmt: skip
+    error = _error(
+        client.post("/v1/boxes", json={**BOX, "url": ""}, headers=auth), 400, "invalid_request"
+    )
     assert error["param"] == "url"
 
 
@@ -130,34 +139,63 @@ def test_the_box_sees_a_loopback_problem_before_asking() -> None:
 def test_the_routes_errors_are_openai_shaped(central: tuple[TestClient, StoreTarget]) -> None:
     client, store_path = central
     auth = {"Authorization": f"Bearer {_key(store_path, 'admin')}"}
-    error = _error(client.post("/v1/chat/completions", json={"model": "nothing", "messages": []},
-                               headers=auth), 404, "model_not_found")  # fmt: skip
+    error = _error(
+        client.post(
+            "/v1/chat/completions", json={"model": "nothing", "messages": []}, headers=auth
+        ),
+        404,
+        "model_not_found",
+    )
     assert "GET /v1/models" in error["message"]
-    _error(client.post("/v1/chat/completions", json={"messages": []}, headers=auth), 400,
-           "invalid_request")  # fmt: skip
+    _error(
+        client.post("/v1/chat/completions", json={"messages": []}, headers=auth),
+        400,
+        "invalid_request",
+    )
     _error(client.post("/v1/embeddings", content=b"{", headers=auth), 400, "invalid_request")
-    error = _error(client.get("/v1/telemetry/rows", params={"table": "api_keys"}, headers=auth),
-                   400, "invalid_request")  # fmt: skip
+    error = _error(
+        client.get("/v1/telemetry/rows", params={"table": "api_keys"}, headers=auth),
+        400,
+        "invalid_request",
+    )
     assert error["param"] == "table"
-    _error(client.get("/v1/telemetry/rows", params={"table": "call_log", "limit": "x"},
-                      headers=auth), 400, "invalid_request")  # fmt: skip
+    _error(
+        client.get("/v1/telemetry/rows", params={"table": "call_log", "limit": "x"}, headers=auth),
+        400,
+        "invalid_request",
+    )
 
 
-@pytest.mark.parametrize(("row", "reason"), [
-    ({"id": 1, "seq": 2, "prompt_tokens": "many"}, "prompt_tokens"),
-    ({"id": "1", "seq": 2}, "'id'"),
-    ({"id": 1}, "'seq'"),
-    ({"id": 1, "seq": 2, "devices": [0]}, "devices"),
-    (["not", "a", "row"], "JSON object"),
-    ({"id": 2**63, "seq": 2}, "64 bits"),  # past what either store's integer holds
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"id": 1, "seq": 2, "prompt_tokens": "many"}, "prompt_tokens"),
+        ({"id": "1", "seq": 2}, "'id'"),
+        ({"id": 1}, "'seq'"),
+        ({"id": 1, "seq": 2, "devices": [0]}, "devices"),
+        (["not", "a", "row"], "JSON object"),
+        ({"id": 2**63, "seq": 2}, "64 bits"),  # past what either store's integer holds
+    ],
+)
 def test_rows_the_mirror_cannot_take_say_why(row: Any, reason: str) -> None:
     assert reason in (rejection(row, "seq") or "")
 
 
 def test_a_row_the_mirror_can_take() -> None:
-    assert rejection({"id": 1, "seq": 2, "prompt_tokens": 5, "outcome": "ok",
-                      "received_at": 1.5, "evicted": None}, "seq") is None  # fmt: skip
+    assert (
+        rejection(
+            {
+                "id": 1,
+                "seq": 2,
+                "prompt_tokens": 5,
+                "outcome": "ok",
+                "received_at": 1.5,
+                "evicted": None,
+            },
+            "seq",
+        )
+        is None
+    )
 
 
 def test_a_page_lands_once_and_a_changed_row_replaces_itself(target: StoreTarget) -> None:
@@ -192,8 +230,14 @@ def test_a_central_url_that_is_not_http_is_refused_with_the_setting_named() -> N
 
 
 def _versions(store: CentralStore) -> list[int]:
-    return list(store.run(lambda conn: [int(r[0]) for r in conn.execute(
-        "SELECT version FROM schema_migrations ORDER BY version")]))  # fmt: skip
+    return list(
+        store.run(
+            lambda conn: [
+                int(r[0])
+                for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")
+            ]
+        )
+    )
 
 
 def test_one_migration_sequence_is_recorded_and_not_run_twice(target: StoreTarget) -> None:
@@ -204,8 +248,9 @@ def test_one_migration_sequence_is_recorded_and_not_run_twice(target: StoreTarge
     again = CentralStore(target)  # opened again: nothing is applied a second time
     try:
         assert _versions(again) == first
-        timed = again.run(lambda conn: conn.execute("SELECT applied_at FROM schema_migrations"
-                                                    ).fetchone()[0])  # fmt: skip
+        timed = again.run(
+            lambda conn: conn.execute("SELECT applied_at FROM schema_migrations").fetchone()[0]
+        )
         assert isinstance(timed, float) and abs(timed - time.time()) < 3600  # a double, not float4
     finally:
         again.close()
@@ -242,12 +287,15 @@ def test_boxes_rows_and_columns_read_the_same_on_both_stores(target: StoreTarget
         assert (two.box_id, two.version, two.counter, one.counter) == ("box-2", "0.2", 41, None)
         assert two.last_seen_at is not None and one.last_seen_at is None
         store.take_page("box-1", "children", "seq", [{"id": 1, "seq": 1, "artifact": "a"}], 1)
-        store.take_page("box-2", "children", "seq", [{"id": 1, "seq": 1, "artifact": "a"},
-                                                     {"id": 2, "seq": 2, "artifact": "b",
-                                                      "pid": 7}], 2)  # fmt: skip
+        store.take_page(
+            "box-2",
+            "children",
+            "seq",
+            [{"id": 1, "seq": 1, "artifact": "a"}, {"id": 2, "seq": 2, "artifact": "b", "pid": 7}],
+            2,
+        )
         rows = store.mirrored("children", None, 10, 0, True)
-        assert [(r["box_id"], r["id"]) for r in rows] == [("box-2", 2), ("box-2", 1),
-                                                           ("box-1", 1)]  # fmt: skip
+        assert [(r["box_id"], r["id"]) for r in rows] == [("box-2", 2), ("box-2", 1), ("box-1", 1)]
         assert store.mirrored("children", "box-1", 10, 1, False) == []
         assert store.table_columns() == {"children": ["box_id", "artifact", "id", "pid", "seq"]}
     finally:
@@ -256,11 +304,14 @@ def test_boxes_rows_and_columns_read_the_same_on_both_stores(target: StoreTarget
 
 def test_postgres_sql_is_sqlite_sql_with_two_words_changed() -> None:
     assert to_postgres("CREATE TABLE t (a INTEGER, b REAL, c BLOB, d TEXT)") == (
-        "CREATE TABLE t (a BIGINT, b DOUBLE PRECISION, c BYTEA, d TEXT)")  # fmt: skip
+        "CREATE TABLE t (a BIGINT, b DOUBLE PRECISION, c BYTEA, d TEXT)"
+    )
     assert to_postgres("SELECT a FROM t WHERE b = ? AND c LIKE '?%' AND d = '50%'") == (
-        "SELECT a FROM t WHERE b = %s AND c LIKE '?%' AND d = '50%'")  # fmt: skip
+        "SELECT a FROM t WHERE b = %s AND c LIKE '?%' AND d = '50%'"
+    )
     assert to_postgres("SELECT INTEGER, a % 2 FROM t", placeholders=True) == (
-        "SELECT INTEGER, a %% 2 FROM t")  # only DDL's types change  # fmt: skip
+        "SELECT INTEGER, a %% 2 FROM t"
+    )  # only DDL's types change
     hidden = redact("postgresql://u:s3cret@db.example:5432/c")
     assert hidden == "postgresql://u:***@db.example:5432/c"
     assert redact("postgresql://u@db.example/c") == "postgresql://u@db.example/c"
@@ -282,7 +333,9 @@ def test_a_dropped_database_connection_is_opened_again(postgres: PostgresCluster
             database = url.rsplit("/", 1)[1]
             ended = admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                "AND application_name = 'fitbox-central'", (database,)).fetchall()  # fmt: skip
+                "AND application_name = 'fitbox-central'",
+                (database,),
+            ).fetchall()
         assert ended == [(True,), (True,)]  # the store's and the key checker's
         assert checker.verify(secret) is not None  # the first key after it still counts
         assert store.cursor("b", "call_log") == 1
@@ -294,14 +347,19 @@ def test_a_dropped_database_connection_is_opened_again(postgres: PostgresCluster
 
 
 def test_the_database_password_is_never_printed(
-    postgres: PostgresCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    postgres: PostgresCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     wrong = postgres.url(password="Wrong-Secret-42")
     with pytest.raises(StoreUnavailable) as caught:
         CentralStore(wrong)
-    assert "Wrong-Secret-42" not in str(caught.value) and "password authentication" in str(
-        caught.value) and f"fitbox:***@127.0.0.1:{postgres.port}" in str(caught.value)  # fmt: skip
+    assert (
+        "Wrong-Secret-42" not in str(caught.value)
+        and "password authentication" in str(caught.value)
+        and f"fitbox:***@127.0.0.1:{postgres.port}" in str(caught.value)
+    )
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
     monkeypatch.setenv("FITBOX_CENTRAL_DB", wrong)
     code = fitbox_main(["central", "keys", "create", "--scope", "worker", "--home", str(tmp_path)])
@@ -314,8 +372,9 @@ def test_the_database_password_is_never_printed(
 
 
 def test_a_database_that_went_away_is_a_503_that_names_it(
-    postgres: PostgresCluster, tmp_path: Path,
-) -> None:  # fmt: skip
+    postgres: PostgresCluster,
+    tmp_path: Path,
+) -> None:
     """The database refuses the central (dropped connections, no new ones): a route that
     reads it answers 503 store_unavailable with the store named, and keys fail closed."""
     import psycopg
@@ -324,18 +383,25 @@ def test_a_database_that_went_away_is_a_503_that_names_it(
     database = url.rsplit("/", 1)[1]
     key = _key(url, "admin")
     config = settings.load({"home": str(tmp_path), "host": "0.0.0.0"}, env={})
-    with TestClient(create_central_app(config, url), client=("127.0.0.1", 40000),
-                    base_url=HOST) as local, \
-            psycopg.connect(postgres.url(), autocommit=True) as admin:  # fmt: skip
+    with (
+        TestClient(
+            create_central_app(config, url), client=("127.0.0.1", 40000), base_url=HOST
+        ) as local,
+        psycopg.connect(postgres.url(), autocommit=True) as admin,
+    ):
         assert local.get("/v1/telemetry/rows", params={"table": "call_log"}).status_code == 200
         outside = {"Authorization": f"Bearer {key}"}
         remote = TestClient(local.app, client=OUTSIDE, base_url=HOST)  # the running app
         assert remote.get("/v1/fleet", headers=outside).status_code == 200
         admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-                      "%s AND pid <> pg_backend_pid()", (database,))  # fmt: skip
-        error = _error(local.get("/v1/telemetry/rows", params={"table": "call_log"}), 503,
-                       "store_unavailable")  # fmt: skip
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+            "%s AND pid <> pg_backend_pid()",
+            (database,),
+        )
+        error = _error(
+            local.get("/v1/telemetry/rows", params={"table": "call_log"}), 503, "store_unavailable"
+        )
         assert f"fitbox:***@127.0.0.1:{postgres.port}/{database}" in error["message"]
         assert postgres.password not in error["message"]
         _error(remote.get("/v1/fleet", headers=outside), 401, "invalid_api_key")  # fails closed
@@ -345,8 +411,9 @@ def test_a_database_that_went_away_is_a_503_that_names_it(
 
 
 def test_a_key_check_the_database_holds_holds_no_other_call(
-    postgres: PostgresCluster, tmp_path: Path,
-) -> None:  # fmt: skip
+    postgres: PostgresCluster,
+    tmp_path: Path,
+) -> None:
     """A key check waits on PostgreSQL (the test holds the keys' table locked): a call that
     needs no key is answered meanwhile by the same running central, and the key is admitted
     once the test lets the table go."""
@@ -355,19 +422,23 @@ def test_a_key_check_the_database_holds_holds_no_other_call(
     url = postgres.create_database()
     key = _key(url, "admin")
     config = settings.load({"home": str(tmp_path), "host": "0.0.0.0"}, env={})
-    with TestClient(create_central_app(config, url), client=OUTSIDE, base_url=HOST) as client, \
-            psycopg.connect(url, autocommit=True) as locker, \
-            psycopg.connect(url, autocommit=True) as watcher:  # fmt: skip
+    with (
+        TestClient(create_central_app(config, url), client=OUTSIDE, base_url=HOST) as client,
+        psycopg.connect(url, autocommit=True) as locker,
+        psycopg.connect(url, autocommit=True) as watcher,
+    ):
         locker.execute("BEGIN")
         locker.execute("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
         try:
-            keyed = Background(lambda: client.get("/v1/fleet",
-                                                  headers={"Authorization": f"Bearer {key}"}))
+            keyed = Background(
+                lambda: client.get("/v1/fleet", headers={"Authorization": f"Bearer {key}"})
+            )
 
             def key_check_waiting() -> bool:
                 row = watcher.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                    "'fitbox-central' AND wait_event_type = 'Lock'").fetchone()  # fmt: skip
+                    "'fitbox-central' AND wait_event_type = 'Lock'"
+                ).fetchone()
                 return bool(row and row[0] == 1)
 
             until(key_check_waiting, "the key check waiting on the locked table")
@@ -400,14 +471,15 @@ def test_limits_from_the_centre_say_why_they_cannot_be_set(tmp_path: Path) -> No
     store = CentralStore(store_path)
     store.register(BOX["box_id"], "down", "0.1.0", "http://127.0.0.1:9", "fb_x")  # no one there
     store.close()
-    with TestClient(create_central_app(config, store_path), client=("127.0.0.1", 5),
-                    base_url=HOST) as client:
+    with TestClient(
+        create_central_app(config, store_path), client=("127.0.0.1", 5), base_url=HOST
+    ) as client:
         path = f"/v1/fleet/boxes/{BOX['box_id']}/limits"
-        error = _error(client.post("/v1/fleet/boxes/nobody/limits", json={}), 404,
-                       "box_not_found")  # fmt: skip
+        error = _error(client.post("/v1/fleet/boxes/nobody/limits", json={}), 404, "box_not_found")
         assert "GET /v1/fleet" in error["message"]
-        error = _error(client.post(path, json={"tier": "box", "ram_max": "1GiB"}), 400,
-                       "invalid_request")  # fmt: skip
+        error = _error(
+            client.post(path, json={"tier": "box", "ram_max": "1GiB"}), 400, "invalid_request"
+        )
         assert error["param"] == "tier" and "central tier only" in error["message"]
         _error(client.post(path, json=["ram_max"]), 400, "invalid_request")
         error = _error(client.post(path, json={"ram_max": "1GiB"}), 502, "box_unreachable")
@@ -433,8 +505,10 @@ def test_a_kept_connection_the_box_drops_unread_is_sent_again_on_a_fresh_one() -
             if answered:  # the second request on a kept connection: closed unanswered
                 break
             body = b'{"ok": true}'
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            )
             await writer.drain()
             answered += 1
         writer.close()

@@ -51,11 +51,21 @@ class Central:
 
     def start(self) -> None:
         log_path = self.home / "central.log"
-        argv = [sys.executable, "-m", "fitbox", "central", "serve", "--port", "auto",
-                "--home", str(self.home)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "fitbox",
+            "central",
+            "serve",
+            "--port",
+            "auto",
+            "--home",
+            str(self.home),
+        ]
         with log_path.open("ab") as log_file:
-            self.proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
-                                         env={**os.environ, **self.env})  # fmt: skip
+            self.proc = subprocess.Popen(
+                argv, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+            )
         self.url = _answering(self.proc, self.home / "central-endpoint.json", log_path)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
@@ -72,8 +82,7 @@ class Central:
         return {b["box_id"]: b for b in self.get("/v1/fleet")["data"]}
 
     def mirrored(self, table: str, box_id: str) -> list[dict[str, Any]]:
-        return list(self.get("/v1/telemetry/rows", table=table, box_id=box_id,
-                             limit=1000)["rows"])  # fmt: skip
+        return list(self.get("/v1/telemetry/rows", table=table, box_id=box_id, limit=1000)["rows"])
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
@@ -94,14 +103,16 @@ def _box_id(box: FitboxProcess) -> str:
 
 
 def _join(home: Path, models: Path, central: Central, key: str) -> FitboxProcess:
-    return start_fitbox(home, [models], "--central", central.url, "--central-key", key,
-                        env=HOLD_IDLE_TIMEOUT)  # fmt: skip
+    return start_fitbox(
+        home, [models], "--central", central.url, "--central-key", key, env=HOLD_IDLE_TIMEOUT
+    )
 
 
 def _fleet_model(central: Central, name: str) -> dict[str, Any]:
     """One model's entry of /v1/fleet/models."""
-    found: list[dict[str, Any]] = [m for m in central.get("/v1/fleet/models")["data"]
-                                   if m["id"] == name]  # fmt: skip
+    found: list[dict[str, Any]] = [
+        m for m in central.get("/v1/fleet/models")["data"] if m["id"] == name
+    ]
     assert len(found) == 1, found
     return found[0]
 
@@ -112,8 +123,9 @@ def _all_up(central: Central, ids: list[str]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
-          llama_server_bin: Path) -> Iterator[Fleet]:  # fmt: skip
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path
+) -> Iterator[Fleet]:
     # a 5 s long-poll (25 s by default): a box frozen for 30 s outlasts its 15 s answer bound
     central = Central(tmp_path_factory.mktemp("central"), env={"FITBOX_CENTRAL_LONG_POLL": "5"})
     made = subprocess.run(
@@ -141,8 +153,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
     boxes: list[FitboxProcess] = []
     try:
         homes = [tmp_path_factory.mktemp(f"box-{name}") for name in ("a", "b", "c")]
-        starting = [Background(lambda h=h: _join(h, models, central, worker_key))  # type: ignore[misc]
-                    for h in homes]  # started side by side: a start is mostly imports  # fmt: skip
+        starting = [
+            Background(lambda h=h: _join(h, models, central, worker_key))  # type: ignore[misc]
+            for h in homes
+        ]  # started side by side: a start is mostly imports
         for start in starting:
             with contextlib.suppress(Exception):  # one that failed is raised below
                 boxes.append(start.result())
@@ -233,9 +247,12 @@ def test_a_bare_name_goes_to_the_box_where_it_is_resident(fleet: Fleet) -> None:
         lambda: _fleet_model(fleet.central, SMOL)["resident_on"] == [a],
         "the central seeing the model resident on box a",
     )
-    assert _fleet_model(fleet.central, SMOL) == {"id": SMOL, "resident_on": [a],
-                                                 "on_disk_on": sorted(fleet.ids),
-                                                 "fits_on": sorted(fleet.ids)}  # fmt: skip
+    assert _fleet_model(fleet.central, SMOL) == {
+        "id": SMOL,
+        "resident_on": [a],
+        "on_disk_on": sorted(fleet.ids),
+        "fits_on": sorted(fleet.ids),
+    }
     with fleet.central.client() as client:
         raw = client.chat.completions.with_raw_response.create(
             model=SMOL, messages=HELLO, max_tokens=8
@@ -256,8 +273,12 @@ def test_a_footprint_one_box_measured_prices_the_first_load_of_the_others(fleet:
     """Box a loaded SmolLM2 (the tests above); b and c hold the same bytes and never loaded
     it: the central offers a's footprint to both, and their plans price from it."""
     a = fleet.ids[0]
-    own = until(lambda: [r for r in fleet.central.mirrored("measured_footprints", a)
-                         if r["origin_box"] is None], "box a's footprint mirrored")  # fmt: skip
+    own = until(
+        lambda: [
+            r for r in fleet.central.mirrored("measured_footprints", a) if r["origin_box"] is None
+        ],
+        "box a's footprint mirrored",
+    )
     for box, box_id in zip(fleet.boxes[1:], fleet.ids[1:], strict=True):
 
         def imported(b: FitboxProcess = box) -> dict[str, Any] | None:
@@ -267,15 +288,20 @@ def test_a_footprint_one_box_measured_prices_the_first_load_of_the_others(fleet:
         plan = until(imported, f"box {box_id} pricing SmolLM2 from box a's measurement", 60)
         assert plan["decision"] == "place" and plan["measured_by"]["box_id"] == a
         (row,) = [r for r in own if r["id"] == plan["measured_by"]["row_id"]]
-        assert (row["window"], row["type_k"], row["device"]) == (plan["window"], plan["type_k"],
-                                                                 plan["device"])  # fmt: skip
-        measured = sum(row[k] for k in ("weights_bytes", "kv_bytes", "compute_bytes",
-                                        "output_bytes"))  # fmt: skip
+        assert (row["window"], row["type_k"], row["device"]) == (
+            plan["window"],
+            plan["type_k"],
+            plan["device"],
+        )
+        measured = sum(
+            row[k] for k in ("weights_bytes", "kv_bytes", "compute_bytes", "output_bytes")
+        )
         assert sum(d["total_bytes"] for d in plan["devices"]) == measured
 
         def labelled_rows(i: str = box_id) -> list[dict[str, Any]]:
-            return [r for r in fleet.central.mirrored("measured_footprints", i)
-                    if r["origin_box"] == a]  # fmt: skip
+            return [
+                r for r in fleet.central.mirrored("measured_footprints", i) if r["origin_box"] == a
+            ]
 
         labelled = until(labelled_rows, "the import mirrored, labelled with its origin")
         assert labelled[0]["origin_id"] == row["id"]
@@ -290,10 +316,21 @@ def _refuse_by_hand(box: FitboxProcess, like: dict[str, Any], window: int) -> in
             "INSERT INTO refused_windows (artifact, artifact_size, artifact_mtime_ns, "
             "placement, window, type_k, type_v, detail, measured_at) VALUES "
             "(?, ?, ?, ?, ?, ?, ?, 'failed to allocate buffer for kv cache', ?)",
-            (like["artifact"], like["artifact_size"], like["artifact_mtime_ns"], like["device"],
-             window, like["type_k"], like["type_v"], time.time())).lastrowid  # fmt: skip
-        seq = conn.execute("INSERT INTO events (at, kind, tbl, row_id) VALUES (?, 'fact', "
-                           "'refused_windows', ?)", (time.time(), row_id)).lastrowid  # fmt: skip
+            (
+                like["artifact"],
+                like["artifact_size"],
+                like["artifact_mtime_ns"],
+                like["device"],
+                window,
+                like["type_k"],
+                like["type_v"],
+                time.time(),
+            ),
+        ).lastrowid
+        seq = conn.execute(
+            "INSERT INTO events (at, kind, tbl, row_id) VALUES (?, 'fact', 'refused_windows', ?)",
+            (time.time(), row_id),
+        ).lastrowid
         conn.execute("UPDATE refused_windows SET seq = ? WHERE id = ?", (seq, row_id))
         conn.commit()
     assert row_id is not None
@@ -305,10 +342,15 @@ def test_speeds_and_refused_windows_one_box_measured_reach_the_others(fleet: Fle
     bytes and never called it: their ETAs come from a's speeds, named as a's. A window a's
     load was refused at is not the first b and c try, and says whose refusal it was."""
     a = fleet.ids[0]
-    footprint = next(r for r in fleet.central.mirrored("measured_footprints", a)
-                     if r["origin_box"] is None)  # fmt: skip
-    until(lambda: [r for r in fleet.central.mirrored("measured_speeds", a)
-                   if r["origin_box"] is None], "box a's speeds mirrored")  # fmt: skip
+    footprint = next(
+        r for r in fleet.central.mirrored("measured_footprints", a) if r["origin_box"] is None
+    )
+    until(
+        lambda: [
+            r for r in fleet.central.mirrored("measured_speeds", a) if r["origin_box"] is None
+        ],
+        "box a's speeds mirrored",
+    )
     top = 2 * footprint["window"]  # above the window a loaded at: nothing lifts it
     for box in fleet.boxes[1:]:
         before = _plan_at(box, top)
@@ -324,24 +366,27 @@ def test_speeds_and_refused_windows_one_box_measured_reach_the_others(fleet: Fle
 
         plan = until(imported, f"box {box_id} pricing from box a's speeds and refusal", 60)
         assert plan["speeds_measured_by"] == [a]
-        assert plan["refused_windows"] == [{"device": footprint["device"], "window": top,
-                                            "origin_box": a}]  # fmt: skip
+        assert plan["refused_windows"] == [
+            {"device": footprint["device"], "window": top, "origin_box": a}
+        ]
         assert plan["decision"] == "place" and plan["band"]["max"] < top  # not tried first
 
         def labelled(i: str = box_id) -> list[dict[str, Any]]:
-            return [r for r in fleet.central.mirrored("refused_windows", i)
-                    if r["origin_box"] == a]  # fmt: skip
+            return [r for r in fleet.central.mirrored("refused_windows", i) if r["origin_box"] == a]
 
-        assert until(labelled, "the import mirrored, labelled with its origin")[0][
-            "origin_id"] == refused_id  # fmt: skip
-        speeds = until(lambda i=box_id: fleet.central.mirrored("measured_speeds", i),  # type: ignore[misc]
-                       "the imported speeds mirrored")  # fmt: skip
+        assert (
+            until(labelled, "the import mirrored, labelled with its origin")[0]["origin_id"]
+            == refused_id
+        )
+        speeds = until(
+            lambda i=box_id: fleet.central.mirrored("measured_speeds", i),  # type: ignore[misc]
+            "the imported speeds mirrored",
+        )
         assert all(r["origin_box"] == a for r in speeds)  # labelled; none of its own yet
 
 
 def _plan_at(box: FitboxProcess, window: int) -> dict[str, Any]:
-    response = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL, "ctx": window},
-                         timeout=60)  # fmt: skip
+    response = httpx.get(f"{box.url}/v1/plan", params={"model": SMOL, "ctx": window}, timeout=60)
     assert response.status_code == 200, response.text
     plan: dict[str, Any] = response.json()
     return plan
@@ -359,16 +404,19 @@ def test_the_central_sets_a_box_s_central_tier_under_the_box_s_own(fleet: Fleet)
     own = httpx.post(f"{box.url}/v1/limits", json={"ram_max": device * 3 // 4}, timeout=30)
     assert own.status_code == 200, own.text
     try:
-        taken = httpx.post(f"{fleet.central.url}{path}", json={"ram_max": device // 2},
-                           timeout=30)  # fmt: skip
+        taken = httpx.post(f"{fleet.central.url}{path}", json={"ram_max": device // 2}, timeout=30)
         assert taken.status_code == 200, taken.text
         assert taken.headers["x-fitbox-box"] == box_id
         on_box = ram(httpx.get(f"{box.url}/v1/limits", timeout=30).json())
         assert (on_box["box"], on_box["central"], on_box["effective"]) == (
-            device * 3 // 4, device // 2, device // 2)  # fmt: skip
+            device * 3 // 4,
+            device // 2,
+            device // 2,
+        )
         assert ram(fleet.central.get(path))["central"] == device // 2  # read through the central
-        refused = httpx.post(f"{fleet.central.url}{path}", json={"ram_max": device * 7 // 8},
-                             timeout=30)  # fmt: skip
+        refused = httpx.post(
+            f"{fleet.central.url}{path}", json={"ram_max": device * 7 // 8}, timeout=30
+        )
         assert refused.status_code == 400, refused.text
         error = refused.json()["error"]
         assert error["code"] == "above_parent_tier" and error["param"] == "ram_max"
@@ -391,15 +439,20 @@ def test_a_bare_name_goes_where_it_fits_when_the_resident_box_is_full(fleet: Fle
     assert capped.status_code == 200, capped.text
     try:
         with engine_stopped(full, SMOL):
-            held = Background(lambda: httpx.post(f"{full.url}/v1/completions", timeout=120,
-                                                 json={"model": SMOL, "prompt": "Hi",
-                                                       "max_tokens": 2}))  # fmt: skip
+            held = Background(
+                lambda: httpx.post(
+                    f"{full.url}/v1/completions",
+                    timeout=120,
+                    json={"model": SMOL, "prompt": "Hi", "max_tokens": 2},
+                )
+            )
             until(lambda: calls_on(full, SMOL) == 1, "a call serving on box a")
             plan = _plan(full, TINY)
             assert not (plan["decision"] == "place" and not plan["victims"]), plan
             with fleet.central.client() as client:
-                raw = client.completions.with_raw_response.create(model=TINY, prompt="Hi",
-                                                                  max_tokens=2)  # fmt: skip
+                raw = client.completions.with_raw_response.create(
+                    model=TINY, prompt="Hi", max_tokens=2
+                )
             assert raw.headers["x-fitbox-box"] == fleet.ids[1]
             assert raw.headers["x-fitbox-route"] == "fits"
         assert held.result().status_code == 200  # the serving call was never hurt
@@ -412,8 +465,13 @@ def test_sse_passes_through_as_events(fleet: Fleet) -> None:
     b = fleet.ids[1]
     with fleet.central.client() as client:
         stream = client.chat.completions.create(
-            model=f"{b}/{SMOL}", messages=HELLO, max_tokens=16, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})  # fmt: skip
+            model=f"{b}/{SMOL}",
+            messages=HELLO,
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         chunks = list(stream)
     usage = next((c.usage for c in chunks if c.usage), None)
     assert usage is not None and usage.completion_tokens == 16  # the stream's end came too
@@ -465,18 +523,32 @@ def test_a_box_frozen_for_30_s_and_thawed_loses_nothing_and_repeats_nothing(
     stopped_at = time.monotonic()
     try:
         waiting = [
-            Background(lambda: httpx.post(f"{frozen.url}/v1/completions", timeout=120, json={
-                "model": SMOL, "prompt": "Hi", "max_tokens": 2})),
-            Background(lambda: httpx.post(f"{fleet.central.url}/v1/completions", timeout=120,
-                                          json={"model": f"{frozen_id}/{SMOL}", "prompt": "Hi",
-                                                "max_tokens": 2})),
-        ]  # fmt: skip
+            Background(
+                lambda: httpx.post(
+                    f"{frozen.url}/v1/completions",
+                    timeout=120,
+                    json={"model": SMOL, "prompt": "Hi", "max_tokens": 2},
+                )
+            ),
+            Background(
+                lambda: httpx.post(
+                    f"{fleet.central.url}/v1/completions",
+                    timeout=120,
+                    json={"model": f"{frozen_id}/{SMOL}", "prompt": "Hi", "max_tokens": 2},
+                )
+            ),
+        ]
         with openai.OpenAI(base_url=f"{other.url}/v1", api_key="unused") as direct:
             direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
-        until(lambda: _mirrored_exactly(fleet.central, other, other_id),
-              "the rest of the fleet mirrored while box c is frozen")  # fmt: skip
-        seen = until(lambda: _in_state(fleet.central, frozen_id, "unreachable"),
-                     "the central's long-poll to the frozen box running out", FROZEN_S)  # fmt: skip
+        until(
+            lambda: _mirrored_exactly(fleet.central, other, other_id),
+            "the rest of the fleet mirrored while box c is frozen",
+        )
+        seen = until(
+            lambda: _in_state(fleet.central, frozen_id, "unreachable"),
+            "the central's long-poll to the frozen box running out",
+            FROZEN_S,
+        )
         assert "TimeoutError" in seen["last_error"]  # it ran out: no connection was refused
         assert all(w.is_alive() for w in waiting)  # nothing answers on a frozen box
         time.sleep(max(0.0, FROZEN_S - (time.monotonic() - stopped_at)))  # the issue's 30 s
@@ -487,8 +559,10 @@ def test_a_box_frozen_for_30_s_and_thawed_loses_nothing_and_repeats_nothing(
         answer = call.result()
         assert answer.status_code == 200, answer.text
     assert len(frozen.calls()) >= 3
-    until(lambda: _mirrored_exactly(fleet.central, frozen, frozen_id),
-          "box c's rows, the ones taken while frozen too, mirrored once each")  # fmt: skip
+    until(
+        lambda: _mirrored_exactly(fleet.central, frozen, frozen_id),
+        "box c's rows, the ones taken while frozen too, mirrored once each",
+    )
     until(lambda: fleet.central.fleet()[frozen_id]["state"] == "up", "box c up again")
 
 
@@ -496,11 +570,16 @@ def test_a_row_the_mirror_cannot_take_is_kept_raw_and_the_rest_syncs(fleet: Flee
     box, box_id = fleet.boxes[1], fleet.ids[1]
     bad_id = 10**9  # far above the ids the box hands out
     with contextlib.closing(sqlite3.connect(box.home / "fitbox.sqlite3", timeout=10)) as conn:
-        conn.execute("INSERT INTO call_log (id, request_id, endpoint, received_at, outcome, "
-                     "prompt_tokens) VALUES (?, 'by-hand', '/v1/completions', ?, 'ok', "
-                     "'many')", (bad_id, time.time()))  # fmt: skip
-        seq = conn.execute("INSERT INTO events (at, kind, tbl, row_id) VALUES (?, 'call', "
-                           "'call_log', ?)", (time.time(), bad_id)).lastrowid  # fmt: skip
+        conn.execute(
+            "INSERT INTO call_log (id, request_id, endpoint, received_at, outcome, "
+            "prompt_tokens) VALUES (?, 'by-hand', '/v1/completions', ?, 'ok', "
+            "'many')",
+            (bad_id, time.time()),
+        )
+        seq = conn.execute(
+            "INSERT INTO events (at, kind, tbl, row_id) VALUES (?, 'call', 'call_log', ?)",
+            (time.time(), bad_id),
+        ).lastrowid
         conn.execute("UPDATE call_log SET seq = ? WHERE id = ?", (seq, bad_id))
         conn.commit()
     with openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused") as direct:
@@ -552,8 +631,13 @@ def test_a_central_on_postgresql_mirrors_a_box_s_calls_exactly_once(
     central = Central(home, env={"FITBOX_CENTRAL_DB": url})
     box, box_id = fleet.boxes[0], fleet.ids[0]
     health = httpx.get(f"{box.url}/health", timeout=10).json()
-    body = {"box_id": box_id, "name": health["name"], "version": health["version"],
-            "url": box.url, "admin_key": Home(box.home).box_key.read_text().strip()}  # fmt: skip
+    body = {
+        "box_id": box_id,
+        "name": health["name"],
+        "version": health["version"],
+        "url": box.url,
+        "admin_key": Home(box.home).box_key.read_text().strip(),
+    }
     central.start()
     try:
         assert "store: postgresql://fitbox:***@" in (home / "central.log").read_text()
@@ -569,12 +653,16 @@ def test_a_central_on_postgresql_mirrors_a_box_s_calls_exactly_once(
         until(lambda: _mirrored_exactly(central, box, box_id), "every call row once, again")
         with psycopg.connect(postgres.url(), autocommit=True) as admin:
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
-                          "datname = %s", (database,))  # fmt: skip
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (database,),
+            )
             with openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused") as direct:
                 direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
-            until(lambda: "not mirrored for now" in (home / "central.log").read_text(),
-                  "the central's mirror meeting its database gone")  # fmt: skip
+            until(
+                lambda: "not mirrored for now" in (home / "central.log").read_text(),
+                "the central's mirror meeting its database gone",
+            )
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
         until(lambda: _mirrored_exactly(central, box, box_id), "every call row once, after")
     finally:

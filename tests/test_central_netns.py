@@ -55,8 +55,11 @@ def link() -> Iterator[Link]:
         _ip("link", "set", inner, "netns", namespace)
         _ip("addr", "add", f"{central_host}/30", "dev", outer)
         _ip("link", "set", outer, "up")
-        for args in (("addr", "add", f"{box_host}/30", "dev", inner),
-                     ("link", "set", inner, "up"), ("link", "set", "lo", "up")):  # fmt: skip
+        for args in (
+            ("addr", "add", f"{box_host}/30", "dev", inner),
+            ("link", "set", inner, "up"),
+            ("link", "set", "lo", "up"),
+        ):
             _ip("netns", "exec", namespace, "ip", *args)
         yield Link(namespace, central_host, box_host)
     finally:
@@ -96,27 +99,67 @@ def test_a_box_on_its_own_address_joins_and_a_loopback_one_is_refused(
     central_home.mkdir()
     store = CentralStore(central_home / "central.sqlite3")
     try:  # one key registers the boxes and reads the fleet from off the host
-        _, key = store.run(lambda conn: create_key(conn, "t", ("worker", "admin"),
-                                                   known=CENTRAL_SCOPES))  # fmt: skip
+        _, key = store.run(
+            lambda conn: create_key(conn, "t", ("worker", "admin"), known=CENTRAL_SCOPES)
+        )
     finally:
         store.close()
     admin = {"Authorization": f"Bearer {key}"}
-    central, central_url = _serve([*fitbox, "central", "serve", "--host", link.central_host,
-                                   "--port", "auto", "--home", str(central_home)],
-                                  central_home, "central-endpoint.json")  # fmt: skip
+    central, central_url = _serve(
+        [
+            *fitbox,
+            "central",
+            "serve",
+            "--host",
+            link.central_host,
+            "--port",
+            "auto",
+            "--home",
+            str(central_home),
+        ],
+        central_home,
+        "central-endpoint.json",
+    )
     procs = [central]
     try:
         assert central_url.startswith(f"http://{link.central_host}:")
         in_namespace = ["ip", "netns", "exec", link.namespace, *fitbox, "serve"]
         joins = [f"--models={models}", f"--central={central_url}", f"--central-key={key}"]
         starting = [  # side by side: a start is mostly imports
-            Background(lambda: _serve([*in_namespace, "--host", link.box_host, "--port", "auto",
-                                       "--home", str(tmp_path / "box"), *joins],
-                                      tmp_path / "box", "endpoint.json")),
-            Background(lambda: _serve([*fitbox, "serve", "--host", "127.0.0.1", "--port", "auto",
-                                       "--home", str(tmp_path / "lo"), *joins],
-                                      tmp_path / "lo", "endpoint.json")),
-        ]  # fmt: skip
+            Background(
+                lambda: _serve(
+                    [
+                        *in_namespace,
+                        "--host",
+                        link.box_host,
+                        "--port",
+                        "auto",
+                        "--home",
+                        str(tmp_path / "box"),
+                        *joins,
+                    ],
+                    tmp_path / "box",
+                    "endpoint.json",
+                )
+            ),
+            Background(
+                lambda: _serve(
+                    [
+                        *fitbox,
+                        "serve",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        "auto",
+                        "--home",
+                        str(tmp_path / "lo"),
+                        *joins,
+                    ],
+                    tmp_path / "lo",
+                    "endpoint.json",
+                )
+            ),
+        ]
         for start in starting:
             with contextlib.suppress(Exception):  # one that failed is raised below
                 procs.append(start.result()[0])
@@ -130,17 +173,26 @@ def test_a_box_on_its_own_address_joins_and_a_loopback_one_is_refused(
 
         seen = until(joined, "the box in its namespace registered and followed", within=60)
         assert seen["url"] == box_url and box_url.startswith(f"http://{link.box_host}:")
-        said = until(lambda: "loopback only" in (tmp_path / "lo" / "serve.log").read_text(),
-                     "the loopback box saying why it does not register")  # fmt: skip
+        said = until(
+            lambda: "loopback only" in (tmp_path / "lo" / "serve.log").read_text(),
+            "the loopback box saying why it does not register",
+        )
         assert said
-        asked = httpx.post(f"{central_url}/v1/boxes", timeout=10,
-                           headers={"Authorization": f"Bearer {key}"},
-                           json={"box_id": "b0x", "name": "lo", "version": "0",
-                                 "url": "http://127.0.0.1:8484", "admin_key": "k"})  # fmt: skip
+        asked = httpx.post(
+            f"{central_url}/v1/boxes",
+            timeout=10,
+            headers={"Authorization": f"Bearer {key}"},
+            json={
+                "box_id": "b0x",
+                "name": "lo",
+                "version": "0",
+                "url": "http://127.0.0.1:8484",
+                "admin_key": "k",
+            },
+        )
         assert asked.status_code == 400 and asked.json()["error"]["code"] == "box_unreachable"
         fleet = httpx.get(f"{central_url}/v1/fleet", headers=admin, timeout=10).json()["data"]
         assert [b["box_id"] for b in fleet] == [box_id]
     finally:
         for proc in reversed(procs):
             _stop(proc)
-

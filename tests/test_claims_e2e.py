@@ -43,8 +43,9 @@ def _two_tinies(tmp_path: Path) -> tuple[settings.Config, Catalog]:
     root.mkdir()
     write_tiny_llama(root / "tiny-a.gguf", seed=1)
     write_tiny_llama(root / "tiny-b.gguf", seed=2)
-    config = settings.load({"home": str(tmp_path / "home"), "models": str(root)},
-                           env={"FITBOX_WAIT_TIMEOUT": "120"})  # fmt: skip
+    config = settings.load(
+        {"home": str(tmp_path / "home"), "models": str(root)}, env={"FITBOX_WAIT_TIMEOUT": "120"}
+    )
     return config, Catalog(config.models, config.aliases, config.facts_cache)
 
 

@@ -13,11 +13,17 @@ from .ggufs import write_projector, write_tiny_llama
 
 def fitbox(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fitbox", *args], capture_output=True, text=True, timeout=120,
-        env={"PATH": "/usr/bin:/bin", "FITBOX_HOME": str(home),
-             # the fitbox under test, where a PYTHONPATH names it (a worktree's src)
-             **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}},
-    )  # fmt: skip
+        [sys.executable, "-m", "fitbox", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "FITBOX_HOME": str(home),
+            # the fitbox under test, where a PYTHONPATH names it (a worktree's src)
+            **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+        },
+    )
 
 
 def test_models_lists_the_catalog_as_text_and_json(tmp_path: Path) -> None:
@@ -63,10 +69,17 @@ def test_a_limit_above_its_parent_tier_is_refused_at_start_with_the_reason(
     assert result.returncode == 2
     assert "ram: the box setting 1099511627776000 is above what the device has" in result.stderr
     result = subprocess.run(
-        [sys.executable, "-m", "fitbox", "serve", "--port", "auto"], capture_output=True,
-        text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "FITBOX_HOME": str(tmp_path),
-                                     "FITBOX_SIMULATED_GPUS": "8GiB", "FITBOX_VRAM_MAX": "9GiB"},
-    )  # fmt: skip
+        [sys.executable, "-m", "fitbox", "serve", "--port", "auto"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "FITBOX_HOME": str(tmp_path),
+            "FITBOX_SIMULATED_GPUS": "8GiB",
+            "FITBOX_VRAM_MAX": "9GiB",
+        },
+    )
     assert result.returncode == 2 and "vram:gpu0: the box setting" in result.stderr
 
 

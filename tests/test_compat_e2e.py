@@ -52,8 +52,10 @@ class Pair:
     direct: str  # the direct llama-server's URL
 
     def clients(self, **options: Any) -> tuple[openai.OpenAI, openai.OpenAI]:
-        made = [openai.OpenAI(base_url=f"{url}/v1", api_key="unused", **options)
-                for url in (self.direct, self.box.url)]  # fmt: skip
+        made = [
+            openai.OpenAI(base_url=f"{url}/v1", api_key="unused", **options)
+            for url in (self.direct, self.box.url)
+        ]
         _clients.extend(made)
         return made[0], made[1]
 
@@ -98,8 +100,8 @@ def pair(
             deadline = time.monotonic() + 60
             while not _healthy(url):
                 assert direct.poll() is None and time.monotonic() < deadline, (
-                    (home / "direct.log").read_text()
-                )
+                    home / "direct.log"
+                ).read_text()
                 time.sleep(0.1)
             yield Pair(box, url)
         finally:
@@ -161,8 +163,10 @@ def test_chat_stream_and_its_usage(pair: Pair) -> None:
         keys_of({k: v for k, v in c.items() if k != "timings"}) for c in a
     ]
     assert b[-1]["choices"] == [] and b[-1]["usage"] == a[-1]["usage"]
-    text = ["".join(c["choices"][0]["delta"].get("content") or "" for c in s if c["choices"])
-            for s in (a, b)]  # fmt: skip
+    text = [
+        "".join(c["choices"][0]["delta"].get("content") or "" for c in s if c["choices"])
+        for s in (a, b)
+    ]
     assert text[0] == text[1] and text[0]
 
 
@@ -183,18 +187,38 @@ def test_json_schema_and_tool_calls(pair: Pair) -> None:
     direct, fitbox = pair.clients(max_retries=0)
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     fmt: Any = {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
-    replies = [c.chat.completions.create(model=SMOL, messages=HI, max_tokens=48,
-                                         response_format=fmt, **DETERMINISTIC)
-               for c in (direct, fitbox)]  # fmt: skip
+    replies = [
+        c.chat.completions.create(
+            model=SMOL, messages=HI, max_tokens=48, response_format=fmt, **DETERMINISTIC
+        )
+        for c in (direct, fitbox)
+    ]
     texts = [r.choices[0].message.content or "" for r in replies]
     assert texts[1] == texts[0] and texts[0].startswith("{")  # the grammar held both
     if replies[1].choices[0].finish_reason == "stop":  # whole (the model may ramble spaces)
         assert isinstance(json.loads(texts[1])["ok"], bool)
-    tool: Any = {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
-    calls = [c.chat.completions.create(model=SMOL, messages=HI, max_tokens=64, tools=[tool],
-                                       tool_choice="required", **DETERMINISTIC)
-             for c in (direct, fitbox)]  # fmt: skip
+    tool: Any = {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"type": "string"}},
+                "required": ["zone"],
+            },
+        },
+    }
+    calls = [
+        c.chat.completions.create(
+            model=SMOL,
+            messages=HI,
+            max_tokens=64,
+            tools=[tool],
+            tool_choice="required",
+            **DETERMINISTIC,
+        )
+        for c in (direct, fitbox)
+    ]
     same_shape(calls[0].model_dump(), calls[1].model_dump())
     assert calls[1].choices[0].finish_reason == calls[0].choices[0].finish_reason
     made = [[t.model_dump() for t in r.choices[0].message.tool_calls or []] for r in calls]
@@ -207,15 +231,19 @@ def test_json_schema_and_tool_calls(pair: Pair) -> None:
 
 def test_responses_whole_and_streamed(pair: Pair) -> None:
     direct, fitbox = pair.clients(max_retries=0)
-    a = direct.responses.create(model=SMOL, input="Say hi.", max_output_tokens=6,
-                                temperature=0)  # fmt: skip
-    b = fitbox.responses.create(model=SMOL, input="Say hi.", max_output_tokens=6,
-                                temperature=0)  # fmt: skip
+    a = direct.responses.create(model=SMOL, input="Say hi.", max_output_tokens=6, temperature=0)
+    b = fitbox.responses.create(model=SMOL, input="Say hi.", max_output_tokens=6, temperature=0)
     assert keys_of(b.model_dump()) == keys_of(a.model_dump())
     assert b.output_text == a.output_text and b.status == a.status == "completed"
-    events = [[e.type for e in c.responses.create(model=SMOL, input="Say hi.", stream=True,
-                                                  max_output_tokens=4, temperature=0)]
-              for c in (direct, fitbox)]  # fmt: skip
+    events = [
+        [
+            e.type
+            for e in c.responses.create(
+                model=SMOL, input="Say hi.", stream=True, max_output_tokens=4, temperature=0
+            )
+        ]
+        for c in (direct, fitbox)
+    ]
     assert events[1] == events[0] and events[1][-1] == "response.completed"
     rows = [r for r in pair.box.calls() if r["endpoint"] == "/v1/responses"]
     assert [r["outcome"] for r in rows] == ["ok", "ok"] and rows[0]["completion_tokens"]
@@ -231,12 +259,15 @@ def test_anthropic_messages_whole_and_streamed(pair: Pair) -> None:
     assert b.status_code == a.status_code == 200
     same_shape(a.json(), b.json())
     assert b.json()["content"] == a.json()["content"]
-    events = [[ln for ln in _messages(url, True).text.splitlines() if ln.startswith("event:")]
-              for url in (pair.direct, pair.box.url)]  # fmt: skip
+    events = [
+        [ln for ln in _messages(url, True).text.splitlines() if ln.startswith("event:")]
+        for url in (pair.direct, pair.box.url)
+    ]
     assert events[1] == events[0] and events[1][-1] == "event: message_stop"
     assert [r["outcome"] for r in pair.box.calls() if r["endpoint"] == "/v1/messages"] == [
-        "ok", "ok"
-    ]  # fmt: skip
+        "ok",
+        "ok",
+    ]
 
 
 # SmolLM2 answers this, greedily, with an emoji whose first token ends inside its UTF-8
@@ -245,8 +276,9 @@ EMOJI = "Reply with only an emoji of a tree."
 
 
 def _events(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    text = httpx.post(f"{url}{path}", json={"model": SMOL, "stream": True, "temperature": 0,
-                                            **body}, timeout=60).text  # fmt: skip
+    text = httpx.post(
+        f"{url}{path}", json={"model": SMOL, "stream": True, "temperature": 0, **body}, timeout=60
+    ).text
     return [json.loads(ln[6:]) for ln in text.splitlines() if ln.startswith("data: {")]
 
 
@@ -254,39 +286,45 @@ def test_a_reply_that_opens_inside_a_character_still_opens_its_stream(pair: Pair
     """What the engine leaves out of such a stream's opening (server/openings.py) comes
     through fitbox; each first assert shows the engine still leaves it out."""
     messages = {"max_tokens": 4, "messages": [{"role": "user", "content": EMOJI}]}
-    direct, through = (_events(url, "/v1/messages", messages)
-                       for url in (pair.direct, pair.box.url))  # fmt: skip
+    direct, through = (
+        _events(url, "/v1/messages", messages) for url in (pair.direct, pair.box.url)
+    )
     assert all(e["type"] != "message_start" for e in direct), direct
     assert through[0]["type"] == "message_start" and through[1:] == direct
     start = through[0]["message"]
     assert start["model"] == SMOL and start["role"] == "assistant" and start["content"] == []
-    whole = httpx.post(f"{pair.box.url}/v1/messages", timeout=60,
-                       json={"model": SMOL, "temperature": 0, **messages}).json()  # fmt: skip
+    whole = httpx.post(
+        f"{pair.box.url}/v1/messages",
+        timeout=60,
+        json={"model": SMOL, "temperature": 0, **messages},
+    ).json()
     prompt = whole["usage"]["input_tokens"] + whole["usage"].get("cache_read_input_tokens", 0)
     assert start["usage"] == {"input_tokens": prompt, "output_tokens": 0}
 
-    direct, through = (_events(url, "/v1/chat/completions", messages)
-                       for url in (pair.direct, pair.box.url))  # fmt: skip
+    direct, through = (
+        _events(url, "/v1/chat/completions", messages) for url in (pair.direct, pair.box.url)
+    )
     assert "role" not in direct[0]["choices"][0]["delta"], direct[0]
-    assert through[0]["choices"] == [{"index": 0, "delta": {"role": "assistant",
-                                                            "content": None},
-                                      "finish_reason": None}]  # fmt: skip
+    assert through[0]["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}
+    ]
     assert through[0]["id"] == through[1]["id"] and through[0]["model"] == SMOL
     assert [e["choices"] for e in through[1:]] == [e["choices"] for e in direct]
 
     asked = {"max_output_tokens": 8, "input": EMOJI}
-    direct, through = (_events(url, "/v1/responses", asked)
-                       for url in (pair.direct, pair.box.url))  # fmt: skip
+    direct, through = (_events(url, "/v1/responses", asked) for url in (pair.direct, pair.box.url))
     kinds = [e["type"] for e in direct]
     assert kinds.count("response.created") > 1, kinds
     opening = ("response.created", "response.in_progress")
     once = [k for i, k in enumerate(kinds) if k not in opening or k not in kinds[:i]]
     assert [e["type"] for e in through] == once
     fitbox = pair.clients(max_retries=0)[1]
-    with fitbox.responses.stream(model=SMOL, input=EMOJI, max_output_tokens=8,
-                                 temperature=0) as stream:  # fmt: skip
+    with fitbox.responses.stream(
+        model=SMOL, input=EMOJI, max_output_tokens=8, temperature=0
+    ) as stream:
         final = stream.get_final_response()
     assert final.status in ("completed", "incomplete") and final.output_text
+
 
 # -- the engine's own routes ---------------------------------------------------------------
 
@@ -306,8 +344,12 @@ def test_tokenize_detokenize_apply_template(pair: Pair) -> None:
     prompt = both("/apply-template", {"messages": HI})
     assert prompt[1] == prompt[0] and "Say hi." in prompt[0]["prompt"]
     # a model named in the query instead of the body
-    by_query = httpx.post(f"{pair.box.url}/tokenize", params={"model": SMOL},
-                          json={"content": "Hello there"}, timeout=60)  # fmt: skip
+    by_query = httpx.post(
+        f"{pair.box.url}/tokenize",
+        params={"model": SMOL},
+        json={"content": "Hello there"},
+        timeout=60,
+    )
     assert by_query.json() == tokens[0]
 
 
@@ -315,17 +357,19 @@ def test_props_and_slots_by_the_model_query_parameter(pair: Pair) -> None:
     a = httpx.get(f"{pair.direct}/props", timeout=30).json()
     b = httpx.get(f"{pair.box.url}/props", params={"model": SMOL}, timeout=30)
     assert b.status_code == 200 and b.json()["total_slots"] == a["total_slots"]
-    assert b.json()["default_generation_settings"]["n_ctx"] == a["default_generation_settings"][
-        "n_ctx"
-    ]
+    assert (
+        b.json()["default_generation_settings"]["n_ctx"]
+        == a["default_generation_settings"]["n_ctx"]
+    )
     slots = httpx.get(f"{pair.box.url}/slots", params={"model": SMOL}, timeout=30)
     assert slots.status_code == 200 and len(slots.json()) == a["total_slots"]
     assert "model_path" in b.json()  # the box itself is an insider
     missing = httpx.get(f"{pair.box.url}/props", timeout=30)
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "model"
     # an inference key is no insider, wherever it calls from: no paths, no other prompts
-    made = httpx.post(f"{pair.box.url}/v1/keys", json={"name": "app", "scopes": ["inference"]},
-                      timeout=30)  # fmt: skip
+    made = httpx.post(
+        f"{pair.box.url}/v1/keys", json={"name": "app", "scopes": ["inference"]}, timeout=30
+    )
     key = {"Authorization": f"Bearer {made.json()['key']}"}
     outsider = httpx.get(f"{pair.box.url}/props", params={"model": SMOL}, headers=key, timeout=30)
     assert outsider.status_code == 200 and "model_path" not in outsider.json()
@@ -362,14 +406,16 @@ def test_rerank_launches_a_reranker_with_reranking_and_refuses_a_chat_model(pair
     assert refused.status_code == 400 and refused.headers["x-should-retry"] == "false"
     assert refused.json()["error"]["code"] == "not_a_reranker"
     for path in ("/v1/rerank", "/rerank"):
-        ranked = httpx.post(f"{pair.box.url}{path}", json={"model": RERANKER, **body},
-                            timeout=60)  # fmt: skip
+        ranked = httpx.post(f"{pair.box.url}{path}", json={"model": RERANKER, **body}, timeout=60)
         assert ranked.status_code == 200, ranked.text
         results = ranked.json()["results"]
         assert sorted(r["index"] for r in results) == [0, 1]
         assert all(isinstance(r["relevance_score"], float) for r in results)
-    argv = next(c.cmdline() for c in psutil.Process(pair.box.proc.pid).children(recursive=True)
-                if any(RERANKER in part for part in c.cmdline()))  # fmt: skip
+    argv = next(
+        c.cmdline()
+        for c in psutil.Process(pair.box.proc.pid).children(recursive=True)
+        if any(RERANKER in part for part in c.cmdline())
+    )
     assert "--reranking" in argv
 
 
@@ -379,13 +425,17 @@ def test_a_decoder_serves_embeddings_when_asked(pair: Pair) -> None:
         fitbox.embeddings.create(model=DECODER, input="hi")
     assert "/v1/settings/pair" in refused.value.message  # says how to turn it on
     httpx.post(f"{pair.box.url}/v1/operator/unload", json={"model": DECODER}, timeout=60)
-    turned_on = httpx.post(f"{pair.box.url}/v1/settings/pair",
-                           json={"model": DECODER, "embeddings": True}, timeout=30)  # fmt: skip
+    turned_on = httpx.post(
+        f"{pair.box.url}/v1/settings/pair", json={"model": DECODER, "embeddings": True}, timeout=30
+    )
     assert turned_on.status_code == 200, turned_on.text
     vectors = fitbox.embeddings.create(model=DECODER, input=["hi", "the yes"])
     assert len(vectors.data) == 2 and len(vectors.data[0].embedding) == 64  # n_embd
-    argv = next(c.cmdline() for c in psutil.Process(pair.box.proc.pid).children(recursive=True)
-                if any(DECODER in part for part in c.cmdline()))  # fmt: skip
+    argv = next(
+        c.cmdline()
+        for c in psutil.Process(pair.box.proc.pid).children(recursive=True)
+        if any(DECODER in part for part in c.cmdline())
+    )
     assert "--embeddings" in argv and argv[argv.index("--pooling") + 1] == "mean"
     chat = fitbox.chat.completions.create(model=DECODER, messages=HI, max_tokens=2)
     # it still chats (a random tiny model, sampled, may end its two tokens early)
@@ -413,37 +463,47 @@ def test_models_retrieve_and_meta(pair: Pair) -> None:
 
 
 def test_cors_preflight_is_answered_by_fitbox(pair: Pair) -> None:
-    ask = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-           "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
+    ask = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     a = httpx.options(f"{pair.direct}/v1/chat/completions", headers=ask, timeout=30)
     b = httpx.options(f"{pair.box.url}/v1/chat/completions", headers=ask, timeout=30)
     assert a.status_code == b.status_code == 200
     assert b.headers["access-control-allow-origin"] == ORIGIN
     assert "POST" in b.headers["access-control-allow-methods"]
     assert "authorization" in b.headers["access-control-allow-headers"].lower()
-    other = httpx.options(f"{pair.box.url}/v1/chat/completions",
-                          headers={**ask, "Origin": "http://evil.example"}, timeout=30)  # fmt: skip
+    other = httpx.options(
+        f"{pair.box.url}/v1/chat/completions",
+        headers={**ask, "Origin": "http://evil.example"},
+        timeout=30,
+    )
     assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
     call = httpx.get(f"{pair.box.url}/v1/models", headers={"Origin": ORIGIN}, timeout=30)
     assert call.headers["access-control-allow-origin"] == ORIGIN
     assert "x-fitbox-model" in call.headers["access-control-expose-headers"]
-    assert not any(r["endpoint"] == "/v1/chat/completions" and r["model_asked"] == ""
-                   for r in pair.box.calls())  # the preflight never became a call  # fmt: skip
+    assert not any(
+        r["endpoint"] == "/v1/chat/completions" and r["model_asked"] == "" for r in pair.box.calls()
+    )  # the preflight never became a call
 
 
 def test_the_asked_name_comes_back_whole_and_streamed(pair: Pair) -> None:
     _, fitbox = pair.clients(max_retries=0)
     for name in (ALIAS, FAMILY):
-        raw = fitbox.chat.completions.with_raw_response.create(model=name, messages=HI,
-                                                               max_tokens=3)  # fmt: skip
+        raw = fitbox.chat.completions.with_raw_response.create(
+            model=name, messages=HI, max_tokens=3
+        )
         assert raw.parse().model == name and raw.headers["x-fitbox-model"] == SMOL
         chunks = _chunks(fitbox, name)
         assert chunks and all(c["model"] == name for c in chunks)
-    raw_r = fitbox.responses.with_raw_response.create(model=ALIAS, input="hi",
-                                                      max_output_tokens=3)  # fmt: skip
+    raw_r = fitbox.responses.with_raw_response.create(model=ALIAS, input="hi", max_output_tokens=3)
     assert raw_r.parse().model == ALIAS
-    done = [e for e in fitbox.responses.create(model=ALIAS, input="hi", max_output_tokens=3,
-                                               stream=True) if e.type == "response.completed"]
+    done = [
+        e
+        for e in fitbox.responses.create(model=ALIAS, input="hi", max_output_tokens=3, stream=True)
+        if e.type == "response.completed"
+    ]
     assert done and done[0].response.model == ALIAS
     assert _messages_as(pair.box.url, ALIAS)["model"] == ALIAS
     body = {"model": ALIAS, "max_tokens": 3, "messages": HI, "stream": True}
@@ -461,14 +521,14 @@ def _messages_as(url: str, model: str) -> dict[str, Any]:
 
 def test_a_hosted_model_name_reaches_the_default_model(pair: Pair) -> None:
     _, fitbox = pair.clients(max_retries=0)
-    raw = fitbox.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=HI,
-                                                           max_tokens=3)  # fmt: skip
+    raw = fitbox.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=HI, max_tokens=3
+    )
     assert raw.headers["x-fitbox-default-model"] == ALIAS
     assert raw.headers["x-fitbox-model"] == SMOL and raw.parse().model == "gpt-4o-mini"
     row = [r for r in pair.box.calls() if r["model_asked"] == "gpt-4o-mini"][-1]
     assert row["outcome"] == "ok" and row["artifact"].endswith(f"{SMOL}.gguf")
-    served = fitbox.chat.completions.with_raw_response.create(model=SMOL, messages=HI,
-                                                              max_tokens=2)  # fmt: skip
+    served = fitbox.chat.completions.with_raw_response.create(model=SMOL, messages=HI, max_tokens=2)
     assert "x-fitbox-default-model" not in served.headers  # a model the box has is itself
 
 
@@ -503,8 +563,10 @@ def test_context_overflow_keeps_the_engines_numbers(pair: Pair) -> None:
 
 def test_n_2_gives_two_choices_of_the_same_shape_both_ways(pair: Pair) -> None:
     direct, fitbox = pair.clients(max_retries=0)
-    replies = [c.chat.completions.create(model=SMOL, messages=HI, n=2, max_tokens=4)
-               for c in (direct, fitbox)]  # fmt: skip
+    replies = [
+        c.chat.completions.create(model=SMOL, messages=HI, n=2, max_tokens=4)
+        for c in (direct, fitbox)
+    ]
     assert [sorted(ch.index for ch in r.choices) for r in replies] == [[0, 1], [0, 1]]
     shapes = [[keys_of(ch.model_dump()) for ch in r.choices] for r in replies]
     assert shapes[0] == shapes[1]

@@ -40,21 +40,27 @@ def test_eviction_nothing_leaves_when_the_model_fits_as_is() -> None:
 
 
 def test_eviction_least_cost_first_reload_seconds_times_band() -> None:
-    snap = Snapshot((host(10 * GiB),), (
-        resident("slow-to-reload", 4 * GiB, reload_seconds=40.0, last_used=0.0),
-        resident("quick", 4 * GiB, reload_seconds=2.0, last_used=9.0),
-        resident("important", 4 * GiB, reload_seconds=1.0, band=10, last_used=1.0),
-    ))  # fmt: skip
+    snap = Snapshot(
+        (host(10 * GiB),),
+        (
+            resident("slow-to-reload", 4 * GiB, reload_seconds=40.0, last_used=0.0),
+            resident("quick", 4 * GiB, reload_seconds=2.0, last_used=9.0),
+            resident("important", 4 * GiB, reload_seconds=1.0, band=10, last_used=1.0),
+        ),
+    )
     snap = Snapshot((host(14 * GiB),), snap.residents)
     decision = place(snap, Ask("c", (fixed("c", 5 * GiB),)))
     assert [v.key for v in decision.victims] == ["quick"]  # cost 2 < 10 (1 s x band 10) < 40
 
 
 def test_eviction_frees_enough_on_the_right_device() -> None:
-    snap = Snapshot((gpu(0, 10 * GiB), gpu(1, 10 * GiB)), (
-        resident("a", 8 * GiB, device="gpu0", reload_seconds=1.0),
-        resident("b", 5 * GiB, device="gpu1", reload_seconds=1.0),
-    ))  # fmt: skip
+    snap = Snapshot(
+        (gpu(0, 10 * GiB), gpu(1, 10 * GiB)),
+        (
+            resident("a", 8 * GiB, device="gpu0", reload_seconds=1.0),
+            resident("b", 5 * GiB, device="gpu1", reload_seconds=1.0),
+        ),
+    )
     decision = place(snap, Ask("m", (fixed("m", 6 * GiB),), rungs=(Rung.GPU_ONLY,)))
     assert decision.device == "gpu1" and [v.key for v in decision.victims] == ["b"]
 
@@ -78,8 +84,10 @@ def test_eviction_never_a_serving_loading_or_pinned_resident() -> None:
 
 
 def test_rungs_gpu_only_first() -> None:
-    decision = place(Snapshot((gpu(0, 24 * GiB), host(64 * GiB)), (), cores=CORES),
-                     Ask("m", (model("m", 8 * GiB),)))  # fmt: skip
+    decision = place(
+        Snapshot((gpu(0, 24 * GiB), host(64 * GiB)), (), cores=CORES),
+        Ask("m", (model("m", 8 * GiB),)),
+    )
     assert decision.rung is Rung.GPU_ONLY and decision.devices == ("gpu0", "host")
     assert decision.gpu_layers == 33 and decision.tensor_split == ()
     assert decision.cores == (1,)  # a GPU-only engine gets one core; core 0 stays for the OS
@@ -112,18 +120,21 @@ def test_rungs_ram_only_then_max_ram_then_max_gpu() -> None:
     greedy = place(snap, Ask("m", (model("m", 16 * GiB),), rungs=(Rung.MAX_GPU,)))
     assert greedy.gpu_layers > decision.gpu_layers  # max-gpu: the most layers the GPU holds
     assert greedy.bytes_on("gpu0") <= 6 * GiB and decision.bytes_on("host") <= 12 * GiB
-    one_more = place(snap, Ask("m", (model("m", 16 * GiB),), rungs=(Rung.MAX_GPU,),
-                               window=greedy.window))  # fmt: skip
+    one_more = place(
+        snap, Ask("m", (model("m", 16 * GiB),), rungs=(Rung.MAX_GPU,), window=greedy.window)
+    )
     assert one_more.gpu_layers == greedy.gpu_layers
 
 
 def test_rungs_step_down_to_the_next_variant_when_every_rung_fails() -> None:
     snap = Snapshot((gpu(0, 4 * GiB), host(4 * GiB)), (), cores=CORES)
-    decision = place(snap, Ask("m", (model("f16", 16 * GiB, quant="F16"),
-                                     model("q8", 6 * GiB))))  # fmt: skip
+    decision = place(snap, Ask("m", (model("f16", 16 * GiB, quant="F16"), model("q8", 6 * GiB))))
     assert decision.artifact == "q8" and decision.rung is Rung.MAX_RAM
-    assert all(v == "larger_than_box" for (a, r), v in reasons(decision).items()
-               if a == "f16" and r in ("gpu-only", "ram-only", "max-ram", "max-gpu"))  # fmt: skip
+    assert all(
+        v == "larger_than_box"
+        for (a, r), v in reasons(decision).items()
+        if a == "f16" and r in ("gpu-only", "ram-only", "max-ram", "max-gpu")
+    )
 
 
 def test_rungs_a_bad_artifact_is_terminal_never_a_quant_change() -> None:
@@ -166,8 +177,9 @@ def test_context_bands_range_point_and_infeasible() -> None:
     point = place(tight, Ask("m", (model("m", 4 * GiB),), need=3000, window=16384))
     assert point.band is not None and point.band.kind is BandKind.POINT
     assert point.window == 3072
-    none = decide(Snapshot((host(int(4.2 * GiB)),), ()),
-                  Ask("m", (model("m", 4 * GiB),), need=30000))  # fmt: skip
+    none = decide(
+        Snapshot((host(int(4.2 * GiB)),), ()), Ask("m", (model("m", 4 * GiB),), need=30000)
+    )
     assert isinstance(none, Refuse) and none.reason is RefuseReason.LARGER_THAN_BOX
 
 
@@ -178,8 +190,9 @@ def test_context_bands_a_refused_window_is_out_of_reach_until_a_success_above_it
     assert decision.window == 6144  # the tick below the failure
     too_big = decide(snap, Ask("m", (refused,), need=9000))
     assert isinstance(too_big, Refuse) and too_big.reason is RefuseReason.CONTEXT
-    healed = model("m", 4 * GiB, refused_windows=(("host", 8192),),
-                   loaded_windows=(("host", 12288),))  # fmt: skip
+    healed = model(
+        "m", 4 * GiB, refused_windows=(("host", 8192),), loaded_windows=(("host", 12288),)
+    )
     assert place(snap, Ask("m", (healed,), window=16384)).window == 16384
 
 
@@ -200,8 +213,14 @@ def test_context_bands_quantized_kv_when_f16_does_not_fit() -> None:
     m = model("m", 4 * GiB)
     f16 = Sizer(m, 1, "f16", "f16").on(Placement(("gpu0",), 33), 24576)["gpu0"].total
     snap = Snapshot((gpu(0, f16 - 1), host(GiB)), (), cores=CORES)
-    ask = Ask("m", (model("m", 4 * GiB),), window=32768, need=20000, rungs=(Rung.GPU_ONLY,),
-              kv_types=(("f16", "f16"), ("q8_0", "q8_0")))  # fmt: skip
+    ask = Ask(
+        "m",
+        (model("m", 4 * GiB),),
+        window=32768,
+        need=20000,
+        rungs=(Rung.GPU_ONLY,),
+        kv_types=(("f16", "f16"), ("q8_0", "q8_0")),
+    )
     decision = place(snap, ask)
     assert (decision.type_k, decision.type_v) == ("q8_0", "q8_0")
 
@@ -216,8 +235,7 @@ def test_multi_gpu_prefers_one_gpu_that_fits() -> None:
 
 
 def test_multi_gpu_splits_across_the_fewest_proportional_to_free_memory() -> None:
-    snap = Snapshot((gpu(0, 8 * GiB), gpu(1, 4 * GiB), gpu(2, 6 * GiB), host(GiB)), (),
-                    cores=CORES)  # fmt: skip
+    snap = Snapshot((gpu(0, 8 * GiB), gpu(1, 4 * GiB), gpu(2, 6 * GiB), host(GiB)), (), cores=CORES)
     decision = place(snap, Ask("m", (model("m", 12 * GiB),), rungs=(Rung.GPU_ONLY,)))
     assert decision.devices == ("gpu0", "gpu2", "host")  # two GPUs, the two with most room
     assert decision.tensor_split == (8 * GiB, 6 * GiB)
@@ -238,8 +256,10 @@ def test_goals_quality_keeps_the_best_variant_fast_takes_the_quickest() -> None:
     q4 = model("q4", 4 * GiB, quant="Q4_K_M", four_bit=True, speeds=timed)
     ask = Ask("m", (q8, q4), rungs=(Rung.GPU_ONLY, Rung.RAM_ONLY), max_tokens=100)
     assert place(snap, ask).artifact == "q8"  # quality: q first
-    fast = place(snap, Ask("m", (q8, q4), rungs=(Rung.GPU_ONLY, Rung.RAM_ONLY), max_tokens=100,
-                           goal=Goal.FAST))  # fmt: skip
+    fast = place(
+        snap,
+        Ask("m", (q8, q4), rungs=(Rung.GPU_ONLY, Rung.RAM_ONLY), max_tokens=100, goal=Goal.FAST),
+    )
     assert (fast.artifact, fast.rung) == ("q4", Rung.GPU_ONLY)
     assert fast.predicted_seconds == 3 + 100 * 10 / 1000
 
@@ -256,10 +276,14 @@ def test_goals_a_speed_is_never_invented_unmeasured_keeps_ladder_order() -> None
 
 
 def test_goals_resident_keeps_hot_residents() -> None:
-    snap = Snapshot((host(12 * GiB),), (
-        resident("hot", 6 * GiB, band=5, reload_seconds=1.0),
-        resident("cold", 2 * GiB, reload_seconds=30.0),
-    ), cores=CORES)  # fmt: skip
+    snap = Snapshot(
+        (host(12 * GiB),),
+        (
+            resident("hot", 6 * GiB, band=5, reload_seconds=1.0),
+            resident("cold", 2 * GiB, reload_seconds=30.0),
+        ),
+        cores=CORES,
+    )
     speeds = ((Rung.RAM_ONLY, _timed(1, 1)),)
     q8 = model("q8", 8 * GiB, speeds=speeds)
     q4 = model("q4", 3 * GiB, four_bit=True, speeds=speeds)
@@ -278,8 +302,9 @@ def test_goals_waiting_is_chosen_only_when_room_is_expected_within_the_max_wait(
     assert decision.blockers == ("busy",) and decision.bound == 5.0
     impatient = place(snap, Ask("m", (model("m", 8 * GiB),), max_wait=2))
     assert impatient.rung is Rung.RAM_ONLY
-    unknown = Snapshot(snap.devices, (resident("busy", 20 * GiB, device="gpu0", calls=1),),
-                       cores=CORES)  # fmt: skip
+    unknown = Snapshot(
+        snap.devices, (resident("busy", 20 * GiB, device="gpu0", calls=1),), cores=CORES
+    )
     assert place(unknown, Ask("m", (model("m", 8 * GiB),), max_wait=30)).rung is Rung.RAM_ONLY
 
 

@@ -46,8 +46,11 @@ def test_two_150_mib_gpus_split_at_4096_rather_than_one_gpu_at_1536() -> None:
 def test_three_110_mib_gpus_split_over_all_three_at_4096() -> None:
     decision = place(box(110, 110, 110))
     assert decision.window == 4096 and decision.devices == ("gpu0", "gpu1", "gpu2", "host")
-    assert counts(decision) == [(1, 0, "no_window"), (2, 3072, "smaller_window"),
-                                (3, 4096, "chosen")]  # fmt: skip
+    assert counts(decision) == [
+        (1, 0, "no_window"),
+        (2, 3072, "smaller_window"),
+        (3, 4096, "chosen"),
+    ]
 
 
 def test_three_100_mib_gpus_split_over_all_three_at_4096() -> None:
@@ -59,8 +62,12 @@ def test_three_100_mib_gpus_split_over_all_three_at_4096() -> None:
 def test_four_80_mib_gpus_split_over_all_four_at_4096() -> None:
     decision = place(box(80, 80, 80, 80))
     assert decision.window == 4096 and decision.devices[:4] == ("gpu0", "gpu1", "gpu2", "gpu3")
-    assert counts(decision) == [(1, 0, "no_window"), (2, 1024, "smaller_window"),
-                                (3, 3072, "smaller_window"), (4, 4096, "chosen")]  # fmt: skip
+    assert counts(decision) == [
+        (1, 0, "no_window"),
+        (2, 1024, "smaller_window"),
+        (3, 3072, "smaller_window"),
+        (4, 4096, "chosen"),
+    ]
 
 
 def test_one_gpu_when_it_holds_the_window_a_split_would_give() -> None:

@@ -74,13 +74,20 @@ def test_admission_smart_batches_by_model_fifo_is_arrival() -> None:
 
 tickets_strategy = st.lists(
     st.builds(
-        Ticket, id=st.integers(0, 10**6), model=st.sampled_from("abc"), arrived=st.integers(0, 50),
-        waited=st.floats(0, 200), group=st.none() | st.sampled_from(["g", "h"]),
-        background=st.booleans(), ready_in=st.none() | st.floats(0, 60),
-        load=st.none() | st.floats(0, 60), output=st.none() | st.floats(0, 60),
+        Ticket,
+        id=st.integers(0, 10**6),
+        model=st.sampled_from("abc"),
+        arrived=st.integers(0, 50),
+        waited=st.floats(0, 200),
+        group=st.none() | st.sampled_from(["g", "h"]),
+        background=st.booleans(),
+        ready_in=st.none() | st.floats(0, 60),
+        load=st.none() | st.floats(0, 60),
+        output=st.none() | st.floats(0, 60),
     ),
-    unique_by=lambda t: t.id, max_size=12,
-)  # fmt: skip
+    unique_by=lambda t: t.id,
+    max_size=12,
+)
 
 
 @given(tickets=tickets_strategy, policy=st.sampled_from(list(Policy)))
@@ -93,8 +100,13 @@ def test_admission_is_a_permutation_that_keeps_groups_and_puts_background_last(
     assert kinds == sorted(kinds)
     for group in ("g", "h"):
         for background in (False, True):
-            members = [t for t in ordered if t.group == group and t.background == background
-                       and not (policy is Policy.ETA and t.overdue)]  # fmt: skip
+            members = [
+                t
+                for t in ordered
+                if t.group == group
+                and t.background == background
+                and not (policy is Policy.ETA and t.overdue)
+            ]
             assert members == sorted(members, key=lambda t: (t.arrived, t.id))
 
 
@@ -139,11 +151,13 @@ def test_claims_an_engine_alone_borrows_the_reserved_core_as_llama_server_would(
     assert many is not None and many.cores == tuple(range(16))
     # a curve that stops helping leaves the OS its core: the lent one is picked last
     curve = ((1, 5.0), (2, 9.0), (4, 9.0))
-    assert claims.claim(range(4), (), [], (), weights_in_ram=True, floor=1,
-                        threads=curve) == claims.Claim((1, 2))  # fmt: skip
+    assert claims.claim(
+        range(4), (), [], (), weights_in_ram=True, floor=1, threads=curve
+    ) == claims.Claim((1, 2))
     # a cores tier an operator set (--cpu-max) stands: nothing is lent on top of it
-    assert claims.claim(range(2), (), [], (), weights_in_ram=True, floor=1,
-                        lend=False) == claims.Claim((1,))  # fmt: skip
+    assert claims.claim(
+        range(2), (), [], (), weights_in_ram=True, floor=1, lend=False
+    ) == claims.Claim((1,))
     # a GPU-only engine does not borrow it
     assert claims.claim(range(2), (), [], (), weights_in_ram=False, floor=1) == claims.Claim((1,))
 
@@ -162,16 +176,16 @@ def test_claims_never_lend_the_reserved_core_beside_another_engine() -> None:
 
 def test_claims_cores_busy_with_other_work_are_taken_last() -> None:
     # free cores first; the busy one only to reach the floor
-    assert claims.claim(range(4), (2,), [], (), weights_in_ram=True,
-                        floor=1) == claims.Claim((0, 1, 3))  # fmt: skip
-    assert claims.claim(range(4), (1, 2, 3), [], (), weights_in_ram=True,
-                        floor=2) == claims.Claim((0, 1))  # fmt: skip
+    assert claims.claim(range(4), (2,), [], (), weights_in_ram=True, floor=1) == claims.Claim(
+        (0, 1, 3)
+    )
+    assert claims.claim(range(4), (1, 2, 3), [], (), weights_in_ram=True, floor=2) == claims.Claim(
+        (0, 1)
+    )
     # the reserved core is not lent while other work keeps it busy
-    assert claims.claim(range(2), (0,), [], (), weights_in_ram=True,
-                        floor=1) == claims.Claim((1,))  # fmt: skip
+    assert claims.claim(range(2), (0,), [], (), weights_in_ram=True, floor=1) == claims.Claim((1,))
     # a core busy with other work still serves a GPU engine rather than no engine at all
-    assert claims.claim(range(2), (1,), [], (), weights_in_ram=False,
-                        floor=1) == claims.Claim((1,))  # fmt: skip
+    assert claims.claim(range(2), (1,), [], (), weights_in_ram=False, floor=1) == claims.Claim((1,))
     busy = resident("b", GiB, calls=1, cores=(1,))
     assert claims.claim(range(2), (), [busy], (), weights_in_ram=True, floor=1) is None
 
@@ -244,8 +258,9 @@ def test_evict_nothing_when_nothing_is_short_and_none_when_it_cannot_cover() -> 
 def test_evict_the_chosen_set_covers_and_none_of_it_is_redundant(
     sizes: list[int], short: int
 ) -> None:
-    idle = [resident(f"r{i}", s * GiB, reload_seconds=float(s % 3 + 1)) for i, s in
-            enumerate(sizes)]  # fmt: skip
+    idle = [
+        resident(f"r{i}", s * GiB, reload_seconds=float(s % 3 + 1)) for i, s in enumerate(sizes)
+    ]
     chosen = evict.choose({"host": short * GiB}, idle)
     if sum(sizes) < short:
         assert chosen is None
@@ -265,9 +280,12 @@ def test_evict_never_chooses_from_outside_the_pool() -> None:
 
 
 ZOO = [
-    gguf_zoo.write_gqa_per_layer, gguf_zoo.write_swa, gguf_zoo.write_moe, gguf_zoo.write_hybrid,
+    gguf_zoo.write_gqa_per_layer,
+    gguf_zoo.write_swa,
+    gguf_zoo.write_moe,
+    gguf_zoo.write_hybrid,
     gguf_zoo.write_mamba2_hybrid,
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("write", ZOO, ids=lambda f: f.__name__)
@@ -287,29 +305,54 @@ def sizer_matches_split(candidate: Candidate) -> None:
     shape, layout = candidate.shape, candidate.layout
     assert shape is not None and layout is not None
     n = shape.n_layer
-    placements = [Placement(), Placement(("gpu0",), n + 1), Placement(("gpu0",), max(n // 2, 1)),
-                  Placement(("gpu0", "gpu1"), n + 1, (3.0, 1.0)),
-                  Placement(("gpu0",), n + 1, (), True)]  # fmt: skip
+    placements = [
+        Placement(),
+        Placement(("gpu0",), n + 1),
+        Placement(("gpu0",), max(n // 2, 1)),
+        Placement(("gpu0", "gpu1"), n + 1, (3.0, 1.0)),
+        Placement(("gpu0",), n + 1, (), True),
+    ]
     for parallel in (1, 3):
         for kv in ("f16", "q8_0"):
             sizer = Sizer(candidate, parallel, kv, kv)
             for placement in placements:
                 for window in (512, 1000, 4096):
                     assert sizer.on(placement, window) == footprint_by_device(
-                        shape, layout, placement, window, parallel, type_k=kv, type_v=kv,
+                        shape,
+                        layout,
+                        placement,
+                        window,
+                        parallel,
+                        type_k=kv,
+                        type_v=kv,
                         cpu=candidate.cpu,
-                    )  # fmt: skip
+                    )
 
 
 MIXED = ModelShape(
-    weights_bytes=0, n_layer=9, n_ctx_train=32768, n_embd=256, n_vocab=1000, n_head=8,
-    kv_heads=(4, 4, 2, 0, 4, 2, 4, 4, 0), key_length=32, value_length=32, n_swa=256,
+    weights_bytes=0,
+    n_layer=9,
+    n_ctx_train=32768,
+    n_embd=256,
+    n_vocab=1000,
+    n_head=8,
+    kv_heads=(4, 4, 2, 0, 4, 2, 4, 4, 0),
+    key_length=32,
+    value_length=32,
+    n_swa=256,
     swa_layers=(True, False, True, False, True, False, True, False, False),
     recurrent_layers=(False, False, False, True, False, False, False, False, True),
-    n_embd_r=64, n_embd_s=128, n_ff=512,
-)  # fmt: skip
-MIXED_LAYOUT = Layout(layer_bytes=(5, 7, 5, 11, 5, 7, 5, 7, 11), routed_bytes=(0, 3) * 4 + (3,),
-                      input_bytes=13, output_bytes=17, output_tied=True)  # fmt: skip
+    n_embd_r=64,
+    n_embd_s=128,
+    n_ff=512,
+)
+MIXED_LAYOUT = Layout(
+    layer_bytes=(5, 7, 5, 11, 5, 7, 5, 7, 11),
+    routed_bytes=(0, 3) * 4 + (3,),
+    input_bytes=13,
+    output_bytes=17,
+    output_tied=True,
+)
 
 
 @given(

@@ -28,14 +28,21 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         device = draw(st.sampled_from([d.id for d in devices]))
         n_cores = draw(st.integers(0, 2))
         cores, free_cores = tuple(free_cores[:n_cores]), free_cores[n_cores:]
-        residents.append(ResidentView(
-            key=f"r{i}", device=device, bytes=draw(st.integers(1, 16)) * GiB // 4,
-            state=draw(st.sampled_from(list(ResidentState))), calls=draw(st.integers(0, 2)),
-            last_used=draw(st.floats(0, 100)), pinned=draw(st.booleans()), cores=cores,
-            band=draw(st.integers(1, 3)),
-            reload_seconds=draw(st.none() | st.floats(0.1, 60)),
-            eta_idle=draw(st.none() | st.floats(0, 200)),
-        ))  # fmt: skip
+        residents.append(
+            ResidentView(
+                key=f"r{i}",
+                device=device,
+                bytes=draw(st.integers(1, 16)) * GiB // 4,
+                state=draw(st.sampled_from(list(ResidentState))),
+                calls=draw(st.integers(0, 2)),
+                last_used=draw(st.floats(0, 100)),
+                pinned=draw(st.booleans()),
+                cores=cores,
+                band=draw(st.integers(1, 3)),
+                reload_seconds=draw(st.none() | st.floats(0.1, 60)),
+                eta_idle=draw(st.none() | st.floats(0, 200)),
+            )
+        )
     busy = tuple(draw(st.lists(st.sampled_from(CORES), max_size=2, unique=True)))
     return Snapshot(tuple(devices), tuple(residents), cores=CORES, busy_cores=busy)
 
@@ -47,17 +54,28 @@ def asks(draw: st.DrawFn) -> Ask:
         size = draw(st.integers(1, 40)) * GiB // 4
         if draw(st.booleans()):
             trained = draw(st.sampled_from([2048, 8192, 131072]))
-            candidates.append(model(f"m{i}", size, n_layer=draw(st.integers(1, 40)),
-                                    moe=draw(st.booleans()), four_bit=draw(st.booleans()),
-                                    n_ctx_train=trained))  # fmt: skip
+            candidates.append(
+                model(
+                    f"m{i}",
+                    size,
+                    n_layer=draw(st.integers(1, 40)),
+                    moe=draw(st.booleans()),
+                    four_bit=draw(st.booleans()),
+                    n_ctx_train=trained,
+                )
+            )
         else:
             candidates.append(fixed(f"m{i}", size, four_bit=draw(st.booleans())))
     return Ask(
-        "m", tuple(candidates), need=draw(st.integers(1, 20000)),
-        window=draw(st.sampled_from([512, 4096, 16384])), goal=draw(st.sampled_from(list(Goal))),
-        max_wait=draw(st.floats(0, 300)), cpu_floor=draw(st.integers(1, 3)),
+        "m",
+        tuple(candidates),
+        need=draw(st.integers(1, 20000)),
+        window=draw(st.sampled_from([512, 4096, 16384])),
+        goal=draw(st.sampled_from(list(Goal))),
+        max_wait=draw(st.floats(0, 300)),
+        cpu_floor=draw(st.integers(1, 3)),
         kv_types=draw(st.sampled_from([(("f16", "f16"),), (("f16", "f16"), ("q8_0", "q8_0"))])),
-    )  # fmt: skip
+    )
 
 
 def _held(snapshot: Snapshot, device: str, leaving: set[str]) -> int:
@@ -81,8 +99,10 @@ def test_invariants(snapshot: Snapshot, ask: Ask) -> None:
                     device.capacity
                 )
         assert all(d in {x.id for x in snapshot.devices} for d, _ in decision.footprint)
-        if all(_held(snapshot, d, set()) + f.total <= snapshot.device(d).capacity  # type: ignore[union-attr]
-               for d, f in decision.footprint):  # fmt: skip
+        if all(
+            _held(snapshot, d, set()) + f.total <= snapshot.device(d).capacity  # type: ignore[union-attr]
+            for d, f in decision.footprint
+        ):
             assert decision.victims == ()  # it fits as is: nothing leaves
         # claims never overlap: the OS core only lent to an engine alone, cores busy with
         # other work only once every other claimable one is taken, never a working engine's
@@ -91,8 +111,9 @@ def test_invariants(snapshot: Snapshot, ask: Ask) -> None:
         if keep in decision.cores:
             assert alone and keep not in snapshot.busy_cores
         if set(decision.cores) & set(snapshot.busy_cores):
-            free, idle = claims.claimable(snapshot.cores, snapshot.busy_cores,
-                                          snapshot.residents, leaving)  # fmt: skip
+            free, idle = claims.claimable(
+                snapshot.cores, snapshot.busy_cores, snapshot.residents, leaving
+            )
             assert set(free) | {c for c, _ in idle} <= set(decision.cores)
         for r in snapshot.residents:
             if r.key not in leaving and r.key not in decision.cores_from:
@@ -142,14 +163,23 @@ def test_without_residents_nothing_is_evicted_and_waiting_never_happens(
 def gpu_asks(draw: st.DrawFn) -> Ask:
     """One variant on the GPU rung alone: the rung within which the window comes first."""
     size = draw(st.integers(1, 40)) * GiB // 4
-    candidate = model("m", size, n_layer=draw(st.integers(1, 40)), moe=draw(st.booleans()),
-                      n_ctx_train=draw(st.sampled_from([2048, 8192, 131072])))  # fmt: skip
+    candidate = model(
+        "m",
+        size,
+        n_layer=draw(st.integers(1, 40)),
+        moe=draw(st.booleans()),
+        n_ctx_train=draw(st.sampled_from([2048, 8192, 131072])),
+    )
     return Ask(
-        "m", (candidate,), need=draw(st.integers(1, 20000)), rungs=(Rung.GPU_ONLY,),
-        window=draw(st.sampled_from([512, 4096, 16384])), parallel=draw(st.sampled_from([1, 2])),
+        "m",
+        (candidate,),
+        need=draw(st.integers(1, 20000)),
+        rungs=(Rung.GPU_ONLY,),
+        window=draw(st.sampled_from([512, 4096, 16384])),
+        parallel=draw(st.sampled_from([1, 2])),
         max_wait=draw(st.floats(0, 300)),
         kv_types=draw(st.sampled_from([(("f16", "f16"),), (("f16", "f16"), ("q8_0", "q8_0"))])),
-    )  # fmt: skip
+    )
 
 
 @settings(max_examples=300)

@@ -37,8 +37,12 @@ copies = st.lists(
 
 
 @settings(max_examples=400, deadline=None)
-@given(copies=copies, free=st.integers(0, 1 << 32), budget=st.none() | st.integers(0, 1 << 33),
-       need=st.integers(0, 1 << 34))  # fmt: skip
+@given(
+    copies=copies,
+    free=st.integers(0, 1 << 32),
+    budget=st.none() | st.integers(0, 1 << 33),
+    need=st.integers(0, 1 << 34),
+)
 def test_reap_never_removes_what_it_must_keep(
     copies: list[Copy], free: int, budget: int | None, need: int
 ) -> None:
@@ -80,10 +84,13 @@ def test_each_kept_copy_says_why() -> None:
     plan = reap_to_fit(drives, copies, "worker", need=12)
     assert [v.path for v in plan.victims] == ["w/old.gguf"] and plan.short_by == 0
     assert dict((c.path, why) for c, why in plan.kept) == {
-        "w/serving.gguf": Kept.SERVING, "w/pinned.gguf": Kept.PINNED,
-        "w/resident.gguf": Kept.RESIDENT, "w/only.gguf": Kept.LAST_COPY,
-        "w/unhashed.gguf": Kept.UNHASHED, "w/new.gguf": Kept.NOT_NEEDED,
-    }  # fmt: skip
+        "w/serving.gguf": Kept.SERVING,
+        "w/pinned.gguf": Kept.PINNED,
+        "w/resident.gguf": Kept.RESIDENT,
+        "w/only.gguf": Kept.LAST_COPY,
+        "w/unhashed.gguf": Kept.UNHASHED,
+        "w/new.gguf": Kept.NOT_NEEDED,
+    }
     nothing = reap_to_fit(drives, copies, "worker", need=1000)
     assert nothing.short_by == 1000 - 5 - 20
 
@@ -111,10 +118,15 @@ stored_files = st.lists(
 
 
 @settings(max_examples=400, deadline=None)
-@given(files=stored_files, marks=st.lists(st.sampled_from(["resident", "serving", "pinned"])),
-       called=st.dictionaries(st.sampled_from(["a.gguf", SET_NAMES[0], SET_NAMES[3]]),
-                              st.floats(0, 1e6)),
-       free=st.integers(0, 1 << 32), need=st.integers(0, 1 << 34))  # fmt: skip
+@given(
+    files=stored_files,
+    marks=st.lists(st.sampled_from(["resident", "serving", "pinned"])),
+    called=st.dictionaries(
+        st.sampled_from(["a.gguf", SET_NAMES[0], SET_NAMES[3]]), st.floats(0, 1e6)
+    ),
+    free=st.integers(0, 1 << 32),
+    need=st.integers(0, 1 << 34),
+)
 def test_a_split_gguf_is_reaped_whole_and_only_with_every_shard_twinned(
     files: list[StoredFile], marks: list[str], called: dict[str, float], free: int, need: int
 ) -> None:
@@ -123,8 +135,9 @@ def test_a_split_gguf_is_reaped_whole_and_only_with_every_shard_twinned(
     # the marks fall on the first worker copies, as the registry marks a resident's path
     worker_copies = [c for c in copies if c.drive == "worker"]
     for mark, copy in zip(marks, worker_copies, strict=False):
-        copies[copies.index(copy)] = replace(copy, resident=mark == "resident",
-                                             serving=mark == "serving", pinned=mark == "pinned")
+        copies[copies.index(copy)] = replace(
+            copy, resident=mark == "resident", serving=mark == "serving", pinned=mark == "pinned"
+        )
     used = sum(f.bytes for f in files if f.drive == "worker")
     drives = [Drive("worker", DriveRole.WORKER, free, used), *DRIVES[1:]]
     plan = reap_to_fit(drives, copies, "worker", need)
@@ -139,13 +152,17 @@ def test_a_split_gguf_is_reaped_whole_and_only_with_every_shard_twinned(
         if first in SET_NAMES:  # a set goes whole: every shard its name counts, and no other
             base, count = first.split("-")[0], int(first[-10:-5])
             assert {p.rsplit("/", 1)[1] for p in victim.files} == {
-                f"{base}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)}
+                f"{base}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)
+            }
     for f in files:  # no file of a set is removed unless the whole set is
         name = f.path.rsplit("/", 1)[1]
         if f.drive == "worker" and name in SET_NAMES and f.path in removed:
             base = name.split("-")[0]
-            siblings = {g.path for g in files if g.drive == "worker"
-                        and g.path.rsplit("/", 1)[1].startswith(f"{base}-")}  # fmt: skip
+            siblings = {
+                g.path
+                for g in files
+                if g.drive == "worker" and g.path.rsplit("/", 1)[1].startswith(f"{base}-")
+            }
             assert siblings <= removed
     assert plan.freed == sum(f.bytes for f in files if f.path in removed)
     assert plan == reap_to_fit(drives, copies, "worker", need)  # deterministic
@@ -168,11 +185,12 @@ def test_a_set_missing_a_shard_or_a_shard_twin_is_kept_whole() -> None:
         ("worker/m/s-00001-of-00002.gguf", 2, 10, True),
         ("worker/m/t-00001-of-00002.gguf", 2, 10, True),
         ("worker/m/u-00002-of-00003.gguf", 1, 5, False),
-    ]  # fmt: skip
+    ]
     drives = [Drive("worker", DriveRole.WORKER, free=0, used=25, budget=25), *DRIVES[1:]]
     plan = reap_to_fit(drives, copies, "worker", need=100)
     assert [v.files for v in plan.victims] == [
-        ("worker/m/s-00001-of-00002.gguf", "worker/m/s-00002-of-00002.gguf")]  # fmt: skip
+        ("worker/m/s-00001-of-00002.gguf", "worker/m/s-00002-of-00002.gguf")
+    ]
     assert plan.freed == 10 and plan.short_by == 90
     assert {c.path: why for c, why in plan.kept} == {
         "worker/m/t-00001-of-00002.gguf": Kept.LAST_COPY,

@@ -45,8 +45,7 @@ def test_unified_slots_cost_only_logits_as_measured() -> None:
 def test_a_placement_gives_the_child_its_slots_and_a_window_for_one_call() -> None:
     """A 3000-token call on 4 unified slots needs a 3072 window, not 4 x 3000."""
     snapshot = Snapshot((host(8 * GiB),), (), cores=tuple(range(4)))
-    decision = decide(snapshot, Ask("smollm2", (smollm2(),), need=3000, window=512,
-                                    parallel=4))  # fmt: skip
+    decision = decide(snapshot, Ask("smollm2", (smollm2(),), need=3000, window=512, parallel=4))
     assert isinstance(decision, Place)
     assert (decision.slots, decision.kv_unified, decision.window) == (4, True, 3072)
     ((_, priced),) = decision.footprint
@@ -54,6 +53,5 @@ def test_a_placement_gives_the_child_its_slots_and_a_window_for_one_call() -> No
     assert shape is not None  # priced as unified: the window's cells once, 4 logits rows
     assert priced.kv == sizing.kv_bytes(shape, 3072, 1).total
     assert priced.output == 4 * shape.n_vocab * 4
-    split = decide(snapshot, Ask("smollm2", (smollm2(),), need=1500, window=512,
-                                 parallel=1))  # fmt: skip
+    split = decide(snapshot, Ask("smollm2", (smollm2(),), need=1500, window=512, parallel=1))
     assert isinstance(split, Place) and (split.slots, split.kv_unified) == (1, False)

@@ -49,8 +49,7 @@ def test_a_render_waits_until_the_counter_is_still() -> None:
     async def run() -> None:
         store = SimpleNamespace(counter=7)
         signal = HeldSignal(store)
-        settled = asyncio.ensure_future(
-            dashboard._settled(signal, store, asyncio.Event()))  # type: ignore[arg-type]
+        settled = asyncio.ensure_future(dashboard._settled(signal, store, asyncio.Event()))  # type: ignore[arg-type]
         for _ in range(3):  # a call's row opens, it ends, the next call's opens
             await signal.change()
             await asyncio.sleep(0)

@@ -32,12 +32,16 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path,
-        gate: Path) -> Iterator[FitboxProcess]:  # fmt: skip
+def box(
+    tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path, gate: Path
+) -> Iterator[FitboxProcess]:
     home = tmp_path_factory.mktemp("dashboard") / "home"
-    env = {"FITBOX_SIMULATED_GPUS": "2GiB", "LLAMA_SERVER_BIN": str(GATED),
-           "FAKE_REAL_LLAMA_SERVER": str(llama_server_bin),
-           "FAKE_LOAD_GATE": str(gate)}  # fmt: skip
+    env = {
+        "FITBOX_SIMULATED_GPUS": "2GiB",
+        "LLAMA_SERVER_BIN": str(GATED),
+        "FAKE_REAL_LLAMA_SERVER": str(llama_server_bin),
+        "FAKE_LOAD_GATE": str(gate),
+    }
     with running_fitbox(home, [smollm2.parent], env=env) as running:
         yield running
 
@@ -49,20 +53,29 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 
 
 def chat(box: FitboxProcess, model: str = "smollm2") -> httpx.Response:
-    return httpx.post(f"{box.url}/v1/chat/completions", json={
-        "model": model, "messages": [{"role": "user", "content": "Say hi."}],
-        "max_tokens": 3}, timeout=120)  # fmt: skip
+    return httpx.post(
+        f"{box.url}/v1/chat/completions",
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 3,
+        },
+        timeout=120,
+    )
 
 
 def call_ids(page: Page) -> list[int]:
     found: list[str] = page.eval(
-        "[...document.querySelectorAll('tr.call')].map(r => r.cells[0].textContent)")
+        "[...document.querySelectorAll('tr.call')].map(r => r.cells[0].textContent)"
+    )
     return [int(i) for i in found]
 
 
 def newest_call(box: FitboxProcess) -> int:
-    rows = httpx.get(f"{box.url}/v1/telemetry/rows", params={
-        "table": "call_log", "order": "id", "desc": "true", "limit": 1}).json()["rows"]  # fmt: skip
+    rows = httpx.get(
+        f"{box.url}/v1/telemetry/rows",
+        params={"table": "call_log", "order": "id", "desc": "true", "limit": 1},
+    ).json()["rows"]
     newest: int = rows[0]["id"]
     return newest
 
@@ -72,22 +85,29 @@ def test_residents_devices_and_a_new_call_without_a_reload(
 ) -> None:
     assert chat(box).status_code == 200
     page = browser.open(f"{box.url}/")
-    resident = page.eval("[...document.querySelectorAll('tr.resident')].map(r => "
-                         "[...r.cells].slice(0, 3).map(c => c.textContent))")
+    resident = page.eval(
+        "[...document.querySelectorAll('tr.resident')].map(r => "
+        "[...r.cells].slice(0, 3).map(c => c.textContent))"
+    )
     assert resident == [[SMOL, "ready", "gpu0"]]
-    bar = page.eval("(() => { const s = document.querySelector("
-                    "'.device[data-device=gpu0] .seg'); return s && [s.dataset.model, "
-                    "parseFloat(s.style.width)]; })()")  # fmt: skip
+    bar = page.eval(
+        "(() => { const s = document.querySelector("
+        "'.device[data-device=gpu0] .seg'); return s && [s.dataset.model, "
+        "parseFloat(s.style.width)]; })()"
+    )
     assert bar[0] == SMOL and 0 < bar[1] <= 100
     assert page.eval("document.querySelector('.device[data-device=gpu0] b').textContent") == (
-        "gpu0 (gpu, simulated)")
+        "gpu0 (gpu, simulated)"
+    )
     first = newest_call(box)
     assert call_ids(page)[0] == first
     timings = page.eval("[...document.querySelector('tr.call').cells].map(c => c.textContent)")
     assert timings[3] == "ok" and all(t.endswith(" ms") for t in timings[6:10] if t)
     assert chat(box).status_code == 200  # a second call: shown by SSE, no reload
-    page.wait_for(f"document.querySelector('tr.call').cells[0].textContent === '{first + 1}'",
-                  "the new call on the page")  # fmt: skip
+    page.wait_for(
+        f"document.querySelector('tr.call').cells[0].textContent === '{first + 1}'",
+        "the new call on the page",
+    )
     assert call_ids(page)[:2] == [first + 1, first]
     page.screenshot(ARTIFACTS / "dashboard.png")
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 1000
@@ -114,16 +134,20 @@ def test_what_a_client_chose_is_escaped(box: FitboxProcess, browser: Browser) ->
     assert page.eval("document.title") == "fitbox"
 
 
-def test_a_refusal_and_an_eviction_with_their_reasons(
-    box: FitboxProcess, browser: Browser
-) -> None:
+def test_a_refusal_and_an_eviction_with_their_reasons(box: FitboxProcess, browser: Browser) -> None:
     assert chat(box).status_code == 200
     page = browser.open(f"{box.url}/")
-    assert httpx.post(f"{box.url}/v1/operator/unload", json={"model": "smollm2"},
-                      timeout=60).status_code == 200  # fmt: skip
+    assert (
+        httpx.post(
+            f"{box.url}/v1/operator/unload", json={"model": "smollm2"}, timeout=60
+        ).status_code
+        == 200
+    )
     page.wait_for("document.querySelectorAll('tr.resident').length === 0", "the unload shown")
-    evictions = page.eval("[...document.querySelectorAll('h2')].find(h => h.textContent === "
-                          "'Evictions').nextElementSibling.rows[1].cells[2].textContent")
+    evictions = page.eval(
+        "[...document.querySelectorAll('h2')].find(h => h.textContent === "
+        "'Evictions').nextElementSibling.rows[1].cells[2].textContent"
+    )
     assert evictions == "operator"
     limits = httpx.post(f"{box.url}/v1/limits", json={"ram_max": "64MiB", "vram_max": "64MiB"})
     assert limits.status_code == 200
@@ -131,10 +155,15 @@ def test_a_refusal_and_an_eviction_with_their_reasons(
         assert chat(box).status_code == 507
     finally:
         httpx.post(f"{box.url}/v1/limits", json={"ram_max": None, "vram_max": None})
-    page.wait_for("[...document.querySelectorAll('h2')].find(h => h.textContent === "
-                  "'Refusals').nextElementSibling.tagName === 'TABLE'", "the refusal shown")
-    reason = page.eval("[...document.querySelectorAll('h2')].find(h => h.textContent === "
-                       "'Refusals').nextElementSibling.rows[1].cells[4].textContent")
+    page.wait_for(
+        "[...document.querySelectorAll('h2')].find(h => h.textContent === "
+        "'Refusals').nextElementSibling.tagName === 'TABLE'",
+        "the refusal shown",
+    )
+    reason = page.eval(
+        "[...document.querySelectorAll('h2')].find(h => h.textContent === "
+        "'Refusals').nextElementSibling.rows[1].cells[4].textContent"
+    )
     assert reason == "larger_than_box"
 
 
@@ -159,27 +188,40 @@ def test_a_load_shows_the_bytes_read_with_javascript_on_and_off(
     """The load is held by the engine's load gate (the real engine reads its weights; its
     /health says "Loading model" until the test opens the gate)."""
     if box.models()[SMOL]["state"] != "unloaded":  # (the refusal's test may have left it out)
-        assert httpx.post(f"{box.url}/v1/operator/unload", json={"model": "smollm2"},
-                          timeout=60).status_code == 200  # fmt: skip
+        assert (
+            httpx.post(
+                f"{box.url}/v1/operator/unload", json={"model": "smollm2"}, timeout=60
+            ).status_code
+            == 200
+        )
     until(lambda: box.models()[SMOL]["state"] == "unloaded", "the model is out")
     gate.unlink()
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}],
-            "max_tokens": 3, "stream": True}  # fmt: skip
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "max_tokens": 3,
+        "stream": True,
+    }
     try:
-        with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
-                          timeout=120) as reply:  # fmt: skip
+        with httpx.stream(
+            "POST", f"{box.url}/v1/chat/completions", json=body, timeout=120
+        ) as reply:
             assert reply.status_code == 200  # the 200 came; the load is held
             live = browser.open(f"{box.url}/")
             # bytes read so far, moved on by the event stream (the first render may show 0)
-            live.wait_for(f"{LOADED} && Number({LOADED}.dataset.bytesLoaded) > 0",
-                          "bytes read shown while loading")  # fmt: skip
-            loaded, total = live.eval(f"[{LOADED}.dataset.bytesLoaded, "
-                                      f"{LOADED}.dataset.bytesTotal].map(Number)")  # fmt: skip
+            live.wait_for(
+                f"{LOADED} && Number({LOADED}.dataset.bytesLoaded) > 0",
+                "bytes read shown while loading",
+            )
+            loaded, total = live.eval(
+                f"[{LOADED}.dataset.bytesLoaded, {LOADED}.dataset.bytesTotal].map(Number)"
+            )
             assert 0 < loaded <= total <= smollm2.stat().st_size
             words = live.eval(f"{LOADED}.textContent")
             assert " of " in words and words.endswith("%)")
-            bar = live.eval("[...document.querySelectorAll('tr.resident progress')]"
-                            ".map(p => [p.value, p.max])")  # fmt: skip
+            bar = live.eval(
+                "[...document.querySelectorAll('tr.resident progress')].map(p => [p.value, p.max])"
+            )
             assert len(bar) == 1 and 0 < bar[0][0] <= bar[0][1] == total
             live.screenshot(ARTIFACTS / "dashboard-loading.png")
             still = browser.open(f"{box.url}/", javascript=False)  # the page as served
@@ -187,8 +229,10 @@ def test_a_load_shows_the_bytes_read_with_javascript_on_and_off(
             assert still.eval("document.querySelector('tr.resident progress').max") == total
             gate.touch()
             assert [line for line in reply.iter_lines() if line][-1] == "data: [DONE]"
-        live.wait_for(f"!{LOADED} && document.querySelector('tr.resident.ready') !== null",
-                      "the load done, its bytes gone from the page")  # fmt: skip
+        live.wait_for(
+            f"!{LOADED} && document.querySelector('tr.resident.ready') !== null",
+            "the load done, its bytes gone from the page",
+        )
     finally:
         gate.touch()
 
@@ -198,9 +242,13 @@ def test_a_stop_ends_an_open_event_stream_at_once(tmp_path: Path) -> None:
     the stop signal comes, and the page's EventSource reconnects to the next fitbox."""
     box = start_fitbox(tmp_path / "home", [tmp_path / "models"])
     try:
-        with httpx.Client(timeout=60) as client, client.stream(
-            "GET", f"{box.url}/dashboard/events"  # no since: the first update comes at once
-        ) as events:
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream(
+                "GET",
+                f"{box.url}/dashboard/events",  # no since: the first update comes at once
+            ) as events,
+        ):
             assert events.status_code == 200
             assert events.headers["content-type"].startswith("text/event-stream")
             lines = events.iter_lines()

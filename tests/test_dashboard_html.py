@@ -11,9 +11,20 @@ from fitbox.server.dashboard_html import DeviceView, View
 
 
 def resident(**extra: Any) -> dict[str, Any]:
-    return {"model": "m", "state": "ready", "device": "gpu0", "rung": "gpu-only",
-            "window": 4096, "bytes": 1 << 30, "basis": "estimate", "calls": 0,
-            "pinned": False, "load_seconds": None, "load_started_at": None, **extra}  # fmt: skip
+    return {
+        "model": "m",
+        "state": "ready",
+        "device": "gpu0",
+        "rung": "gpu-only",
+        "window": 4096,
+        "bytes": 1 << 30,
+        "basis": "estimate",
+        "calls": 0,
+        "pinned": False,
+        "load_seconds": None,
+        "load_started_at": None,
+        **extra,
+    }
 
 
 class Tags(HTMLParser):
@@ -32,47 +43,70 @@ def parsed(text: str) -> list[tuple[str, dict[str, str | None]]]:
 
 
 def view(**extra: Any) -> View:
-    values: dict[str, Any] = {"counter": 7, "devices": [], "residents": [], "queue": [],
-                              "calls": [], "evictions": [], "refusals": [], "now": 1000.0}
+    values: dict[str, Any] = {
+        "counter": 7,
+        "devices": [],
+        "residents": [],
+        "queue": [],
+        "calls": [],
+        "evictions": [],
+        "refusals": [],
+        "now": 1000.0,
+    }
     values.update(extra)
     return View(**values)
 
 
 def test_a_loading_resident_shows_its_seconds_so_far() -> None:
-    text = dashboard_html.main(view(residents=[resident(state="starting",
-                                                        load_started_at=988.0)]))  # fmt: skip
+    text = dashboard_html.main(view(residents=[resident(state="starting", load_started_at=988.0)]))
     (span,) = [a for t, a in parsed(text) if t == "span"]
     assert span["data-loading-since"] == "988.000"
     assert "loading for 12 s" in text
 
 
 def test_a_loading_resident_shows_the_bytes_of_its_weights_read() -> None:
-    loading = resident(state="starting", load_started_at=988.0, bytes_loaded=3 << 28,
-                       bytes_total=1 << 30)  # fmt: skip
+    loading = resident(
+        state="starting", load_started_at=988.0, bytes_loaded=3 << 28, bytes_total=1 << 30
+    )
     text = dashboard_html.main(view(residents=[loading]))
     tags = dict(parsed(text)[::-1])  # the first of each tag
     assert tags["progress"] == {"value": str(3 << 28), "max": str(1 << 30)}
     assert "loading for 12 s" in text and "768.00 MiB of 1.00 GiB (75%)" in text
     # before the child has read a byte, or when its file cannot be read: seconds only
-    assert "<progress" not in dashboard_html.main(view(residents=[resident(
-        state="starting", load_started_at=988.0)]))  # fmt: skip
+    assert "<progress" not in dashboard_html.main(
+        view(residents=[resident(state="starting", load_started_at=988.0)])
+    )
 
 
 def test_a_device_bar_is_shared_by_what_each_resident_holds() -> None:
-    device = DeviceView("gpu0", "gpu", 4 << 30, True, [("a", "ready", 1 << 30),
-                                                       ("b", "starting", 2 << 30)])  # fmt: skip
-    segs = [a for t, a in parsed(dashboard_html.main(view(devices=[device])))
-            if t == "div" and "seg" in (a.get("class") or "")]  # fmt: skip
-    assert [(s["data-model"], s["style"]) for s in segs] == [("a", "width:25.00%"),
-                                                             ("b", "width:50.00%")]  # fmt: skip
+    device = DeviceView(
+        "gpu0", "gpu", 4 << 30, True, [("a", "ready", 1 << 30), ("b", "starting", 2 << 30)]
+    )
+    segs = [
+        a
+        for t, a in parsed(dashboard_html.main(view(devices=[device])))
+        if t == "div" and "seg" in (a.get("class") or "")
+    ]
+    assert [(s["data-model"], s["style"]) for s in segs] == [
+        ("a", "width:25.00%"),
+        ("b", "width:50.00%"),
+    ]
     assert segs[1]["class"] == "seg starting"
 
 
 def test_everything_a_client_chose_is_escaped_and_one_line() -> None:
     evil = '"><script>alert(1)</script>\n<img src=x>'
     device = DeviceView("gpu0", "gpu", 1 << 30, False, [(evil, "ready", 1 << 20)])
-    calls = [{"id": 1, "received_at": 999.0, "model_asked": evil, "outcome": "error",
-              "error_code": "model_not_found", "http_status": 404}]  # fmt: skip
+    calls = [
+        {
+            "id": 1,
+            "received_at": 999.0,
+            "model_asked": evil,
+            "outcome": "error",
+            "error_code": "model_not_found",
+            "http_status": 404,
+        }
+    ]
     text = dashboard_html.main(view(devices=[device], calls=calls))
     assert "<script" not in text and "<img" not in text
     assert "\n" not in text  # an SSE data line cannot carry a raw line break

@@ -17,10 +17,11 @@ import pytest
 from .wheels import REPO, build_wheel
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("dpkg") is None
+    os.geteuid() != 0
+    or shutil.which("dpkg") is None
     or subprocess.run(["dpkg", "-s", "fitbox"], capture_output=True).returncode == 0,
     reason="needs root and dpkg, and no fitbox package already installed",
-)  # fmt: skip
+)
 VERSION = "0.1.0"
 
 
@@ -29,17 +30,26 @@ def dpkg(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def mode(path: str) -> str:
-    return subprocess.run(["stat", "-c", "%a %U:%G", path], capture_output=True, text=True,
-                          check=True).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        ["stat", "-c", "%a %U:%G", path], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_the_deb_installs_upgrades_serves_removes_and_purges(tmp_path: Path) -> None:
     wheel = build_wheel(VERSION, tmp_path)
     built = subprocess.run(
-        [sys.executable, str(REPO / "packaging" / "debian" / "build.py"), "--out",
-         str(tmp_path / "out"), "--wheel", str(wheel)],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "packaging" / "debian" / "build.py"),
+            "--out",
+            str(tmp_path / "out"),
+            "--wheel",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert built.returncode == 0, built.stderr[-2000:]
     deb = Path(built.stdout.strip().splitlines()[-1])
     assert deb.name == f"fitbox_{VERSION}_{dpkg('--print-architecture').stdout.strip()}.deb"
@@ -55,8 +65,11 @@ def test_the_deb_installs_upgrades_serves_removes_and_purges(tmp_path: Path) -> 
         assert mode("/var/lib/fitbox/fitbox.sqlite3") == "600 fitbox:fitbox"
         assert mode("/var/lib/fitbox") == "710 fitbox:fitbox"
         assert mode("/var/lib/fitbox/models") == "2770 fitbox:fitbox"
-        env = dict(line.split("=", 1) for line in Path("/etc/fitbox/fitbox.env").read_text()
-                   .splitlines() if "=" in line and not line.startswith("#"))  # fmt: skip
+        env = dict(
+            line.split("=", 1)
+            for line in Path("/etc/fitbox/fitbox.env").read_text().splitlines()
+            if "=" in line and not line.startswith("#")
+        )
         # an upgrade (the same package again) keeps host, port and key
         key = Path("/var/lib/fitbox/box.key").read_text()
         again = dpkg("-i", str(deb))
@@ -67,9 +80,19 @@ def test_the_deb_installs_upgrades_serves_removes_and_purges(tmp_path: Path) -> 
         unit = Path("/etc/systemd/system/fitbox.service").read_text()
         exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
         assert exec_start == "ExecStart=/opt/fitbox/venv/bin/python -m fitbox serve"
-        proc = subprocess.Popen(["runuser", "-u", "fitbox", "--", "env", *(
-            f"{k}={v}" for k, v in env.items()), *exec_start[len("ExecStart="):].split()],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                "runuser",
+                "-u",
+                "fitbox",
+                "--",
+                "env",
+                *(f"{k}={v}" for k, v in env.items()),
+                *exec_start[len("ExecStart=") :].split(),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             url = f"http://{env['FITBOX_HOST']}:{env['FITBOX_PORT']}"
             deadline = time.monotonic() + 60
@@ -87,15 +110,23 @@ def test_the_deb_installs_upgrades_serves_removes_and_purges(tmp_path: Path) -> 
         Path("/var/lib/fitbox/models/kept.gguf").write_bytes(b"GGUF")
         removed = dpkg("-r", "fitbox")
         assert removed.returncode == 0, removed.stdout + removed.stderr
-        for gone in ("/opt/fitbox", "/etc/systemd/system/fitbox.service",
-                     "/etc/fitbox/fitbox.env", "/usr/bin/fitbox"):  # fmt: skip
+        for gone in (
+            "/opt/fitbox",
+            "/etc/systemd/system/fitbox.service",
+            "/etc/fitbox/fitbox.env",
+            "/usr/bin/fitbox",
+        ):
             assert not Path(gone).exists(), gone
         assert Path("/var/lib/fitbox/fitbox.sqlite3").exists()  # remove keeps state
         purged = dpkg("-P", "fitbox")
         assert purged.returncode == 0, purged.stdout + purged.stderr
         assert subprocess.run(["getent", "passwd", "fitbox"], capture_output=True).returncode
-        for gone in ("/etc/fitbox", "/var/cache/fitbox", "/var/lib/fitbox/fitbox.sqlite3",
-                     "/var/lib/fitbox/box.key"):  # fmt: skip
+        for gone in (
+            "/etc/fitbox",
+            "/var/cache/fitbox",
+            "/var/lib/fitbox/fitbox.sqlite3",
+            "/var/lib/fitbox/box.key",
+        ):
             assert not Path(gone).exists(), gone
         assert Path("/var/lib/fitbox/models/kept.gguf").read_bytes() == b"GGUF"  # always kept
     finally:

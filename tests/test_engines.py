@@ -47,20 +47,41 @@ def executable(path: Path, text: str = "#!/bin/sh\nexit 0\n") -> Path:
 
 def test_help_flags_are_every_alias_at_column_zero() -> None:
     flags = parse_help_flags(HELP)
-    assert {"-c", "--ctx-size", "-ngl", "--gpu-layers", "--n-gpu-layers", "-fit", "--fit",
-            "--port", "-h", "--help", "--usage"} == flags  # fmt: skip
+    assert {
+        "-c",
+        "--ctx-size",
+        "-ngl",
+        "--gpu-layers",
+        "--n-gpu-layers",
+        "-fit",
+        "--fit",
+        "--port",
+        "-h",
+        "--help",
+        "--usage",
+    } == flags
 
 
 def intent(tmp_path: Path) -> LaunchIntent:
-    return LaunchIntent(model_path=tmp_path / "m.gguf", alias="m", window=4096, parallel=2,
-                        gpu_layers=0, port=1234)  # fmt: skip
+    return LaunchIntent(
+        model_path=tmp_path / "m.gguf", alias="m", window=4096, parallel=2, gpu_layers=0, port=1234
+    )
 
 
 def test_argv_is_explicit_and_passes_only_flags_the_binary_has(tmp_path: Path) -> None:
     old = EngineInfo(Path("/x/llama-server"), frozenset({"-m", "-c"}), "old")
     argv = build_argv(old, intent(tmp_path))
-    assert argv[:9] == ["/x/llama-server", "-m", str(tmp_path / "m.gguf"), "-c", "4096",
-                        "-np", "2", "-ngl", "0"]  # fmt: skip
+    assert argv[:9] == [
+        "/x/llama-server",
+        "-m",
+        str(tmp_path / "m.gguf"),
+        "-c",
+        "4096",
+        "-np",
+        "2",
+        "-ngl",
+        "0",
+    ]
     assert "--fit" not in argv and "--alias" not in argv
     new = EngineInfo(Path("/x/llama-server"), frozenset({"--fit", "--alias", "--no-webui"}), "")
     argv = build_argv(new, intent(tmp_path))
@@ -99,8 +120,9 @@ SYSTEM_INFO = (
 def test_help_is_read_once_per_binary(tmp_path: Path) -> None:
     calls = tmp_path / "calls"
     flags = "--verbosity N                           log verbosity\n--list-devices\n"
-    script = (f"#!/bin/sh\necho x >> {calls}\ncat <<'EOF'\n{HELP}{flags}EOF\n"
-              f"echo '{SYSTEM_INFO}' >&2\n")  # fmt: skip
+    script = (
+        f"#!/bin/sh\necho x >> {calls}\ncat <<'EOF'\n{HELP}{flags}EOF\necho '{SYSTEM_INFO}' >&2\n"
+    )
     binary = executable(tmp_path / "llama-server", script)
     first, second = inspect(binary), inspect(binary)
     assert first is second and "--fit" in first.flags
@@ -116,9 +138,11 @@ def test_cpu_features_come_from_the_system_info_line() -> None:
     cpu = parse_system_info(SYSTEM_INFO)
     assert {"AVX2", "REPACK", "FMA"} <= cpu.flags and "AVX512" not in cpu.flags
     assert not cpu.host_buffer and cpu.repacks
-    arm = parse_system_info("system_info: n_threads = 8 / 8 | CPU : NEON = 1 | ARM_FMA = 1 | "
-                            "DOTPROD = 1 | SVE = 1 | SVE_CNT = 32 | REPACK = 1 | "
-                            "CUDA : ARCHS = 900 | USE_GRAPHS = 1 |")  # fmt: skip
+    arm = parse_system_info(
+        "system_info: n_threads = 8 / 8 | CPU : NEON = 1 | ARM_FMA = 1 | "
+        "DOTPROD = 1 | SVE = 1 | SVE_CNT = 32 | REPACK = 1 | "
+        "CUDA : ARCHS = 900 | USE_GRAPHS = 1 |"
+    )
     assert arm.sve_cnt == 32 and "ARCHS" not in arm.flags and "USE_GRAPHS" not in arm.flags
     assert parse_system_info("no such line").flags == frozenset()
     listed = "Available devices:\n  CUDA0: NVIDIA H200 (143167 MiB, 142000 MiB free)\n"
@@ -130,19 +154,35 @@ def test_cpu_features_come_from_the_system_info_line() -> None:
 
 def test_no_repack_reaches_the_argv_only_when_chosen_and_known(tmp_path: Path) -> None:
     knows = EngineInfo(Path("/x/llama-server"), frozenset({"--no-repack"}), "")
-    chosen = LaunchIntent(model_path=tmp_path / "m.gguf", alias="m", window=512, parallel=1,
-                          gpu_layers=0, port=1, no_repack=True)  # fmt: skip
+    chosen = LaunchIntent(
+        model_path=tmp_path / "m.gguf",
+        alias="m",
+        window=512,
+        parallel=1,
+        gpu_layers=0,
+        port=1,
+        no_repack=True,
+    )
     assert "--no-repack" in build_argv(knows, chosen)
     assert "--no-repack" not in build_argv(knows, intent(tmp_path))
     assert "--no-repack" not in build_argv(EngineInfo(Path("/x"), frozenset(), ""), chosen)
 
 
 def test_reranking_and_pooling_reach_the_argv_only_when_asked_and_known(tmp_path: Path) -> None:
-    knows = EngineInfo(Path("/x/llama-server"),
-                       frozenset({"--reranking", "--pooling", "--embeddings"}), "")  # fmt: skip
-    asked = LaunchIntent(model_path=tmp_path / "m.gguf", alias="m", window=512, parallel=1,
-                         gpu_layers=0, port=1, embedding=True, reranking=True,
-                         pooling="mean")  # fmt: skip
+    knows = EngineInfo(
+        Path("/x/llama-server"), frozenset({"--reranking", "--pooling", "--embeddings"}), ""
+    )
+    asked = LaunchIntent(
+        model_path=tmp_path / "m.gguf",
+        alias="m",
+        window=512,
+        parallel=1,
+        gpu_layers=0,
+        port=1,
+        embedding=True,
+        reranking=True,
+        pooling="mean",
+    )
     argv = build_argv(knows, asked)
     assert "--reranking" in argv and argv[argv.index("--pooling") + 1] == "mean"
     plain = build_argv(knows, intent(tmp_path))
@@ -162,8 +202,10 @@ def test_a_child_sees_only_the_gpus_its_layers_are_placed_on() -> None:
     def intent(gpus: tuple[int, ...], layers: int) -> LaunchIntent:
         return LaunchIntent(Path("/m.gguf"), "m", 4096, 1, layers, 8080, gpus=gpus)
 
-    assert visible_gpus(intent((1,), 99)) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                                              "CUDA_VISIBLE_DEVICES": "1"}  # fmt: skip
+    assert visible_gpus(intent((1,), 99)) == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "1",
+    }
     assert visible_gpus(intent((0, 2), 99))["CUDA_VISIBLE_DEVICES"] == "0,2"
     assert visible_gpus(intent((), 0)) == {}  # host only: nothing to choose
 
@@ -199,15 +241,19 @@ def test_a_child_runs_as_its_own_argv_on_its_claim_through_the_launch_chain(
 def test_only_a_context_refusal_gives_the_prompt_s_count() -> None:
     """The refusal as this build sends it (HTTP 400 before any event, streamed or not)."""
     engine = LlamaServer()
-    refusal = (b'{"error":{"code":400,"message":"request (431 tokens) exceeds the available '
-               b'context size (256 tokens), try increasing it","type":"exceed_context_size_'
-               b'error","n_prompt_tokens":431,"n_ctx":256}}')  # fmt: skip
+    refusal = (
+        b'{"error":{"code":400,"message":"request (431 tokens) exceeds the available '
+        b'context size (256 tokens), try increasing it","type":"exceed_context_size_'
+        b'error","n_prompt_tokens":431,"n_ctx":256}}'
+    )
     assert engine.refused_prompt(400, refusal) == 431
     other = b'{"error":{"code":400,"message":"bad","type":"invalid_request_error"}}'
     assert engine.refused_prompt(400, other) is None
     assert engine.refused_prompt(500, refusal) is None
     assert engine.refused_prompt(400, b"not json") is None
     assert engine.refused_prompt(400, refusal.replace(b"431,", b"true,")) is None
-    assert all(engine.sends_on_bound(p) for p in ("/v1/chat/completions", "/v1/completions",
-                                                  "/v1/messages", "/v1/responses"))  # fmt: skip
+    assert all(
+        engine.sends_on_bound(p)
+        for p in ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+    )
     assert not engine.sends_on_bound("/v1/embeddings")  # not sent on an overflowing bound

@@ -27,8 +27,10 @@ def misses(rows: list[Row]) -> list[str]:
     for r in rows:
         exact = r.kind not in ("weights", "kv") or abs(r.predicted - r.measured) <= ROUNDING
         if not (r.met and exact):
-            out.append(f"{r.model} {r.spec} {r.kind}: predicted {r.predicted} measured "
-                       f"{r.measured} ({r.error:+.2%})")  # fmt: skip
+            out.append(
+                f"{r.model} {r.spec} {r.kind}: predicted {r.predicted} measured "
+                f"{r.measured} ({r.error:+.2%})"
+            )
     return out
 
 

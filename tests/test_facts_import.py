@@ -37,8 +37,9 @@ def box(tmp_path: Path) -> Iterator[tuple[TestClient, str, int]]:
     models = tmp_path / "models"
     models.mkdir()
     path = write_tiny_llama(models / "tiny.gguf", n_ctx=2048)  # a band of windows to cap
-    cfg = config.load({"home": str(tmp_path / "home"), "models": str(models)},
-                      env={"FITBOX_SIMULATED_GPUS": ""})  # fmt: skip
+    cfg = config.load(
+        {"home": str(tmp_path / "home"), "models": str(models)}, env={"FITBOX_SIMULATED_GPUS": ""}
+    )
     sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     with TestClient(create_app(cfg), client=("127.0.0.1", 50000), base_url=BOX) as client:
         yield client, sha256, path.stat().st_size
@@ -46,13 +47,28 @@ def box(tmp_path: Path) -> Iterator[tuple[TestClient, str, int]]:
 
 def _row(plan: dict[str, Any], size: int, row_id: int = 7, kv: int = 12345) -> dict[str, Any]:
     """A footprint row as the measuring box's telemetry carries it, for this plan's contract."""
-    return {"id": row_id, "seq": 40, "artifact": "/elsewhere/tiny.gguf", "artifact_size": size,
-            "artifact_mtime_ns": 1, "device": plan["device"], "window": plan["window"],
-            "parallel": plan["parallel"], "type_k": plan["type_k"], "type_v": plan["type_v"],
-            "weights_bytes": 1_000_000, "kv_bytes": kv, "compute_bytes": 2000,
-            "output_bytes": 300, "n_ctx": plan["window"], "n_ctx_seq": None,
-            "load_seconds": 0.5, "call_id": 3, "measured_at": 1.7e9,
-            "origin_box": None}  # fmt: skip
+    return {
+        "id": row_id,
+        "seq": 40,
+        "artifact": "/elsewhere/tiny.gguf",
+        "artifact_size": size,
+        "artifact_mtime_ns": 1,
+        "device": plan["device"],
+        "window": plan["window"],
+        "parallel": plan["parallel"],
+        "type_k": plan["type_k"],
+        "type_v": plan["type_v"],
+        "weights_bytes": 1_000_000,
+        "kv_bytes": kv,
+        "compute_bytes": 2000,
+        "output_bytes": 300,
+        "n_ctx": plan["window"],
+        "n_ctx_seq": None,
+        "load_seconds": 0.5,
+        "call_id": 3,
+        "measured_at": 1.7e9,
+        "origin_box": None,
+    }
 
 
 def _error(response: Any, status: int, code: str) -> dict[str, Any]:
@@ -74,8 +90,12 @@ def test_an_imported_footprint_prices_the_plan_with_its_origin_named(
     assert taken.json()["files"] == [{"model": "tiny", "footprints": 1}]
     after = client.get("/v1/plan", params={"model": "tiny"}).json()
     assert after["basis"] == "imported"
-    assert after["measured_by"] == {"box_id": ORIGIN, "row_id": 7, "call_id": None,
-                                    "measured_at": 1.7e9}  # fmt: skip
+    assert after["measured_by"] == {
+        "box_id": ORIGIN,
+        "row_id": 7,
+        "call_id": None,
+        "measured_at": 1.7e9,
+    }
     assert sum(d["total_bytes"] for d in after["devices"]) == 1_000_000 + 12345 + 2000 + 300
     again = client.post("/v1/facts/import", json=offer)  # a central replaying its mirror
     assert again.status_code == 200
@@ -88,11 +108,13 @@ def test_an_offer_the_box_cannot_take_says_why(box: tuple[TestClient, str, int])
     client, sha256, size = box
     plan = client.get("/v1/plan", params={"model": "tiny"}).json()
     row = _row(plan, size)
+
     def post(body: dict[str, Any]) -> Any:
         return client.post("/v1/facts/import", json=body)
 
-    error = _error(post({"origin_box": ORIGIN, "sha256": "0" * 64, "footprints": [row]}), 404,
-                   "no_such_file")  # fmt: skip
+    error = _error(
+        post({"origin_box": ORIGIN, "sha256": "0" * 64, "footprints": [row]}), 404, "no_such_file"
+    )
     assert "1 file(s)" in error["message"]
     small = {"origin_box": ORIGIN, "sha256": "0" * 64, "footprints": [{**row, "artifact_size": 5}]}
     error = _error(post(small), 404, "no_such_file")
@@ -101,16 +123,21 @@ def test_an_offer_the_box_cannot_take_says_why(box: tuple[TestClient, str, int])
         ({"sha256": sha256, "footprints": [row]}, "origin_box"),
         ({"origin_box": ORIGIN, "sha256": "XYZ", "footprints": [row]}, "sha256"),
         ({"origin_box": ORIGIN, "sha256": sha256, "footprints": []}, "footprints"),
-        ({"origin_box": ORIGIN, "sha256": sha256, "footprints": [{**row, "kv_bytes": "lots"}]},
-         "kv_bytes"),
-        ({"origin_box": ORIGIN, "sha256": sha256, "footprints": [{**row, "origin_box": "x"}]},
-         "origin_box"),
-    ]  # fmt: skip
+        (
+            {"origin_box": ORIGIN, "sha256": sha256, "footprints": [{**row, "kv_bytes": "lots"}]},
+            "kv_bytes",
+        ),
+        (
+            {"origin_box": ORIGIN, "sha256": sha256, "footprints": [{**row, "origin_box": "x"}]},
+            "origin_box",
+        ),
+    ]
     for body, param in cases:
         assert _error(post(body), 400, "invalid_request")["param"] == param
     own = client.get("/health").json()["box_id"]
-    error = _error(post({"origin_box": own, "sha256": sha256, "footprints": [row]}), 400,
-                   "invalid_request")  # fmt: skip
+    error = _error(
+        post({"origin_box": own, "sha256": sha256, "footprints": [row]}), 400, "invalid_request"
+    )
     assert "this box itself" in error["message"]
     outside = TestClient(client.app, client=OUTSIDE, base_url=BOX)
     _error(outside.post("/v1/facts/import", json={}), 401, "missing_api_key")  # management
@@ -121,37 +148,62 @@ def test_a_measurement_made_here_wins_over_an_imported_one(tmp_path: Path) -> No
     conn.row_factory = sqlite3.Row
     migrate(conn, load_migrations())
     base = MeasuredFootprint("/m/t.gguf", 10, 1, "host", 512, 1, "f16", "f16", 100, 10, 5, 1)
-    imported = MeasuredFootprint(**{**base.__dict__, "kv": 99, "origin_box": ORIGIN,
-                                    "origin_id": 4})  # fmt: skip
+    imported = MeasuredFootprint(
+        **{**base.__dict__, "kv": 99, "origin_box": ORIGIN, "origin_id": 4}
+    )
     insert_footprint(conn, base)  # measured here first
     assert import_footprint(conn, imported) is not None
     assert import_footprint(conn, imported) is None  # the same offer twice: kept once
     (only,) = latest_footprints(conn)
     assert only.origin_box is None and only.kv == 10  # imported later, still not preferred
-    other = MeasuredFootprint(**{**base.__dict__, "window": 1024, "origin_box": ORIGIN,
-                                 "origin_id": 5})  # fmt: skip
+    other = MeasuredFootprint(
+        **{**base.__dict__, "window": 1024, "origin_box": ORIGIN, "origin_id": 5}
+    )
     import_footprint(conn, other)
     found = {m.window: m for m in latest_footprints(conn)}
     assert found[1024].origin_box == ORIGIN and found[1024].origin_id == 5  # nothing local
 
 
-def _speed_row(plan: dict[str, Any], size: int, row_id: int = 9,
-               decode_ms: float = 50.0) -> dict[str, Any]:  # fmt: skip
+def _speed_row(
+    plan: dict[str, Any], size: int, row_id: int = 9, decode_ms: float = 50.0
+) -> dict[str, Any]:
     """A measured_speeds row as the measuring box's telemetry carries it."""
-    return {"id": row_id, "seq": 41, "artifact": "/elsewhere/tiny.gguf", "artifact_size": size,
-            "artifact_mtime_ns": 1, "rung": plan["rung"], "placement": plan["device"],
-            "prompt_tokens": 12, "prompt_per_token_ms": 4.0, "decode_tokens": 64,
-            "decode_per_token_ms": decode_ms, "call_id": 3, "measured_at": 1.7e9, "cores": 2,
-            "origin_box": None}  # fmt: skip
+    return {
+        "id": row_id,
+        "seq": 41,
+        "artifact": "/elsewhere/tiny.gguf",
+        "artifact_size": size,
+        "artifact_mtime_ns": 1,
+        "rung": plan["rung"],
+        "placement": plan["device"],
+        "prompt_tokens": 12,
+        "prompt_per_token_ms": 4.0,
+        "decode_tokens": 64,
+        "decode_per_token_ms": decode_ms,
+        "call_id": 3,
+        "measured_at": 1.7e9,
+        "cores": 2,
+        "origin_box": None,
+    }
 
 
 def _window_row(plan: dict[str, Any], size: int, window: int, row_id: int = 11) -> dict[str, Any]:
     """A refused_windows row as the measuring box's telemetry carries it."""
-    return {"id": row_id, "seq": 42, "artifact": "/elsewhere/tiny.gguf", "artifact_size": size,
-            "artifact_mtime_ns": 1, "placement": plan["device"], "window": window,
-            "type_k": plan["type_k"], "type_v": plan["type_v"],
-            "detail": "cudaMalloc failed: out of memory", "call_id": 3, "measured_at": 1.7e9,
-            "origin_box": None}  # fmt: skip
+    return {
+        "id": row_id,
+        "seq": 42,
+        "artifact": "/elsewhere/tiny.gguf",
+        "artifact_size": size,
+        "artifact_mtime_ns": 1,
+        "placement": plan["device"],
+        "window": window,
+        "type_k": plan["type_k"],
+        "type_v": plan["type_v"],
+        "detail": "cudaMalloc failed: out of memory",
+        "call_id": 3,
+        "measured_at": 1.7e9,
+        "origin_box": None,
+    }
 
 
 def test_an_imported_speed_gives_the_eta_with_its_origin_named(
@@ -186,15 +238,19 @@ def test_an_imported_refused_window_is_not_tried_first_and_names_its_origin(
     plan = client.get("/v1/plan", params={"model": "tiny"}).json()
     top = plan["band"]["max"]
     assert plan["refused_windows"] == []
-    offer = {"origin_box": ORIGIN, "sha256": sha256,
-             "refused_windows": [_window_row(plan, size, top)]}  # fmt: skip
+    offer = {
+        "origin_box": ORIGIN,
+        "sha256": sha256,
+        "refused_windows": [_window_row(plan, size, top)],
+    }
     taken = client.post("/v1/facts/import", json=offer)
     assert taken.status_code == 200, taken.text
     assert taken.json()["files"] == [{"model": "tiny", "refused_windows": 1}]
     after = client.get("/v1/plan", params={"model": "tiny"}).json()
     assert after["decision"] == "place" and after["band"]["max"] < top
-    assert after["refused_windows"] == [{"device": plan["device"], "window": top,
-                                         "origin_box": ORIGIN}]  # fmt: skip
+    assert after["refused_windows"] == [
+        {"device": plan["device"], "window": top, "origin_box": ORIGIN}
+    ]
     assert client.post("/v1/facts/import", json=offer).status_code == 200  # replayed
     rows = client.get("/v1/telemetry", params={"table": "refused_windows"}).json()["rows"]
     assert [(r["origin_box"], r["origin_id"], r["window"]) for r in rows] == [(ORIGIN, 11, top)]
@@ -211,17 +267,22 @@ def test_offered_windows_and_speeds_the_box_cannot_take_say_why(
         ({"refused_windows": [{**window, "placement": 3}]}, "placement"),
         ({"refused_windows": [{**window, "origin_box": "x"}]}, "origin_box"),
         ({"speeds": [{**rate, "rung": "warp-drive"}]}, "rung"),
-        ({"speeds": [{**rate, "prompt_per_token_ms": None, "decode_per_token_ms": None}]},
-         "decode_per_token_ms"),
+        (
+            {"speeds": [{**rate, "prompt_per_token_ms": None, "decode_per_token_ms": None}]},
+            "decode_per_token_ms",
+        ),
         ({"speeds": [{**rate, "decode_per_token_ms": "fast"}]}, "decode_per_token_ms"),
         ({"speeds": {"not": "a list"}}, "speeds"),
-        ({"speeds": [rate], "refused_windows": [{**window, "artifact_size": size + 1}]},
-         "artifact_size"),
+        (
+            {"speeds": [rate], "refused_windows": [{**window, "artifact_size": size + 1}]},
+            "artifact_size",
+        ),
         ({"speeds": [], "refused_windows": []}, "footprints"),  # no fact at all
-    ]  # fmt: skip
+    ]
     for body, param in cases:
-        response = client.post("/v1/facts/import",
-                               json={"origin_box": ORIGIN, "sha256": sha256, **body})  # fmt: skip
+        response = client.post(
+            "/v1/facts/import", json={"origin_box": ORIGIN, "sha256": sha256, **body}
+        )
         assert _error(response, 400, "invalid_request")["param"] == param, body
 
 
@@ -236,18 +297,24 @@ def test_this_box_s_own_facts_on_a_place_decide_over_an_imported_refusal(
 
     client, _, _ = box
     facts = client.app.state.box.facts  # type: ignore[attr-defined]
-    (artifact,) = [a for a in client.app.state.box.catalog.artifacts()  # type: ignore[attr-defined]
-                   if a.name == "tiny"]  # fmt: skip
+    (artifact,) = [
+        a
+        for a in client.app.state.box.catalog.artifacts()  # type: ignore[attr-defined]
+        if a.name == "tiny"
+    ]
     path, size, mtime_ns = artifact.identity()
-    facts.window_imported(ImportedWindow((path, size, mtime_ns, "host", 256), "f16", "f16",
-                                         None, 1.7e9, ORIGIN, 11))  # fmt: skip
-    facts.window_imported(ImportedWindow((path, size, mtime_ns, "gpu0", 256), "f16", "f16",
-                                         None, 1.7e9, ORIGIN, 12))  # fmt: skip
+    facts.window_imported(
+        ImportedWindow((path, size, mtime_ns, "host", 256), "f16", "f16", None, 1.7e9, ORIGIN, 11)
+    )
+    facts.window_imported(
+        ImportedWindow((path, size, mtime_ns, "gpu0", 256), "f16", "f16", None, 1.7e9, ORIGIN, 12)
+    )
     assert facts.refusals(artifact) == {("host", 256): ORIGIN, ("gpu0", 256): ORIGIN}
     facts.window_refused(artifact, "host", Contract(512, 1), "out of memory", None)
     assert facts.refusals(artifact) == {("host", 512): None, ("gpu0", 256): ORIGIN}
-    facts.footprint_measured(Held(1000, 100, 10, 1), artifact, "gpu0", Contract(128, 1), 0.5,
-                             None)  # a load here, below the other box's refused window
+    facts.footprint_measured(
+        Held(1000, 100, 10, 1), artifact, "gpu0", Contract(128, 1), 0.5, None
+    )  # a load here, below the other box's refused window
     assert facts.refusals(artifact) == {("host", 512): None}
 
 
@@ -267,8 +334,20 @@ def test_a_speed_this_box_measured_wins_over_an_imported_one_across_a_restart(
     identity = artifact.identity()
 
     def speed(decode_ms: float, origin: str | None, row: int | None) -> MeasuredSpeed:
-        return MeasuredSpeed(*identity, "ram-only", "host", 12, 4.0, 64, decode_ms, None, 1.0,
-                             2, origin_box=origin, origin_id=row)  # fmt: skip
+        return MeasuredSpeed(
+            *identity,
+            "ram-only",
+            "host",
+            12,
+            4.0,
+            64,
+            decode_ms,
+            None,
+            1.0,
+            2,
+            origin_box=origin,
+            origin_id=row,
+        )
 
     def reopened() -> tuple[Store, SpeedBook]:
         store = Store(tmp_path / "s.sqlite3")

@@ -60,8 +60,7 @@ def loading(box: FitboxProcess) -> list[int]:
 
 def stream_lines(box: FitboxProcess, body: dict[str, object]) -> list[str]:
     """The non-empty lines of a streamed reply, read to its end."""
-    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
-                      timeout=60) as response:  # fmt: skip
+    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
         return [line for line in response.iter_lines() if line]
 
@@ -76,8 +75,7 @@ def signal_engines_mid_stream(
     body = chat(SMOL, max_tokens=2000, stream=True, ignore_eos=True)
     events: list[str] = []
     signalled: list[int] = []
-    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
-                      timeout=60) as response:  # fmt: skip
+    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if not line.startswith("data: "):
@@ -134,16 +132,21 @@ def test_a_call_that_cannot_get_room_in_time_is_a_503_and_the_busy_model_serves_
     cap = max(sizes) + min(sizes) // 2
     env = {"FITBOX_WAIT_TIMEOUT": "1", **HOLD_IDLE_TIMEOUT}
     with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap), env=env) as box:
-        assert httpx.post(f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
-                          timeout=60).status_code == 200  # fmt: skip
+        assert (
+            httpx.post(
+                f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2), timeout=60
+            ).status_code
+            == 200
+        )
         # a stream on SmolLM2 whose engine is stopped: it serves until the test lets it go,
         # however fast the machine; tiny needs its room and waits its 1 s bound in vain
         body = chat(SMOL, max_tokens=64, stream=True, ignore_eos=True)
         with engine_stopped(box, SMOL):
             streaming = Background(lambda: stream_lines(box, body))
             until(lambda: calls_on(box, SMOL) == 1, "the stream's call on SmolLM2")
-            busy = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
-                              json=chat("tiny", max_tokens=2))  # fmt: skip
+            busy = httpx.post(
+                f"{box.url}/v1/chat/completions", timeout=60, json=chat("tiny", max_tokens=2)
+            )
         lines = streaming.result()
         assert busy.status_code == 503 and busy.json()["error"]["code"] == "model_busy"
         assert SMOL in busy.json()["error"]["message"]
@@ -205,11 +208,16 @@ OOM = Path(__file__).parent / "fakes" / "oom-llama-server"
 def test_an_out_of_memory_load_refuses_its_window_and_the_same_call_loads_smaller(
     tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
-    env = {"LLAMA_SERVER_BIN": str(OOM), "FAKE_REAL_LLAMA_SERVER": str(llama_server_bin),
-           "FAKE_OOM_AT_CTX": "8192", "FITBOX_CTX": "8192"}  # fmt: skip
+    env = {
+        "LLAMA_SERVER_BIN": str(OOM),
+        "FAKE_REAL_LLAMA_SERVER": str(llama_server_bin),
+        "FAKE_OOM_AT_CTX": "8192",
+        "FITBOX_CTX": "8192",
+    }
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
-        response = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
-                              json=chat(SMOL, max_tokens=2))  # fmt: skip
+        response = httpx.post(
+            f"{box.url}/v1/chat/completions", timeout=60, json=chat(SMOL, max_tokens=2)
+        )
         assert response.status_code == 200, response.text  # the same request, placed again
         (resident,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
         assert resident["window"] == 6144  # the tick below the refused 8192
@@ -218,8 +226,9 @@ def test_an_out_of_memory_load_refuses_its_window_and_the_same_call_loads_smalle
         assert plan["band"]["max"] == 6144  # out of reach until a load at 8192 succeeds
         models = {m["id"]: m for m in httpx.get(f"{box.url}/v1/models").json()["data"]}
         assert models[SMOL].get("failed") in (None, False)  # room, not a crash: never failed
-        (fact,) = httpx.get(f"{box.url}/v1/telemetry",
-                            params={"table": "refused_windows"}).json()["rows"]  # fmt: skip
+        (fact,) = httpx.get(f"{box.url}/v1/telemetry", params={"table": "refused_windows"}).json()[
+            "rows"
+        ]
         assert (fact["window"], fact["placement"]) == (8192, "host")
         assert "failed to allocate" in fact["detail"] and fact["call_id"] == box.calls()[0]["id"]
     # the fact outlives the process: the next fitbox does not try 8192 again
@@ -240,20 +249,24 @@ def test_an_engine_that_hangs_mid_call_ends_it_with_engine_timeout_and_is_restar
         assert error["code"] == "engine_timeout"
         # the 1 s quiet bound it was given (the default is 60 s), then a failed health probe
         assert "sent nothing for 1 s and did not answer its health probe" in error["message"]
-        assert stopped and not any(psutil.pid_exists(p) and psutil.Process(p).status() !=
-                                   psutil.STATUS_ZOMBIE for p in stopped)  # fmt: skip
+        assert stopped and not any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            for p in stopped
+        )
         row = box.calls()[-1]
         assert (row["outcome"], row["error_code"]) == ("error", "engine_timeout")
         # the next call loads the model again
-        again = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
-                           json=chat(SMOL, max_tokens=4))  # fmt: skip
+        again = httpx.post(
+            f"{box.url}/v1/chat/completions", timeout=60, json=chat(SMOL, max_tokens=4)
+        )
         assert again.status_code == 200, again.text
         assert box.log().count("hung: nothing for") == 1
         # and a hang before the first byte of a whole (non-stream) reply is a 504
         for pid in engine_pids(box):
             os.kill(pid, signal.SIGSTOP)
-        hung = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
-                          json=chat(SMOL, max_tokens=4))  # fmt: skip
+        hung = httpx.post(
+            f"{box.url}/v1/chat/completions", timeout=60, json=chat(SMOL, max_tokens=4)
+        )
         assert hung.status_code == 504 and hung.json()["error"]["code"] == "engine_timeout"
         assert "hung: nothing for 1 s" in box.log()
 
@@ -267,10 +280,17 @@ def test_a_busy_engine_that_answers_its_health_probe_is_waited_for_not_restarted
     gate = tmp_path / "gate"
     env = {**gated_engine(llama_server_bin, gate), "FITBOX_ENGINE_IDLE_TIMEOUT": "2"}
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
-        reply = Background(lambda: httpx.post(f"{box.url}/v1/chat/completions", timeout=120,
-                                              json=chat(SMOL, max_tokens=8, ignore_eos=True)))
-        until(lambda: engine_logs(box).count("answered /health while holding") >= 2,
-              "two health probes while the reply is held")  # fmt: skip
+        reply = Background(
+            lambda: httpx.post(
+                f"{box.url}/v1/chat/completions",
+                timeout=120,
+                json=chat(SMOL, max_tokens=8, ignore_eos=True),
+            )
+        )
+        until(
+            lambda: engine_logs(box).count("answered /health while holding") >= 2,
+            "two health probes while the reply is held",
+        )
         pid = resident(box, SMOL)["pid"]
         gate.touch()
         response = reply.result()
@@ -294,7 +314,7 @@ def test_kill_9_mid_stream_then_restart_leaves_no_child_and_an_interrupted_row(
             pytest.raises(httpx.HTTPError),
             httpx.stream(
                 "POST", f"{box.url}/v1/chat/completions", json=body, timeout=30
-            ) as response,  # fmt: skip
+            ) as response,
         ):
             for n, _ in enumerate(response.iter_lines()):
                 if n == 5:
@@ -302,8 +322,10 @@ def test_kill_9_mid_stream_then_restart_leaves_no_child_and_an_interrupted_row(
                     box.proc.kill()  # kill -9: no cleanup runs in fitbox
         box.proc.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                  for p in children):  # fmt: skip
+        while any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            for p in children
+        ):
             assert time.monotonic() < deadline, "the engine outlived a kill -9 of fitbox"
             time.sleep(0.1)
     finally:
@@ -311,8 +333,9 @@ def test_kill_9_mid_stream_then_restart_leaves_no_child_and_an_interrupted_row(
     with running_fitbox(home, [smollm2.parent]) as again:
         calls = again.calls()
         assert [c["outcome"] for c in calls] == ["interrupted"]  # closed at start, not lost
-        reply = httpx.post(f"{again.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
-                           timeout=60)  # fmt: skip
+        reply = httpx.post(
+            f"{again.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2), timeout=60
+        )
         assert reply.status_code == 200
         assert len(engine_pids(again)) == 1  # one child for the model, no duplicate
         store = httpx.get(f"{again.url}/health").json()["store"]
@@ -327,9 +350,12 @@ def test_sigterm_during_a_load_that_never_finishes_stops_everything_within_15_s(
     env = {"LLAMA_SERVER_BIN": str(HANGING), "FITBOX_LOAD_TIMEOUT": "300"}
     box = start_fitbox(tmp_path / "home", [tiny_gguf.parent], env=env)
     try:
-        caller = threading.Thread(target=lambda: httpx.post(
-            f"{box.url}/v1/chat/completions", json=chat("tiny-llama"), timeout=60),
-            daemon=True)  # fmt: skip
+        caller = threading.Thread(
+            target=lambda: httpx.post(
+                f"{box.url}/v1/chat/completions", json=chat("tiny-llama"), timeout=60
+            ),
+            daemon=True,
+        )
         caller.start()
         # the load, not a probe of the binary (its --port 0 start hangs too, for PROBE_S)
         deadline = time.monotonic() + 10 + PROBE_S
@@ -339,8 +365,10 @@ def test_sigterm_during_a_load_that_never_finishes_stops_everything_within_15_s(
         children = engine_pids(box)
         box.proc.send_signal(signal.SIGTERM)
         box.proc.wait(timeout=15)  # the bound the name promises; the stop ladder takes ~5 s
-        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() !=
-                       psutil.STATUS_ZOMBIE for p in children)  # fmt: skip
+        assert not any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            for p in children
+        )
     finally:
         stop_fitbox(box)
 
@@ -353,16 +381,27 @@ def test_a_prompt_that_outgrows_the_loaded_window_reloads_it_never_while_it_serv
     placed again by it: it waits while the model serves, then reloads it when idle."""
     gate = tmp_path / "gate"
     gate.touch()  # open: the first call is not held
-    env = {**gated_engine(llama_server_bin, gate), "FITBOX_CTX": "1024",
-           "FITBOX_WAIT_TIMEOUT": "2", **HOLD_IDLE_TIMEOUT}  # fmt: skip
+    env = {
+        **gated_engine(llama_server_bin, gate),
+        "FITBOX_CTX": "1024",
+        "FITBOX_WAIT_TIMEOUT": "2",
+        **HOLD_IDLE_TIMEOUT,
+    }
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
-        assert httpx.post(f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
-                          timeout=60).status_code == 200  # fmt: skip
+        assert (
+            httpx.post(
+                f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2), timeout=60
+            ).status_code
+            == 200
+        )
         first = resident(box, SMOL)
         assert first["window"] == 1024
         # ~700 tokens: its byte bound overflows the 1024-token slot, its tokens do not
-        fits = {"model": SMOL, "max_tokens": 2,
-                "messages": [{"role": "user", "content": "hello " * 700}]}  # fmt: skip
+        fits = {
+            "model": SMOL,
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hello " * 700}],
+        }
         served = httpx.post(f"{box.url}/v1/chat/completions", json=fits, timeout=60)
         assert served.status_code == 200, served.text
         assert 700 < served.json()["usage"]["prompt_tokens"] < 1024
@@ -372,8 +411,11 @@ def test_a_prompt_that_outgrows_the_loaded_window_reloads_it_never_while_it_serv
         # while a stream is on it, the model is never stopped: the big call waits, then
         # 503. The stream is held at the gate after its first event, however fast the
         # machine generates, until the test opens it
-        big = {"model": SMOL, "messages": [{"role": "user", "content": "hello " * 1000}],
-               "max_tokens": 2}  # fmt: skip
+        big = {
+            "model": SMOL,
+            "messages": [{"role": "user", "content": "hello " * 1000}],
+            "max_tokens": 2,
+        }
         body = chat(SMOL, max_tokens=16, stream=True, ignore_eos=True)
         gate.unlink()
         try:
@@ -403,8 +445,9 @@ def test_a_client_that_disconnects_mid_stream_cancels_the_generation_and_frees_t
 ) -> None:
     with running_fitbox(tmp_path / "home", [smollm2.parent]) as box:
         body = chat(SMOL, max_tokens=4000, stream=True, ignore_eos=True)
-        with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
-                          timeout=60) as response:  # fmt: skip
+        with httpx.stream(
+            "POST", f"{box.url}/v1/chat/completions", json=body, timeout=60
+        ) as response:
             for n, _ in enumerate(response.iter_lines()):
                 if n == 6:
                     break  # the client goes away mid-stream
@@ -428,18 +471,27 @@ def test_a_pin_that_changes_the_rung_reloads_the_idle_model_and_never_doubles_it
 ) -> None:
     env = {"FITBOX_SIMULATED_GPUS": "1GiB"}
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
-        assert httpx.post(f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
-                          timeout=60).status_code == 200  # fmt: skip
+        assert (
+            httpx.post(
+                f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2), timeout=60
+            ).status_code
+            == 200
+        )
         (first,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
         assert first["rung"] == "gpu-only"
-        pinned = httpx.post(f"{box.url}/v1/chat/completions", timeout=60,
-                            json=chat(f"{SMOL}@ram", max_tokens=2))  # fmt: skip
+        pinned = httpx.post(
+            f"{box.url}/v1/chat/completions", timeout=60, json=chat(f"{SMOL}@ram", max_tokens=2)
+        )
         assert pinned.status_code == 200, pinned.text
         (second,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
         assert second["rung"] == "ram-only" and second["pid"] != first["pid"]
         assert len(engine_pids(box)) == 1  # the old child stopped; one child per file
         # an unpinned call is served by whatever rung is loaded
-        assert httpx.post(f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2),
-                          timeout=60).status_code == 200  # fmt: skip
+        assert (
+            httpx.post(
+                f"{box.url}/v1/chat/completions", json=chat(SMOL, max_tokens=2), timeout=60
+            ).status_code
+            == 200
+        )
         (third,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
         assert third["pid"] == second["pid"]

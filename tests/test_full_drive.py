@@ -30,9 +30,12 @@ from .small_drive import SmallDrive
 
 def cap_pages(store: Store, pages: int | None = None) -> None:
     """SQLITE_FULL from the next write that needs a page (``None``: the file's size now)."""
-    done = store._submit(lambda conn: conn.execute(  # an awaited job runs while writes wait
-        f"PRAGMA max_page_count = {pages or conn.execute('PRAGMA page_count').fetchone()[0]}"
-    ), wait=True)  # fmt: skip
+    done = store._submit(
+        lambda conn: conn.execute(  # an awaited job runs while writes wait
+            f"PRAGMA max_page_count = {pages or conn.execute('PRAGMA page_count').fetchone()[0]}"
+        ),
+        wait=True,
+    )
     assert done is not None
     done.result()
 
@@ -86,8 +89,9 @@ def test_writes_a_full_drive_refused_are_kept_and_land_when_it_has_room(
     store = Store(drive.path / "home" / "fitbox.sqlite3")
     try:
         drive.fill()
-        ids = [store.call_started(CallStart(f"r{i}", "/x", "m", False, float(i)))
-               for i in range(50)]  # fmt: skip
+        ids = [
+            store.call_started(CallStart(f"r{i}", "/x", "m", False, float(i))) for i in range(50)
+        ]
         for call_id in ids:
             store.call_updated(call_id, outcome="ok", completion_tokens=call_id)
         store.flush()
@@ -113,8 +117,10 @@ def test_writes_refused_by_sqlite_full_are_kept_in_order(tmp_path: Path) -> None
     store = Store(tmp_path / "s.sqlite3")
     try:
         cap_pages(store)
-        ids = [store.call_started(CallStart(f"r{i}", "/x", "m" * 500, False, float(i)))
-               for i in range(200)]  # fmt: skip
+        ids = [
+            store.call_started(CallStart(f"r{i}", "/x", "m" * 500, False, float(i)))
+            for i in range(200)
+        ]
         store.flush()
         # a first small group commit may still fit the last page's slack (how the writer
         # groups them is its own business): most wait, none is lost, all land in order

@@ -29,8 +29,18 @@ def chat(box: FitboxProcess) -> httpx.Response:
 
 def serve_once(home: Path, models: Path) -> subprocess.CompletedProcess[str]:
     """`fitbox serve` expected to refuse to start: its exit and everything it printed."""
-    argv = [sys.executable, "-m", "fitbox", "serve", "--port", "auto", "--home", str(home),
-            "--models", str(models)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "fitbox",
+        "serve",
+        "--port",
+        "auto",
+        "--home",
+        str(home),
+        "--models",
+        str(models),
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 

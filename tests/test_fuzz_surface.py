@@ -29,15 +29,22 @@ from .ggufs import write_tiny_llama
 CASES = {"count": 0}
 MAX_BODY = 64 << 10  # FITBOX_MAX_BODY here: oversized bodies stay cheap to make
 non_finite = st.sampled_from([math.nan, math.inf, -math.inf])  # json.dumps writes NaN, Infinity
-lone_surrogates = st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
-                          min_size=1, max_size=3)  # fmt: skip
+lone_surrogates = st.text(
+    st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3
+)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
-    | non_finite | lone_surrogates,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
-                                                                 max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | non_finite
+    | lone_surrogates,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
     max_leaves=12,
-)  # fmt: skip
+)
 field_names = st.sampled_from(
     [
         "model",
@@ -64,23 +71,30 @@ def _nested(depth: int, kind: str) -> str:
 
 hostile = st.one_of(
     st.builds(_nested, st.integers(200, 6000), st.sampled_from(["array", "object", "open"])),
-    st.builds(lambda field, number: f'{{"model": "tiny", "messages": [], "{field}": {number}}}',
-              field_names, st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "7" * 5000])),
+    st.builds(
+        lambda field, number: f'{{"model": "tiny", "messages": [], "{field}": {number}}}',
+        field_names,
+        st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "7" * 5000]),
+    ),
     lone_surrogates.map(lambda s: f'{{"model": "{s}", "messages": [], "input": "x"}}'),  # raw
     st.integers(1, 4096).map(lambda extra: " " * (MAX_BODY + extra)),
-)  # fmt: skip
+)
 bodies = st.one_of(
     st.dictionaries(field_names, json_values | st.just("tiny"), max_size=5).map(json.dumps),
     json_values.map(json.dumps),
     st.binary(max_size=40).map(lambda b: b.decode("latin-1")),
     hostile,
 )
-queries = st.dictionaries(st.sampled_from(["model", "ctx", "parallel", "kv", "x"]),
-                          st.text(max_size=12) | st.just("tiny"), max_size=4)  # fmt: skip
+queries = st.dictionaries(
+    st.sampled_from(["model", "ctx", "parallel", "kv", "x"]),
+    st.text(max_size=12) | st.just("tiny"),
+    max_size=4,
+)
 keys = st.sampled_from([None, "sk-no-key", "fb_", "fb_000000000000_" + "A" * 43, "Bearer"])
 peers = st.sampled_from([("127.0.0.1", 1), ("203.0.113.9", 1), ("10.0.0.2", 1)])
-routes = [(path, method) for path, ops in PATHS.items() for method in ops
-          if path not in OTHER_PROTOCOLS]  # tested by their own (test_mcp_e2e, test_dashboard_e2e)
+routes = [
+    (path, method) for path, ops in PATHS.items() for method in ops if path not in OTHER_PROTOCOLS
+]  # tested by their own (test_mcp_e2e, test_dashboard_e2e)
 fillers = st.sampled_from(["tiny", "nope", "load", "unload", "pin", "x" * 300, "..%2F", "0"])
 
 
@@ -94,8 +108,10 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _app(home: Path) -> Any:
-    cfg = config.load({"home": str(home), "models": str(home / "models"), "ram_max": "1MiB"},
-                      env={"FITBOX_MAX_BODY": str(MAX_BODY)})  # fmt: skip
+    cfg = config.load(
+        {"home": str(home), "models": str(home / "models"), "ram_max": "1MiB"},
+        env={"FITBOX_MAX_BODY": str(MAX_BODY)},
+    )
     return create_app(cfg)
 
 
@@ -160,10 +176,12 @@ def test_hostile_bodies_from_the_box_itself_are_4xx_and_break_nothing_after(
     """From the box itself, with no key, every body reaches the parser: a hostile one is
     refused (400, or 413 over the limit), and whatever was stored lists afterwards."""
     is_hostile, body = case
-    with TestClient(_app(home), base_url=BOX, client=("127.0.0.1", 1),
-                    raise_server_exceptions=False) as client:  # fmt: skip
-        response = client.post(path.replace("{action}", action),
-                               content=body.encode("utf-8", "surrogatepass"))  # fmt: skip
+    with TestClient(
+        _app(home), base_url=BOX, client=("127.0.0.1", 1), raise_server_exceptions=False
+    ) as client:
+        response = client.post(
+            path.replace("{action}", action), content=body.encode("utf-8", "surrogatepass")
+        )
         listed = client.get("/v1/keys")
     CASES["count"] += 1
     _well_shaped(response)

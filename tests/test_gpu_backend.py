@@ -33,8 +33,7 @@ CORES = tuple(range(4))
 
 def test_a_candidate_whose_engine_has_no_gpu_backend_is_placed_in_ram_and_says_why() -> None:
     # a GPU the probe reads (a declared one is taken at its word: core/room.py declared_gpus)
-    snap = Snapshot((replace(gpu(0, 24 * GiB), simulated=False), host(64 * GiB)), (),
-                    cores=CORES)  # fmt: skip
+    snap = Snapshot((replace(gpu(0, 24 * GiB), simulated=False), host(64 * GiB)), (), cores=CORES)
     on_gpu = decide(snap, _ask(model("m", 4 * GiB, quant="Q4_0")))
     assert isinstance(on_gpu, Place) and on_gpu.rung is Rung.GPU_ONLY and on_gpu.gpu_layers
     assert len(on_gpu.cores) == 1  # a GPU-only engine's claim
@@ -48,13 +47,18 @@ def test_a_candidate_whose_engine_has_no_gpu_backend_is_placed_in_ram_and_says_w
     assert why[Rung.GPU_ONLY].reason.value == "no_gpu_backend"
     assert "without a GPU backend" in why[Rung.GPU_ONLY].detail
     # no rung that asks a GPU for a layer was priced (4bit needs a Q4 variant first)
-    assert {r.rung: r.reason.value for r in cpu_only.rejected if r.rung is not Rung.FOUR_BIT
-            } == {Rung.GPU_ONLY: "no_gpu_backend", Rung.MOE_SPLIT: "no_gpu_backend"}
-    partial = decide(snap, Ask("m", (model("m", 4 * GiB, on_gpus=False),),
-                               rungs=(Rung.MAX_RAM, Rung.MAX_GPU)))  # fmt: skip
+    assert {r.rung: r.reason.value for r in cpu_only.rejected if r.rung is not Rung.FOUR_BIT} == {
+        Rung.GPU_ONLY: "no_gpu_backend",
+        Rung.MOE_SPLIT: "no_gpu_backend",
+    }
+    partial = decide(
+        snap, Ask("m", (model("m", 4 * GiB, on_gpus=False),), rungs=(Rung.MAX_RAM, Rung.MAX_GPU))
+    )
     assert isinstance(partial, Refuse)  # asked for layers on a GPU alone: said, not faked
     assert {r.rung: r.reason.value for r in partial.rejected} == {
-        Rung.MAX_RAM: "no_gpu_backend", Rung.MAX_GPU: "no_gpu_backend"}
+        Rung.MAX_RAM: "no_gpu_backend",
+        Rung.MAX_GPU: "no_gpu_backend",
+    }
 
 
 def _ask(candidate: Candidate) -> Ask:
@@ -67,8 +71,10 @@ def _binary(path: Path, devices: str | None) -> Path:
     flags = "--list-devices\n" if devices is not None else ""
     listing = f"printf '{devices}'" if devices is not None else "true"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!/bin/sh\ncase \"$1\" in\n  --list-devices) {listing} ;;\n"
-                    f"  *) cat <<'EOF'\n{HELP}{flags}EOF\necho '{SYSTEM_INFO}' >&2 ;;\nesac\n")
+    path.write_text(
+        f'#!/bin/sh\ncase "$1" in\n  --list-devices) {listing} ;;\n'
+        f"  *) cat <<'EOF'\n{HELP}{flags}EOF\necho '{SYSTEM_INFO}' >&2 ;;\nesac\n"
+    )
     os.chmod(path, 0o755)
     return path
 
@@ -80,11 +86,19 @@ def test_llama_servers_gpu_backend_is_read_from_its_device_list(
     assert real.devices == () and not real.on_gpus
     assert LlamaServer(str(llama_server_bin.parent)).abilities().gpus is False
 
-    cuda = inspect(_binary(tmp_path / "cuda" / "llama-server",
-                           "Available devices:\\n  CUDA0: NVIDIA H200 (143167 MiB, 1 MiB free)\\n"))
+    cuda = inspect(
+        _binary(
+            tmp_path / "cuda" / "llama-server",
+            "Available devices:\\n  CUDA0: NVIDIA H200 (143167 MiB, 1 MiB free)\\n",
+        )
+    )
     assert cuda.devices == ("CUDA",) and cuda.on_gpus
-    blas = inspect(_binary(tmp_path / "blas" / "llama-server",
-                           "Available devices:\\n  BLAS: OpenBLAS (0 MiB, 0 MiB free)\\n"))
+    blas = inspect(
+        _binary(
+            tmp_path / "blas" / "llama-server",
+            "Available devices:\\n  BLAS: OpenBLAS (0 MiB, 0 MiB free)\\n",
+        )
+    )
     assert blas.devices == ("BLAS",) and not blas.on_gpus  # listed, but not a GPU
     old = inspect(_binary(tmp_path / "old" / "llama-server", None))
     assert old.devices is None and old.on_gpus  # not asked: assumed, as before the flag

@@ -35,9 +35,16 @@ from .images import STRIPES, data_url, noise
 
 
 def shape(kind: str, image_size: int = 64, patch_size: int = 8, **more: Any) -> ProjectorShape:
-    return ProjectorShape(weights_bytes=1, projector_type=kind, image_size=image_size,
-                          patch_size=patch_size, n_embd=8, n_ff=8, n_layer=1,
-                          **more)  # fmt: skip
+    return ProjectorShape(
+        weights_bytes=1,
+        projector_type=kind,
+        image_size=image_size,
+        patch_size=patch_size,
+        n_embd=8,
+        n_ff=8,
+        n_layer=1,
+        **more,
+    )
 
 
 def chat(*urls: str) -> dict[str, Any]:
@@ -53,7 +60,8 @@ def test_a_fixed_resolution_projector_counts_each_image_as_its_tiles_tokens() ->
     gemma = projector_image_tokens(shape("gemma3", 896, 14))
     assert gemma is not None and gemma.bound(None) == 256 + len("<start_of_image><end_of_image>")
     assert projector_image_tokens(shape("gemma3", 896, 14, n_merge=2)) == ImageTokens(
-        fixed=1024, extra=len("<start_of_image><end_of_image>"))  # fmt: skip
+        fixed=1024, extra=len("<start_of_image><end_of_image>")
+    )
     # LLaVA-1.6 slices an image by its grid; a kind not covered has no count
     assert projector_image_tokens(shape("mlp", pinpoints=True)) is None
     assert projector_image_tokens(shape("resampler")) is None
@@ -69,20 +77,35 @@ def test_an_image_in_the_bound_is_its_tokens_not_its_bytes() -> None:
     assert bounded == text + 2 * (parts + 64)
     # an unknown count keeps the bytes; so does a dynamic kind without the image's size
     assert prompt_bound(chat(big, small), 100, None) == by_bytes
-    assert prompt_bound(chat("data:image/png;base64,AAAA"), 100, ImageTokens(side=28, max_pixels=
-        4096 * 28 * 28)) == prompt_bound(chat("data:image/png;base64,AAAA"), 100)  # fmt: skip
+    assert prompt_bound(
+        chat("data:image/png;base64,AAAA"), 100, ImageTokens(side=28, max_pixels=4096 * 28 * 28)
+    ) == prompt_bound(chat("data:image/png;base64,AAAA"), 100)
 
 
 def test_the_responses_and_messages_shapes_count_their_images_too() -> None:
     url = data_url(noise(64, 64))
-    responses = {"input": [{"role": "user", "content": [
-        {"type": "input_image", "image_url": url}]}]}  # fmt: skip
+    responses = {
+        "input": [{"role": "user", "content": [{"type": "input_image", "image_url": url}]}]
+    }
     payload = url.partition(",")[2]
-    messages = {"messages": [{"role": "user", "content": [{"type": "image", "source": {
-        "type": "base64", "media_type": "image/png", "data": payload}}]}]}  # fmt: skip
+    messages = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": payload},
+                    }
+                ],
+            }
+        ]
+    }
     for body, held in ((responses, url), (messages, payload)):
-        assert prompt_bound(body, 100, ImageTokens(fixed=10)) == \
-            prompt_bound(body, 100) - len(held) + 10  # fmt: skip
+        assert (
+            prompt_bound(body, 100, ImageTokens(fixed=10))
+            == prompt_bound(body, 100) - len(held) + 10
+        )
 
 
 def test_a_dynamic_resolution_model_counts_an_image_by_the_size_its_header_gives() -> None:
@@ -96,12 +119,15 @@ def test_a_dynamic_resolution_model_counts_an_image_by_the_size_its_header_gives
     huge = resized_tokens((8000, 6000), 28, 8 * 784, 4096 * 784)
     assert QWEN_TOKENS[1] * 0.95 <= huge <= QWEN_TOKENS[1]  # scaled down into the budget
     png = noise(70, 40)
-    assert prompt_bound(chat(data_url(png)), 100, qwen) == prompt_bound(chat(""), 100) \
-        + resized_tokens((70, 40), 28, 8 * 784, 4096 * 784) + wrap  # fmt: skip
+    assert (
+        prompt_bound(chat(data_url(png)), 100, qwen)
+        == prompt_bound(chat(""), 100) + resized_tokens((70, 40), 28, 8 * 784, 4096 * 784) + wrap
+    )
 
 
-def smart_resize(width: int, height: int, side: int, low: int, high: int,
-                 half_even: bool) -> tuple[int, int]:  # fmt: skip
+def smart_resize(
+    width: int, height: int, side: int, low: int, high: int, half_even: bool
+) -> tuple[int, int]:
     """transformers' qwen2_vl smart_resize (half_even: Python's round) and mtmd-image.cpp
     calc_size_preserved_ratio (half away from zero), as tokens across and down."""
 
@@ -132,8 +158,17 @@ def test_the_dynamic_bound_is_never_below_either_resize(width: int, height: int,
 def jpeg(width: int, height: int) -> bytes:
     app0 = b"JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
     sof = struct.pack(">BHHB", 8, height, width, 3) + b"\x01\x22\x00" * 3
-    return (b"\xff\xd8" + b"\xff\xe0" + struct.pack(">H", len(app0) + 2) + app0 + b"\xff\xff"
-            + b"\xff\xc2" + struct.pack(">H", len(sof) + 2) + sof + b"\xff\xda")  # fmt: skip
+    return (
+        b"\xff\xd8"
+        + b"\xff\xe0"
+        + struct.pack(">H", len(app0) + 2)
+        + app0
+        + b"\xff\xff"
+        + b"\xff\xc2"
+        + struct.pack(">H", len(sof) + 2)
+        + sof
+        + b"\xff\xda"
+    )
 
 
 def riff(chunk: bytes, body: bytes) -> bytes:
@@ -157,14 +192,18 @@ def test_an_images_size_is_read_from_its_header_alone() -> None:
 
 
 def test_a_folders_processor_says_how_many_tokens_an_image_becomes(tmp_path: Path) -> None:
-    llava = {"processor_class": "LlavaProcessor", "patch_size": 14,
-             "num_additional_image_tokens": 1, "image_processor": {
-                 "crop_size": {"height": 336, "width": 336}, "do_center_crop": True}}  # fmt: skip
+    llava = {
+        "processor_class": "LlavaProcessor",
+        "patch_size": 14,
+        "num_additional_image_tokens": 1,
+        "image_processor": {"crop_size": {"height": 336, "width": 336}, "do_center_crop": True},
+    }
     (tmp_path / "processor_config.json").write_text(json.dumps(llava))
     assert image_tokens(tmp_path, None) == ImageTokens(fixed=577)  # ≥ 576: one spare
     qwen = {"patch_size": 14, "merge_size": 2, "min_pixels": 3136, "max_pixels": 12845056}
     assert processor_image_tokens("Qwen2VLProcessor", {}, qwen) == ImageTokens(
-        side=28, min_pixels=3136, max_pixels=12845056, extra=8)  # fmt: skip
+        side=28, min_pixels=3136, max_pixels=12845056, extra=8
+    )
     gemma = {"image_seq_length": 256}
     assert processor_image_tokens("Gemma3Processor", gemma, {}) == ImageTokens(256, extra=8)
     assert processor_image_tokens("Gemma3Processor", gemma, {"do_pan_and_scan": True}) is None
@@ -173,7 +212,8 @@ def test_a_folders_processor_says_how_many_tokens_an_image_becomes(tmp_path: Pat
 
 
 def test_a_model_whose_images_fitbox_cannot_count_bounds_them_by_their_bytes_and_says_so(
-    tmp_path: Path, caplog: Any,
+    tmp_path: Path,
+    caplog: Any,
 ) -> None:
     model = write_tiny_llama(tmp_path / "eyes.gguf")
     counted = write_vision_projector(tmp_path / "mmproj-eyes.gguf", n_embd_text=64)

@@ -23,19 +23,28 @@ def fitbox(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ["PATH"], "HOME": str(home)}  # no XDG_*: all under this HOME
     if "PYTHONPATH" in os.environ:  # the fitbox under test (a worktree's src), not another
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return subprocess.run([sys.executable, "-m", "fitbox", *args], capture_output=True,
-                          text=True, timeout=120, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fitbox", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b""
-            for p in sorted(root.rglob("*"))}  # fmt: skip
+    return {
+        str(p.relative_to(root)): p.read_bytes() if p.is_file() else b""
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def user_files(home: Path) -> tuple[Path, Path, Path]:
-    return (home / ".config" / "fitbox" / "fitbox.env",
-            home / ".config" / "systemd" / "user" / "fitbox.service",
-            home / ".local" / "share" / "fitbox" / "box.key")  # fmt: skip
+    return (
+        home / ".config" / "fitbox" / "fitbox.env",
+        home / ".config" / "systemd" / "user" / "fitbox.service",
+        home / ".local" / "share" / "fitbox" / "box.key",
+    )
 
 
 def env_of(path: Path) -> dict[str, str]:
@@ -78,8 +87,7 @@ def test_a_re_run_keeps_host_port_and_key(tmp_path: Path) -> None:
         assert refused.returncode == 1 and "above what the device has" in refused.stderr
     no_gpu = fitbox(tmp_path, "install", "--user", "--yes", "--vram-max", "8GiB")
     assert no_gpu.returncode == 1 and "this box has no GPU" in no_gpu.stderr
-    capped = fitbox(tmp_path, "install", "--user", "--yes", "--cpu-max", "1",
-                    "--ram-max", "1GiB")  # fmt: skip
+    capped = fitbox(tmp_path, "install", "--user", "--yes", "--cpu-max", "1", "--ram-max", "1GiB")
     assert capped.returncode == 0, capped.stderr
     assert env_of(env_file)["FITBOX_CPU_MAX"] == "1"
     assert env_of(env_file)["FITBOX_RAM_MAX"] == str(1 << 30)
@@ -107,8 +115,18 @@ def test_a_central_that_is_missing_never_fails_the_install(tmp_path: Path) -> No
     threading.Thread(target=server.serve_forever, daemon=True).start()
     central = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        ok = fitbox(tmp_path, "install", "--user", "--port", "auto", "--yes", "--central",
-                    central, "--central-key", "good")  # fmt: skip
+        ok = fitbox(
+            tmp_path,
+            "install",
+            "--user",
+            "--port",
+            "auto",
+            "--yes",
+            "--central",
+            central,
+            "--central-key",
+            "good",
+        )
         assert ok.returncode == 0 and f"the central at {central} answers" in ok.stdout
         assert env_of(user_files(tmp_path)[0])["FITBOX_CENTRAL_KEY"] == "good"
         answers["/health"] = b'{"service": "something else"}'
@@ -128,8 +146,9 @@ def test_the_units_verify_and_enable(tmp_path: Path) -> None:
     analyze, systemctl = shutil.which("systemd-analyze"), shutil.which("systemctl")
     assert analyze and systemctl, "systemd-analyze and systemctl are needed to check units"
     root = tmp_path / "root"
-    installed = fitbox(tmp_path, "install", "--system", "--root", str(root), "--port", "8321",
-                       "--yes")  # fmt: skip
+    installed = fitbox(
+        tmp_path, "install", "--system", "--root", str(root), "--port", "8321", "--yes"
+    )
     assert installed.returncode == 0, installed.stderr
     unit = root / "etc" / "systemd" / "system" / "fitbox.service"
     text = unit.read_text()
@@ -145,8 +164,9 @@ def test_the_units_verify_and_enable(tmp_path: Path) -> None:
     assert "EnvironmentFile=/etc/fitbox/fitbox.env" in text  # real paths, not the scratch root
     verify = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stderr
-    enabled = subprocess.run([systemctl, f"--root={root}", "enable", "fitbox.service"],
-                             capture_output=True, text=True)  # fmt: skip
+    enabled = subprocess.run(
+        [systemctl, f"--root={root}", "enable", "fitbox.service"], capture_output=True, text=True
+    )
     assert enabled.returncode == 0, enabled.stderr
     assert (root / "etc/systemd/system/multi-user.target.wants/fitbox.service").is_symlink()
 
@@ -156,8 +176,12 @@ def test_the_units_exec_start_serves(tmp_path: Path) -> None:
     env_file, unit, _ = user_files(tmp_path)
     line = next(ln for ln in unit.read_text().splitlines() if ln.startswith("ExecStart="))
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env_of(env_file)}
-    proc = subprocess.Popen(shlex.split(line.removeprefix("ExecStart=")), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        shlex.split(line.removeprefix("ExecStart=")),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://{env['FITBOX_HOST']}:{env['FITBOX_PORT']}"
         deadline, status = time.monotonic() + 60, None
@@ -188,8 +212,9 @@ def test_uninstall_keeps_the_models_and_purge_takes_the_state(tmp_path: Path) ->
 def test_engines_lists_the_candidates_and_the_choice(
     tmp_path: Path, llama_server_bin: Path
 ) -> None:
-    result = subprocess.run([sys.executable, "-m", "fitbox", "engines"], capture_output=True,
-                            text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "fitbox", "engines"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     chosen = [ln for ln in result.stdout.splitlines() if ln.startswith("*")]
     assert len(chosen) == 1 and str(llama_server_bin) in chosen[0] and "--fit yes" in chosen[0]
@@ -217,10 +242,18 @@ def test_the_central_role_installs_its_own_service_beside_a_box(tmp_path: Path) 
     refused = fitbox(tmp_path, "install", "--user", "--central-role", "--yes", "--ram-max", "1GiB")
     assert refused.returncode == 1 and "a box's setting, not the central's" in refused.stderr
     line = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
-    run_env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env,
-               **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}  # fmt: skip
-    proc = subprocess.Popen(shlex.split(line.removeprefix("ExecStart=")), env=run_env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    run_env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        **env,
+        **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+    }
+    proc = subprocess.Popen(
+        shlex.split(line.removeprefix("ExecStart=")),
+        env=run_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://{env['FITBOX_HOST']}:{env['FITBOX_PORT']}"
         deadline, answer = time.monotonic() + 60, None
@@ -242,16 +275,30 @@ def test_the_central_s_system_unit_verifies(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     assert analyze, "systemd-analyze is needed to check units"
     root = tmp_path / "root"
-    installed = fitbox(tmp_path, "install", "--system", "--central-role", "--root", str(root),
-                       "--port", "8322", "--yes")  # fmt: skip
+    installed = fitbox(
+        tmp_path,
+        "install",
+        "--system",
+        "--central-role",
+        "--root",
+        str(root),
+        "--port",
+        "8322",
+        "--yes",
+    )
     assert installed.returncode == 0, installed.stderr
     unit = root / "etc" / "systemd" / "system" / "fitbox-central.service"
     text = unit.read_text()
-    for line in ("User=fitbox", "StateDirectory=fitbox-central", "ProtectSystem=strict",
-                 "EnvironmentFile=/etc/fitbox/fitbox-central.env"):  # fmt: skip
+    for line in (
+        "User=fitbox",
+        "StateDirectory=fitbox-central",
+        "ProtectSystem=strict",
+        "EnvironmentFile=/etc/fitbox/fitbox-central.env",
+    ):
         assert line in text
     assert "CacheDirectory" not in text  # the central keeps no cache
     assert env_of(root / "etc/fitbox/fitbox-central.env")["FITBOX_HOME"] == (
-        "/var/lib/fitbox-central")
+        "/var/lib/fitbox-central"
+    )
     verify = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stderr

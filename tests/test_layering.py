@@ -32,8 +32,17 @@ FLOORS: dict[str, int] = {
 }
 # Shared leaves: any floor may import them; they import nothing from box/ or above.
 LEAVES = frozenset(
-    {"fitbox", "fitbox.config", "fitbox.errors", "fitbox.home", "fitbox.networks", "fitbox.units",
-     "fitbox.setting_values", "fitbox.listening", "fitbox.quiet_server"}
+    {
+        "fitbox",
+        "fitbox.config",
+        "fitbox.errors",
+        "fitbox.home",
+        "fitbox.networks",
+        "fitbox.units",
+        "fitbox.setting_values",
+        "fitbox.listening",
+        "fitbox.quiet_server",
+    }
 )
 LEAF_CEILING = FLOORS["fitbox.box"]
 

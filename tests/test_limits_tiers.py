@@ -22,8 +22,9 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
     models = tmp_path / "models"
     models.mkdir()
     write_tiny_llama(models / "tiny.gguf")
-    cfg = config.load({"home": str(tmp_path / "home"), "models": str(models)},
-                      env={"FITBOX_SIMULATED_GPUS": ""})  # fmt: skip
+    cfg = config.load(
+        {"home": str(tmp_path / "home"), "models": str(models)}, env={"FITBOX_SIMULATED_GPUS": ""}
+    )
     with TestClient(create_app(cfg), client=("127.0.0.1", 50000), base_url=BOX) as test_client:
         yield test_client
 
@@ -46,8 +47,7 @@ def test_the_central_tier_stays_under_the_box_tier_and_the_least_applies(
     taken = client.post("/v1/limits", json={"tier": "central", "ram_max": device // 4})
     assert taken.status_code == 200, taken.text
     ram = _ram(client)
-    assert (ram["box"], ram["central"], ram["effective"]) == (device // 2, device // 4,
-                                                               device // 4)  # fmt: skip
+    assert (ram["box"], ram["central"], ram["effective"]) == (device // 2, device // 4, device // 4)
     assert _host_capacity(client) <= device // 4  # placement sees the central tier
     above = client.post("/v1/limits", json={"tier": "central", "ram_max": device * 3 // 4})
     assert above.status_code == 400

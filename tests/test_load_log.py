@@ -44,41 +44,105 @@ def host_row(self_: int, model: int, context: int, compute: int) -> BreakdownRow
 
 
 def f16_kv(total: str, cells: int, seqs: int, streams: int, half: str) -> KVCacheLine:
-    return KVCacheLine(mib(total), cells, 30, seqs, streams, "f16", mib(half), "f16", mib(half),
-                       "unified")  # fmt: skip
+    return KVCacheLine(
+        mib(total), cells, 30, seqs, streams, "f16", mib(half), "f16", mib(half), "unified"
+    )
 
 
 # name: (KV line, compute MiB, output MiB, n_ctx, n_ctx_seq, n_seq_max, n_batch, flash_attn,
 #        kv_unified, n_slots, n_ctx_slot, Host breakdown (self, model, context, compute))
 EXPECTED = {
     "c4096-np1": (
-        f16_kv("90.00", 4096, 1, 1, "45.00"), "18.64", "0.19",
-        4096, 4096, 1, 2048, "auto", False, 1, 4096, (200, 92, 90, 18),
+        f16_kv("90.00", 4096, 1, 1, "45.00"),
+        "18.64",
+        "0.19",
+        4096,
+        4096,
+        1,
+        2048,
+        "auto",
+        False,
+        1,
+        4096,
+        (200, 92, 90, 18),
     ),
     "c8192-np4": (
-        f16_kv("180.00", 2048, 4, 4, "90.00"), "16.64", "0.75",
-        8192, 2048, 4, 2048, "auto", False, 4, 2048, (288, 92, 180, 16),
+        f16_kv("180.00", 2048, 4, 4, "90.00"),
+        "16.64",
+        "0.75",
+        8192,
+        2048,
+        4,
+        2048,
+        "auto",
+        False,
+        4,
+        2048,
+        (288, 92, 180, 16),
     ),
     "c4096-np4-kvu": (
-        f16_kv("90.00", 4096, 4, 1, "45.00"), "18.64", "0.75",
-        4096, 4096, 4, 2048, "auto", True, 4, 4096, (200, 92, 90, 18),
+        f16_kv("90.00", 4096, 4, 1, "45.00"),
+        "18.64",
+        "0.75",
+        4096,
+        4096,
+        4,
+        2048,
+        "auto",
+        True,
+        4,
+        4096,
+        (200, 92, 90, 18),
     ),
     "c2048-q8_0-fa": (
-        KVCacheLine(mib("23.91"), 2048, 30, 1, 1, "q8_0", mib("11.95"), "q8_0", mib("11.95"),
-                    "unified"),
-        "16.67", "0.19", 2048, 2048, 1, 2048, "enabled", False, 1, 2048, (132, 92, 23, 16),
+        KVCacheLine(
+            mib("23.91"), 2048, 30, 1, 1, "q8_0", mib("11.95"), "q8_0", mib("11.95"), "unified"
+        ),
+        "16.67",
+        "0.19",
+        2048,
+        2048,
+        1,
+        2048,
+        "enabled",
+        False,
+        1,
+        2048,
+        (132, 92, 23, 16),
     ),
     "c1024-nofa": (
-        f16_kv("22.50", 1024, 1, 1, "11.25"), "27.51", "0.19",
-        1024, 1024, 1, 1024, "disabled", False, 1, 1024, (142, 92, 22, 27),
+        f16_kv("22.50", 1024, 1, 1, "11.25"),
+        "27.51",
+        "0.19",
+        1024,
+        1024,
+        1,
+        1024,
+        "disabled",
+        False,
+        1,
+        1024,
+        (142, 92, 22, 27),
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(SMOLLM2))
 def test_smollm2_fixture(name: str) -> None:
-    (kv, compute, output, n_ctx, n_ctx_seq, n_seq_max, n_batch, fa, unified, n_slots,
-     n_ctx_slot, host) = EXPECTED[name]  # fmt: skip
+    (
+        kv,
+        compute,
+        output,
+        n_ctx,
+        n_ctx_seq,
+        n_seq_max,
+        n_batch,
+        fa,
+        unified,
+        n_slots,
+        n_ctx_slot,
+        host,
+    ) = EXPECTED[name]
     r = parse_load_log(TEXTS[name])
     assert r.model_buffers == {"CPU_Mapped": mib("92.10")} == {"CPU_Mapped": 96573850}
     assert r.kv_caches == (kv,)
@@ -88,8 +152,12 @@ def test_smollm2_fixture(name: str) -> None:
     assert r.recurrent == ()
     assert r.recurrent_buffers == {}
     assert (r.n_ctx, r.n_ctx_seq, r.n_seq_max, r.n_batch, r.n_ubatch) == (
-        n_ctx, n_ctx_seq, n_seq_max, n_batch, 512,
-    )  # fmt: skip
+        n_ctx,
+        n_ctx_seq,
+        n_seq_max,
+        n_batch,
+        512,
+    )
     assert (r.flash_attn, r.kv_unified, r.n_slots, r.n_ctx_slot) == (
         fa,
         unified,
@@ -223,21 +291,30 @@ def test_gpu_buffer_names_and_breakdown() -> None:
     assert r.kv_buffers == {"CUDA0": 1424 * MIB}  # summed over both iSWA caches
     assert r.recurrent_buffers == {"CUDA0": mib("16.50")}
     assert r.recurrent == (
-        RecurrentLine(mib("16.50"), 4, 48, 4, "f32", mib("0.50"), "f32", 16 * MIB,
-                      None, None, None),
-    )  # fmt: skip
+        RecurrentLine(
+            mib("16.50"), 4, 48, 4, "f32", mib("0.50"), "f32", 16 * MIB, None, None, None
+        ),
+    )
     # the DEBUG line (a --fit probe replayed at -v) is not counted
     assert r.compute_buffers == {"CUDA0": mib("300.01"), "CUDA_Host": mib("72.02")}
     assert (r.n_ctx, r.n_ctx_seq, r.n_seq_max, r.kv_unified) == (32768, 32768, 4, True)
     assert (r.n_slots, r.n_ctx_slot) == (4, 32768)
     # only the last table (shutdown), not the --fit projection before it
     assert r.breakdown == (
-        BreakdownRow("CUDA0", "RTX 4090", 24080 * MIB, 17955 * MIB, 5896 * MIB, 4155 * MIB,
-                     1824 * MIB, 300 * MIB, 229 * MIB),
-        BreakdownRow("ROCm0", "Radeon (gfx1100)", 16368 * MIB, 16000 * MIB, 0, 0, 0, 0,
-                     -5 * MIB),
+        BreakdownRow(
+            "CUDA0",
+            "RTX 4090",
+            24080 * MIB,
+            17955 * MIB,
+            5896 * MIB,
+            4155 * MIB,
+            1824 * MIB,
+            300 * MIB,
+            229 * MIB,
+        ),
+        BreakdownRow("ROCm0", "Radeon (gfx1100)", 16368 * MIB, 16000 * MIB, 0, 0, 0, 0, -5 * MIB),
         host_row(355, 281, 1, 72),
-    )  # fmt: skip
+    )
     assert r.bytes_by_kind() == {
         "model": sum(r.model_buffers.values()),
         "kv": 1424 * MIB,
@@ -267,8 +344,12 @@ def test_default_verbosity_and_scalars_keep_first() -> None:
     )
     r = parse_load_log(text)
     assert (r.n_slots, r.n_ctx_slot, r.kv_unified, r.n_ctx, r.flash_attn) == (
-        4, 512, True, 1024, "enabled",
-    )  # fmt: skip
+        4,
+        512,
+        True,
+        1024,
+        "enabled",
+    )
 
 
 def test_errors_need_level_e_or_a_fatal_phrase() -> None:
@@ -336,18 +417,22 @@ def test_shuffled_and_digit_mutated_lines_never_raise(name: str, data: st.DataOb
 
 def test_repack_and_projector_buffers_count_as_weights_and_compute() -> None:
     """Lines a Q4_K_M load and a --mmproj projector print (seen running this build)."""
-    log = "\n".join([
-        "0.00.021.689 I load_tensors:   CPU_Mapped model buffer size =     3.26 MiB",
-        "0.00.021.712 I load_tensors:   CPU_REPACK model buffer size =     2.88 MiB",
-        "0.00.045.664 I sched_reserve:        CPU compute buffer size =     8.02 MiB",
-        "0.00.233.245 I load_hparams: model size:         2.02 MiB",
-        "0.00.233.248 I load_hparams: metadata size:      0.01 MiB",
-        "0.00.254.365 I reserve_compute_meta:        CPU compute buffer size =     0.21 MiB",
-    ])  # fmt: skip
+    log = "\n".join(
+        [
+            "0.00.021.689 I load_tensors:   CPU_Mapped model buffer size =     3.26 MiB",
+            "0.00.021.712 I load_tensors:   CPU_REPACK model buffer size =     2.88 MiB",
+            "0.00.045.664 I sched_reserve:        CPU compute buffer size =     8.02 MiB",
+            "0.00.233.245 I load_hparams: model size:         2.02 MiB",
+            "0.00.233.248 I load_hparams: metadata size:      0.01 MiB",
+            "0.00.254.365 I reserve_compute_meta:        CPU compute buffer size =     0.21 MiB",
+        ]
+    )
     report = parse_load_log(log)
-    assert report.model_buffers == {"CPU_Mapped": round(3.26 * MIB),
-                                    "CPU_REPACK": round(2.88 * MIB),
-                                    "mmproj": round(2.02 * MIB)}  # fmt: skip
+    assert report.model_buffers == {
+        "CPU_Mapped": round(3.26 * MIB),
+        "CPU_REPACK": round(2.88 * MIB),
+        "mmproj": round(2.02 * MIB),
+    }
     kinds = report.bytes_by_kind()
     assert kinds["model"] == round(3.26 * MIB) + round(2.88 * MIB) + round(2.02 * MIB)
     assert kinds["compute"] == round(8.02 * MIB) + round(0.21 * MIB)

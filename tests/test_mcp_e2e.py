@@ -24,13 +24,22 @@ from .conftest import FitboxProcess, running_fitbox
 pytestmark = pytest.mark.engine
 SERVER, CLIENT = "127.0.0.2", "127.0.0.3"
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
-TOOLS = {"list_models", "residents", "queue", "plan", "load", "unload", "recent_calls",
-         "box_limits"}  # fmt: skip
+TOOLS = {
+    "list_models",
+    "residents",
+    "queue",
+    "plan",
+    "load",
+    "unload",
+    "recent_calls",
+    "box_limits",
+}
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
-        llama_server_bin: Path) -> Iterator[FitboxProcess]:  # fmt: skip
+def box(
+    tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path
+) -> Iterator[FitboxProcess]:
     home = tmp_path_factory.mktemp("mcp") / "home"
     # 127.0.0.3 is outside every trusted network here: the door asks it for a key
     env = {"FITBOX_TRUSTED_NETWORKS": "10.99.0.0/16"}
@@ -48,9 +57,12 @@ class Result:
         return found["data"] if listing else found
 
 
-def run_tools(box: FitboxProcess, calls: list[tuple[str, dict[str, Any]]],
-              key: str | None = None,
-              outside: bool = False) -> tuple[set[str], list[Result]]:  # fmt: skip
+def run_tools(
+    box: FitboxProcess,
+    calls: list[tuple[str, dict[str, Any]]],
+    key: str | None = None,
+    outside: bool = False,
+) -> tuple[set[str], list[Result]]:
     """The tools listed, and each call's result, in one MCP session."""
 
     async def session() -> tuple[set[str], list[Result]]:
@@ -74,12 +86,20 @@ def run_tools(box: FitboxProcess, calls: list[tuple[str, dict[str, Any]]],
 
 
 def test_every_tool_from_the_box_itself(box: FitboxProcess) -> None:
-    listed, results = run_tools(box, [
-        ("list_models", {}), ("plan", {"model": "smollm2", "window": 2048}),
-        ("load", {"model": "smollm2"}), ("residents", {}), ("queue", {}),
-        ("recent_calls", {"limit": 5}), ("box_limits", {}), ("unload", {"model": "smollm2"}),
-        ("residents", {}),
-    ])  # fmt: skip
+    listed, results = run_tools(
+        box,
+        [
+            ("list_models", {}),
+            ("plan", {"model": "smollm2", "window": 2048}),
+            ("load", {"model": "smollm2"}),
+            ("residents", {}),
+            ("queue", {}),
+            ("recent_calls", {"limit": 5}),
+            ("box_limits", {}),
+            ("unload", {"model": "smollm2"}),
+            ("residents", {}),
+        ],
+    )
     assert listed == TOOLS
     assert not [r.text for r in results if r.is_error]
     models, plan, loaded, residents, queue, calls, limits, unloaded, after = results
@@ -95,14 +115,20 @@ def test_every_tool_from_the_box_itself(box: FitboxProcess) -> None:
     # the operator actions are recorded as the HTTP ones are
     actions = httpx.get(f"{box.url}/v1/telemetry", params={"table": "operator_actions"}).json()
     assert [(a["action"], a["outcome"]) for a in actions["rows"]][-2:] == [
-        ("load", "ok"), ("unload", "ok")]
+        ("load", "ok"),
+        ("unload", "ok"),
+    ]
 
 
 def test_a_failing_tool_is_a_readable_result(box: FitboxProcess) -> None:
-    _, (plan, unload, limit) = run_tools(box, [
-        ("plan", {"model": "no-such-model"}), ("unload", {"model": "no-such-model"}),
-        ("recent_calls", {"limit": 0}),
-    ])  # fmt: skip
+    _, (plan, unload, limit) = run_tools(
+        box,
+        [
+            ("plan", {"model": "no-such-model"}),
+            ("unload", {"model": "no-such-model"}),
+            ("recent_calls", {"limit": 0}),
+        ],
+    )
     assert plan.is_error and "model_not_found: " in plan.text
     assert "no-such-model" in plan.text
     assert unload.is_error and "model_not_found: " in unload.text
@@ -112,35 +138,48 @@ def test_a_failing_tool_is_a_readable_result(box: FitboxProcess) -> None:
 def test_the_scopes_of_the_http_api(box: FitboxProcess) -> None:
     made = httpx.post(f"{box.url}/v1/keys", json={"name": "agent", "scopes": ["inference"]})
     inference_key = made.json()["key"]
-    _, (models, load, residents) = run_tools(box, [
-        ("list_models", {}), ("load", {"model": "smollm2"}), ("residents", {}),
-    ], key=inference_key, outside=True)  # fmt: skip
+    _, (models, load, residents) = run_tools(
+        box,
+        [
+            ("list_models", {}),
+            ("load", {"model": "smollm2"}),
+            ("residents", {}),
+        ],
+        key=inference_key,
+        outside=True,
+    )
     assert not models.is_error and SMOL in {m["id"] for m in models.json()}
     assert load.is_error and "insufficient_scope: " in load.text
     assert "admin" in load.text
     assert residents.is_error and "insufficient_scope: " in residents.text
     box_key = (box.home / "box.key").read_text().strip()
-    _, (admin_load,) = run_tools(box, [("unload", {"model": "smollm2"})], key=box_key,
-                                 outside=True)  # fmt: skip
+    _, (admin_load,) = run_tools(box, [("unload", {"model": "smollm2"})], key=box_key, outside=True)
     # admitted (an admin key): the unload itself answers, here that nothing is loaded
     assert not admin_load.text.startswith(("insufficient_scope", "missing_api_key"))
 
 
 def test_the_door_refuses_the_outside_without_a_key(box: FitboxProcess) -> None:
-    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
     accept = {"accept": "application/json, text/event-stream"}
     outside = httpx.HTTPTransport(local_address=CLIENT)
     with httpx.Client(transport=outside, timeout=30) as client:
         refused = client.post(f"{box.url}/mcp", json=hello, headers=accept)
         assert refused.status_code == 401
         assert refused.json()["error"]["code"] == "missing_api_key"
-        bad = client.post(f"{box.url}/mcp", json=hello,
-                          headers={**accept, "authorization": "Bearer fb_nope_nope"})  # fmt: skip
+        bad = client.post(
+            f"{box.url}/mcp", json=hello, headers={**accept, "authorization": "Bearer fb_nope_nope"}
+        )
         assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_api_key"
     # from the box itself without a key, but under a host name a web page could rebind
-    rebound = httpx.post(f"{box.url}/mcp", json=hello,
-                         headers={**accept, "host": "evil.example"})  # fmt: skip
+    rebound = httpx.post(f"{box.url}/mcp", json=hello, headers={**accept, "host": "evil.example"})
     assert rebound.status_code == 403
     assert rebound.json()["error"]["code"] == "host_not_allowed"

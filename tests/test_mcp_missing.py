@@ -23,8 +23,9 @@ print(json.dumps({"status": reply.status_code, "body": reply.json()}))
 
 
 def test_mcp_without_the_extra_says_how_to_add_it() -> None:
-    ran = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True,
-                         timeout=120, check=False)  # fmt: skip
+    ran = subprocess.run(
+        [sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=120, check=False
+    )
     assert ran.returncode == 0, ran.stderr
     found = json.loads(ran.stdout.strip().splitlines()[-1])
     assert found["status"] == 404

@@ -27,22 +27,38 @@ pytestmark = pytest.mark.engine
 SERVER, CLIENT = "127.0.0.2", "127.0.0.3"
 SMOL = "SmolLM2-135M-Instruct.Q4_1"  # its file stem: the name the catalog lists
 FAMILIES = {
-    "fitbox_calls", "fitbox_call_errors", "fitbox_prompt_tokens", "fitbox_completion_tokens",
-    "fitbox_call_queue_seconds", "fitbox_call_load_seconds", "fitbox_call_ttft_seconds",
-    "fitbox_call_total_seconds", "fitbox_loads", "fitbox_evictions", "fitbox_refusals",
-    "fitbox_load_estimate_error_ratio", "fitbox_device_capacity_bytes",
-    "fitbox_device_free_bytes", "fitbox_device_held_bytes", "fitbox_device_reserved_bytes",
-    "fitbox_residents", "fitbox_queue_length", "fitbox_store_write_failures",
-    "fitbox_change_counter", "fitbox_child_scrape_failures",
-}  # fmt: skip
+    "fitbox_calls",
+    "fitbox_call_errors",
+    "fitbox_prompt_tokens",
+    "fitbox_completion_tokens",
+    "fitbox_call_queue_seconds",
+    "fitbox_call_load_seconds",
+    "fitbox_call_ttft_seconds",
+    "fitbox_call_total_seconds",
+    "fitbox_loads",
+    "fitbox_evictions",
+    "fitbox_refusals",
+    "fitbox_load_estimate_error_ratio",
+    "fitbox_device_capacity_bytes",
+    "fitbox_device_free_bytes",
+    "fitbox_device_held_bytes",
+    "fitbox_device_reserved_bytes",
+    "fitbox_residents",
+    "fitbox_queue_length",
+    "fitbox_store_write_failures",
+    "fitbox_change_counter",
+    "fitbox_child_scrape_failures",
+}
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
-        llama_server_bin: Path) -> Iterator[FitboxProcess]:  # fmt: skip
+def box(
+    tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path
+) -> Iterator[FitboxProcess]:
     home = tmp_path_factory.mktemp("metrics") / "home"
-    with running_fitbox(home, [smollm2.parent], "--host", SERVER,
-                        env={"FITBOX_SIMULATED_GPUS": "2GiB"}) as running:  # fmt: skip
+    with running_fitbox(
+        home, [smollm2.parent], "--host", SERVER, env={"FITBOX_SIMULATED_GPUS": "2GiB"}
+    ) as running:
         yield running
 
 
@@ -61,10 +77,15 @@ def scrape(box: FitboxProcess) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(reply.text)}
 
 
-def samples(families: dict[str, Any], name: str, sample: str | None = None,
-            **labels: str) -> list[Any]:  # fmt: skip
-    return [s for s in families[name].samples if (sample is None or s.name == sample)
-            and all(s.labels.get(k) == v for k, v in labels.items())]  # fmt: skip
+def samples(
+    families: dict[str, Any], name: str, sample: str | None = None, **labels: str
+) -> list[Any]:
+    return [
+        s
+        for s in families[name].samples
+        if (sample is None or s.name == sample)
+        and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
 
 
 def scrape_until(box: FitboxProcess, name: str, what: str, **labels: str) -> dict[str, Any]:
@@ -78,9 +99,16 @@ def scrape_until(box: FitboxProcess, name: str, what: str, **labels: str) -> dic
 
 
 def chat(box: FitboxProcess, **extra: Any) -> httpx.Response:
-    return httpx.post(f"{box.url}/v1/chat/completions", json={
-        "model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}],
-        "max_tokens": 4, **extra}, timeout=120)  # fmt: skip
+    return httpx.post(
+        f"{box.url}/v1/chat/completions",
+        json={
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 4,
+            **extra,
+        },
+        timeout=120,
+    )
 
 
 def limits(box: FitboxProcess, ram: str | None, vram: str | None) -> None:
@@ -96,21 +124,23 @@ def test_every_family_after_one_call_with_the_childs_own(box: FitboxProcess) -> 
     assert refused.status_code == 507, refused.text
     refused_code = refused.json()["error"]["code"]
     assert chat(box).status_code == 200
-    missing = httpx.post(f"{box.url}/v1/chat/completions", json={"model": "no-such-model",
-                         "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
+    missing = httpx.post(
+        f"{box.url}/v1/chat/completions",
+        json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]},
+    )
     assert missing.status_code == 404
     families = scrape_until(box, "fitbox_call_errors", "the refusal counted", code=refused_code)
     assert set(families) >= FAMILIES, FAMILIES - set(families)
-    (ok,) = samples(families, "fitbox_calls", "fitbox_calls_total", model=SMOL,
-                    outcome="ok")  # fmt: skip
+    (ok,) = samples(families, "fitbox_calls", "fitbox_calls_total", model=SMOL, outcome="ok")
     assert ok.value == 1
     (not_found,) = samples(families, "fitbox_call_errors", code="model_not_found", model="")
     assert not_found.value == 1
     # refused before it had an artifact: named by the alias it asked for
     (refusal,) = samples(families, "fitbox_refusals", reason="larger_than_box")
     assert refusal.value == 1 and refusal.labels["model"] == SMOL
-    (tokens,) = samples(families, "fitbox_completion_tokens", "fitbox_completion_tokens_total",
-                        model=SMOL)
+    (tokens,) = samples(
+        families, "fitbox_completion_tokens", "fitbox_completion_tokens_total", model=SMOL
+    )
     assert 1 <= tokens.value <= 4
     # the answered call waited on the load: one load observation; the refused one and it
     # both have a total, only the answered one was admitted (a queue time)
@@ -118,16 +148,22 @@ def test_every_family_after_one_call_with_the_childs_own(box: FitboxProcess) -> 
     assert load.value == 1
     (load_sum,) = samples(families, "fitbox_call_load_seconds", "fitbox_call_load_seconds_sum")
     assert 0 < load_sum.value < 120
-    (total,) = samples(families, "fitbox_call_total_seconds", "fitbox_call_total_seconds_count",
-                       model=SMOL)  # fmt: skip
+    (total,) = samples(
+        families, "fitbox_call_total_seconds", "fitbox_call_total_seconds_count", model=SMOL
+    )
     assert total.value == 2
-    (queue,) = samples(families, "fitbox_call_queue_seconds", "fitbox_call_queue_seconds_count",
-                       model=SMOL)  # fmt: skip
+    (queue,) = samples(
+        families, "fitbox_call_queue_seconds", "fitbox_call_queue_seconds_count", model=SMOL
+    )
     assert queue.value == 1
     assert samples(families, "fitbox_loads", "fitbox_loads_total")[0].value == 1
     # the load was measured: its estimate error is observed, from file-header estimates
-    (errors,) = samples(families, "fitbox_load_estimate_error_ratio",
-                        "fitbox_load_estimate_error_ratio_count", basis="estimate")  # fmt: skip
+    (errors,) = samples(
+        families,
+        "fitbox_load_estimate_error_ratio",
+        "fitbox_load_estimate_error_ratio_count",
+        basis="estimate",
+    )
     assert errors.value == 1
     # the devices: the simulated GPU is labelled, the host is not
     gpu = samples(families, "fitbox_device_capacity_bytes", device="gpu0", simulated="true")
@@ -179,8 +215,9 @@ def test_outside_needs_a_read_key(box: FitboxProcess, read_key: str) -> None:
     made = httpx.post(f"{box.url}/v1/keys", json={"name": "app", "scopes": ["inference"]})
     inference_key = made.json()["key"]
     with httpx.Client(transport=httpx.HTTPTransport(local_address=CLIENT), timeout=30) as client:
-        denied = client.get(f"{box.url}/metrics",
-                            headers={"Authorization": f"Bearer {inference_key}"})  # fmt: skip
+        denied = client.get(
+            f"{box.url}/metrics", headers={"Authorization": f"Bearer {inference_key}"}
+        )
         assert denied.status_code == 403
         assert denied.json()["error"]["type"] == "permission_error"
 
@@ -202,14 +239,19 @@ def prometheus(tmp: Path, target: str, key: str) -> Iterator[str]:
         "  - job_name: fitbox\n"
         f"    authorization: {{type: Bearer, credentials_file: {tmp / 'key'}}}\n"
         f"    static_configs: [{{targets: ['{target}']}}]\n"
-    )  # fmt: skip
+    )
     port = _free_port()
     with (tmp / "prometheus.log").open("wb") as log:
         proc = subprocess.Popen(
-            [str(binary), f"--config.file={tmp / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
+            [
+                str(binary),
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -221,8 +263,7 @@ def prometheus(tmp: Path, target: str, key: str) -> Iterator[str]:
             proc.wait()
 
 
-def test_scraped_by_the_real_prometheus(box: FitboxProcess, read_key: str,
-                                        tmp_path: Path) -> None:  # fmt: skip
+def test_scraped_by_the_real_prometheus(box: FitboxProcess, read_key: str, tmp_path: Path) -> None:
     assert chat(box).status_code == 200
     target = box.url.removeprefix("http://")
 
@@ -235,8 +276,9 @@ def test_scraped_by_the_real_prometheus(box: FitboxProcess, read_key: str,
         return found or None
 
     with prometheus(tmp_path, target, read_key) as url:
-        up = until(lambda: query(url, 'up{job="fitbox"} == 1'), "Prometheus scraped fitbox",
-                   within=60)  # fmt: skip
+        up = until(
+            lambda: query(url, 'up{job="fitbox"} == 1'), "Prometheus scraped fitbox", within=60
+        )
         assert up[0]["metric"]["instance"] == target
         calls = until(lambda: query(url, 'fitbox_calls_total{outcome="ok"}'), "the calls")
         assert float(calls[0]["value"][1]) >= 1
@@ -249,8 +291,10 @@ def test_scraped_by_the_real_prometheus(box: FitboxProcess, read_key: str,
         for expr, title in dashboard_queries():
             reply = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10)
             assert reply.json()["status"] == "success", (title, expr, reply.text)
-            named = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in
-                     re.findall(r"\b(fitbox_[a-z_]+|llamacpp:[a-z_]+)", expr)}  # fmt: skip
+            named = {
+                re.sub(r"_(total|bucket|sum|count)$", "", name)
+                for name in re.findall(r"\b(fitbox_[a-z_]+|llamacpp:[a-z_]+)", expr)
+            }
             assert named <= exported, (title, named - exported)
 
 

@@ -199,13 +199,19 @@ def test_tensor_records_carry_layer_op_offset_and_the_tied_duplicate(tmp_path: P
 
 
 def test_a_vision_projector_has_its_own_shape(tmp_path: Path) -> None:
-    path = write_vision_projector(tmp_path / "mmproj.gguf", n_embd_text=64, image_size=224,
-                                  patch_size=14, n_embd=128, n_ff=256, n_layer=3)  # fmt: skip
+    path = write_vision_projector(
+        tmp_path / "mmproj.gguf",
+        n_embd_text=64,
+        image_size=224,
+        patch_size=14,
+        n_embd=128,
+        n_ff=256,
+        n_layer=3,
+    )
     facts = read_facts(path)
     assert facts.is_projector and facts.projector is not None
     p = facts.projector
-    assert (p.projector_type, p.positions, p.n_embd, p.n_ff, p.n_layer) == ("mlp", 257, 128,
-                                                                           256, 3)  # fmt: skip
+    assert (p.projector_type, p.positions, p.n_embd, p.n_ff, p.n_layer) == ("mlp", 257, 128, 256, 3)
     assert p.weights_bytes >= sum(t.n_bytes for t in facts.shape.tensors)
     assert read_facts(write_tiny_llama(tmp_path / "t.gguf")).projector is None
 

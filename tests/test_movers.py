@@ -63,16 +63,26 @@ def box_on(tmp_path: Path, worker: Path, central: Path, store: Store, **env: str
 
 
 def called(store: Store, path: Path, at: float) -> None:
-    store.run(lambda conn: conn.execute(
-        "INSERT INTO call_log (request_id, endpoint, artifact, received_at, outcome) "
-        "VALUES ('r', '/v1/chat/completions', ?, ?, 'ok')", (str(path), at)))  # fmt: skip
+    store.run(
+        lambda conn: conn.execute(
+            "INSERT INTO call_log (request_id, endpoint, artifact, received_at, outcome) "
+            "VALUES ('r', '/v1/chat/completions', ?, ?, 'ok')",
+            (str(path), at),
+        )
+    )
 
 
 def resident_of(box: Box, name: str) -> Resident:
     artifact = box.catalog.resolve(name)
-    resident = Resident(artifact=artifact, device="host", footprint=Footprint(1 << 20, 0, 0, 0),
-                        window=512, parallel=2, simulated=False,
-                        engine=box.admission.engines.for_artifact(artifact))  # fmt: skip
+    resident = Resident(
+        artifact=artifact,
+        device="host",
+        footprint=Footprint(1 << 20, 0, 0, 0),
+        window=512,
+        parallel=2,
+        simulated=False,
+        engine=box.admission.engines.for_artifact(artifact),
+    )
     box.registry.add(resident)
     box.registry.move(resident, S.READY)
     resident.ready.set_result(None)
@@ -93,8 +103,14 @@ def test_reap_removes_least_recently_called_twins_and_never_a_resident_or_last_c
     size = (worker / "tiny-a.gguf").stat().st_size
     held = sum(p.stat().st_size for p in worker.iterdir())
     # the budget leaves half a file of room: one more file needs one copy gone
-    box = box_on(tmp_path, worker, central, store, FITBOX_MOVERS="reap_to_fit",
-                 FITBOX_STORAGE_MAX=str(held + size // 2))  # fmt: skip
+    box = box_on(
+        tmp_path,
+        worker,
+        central,
+        store,
+        FITBOX_MOVERS="reap_to_fit",
+        FITBOX_STORAGE_MAX=str(held + size // 2),
+    )
     for at, name in enumerate("abcd", 1):  # a is the least recently called, d the most
         called(store, worker / f"tiny-{name}.gguf", 100.0 * at)
 
@@ -119,7 +135,9 @@ def test_reap_removes_least_recently_called_twins_and_never_a_resident_or_last_c
     assert sorted(p.name for p in central.iterdir()) == [f"tiny-{n}.gguf" for n in "abc"]
     reaps = [a for a in actions(store) if a["action"] == "reap"]
     assert [(Path(a["target"]).name, a["outcome"]) for a in reaps] == [
-        ("tiny-b.gguf", "ok"), ("tiny-c.gguf", "ok")]  # fmt: skip
+        ("tiny-b.gguf", "ok"),
+        ("tiny-c.gguf", "ok"),
+    ]
     assert '"why": "a test"' in reaps[0]["detail"]
 
 
@@ -127,8 +145,9 @@ def test_reap_keeps_a_serving_and_a_pinned_copy(
     tmp_path: Path, drives: tuple[Path, Path], store: Store
 ) -> None:
     worker, central = drives
-    box = box_on(tmp_path, worker, central, store, FITBOX_MOVERS="reap_to_fit",
-                 FITBOX_STORAGE_MAX="1")  # fmt: skip
+    box = box_on(
+        tmp_path, worker, central, store, FITBOX_MOVERS="reap_to_fit", FITBOX_STORAGE_MAX="1"
+    )
     box.prefs.apply("pair", "tiny-c", {"pinned": True})  # pinned, not loaded
 
     async def run() -> None:
@@ -136,13 +155,15 @@ def test_reap_keeps_a_serving_and_a_pinned_copy(
         box.registry.join(serving)
         plan = await box.movers.reap(worker, 1 << 30, "a test")
         kept = {Path(c.path).name: why for c, why in plan.kept}
-        assert kept == {"tiny-b.gguf": Kept.SERVING, "tiny-c.gguf": Kept.PINNED,
-                        "tiny-d.gguf": Kept.LAST_COPY}  # fmt: skip
+        assert kept == {
+            "tiny-b.gguf": Kept.SERVING,
+            "tiny-c.gguf": Kept.PINNED,
+            "tiny-d.gguf": Kept.LAST_COPY,
+        }
         assert [Path(c.path).name for c in plan.victims] == ["tiny-a.gguf"]
 
     asyncio.run(run())
-    assert sorted(p.name for p in worker.iterdir()) == ["tiny-b.gguf", "tiny-c.gguf",
-                                                        "tiny-d.gguf"]  # fmt: skip
+    assert sorted(p.name for p in worker.iterdir()) == ["tiny-b.gguf", "tiny-c.gguf", "tiny-d.gguf"]
 
 
 def test_copy_to_central_copies_a_worker_only_model_once(
@@ -226,8 +247,9 @@ def test_an_upload_with_no_room_loads_from_the_central_drive(
 ) -> None:
     worker, central = drives
     write_tiny_llama(central / "tiny-e.gguf", seed=6)
-    box = box_on(tmp_path, worker, central, store, FITBOX_MOVERS="upload_to_worker",
-                 FITBOX_STORAGE_MAX="1")  # no reap_to_fit: nothing is removed to make room
+    box = box_on(
+        tmp_path, worker, central, store, FITBOX_MOVERS="upload_to_worker", FITBOX_STORAGE_MAX="1"
+    )  # no reap_to_fit: nothing is removed to make room
 
     async def run() -> None:
         named = await box.movers.before_load(box.asks.named("tiny-e"), None)

@@ -78,15 +78,17 @@ def test_reap_removes_a_split_gguf_whole_and_only_when_every_shard_has_a_central
     half_central[1].unlink()  # the central drive holds no twin of the worker's shard 2
     torn = split_tiny(tmp_path, worker / "torn", "torn", seed=4)
     torn[0].unlink()
-    box = box_on(tmp_path, worker, central, store, FITBOX_MOVERS="reap_to_fit",
-                 FITBOX_STORAGE_MAX="1")  # fmt: skip
+    box = box_on(
+        tmp_path, worker, central, store, FITBOX_MOVERS="reap_to_fit", FITBOX_STORAGE_MAX="1"
+    )
 
     async def run() -> None:
         catalog = box.catalog
         assert catalog.resolve("twin").path == worker / "twin" / twin[0].name
         plan = await box.movers.reap(worker, 1 << 30, "a test")
         assert [v.files for v in plan.victims] == [
-            tuple(str(worker / "twin" / s.name) for s in twin)]  # fmt: skip
+            tuple(str(worker / "twin" / s.name) for s in twin)
+        ]
         assert plan.freed == sum(s.stat().st_size for s in twin)
         kept = {Path(c.path).parent.name: (why, len(c.files)) for c, why in plan.kept}
         assert kept == {"half": (Kept.LAST_COPY, 2), "torn": (Kept.INCOMPLETE_SET, 1)}
@@ -106,8 +108,7 @@ def test_copy_to_central_and_upload_move_every_shard_of_a_set(
     worker, central = roots
     local = split_tiny(tmp_path, worker / "local", "local", seed=5)  # worker only
     far = split_tiny(tmp_path, central / "far", "far", seed=6)  # central only
-    box = box_on(tmp_path, worker, central, store,
-                 FITBOX_MOVERS="copy_to_central,upload_to_worker")  # fmt: skip
+    box = box_on(tmp_path, worker, central, store, FITBOX_MOVERS="copy_to_central,upload_to_worker")
 
     async def run() -> None:
         dest, why = await box.movers.copy_to_central(box.catalog.resolve("local"))
@@ -122,8 +123,11 @@ def test_copy_to_central_and_upload_move_every_shard_of_a_set(
         assert names(there) == [s.name for s in shards]  # every shard, no .part left
         for shard in shards:
             assert sha256(there / shard.name) == sha256(shard)
-    outcomes = [(a["action"], a["outcome"]) for a in actions(store)
-                if a["action"] in ("copy-to-central", "upload-to-worker")]  # fmt: skip
+    outcomes = [
+        (a["action"], a["outcome"])
+        for a in actions(store)
+        if a["action"] in ("copy-to-central", "upload-to-worker")
+    ]
     assert outcomes == [("copy-to-central", "ok"), ("upload-to-worker", "ok")]
 
 
@@ -173,9 +177,12 @@ def test_a_pinned_set_whose_name_answers_from_the_central_drive_is_kept(
     shutil.copytree(central / "p", worker / "p")
     config = settings.load(
         {"home": str(tmp_path / "home"), "models": f"{central}{os.pathsep}{worker}"},
-        env={"FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
-             "FITBOX_MOVERS": "reap_to_fit", "FITBOX_STORAGE_MAX": "1"},
-    )  # fmt: skip
+        env={
+            "FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
+            "FITBOX_MOVERS": "reap_to_fit",
+            "FITBOX_STORAGE_MAX": "1",
+        },
+    )
     catalog = Catalog(config.models, config.aliases, config.facts_cache)
     box = Box(config, catalog, open_gpu_probe(""), store, [], EngineKinds([NoBinary()]))
     assert box.catalog.resolve("pinned-set").path.parent == central / "p"
@@ -217,6 +224,7 @@ def test_an_upload_stopped_between_its_renames_is_finished_not_wedged(
     assert (kept.st_ino, kept.st_mtime_ns) == (left.st_ino, left.st_mtime_ns)  # not copied
     assert names(worker / "odd") == [other[1].name]  # left alone, no .part
     assert sha256(worker / "odd" / other[1].name) == sha256(other[1])
-    rows = [(a["target"], a["outcome"]) for a in actions(store)
-            if a["action"] == "upload-to-worker"]  # fmt: skip
+    rows = [
+        (a["target"], a["outcome"]) for a in actions(store) if a["action"] == "upload-to-worker"
+    ]
     assert rows == [("far", "ok"), ("odd", "error")]

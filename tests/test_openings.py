@@ -20,8 +20,9 @@ def _sse(data: dict[str, Any], name: str | None = None) -> bytes:
     return head + b"data: " + json.dumps(data).encode() + b"\n\n"
 
 
-def _run(stream: bytes, cuts: list[int], path: str, choices: int = 1,
-         counted: int | None = 7) -> tuple[bytes, list[str]]:  # fmt: skip
+def _run(
+    stream: bytes, cuts: list[int], path: str, choices: int = 1, counted: int | None = 7
+) -> tuple[bytes, list[str]]:
     """The stream cut at ``cuts`` through ``mended``; what came out and what was closed."""
     closed: list[str] = []
     asked: list[str] = []
@@ -51,8 +52,10 @@ def _data(out: bytes) -> list[dict[str, Any]]:
     return [json.loads(ln[6:]) for ln in out.decode().splitlines() if ln.startswith("data: {")]
 
 
-BLOCK = _sse({"type": "content_block_start", "index": 0,
-              "content_block": {"type": "text", "text": ""}}, "content_block_start")  # fmt: skip
+BLOCK = _sse(
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    "content_block_start",
+)
 STOP = _sse({"type": "message_stop"}, "message_stop")
 
 
@@ -62,8 +65,10 @@ def test_a_messages_stream_without_its_start_gets_one_first(cuts: list[int]) -> 
     events = _data(out)
     assert [e["type"] for e in events] == ["message_start", "content_block_start", "message_stop"]
     message = events[0]["message"]
-    assert message["model"] == "served" and message["usage"] == {"input_tokens": 7,
-                                                                 "output_tokens": 0}  # fmt: skip
+    assert message["model"] == "served" and message["usage"] == {
+        "input_tokens": 7,
+        "output_tokens": 0,
+    }
     assert message["id"].startswith("msg_") and out.endswith(BLOCK + STOP)
     assert sorted(seen) == ["count", "engine"]  # counted once, and the engine closed
 
@@ -80,19 +85,36 @@ def test_an_engine_that_cannot_count_gives_zero_input_tokens() -> None:
 
 
 def _chunk(index: int, delta: dict[str, Any], **extra: Any) -> bytes:
-    return _sse({"id": "c1", "model": "served", "object": "chat.completion.chunk", **extra,
-                 "choices": [{"index": index, "delta": delta, "finish_reason": None}]})  # fmt: skip
+    return _sse(
+        {
+            "id": "c1",
+            "model": "served",
+            "object": "chat.completion.chunk",
+            **extra,
+            "choices": [{"index": index, "delta": delta, "finish_reason": None}],
+        }
+    )
 
 
 @given(st.lists(st.integers(min_value=0, max_value=600), max_size=6))
 def test_each_chat_choice_opens_with_its_role_once(cuts: list[int]) -> None:
-    stream = (_chunk(0, {"content": "🌳"}) + _chunk(1, {"role": "assistant", "content": None})
-              + _chunk(1, {"content": "x"}) + _chunk(0, {"content": "y"}) + b"data: [DONE]\n\n")
+    stream = (
+        _chunk(0, {"content": "🌳"})
+        + _chunk(1, {"role": "assistant", "content": None})
+        + _chunk(1, {"content": "x"})
+        + _chunk(0, {"content": "y"})
+        + b"data: [DONE]\n\n"
+    )
     out, _ = _run(stream, cuts, CHAT, choices=2)
     deltas = [(e["choices"][0]["index"], e["choices"][0]["delta"]) for e in _data(out)]
     role = {"role": "assistant", "content": None}
-    assert deltas == [(0, role), (0, {"content": "🌳"}), (1, role), (1, {"content": "x"}),
-                      (0, {"content": "y"})]  # fmt: skip
+    assert deltas == [
+        (0, role),
+        (0, {"content": "🌳"}),
+        (1, role),
+        (1, {"content": "x"}),
+        (0, {"content": "y"}),
+    ]
     assert out.endswith(b"data: [DONE]\n\n")
 
 
@@ -106,11 +128,9 @@ def test_a_made_role_chunk_carries_no_figures() -> None:
 def test_a_responses_stream_says_created_and_in_progress_once(cuts: list[int]) -> None:
     created = _sse({"type": "response.created"}, "response.created")
     progress = _sse({"type": "response.in_progress"}, "response.in_progress")
-    delta = _sse({"type": "response.output_text.delta", "delta": "a"},
-                 "response.output_text.delta")  # fmt: skip
+    delta = _sse({"type": "response.output_text.delta", "delta": "a"}, "response.output_text.delta")
     done = _sse({"type": "response.completed"}, "response.completed")
-    out, _ = _run(created + progress + delta + created + progress + delta + done, cuts,
-                  RESPONSES)  # fmt: skip
+    out, _ = _run(created + progress + delta + created + progress + delta + done, cuts, RESPONSES)
     assert out == created + progress + delta + delta + done
 
 

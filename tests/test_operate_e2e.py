@@ -27,11 +27,15 @@ def test_operator_actions_keep_their_promises(
 ) -> None:
     root = tmp_path / "models"
     cap = two_models_one_at_a_time(root, smollm2)
-    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap),
-                        env=HOLD_IDLE_TIMEOUT) as box:  # fmt: skip
+    with running_fitbox(
+        tmp_path / "home", [root], "--ram-max", str(cap), env=HOLD_IDLE_TIMEOUT
+    ) as box:
         assert act(box.url, "pin", "tiny").json()["resident"]["pinned"] is True
-        held = httpx.post(f"{box.url}/v1/completions", timeout=60,
-                          json={"model": SMOL, "prompt": "hi", "max_tokens": 1})  # fmt: skip
+        held = httpx.post(
+            f"{box.url}/v1/completions",
+            timeout=60,
+            json={"model": SMOL, "prompt": "hi", "max_tokens": 1},
+        )
         assert held.status_code == 507 and held.json()["error"]["code"] == "held_by_pinned"
         assert act(box.url, "unpin", "tiny").status_code == 200
         assert act(box.url, "load", SMOL).json()["resident"]["model"] == SMOL  # evicts tiny
@@ -39,8 +43,13 @@ def test_operator_actions_keep_their_promises(
         assert [r["model"] for r in residents] == [SMOL]
 
         def stream() -> list[str]:
-            body = {"model": SMOL, "prompt": "Tell a story", "max_tokens": 64,
-                    "stream": True, "ignore_eos": True}  # fmt: skip
+            body = {
+                "model": SMOL,
+                "prompt": "Tell a story",
+                "max_tokens": 64,
+                "stream": True,
+                "ignore_eos": True,
+            }
             with httpx.stream("POST", f"{box.url}/v1/completions", json=body, timeout=60) as r:
                 return list(r.iter_lines())
 

@@ -57,8 +57,11 @@ def test_every_child_is_recorded_and_closed(
     home = tmp_path / "home"
     box = start_fitbox(home, [smollm2.parent])
     try:
-        httpx.post(f"{box.url}/v1/completions", timeout=60,
-                   json={"model": "smollm2", "prompt": "hi", "max_tokens": 1})  # fmt: skip
+        httpx.post(
+            f"{box.url}/v1/completions",
+            timeout=60,
+            json={"model": "smollm2", "prompt": "hi", "max_tokens": 1},
+        )
     finally:
         # past fitbox's own bounds on a stop (uvicorn's 5 s, stop_grace 5 s, the log pump's
         # 5 s, the store's drain): a slow or stalled machine is waited out, never raced

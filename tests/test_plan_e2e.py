@@ -20,10 +20,22 @@ SMOL = "SmolLM2-135M-Instruct.Q4_1"
 
 def plan_cli(home: Path, models: Path, *args: str) -> dict[str, Any]:
     result = subprocess.run(
-        [sys.executable, "-m", "fitbox", "plan", *args, "--json", "--home", str(home),
-         "--models", str(models)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fitbox",
+            "plan",
+            *args,
+            "--json",
+            "--home",
+            str(home),
+            "--models",
+            str(models),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     report: dict[str, Any] = json.loads(result.stdout)
     return report
@@ -39,9 +51,15 @@ def test_a_measured_load_turns_the_plan_from_estimate_to_measured(
     with running_fitbox(home, [models]) as box:
         served = plan_cli(home, models, "smollm2")
         assert served["basis"] == "estimate" and "running fitbox" in served["source"]
-        reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=60, json={
-            "model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 2})  # fmt: skip
+        reply = httpx.post(
+            f"{box.url}/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2,
+            },
+        )
         assert reply.status_code == 200
         after = httpx.get(f"{box.url}/v1/plan", params={"model": "smollm2"}).json()
         assert after["basis"] == "measured"
@@ -88,9 +106,15 @@ def test_rungs_reach_the_engine_split_across_two_simulated_gpus_then_ram_pinned(
         assert (plan["decision"], plan["rung"]) == ("place", "gpu-only")
         assert [d["device"] for d in plan["devices"]] == ["gpu0", "gpu1", "host"]
         assert len(plan["tensor_split"]) == 2 and plan["gpu_layers"] == 31
-        reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=60, json={
-            "model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 2})  # fmt: skip
+        reply = httpx.post(
+            f"{box.url}/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2,
+            },
+        )
         assert reply.status_code == 200, reply.text
         (resident,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
         assert resident["rung"] == "gpu-only" and len(resident["tensor_split"]) == 2
@@ -108,23 +132,33 @@ def test_engine_timings_land_in_the_call_log_and_become_speeds_the_core_reads(
 ) -> None:
     home = tmp_path / "home"
     with running_fitbox(home, [smollm2.parent]) as box:
-        before = httpx.get(f"{box.url}/v1/plan",
-                           params={"model": "smollm2", "max_tokens": "100"}).json()  # fmt: skip
+        before = httpx.get(
+            f"{box.url}/v1/plan", params={"model": "smollm2", "max_tokens": "100"}
+        ).json()
         assert before["predicted_seconds"] is None  # nothing measured: no time is invented
-        reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=60, json={
-            "model": "smollm2", "messages": [{"role": "user", "content": "Count to ten."}],
-            "max_tokens": 16, "ignore_eos": True})  # fmt: skip
+        reply = httpx.post(
+            f"{box.url}/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": "Count to ten."}],
+                "max_tokens": 16,
+                "ignore_eos": True,
+            },
+        )
         assert reply.status_code == 200
         row = box.calls()[-1]
         assert row["rung"] == "ram-only" and row["type_k"] == "f16"
         assert json.loads(row["devices"]).keys() == {"host"} and json.loads(row["cores"])
         assert row["decode_per_token_ms"] > 0 and row["prompt_ms"] > 0
-        speeds = httpx.get(f"{box.url}/v1/telemetry",
-                           params={"table": "measured_speeds"}).json()["rows"]  # fmt: skip
+        speeds = httpx.get(f"{box.url}/v1/telemetry", params={"table": "measured_speeds"}).json()[
+            "rows"
+        ]
         assert len(speeds) == 1 and speeds[0]["call_id"] == row["id"]
         assert speeds[0]["decode_per_token_ms"] == row["decode_per_token_ms"]
     with running_fitbox(home, [smollm2.parent]) as box:  # read back from the store's view
-        after = httpx.get(f"{box.url}/v1/plan",
-                          params={"model": "smollm2", "max_tokens": "100"}).json()  # fmt: skip
+        after = httpx.get(
+            f"{box.url}/v1/plan", params={"model": "smollm2", "max_tokens": "100"}
+        ).json()
         load = after["predicted_seconds"] - 100 * speeds[0]["decode_per_token_ms"] / 1000
         assert 0 < load < 60  # T = measured load seconds + 100 tokens at the measured rate

@@ -57,8 +57,11 @@ def test_a_serve_keeps_its_home_store_and_engine_logs_owner_only(
 ) -> None:
     home = tmp_path / "made-by-fitbox"  # fitbox makes it: start_fitbox does not
     with running_fitbox(home, [smollm2.parent], log_path=tmp_path / "serve.log") as box:
-        body = {"model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 2,
-                "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+        body = {
+            "model": "SmolLM2-135M-Instruct.Q4_1",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         reply = httpx.post(f"{box.url}/v1/chat/completions", json=body, timeout=120)
         assert reply.status_code == 200
         files = store_files(home / "fitbox.sqlite3")

@@ -28,10 +28,15 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path,
-        gate: Path) -> Iterator[FitboxProcess]:  # fmt: skip
-    env = {"LLAMA_SERVER_BIN": str(GATED), "FAKE_REAL_LLAMA_SERVER": str(llama_server_bin),
-           "FAKE_LOAD_GATE": str(gate), **HOLD_IDLE_TIMEOUT}  # fmt: skip
+def box(
+    tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path, gate: Path
+) -> Iterator[FitboxProcess]:
+    env = {
+        "LLAMA_SERVER_BIN": str(GATED),
+        "FAKE_REAL_LLAMA_SERVER": str(llama_server_bin),
+        "FAKE_LOAD_GATE": str(gate),
+        **HOLD_IDLE_TIMEOUT,
+    }
     with running_fitbox(tmp_path_factory.mktemp("home"), [smollm2.parent], env=env) as running:
         yield running
 
@@ -44,8 +49,9 @@ def _progress_chunks(client: openai.OpenAI, opt_in: bool = True) -> Iterator[Cha
     """A cold stream as the SDK iterates it; create() returns with the status line, so the
     200 came while the load is held. ``opt_in``: asked for progress in the call's metadata."""
     metadata = {"fitbox_progress": "true"} if opt_in else openai.omit
-    stream = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=4,
-                                            stream=True, metadata=metadata)  # fmt: skip
+    stream = client.chat.completions.create(
+        model=SMOL, messages=HELLO, max_tokens=4, stream=True, metadata=metadata
+    )
     return iter(stream)
 
 
@@ -67,8 +73,9 @@ def _unloaded(box: FitboxProcess) -> None:
     until(lambda: box.models()[SMOL]["state"] in ("unloaded", "failed"), "the model is out")
 
 
-def test_a_cold_stream_shows_progress_then_the_reply(box: FitboxProcess, gate: Path,
-                                                     smollm2: Path) -> None:  # fmt: skip
+def test_a_cold_stream_shows_progress_then_the_reply(
+    box: FitboxProcess, gate: Path, smollm2: Path
+) -> None:
     gate.unlink(missing_ok=True)
     with _client(box) as client:
         chunks = _progress_chunks(client)
@@ -94,8 +101,9 @@ def test_a_cold_stream_shows_progress_then_the_reply(box: FitboxProcess, gate: P
     assert row["outcome"] == "ok" and row["load_ready_at"] > row["load_start_at"]
 
 
-def test_without_opting_in_a_cold_stream_gets_keep_alives_only(box: FitboxProcess,
-                                                               gate: Path) -> None:  # fmt: skip
+def test_without_opting_in_a_cold_stream_gets_keep_alives_only(
+    box: FitboxProcess, gate: Path
+) -> None:
     _unloaded(box)
     gate.unlink(missing_ok=True)
     body = {"model": SMOL, "messages": HELLO, "max_tokens": 4, "stream": True}
@@ -110,8 +118,9 @@ def test_without_opting_in_a_cold_stream_gets_keep_alives_only(box: FitboxProces
     assert list(figures) == ["queue", "load", "ttft", "total"] and float(figures["load"]) > 0
 
 
-def test_a_load_that_fails_after_the_200_ends_in_an_error_event(box: FitboxProcess,
-                                                               gate: Path) -> None:  # fmt: skip
+def test_a_load_that_fails_after_the_200_ends_in_an_error_event(
+    box: FitboxProcess, gate: Path
+) -> None:
     _unloaded(box)
     gate.unlink(missing_ok=True)
     failing = Path(f"{gate}.fail")
@@ -134,10 +143,12 @@ def test_a_load_that_fails_after_the_200_ends_in_an_error_event(box: FitboxProce
 
 
 def test_progress_is_a_key_setting_too(box: FitboxProcess, gate: Path) -> None:
-    made = httpx.post(f"{box.url}/v1/keys", json={"name": "progress", "scopes": ["inference"]},
-                      timeout=30).json()  # fmt: skip
-    opted = httpx.post(f"{box.url}/v1/settings/key", json={"key": made["id"], "progress": True},
-                       timeout=30)  # fmt: skip
+    made = httpx.post(
+        f"{box.url}/v1/keys", json={"name": "progress", "scopes": ["inference"]}, timeout=30
+    ).json()
+    opted = httpx.post(
+        f"{box.url}/v1/settings/key", json={"key": made["id"], "progress": True}, timeout=30
+    )
     assert opted.json()["effective"] == {"reasoning_field": "reasoning_content", "progress": True}
     _unloaded(box)
     gate.unlink(missing_ok=True)
@@ -154,13 +165,21 @@ def test_a_client_that_leaves_during_the_load_is_recorded_and_holds_nothing(
 ) -> None:
     _unloaded(box)
     gate.unlink(missing_ok=True)
-    body = {"model": SMOL, "messages": HELLO, "max_tokens": 4, "stream": True,
-            "metadata": {"fitbox_progress": "true"}, "user": "leaves"}  # fmt: skip
+    body = {
+        "model": SMOL,
+        "messages": HELLO,
+        "max_tokens": 4,
+        "stream": True,
+        "metadata": {"fitbox_progress": "true"},
+        "user": "leaves",
+    }
     with _raw_lines(box, body):
         pass  # the 200 and the first keep-alive came: the client leaves
     # the client is gone; the load goes on
-    row = until(lambda: next((r for r in box.calls() if r["outcome"] == "interrupted"), None),
-                "the call that left is recorded")  # fmt: skip
+    row = until(
+        lambda: next((r for r in box.calls() if r["outcome"] == "interrupted"), None),
+        "the call that left is recorded",
+    )
     assert row["stream"] == 1
     gate.touch()
     until(lambda: box.models()[SMOL]["state"] == "ready", "the load completes")

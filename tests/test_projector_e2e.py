@@ -24,8 +24,15 @@ def test_a_projector_adds_its_weights_and_compute_and_the_estimate_follows(
     tmp_path: Path, llama_server_bin: Path
 ) -> None:
     text = write_tiny_llama(tmp_path / "text.gguf", n_embd=256, n_head=4, n_ff=768, n_ctx=4096)
-    mmproj = write_vision_projector(tmp_path / "mmproj.gguf", n_embd_text=256, image_size=224,
-                                    patch_size=14, n_embd=256, n_ff=1024, n_layer=4)  # fmt: skip
+    mmproj = write_vision_projector(
+        tmp_path / "mmproj.gguf",
+        n_embd_text=256,
+        image_size=224,
+        patch_size=14,
+        n_embd=256,
+        n_ff=1024,
+        n_layer=4,
+    )
     facts, projector = read_facts(text), read_facts(mmproj).projector
     assert projector is not None and projector.positions == 257
     alone = measure_load(llama_server_bin, text, LoadSpec(1024, 1)).bytes_by_kind()

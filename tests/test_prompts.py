@@ -16,18 +16,24 @@ def test_a_template_counts_its_text_expressions_and_statement_literals_only() ->
 
 def test_a_chat_bound_takes_the_template_once_per_item_and_once_more_and_every_value() -> None:
     one = {"messages": [{"role": "user", "content": "é"}]}
-    assert prompt_bound(one, 100) == 2 * 100 + len(
-        '{"messages": [{"role": "user", "content": "é"}]}'.encode()) + ADDED_TOKENS  # fmt: skip
+    assert (
+        prompt_bound(one, 100)
+        == 2 * 100 + len('{"messages": [{"role": "user", "content": "é"}]}'.encode()) + ADDED_TOKENS
+    )
     tools = {**one, "tools": [{"type": "function"}]}
     tools_json = len('[{"type": "function"}]')
-    assert prompt_bound(tools, 100) == prompt_bound(one, 100) + 100 + len(', "tools": ') \
-        + TOJSON_GROWTH * tools_json  # fmt: skip
+    assert (
+        prompt_bound(tools, 100)
+        == prompt_bound(one, 100) + 100 + len(', "tools": ') + TOJSON_GROWTH * tools_json
+    )
     system = {**one, "system": "Be brief."}  # an Anthropic body's system is rendered too
     assert prompt_bound(system, 100) == prompt_bound(one, 100) + len(', "system": "Be brief."')
     assert prompt_bound(one, 0) == prompt_bound(one, CHATML_BYTES)  # no template: chatml
     responses = {"input": "hi", "instructions": "Be brief."}
-    assert prompt_bound(responses, 100) == 2 * 100 + len(
-        '{"input": "hi", "instructions": "Be brief."}') + ADDED_TOKENS  # fmt: skip
+    assert (
+        prompt_bound(responses, 100)
+        == 2 * 100 + len('{"input": "hi", "instructions": "Be brief."}') + ADDED_TOKENS
+    )
 
 
 def test_a_completion_bound_is_its_text_bytes() -> None:

@@ -11,9 +11,12 @@ from hypothesis import strategies as st
 
 from fitbox.server.reasoning import StreamShaper, ThinkSplitter, request_body, whole
 
-PIECES = st.lists(st.sampled_from(["<think>", "</think>", "<", "</", "<th", "think>", "k>",
-                                   "a", "b c", "\n", "é", "<b>", ">"]),
-                  max_size=30).map("".join)  # fmt: skip
+PIECES = st.lists(
+    st.sampled_from(
+        ["<think>", "</think>", "<", "</", "<th", "think>", "k>", "a", "b c", "\n", "é", "<b>", ">"]
+    ),
+    max_size=30,
+).map("".join)
 
 
 def _split(text: str, cuts: list[int]) -> tuple[str, str]:
@@ -54,18 +57,28 @@ def _without_taken_tags(text: str) -> str:
 def test_a_tag_across_pieces_and_an_unclosed_one() -> None:
     s = ThinkSplitter()
     assert [s.feed("<thi"), s.feed("nk>hm"), s.feed("m</th"), s.feed("ink>Hi")] == [
-        ("", ""), ("hm", ""), ("m", ""), ("", "Hi")]  # fmt: skip
+        ("", ""),
+        ("hm", ""),
+        ("m", ""),
+        ("", "Hi"),
+    ]
     s = ThinkSplitter()
-    assert (s.feed("<think>still thinking <"), s.finish()) == (("still thinking ", ""),
-                                                              ("<", ""))  # fmt: skip
+    assert (s.feed("<think>still thinking <"), s.finish()) == (("still thinking ", ""), ("<", ""))
 
 
 def _events(contents: list[str | None]) -> bytes:
     out = b""
     for i, text in enumerate(contents):
         last = i == len(contents) - 1
-        chunk = {"choices": [{"index": 0, "delta": {} if text is None else {"content": text},
-                              "finish_reason": "stop" if last else None}]}  # fmt: skip
+        chunk = {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {} if text is None else {"content": text},
+                    "finish_reason": "stop" if last else None,
+                }
+            ]
+        }
         out += b"data: " + json.dumps(chunk).encode() + b"\n\n"
     return out + b"data: [DONE]\n\n"
 
@@ -75,8 +88,11 @@ def _deltas(stream: bytes) -> list[dict[str, Any]]:
     return [json.loads(e[6:])["choices"][0]["delta"] for e in events]
 
 
-@given(st.lists(PIECES, min_size=1, max_size=8), st.lists(st.integers(0, 2000), max_size=12),
-       st.sampled_from(["reasoning_content", "reasoning"]))  # fmt: skip
+@given(
+    st.lists(PIECES, min_size=1, max_size=8),
+    st.lists(st.integers(0, 2000), max_size=12),
+    st.sampled_from(["reasoning_content", "reasoning"]),
+)
 def test_a_stream_over_any_chunking_carries_the_thinking_in_its_field(
     pieces: list[str], cuts: list[int], field: str
 ) -> None:
@@ -107,15 +123,24 @@ def _message(content: bytes) -> dict[str, Any]:
 def test_a_whole_reply_for_each_field_setting() -> None:
     thought = _reply({"role": "assistant", "content": "<think>hm</think>Hi"})
     assert _message(whole(thought, "reasoning_content")) == {
-        "role": "assistant", "reasoning_content": "hm", "content": "Hi"}  # fmt: skip
+        "role": "assistant",
+        "reasoning_content": "hm",
+        "content": "Hi",
+    }
     assert _message(whole(thought, "reasoning")) == {
-        "role": "assistant", "reasoning": "hm", "content": "Hi"}  # fmt: skip
+        "role": "assistant",
+        "reasoning": "hm",
+        "content": "Hi",
+    }
     assert whole(thought, "none") == thought and whole(thought, None) == thought
     # what the engine split itself is renamed, never split twice
     split = _reply({"role": "assistant", "content": "Hi", "reasoning_content": "hm"})
     assert whole(split, "reasoning_content") == split
-    assert _message(whole(split, "reasoning")) == {"role": "assistant", "content": "Hi",
-                                                   "reasoning": "hm"}  # fmt: skip
+    assert _message(whole(split, "reasoning")) == {
+        "role": "assistant",
+        "content": "Hi",
+        "reasoning": "hm",
+    }
     unclosed = _reply({"role": "assistant", "content": "<think>and on"})
     assert _message(whole(unclosed, "reasoning_content"))["reasoning_content"] == "and on"
     assert whole(b"not json <think>", "reasoning") == b"not json <think>"

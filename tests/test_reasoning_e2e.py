@@ -25,8 +25,9 @@ NEVER_CLOSES = {"grammar": 'root ::= "<think>" [a-z]{60,80}'}
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
-        llama_server_bin: Path) -> Iterator[FitboxProcess]:  # fmt: skip
+def box(
+    tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path
+) -> Iterator[FitboxProcess]:
     with running_fitbox(tmp_path_factory.mktemp("home"), [smollm2.parent]) as running:
         yield running
 
@@ -37,17 +38,18 @@ def _client(box: FitboxProcess, key: str = "unused") -> openai.OpenAI:
 
 def _whole(box: FitboxProcess, extra: dict[str, Any], key: str = "unused") -> Any:
     with _client(box, key) as client:
-        reply = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=24,
-                                               temperature=0, extra_body=extra)  # fmt: skip
+        reply = client.chat.completions.create(
+            model=SMOL, messages=HELLO, max_tokens=24, temperature=0, extra_body=extra
+        )
     return reply.choices[0].message
 
 
 def _streamed(box: FitboxProcess, extra: dict[str, Any]) -> list[dict[str, Any]]:
     """Each chunk's delta, as the SDK gives it (extra fields included)."""
     with _client(box) as client:
-        stream = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=24,
-                                                temperature=0, stream=True,
-                                                extra_body=extra)  # fmt: skip
+        stream = client.chat.completions.create(
+            model=SMOL, messages=HELLO, max_tokens=24, temperature=0, stream=True, extra_body=extra
+        )
         return [c.choices[0].delta.model_dump() for c in stream if c.choices]
 
 
@@ -82,8 +84,9 @@ def test_a_reply_that_never_closes_its_tag_is_all_thinking(box: FitboxProcess) -
 
 
 def test_the_field_is_a_key_setting_and_a_box_setting(box: FitboxProcess) -> None:
-    made = httpx.post(f"{box.url}/v1/keys", json={"name": "vllm-style", "scopes": ["inference"]},
-                      timeout=30).json()  # fmt: skip
+    made = httpx.post(
+        f"{box.url}/v1/keys", json={"name": "vllm-style", "scopes": ["inference"]}, timeout=30
+    ).json()
     set_key = httpx.post(
         f"{box.url}/v1/settings/key",
         json={"key": made["id"], "reasoning_field": "reasoning"},
@@ -118,14 +121,20 @@ def test_the_field_is_a_key_setting_and_a_box_setting(box: FitboxProcess) -> Non
 
 def test_a_text_completion_keeps_its_thinking_beside_its_text(box: FitboxProcess) -> None:
     with _client(box) as client:
-        reply = client.completions.create(model=SMOL, prompt="Say hello.", max_tokens=24,
-                                          temperature=0, extra_body=THINKS)  # fmt: skip
+        reply = client.completions.create(
+            model=SMOL, prompt="Say hello.", max_tokens=24, temperature=0, extra_body=THINKS
+        )
         choice = reply.choices[0]
         assert (choice.model_extra or {})["reasoning_content"].isalpha()
         assert choice.text.isalpha()
-        stream = client.completions.create(model=SMOL, prompt="Say hello.", max_tokens=24,
-                                           temperature=0, extra_body=THINKS,
-                                           stream=True)  # fmt: skip
+        stream = client.completions.create(
+            model=SMOL,
+            prompt="Say hello.",
+            max_tokens=24,
+            temperature=0,
+            extra_body=THINKS,
+            stream=True,
+        )
         chunks = [c.choices[0] for c in stream if c.choices]
     thought = "".join((c.model_extra or {}).get("reasoning_content") or "" for c in chunks)
     assert thought == (choice.model_extra or {})["reasoning_content"]
@@ -136,20 +145,23 @@ def test_a_response_puts_its_thinking_in_a_reasoning_item(box: FitboxProcess) ->
     """Whole, and streamed through the SDK's own stream helper, which rebuilds the response
     from the events by their output_index and refuses items it cannot place."""
     with _client(box) as client:
-        reply = client.responses.create(model=SMOL, input="Say hello.", max_output_tokens=24,
-                                        temperature=0, extra_body=THINKS)  # fmt: skip
+        reply = client.responses.create(
+            model=SMOL, input="Say hello.", max_output_tokens=24, temperature=0, extra_body=THINKS
+        )
         first, message = reply.output
         assert first.type == "reasoning" and first.content
         thought = first.content[0].text
         assert thought.isalpha() and message.type == "message"
         assert reply.output_text.isalpha()
-        with client.responses.stream(model=SMOL, input="Say hello.", max_output_tokens=24,
-                                     temperature=0, extra_body=THINKS) as stream:  # fmt: skip
+        with client.responses.stream(
+            model=SMOL, input="Say hello.", max_output_tokens=24, temperature=0, extra_body=THINKS
+        ) as stream:
             events = list(stream)
             final = stream.get_final_response()
         left = THINKS | {"reasoning_format": "none"}
-        unsplit = client.responses.create(model=SMOL, input="Say hello.", max_output_tokens=24,
-                                          temperature=0, extra_body=left)  # fmt: skip
+        unsplit = client.responses.create(
+            model=SMOL, input="Say hello.", max_output_tokens=24, temperature=0, extra_body=left
+        )
     deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
     assert "".join(deltas) == thought and len(deltas) > 1  # streamed as it came
     texts = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -163,9 +175,16 @@ def _messages(box: FitboxProcess, prefill: str, stream: bool) -> httpx.Response:
     """An Anthropic Messages call whose reply begins with ``prefill``: llama-server's
     Messages route drops a grammar, but it writes an assistant prefill back at the start of
     the reply, and the model goes on from it (its own tokens after the tag)."""
-    body = {"model": SMOL, "max_tokens": 12, "temperature": 0, "stream": stream,
-            "messages": [{"role": "user", "content": "Say hello."},
-                         {"role": "assistant", "content": prefill}]}  # fmt: skip
+    body = {
+        "model": SMOL,
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream": stream,
+        "messages": [
+            {"role": "user", "content": "Say hello."},
+            {"role": "assistant", "content": prefill},
+        ],
+    }
     return httpx.post(f"{box.url}/v1/messages", json=body, timeout=60)
 
 
@@ -190,15 +209,18 @@ def test_a_message_puts_its_thinking_in_a_thinking_block(box: FitboxProcess) -> 
     assert events[-1]["type"] == "message_stop"
     starts = [e for e in events if e["type"] == "content_block_start"]
     assert [(e["index"], e["content_block"]["type"]) for e in starts] == [(0, "thinking")]
-    thought = "".join(e["delta"]["thinking"] for e in events
-                      if e["type"] == "content_block_delta")  # fmt: skip
+    thought = "".join(e["delta"]["thinking"] for e in events if e["type"] == "content_block_delta")
     assert thought == unclosed["content"][0]["thinking"]
     events = _message_events(_messages(box, "<think>hm</think>", stream=True))
-    blocks = {e["index"]: e["content_block"]["type"] for e in events
-              if e["type"] == "content_block_start"}  # fmt: skip
+    blocks = {
+        e["index"]: e["content_block"]["type"] for e in events if e["type"] == "content_block_start"
+    }
     assert blocks == {0: "thinking", 1: "text"}
     stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
     assert stops == [0, 1]
-    text = "".join(e["delta"].get("text", "") for e in events
-                   if e["type"] == "content_block_delta" and e["index"] == 1)  # fmt: skip
+    text = "".join(
+        e["delta"].get("text", "")
+        for e in events
+        if e["type"] == "content_block_delta" and e["index"] == 1
+    )
     assert text == closed["content"][1]["text"]

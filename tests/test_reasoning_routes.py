@@ -14,9 +14,13 @@ from fitbox.server.reasoning_routes import COMPLETIONS, MESSAGES, RESPONSES, Thi
 from fitbox.server.reasoning_routes import whole as whole_reply
 from fitbox.server.reasoning_streams import shaper_for
 
-PIECES = st.lists(st.sampled_from(["<think>", "</think>", "<", "</", "<th", "think>", "k>",
-                                   "a", "b c", "\n", "é", ">"]), min_size=1,
-                  max_size=12)  # fmt: skip
+PIECES = st.lists(
+    st.sampled_from(
+        ["<think>", "</think>", "<", "</", "<th", "think>", "k>", "a", "b c", "\n", "é", ">"]
+    ),
+    min_size=1,
+    max_size=12,
+)
 CUTS = st.lists(st.integers(0, 4000), max_size=12)
 
 
@@ -44,8 +48,9 @@ def _run(path: str, raw: bytes, cuts: list[int]) -> list[dict[str, Any]]:
 
 @given(PIECES, CUTS)
 def test_a_text_completion_stream(pieces: list[str], cuts: list[int]) -> None:
-    raw = b"".join(_event({"choices": [{"index": 0, "text": p, "finish_reason": None}]}, False)
-                   for p in pieces)  # fmt: skip
+    raw = b"".join(
+        _event({"choices": [{"index": 0, "text": p, "finish_reason": None}]}, False) for p in pieces
+    )
     raw += _event({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}, False)
     choices = [e["choices"][0] for e in _run(COMPLETIONS, raw + b"data: [DONE]\n\n", cuts)]
     thought = "".join(c.get("reasoning_content", "") for c in choices)
@@ -57,15 +62,19 @@ def test_a_responses_stream(pieces: list[str], cuts: list[int]) -> None:
     item = {"type": "message", "id": "msg_1", "role": "assistant", "content": []}
     text = "".join(pieces)
     done_item = {**item, "content": [{"type": "output_text", "text": text}]}
-    events: list[dict[str, Any]] = [{"type": "response.created", "response": {"id": "resp_1"}},
-              {"type": "response.output_item.added", "item": item},
-              {"type": "response.content_part.added", "item_id": "msg_1",
-               "part": {"type": "output_text", "text": ""}},
-              *({"type": "response.output_text.delta", "item_id": "msg_1", "delta": p}
-                for p in pieces),
-              {"type": "response.output_text.done", "item_id": "msg_1", "text": text},
-              {"type": "response.output_item.done", "item": done_item},
-              {"type": "response.completed", "response": {"output": [done_item]}}]  # fmt: skip
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": {"id": "resp_1"}},
+        {"type": "response.output_item.added", "item": item},
+        {
+            "type": "response.content_part.added",
+            "item_id": "msg_1",
+            "part": {"type": "output_text", "text": ""},
+        },
+        *({"type": "response.output_text.delta", "item_id": "msg_1", "delta": p} for p in pieces),
+        {"type": "response.output_text.done", "item_id": "msg_1", "text": text},
+        {"type": "response.output_item.done", "item": done_item},
+        {"type": "response.completed", "response": {"output": [done_item]}},
+    ]
     out = _run(RESPONSES, b"".join(_event(e, True) for e in events), cuts)
     thought, rest = split(text)
     deltas = [e for e in out if e["type"] == "response.reasoning_text.delta"]
@@ -73,8 +82,11 @@ def test_a_responses_stream(pieces: list[str], cuts: list[int]) -> None:
     texts = [e for e in out if e["type"] == "response.output_text.delta"]
     assert "".join(e["delta"] for e in texts) == rest
     assert [e["sequence_number"] for e in out] == list(range(len(out)))
-    added = [(e["output_index"], e["item"]["type"]) for e in out
-             if e["type"] == "response.output_item.added"]  # fmt: skip
+    added = [
+        (e["output_index"], e["item"]["type"])
+        for e in out
+        if e["type"] == "response.output_item.added"
+    ]
     assert [i for i, _ in added] == list(range(len(added)))  # numbered as they are sent
     assert sorted(t for _, t in added) == (["message", "reasoning"] if thought else ["message"])
     if thought and not rest:  # all thinking: its item before the (empty) message
@@ -89,26 +101,37 @@ def test_a_responses_stream(pieces: list[str], cuts: list[int]) -> None:
 @given(PIECES, CUTS)
 def test_a_messages_stream(pieces: list[str], cuts: list[int]) -> None:
     start = {"type": "message_start", "message": {"id": "m", "content": []}}
-    events: list[dict[str, Any]] = [start,
-              {"type": "content_block_start", "index": 0,
-               "content_block": {"type": "text", "text": ""}},
-              *({"type": "content_block_delta", "index": 0,
-                 "delta": {"type": "text_delta", "text": p}} for p in pieces),
-              {"type": "content_block_stop", "index": 0},
-              {"type": "content_block_start", "index": 1,
-               "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}}},
-              {"type": "content_block_stop", "index": 1},
-              {"type": "message_stop"}]  # fmt: skip
+    events: list[dict[str, Any]] = [
+        start,
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        *(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}
+            for p in pieces
+        ),
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+        },
+        {"type": "content_block_stop", "index": 1},
+        {"type": "message_stop"},
+    ]
     out = _run(MESSAGES, b"".join(_event(e, True) for e in events), cuts)
-    starts = [(e["index"], e["content_block"]["type"]) for e in out
-              if e["type"] == "content_block_start"]  # fmt: skip
+    starts = [
+        (e["index"], e["content_block"]["type"]) for e in out if e["type"] == "content_block_start"
+    ]
     assert [i for i, _ in starts] == list(range(len(starts)))  # numbered on, in order
     assert starts[-1][1] == "tool_use"
     kinds = dict(starts)
-    thought = "".join(e["delta"].get("thinking", "") for e in out
-                      if e["type"] == "content_block_delta")  # fmt: skip
-    text = "".join(e["delta"].get("text", "") for e in out if e["type"] == "content_block_delta"
-                   and kinds[e["index"]] == "text")  # fmt: skip
+    thought = "".join(
+        e["delta"].get("thinking", "") for e in out if e["type"] == "content_block_delta"
+    )
+    text = "".join(
+        e["delta"].get("text", "")
+        for e in out
+        if e["type"] == "content_block_delta" and kinds[e["index"]] == "text"
+    )
     assert (thought, text) == split("".join(pieces))
     stops = [e["index"] for e in out if e["type"] == "content_block_stop"]
     assert stops == list(range(len(starts)))  # each block closed once, before the next
@@ -119,13 +142,20 @@ def test_whole_replies_of_each_route() -> None:
     completion = json.dumps({"choices": [{"index": 0, "text": "<think>hm</think>Hi"}]})
     choice = json.loads(whole_reply(completion.encode(), Thinking(COMPLETIONS, "reasoning")))
     assert choice["choices"][0] == {"index": 0, "text": "Hi", "reasoning": "hm"}
-    message = {"type": "message", "id": "msg_7",
-               "content": [{"type": "output_text", "text": "<think>hm</think>Hi"}]}  # fmt: skip
+    message = {
+        "type": "message",
+        "id": "msg_7",
+        "content": [{"type": "output_text", "text": "<think>hm</think>Hi"}],
+    }
     response = json.dumps({"output": [message]}).encode()
     output = json.loads(whole_reply(response, Thinking(RESPONSES, "reasoning_content")))["output"]
-    assert output[0] == {"type": "reasoning", "id": "rs_7", "summary": [],
-                         "content": [{"type": "reasoning_text", "text": "hm"}],
-                         "status": "completed"}  # fmt: skip
+    assert output[0] == {
+        "type": "reasoning",
+        "id": "rs_7",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "hm"}],
+        "status": "completed",
+    }
     assert output[1]["content"][0]["text"] == "Hi"
     assert whole_reply(response, Thinking(RESPONSES, "none")) == response
     anthropic = json.dumps({"content": [{"type": "text", "text": "<think>hm"}]}).encode()

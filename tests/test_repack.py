@@ -35,23 +35,44 @@ ARM_DOT = CpuFeatures(frozenset({"NEON", "DOTPROD", "REPACK"}))
 @pytest.mark.parametrize(
     ("type_name", "rows", "cpu", "layout"),
     [
-        ("Q4_0", 64, X86, "8x8"), ("Q4_0", 12, X86, None), ("Q4_0", 12, ARM, "4x8"),
-        ("Q4_0", 12, ARM_DOT, "4x4"), ("Q4_K", 64, X86, "8x8"), ("Q4_K", 64, ARM_DOT, "8x4"),
-        ("Q2_K", 64, X86, None), ("Q2_K", 64, AVX512, "8x8"), ("Q5_K", 64, X86, None),
-        ("Q5_K", 64, ARM, "8x8"), ("Q6_K", 64, X86, None), ("Q6_K", 64, ARM_DOT, "8x4"),
-        ("IQ4_NL", 64, X86, "8x8"), ("IQ4_NL", 12, ARM_DOT, "4x4"), ("MXFP4", 64, X86, "8x8"),
-        ("Q8_0", 64, X86, None), ("Q8_0", 64, ARM, "4x8"), ("Q1_0", 64, ARM_DOT, "4x4"),
-        ("IQ4_XS", 64, X86, None), ("Q4_1", 64, ARM, None), ("F16", 64, X86, None),
+        ("Q4_0", 64, X86, "8x8"),
+        ("Q4_0", 12, X86, None),
+        ("Q4_0", 12, ARM, "4x8"),
+        ("Q4_0", 12, ARM_DOT, "4x4"),
+        ("Q4_K", 64, X86, "8x8"),
+        ("Q4_K", 64, ARM_DOT, "8x4"),
+        ("Q2_K", 64, X86, None),
+        ("Q2_K", 64, AVX512, "8x8"),
+        ("Q5_K", 64, X86, None),
+        ("Q5_K", 64, ARM, "8x8"),
+        ("Q6_K", 64, X86, None),
+        ("Q6_K", 64, ARM_DOT, "8x4"),
+        ("IQ4_NL", 64, X86, "8x8"),
+        ("IQ4_NL", 12, ARM_DOT, "4x4"),
+        ("MXFP4", 64, X86, "8x8"),
+        ("Q8_0", 64, X86, None),
+        ("Q8_0", 64, ARM, "4x8"),
+        ("Q1_0", 64, ARM_DOT, "4x4"),
+        ("IQ4_XS", 64, X86, None),
+        ("Q4_1", 64, ARM, None),
+        ("F16", 64, X86, None),
     ],
-)  # fmt: skip
+)
 def test_the_kernel_table_of_repack_cpp(
     type_name: str, rows: int, cpu: CpuFeatures, layout: str | None
 ) -> None:
     assert kernel(type_name, rows, cpu) == layout
 
 
-def tensor(layer: int, offset: int, n_bytes: int, type_name: str = "Q4_0", rows: int = 64,
-           dims: int = 2, op: str = MUL_MAT) -> WeightTensor:  # fmt: skip
+def tensor(
+    layer: int,
+    offset: int,
+    n_bytes: int,
+    type_name: str = "Q4_0",
+    rows: int = 64,
+    dims: int = 2,
+    op: str = MUL_MAT,
+) -> WeightTensor:
     return WeightTensor(layer, type_name, rows, dims, op, offset, n_bytes)
 
 
@@ -90,11 +111,23 @@ def test_a_tied_output_is_mapped_once_and_repacked_as_a_copy_of_its_own() -> Non
 
 
 SHAPE = sizing.ModelShape(
-    weights_bytes=100 * MIB, n_layer=2, n_ctx_train=4096, n_embd=512, n_vocab=112, n_head=8,
-    kv_heads=(4, 4), key_length=64, value_length=64, n_ff=1536,
-    tensors=(tensor(-1, 0, 10 * MIB, op=""), tensor(0, 10 * MIB, 40 * MIB),
-             tensor(1, 50 * MIB, 40 * MIB), tensor(2, 90 * MIB, 10 * MIB, type_name="Q6_K")),
-)  # fmt: skip
+    weights_bytes=100 * MIB,
+    n_layer=2,
+    n_ctx_train=4096,
+    n_embd=512,
+    n_vocab=112,
+    n_head=8,
+    kv_heads=(4, 4),
+    key_length=64,
+    value_length=64,
+    n_ff=1536,
+    tensors=(
+        tensor(-1, 0, 10 * MIB, op=""),
+        tensor(0, 10 * MIB, 40 * MIB),
+        tensor(1, 50 * MIB, 40 * MIB),
+        tensor(2, 90 * MIB, 10 * MIB, type_name="Q6_K"),
+    ),
+)
 LAYOUT = Layout((40 * MIB, 40 * MIB), (0, 0), 10 * MIB, 10 * MIB, False)
 
 
@@ -113,8 +146,7 @@ def test_the_footprint_follows_the_rule_in_ram_only() -> None:
 
 
 def candidate(cpu: CpuFeatures | None = X86, **kw: object) -> Candidate:
-    return Candidate(key="m.gguf", quant="Q4_0", shape=SHAPE, layout=LAYOUT, cpu=cpu,
-                     **kw)  # type: ignore[arg-type]  # fmt: skip
+    return Candidate(key="m.gguf", quant="Q4_0", shape=SHAPE, layout=LAYOUT, cpu=cpu, **kw)  # type: ignore[arg-type]
 
 
 def host_box(capacity: int) -> Snapshot:
@@ -153,8 +185,10 @@ def test_nothing_to_repack_means_no_flag_and_no_second_try() -> None:
 
 def test_facts_of_a_no_repack_load_price_only_no_repack_placements() -> None:
     small = Footprint(50 * MIB, 0, 0, 0)
-    c = candidate(measured=(MeasuredFit("host/no-repack", 512, "f16", "f16", small),),
-                  refused_windows=(("host", 512),))  # fmt: skip
+    c = candidate(
+        measured=(MeasuredFit("host/no-repack", 512, "f16", "f16", small),),
+        refused_windows=(("host", 512),),
+    )
     plain = without(c, Rung.RAM_ONLY)
     assert plain is not None and plain.no_repack
     assert plain.measured_fit("host", 512, "f16", "f16") == small
@@ -165,8 +199,12 @@ def test_facts_of_a_no_repack_load_price_only_no_repack_placements() -> None:
 
 
 def test_a_rejection_no_ram_changes_is_not_tried_again_without_the_copy() -> None:
-    only_host = Ask(model="m", candidates=(candidate(),), window=512,
-                    rungs=(Rung.MOE_SPLIT, Rung.MAX_RAM, Rung.RAM_ONLY))  # fmt: skip
+    only_host = Ask(
+        model="m",
+        candidates=(candidate(),),
+        window=512,
+        rungs=(Rung.MOE_SPLIT, Rung.MAX_RAM, Rung.RAM_ONLY),
+    )
     place = decide(host_box(8 << 30), only_host)
     assert isinstance(place, Place) and place.repack is RepackReason.ON
     reasons = [(r.rung, r.reason.value) for r in place.rejected]

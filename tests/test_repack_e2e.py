@@ -31,8 +31,9 @@ def test_ram_for_the_file_alone_loads_it_with_no_repack(
     cpu = repacking_cpu(llama_server_bin)
     models = tmp_path / "models"
     models.mkdir()
-    source = write_tiny_llama(tmp_path / "f32.gguf", n_embd=512, n_head=8, n_ff=1536,
-                              n_ctx=512, extra_vocab=8000)  # a window of 512 only  # fmt: skip
+    source = write_tiny_llama(
+        tmp_path / "f32.gguf", n_embd=512, n_head=8, n_ff=1536, n_ctx=512, extra_vocab=8000
+    )  # a window of 512 only
     path = quantize(source, models / "q4.gguf", "Q4_0")
     shape = read_facts(path).shape
     packed, plain = sizing.footprint(shape, 512, 1, cpu=cpu), sizing.footprint(shape, 512, 1)

@@ -29,8 +29,9 @@ from fitbox.probe.host import HostReading
 
 GiB = 1 << 30
 WEIGHTS, KV, COMPUTE = 2 * GiB, 3 * GiB, GiB // 2
-HOST = HostReading(mem_total=64 * GiB, mem_available=20 * GiB, swap_free=0,
-                   physical_cores=4, logical_cores=4)  # fmt: skip
+HOST = HostReading(
+    mem_total=64 * GiB, mem_available=20 * GiB, swap_free=0, physical_cores=4, logical_cores=4
+)
 
 
 class Growing:
@@ -51,8 +52,15 @@ class Growing:
 def resident(tmp_path: Path, engine: Growing, name: str = "m") -> Resident:
     facts = cast(Any, object())
     artifact = Artifact(name=name, path=tmp_path / name, facts=facts)
-    r = Resident(artifact=artifact, device="host", footprint=Footprint(WEIGHTS, KV, COMPUTE, 0),
-                 window=4096, parallel=1, simulated=False, engine=cast(Engine, engine))  # fmt: skip
+    r = Resident(
+        artifact=artifact,
+        device="host",
+        footprint=Footprint(WEIGHTS, KV, COMPUTE, 0),
+        window=4096,
+        parallel=1,
+        simulated=False,
+        engine=cast(Engine, engine),
+    )
     r.basis = "measured"
     r.child = cast(Any, object())  # only handed to the engine, which ignores it
     return r

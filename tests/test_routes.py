@@ -63,9 +63,18 @@ def test_an_unserved_route_names_the_model_not_the_engines_flag() -> None:
 
 @pytest.mark.parametrize(
     ("status", "hopeless"),
-    [(400, True), (404, True), (413, True), (408, False), (409, False), (429, False),
-     (500, False), (501, True), (503, False)],
-)  # fmt: skip
+    [
+        (400, True),
+        (404, True),
+        (413, True),
+        (408, False),
+        (409, False),
+        (429, False),
+        (500, False),
+        (501, True),
+        (503, False),
+    ],
+)
 def test_which_statuses_a_retry_cannot_fix(status: int, hopeless: bool) -> None:
     assert retry_cannot_help(status) is hopeless
 
@@ -75,9 +84,11 @@ def test_which_statuses_a_retry_cannot_fix(status: int, hopeless: bool) -> None:
 
 def test_the_asked_name_replaces_the_served_one_across_chunk_boundaries() -> None:
     rewrite = NameRewrite("Smol.Q4_1", "smollm2")
-    events = (b'data: {"id":"1","model":"Smol.Q4_1","choices":[]}\n\n'
-              b'data: {"model":"Smol.Q4_1","content":"\\"model\\":\\"Smol.Q4_1\\""}\n\n'
-              b"data: [DONE]\n\n")  # fmt: skip
+    events = (
+        b'data: {"id":"1","model":"Smol.Q4_1","choices":[]}\n\n'
+        b'data: {"model":"Smol.Q4_1","content":"\\"model\\":\\"Smol.Q4_1\\""}\n\n'
+        b"data: [DONE]\n\n"
+    )
     for cut in range(1, len(events)):
         out = rewrite.piece(events[:cut]) + rewrite.piece(events[cut:]) + rewrite.rest()
         assert out.count(b'"model":"smollm2"') == 2, cut
@@ -88,8 +99,9 @@ def test_the_asked_name_replaces_the_served_one_across_chunk_boundaries() -> Non
 
 
 def test_a_whole_reply_gets_the_asked_name() -> None:
-    body = json.dumps({"model": "Smol.Q4_1", "object": "chat.completion"},
-                      separators=(",", ":")).encode()  # fmt: skip
+    body = json.dumps(
+        {"model": "Smol.Q4_1", "object": "chat.completion"}, separators=(",", ":")
+    ).encode()
     assert json.loads(NameRewrite("Smol.Q4_1", "gpt-4o-mini").whole(body))["model"] == (
         "gpt-4o-mini"
     )
@@ -112,9 +124,7 @@ def test_responses_and_messages_streams_end_at_their_last_event() -> None:
 def test_cors_any_origin_needs_keys_for_every_call() -> None:
     with pytest.raises(config.ConfigError, match=r"FITBOX_CORS_ORIGINS.*FITBOX_REQUIRE_KEYS"):
         config.load({"cors_origins": "*"}, env={})
-    assert config.load({"cors_origins": "*", "require_keys": "true"}, env={}).cors_origins == (
-        "*",
-    )
+    assert config.load({"cors_origins": "*", "require_keys": "true"}, env={}).cors_origins == ("*",)
     listed = config.load({"cors_origins": "http://a.example, https://b.example/"}, env={})
     assert listed.cors_origins == ("http://a.example", "https://b.example")
     with pytest.raises(config.ConfigError, match=r"'cors_origins'.*not one"):
@@ -137,8 +147,16 @@ def home(tmp_path: Path) -> Path:
 
 
 def app_client(home: Path, peer: tuple[str, int], **settings: str) -> TestClient:
-    cfg = config.load({"home": str(home), "models": str(home / "models"), "ram_max": "1MiB",
-                       "aliases": str(home / "aliases.toml"), **settings}, env={})  # fmt: skip
+    cfg = config.load(
+        {
+            "home": str(home),
+            "models": str(home / "models"),
+            "ram_max": "1MiB",
+            "aliases": str(home / "aliases.toml"),
+            **settings,
+        },
+        env={},
+    )
     return TestClient(create_app(cfg), base_url=BOX, client=peer)
 
 
@@ -171,8 +189,9 @@ def test_slots_are_for_insiders(home: Path) -> None:
     with app_client(home, LAN) as lan:
         refused = error_of(lan.get("/slots", params={"model": "tiny.Q8_0"}), 403, "insider_only")
         assert "admin key" in refused["message"]
-        keyed = lan.get("/slots", params={"model": "tiny.Q8_0"},
-                        headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        keyed = lan.get(
+            "/slots", params={"model": "tiny.Q8_0"}, headers={"Authorization": f"Bearer {key}"}
+        )
         error_of(keyed, 403, "insider_only")
 
 
@@ -191,8 +210,9 @@ def test_a_route_without_its_model_is_refused_and_recorded(home: Path) -> None:
 def test_a_new_route_is_placed_like_chat(local: TestClient) -> None:
     """1 MiB of RAM holds no model: the same refusal chat gets, with its numbers."""
     for path, body in (("/v1/responses", {"input": "hi"}), ("/tokenize", {"content": "hi"})):
-        refused = error_of(local.post(path, json={"model": "tiny.Q8_0", **body}), 507,
-                           "does_not_fit")  # fmt: skip
+        refused = error_of(
+            local.post(path, json={"model": "tiny.Q8_0", **body}), 507, "does_not_fit"
+        )
         assert refused["available_bytes"] == 1 << 20
 
 
@@ -205,8 +225,10 @@ def test_model_retrieve_by_name_alias_and_family(local: TestClient, home: Path) 
         meta = found.json()["meta"]
         assert meta["n_ctx"] is None  # not resident: no window is held
         assert meta["n_params"] == facts.n_params > 0
-        assert (meta["n_ctx_train"], meta["n_vocab"]) == (facts.shape.n_ctx_train,
-                                                          facts.shape.n_vocab)  # fmt: skip
+        assert (meta["n_ctx_train"], meta["n_vocab"]) == (
+            facts.shape.n_ctx_train,
+            facts.shape.n_vocab,
+        )
     missing = error_of(local.get("/v1/models/gpt-4o-mini"), 404, "model_not_found")
     assert missing["type"] == "invalid_request_error" and "GET /v1/models" in missing["message"]
     listed = local.get("/v1/models").json()["data"]
@@ -214,20 +236,28 @@ def test_model_retrieve_by_name_alias_and_family(local: TestClient, home: Path) 
 
 
 def test_cors_is_off_by_default(local: TestClient) -> None:
-    preflight = local.options("/v1/chat/completions", headers={
-        "Origin": "http://app.example", "Access-Control-Request-Method": "POST"})  # fmt: skip
+    preflight = local.options(
+        "/v1/chat/completions",
+        headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
+    )
     assert preflight.status_code == 405 and "access-control-allow-origin" not in preflight.headers
 
 
 def test_a_preflight_needs_no_key_when_keys_are_required(home: Path) -> None:
     with app_client(home, OUTSIDE, cors_origins="*", require_keys="true") as outside:
-        preflight = outside.options("/v1/chat/completions", headers={
-            "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization"})  # fmt: skip
+        preflight = outside.options(
+            "/v1/chat/completions",
+            headers={
+                "Origin": "http://app.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization",
+            },
+        )
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == "*"
-        refused = outside.post("/v1/chat/completions", json={}, headers={
-            "Origin": "http://app.example"})  # fmt: skip
+        refused = outside.post(
+            "/v1/chat/completions", json={}, headers={"Origin": "http://app.example"}
+        )
         error_of(refused, 401, "missing_api_key")
         assert refused.headers["access-control-allow-origin"] == "*"  # the page can read why
         # and where the time went: Server-Timing is on the refusal and exposed to the page

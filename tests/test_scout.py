@@ -47,12 +47,25 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (ollama / "blobs" / ("sha256-" + "cd" * 32)).write_text("{{ .Prompt }}")
     manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / "tiny" / "latest"
     manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
-        {"mediaType": "application/vnd.ollama.image.model", "digest": BLOB.replace("-", ":"),
-         "size": (ollama / "blobs" / BLOB).stat().st_size},
-        {"mediaType": "application/vnd.ollama.image.template",
-         "digest": "sha256:" + "cd" * 32, "size": 13},
-    ]}))  # fmt: skip
+    manifest.write_text(
+        json.dumps(
+            {
+                "schemaVersion": 2,
+                "layers": [
+                    {
+                        "mediaType": "application/vnd.ollama.image.model",
+                        "digest": BLOB.replace("-", ":"),
+                        "size": (ollama / "blobs" / BLOB).stat().st_size,
+                    },
+                    {
+                        "mediaType": "application/vnd.ollama.image.template",
+                        "digest": "sha256:" + "cd" * 32,
+                        "size": 13,
+                    },
+                ],
+            }
+        )
+    )
     repo = top / "hf" / "hub" / "models--org--tiny-gguf"
     (repo / "blobs").mkdir(parents=True)
     write_tiny_llama(repo / "blobs" / ("ef" * 32))
@@ -98,8 +111,17 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def engine(tree: Path, llama_server_bin: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A real llama-server, started here, on a file outside every store fitbox knows."""
-    argv = [str(llama_server_bin), "-m", str(tree / "outside" / "served-elsewhere.gguf"),
-            "--port", str(_free_port()), "--host", "127.0.0.1", "-c", "256"]  # fmt: skip
+    argv = [
+        str(llama_server_bin),
+        "-m",
+        str(tree / "outside" / "served-elsewhere.gguf"),
+        "--port",
+        str(_free_port()),
+        "--host",
+        "127.0.0.1",
+        "-c",
+        "256",
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield proc
@@ -112,8 +134,14 @@ def test_each_place_is_found_with_what_led_to_it(
     tree: Path, engine: subprocess.Popen[bytes]
 ) -> None:
     past = [(tree / "outside" / "remembered.gguf", "fitbox's store: fitbox pulled it (once)")]
-    report = scout([tree / "root"], past=past, env=_env(tree), home=tree / "home",
-                   limits=Limits(max_depth=4), mountinfo=tree / "no-mountinfo")  # fmt: skip
+    report = scout(
+        [tree / "root"],
+        past=past,
+        env=_env(tree),
+        home=tree / "home",
+        limits=Limits(max_depth=4),
+        mountinfo=tree / "no-mountinfo",
+    )
     found = _by_path(report.findings)
     ollama = found[BLOB]
     assert ollama.source == "ollama" and ollama.servable and ollama.name == "tiny-latest"
@@ -143,8 +171,9 @@ def test_pid_scouts_that_process_alone(tree: Path, engine: subprocess.Popen[byte
 
 def test_a_finding_reached_twice_is_one_finding(tree: Path) -> None:
     # the HF cache is also under the walked root: the snapshot link and its blob are one file
-    report = scout([tree / "hf"], env=_env(tree), home=tree / "home",
-                   mountinfo=tree / "no-mountinfo")  # fmt: skip
+    report = scout(
+        [tree / "hf"], env=_env(tree), home=tree / "home", mountinfo=tree / "no-mountinfo"
+    )
     hf = [f for f in report.findings if f.path.endswith("tiny-hf.gguf")]
     assert len(hf) == 1 and hf[0].source == "hf_cache"
 
@@ -198,13 +227,11 @@ def test_real_autofs_lines_name_every_automount_point_mounted_or_not(tmp_path: P
     assert len(REAL_AUTOFS.splitlines()) == 5
     mounts = read_mounts(info)
     found = automounts(mounts)
-    assert found.points == {Path("/proc/sys/fs/binfmt_misc"), Path("/net"),
-                            Path("/srv/team share")}  # fmt: skip
+    assert found.points == {Path("/proc/sys/fs/binfmt_misc"), Path("/net"), Path("/srv/team share")}
     assert found.devices == {os.makedev(0, 26), os.makedev(0, 32), os.makedev(0, 33)}
     assert drives(mounts) == [Path("/srv/team share")]  # the NFS share, a real filesystem
     assert found.point_over(Path("/net/fileserver/models")) == Path("/net")
-    assert found.point_over(Path("/srv/team share/../team share/m.gguf")) == \
-        Path("/srv/team share")  # fmt: skip
+    assert found.point_over(Path("/srv/team share/../team share/m.gguf")) == Path("/srv/team share")
     assert found.point_over(Path("/srv/team")) is None
     assert found.point_over(Path("/network")) is None  # a prefix of letters is no parent
 
@@ -220,14 +247,18 @@ def test_an_automount_point_reached_by_another_spelling_is_skipped_by_its_device
     write_tiny_llama(tmp_path / "beside.gguf")
     dev = os.stat(drive.path).st_dev
     info = tmp_path / "mountinfo"
-    info.write_text(MOUNTINFO + f"60 22 {os.major(dev)}:{os.minor(dev)} / /mnt/spelt\\040"
-                    "otherwise rw - autofs systemd-1 rw,fd=9,direct\n")  # fmt: skip
+    info.write_text(
+        MOUNTINFO + f"60 22 {os.major(dev)}:{os.minor(dev)} / /mnt/spelt\\040"
+        "otherwise rw - autofs systemd-1 rw,fd=9,direct\n"
+    )
     report = scout([tmp_path], env={}, home=tmp_path / "home", mountinfo=info)
     assert [Path(f.path).name for f in _under(report.findings, tmp_path)] == ["beside.gguf"]
     assert report.tally.automounts_skipped == [str(drive.path)]
     plain = scout([tmp_path], env={}, home=tmp_path / "home", mountinfo=tmp_path / "none")
     assert sorted(Path(f.path).name for f in _under(plain.findings, tmp_path)) == [
-        "beside.gguf", "would-wake.gguf"]  # fmt: skip
+        "beside.gguf",
+        "would-wake.gguf",
+    ]
 
 
 def test_known_places_and_remembered_paths_behind_an_automount_point_are_not_reached(
@@ -242,13 +273,24 @@ def test_known_places_and_remembered_paths_behind_an_automount_point_are_not_rea
     info = tmp_path / "mountinfo"
     info.write_text(f"70 22 0:77 / {share} rw - autofs systemd-1 rw,fd=9,direct\n")
     env = {"HF_HOME": str(share / "hf"), "OLLAMA_MODELS": str(share / "ollama")}
-    report = scout([], past=[(share / "remembered.gguf", "pulled once")], env=env,
-                   home=tmp_path / "home", mountinfo=info)  # fmt: skip
+    report = scout(
+        [],
+        past=[(share / "remembered.gguf", "pulled once")],
+        env=env,
+        home=tmp_path / "home",
+        mountinfo=info,
+    )
     assert _under(report.findings, tmp_path) == []
     assert sorted(report.tally.automounts_skipped) == sorted(
-        [str(share / "hf" / "hub"), str(share / "ollama"), str(share / "remembered.gguf")])
-    without = scout([], past=[(share / "remembered.gguf", "pulled once")], env=env,
-                    home=tmp_path / "home", mountinfo=tmp_path / "none")  # fmt: skip
+        [str(share / "hf" / "hub"), str(share / "ollama"), str(share / "remembered.gguf")]
+    )
+    without = scout(
+        [],
+        past=[(share / "remembered.gguf", "pulled once")],
+        env=env,
+        home=tmp_path / "home",
+        mountinfo=tmp_path / "none",
+    )
     assert [Path(f.path).name for f in _under(without.findings, tmp_path)] == ["remembered.gguf"]
 
 
@@ -275,19 +317,28 @@ def wide_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_limits_hold_on_a_100000_directory_tree(wide_tree: Path, tmp_path: Path) -> None:
     limits = Limits(max_depth=6, max_dirs=5_000, max_results=10)
-    report = scout([wide_tree], env={}, home=tmp_path, limits=limits,
-                   mountinfo=tmp_path / "none")  # fmt: skip
+    report = scout([wide_tree], env={}, home=tmp_path, limits=limits, mountinfo=tmp_path / "none")
     assert report.tally.dirs_visited == 5_000 and report.tally.dirs_left
     assert _under(report.findings, wide_tree) == []
-    shallow = scout([wide_tree], env={}, home=tmp_path, mountinfo=tmp_path / "none",
-                    limits=Limits(max_depth=1, max_dirs=200_000))  # fmt: skip
+    shallow = scout(
+        [wide_tree],
+        env={},
+        home=tmp_path,
+        mountinfo=tmp_path / "none",
+        limits=Limits(max_depth=1, max_dirs=200_000),
+    )
     assert shallow.tally.dirs_visited == 101 and shallow.tally.beyond_depth == 100_000
     # the whole walk (100,101 directories, last.gguf found) is timed by bench/transfer.py
 
 
 def test_results_are_capped(tree: Path, tmp_path: Path) -> None:
-    report = scout([tree], env=_env(tree), home=tree / "home", mountinfo=tmp_path / "none",
-                   limits=Limits(max_results=2))  # fmt: skip
+    report = scout(
+        [tree],
+        env=_env(tree),
+        home=tree / "home",
+        mountinfo=tmp_path / "none",
+        limits=Limits(max_results=2),
+    )
     assert len(report.findings) == 2 and report.tally.results_left >= 3
 
 
@@ -304,8 +355,12 @@ def test_the_store_remembers_paths_it_launched_pulled_or_hashed(tmp_path: Path) 
 
 
 def _fitbox(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fitbox", *args, "--home", str(home)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fitbox", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cli_records_findings_and_attach_links_in_place(tree: Path, tmp_path: Path) -> None:
@@ -318,8 +373,9 @@ def test_cli_records_findings_and_attach_links_in_place(tree: Path, tmp_path: Pa
         listed = httpx.get(f"{box.url}/v1/telemetry/scout", timeout=30).json()["data"]
         assert {Path(r["path"]).name for r in listed} >= {"shallow.gguf", "fake.gguf"}
         assert {r["servable"] for r in listed if r["path"].endswith("fake.gguf")} == {0}
-        replay = httpx.get(f"{box.url}/v1/telemetry", timeout=30,
-                           params={"table": "scout_findings"}).json()  # fmt: skip
+        replay = httpx.get(
+            f"{box.url}/v1/telemetry", timeout=30, params={"table": "scout_findings"}
+        ).json()
         assert replay["rows"] and replay["next"] > 0  # a mirror can follow it by seq
         refused = _fitbox(home, "scout", "--attach", str(tree / "root" / "a" / "fake.gguf"))
         assert refused.returncode == 1 and "not a readable GGUF" in refused.stderr
@@ -359,8 +415,9 @@ def test_a_gpu_process_fitbox_did_not_start_is_scouted(
             return conn.execute("SELECT path, led_by FROM scout_findings").fetchall()
 
     async def until_scouted() -> list[tuple[str, str]]:
-        task = asyncio.create_task(sense(settings, Registry(), ForeignProcessOnGpu(engine.pid),
-                                         store, started_pids=set()))  # fmt: skip
+        task = asyncio.create_task(
+            sense(settings, Registry(), ForeignProcessOnGpu(engine.pid), store, started_pids=set())
+        )
         try:
             return await asyncio.to_thread(until, findings, "the foreign process scouted")
         finally:
@@ -386,16 +443,31 @@ def test_a_running_ollama_is_scouted_in_the_store_its_environment_names(tmp_path
     write_tiny_llama(store / "blobs" / blob, seed=3)
     manifest = store / "manifests" / "registry.ollama.ai" / "library" / "tinyo" / "latest"
     manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"layers": [
-        {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:" + "12" * 32}]}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "layers": [
+                    {
+                        "mediaType": "application/vnd.ollama.image.model",
+                        "digest": "sha256:" + "12" * 32,
+                    }
+                ]
+            }
+        )
+    )
     fake = Path(__file__).parent / "fakes" / "ollama"
-    proc = subprocess.Popen([str(fake), "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env={**os.environ, "OLLAMA_MODELS": str(store)})  # fmt: skip
+    proc = subprocess.Popen(
+        [str(fake), "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "OLLAMA_MODELS": str(store)},
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         for pid in (None, proc.pid):  # every process, and --pid for that one
-            report = scout([], pid=pid, env={}, home=tmp_path / "home",
-                           mountinfo=tmp_path / "no-mountinfo")  # fmt: skip
+            report = scout(
+                [], pid=pid, env={}, home=tmp_path / "home", mountinfo=tmp_path / "no-mountinfo"
+            )
             (found,) = [f for f in report.findings if Path(f.path).name == blob]
             assert found.source == "ollama" and found.servable and found.evidence == LIVE
             assert f"OLLAMA_MODELS of the running ollama, pid {proc.pid}" in found.led_by

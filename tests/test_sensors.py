@@ -55,12 +55,14 @@ def test_other_work_on_cores_our_engines_hold_keeps_the_reserved_core_from_being
         busy.observe({0: 100.0, 1: 100.0}, held=(0, 1), engines_percent=195.0)
     assert busy.busy() == ()  # all of it was ours
     for _ in range(3):
-        assert claims.claim((0, 1), busy.busy(), [], (), weights_in_ram=True,
-                            floor=1) == claims.Claim((0, 1))  # fmt: skip
+        assert claims.claim(
+            (0, 1), busy.busy(), [], (), weights_in_ram=True, floor=1
+        ) == claims.Claim((0, 1))
         busy.observe({0: 100.0, 1: 100.0}, held=(0, 1), engines_percent=100.0)
     assert busy.busy() == (0,)
-    assert claims.claim((0, 1), busy.busy(), [], (), weights_in_ram=True,
-                        floor=1) == claims.Claim((1,))  # fmt: skip
+    assert claims.claim((0, 1), busy.busy(), [], (), weights_in_ram=True, floor=1) == claims.Claim(
+        (1,)
+    )
     busy.observe({0: 100.0, 1: 100.0}, held=(0, 1), engines_percent=None)  # not read: stays
     assert busy.busy() == (0,)
     busy.observe({0: 60.0, 1: 100.0}, held=(0, 1), engines_percent=100.0)
@@ -102,8 +104,9 @@ def spinner() -> Iterator[tuple[psutil.Process, int]]:
     if len(cores) < 2:
         pytest.skip("needs two physical cores")
     cpu = min(cores[1])
-    proc = subprocess.Popen([sys.executable, "-c", SPIN % cpu], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SPIN % cpu], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "spinning\n"
     try:
         yield psutil.Process(proc.pid), cpu

@@ -45,8 +45,9 @@ HELLO: list[ChatCompletionMessageParam] = [
 def footprint(path: Path, window: int = 4096, parallel: int = DEFAULT_SLOTS) -> int:
     """As fitbox prices it: ``parallel`` slots, unified when more than one."""
     shape, slots = read_facts(path).shape, choose(parallel)
-    return sizing.footprint(shape, sizing.effective_window(shape, window), slots.count,
-                            unified=slots.unified).total  # fmt: skip
+    return sizing.footprint(
+        shape, sizing.effective_window(shape, window), slots.count, unified=slots.unified
+    ).total
 
 
 _clients: list[openai.OpenAI] = []
@@ -92,15 +93,20 @@ def test_openai_client_streams_in_several_chunks_as_they_are_made(
     the gate: that event reaching the client first shows fitbox passes events on as they
     come, not once the reply is whole, whatever the machine's speed."""
     gate = tmp_path / "gate"
-    with running_fitbox(tmp_path / "home", [smollm2.parent],
-                        env=gated_engine(llama_server_bin, gate)) as box:  # fmt: skip
-        stream = client_for(box).with_options(timeout=60).chat.completions.create(
-            model=SMOL,
-            messages=HELLO,
-            max_tokens=48,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
+    with running_fitbox(
+        tmp_path / "home", [smollm2.parent], env=gated_engine(llama_server_bin, gate)
+    ) as box:
+        stream = (
+            client_for(box)
+            .with_options(timeout=60)
+            .chat.completions.create(
+                model=SMOL,
+                messages=HELLO,
+                max_tokens=48,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
         )
         chunks = iter(stream)
         first = next(chunks)  # while the rest of the reply is held at the gate
@@ -203,8 +209,9 @@ def test_a_streaming_call_finishes_before_its_model_is_evicted(
     tmp_path: Path, two_models: tuple[Path, int]
 ) -> None:
     root, cap = two_models
-    with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap),
-                        env=HOLD_IDLE_TIMEOUT) as box:  # fmt: skip
+    with running_fitbox(
+        tmp_path / "home", [root], "--ram-max", str(cap), env=HOLD_IDLE_TIMEOUT
+    ) as box:
         client = client_for(box)
         assert client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=1)
 
@@ -229,10 +236,12 @@ def test_a_streaming_call_finishes_before_its_model_is_evicted(
         with engine_stopped(box, SMOL):
             a = Background(stream_a)
             until(lambda: calls_on(box, SMOL) == 1, "A's call on SmolLM2")
-            b = Background(lambda: client.chat.completions.create(
-                model="tiny", messages=HELLO, max_tokens=4))  # fmt: skip
-            queued = until(lambda: httpx.get(f"{box.url}/v1/queue").json()["data"],
-                           "B waiting for A's room")  # fmt: skip
+            b = Background(
+                lambda: client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=4)
+            )
+            queued = until(
+                lambda: httpx.get(f"{box.url}/v1/queue").json()["data"], "B waiting for A's room"
+            )
         finish, usage = a.result()
         assert b.result().choices[0].message.content is not None
         assert [(q["model"], q["blocked_by"]) for q in queued] == [("tiny", [SMOL])]

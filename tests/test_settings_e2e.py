@@ -52,8 +52,12 @@ def test_limits_refuse_above_the_device_apply_at_once_and_survive_a_restart(
         assert tiers["ram"]["box"] == 64 << 20 and tiers["ram"]["effective"] == 64 << 20
         assert post(box.url, "/v1/limits", {"ram_max": None}).status_code == 200
         assert chat(box.url).status_code == 200
-        actions = [r["action"] for r in httpx.get(f"{box.url}/v1/telemetry", params={
-            "table": "operator_actions"}).json()["rows"]]  # fmt: skip
+        actions = [
+            r["action"]
+            for r in httpx.get(
+                f"{box.url}/v1/telemetry", params={"table": "operator_actions"}
+            ).json()["rows"]
+        ]
         assert actions.count("limits") == 2
 
 
@@ -76,9 +80,11 @@ def test_settings_box_and_pair_change_what_the_next_call_gets(
         httpx.post(f"{box.url}/v1/operator/unload", json={"model": "smollm2"}, timeout=30)
         refused = chat(box.url)
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "no_candidate"
-        for bad, param in (({"model": "smollm2", "goal": "cheap"}, "goal"),
-                           ({"model": "smollm2", "colour": "red"}, "colour"),
-                           ({"goal": "fast"}, "model")):  # fmt: skip
+        for bad, param in (
+            ({"model": "smollm2", "goal": "cheap"}, "goal"),
+            ({"model": "smollm2", "colour": "red"}, "colour"),
+            ({"goal": "fast"}, "model"),
+        ):
             response = post(box.url, "/v1/settings/pair", bad)
             assert response.status_code == 400 and response.json()["error"]["param"] == param
         assert post(
@@ -135,8 +141,12 @@ def test_idle_ttl_unloads_and_a_pin_is_loaded_again_after_a_restart(
             time.sleep(0.2)
         assert "idle past its TTL" in box.log()
         post(box.url, "/v1/settings/pair", {"model": "smollm2", "idle_ttl": None})
-        assert httpx.post(f"{box.url}/v1/operator/pin", json={"model": "smollm2"},
-                          timeout=60).status_code == 200  # fmt: skip
+        assert (
+            httpx.post(
+                f"{box.url}/v1/operator/pin", json={"model": "smollm2"}, timeout=60
+            ).status_code
+            == 200
+        )
     with running_fitbox(home, [smollm2.parent]) as box:
         deadline = time.monotonic() + 30
         while True:
@@ -157,8 +167,9 @@ def test_a_model_loaded_below_its_window_grows_back_when_room_lasts(
     shape = read_facts(smollm2).shape
     tight = sizing.footprint(shape, 1024, 1).total + (1 << 20)  # room for 1024, not 4096
     env = {"FITBOX_GROW_COOLDOWN": "1"}
-    with running_fitbox(tmp_path / "home", [smollm2.parent], "--ram-max", str(tight),
-                        env=env) as box:  # fmt: skip
+    with running_fitbox(
+        tmp_path / "home", [smollm2.parent], "--ram-max", str(tight), env=env
+    ) as box:
         assert chat(box.url).status_code == 200
         (small,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
         assert small["window"] == 1024  # the band gave what fits

@@ -123,8 +123,9 @@ def test_without_flash_attention_the_kq_matrix_joins_the_compute_buffer() -> Non
     assert abs(sizing.compute_bytes(LLAMA, 1024, 1, flash_attn=False) - 26_224_886) < 1024
     assert abs(sizing.compute_bytes(LLAMA, 4096, 1, flash_attn=False) - 82_847_990) < 1024
     per_cell = 512 * 4 * (8 + 1)  # n_ubatch x f32 x (n_head KQ + the f32 mask)
-    grows = (sizing.compute_bytes(LLAMA, 2048, 1, flash_attn=False)
-             - sizing.compute_bytes(LLAMA, 1024, 1, flash_attn=False))  # fmt: skip
+    grows = sizing.compute_bytes(LLAMA, 2048, 1, flash_attn=False) - sizing.compute_bytes(
+        LLAMA, 1024, 1, flash_attn=False
+    )
     assert grows == 1024 * per_cell
     # a quantized K cache: 4 x n_embd + max(n_embd, 256) + 2 x K + 15 beside the KQ row
     q8 = sizing.compute_bytes(LLAMA, 2048, 1, flash_attn=False, type_k="q8_0")

@@ -49,15 +49,17 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def box(
     tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path, gate: Path
 ) -> Iterator[FitboxProcess]:
-    env = {**gated_engine(llama_server_bin, gate), **HOLD_IDLE_TIMEOUT,
-           "FITBOX_CTX": str(PREFERRED)}  # fmt: skip
+    env = {
+        **gated_engine(llama_server_bin, gate),
+        **HOLD_IDLE_TIMEOUT,
+        "FITBOX_CTX": str(PREFERRED),
+    }
     with running_fitbox(tmp_path_factory.mktemp("home"), [smollm2.parent], env=env) as running:
         yield running
 
 
 def client(box: FitboxProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", max_retries=0,
-                         timeout=300)  # fmt: skip
+    return openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def words(n: int) -> str:
@@ -75,22 +77,28 @@ def test_a_long_prompt_on_a_fresh_box_gets_a_larger_window(box: FitboxProcess) -
     first test of the module, so nothing is resident: the prompt is sized by its bound,
     placed at a window that holds it, and counted by the engine once loaded."""
     assert box.models()[SMOL]["resident"] is False
-    reply = post(box, {"model": SMOL, "max_tokens": 4,
-                       "messages": [{"role": "user", "content": words(700)}]})  # fmt: skip
+    reply = post(
+        box, {"model": SMOL, "max_tokens": 4, "messages": [{"role": "user", "content": words(700)}]}
+    )
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["prompt_tokens"] > PREFERRED
     loaded = resident(box, SMOL)
     assert loaded["window"] > PREFERRED and loaded["parallel"] == 4 and loaded["kv_unified"]
 
 
-@pytest.mark.parametrize(("path", "field"), [("/v1/chat/completions", "messages"),
-                                           ("/v1/responses", "input")])  # fmt: skip
-def test_a_prompt_no_window_holds_is_refused_with_both_numbers(box: FitboxProcess, path: str,
-                                                               field: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("path", "field"), [("/v1/chat/completions", "messages"), ("/v1/responses", "input")]
+)
+def test_a_prompt_no_window_holds_is_refused_with_both_numbers(
+    box: FitboxProcess, path: str, field: str
+) -> None:
     """The refusal names the field the prompt came in (the Responses API's is ``input``)."""
     prompt = words(9000)
-    body: dict[str, Any] = ({"max_tokens": 4, "messages": [{"role": "user", "content": prompt}]}
-                            if field == "messages" else {"max_output_tokens": 4, "input": prompt})
+    body: dict[str, Any] = (
+        {"max_tokens": 4, "messages": [{"role": "user", "content": prompt}]}
+        if field == "messages"
+        else {"max_output_tokens": 4, "input": prompt}
+    )
     reply = httpx.post(f"{box.url}{path}", json={"model": SMOL, **body}, timeout=300)
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
@@ -111,12 +119,22 @@ def test_n_2_returns_two_choices(box: FitboxProcess) -> None:
 
 def test_n_above_the_slots_is_refused_before_the_engine(box: FitboxProcess) -> None:
     before = engine_logs(box).count(TASK)
-    reply = post(box, {"model": SMOL, "n": 5, "max_tokens": 4,
-                       "messages": [{"role": "user", "content": "Hello"}]})  # fmt: skip
+    reply = post(
+        box,
+        {
+            "model": SMOL,
+            "n": 5,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Hello"}],
+        },
+    )
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert (error["param"], error["code"], error["type"]) == (
-        "n", "n_above_slots", "invalid_request_error")  # fmt: skip
+        "n",
+        "n_above_slots",
+        "invalid_request_error",
+    )
     assert "at most 4" in error["message"] and reply.headers["x-should-retry"] == "false"
     assert before and engine_logs(box).count(TASK) == before
 
@@ -129,15 +147,21 @@ def test_four_streams_run_in_parallel_on_one_resident(box: FitboxProcess, gate: 
 
     def stream() -> str:
         chunks = client(box).chat.completions.create(
-            model=SMOL, max_tokens=8, stream=True, extra_body={"ignore_eos": True},
+            model=SMOL,
+            max_tokens=8,
+            stream=True,
+            extra_body={"ignore_eos": True},
             messages=[{"role": "user", "content": "Count to ten."}],
-        )  # fmt: skip
+        )
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
     try:
         streams = [Background(stream) for _ in range(4)]  # each starts on its own
-        until(lambda: engine_logs(box).count(HOLDING) == 4,
-              "four replies held at the gate at once", within=120)  # fmt: skip
+        until(
+            lambda: engine_logs(box).count(HOLDING) == 4,
+            "four replies held at the gate at once",
+            within=120,
+        )
         assert resident(box, SMOL)["calls"] == 4
     finally:
         gate.touch()
@@ -152,10 +176,23 @@ def engine(smollm2: Path, llama_server_bin: Path) -> Iterator[str]:
     """SmolLM2 in a llama-server of its own: the truth the bound is held to."""
     port = free_port()
     proc = subprocess.Popen(
-        [str(llama_server_bin), "-m", str(smollm2), "--host", "127.0.0.1", "--port", str(port),
-         "-c", "512", "-np", "1", "--no-webui"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            str(llama_server_bin),
+            "-m",
+            str(smollm2),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            "512",
+            "-np",
+            "1",
+            "--no-webui",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         until(lambda: _healthy(url), "the engine answering /health", within=60)
@@ -174,8 +211,9 @@ def _healthy(url: str) -> bool:
 
 
 def _post(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(f"{url}{path}", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(
+        f"{url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=60) as reply:
         parsed: dict[str, Any] = json.loads(reply.read())
         return parsed
@@ -184,17 +222,20 @@ def _post(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
 def _truth(url: str, body: dict[str, Any]) -> int:
     """The engine's own count, as fitbox asks it (engines/llama_server.py count_prompt)."""
     prompt = _post(url, "/apply-template", body)["prompt"]
-    tokens = _post(url, "/tokenize", {"content": prompt, "add_special": True,
-                                      "parse_special": True})["tokens"]  # fmt: skip
+    tokens = _post(
+        url, "/tokenize", {"content": prompt, "add_special": True, "parse_special": True}
+    )["tokens"]
     return len(tokens)
 
 
 texts = st.text(st.characters(codec="utf-8"), max_size=300)
 messages = st.lists(
-    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),
-                           "content": texts}),
-    min_size=1, max_size=5,
-)  # fmt: skip
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant"]), "content": texts}
+    ),
+    min_size=1,
+    max_size=5,
+)
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])

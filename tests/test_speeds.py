@@ -39,12 +39,14 @@ def test_the_curve_is_the_median_decode_rate_per_core_count_and_a_claim_reads_it
     assert got.decode_ms == pytest.approx(15.05) and got.prompt_ms == 2.0
     assert got.threads == ((1, 50.0), (2, 100.0))  # tokens/s: 1000 / the median ms
     # two cores double the rate: alone on a two-core box, it keeps both
-    assert claims.claim(range(2), (), [], (), weights_in_ram=True, floor=1,
-                        threads=got.threads) == claims.Claim((0, 1))  # fmt: skip
+    assert claims.claim(
+        range(2), (), [], (), weights_in_ram=True, floor=1, threads=got.threads
+    ) == claims.Claim((0, 1))
     flat = median_speeds([], [(1, 10.0), (2, 10.05)]).threads
     # the second core adds under 1 %: the OS keeps its core
-    assert claims.claim(range(2), (), [], (), weights_in_ram=True, floor=1,
-                        threads=flat) == claims.Claim((1,))  # fmt: skip
+    assert claims.claim(
+        range(2), (), [], (), weights_in_ram=True, floor=1, threads=flat
+    ) == claims.Claim((1,))
 
 
 @pytest.mark.skipif(len(physical_cores()) < 2, reason="needs two physical cores")
@@ -72,10 +74,12 @@ def test_a_restarted_box_places_with_the_thread_curve_it_measured(tmp_path: Path
         engine = box.engines.for_artifact(artifact)
         for cores, ms in ((1, 10.0), (2, 9.95)) * 3:  # tokens/s 100 and 100.5
             on = replace(placed, cores=tuple(range(2 - cores, 2)))
-            resident = Resident(artifact, "host", Footprint(1, 0, 0, 0), 512, 1, False, engine,
-                                place=on)  # fmt: skip
-            timings = CallTimings(prompt_n=8, prompt_per_token_ms=1.0, decode_n=64,
-                                  decode_per_token_ms=ms)  # fmt: skip
+            resident = Resident(
+                artifact, "host", Footprint(1, 0, 0, 0), 512, 1, False, engine, place=on
+            )
+            timings = CallTimings(
+                prompt_n=8, prompt_per_token_ms=1.0, decode_n=64, decode_per_token_ms=ms
+            )
             box.speeds.record(resident, timings, 1)
         measured = box.plan_for("tiny-a")["cores"]
         await box.close()

@@ -175,8 +175,10 @@ def test_settings_outlive_the_store_and_none_clears_a_knob(tmp_path: Path) -> No
         stored = again.run(read_settings)
     finally:
         again.close()
-    assert stored == [StoredSetting("box", "", "goal", "fast"),
-                      StoredSetting("pair", "smollm2", "rungs", ["4bit"])]  # fmt: skip
+    assert stored == [
+        StoredSetting("box", "", "goal", "fast"),
+        StoredSetting("pair", "smollm2", "rungs", ["4bit"]),
+    ]
 
 
 def committed_readings(path: Path) -> int:

@@ -21,19 +21,28 @@ def test_a_full_disk_never_costs_the_client_its_answer(
     cfg = config.load({"home": str(tmp_path), "models": str(smollm2.parent)}, env={})
     with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as client:
         store = client.app.state.store  # type: ignore[attr-defined]
-        store._submit(lambda conn: conn.execute(
-            "PRAGMA max_page_count = " + str(conn.execute("PRAGMA page_count").fetchone()[0])
-        ), wait=True).result()  # fmt: skip
+        store._submit(
+            lambda conn: conn.execute(
+                "PRAGMA max_page_count = " + str(conn.execute("PRAGMA page_count").fetchone()[0])
+            ),
+            wait=True,
+        ).result()
         for i in range(60):  # rows that no longer fit: unknown models answer at once
-            missing = client.post("/v1/completions", json={"model": f"{i}-" + "x" * 400,
-                                                           "prompt": "hi"})  # fmt: skip
+            missing = client.post(
+                "/v1/completions", json={"model": f"{i}-" + "x" * 400, "prompt": "hi"}
+            )
             assert missing.status_code == 404
         store.flush()
         assert store.write_failures > 0
         for _ in range(2):
-            reply = client.post("/v1/chat/completions", json={
-                "model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 2})  # fmt: skip
+            reply = client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "smollm2",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2,
+                },
+            )
             assert reply.status_code == 200 and reply.json()["choices"]
         store.flush()
         health = client.get("/health").json()

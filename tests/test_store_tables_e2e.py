@@ -24,8 +24,9 @@ SMOL = "SmolLM2-135M-Instruct.Q4_1"
 
 
 def replay(url: str, table: str, since: int = 0) -> dict[str, Any]:
-    body: dict[str, Any] = httpx.get(f"{url}/v1/telemetry", params={
-        "table": table, "since": since, "limit": 1000}, timeout=30).json()  # fmt: skip
+    body: dict[str, Any] = httpx.get(
+        f"{url}/v1/telemetry", params={"table": table, "since": since, "limit": 1000}, timeout=30
+    ).json()
     return body
 
 
@@ -38,8 +39,11 @@ def test_readings_are_kept_bounded_and_never_move_the_counter(tmp_path: Path) ->
     kept while the newest is less than the 1 s retention younger, and gone once the sensors
     have ticked past a prune that had to take it (with 1 s retention, each tick a second
     after the last prune prunes)."""
-    env = {"FITBOX_READING_INTERVAL": "0.05", "FITBOX_READING_RETENTION": "1",
-           "FITBOX_SIMULATED_GPUS": "8GiB"}  # fmt: skip
+    env = {
+        "FITBOX_READING_INTERVAL": "0.05",
+        "FITBOX_READING_RETENTION": "1",
+        "FITBOX_SIMULATED_GPUS": "8GiB",
+    }
     (tmp_path / "models").mkdir()
     with running_fitbox(tmp_path / "home", [tmp_path / "models"], env=env) as box:
         start = counter(box.url)
@@ -75,12 +79,19 @@ def test_evictions_are_events_with_their_reason(
     cap = two_models_one_at_a_time(root, smollm2)
     with running_fitbox(tmp_path / "home", [root], "--ram-max", str(cap)) as box:
         for model in ("tiny", SMOL):
-            reply = httpx.post(f"{box.url}/v1/completions", timeout=60,
-                               json={"model": model, "prompt": "hi", "max_tokens": 1})  # fmt: skip
+            reply = httpx.post(
+                f"{box.url}/v1/completions",
+                timeout=60,
+                json={"model": model, "prompt": "hi", "max_tokens": 1},
+            )
             assert reply.status_code == 200
         before = counter(box.url)
-        assert httpx.post(f"{box.url}/v1/operator/unload", json={"model": SMOL},
-                          timeout=30).status_code == 200  # fmt: skip
+        assert (
+            httpx.post(
+                f"{box.url}/v1/operator/unload", json={"model": SMOL}, timeout=30
+            ).status_code
+            == 200
+        )
         deadline = time.monotonic() + 10
         while len(rows := replay(box.url, "evictions")["rows"]) < 2:
             assert time.monotonic() < deadline
@@ -111,9 +122,22 @@ def test_every_pull_is_a_row(tmp_path: Path, model_server: tuple[str, Path]) -> 
     digest = hashlib.sha256(source.read_bytes()).hexdigest()
 
     def pull(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "fitbox", "pull", *args, "--home",
-                               str(home), "--models", str(models)], capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fitbox",
+                "pull",
+                *args,
+                "--home",
+                str(home),
+                "--models",
+                str(models),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     assert pull(f"{url}/mirror.gguf", "--sha256", digest).returncode == 0
     assert pull(f"{url}/missing.gguf", "--sha256", digest).returncode == 1
@@ -127,21 +151,31 @@ def test_every_pull_is_a_row(tmp_path: Path, model_server: tuple[str, Path]) -> 
 def test_tables_and_rows_are_read_only_and_withhold_secrets(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
     with running_fitbox(tmp_path / "home", [tmp_path / "models"]) as box:
-        listed = {t["name"]: t for t in httpx.get(f"{box.url}/v1/telemetry/tables").json()[
-            "data"]}  # fmt: skip
-        assert {"call_log", "evictions", "pulls", "resource_log", "recent_speeds",
-                "latest_footprints", "settings"} <= set(listed)  # fmt: skip
+        listed = {t["name"]: t for t in httpx.get(f"{box.url}/v1/telemetry/tables").json()["data"]}
+        assert {
+            "call_log",
+            "evictions",
+            "pulls",
+            "resource_log",
+            "recent_speeds",
+            "latest_footprints",
+            "settings",
+        } <= set(listed)
         assert listed["recent_speeds"]["kind"] == "view"
         assert listed["api_keys"]["withheld"] == ["digest", "salt"]
         assert "digest" not in listed["api_keys"]["columns"]
-        keys = httpx.get(f"{box.url}/v1/telemetry/rows", params={
-            "table": "api_keys", "order": "created_at", "desc": "true"}).json()["rows"]  # fmt: skip
+        keys = httpx.get(
+            f"{box.url}/v1/telemetry/rows",
+            params={"table": "api_keys", "order": "created_at", "desc": "true"},
+        ).json()["rows"]
         assert keys and all("digest" not in k and "salt" not in k for k in keys)
         assert keys[0]["is_box_key"] == 1
-        for bad, param in (({"table": "nope"}, "table"),
-                           ({"table": "api_keys", "order": "digest"}, "order"),
-                           ({"table": "call_log", "order": "id; DROP TABLE call_log"}, "order"),
-                           ({"table": "call_log", "limit": "0"}, "limit")):  # fmt: skip
+        for bad, param in (
+            ({"table": "nope"}, "table"),
+            ({"table": "api_keys", "order": "digest"}, "order"),
+            ({"table": "call_log", "order": "id; DROP TABLE call_log"}, "order"),
+            ({"table": "call_log", "limit": "0"}, "limit"),
+        ):
             response = httpx.get(f"{box.url}/v1/telemetry/rows", params=bad)
             assert response.status_code == 400 and response.json()["error"]["param"] == param
         outside = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3"))
@@ -154,9 +188,15 @@ def test_the_calls_page_is_for_the_box_itself(
     tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
     with running_fitbox(tmp_path / "home", [smollm2.parent]) as box:
-        httpx.post(f"{box.url}/v1/chat/completions", timeout=60, json={
-            "model": "smollm2", "messages": [{"role": "user", "content": "<b>hi</b>"}],
-            "max_tokens": 4})  # fmt: skip
+        httpx.post(
+            f"{box.url}/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": "<b>hi</b>"}],
+                "max_tokens": 4,
+            },
+        )
         box.calls()
         page = httpx.get(f"{box.url}/calls")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
@@ -174,8 +214,11 @@ def test_a_process_appearing_on_or_leaving_a_gpu_is_an_event(
 ) -> None:
     env = {"FITBOX_SIMULATED_GPUS": "1GiB", "FITBOX_READING_INTERVAL": "0.05"}
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
-        reply = httpx.post(f"{box.url}/v1/completions", timeout=60,
-                           json={"model": SMOL, "prompt": "hi", "max_tokens": 1})  # fmt: skip
+        reply = httpx.post(
+            f"{box.url}/v1/completions",
+            timeout=60,
+            json={"model": SMOL, "prompt": "hi", "max_tokens": 1},
+        )
         assert reply.status_code == 200
         (resident,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
         assert resident["device"] == "gpu0"

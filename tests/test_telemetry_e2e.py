@@ -41,8 +41,9 @@ def miss(box: FitboxProcess, i: int) -> None:
 
 
 def replay(box: FitboxProcess, table: str, since: int = 0) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = httpx.get(f"{box.url}/v1/telemetry", params={
-        "table": table, "since": since, "limit": 1000}).json()["rows"]  # fmt: skip
+    rows: list[dict[str, Any]] = httpx.get(
+        f"{box.url}/v1/telemetry", params={"table": table, "since": since, "limit": 1000}
+    ).json()["rows"]
     return rows
 
 
@@ -51,8 +52,10 @@ def test_the_counter_moves_on_events_only(tmp_path: Path) -> None:
         start = counter(box)
         mark = max((r["id"] for r in replay(box, "resource_log")), default=0)
         # an idle box: the sensors tick (readings are not events), nothing else happens
-        until(lambda: len({r["at"] for r in replay(box, "resource_log", mark)}) >= 4,
-              "four sensor ticks")  # fmt: skip
+        until(
+            lambda: len({r["at"] for r in replay(box, "resource_log", mark)}) >= 4,
+            "four sensor ticks",
+        )
         assert counter(box) == start
         httpx.post(f"{box.url}/v1/operator/refresh-models")
         after_action = counter_reaches(box, start + 1)
@@ -62,8 +65,9 @@ def test_the_counter_moves_on_events_only(tmp_path: Path) -> None:
         # and nothing more after that: the next event is the box's next action, and the
         # call's row still carries its second change
         httpx.post(f"{box.url}/v1/operator/refresh-models")
-        actions = until(lambda: replay(box, "operator_actions", after_action)[-1:],
-                        "the second action's row")  # fmt: skip
+        actions = until(
+            lambda: replay(box, "operator_actions", after_action)[-1:], "the second action's row"
+        )
         assert actions[0]["seq"] == after_action + 3 == counter(box)
         (call,) = replay(box, "call_log")
         assert call["seq"] == after_action + 2
@@ -78,8 +82,9 @@ def test_a_long_poll_wakes_on_the_event_not_at_its_bound(tmp_path: Path) -> None
         sent = time.monotonic()
         # a second long poll, sent after the first, answers at its own 1 s bound with nothing
         # new: the first was on the same loop before it, and nothing has woken it
-        idle = httpx.get(f"{box.url}/v1/telemetry/state", params={"since": start, "wait": 1},
-                         timeout=30).json()  # fmt: skip
+        idle = httpx.get(
+            f"{box.url}/v1/telemetry/state", params={"since": start, "wait": 1}, timeout=30
+        ).json()
         assert idle["counter"] == start
         assert waiting.sock is not None
         assert not select.select([waiting.sock], [], [], 0)[0]  # no byte of an answer yet
@@ -105,8 +110,9 @@ def test_a_stop_answers_an_open_long_poll_at_once(tmp_path: Path) -> None:
         waiting = http.client.HTTPConnection(url.hostname or "", url.port, timeout=60)
         waiting.request("GET", f"/v1/telemetry/state?since={start}&wait=60")
         # answered after the first was taken in (same loop, sent later): the first waits
-        idle = httpx.get(f"{box.url}/v1/telemetry/state", params={"since": start, "wait": 0},
-                         timeout=30).json()  # fmt: skip
+        idle = httpx.get(
+            f"{box.url}/v1/telemetry/state", params={"since": start, "wait": 0}, timeout=30
+        ).json()
         assert idle["stopping"] is False
         assert waiting.sock is not None and not select.select([waiting.sock], [], [], 0)[0]
         box.proc.send_signal(signal.SIGTERM)
@@ -138,7 +144,7 @@ def test_cursor_replay_yields_every_change_once_under_concurrent_writes(tmp_path
             page = httpx.get(
                 f"{box.url}/v1/telemetry", params={"table": "call_log", "since": cursor, "limit": 7}
             ).json()
-            seen += [(r["id"], r["seq"]) for r in page["rows"]]  # fmt: skip
+            seen += [(r["id"], r["seq"]) for r in page["rows"]]
             cursor = page["next"]
             middle = middle or (cursor if len(seen) > 20 else None)
             if not page["rows"] and not any(w.is_alive() for w in writers):
@@ -149,7 +155,7 @@ def test_cursor_replay_yields_every_change_once_under_concurrent_writes(tmp_path
         tail = httpx.get(
             f"{box.url}/v1/telemetry", params={"table": "call_log", "since": cursor, "limit": 1000}
         ).json()
-        seen += [(r["id"], r["seq"]) for r in tail["rows"]]  # fmt: skip
+        seen += [(r["id"], r["seq"]) for r in tail["rows"]]
         seqs = [s for _, s in seen]
         assert seqs == sorted(set(seqs))  # every change once, in order
         with sqlite3.connect(box.home / "fitbox.sqlite3") as conn:
@@ -188,8 +194,10 @@ def test_a_long_poll_answer_carries_the_changed_rows_from_the_reader_s_cursors(
         start = counter(box)
         miss(box, 1)
         counter_reaches(box, start + 2)  # the call's row opened and finished
-        state = httpx.get(f"{box.url}/v1/telemetry/state", params={
-            "since": start, "wait": 5, "cursors": "call_log:0,children:0"}).json()  # fmt: skip
+        state = httpx.get(
+            f"{box.url}/v1/telemetry/state",
+            params={"since": start, "wait": 5, "cursors": "call_log:0,children:0"},
+        ).json()
         assert "call_log" in state["changed"] and "children" not in state["changed"]
         assert set(state["pages"]) == {"call_log"}  # only the tables that changed
         page = state["pages"]["call_log"]

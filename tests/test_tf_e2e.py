@@ -45,13 +45,20 @@ def models_root(root: Path, *folders: Path) -> Path:
 
 def engine_env(python: Path, home: Path) -> dict[str, str]:
     """Only the named interpreter: no venv of the test machine is a candidate."""
-    return {"FITBOX_TF_PYTHON": str(python), "HOME": str(home), "VIRTUAL_ENV": "",
-            "CONDA_PREFIX": ""}  # fmt: skip
+    return {
+        "FITBOX_TF_PYTHON": str(python),
+        "HOME": str(home),
+        "VIRTUAL_ENV": "",
+        "CONDA_PREFIX": "",
+    }
 
 
 @pytest.fixture(scope="module")
 def box(
-    tmp_path_factory: pytest.TempPathFactory, tf_python: Path, smol_tf: Path, minilm_tf: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    tf_python: Path,
+    smol_tf: Path,
+    minilm_tf: Path,
     smollm2: Path,
 ) -> Iterator[FitboxProcess]:
     """One fitbox for the module: SmolLM2 as a folder, with a LoRA and with a broken one, as
@@ -61,8 +68,10 @@ def box(
     adapted_folder(smol_tf, root / "smol-lora")
     adapted_folder(smol_tf, root / "smol-broken", broken=True)
     # a short quiet bound for the hang test: a working child answers /health meanwhile
-    env = engine_env(tf_python, tmp) | {"FITBOX_ENGINE_IDLE_TIMEOUT": str(IDLE_S),
-                                        "FITBOX_STOP_GRACE": "1"}  # fmt: skip
+    env = engine_env(tf_python, tmp) | {
+        "FITBOX_ENGINE_IDLE_TIMEOUT": str(IDLE_S),
+        "FITBOX_STOP_GRACE": "1",
+    }
     with running_fitbox(tmp / "home", [root], env=env) as running:
         yield running
 
@@ -73,17 +82,18 @@ def client_for(box: FitboxProcess) -> openai.OpenAI:
 
 def test_chat_whole_and_streamed_give_the_same_greedy_answer(box: FitboxProcess) -> None:
     client = client_for(box)
-    whole = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=8,
-                                           temperature=0)  # fmt: skip
+    whole = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=8, temperature=0)
     text = whole.choices[0].message.content
     assert text and "Paris" in text  # the real model, through its own chat template
     assert whole.usage is not None and whole.usage.completion_tokens <= 8
-    stream = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=8,
-                                            temperature=0, stream=True)  # fmt: skip
+    stream = client.chat.completions.create(
+        model=SMOL, messages=HELLO, max_tokens=8, temperature=0, stream=True
+    )
     pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
     assert "".join(pieces) == text and len([p for p in pieces if p]) > 1
-    cut = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=8,
-                                         temperature=0, stop=["Paris"])  # fmt: skip
+    cut = client.chat.completions.create(
+        model=SMOL, messages=HELLO, max_tokens=8, temperature=0, stop=["Paris"]
+    )
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].message.content == text[: text.index("Paris")]
     rows = [r for r in box.calls() if r["model_asked"] == SMOL]
@@ -104,8 +114,9 @@ def test_embeddings_have_the_models_dimension(box: FitboxProcess) -> None:
 
 
 def test_a_chat_call_to_an_embedding_model_is_refused_with_a_reason(box: FitboxProcess) -> None:
-    refused = httpx.post(f"{box.url}/v1/chat/completions", timeout=120,
-                         json={"model": MINILM, "messages": HELLO})  # fmt: skip
+    refused = httpx.post(
+        f"{box.url}/v1/chat/completions", timeout=120, json={"model": MINILM, "messages": HELLO}
+    )
     assert refused.status_code >= 400
     error = refused.json()["error"]
     assert set(error) >= {"message", "type", "code", "param"} and error["message"]
@@ -115,10 +126,15 @@ def test_an_image_for_a_text_model_and_an_http_image_are_refused_with_reasons(
     box: FitboxProcess,
 ) -> None:
     def ask(url: str) -> dict[str, str]:
-        content = [{"type": "text", "text": "What is this?"},
-                   {"type": "image_url", "image_url": {"url": url}}]  # fmt: skip
-        reply = httpx.post(f"{box.url}/v1/chat/completions", timeout=120, json={
-            "model": SMOL, "messages": [{"role": "user", "content": content}]})  # fmt: skip
+        content = [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]
+        reply = httpx.post(
+            f"{box.url}/v1/chat/completions",
+            timeout=120,
+            json={"model": SMOL, "messages": [{"role": "user", "content": content}]},
+        )
         assert reply.status_code == 400
         error: dict[str, str] = reply.json()["error"]
         return error
@@ -130,10 +146,15 @@ def test_an_image_for_a_text_model_and_an_http_image_are_refused_with_reasons(
 
 
 def test_fitbox_engines_names_the_selected_interpreter(tf_python: Path, tmp_path: Path) -> None:
-    env = {**os.environ, **engine_env(tf_python, tmp_path),
-           "FITBOX_HOME": str(tmp_path / "home")}  # fmt: skip
-    out = subprocess.run([sys.executable, "-m", "fitbox", "engines"], capture_output=True,
-                         text=True, timeout=120, env=env, check=False).stdout  # fmt: skip
+    env = {**os.environ, **engine_env(tf_python, tmp_path), "FITBOX_HOME": str(tmp_path / "home")}
+    out = subprocess.run(
+        [sys.executable, "-m", "fitbox", "engines"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    ).stdout
     line = next(ln for ln in out.splitlines() if str(tf_python) in ln)
     assert line.startswith("*") and "selected" in line and "4-bit no" in line
     missing = tmp_path / "home" / "engines" / "tf" / "bin" / "python"
@@ -146,8 +167,9 @@ def test_without_an_engine_a_call_fails_naming_the_command_that_fixes_it(
     root = models_root(tmp_path / "models", smol_tf)
     env = engine_env(tmp_path / "no" / "python", tmp_path)
     with running_fitbox(tmp_path / "home", [root], env=env) as bare:
-        failed = httpx.post(f"{bare.url}/v1/chat/completions", timeout=60,
-                            json={"model": SMOL, "messages": HELLO})  # fmt: skip
+        failed = httpx.post(
+            f"{bare.url}/v1/chat/completions", timeout=60, json={"model": SMOL, "messages": HELLO}
+        )
         assert failed.status_code >= 500
         error = failed.json()["error"]
         assert error["code"] == "engine_failed" and error["type"]
@@ -157,11 +179,15 @@ def test_without_an_engine_a_call_fails_naming_the_command_that_fixes_it(
 def signal_children_mid_stream(box: FitboxProcess, sig: signal.Signals) -> list[str]:
     """Stream a long reply; on its third event (the test's own event, so the signal lands
     mid-stream) send ``sig`` to every engine child. Returns the data events."""
-    body = {"model": SMOL, "messages": [{"role": "user", "content": "Tell me a story."}],
-            "max_tokens": 400, "temperature": 0, "stream": True}  # fmt: skip
+    body = {
+        "model": SMOL,
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+    }
     events: list[str] = []
-    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
-                      timeout=300) as response:  # fmt: skip
+    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body, timeout=300) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith("data: "):
@@ -234,15 +260,22 @@ def test_an_adapter_changes_the_greedy_answer_and_a_broken_one_fails_the_launch(
     box: FitboxProcess,
 ) -> None:
     client = client_for(box)
-    base = client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=6,
-                                          temperature=0).choices[0].message.content  # fmt: skip
+    base = (
+        client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=6, temperature=0)
+        .choices[0]
+        .message.content
+    )
     listed = box.models()
     assert int(str(listed["smol-lora"]["size_bytes"])) > int(str(listed[SMOL]["size_bytes"]))
-    adapted = client.chat.completions.create(model="smol-lora", messages=HELLO, max_tokens=6,
-                                             temperature=0)  # fmt: skip
+    adapted = client.chat.completions.create(
+        model="smol-lora", messages=HELLO, max_tokens=6, temperature=0
+    )
     assert adapted.choices[0].message.content != base
-    broken = httpx.post(f"{box.url}/v1/chat/completions", timeout=300,
-                        json={"model": "smol-broken", "messages": HELLO})  # fmt: skip
+    broken = httpx.post(
+        f"{box.url}/v1/chat/completions",
+        timeout=300,
+        json={"model": "smol-broken", "messages": HELLO},
+    )
     assert broken.status_code >= 500
     error = broken.json()["error"]
     assert error["code"] == "engine_failed"
@@ -278,8 +311,14 @@ def test_install_tf_keeps_an_engine_built_from_the_same_requirements(
     engines.mkdir()
     (engines / "tf").symlink_to(tf_python.parents[1])
     env = {**os.environ, "FITBOX_ENGINE_DIR": str(engines), "FITBOX_HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "fitbox", "install", "--tf"], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "fitbox", "install", "--tf"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "kept" in done.stdout and "transformers engine ready" in done.stdout
     assert "4-bit: no" in done.stdout

@@ -20,11 +20,17 @@ from .test_transformers_facts import llama_dir
 
 def test_discovery_order_and_a_missing_engine_names_its_fix(tmp_path: Path) -> None:
     (tmp_path / ".venvs" / "a" / "bin").mkdir(parents=True)
-    env = {"FITBOX_TF_PYTHON": "/nowhere/python", "HOME": str(tmp_path),
-           "VIRTUAL_ENV": str(tmp_path / "active")}  # fmt: skip
+    env = {
+        "FITBOX_TF_PYTHON": "/nowhere/python",
+        "HOME": str(tmp_path),
+        "VIRTUAL_ENV": str(tmp_path / "active"),
+    }
     found = candidates(tmp_path / "engines", env)
-    assert [c.source for c in found][:3] == ["FITBOX_TF_PYTHON",
-                                             "engine dir (fitbox install --tf)", "VIRTUAL_ENV"]
+    assert [c.source for c in found][:3] == [
+        "FITBOX_TF_PYTHON",
+        "engine dir (fitbox install --tf)",
+        "VIRTUAL_ENV",
+    ]
     assert found[1].python == tmp_path / "engines" / "tf" / "bin" / "python"
     assert found[-1].python == tmp_path / ".venvs" / "a" / "bin" / "python"
     with pytest.raises(EngineNotFound) as raised:
@@ -41,8 +47,15 @@ def test_an_interpreter_is_accepted_only_after_importing_the_engine(tmp_path: Pa
 def test_the_transformers_kind_serves_folders_and_the_child_gets_its_placement() -> None:
     kinds = on_this_box()
     assert kinds.for_format("transformers").name == "transformers"
-    intent = LaunchIntent(model_path=Path("/m/smol"), alias="smol", window=512, parallel=4,
-                          gpu_layers=0, port=9, threads=2)  # fmt: skip
+    intent = LaunchIntent(
+        model_path=Path("/m/smol"),
+        alias="smol",
+        window=512,
+        parallel=4,
+        gpu_layers=0,
+        port=9,
+        threads=2,
+    )
     argv = build_argv(Path("/venv/bin/python"), intent)
     assert argv[:2] == ["/venv/bin/python", "-c"] and Path(argv[3]).name == "engines"
     assert (Path(argv[3]) / "tf_child" / "__main__.py").is_file()
@@ -52,8 +65,12 @@ def test_the_transformers_kind_serves_folders_and_the_child_gets_its_placement()
 
 
 def test_props_become_held_bytes_with_the_windows_kv_budget() -> None:
-    props = {"weights": {"total": 1000, "by_device": {"cpu": 1000}}, "n_ctx": 512,
-             "rss_bytes_after_load": 1500, "kv_bytes_now": 0}  # fmt: skip
+    props = {
+        "weights": {"total": 1000, "by_device": {"cpu": 1000}},
+        "n_ctx": 512,
+        "rss_bytes_after_load": 1500,
+        "kv_bytes_now": 0,
+    }
     held = held_from_props(props, kv_budget=300)
     assert held is not None
     assert (held.weights, held.kv, held.compute, held.n_ctx) == (1000, 300, 500, 512)
@@ -74,6 +91,10 @@ def test_an_adapter_named_by_fitbox_json_must_be_there(tmp_path: Path) -> None:
 def test_the_engine_venv_comes_from_the_tf_engine_extra() -> None:
     reqs = requirements()
     assert "torch==2.13.0" in reqs  # the CPU build here; a plain torch pulls CUDA's
-    assert {r.split(">")[0].split("=")[0] for r in reqs} >= {"transformers", "accelerate",
-                                                             "peft", "sentence-transformers",
-                                                             "safetensors"}  # fmt: skip
+    assert {r.split(">")[0].split("=")[0] for r in reqs} >= {
+        "transformers",
+        "accelerate",
+        "peft",
+        "sentence-transformers",
+        "safetensors",
+    }

@@ -26,20 +26,29 @@ E, F, V, LAYERS, EXPERTS = 64, 128, 256, 2, 4  # hidden, expert FFN, vocab, laye
 def f32_llama(tmp_path: Path) -> Path:
     """A 2-layer float32 llama folder: the linear weights of each layer, norms, embeddings
     and a separate head."""
-    config = {**LLAMA, "hidden_size": E, "intermediate_size": F, "num_hidden_layers": LAYERS,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": V,
-              "torch_dtype": "float32"}  # fmt: skip
+    config = {
+        **LLAMA,
+        "hidden_size": E,
+        "intermediate_size": F,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": V,
+        "torch_dtype": "float32",
+    }
     tensors: dict[str, tuple[str, list[int]]] = {"model.embed_tokens.weight": ("F32", [V, E])}
     for il in range(LAYERS):
         p = f"model.layers.{il}."
-        tensors |= {p + "self_attn.q_proj.weight": ("F32", [E, E]),
-                    p + "self_attn.k_proj.weight": ("F32", [32, E]),
-                    p + "self_attn.v_proj.weight": ("F32", [32, E]),
-                    p + "self_attn.o_proj.weight": ("F32", [E, E]),
-                    p + "mlp.gate_proj.weight": ("F32", [F, E]),
-                    p + "mlp.up_proj.weight": ("F32", [F, E]),
-                    p + "mlp.down_proj.weight": ("F32", [E, F]),
-                    p + "input_layernorm.weight": ("F32", [E])}  # fmt: skip
+        tensors |= {
+            p + "self_attn.q_proj.weight": ("F32", [E, E]),
+            p + "self_attn.k_proj.weight": ("F32", [32, E]),
+            p + "self_attn.v_proj.weight": ("F32", [32, E]),
+            p + "self_attn.o_proj.weight": ("F32", [E, E]),
+            p + "mlp.gate_proj.weight": ("F32", [F, E]),
+            p + "mlp.up_proj.weight": ("F32", [F, E]),
+            p + "mlp.down_proj.weight": ("F32", [E, F]),
+            p + "input_layernorm.weight": ("F32", [E]),
+        }
     tensors |= {"model.norm.weight": ("F32", [E]), "lm_head.weight": ("F32", [V, E])}
     write_config(tmp_path, config)
     write_safetensors(tmp_path / "model.safetensors", tensors)
@@ -60,16 +69,27 @@ def test_four_bit_weights_are_half_a_byte_per_linear_weight_plus_block_scales(
 
 
 def test_a_mixture_of_experts_folder_prices_its_experts_apart(tmp_path: Path) -> None:
-    config = {**LLAMA, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
-              "hidden_size": E, "intermediate_size": F, "num_hidden_layers": LAYERS,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": V,
-              "num_local_experts": EXPERTS, "num_experts_per_tok": 2,
-              "tie_word_embeddings": True}  # fmt: skip
+    config = {
+        **LLAMA,
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "hidden_size": E,
+        "intermediate_size": F,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": V,
+        "num_local_experts": EXPERTS,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": True,
+    }
     tensors: dict[str, tuple[str, list[int]]] = {"model.embed_tokens.weight": ("BF16", [V, E])}
     for il in range(LAYERS):
         p = f"model.layers.{il}."
-        tensors |= {p + "self_attn.q_proj.weight": ("BF16", [E, E]),
-                    p + "block_sparse_moe.gate.weight": ("BF16", [EXPERTS, E])}  # fmt: skip
+        tensors |= {
+            p + "self_attn.q_proj.weight": ("BF16", [E, E]),
+            p + "block_sparse_moe.gate.weight": ("BF16", [EXPERTS, E]),
+        }
         for e in range(EXPERTS):
             for w in ("w1", "w2", "w3"):
                 shape = [E, F] if w == "w2" else [F, E]
@@ -84,15 +104,19 @@ def test_a_mixture_of_experts_folder_prices_its_experts_apart(tmp_path: Path) ->
     assert facts.layout.input_bytes == V * E * 2 and facts.layout.output_tied
     assert facts.layout.output_bytes == E * 2  # the final norm; the head is the embeddings
     laid = facts.layout
-    assert (sum(laid.layer_bytes) + sum(laid.routed_bytes) + laid.input_bytes
-            + laid.output_bytes) == facts.shape.weights_bytes  # fmt: skip
+    assert (
+        sum(laid.layer_bytes) + sum(laid.routed_bytes) + laid.input_bytes + laid.output_bytes
+    ) == facts.shape.weights_bytes
 
 
 def tf_folder(key: str, weights: int, *, four_bit: bool, moe: bool = False) -> Candidate:
     """A full-precision folder as box/asks.py hands it over: no partial offload, and 4-bit
     bytes only when its engine can quantize (a quarter of the weights here)."""
-    return replace(model(key, weights, quant="BF16", moe=moe), partial_offload=False,
-                   four_bit_weights=weights // 4 if four_bit else None)  # fmt: skip
+    return replace(
+        model(key, weights, quant="BF16", moe=moe),
+        partial_offload=False,
+        four_bit_weights=weights // 4 if four_bit else None,
+    )
 
 
 def place(snapshot: Snapshot, ask: Ask) -> Place:
@@ -121,8 +145,10 @@ def test_without_four_bit_in_the_engine_the_rung_is_not_offered_and_says_why() -
     assert why.reason.value == "no_four_bit_variant" and "cannot quantize" in why.detail
     assert decision.rung is Rung.RAM_ONLY and not decision.load_in_4bit
     # the child loads a folder whole: no layer count is split between GPU and RAM
-    partial = decide(snap, Ask("m", (tf_folder("tf", 12 * GiB, four_bit=False),),
-                               rungs=(Rung.MAX_RAM, Rung.MAX_GPU)))  # fmt: skip
+    partial = decide(
+        snap,
+        Ask("m", (tf_folder("tf", 12 * GiB, four_bit=False),), rungs=(Rung.MAX_RAM, Rung.MAX_GPU)),
+    )
     assert isinstance(partial, Refuse)
     assert {r.rung.value: r.reason.value for r in partial.rejected} == {
         "max-ram": "no_partial_offload",
@@ -137,10 +163,13 @@ def test_a_measured_four_bit_load_prices_the_next_four_bit_decision() -> None:
     snap = Snapshot((gpu(0, 6 * GiB), host(64 * GiB)), (), cores=CORES)
     first = place(snap, Ask("m", (tf_folder("tf", 12 * GiB, four_bit=True),)))
     held = Footprint(int(3.5 * GiB), 0, GiB, 0)
-    measured = replace(tf_folder("tf", 12 * GiB, four_bit=True), measured=(
-        MeasuredFit("gpu0/4bit", first.window, "f16", "f16", held),
-        MeasuredFit("gpu0", first.window, "f16", "f16", Footprint(13 * GiB, 0, 0, 0)),
-    ))  # fmt: skip
+    measured = replace(
+        tf_folder("tf", 12 * GiB, four_bit=True),
+        measured=(
+            MeasuredFit("gpu0/4bit", first.window, "f16", "f16", held),
+            MeasuredFit("gpu0", first.window, "f16", "f16", Footprint(13 * GiB, 0, 0, 0)),
+        ),
+    )
     again = place(snap, Ask("m", (measured,), window=first.window))
     assert again.rung is Rung.FOUR_BIT and dict(again.footprint)["gpu0"] == held
 
@@ -154,8 +183,9 @@ def test_the_expert_split_keeps_a_folders_experts_in_ram_on_a_simulated_gpu() ->
 
 
 def test_the_child_is_launched_quantized_or_with_its_experts_in_ram(tmp_path: Path) -> None:
-    base = LaunchIntent(model_path=tmp_path, alias="m", window=512, parallel=1, gpu_layers=99,
-                        port=1, gpus=(0,))  # fmt: skip
+    base = LaunchIntent(
+        model_path=tmp_path, alias="m", window=512, parallel=1, gpu_layers=99, port=1, gpus=(0,)
+    )
     plain = build_argv(Path("/py"), base)
     assert "--load-in-4bit" not in plain and "--experts-in-ram" not in plain
     assert plain[plain.index("--device") + 1] == "cuda"
@@ -181,8 +211,12 @@ def test_asks_offer_four_bit_only_when_the_engine_says_it_can(tmp_path: Path) ->
 def test_props_say_what_the_child_holds_now_beside_its_budget() -> None:
     from fitbox.engines.tf import held_from_props
 
-    props = {"weights": {"total": 1000, "by_device": {"cpu": 1000}}, "n_ctx": 512,
-             "rss_bytes_after_load": 1300, "kv_bytes_now": 40}  # fmt: skip
+    props = {
+        "weights": {"total": 1000, "by_device": {"cpu": 1000}},
+        "n_ctx": 512,
+        "rss_bytes_after_load": 1300,
+        "kv_bytes_now": 40,
+    }
     held = held_from_props(props, kv_budget=500)
     assert held is not None and (held.weights, held.kv, held.compute) == (1000, 500, 300)
     assert held.now == 1000 + 300 + 40  # the cache grew to 40 of its 500 so far

@@ -19,8 +19,14 @@ from fitbox.server.timing import (
 
 
 def test_figures_split_the_wait_into_queue_and_load() -> None:
-    stamps = {"received_at": 100.0, "load_start_at": 100.5, "load_ready_at": 102.5,
-              "admitted_at": 103.0, "first_byte_at": 103.25, "last_byte_at": 104.0}  # fmt: skip
+    stamps = {
+        "received_at": 100.0,
+        "load_start_at": 100.5,
+        "load_ready_at": 102.5,
+        "admitted_at": 103.0,
+        "first_byte_at": 103.25,
+        "last_byte_at": 104.0,
+    }
     assert figures(stamps) == {"queue": 1000.0, "load": 2000.0, "ttft": 3250.0, "total": 4000.0}
     # a load another call started before this one arrived counts from this one's arrival
     joined = stamps | {"load_start_at": 90.0}
@@ -40,8 +46,9 @@ def test_the_comment_goes_before_done() -> None:
         return b"".join([c async for c in annotated(_stream(stamps), stamps)])
 
     text = asyncio.run(run())
-    assert text.endswith(b"\n\n: server-timing queue;dur=0.0, load;dur=0.0, total;dur=1000.0"
-                         b"\n\ndata: [DONE]\n\n")  # fmt: skip
+    assert text.endswith(
+        b"\n\n: server-timing queue;dur=0.0, load;dur=0.0, total;dur=1000.0\n\ndata: [DONE]\n\n"
+    )
 
 
 def _app(scope: Scope, receive: Receive, send: Send) -> Any:
@@ -87,7 +94,10 @@ def test_a_trailer_where_the_server_offers_it_and_the_client_asked() -> None:
 def test_no_trailer_unasked_or_where_the_server_cannot() -> None:
     for extensions, headers in (({TRAILERS: {}}, []), ({}, [(b"te", b"trailers")])):
         sent = _sent(extensions, headers)
-        assert [m["type"] for m in sent] == ["http.response.start", "http.response.body",
-                                             "http.response.body"]  # fmt: skip
+        assert [m["type"] for m in sent] == [
+            "http.response.start",
+            "http.response.body",
+            "http.response.body",
+        ]
         assert not sent[0]["trailers"]
         assert all(name != b"trailer" for name, _ in sent[0]["headers"])

@@ -69,8 +69,9 @@ def rid() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory, smollm2: Path,
-        llama_server_bin: Path) -> Iterator[FitboxProcess]:  # fmt: skip
+def box(
+    tmp_path_factory: pytest.TempPathFactory, smollm2: Path, llama_server_bin: Path
+) -> Iterator[FitboxProcess]:
     with running_fitbox(tmp_path_factory.mktemp("home"), [smollm2.parent]) as running:
         yield running
 
@@ -93,8 +94,13 @@ def test_a_stream_sends_queue_and_load_first_and_the_rest_before_done(
     box: FitboxProcess,
 ) -> None:
     body = {"model": SMOL, "messages": HELLO, "max_tokens": 4, "stream": True}
-    with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
-                      headers={"te": "trailers", **rid()}, timeout=120) as reply:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        f"{box.url}/v1/chat/completions",
+        json=body,
+        headers={"te": "trailers", **rid()},
+        timeout=120,
+    ) as reply:
         assert reply.status_code == 200
         early = parse_server_timing(reply.headers["server-timing"])
         text = reply.read().decode()
@@ -113,9 +119,12 @@ def test_a_stream_sends_queue_and_load_first_and_the_rest_before_done(
 
 
 def test_an_error_carries_the_figures_of_its_row(box: FitboxProcess) -> None:
-    reply = httpx.post(f"{box.url}/v1/chat/completions",
-                       json={"model": "no-such-model", "messages": HELLO}, headers=rid(),
-                       timeout=30)  # fmt: skip
+    reply = httpx.post(
+        f"{box.url}/v1/chat/completions",
+        json={"model": "no-such-model", "messages": HELLO},
+        headers=rid(),
+        timeout=30,
+    )
     assert reply.status_code == 404
     assert reply.json()["error"]["code"] == "model_not_found"
     timed = parse_server_timing(reply.headers["server-timing"])
@@ -136,7 +145,10 @@ def test_a_refused_body_and_a_route_that_is_no_call_have_a_total(box: FitboxProc
 
 def test_the_parser_reads_what_the_spec_allows() -> None:
     assert parse_server_timing('miss, db;dur=53, app;dur=47.2;desc="x", 1 bad;dur=1') == {
-        "miss": None, "db": 53.0, "app": 47.2}  # fmt: skip
+        "miss": None,
+        "db": 53.0,
+        "app": 47.2,
+    }
 
 
 def test_a_server_that_offers_trailers_gets_the_last_figures_in_one(
@@ -154,8 +166,7 @@ def test_a_server_that_offers_trailers_gets_the_last_figures_in_one(
         # is known (server/progress.py), so its start would carry none
         loaded = client.post("/v1/chat/completions", json={**body, "stream": False})
         assert loaded.status_code == 200, loaded.text
-        asked = client.post("/v1/chat/completions", json=body,
-                            headers={"te": "trailers", **rid()})  # fmt: skip
+        asked = client.post("/v1/chat/completions", json=body, headers={"te": "trailers", **rid()})
         unasked = client.post("/v1/chat/completions", json=body, headers=rid())
     assert asked.status_code == unasked.status_code == 200
     assert asked.headers["trailer"] == "server-timing"
@@ -169,8 +180,12 @@ def test_a_server_that_offers_trailers_gets_the_last_figures_in_one(
     assert late == parse_server_timing(events[-2].removeprefix(": server-timing "))
     with sqlite3.connect(tmp_path / "fitbox.sqlite3") as conn:
         conn.row_factory = sqlite3.Row
-        row = dict(conn.execute("SELECT * FROM call_log WHERE request_id = ?",
-                                (asked.request.headers["x-request-id"],)).fetchone())  # fmt: skip
+        row = dict(
+            conn.execute(
+                "SELECT * FROM call_log WHERE request_id = ?",
+                (asked.request.headers["x-request-id"],),
+            ).fetchone()
+        )
     assert late == row_figures(row)
     assert early == {k: late[k] for k in ("queue", "load")}
     assert "trailer" not in unasked.headers

@@ -74,7 +74,8 @@ def source(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Iterator[
     write_tiny_llama(models / "split" / "split-00001-of-00002.gguf", seed=3)
     write_tiny_llama(outside / "split-00002-of-00002.gguf", seed=4)
     (models / "split" / "split-00002-of-00002.gguf").symlink_to(
-        outside / "split-00002-of-00002.gguf")
+        outside / "split-00002-of-00002.gguf"
+    )
     # a whole split model, made by the real llama-gguf-split
     write_tiny_llama(outside / "whole.gguf", seed=5)
     split_gguf(outside / "whole.gguf", models / "whole", "whole", max_tensors=11)
@@ -100,8 +101,11 @@ def dest(tmp_path: Path) -> Iterator[tuple[Path, Store]]:
 
 @contextlib.contextmanager
 def cutting_proxy(target: int, cut_after: int) -> Iterator[int]:
-    proc = subprocess.Popen([sys.executable, str(FAKES / "cutting-proxy"), str(target),
-                             str(cut_after)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKES / "cutting-proxy"), str(target), str(cut_after)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         yield int(proc.stdout.readline())
@@ -121,11 +125,17 @@ def _pulls(store: Store) -> list[dict[str, object]]:
 
 def test_manifest_lists_files_with_sha256_and_keeps_the_hash(source: Source) -> None:
     manifest = httpx.get(f"{source.box.url}/v1/transfer/{SMOL}/manifest", timeout=120).json()
-    assert manifest == {"model": SMOL, "files": [
-        {"path": source.smol.name, "bytes": source.smol.stat().st_size, "sha256": source.sha256}
-    ]}  # fmt: skip
-    sums = httpx.get(f"{source.box.url}/v1/transfer/{SMOL}/chunksums",
-                     params={"path": source.smol.name}, timeout=60).json()  # fmt: skip
+    assert manifest == {
+        "model": SMOL,
+        "files": [
+            {"path": source.smol.name, "bytes": source.smol.stat().st_size, "sha256": source.sha256}
+        ],
+    }
+    sums = httpx.get(
+        f"{source.box.url}/v1/transfer/{SMOL}/chunksums",
+        params={"path": source.smol.name},
+        timeout=60,
+    ).json()
     with source.smol.open("rb") as f:
         first = hashlib.sha256(f.read(CHUNK_BYTES)).hexdigest()
     assert sums["chunk_bytes"] == CHUNK_BYTES and sums["chunks"][0] == first
@@ -214,8 +224,9 @@ def test_pull_from_another_box_end_to_end(source: Source, tmp_path: Path) -> Non
         (drive,) = httpx.get(f"{dest_box.url}/v1/storage", timeout=30).json()["data"]
         assert drive["role"] == "worker" and "first model root" in drive["role_from"]
     with contextlib.closing(sqlite3.connect(home / "fitbox.sqlite3")) as conn:
-        rows = conn.execute("SELECT bytes, seconds, outcome, verified, detail FROM pulls "
-                            "ORDER BY id").fetchall()  # fmt: skip
+        rows = conn.execute(
+            "SELECT bytes, seconds, outcome, verified, detail FROM pulls ORDER BY id"
+        ).fetchall()
     (size, seconds, outcome, verified, _), refused = rows
     assert (size, outcome, verified) == (source.smol.stat().st_size, "ok", 1) and seconds > 0
     assert refused[2] == "error" and "already here" in refused[4]
@@ -241,8 +252,11 @@ def _a_full_worker_drive_with_a_twin(tmp_path: Path) -> tuple[Path, Path, dict[s
     write_tiny_llama(central / "tiny-x.gguf", seed=7)
     shutil.copy2(central / "tiny-x.gguf", worker / "tiny-x.gguf")
     size = (worker / "tiny-x.gguf").stat().st_size
-    env = {"FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
-           "FITBOX_MOVERS": "reap_to_fit", "FITBOX_STORAGE_MAX": str(size + size // 2)}
+    env = {
+        "FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central",
+        "FITBOX_MOVERS": "reap_to_fit",
+        "FITBOX_STORAGE_MAX": str(size + size // 2),
+    }
     return worker, central, env
 
 
@@ -258,8 +272,9 @@ def test_a_pull_that_does_not_fit_reaps_a_worker_copy_with_a_central_twin_first(
     assert sorted(p.name for p in worker.iterdir()) == ["tiny.gguf"]  # tiny-x made room
     assert (central / "tiny-x.gguf").is_file()
     with contextlib.closing(sqlite3.connect(tmp_path / "home" / "fitbox.sqlite3")) as conn:
-        reaps = conn.execute("SELECT target, detail FROM operator_actions WHERE action = 'reap'"
-                             ).fetchall()  # fmt: skip
+        reaps = conn.execute(
+            "SELECT target, detail FROM operator_actions WHERE action = 'reap'"
+        ).fetchall()
     assert [target for target, _ in reaps] == [str(worker / "tiny-x.gguf")]
     assert "room to pull box://" in reaps[0][1]
 
@@ -271,15 +286,26 @@ def test_the_cli_asks_the_running_box_to_reap_and_says_why_not_without_one(
     serving its home to reap (the operator action); with none running, nothing is removed."""
     worker, central, env = _a_full_worker_drive_with_a_twin(tmp_path)
     home = tmp_path / "home"
-    argv = [sys.executable, "-m", "fitbox", "pull", f"box://127.0.0.1:{source.port}/tiny",
-            "--home", str(home), "--to", str(worker)]  # fmt: skip
-    alone = subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                           env={**os.environ, **env})  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "fitbox",
+        "pull",
+        f"box://127.0.0.1:{source.port}/tiny",
+        "--home",
+        str(home),
+        "--to",
+        str(worker),
+    ]
+    alone = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env={**os.environ, **env}
+    )
     assert alone.returncode == 1 and f"no fitbox serves {home}" in alone.stderr
     assert (worker / "tiny-x.gguf").is_file() and not any(worker.glob("*.part"))
     with running_fitbox(home, [worker, central], env=env) as dest_box:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, **env})  # fmt: skip
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=120, env={**os.environ, **env}
+        )
         assert done.returncode == 0, done.stderr
         assert "the running box reaped" in done.stderr
         assert "tiny" in dest_box.models()
@@ -290,8 +316,13 @@ def test_the_cli_asks_the_running_box_to_reap_and_says_why_not_without_one(
 def test_no_room_is_refused_before_a_byte_moves(source: Source, tmp_path: Path) -> None:
     spec = f"box://127.0.0.1:{source.port}/{SMOL}"
     argv = [sys.executable, "-m", "fitbox", "pull", spec, "--home", str(tmp_path)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "FITBOX_STORAGE_MAX": "1MiB"})  # fmt: skip
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FITBOX_STORAGE_MAX": "1MiB"},
+    )
     assert done.returncode == 1 and "reap first" in done.stderr
     assert not any((tmp_path / "models").glob("*.part"))
 
@@ -299,8 +330,13 @@ def test_no_room_is_refused_before_a_byte_moves(source: Source, tmp_path: Path) 
 def test_a_key_that_is_not_valid_is_refused_by_the_source(source: Source, tmp_path: Path) -> None:
     spec = f"box://127.0.0.1:{source.port}/{SMOL}"
     argv = [sys.executable, "-m", "fitbox", "pull", spec, "--home", str(tmp_path)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={
-        **os.environ, "FITBOX_SOURCE_KEY": "fb_000000000000_" + "x" * 43})  # fmt: skip
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FITBOX_SOURCE_KEY": "fb_000000000000_" + "x" * 43},
+    )
     assert done.returncode == 1 and "401" in done.stderr and "not valid" in done.stderr
 
 
@@ -312,9 +348,11 @@ def test_a_cut_connection_resumes_at_the_last_verified_chunk(
     cut_at = 2 * CHUNK_BYTES + CHUNK_BYTES // 2  # mid chunk 2 (plus the response's headers)
     with cutting_proxy(source.port, cut_at) as port:
         (outcome,) = pull_from_box(
-            f"box://127.0.0.1:{port}/{SMOL}", models, store,
+            f"box://127.0.0.1:{port}/{SMOL}",
+            models,
+            store,
             events=lambda kind, _name, index: seen.append((kind, index)),
-        )  # fmt: skip
+        )
     assert _sha256(outcome.path) == source.sha256
     assert outcome.cuts == 1
     ok = [index for kind, index in seen if kind == "chunk_ok"]
@@ -388,8 +426,9 @@ def test_a_corrupted_chunk_is_refused_and_fetched_again(
             flips.close()  # the source is whole again: the re-fetch verifies
 
     with flips:
-        (outcome,) = pull_from_box(f"box://127.0.0.1:{source.port}/{SMOL}", models, store,
-                                   events=on_event)  # fmt: skip
+        (outcome,) = pull_from_box(
+            f"box://127.0.0.1:{source.port}/{SMOL}", models, store, events=on_event
+        )
     assert ("chunk_bad", last) in seen and outcome.refetched_chunks == 1
     assert _sha256(outcome.path) == source.sha256
 
@@ -415,8 +454,10 @@ def test_transfers_beyond_the_cap_wait_with_429(source: Source) -> None:
         assert refused.status_code == 429 and refused.headers["retry-after"] == "2"
         assert refused.json()["error"]["code"] == "too_many_transfers"
     tail = {"range": "bytes=-4"}
-    until(lambda: httpx.get(url, params=params, headers=tail).status_code == 206,
-          "a slot is free once the held transfers are closed")  # fmt: skip
+    until(
+        lambda: httpx.get(url, params=params, headers=tail).status_code == 206,
+        "a slot is free once the held transfers are closed",
+    )
 
 
 def test_a_key_without_the_admin_scope_is_refused_even_from_the_box(source: Source) -> None:
@@ -431,8 +472,11 @@ def test_a_key_without_the_admin_scope_is_refused_even_from_the_box(source: Sour
         got = httpx.get(f"{source.box.url}/v1/transfer/{SMOL}/{route}", headers=headers)
         assert got.status_code == 403 and got.json()["error"]["code"] == "insufficient_scope"
     box_key = (source.box.home / "box.key").read_text().strip()  # an admin key
-    got = httpx.get(f"{source.box.url}/v1/transfer/{SMOL}/manifest", timeout=60,
-                    headers={"authorization": f"Bearer {box_key}"})  # fmt: skip
+    got = httpx.get(
+        f"{source.box.url}/v1/transfer/{SMOL}/manifest",
+        timeout=60,
+        headers={"authorization": f"Bearer {box_key}"},
+    )
     assert got.status_code == 200
 
 
@@ -449,8 +493,11 @@ def test_a_split_model_offered_without_a_shard_is_no_pull(
     models, store = dest
     listed = httpx.get(f"{source.box.url}/v1/transfer/split/manifest", timeout=60).json()
     assert [f["path"] for f in listed["files"]] == ["split-00001-of-00002.gguf"]
-    with pytest.raises(PullError, match=r"without split-00002-of-00002\.gguf: a split GGUF is "
-                       "pulled whole"):  # fmt: skip
+    with pytest.raises(
+        PullError,
+        match=r"without split-00002-of-00002\.gguf: a split GGUF is "
+        "pulled whole",
+    ):
         pull_from_box(f"box://127.0.0.1:{source.port}/split", models, store)
     assert not models.exists() or not any(models.iterdir())
 
@@ -468,8 +515,7 @@ def test_a_split_model_is_pulled_whole_and_named_only_once_every_shard_verified(
         if kind == "chunk_ok":
             landed.append(sorted(p.name for p in models.glob("*.gguf")))
 
-    outcomes = pull_from_box(f"box://127.0.0.1:{source.port}/whole", models, store,
-                             events=look)  # fmt: skip
+    outcomes = pull_from_box(f"box://127.0.0.1:{source.port}/whole", models, store, events=look)
     assert [o.name for o in outcomes] == [s.name for s in shards]
     assert len(landed) == len(shards) and landed == [[]] * len(shards)
     assert sorted(p.name for p in models.iterdir()) == [s.name for s in shards]  # no .part
@@ -507,8 +553,9 @@ def test_a_drive_that_refuses_o_direct_lands_the_pull_through_the_page_cache(
     with small_drive(tmp_path / "ramfs", fstype="ramfs") as drive:
         with pytest.raises(OSError):  # the drive really has no O_DIRECT
             os.open(drive.path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT)
-        puller = BoxPull(parse_box_spec(f"box://127.0.0.1:{source.port}/{SMOL}"),
-                         drive.path / "models")  # fmt: skip
+        puller = BoxPull(
+            parse_box_spec(f"box://127.0.0.1:{source.port}/{SMOL}"), drive.path / "models"
+        )
         (outcome,) = puller.run()
         assert outcome.sha256 == source.sha256 and outcome.refetched_chunks == 0
         assert _sha256(drive.path / "models" / source.smol.name) == source.sha256
@@ -521,9 +568,22 @@ def test_a_source_that_is_not_a_fitbox_is_refused_with_what_it_said(tmp_path: Pa
     page = tmp_path / "v1" / "transfer" / "x" / "manifest"
     page.parent.mkdir(parents=True)
     page.write_text("<html>not a fitbox</html>")
-    server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind",
-                               "127.0.0.1", "-d", str(tmp_path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-u",
+            "-m",
+            "http.server",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "-d",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline().split(" port ")[1].split()[0])
@@ -543,8 +603,11 @@ def test_a_drive_that_fills_mid_pull_ends_it_with_the_reason(
     """The 20 MB drive said there was room (its check is bypassed here, as if another writer
     filled it after the check); the write that fails ends the pull, not a retry loop."""
     seen: list[str] = []
-    puller = BoxPull(parse_box_spec(f"box://127.0.0.1:{source.port}/{SMOL}"),
-                     drive.path / "models", events=lambda kind, _n, _i: seen.append(kind))
+    puller = BoxPull(
+        parse_box_spec(f"box://127.0.0.1:{source.port}/{SMOL}"),
+        drive.path / "models",
+        events=lambda kind, _n, _i: seen.append(kind),
+    )
     with pytest.raises(PullError, match=r"could not write .*No space left"):
         puller.run()
     assert "cut" not in seen and 0 < seen.count("chunk_ok") < 25

@@ -6,8 +6,9 @@ from fitbox.networks import DEFAULT_TRUSTED_NETWORKS, parse_networks
 from fitbox.server.trust import TrustSettings, origin_of
 
 SETTINGS = TrustSettings(parse_networks(DEFAULT_TRUSTED_NETWORKS), (), "192.168.1.20")
-BEHIND_PROXY = TrustSettings(parse_networks(DEFAULT_TRUSTED_NETWORKS),
-                             parse_networks("127.0.0.1"), "127.0.0.1")  # fmt: skip
+BEHIND_PROXY = TrustSettings(
+    parse_networks(DEFAULT_TRUSTED_NETWORKS), parse_networks("127.0.0.1"), "127.0.0.1"
+)
 
 
 def test_the_box_itself_is_loopback_or_the_listen_address() -> None:
@@ -43,7 +44,8 @@ def test_a_trusted_proxy_is_believed_from_the_right() -> None:
 
 
 def test_a_public_proxy_never_makes_the_internet_local() -> None:
-    public_proxy = TrustSettings(SETTINGS.trusted_networks, parse_networks("198.51.100.1"),
-                                 "0.0.0.0")  # fmt: skip
+    public_proxy = TrustSettings(
+        SETTINGS.trusted_networks, parse_networks("198.51.100.1"), "0.0.0.0"
+    )
     claim = origin_of("198.51.100.1", {"x-forwarded-for": "203.0.113.50"}, public_proxy)
     assert not claim.local and not claim.trusted

@@ -49,14 +49,21 @@ def scratch_venv(path: Path, wheel: Path) -> Path:
     purelib = subprocess.run([python, "-c", where], capture_output=True, text=True, check=True)
     deps = next(p for p in site.getsitepackages() if p.endswith("site-packages"))
     Path(purelib.stdout.strip(), "deps.pth").write_text(deps + "\n")
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)],
-                   check=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)],
+        check=True,
+        timeout=300,
+    )
     return python
 
 
 def version_in(python: Path) -> str:
-    return subprocess.run([python, "-c", "import fitbox; print(fitbox.__version__)"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        [python, "-c", "import fitbox; print(fitbox.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def test_update_verifies_hashes_rolls_back_and_refuses_downgrades(
@@ -68,9 +75,13 @@ def test_update_verifies_hashes_rolls_back_and_refuses_downgrades(
     env = {"PATH": "/usr/bin:/bin", "FITBOX_HOME": str(tmp_path / "home")}
 
     def update(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([python, "-m", "fitbox", "update", "--index-url", url,
-                               "--health-timeout", "60", *args], capture_output=True,
-                              text=True, timeout=600, env=env)  # fmt: skip
+        return subprocess.run(
+            [python, "-m", "fitbox", "update", "--index-url", url, "--health-timeout", "60", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
 
     told = update()
     assert told.returncode == 0 and f"fitbox {BAD_HASH} is available (installed: {OLD})" in (

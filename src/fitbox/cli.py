@@ -55,8 +55,16 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fitbox", description=fitbox.__doc__)
     parser.add_argument("--version", action="version", version=f"fitbox {fitbox.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add_command in (_add_serve, _add_models, _add_plan, _add_keys, _add_install,
-                        _add_engines, _add_update, _add_pull):  # fmt: skip
+    for add_command in (
+        _add_serve,
+        _add_models,
+        _add_plan,
+        _add_keys,
+        _add_install,
+        _add_engines,
+        _add_update,
+        _add_pull,
+    ):
         add_command(sub)
     from fitbox.scout_cli import add_scout
 
@@ -138,8 +146,11 @@ def _add_install(sub: Commands) -> None:
             "--root", default="/", help="install into this directory tree (for images and tests)"
         )
         parser_.add_argument("--yes", action="store_true", help="do not ask")
-        parser_.add_argument("--central-role", action="store_true",
-                             help="the central (fitbox-central.service), not a box")  # fmt: skip
+        parser_.add_argument(
+            "--central-role",
+            action="store_true",
+            help="the central (fitbox-central.service), not a box",
+        )
     install.add_argument("--port", help="N, or auto for a free one (kept on re-runs)")
     install.add_argument("--host", help="address to listen on (default 127.0.0.1, kept)")
     install.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
@@ -150,17 +161,23 @@ def _add_install(sub: Commands) -> None:
     install.add_argument("--central", metavar="URL", help="register with a fitbox central")
     install.add_argument("--central-key", metavar="KEY", help="the key the central gave")
     install.add_argument("--health-timeout", type=float, default=180.0)
-    install.add_argument("--tf", action="store_true",
-                         help="only build the transformers engine's venv (<engine dir>/tf: "
-                         "FITBOX_ENGINE_DIR, else <home>/engines)")  # fmt: skip
+    install.add_argument(
+        "--tf",
+        action="store_true",
+        help="only build the transformers engine's venv (<engine dir>/tf: "
+        "FITBOX_ENGINE_DIR, else <home>/engines)",
+    )
     uninstall.add_argument(
         "--purge", action="store_true", help="also state and cache (the model store is always kept)"
     )
 
 
 def _add_engines(sub: Commands) -> None:
-    sub.add_parser("engines", help="every engine fitbox can see (llama-server, transformers), "
-                   "and the one of each kind it uses")  # fmt: skip
+    sub.add_parser(
+        "engines",
+        help="every engine fitbox can see (llama-server, transformers), "
+        "and the one of each kind it uses",
+    )
 
 
 def _add_update(sub: Commands) -> None:
@@ -277,7 +294,11 @@ def serve(config: settings.Config, log_level: str) -> int:
 
     server = Server(
         uvicorn.Config(
-            app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+            app,
+            log_level=log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
             http=_http_protocol(),
             # forwarding headers are the door's to judge (server/trust.py, with
             # FITBOX_TRUSTED_PROXIES); uvicorn's own middleware, believing 127.0.0.1 by

@@ -130,7 +130,9 @@ SETTINGS: tuple[Setting, ...] = (
         values.positive_int,
     ),
     Setting(
-        "parallel", "FITBOX_PARALLEL", "4",
+        "parallel",
+        "FITBOX_PARALLEL",
+        "4",
         "llama-server slots per model (-np; more than 1 share one KV cache, --kv-unified)",
         values.positive_int,
     ),
@@ -446,15 +448,19 @@ def load(
     values["default_model"] = values["default_model"].strip()
     values["central_url"] = values["central_url"].strip().rstrip("/")
     if values["central_url"] and not values["central_url"].startswith(("http://", "https://")):
-        raise ConfigError(f"Setting 'central_url' (FITBOX_CENTRAL_URL) has value "
-                          f"{values['central_url']!r}. Write http://HOST:PORT.")  # fmt: skip
+        raise ConfigError(
+            f"Setting 'central_url' (FITBOX_CENTRAL_URL) has value "
+            f"{values['central_url']!r}. Write http://HOST:PORT."
+        )
     values["central_db"] = values["central_db"].strip()
     if values["central_db"] and not values["central_db"].startswith(
         ("postgresql://", "postgres://")
     ):  # its value is not shown: a mistyped URL may still hold the password
-        raise ConfigError("Setting 'central_db' (FITBOX_CENTRAL_DB) is not a PostgreSQL URL. "
-                          "Write postgresql://USER:PASSWORD@HOST:PORT/DB, or leave it unset "
-                          "for the SQLite file in the central's home.")  # fmt: skip
+        raise ConfigError(
+            "Setting 'central_db' (FITBOX_CENTRAL_DB) is not a PostgreSQL URL. "
+            "Write postgresql://USER:PASSWORD@HOST:PORT/DB, or leave it unset "
+            "for the SQLite file in the central's home."
+        )
     return Config(**values)
 
 

@@ -46,9 +46,11 @@ def list_tf_engines(config: settings.Config) -> bool:
             why = "selected: first usable in discovery order" if not selected else "usable"
             selected = True
             mods = found.modules
-            detail = (f"{why}; torch {mods.get('torch')}, transformers {mods.get('transformers')}"
-                      f", 4-bit {'yes' if found.four_bit else 'no (no bitsandbytes with CUDA)'}"
-                      f", GPU {'yes' if found.cuda else 'no'}")  # fmt: skip
+            detail = (
+                f"{why}; torch {mods.get('torch')}, transformers {mods.get('transformers')}"
+                f", 4-bit {'yes' if found.four_bit else 'no (no bitsandbytes with CUDA)'}"
+                f", GPU {'yes' if found.cuda else 'no'}"
+            )
         else:
             detail = str(found.problem)
         print(f"{mark} {candidate.python}  ({candidate.source}; {detail})")

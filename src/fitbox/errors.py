@@ -17,9 +17,14 @@ class FitboxError(Exception):
     closes = False  # the connection is not reused after it (its request was not read whole)
 
     def __init__(
-        self, message: str, *, param: str | None = None, code: str | None = None,
-        retry_after: float | None = None, **detail: Any,
-    ) -> None:  # fmt: skip
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+        **detail: Any,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param

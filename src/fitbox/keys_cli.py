@@ -48,10 +48,12 @@ def _offline(config: Config, args: argparse.Namespace, body: dict[str, Any]) -> 
         conn.execute("PRAGMA busy_timeout = 5000")
         if args.keys_command == "create":
             key, secret = keydb.create_key(
-                conn, body["name"], tuple(body["scopes"]),
+                conn,
+                body["name"],
+                tuple(body["scopes"]),
                 tuple(body["models"]) if body["models"] else None,
                 time.time() + body["expires_in_s"] if body["expires_in_s"] else None,
-            )  # fmt: skip
+            )
             return {**key.public(), "key": secret}
         if args.keys_command == "list":
             return {"data": [k.public() for k in keydb.list_keys(conn)]}
@@ -85,8 +87,12 @@ def keys_command(config: Config, args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"fitbox keys: {exc}", file=sys.stderr)
             return 2
-        body = {"name": args.name, "scopes": args.scope or ["inference"],
-                "models": args.model, "expires_in_s": expires}  # fmt: skip
+        body = {
+            "name": args.name,
+            "scopes": args.scope or ["inference"],
+            "models": args.model,
+            "expires_in_s": expires,
+        }
     url = _service(config)
     try:
         result = _online(url, args, body) if url else _offline(config, args, body)
@@ -97,8 +103,11 @@ def keys_command(config: Config, args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     elif args.keys_command == "create":
         print(result["key"])
-        print(f"(id {result['id']}, scopes {', '.join(result['scopes'])}: the secret is shown "
-              "this once)", file=sys.stderr)  # fmt: skip
+        print(
+            f"(id {result['id']}, scopes {', '.join(result['scopes'])}: the secret is shown "
+            "this once)",
+            file=sys.stderr,
+        )
     else:
         for key in result.get("data", [result]):
             expires = key["expires_at"]

@@ -66,15 +66,21 @@ def _print_plan(report: dict[str, Any]) -> None:
     label = f"{report['decision']} on {report['device']}"
     if report.get("rung"):
         label += f" ({report['rung']})"
-    print(f"{report['model']} ({report['architecture']}, {report['quant']}): {label}, "
-          f"{report['basis']}")  # fmt: skip
+    print(
+        f"{report['model']} ({report['architecture']}, {report['quant']}): {label}, "
+        f"{report['basis']}"
+    )
     band = report.get("band")
     band_text = f", band {band['kind']} {band['min']}..{band['max']}" if band else ""
-    print(f"  window {report['window']} x {report['parallel']} slot(s), "
-          f"K {report['type_k']} / V {report['type_v']}{band_text}")  # fmt: skip
+    print(
+        f"  window {report['window']} x {report['parallel']} slot(s), "
+        f"K {report['type_k']} / V {report['type_v']}{band_text}"
+    )
     if report.get("device_counts"):  # the window each GPU count would have given
-        counts = [f"{c['count']} -> {c['window'] or 'none'} ({c['reason']})"
-                  for c in report["device_counts"]]  # fmt: skip
+        counts = [
+            f"{c['count']} -> {c['window'] or 'none'} ({c['reason']})"
+            for c in report["device_counts"]
+        ]
         print(f"  by GPU count: {', '.join(counts)}")
     if report.get("repack") in ("on", "ram_bound"):
         print(
@@ -85,9 +91,11 @@ def _print_plan(report: dict[str, Any]) -> None:
     for row in report["devices"]:
         tag = " (SIMULATED)" if row["device"] in simulated else ""
         b = {k: format_bytes(v) for k, v in row.items() if k.endswith("_bytes")}
-        print(f"  {row['device']}{tag}: weights {b['weights_bytes']} + kv {b['kv_bytes']} + "
-              f"compute {b['compute_bytes']} + output {b['output_bytes']} = "
-              f"{b['total_bytes']}")  # fmt: skip
+        print(
+            f"  {row['device']}{tag}: weights {b['weights_bytes']} + kv {b['kv_bytes']} + "
+            f"compute {b['compute_bytes']} + output {b['output_bytes']} = "
+            f"{b['total_bytes']}"
+        )
     if report.get("cores"):
         layers = f", {report['gpu_layers']} layers on GPU" if report.get("gpu_layers") else ""
         print(f"  cores {', '.join(map(str, report['cores']))}{layers}")

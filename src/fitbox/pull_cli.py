@@ -57,8 +57,9 @@ def _pull_from_box(config: settings.Config, spec: str, dest: Path, key: str | No
 
     store = Store(config.store_path)
     try:
-        outcomes = pull_from_box(spec, dest, store, key=key, storage_max=config.storage_max,
-                                 make_room=make_room)  # fmt: skip
+        outcomes = pull_from_box(
+            spec, dest, store, key=key, storage_max=config.storage_max, make_room=make_room
+        )
     except PullError as exc:
         print(f"fitbox pull: {exc}", file=sys.stderr)
         return 1
@@ -66,9 +67,11 @@ def _pull_from_box(config: settings.Config, spec: str, dest: Path, key: str | No
         store.close()
     for o in outcomes:
         rate = o.fetched_bytes / o.seconds if o.seconds > 0 else 0.0
-        print(f"{o.path} ({format_bytes(o.size)}, sha256 verified; fetched "
-              f"{format_bytes(o.fetched_bytes)} at {format_bytes(int(rate))}/s, "
-              f"{o.reused_chunks} chunks reused, {o.refetched_chunks} re-fetched)")  # fmt: skip
+        print(
+            f"{o.path} ({format_bytes(o.size)}, sha256 verified; fetched "
+            f"{format_bytes(o.fetched_bytes)} at {format_bytes(int(rate))}/s, "
+            f"{o.reused_chunks} chunks reused, {o.refetched_chunks} re-fetched)"
+        )
     from fitbox.scout_cli import refresh_running_box
 
     refresh_running_box(config)
@@ -87,35 +90,45 @@ def _reap_on_running_box(config: settings.Config, dest: Path, needed: int, spec:
     url = published_url(config.endpoint_file)
     short = f"{dest} needs {format_bytes(needed)} more for {spec}"
     if not url:
-        raise PullRefused(f"{short}, and no fitbox serves {config.home}: only a running box "
-                          "knows which copies are resident, serving or pinned, so nothing is "
-                          "reaped from here; start `fitbox serve` (reap_to_fit is on) or free "
-                          "room, then pull again")  # fmt: skip
+        raise PullRefused(
+            f"{short}, and no fitbox serves {config.home}: only a running box "
+            "knows which copies are resident, serving or pinned, so nothing is "
+            "reaped from here; start `fitbox serve` (reap_to_fit is on) or free "
+            "room, then pull again"
+        )
     try:
         drives = httpx.get(f"{url}/v1/storage", timeout=30).json()["data"]
         workers = {Path(r).resolve() for d in drives if d["role"] == "worker" for r in d["roots"]}
         if dest.resolve() not in workers:
-            raise PullRefused(f"{short}; the running box reaps only its worker drive, and "
-                              f"{dest} is not on it (drive_roles); free room there, then pull "
-                              "again")  # fmt: skip
-        done = httpx.post(f"{url}/v1/operator/reap-to-fit", json={"bytes": needed},
-                          timeout=120)  # fmt: skip
+            raise PullRefused(
+                f"{short}; the running box reaps only its worker drive, and "
+                f"{dest} is not on it (drive_roles); free room there, then pull "
+                "again"
+            )
+        done = httpx.post(f"{url}/v1/operator/reap-to-fit", json={"bytes": needed}, timeout=120)
         body = done.json()
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        raise PullRefused(f"{short}; the running box at {url} could not be asked to reap: "
-                          f"{exc}") from None  # fmt: skip
+        raise PullRefused(
+            f"{short}; the running box at {url} could not be asked to reap: {exc}"
+        ) from None
     if done.status_code != 200:
         reason = (body.get("error") or {}).get("message", done.text[:200])
         raise PullRefused(f"{short}; the running box refused to reap: {reason}")
-    print(f"fitbox pull: the running box reaped {format_bytes(int(body['freed_bytes']))} "
-          f"({len(body['removed'])} copies with a central twin) to make room",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"fitbox pull: the running box reaped {format_bytes(int(body['freed_bytes']))} "
+        f"({len(body['removed'])} copies with a central twin) to make room",
+        file=sys.stderr,
+    )
 
 
 def _record_pull(
-    config: settings.Config, source: str, path: Path | None, verified: bool, outcome: str,
+    config: settings.Config,
+    source: str,
+    path: Path | None,
+    verified: bool,
+    outcome: str,
     detail: str | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """A row in the store's pulls table (a running fitbox shares the file: WAL, one writer
     each, busy timeout). A store that cannot be written never fails the pull."""
     from fitbox.store.db import Store

@@ -86,8 +86,9 @@ def drive_roles(text: str) -> tuple[tuple[Path, str], ...]:
     for item in (i.strip() for i in text.split(",") if i.strip()):
         where, eq, role = item.rpartition("=")
         if not eq or not where or role not in DRIVE_ROLES:
-            raise ValueError(f"write DIR=ROLE pairs, comma-separated; a role is one of "
-                             f"{', '.join(DRIVE_ROLES)}")  # fmt: skip
+            raise ValueError(
+                f"write DIR=ROLE pairs, comma-separated; a role is one of {', '.join(DRIVE_ROLES)}"
+            )
         found.append((Path(where).expanduser(), role))
     return tuple(found)
 
@@ -118,8 +119,9 @@ def host_names(text: str) -> tuple[str, ...]:
     names = tuple(n.strip().lower().rstrip(".") for n in text.split(",") if n.strip())
     for name in names:
         if not name or any(c in name for c in "/:@ *"):
-            raise ValueError(f"a host name is a bare name (fitbox.lan), no scheme or port; "
-                             f"{name!r} is not one")  # fmt: skip
+            raise ValueError(
+                f"a host name is a bare name (fitbox.lan), no scheme or port; {name!r} is not one"
+            )
     return names
 
 

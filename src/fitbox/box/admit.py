@@ -43,9 +43,15 @@ READY_SLACK_S = 30  # a call waits for a load this much past the load timeout
 
 class Admission:
     def __init__(
-        self, config: Config, registry: Registry, asks: Asks, snapshots: Snapshots,
-        supervisor: Supervisor, engines: EngineKinds, tasks: Tasks,
-    ) -> None:  # fmt: skip
+        self,
+        config: Config,
+        registry: Registry,
+        asks: Asks,
+        snapshots: Snapshots,
+        supervisor: Supervisor,
+        engines: EngineKinds,
+        tasks: Tasks,
+    ) -> None:
         self.config, self.registry, self.asks, self.snapshots = config, registry, asks, snapshots
         self.supervisor, self.engines, self.tasks = supervisor, engines, tasks
         self.waiting = WaitingRoom()
@@ -58,9 +64,13 @@ class Admission:
         return str(self.asks.prefs.effective()["admission"])
 
     async def acquire(
-        self, name: str, call_id: int | None = None, need: int = 1, max_tokens: int = 0,
+        self,
+        name: str,
+        call_id: int | None = None,
+        need: int = 1,
+        max_tokens: int = 0,
         slots: int = 1,
-    ) -> Lease:  # fmt: skip
+    ) -> Lease:
         """Find or load the model ``name`` and hold ``slots`` of its slots for one call (a
         call asking for ``n`` choices takes ``n``). A load that runs out of memory refuses
         its window; the call is placed once more against that fact (a smaller window or
@@ -79,8 +89,9 @@ class Admission:
             log.warning("placing '%s' again after an out-of-memory load", name)
             return await self._acquire(named, call_id, need, max_tokens, slots)
 
-    async def _acquire(self, named: Named, call_id: int | None, need: int,
-                       max_tokens: int, slots: int) -> Lease:  # fmt: skip
+    async def _acquire(
+        self, named: Named, call_id: int | None, need: int, max_tokens: int, slots: int
+    ) -> Lease:
         if self.closing:
             raise ShuttingDown("fitbox is shutting down; retry against the restarted service")
         self.supervisor.refuse_if_failed(named.first)
@@ -92,8 +103,7 @@ class Admission:
             if delay > 0:
                 await asyncio.sleep(min(delay, max_wait))
                 self.supervisor.refuse_if_failed(named.first)
-        lease = await self._admitted(named, call_id, need, max_tokens, slots, deadline,
-                                     max_wait)  # fmt: skip
+        lease = await self._admitted(named, call_id, need, max_tokens, slots, deadline, max_wait)
         try:
             async with asyncio.timeout(self.config.load_timeout + READY_SLACK_S):
                 await asyncio.shield(lease.resident.ready)
@@ -103,16 +113,21 @@ class Admission:
         return lease
 
     async def _admitted(
-        self, named: Named, call_id: int | None, need: int, max_tokens: int, slots: int,
-        deadline: float, max_wait: float,
-    ) -> Lease:  # fmt: skip
+        self,
+        named: Named,
+        call_id: int | None,
+        need: int,
+        max_tokens: int,
+        slots: int,
+        deadline: float,
+        max_wait: float,
+    ) -> Lease:
         """Decide under the lock until a lease is had; wait for changes in between."""
         waiter: Waiter | None = None
         try:
             while True:
                 async with self.registry.lock:
-                    lease, blockers = self._decide(named, call_id, waiter, need, max_tokens,
-                                                   slots)  # fmt: skip
+                    lease, blockers = self._decide(named, call_id, waiter, need, max_tokens, slots)
                     changed = self.registry.change()
                 if lease is not None:
                     return lease
@@ -122,12 +137,12 @@ class Admission:
                         f"'{named.asked}' waited for models that are serving calls or being "
                         f"reloaded ({', '.join(blockers)}); they did not make way within "
                         f"{max_wait:.0f} s",
-                        blockers=blockers, retry_after=self._busy_for(blockers, max_wait),
-                    )  # fmt: skip
+                        blockers=blockers,
+                        retry_after=self._busy_for(blockers, max_wait),
+                    )
                 if waiter is None:
                     eta = waiter_eta(self.asks.speeds, self.asks.facts, named.first, max_tokens)
-                    waiter = self.waiting.enter(named.first.name, call_id, remaining, max_wait,
-                                                eta)  # fmt: skip
+                    waiter = self.waiting.enter(named.first.name, call_id, remaining, max_wait, eta)
                 waiter.blocked_by = blockers
                 # asyncio.timeout, not wait_for: on Python 3.11 a wait_for whose wait has
                 # just ended swallows a cancel that comes with it, and a call whose client
@@ -156,9 +171,14 @@ class Admission:
         return None
 
     def _decide(
-        self, named: Named, call_id: int | None, waiter: Waiter | None, need: int,
-        max_tokens: int, slots: int,
-    ) -> tuple[Lease | None, list[str]]:  # fmt: skip
+        self,
+        named: Named,
+        call_id: int | None,
+        waiter: Waiter | None,
+        need: int,
+        max_tokens: int,
+        slots: int,
+    ) -> tuple[Lease | None, list[str]]:
         """Under the lock: join a resident, place a new one, or say who blocks."""
         existing = self.joinable(named)
         if existing is not None:  # the hot path: no pricing for a model already loaded
@@ -191,8 +211,15 @@ class Admission:
         goes to the first in admission order, not to whoever asks next."""
         return named.first.name in self.waiting.ahead_of(waiter, self.policy())
 
-    def _place(self, named: Named, decision: Place, ask: Ask, devices: list[Device],
-               call_id: int | None, slots: int) -> Lease:  # fmt: skip
+    def _place(
+        self,
+        named: Named,
+        decision: Place,
+        ask: Ask,
+        devices: list[Device],
+        call_id: int | None,
+        slots: int,
+    ) -> Lease:
         """Apply a placement: victims leave, the new resident is registered and brought up."""
         victims = [r for v in decision.victims if (r := self.registry.get(v.key))]
         for victim in victims:
@@ -203,22 +230,28 @@ class Admission:
         device = next(d for d in devices if d.id == decision.device)
         artifact = next(a for a in named.artifacts if a.key == decision.artifact)
         resident = Resident(
-            artifact=artifact, device=decision.device,
+            artifact=artifact,
+            device=decision.device,
             footprint=planning.summed(f for _, f in decision.footprint),
-            window=decision.window, parallel=decision.slots,
-            simulated=device.simulated, engine=self.engines.for_artifact(artifact),
-            basis=planning.basis(decision, ask)[decision.artifact], loaded_by_call=call_id,
+            window=decision.window,
+            parallel=decision.slots,
+            simulated=device.simulated,
+            engine=self.engines.for_artifact(artifact),
+            basis=planning.basis(decision, ask)[decision.artifact],
+            loaded_by_call=call_id,
             place=decision,
-            held={d: f.total for d, f in decision.footprint}, asked=named.family,
+            held={d: f.total for d, f in decision.footprint},
+            asked=named.family,
             band=int(self.asks.knobs(named)["band"]),
             embeddings=bool(self.asks.knobs(named)["embeddings"]),
             cpus=self.snapshots.cpus_of(decision.cores),
-        )  # fmt: skip
+        )
         self.registry.add(resident)
         self.registry.join(resident, slots)
         self.tasks.spawn(self.supervisor.bring_up(resident, victims))
-        return Lease(resident, self.registry, [v.artifact.name for v in victims], loaded=True,
-                     slots=slots)  # fmt: skip
+        return Lease(
+            resident, self.registry, [v.artifact.name for v in victims], loaded=True, slots=slots
+        )
 
     def _take_cores(self, holder: Resident, taken: tuple[int, ...]) -> None:
         """Under the lock: a claim takes cores of the idle ``holder`` (FORMULAS.md §CPU
@@ -233,9 +266,13 @@ class Admission:
         if len(holder.cpus) >= holder.threads:
             self.supervisor.repin(holder)
         elif kept and holder.place is not None and holder.state is S.READY:
-            log.info("%s starts again with %d thread(s): %d would crowd the core(s) %s a claim "
-                     "left it", holder.artifact.name, len(kept), holder.threads,
-                     list(kept))  # fmt: skip
+            log.info(
+                "%s starts again with %d thread(s): %d would crowd the core(s) %s a claim left it",
+                holder.artifact.name,
+                len(kept),
+                holder.threads,
+                list(kept),
+            )
             self.registry.move(holder, S.STOPPING)  # no call joins it while it relaunches
             successor = holder.relaunched(replace(holder.place, cores=kept), holder.cpus)
             self.tasks.spawn(self.supervisor.relaunch(holder, successor))
@@ -258,18 +295,28 @@ class Admission:
         mine = next((c for c in ask.candidates if c.key == resident.key), None)
         speeds = mine.speeds_on(resident.rung) if mine else None
         snapshot = self.snapshots.snapshot()
-        return widened(snapshot.cores, snapshot.busy_cores, snapshot.residents, resident.key,
-                       resident.threads, floor=ask.cpu_floor,
-                       threads=speeds.threads if speeds else (),
-                       lend=snapshot.lend_reserved)  # fmt: skip
+        return widened(
+            snapshot.cores,
+            snapshot.busy_cores,
+            snapshot.residents,
+            resident.key,
+            resident.threads,
+            floor=ask.cpu_floor,
+            threads=speeds.threads if speeds else (),
+            lend=snapshot.lend_reserved,
+        )
 
     def widen(self, resident: Resident, cores: tuple[int, ...]) -> None:
         """Under the lock: launch idle ``resident`` again with a thread per core of ``cores``,
         the same file and contract; a call for it waits for that load."""
         assert resident.place is not None
-        log.info("%s starts again with %d thread(s) on core(s) %s: it ran %d and they are "
-                 "free now", resident.artifact.name, len(cores), list(cores),
-                 resident.threads)  # fmt: skip
+        log.info(
+            "%s starts again with %d thread(s) on core(s) %s: it ran %d and they are free now",
+            resident.artifact.name,
+            len(cores),
+            list(cores),
+            resident.threads,
+        )
         self.registry.move(resident, S.STOPPING)  # no call joins it while it relaunches
         cpus = self.snapshots.cpus_of(cores)
         successor = resident.relaunched(replace(resident.place, cores=cores), cpus)
@@ -286,8 +333,11 @@ class Admission:
             return False
         if trained and prompt > trained:
             return False  # no window could hold it: the engine says so, nothing is reloaded
-        self._reload_when_idle(resident, f"a {prompt}-token prompt outgrows its {slot}-token "
-                               "slot; loading it again with a larger window")  # fmt: skip
+        self._reload_when_idle(
+            resident,
+            f"a {prompt}-token prompt outgrows its {slot}-token "
+            "slot; loading it again with a larger window",
+        )
         return True
 
     def _reload_when_idle(self, resident: Resident, why: str) -> list[str]:
@@ -310,8 +360,10 @@ class Admission:
         others = tuple(r for r in snapshot.residents if r.key != resident.key)
         decision = decide(replace(snapshot, residents=others), ask)
         if (
-            isinstance(decision, Place) and decision.artifact == resident.key
-            and not decision.victims and decision.window > resident.window
-        ):  # fmt: skip
+            isinstance(decision, Place)
+            and decision.artifact == resident.key
+            and not decision.victims
+            and decision.window > resident.window
+        ):
             return decision.window
         return None

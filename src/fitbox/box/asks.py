@@ -81,13 +81,21 @@ def candidate(
             load = speeds.get(rung, Speeds()).load_seconds
             speeds[rung] = Speeds(load, rate.prompt_ms, rate.decode_ms, rate.threads)
     return Candidate(
-        key=artifact.key, quant=artifact.facts.quant, shape=artifact.facts.shape,
-        layout=artifact.facts.layout, four_bit=is_four_bit(artifact.facts.quant),
-        measured=tuple(fits), loaded_windows=tuple(loaded), refused_windows=tuple(refused),
-        speeds=tuple(speeds.items()), cpu=cpu, projector=artifact.projector,
+        key=artifact.key,
+        quant=artifact.facts.quant,
+        shape=artifact.facts.shape,
+        layout=artifact.facts.layout,
+        four_bit=is_four_bit(artifact.facts.quant),
+        measured=tuple(fits),
+        loaded_windows=tuple(loaded),
+        refused_windows=tuple(refused),
+        speeds=tuple(speeds.items()),
+        cpu=cpu,
+        projector=artifact.projector,
         four_bit_weights=artifact.facts.four_bit_weights if can.four_bit_in_place else None,
-        partial_offload=can.partial_offload, on_gpus=can.gpus,
-    )  # fmt: skip
+        partial_offload=can.partial_offload,
+        on_gpus=can.gpus,
+    )
 
 
 def _unknown(artifact: Artifact) -> CpuFeatures | None:
@@ -99,10 +107,16 @@ def _whole(artifact: Artifact) -> Abilities:
 
 
 class Asks:
-    def __init__(self, config: Config, catalog: Catalog, prefs: Preferences, facts: Facts,
-                 speeds: SpeedBook,
-                 cpu: Callable[[Artifact], CpuFeatures | None] = _unknown,
-                 abilities: Callable[[Artifact], Abilities] = _whole) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        catalog: Catalog,
+        prefs: Preferences,
+        facts: Facts,
+        speeds: SpeedBook,
+        cpu: Callable[[Artifact], CpuFeatures | None] = _unknown,
+        abilities: Callable[[Artifact], Abilities] = _whole,
+    ) -> None:
         self.config, self.catalog, self.prefs = config, catalog, prefs
         self.facts, self.speeds = facts, speeds
         self.cpu = cpu  # the CPU features of the engine that would load an artifact
@@ -127,14 +141,26 @@ class Asks:
     def candidate(self, artifact: Artifact, parallel: int) -> Candidate:
         identity = artifact.identity()
         rates = {Rung(r): v for r, v in self.speeds.by_rung(artifact, identity).items()}
-        return candidate(artifact, self.facts.of(identity, parallel),
-                         self.facts.refused(artifact), rates, self.cpu(artifact),
-                         self.abilities(artifact))  # fmt: skip
+        return candidate(
+            artifact,
+            self.facts.of(identity, parallel),
+            self.facts.refused(artifact),
+            rates,
+            self.cpu(artifact),
+            self.abilities(artifact),
+        )
 
     def ask(
-        self, named: Named, *, window: int | None = None, parallel: int | None = None,
-        kv: str | None = None, need: int = 1, max_tokens: int = 0, all_kv: bool = False,
-    ) -> Ask:  # fmt: skip
+        self,
+        named: Named,
+        *,
+        window: int | None = None,
+        parallel: int | None = None,
+        kv: str | None = None,
+        need: int = 1,
+        max_tokens: int = 0,
+        all_kv: bool = False,
+    ) -> Ask:
         """The core's ask for a call on ``named``; ``all_kv`` adds the common quantized
         caches after the configured ones (for verdicts: a band per K/V type)."""
         parallel = choose(parallel or self.config.parallel).count  # as the child gets it
@@ -143,11 +169,17 @@ class Asks:
         if all_kv:
             kv_types += tuple((k, k) for k in VERDICT_KV_TYPES if (k, k) not in kv_types)
         return Ask(
-            model=named.asked, candidates=tuple(self.candidate(a, parallel)
-                                                for a in named.artifacts),
-            need=need, window=window or eff["window"], parallel=parallel, kv_types=kv_types,
+            model=named.asked,
+            candidates=tuple(self.candidate(a, parallel) for a in named.artifacts),
+            need=need,
+            window=window or eff["window"],
+            parallel=parallel,
+            kv_types=kv_types,
             rungs=tuple(r for r in named.pins.rungs if r.value in eff["rungs"]),
-            quant=named.pins.quant or eff["quant"], max_wait=eff["max_wait"],
-            max_tokens=max_tokens, cpu_floor=eff["cpu_floor"], goal=Goal(eff["goal"]),
+            quant=named.pins.quant or eff["quant"],
+            max_wait=eff["max_wait"],
+            max_tokens=max_tokens,
+            cpu_floor=eff["cpu_floor"],
+            goal=Goal(eff["goal"]),
             prompt_tokens=max(need - max_tokens, 0) if need > 1 else 0,
-        )  # fmt: skip
+        )

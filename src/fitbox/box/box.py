@@ -59,9 +59,14 @@ log = logging.getLogger(__name__)
 
 class Box:
     def __init__(
-        self, config: Config, catalog: Catalog, gpus: GpuProbe, store: Store | None = None,
-        measured: list[MeasuredFootprint] | None = None, engines: EngineKinds | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        config: Config,
+        catalog: Catalog,
+        gpus: GpuProbe,
+        store: Store | None = None,
+        measured: list[MeasuredFootprint] | None = None,
+        engines: EngineKinds | None = None,
+    ) -> None:
         self.config, self.catalog, self.gpus, self.store = config, catalog, gpus, store
         self.prefs = Preferences(config)
         if store is not None:
@@ -70,15 +75,25 @@ class Box:
         self.registry, self.tasks = Registry(), Tasks()
         self.facts, self.speeds = Facts(store, measured), SpeedBook(store)
         self.engines = engines or on_this_box(config.engine_dir, config.home)
-        self.asks = Asks(config, catalog, self.prefs, self.facts, self.speeds, self._cpu,
-                         self._abilities)  # fmt: skip
-        self.snapshots = Snapshots(gpus, self.registry, self.prefs, config.cpu_busy_percent,
-                                   config.cpu_busy_readings)  # fmt: skip
-        self.supervisor = Supervisor(config, self.registry, self.facts, gpus, store, self.tasks,
-                                     self.snapshots.cpus_of)  # fmt: skip
+        self.asks = Asks(
+            config, catalog, self.prefs, self.facts, self.speeds, self._cpu, self._abilities
+        )
+        self.snapshots = Snapshots(
+            gpus, self.registry, self.prefs, config.cpu_busy_percent, config.cpu_busy_readings
+        )
+        self.supervisor = Supervisor(
+            config, self.registry, self.facts, gpus, store, self.tasks, self.snapshots.cpus_of
+        )
         self.watchdog = Watchdog(self.supervisor, config.engine_idle_timeout)
-        self.admission = Admission(config, self.registry, self.asks, self.snapshots,
-                                   self.supervisor, self.engines, self.tasks)  # fmt: skip
+        self.admission = Admission(
+            config,
+            self.registry,
+            self.asks,
+            self.snapshots,
+            self.supervisor,
+            self.engines,
+            self.tasks,
+        )
         self.movers = Movers(config, catalog, self.registry, self.prefs, store, self.tasks)
         if self.movers.on("upload_to_worker"):
             self.admission.before_load = self.movers.before_load
@@ -86,8 +101,9 @@ class Box:
             self.admission.after_load = self.movers.after_load
         self.operator = Operator(catalog, self.registry, self.admission, self.supervisor)
         self.needs = Needs(config.parallel, self.asks, self.admission)
-        self.warmth = Warmth(config, self.registry, self.asks, self.admission, self.supervisor,
-                             self.operator)  # fmt: skip
+        self.warmth = Warmth(
+            config, self.registry, self.asks, self.admission, self.supervisor, self.operator
+        )
         self._calls = (
             CallDesk(store, self.speeds, self.watchdog, self.admission.acquire) if store else None
         )
@@ -135,8 +151,14 @@ class Box:
 
     # -- calls and operator actions --------------------------------------------------------
 
-    async def acquire(self, name: str, call_id: int | None = None, need: int = 1,
-                      max_tokens: int = 0, slots: int = 1) -> Lease:  # fmt: skip
+    async def acquire(
+        self,
+        name: str,
+        call_id: int | None = None,
+        need: int = 1,
+        max_tokens: int = 0,
+        slots: int = 1,
+    ) -> Lease:
         return await self.admission.acquire(name, call_id, need, max_tokens, slots)
 
     async def load(self, name: str) -> Resident:
@@ -169,9 +191,13 @@ class Box:
         return self.asks.ask(named, all_kv=all_kv), list(named.artifacts)
 
     def plan_for(
-        self, name: str, ctx: int | None = None, parallel: int | None = None,
-        kv: str | None = None, max_tokens: int = 0,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        name: str,
+        ctx: int | None = None,
+        parallel: int | None = None,
+        kv: str | None = None,
+        max_tokens: int = 0,
+    ) -> dict[str, Any]:
         """What the box would do for ``name`` now, without doing it (``fitbox plan``)."""
         named = self.asks.named(name)
         ask = self.asks.ask(named, window=ctx, parallel=parallel, kv=kv, max_tokens=max_tokens)
@@ -183,8 +209,14 @@ class Box:
         decision = decide(snapshot, ask)
         names = {a.key: a.name for a in named.artifacts}
         names.update({r.key: r.artifact.name for r in self.registry})
-        chosen = next((a for a in named.artifacts if isinstance(decision, Place)
-                       and a.key == decision.artifact), first)  # fmt: skip
+        chosen = next(
+            (
+                a
+                for a in named.artifacts
+                if isinstance(decision, Place) and a.key == decision.artifact
+            ),
+            first,
+        )
         report = planning.report(decision, snapshot, names, planning.basis(decision, ask))
         if isinstance(decision, Place) and report["basis"] == "measured":
             report.update(self._measured_by(chosen, ask.parallel, decision))
@@ -192,16 +224,23 @@ class Box:
             report["speeds_measured_by"] = self.speeds.origins(chosen, decision.rung.value)
         report["refused_windows"] = [  # what caps its windows, and whose load was refused
             {"device": where, "window": window, "origin_box": origin}
-            for (where, window), origin in sorted(self.facts.refusals(chosen).items(),
-                                                  key=lambda found: found[0])]  # fmt: skip
+            for (where, window), origin in sorted(
+                self.facts.refusals(chosen).items(), key=lambda found: found[0]
+            )
+        ]
         return {
-            "model": chosen.name, "asked": name, "artifact": str(chosen.path),
-            "architecture": chosen.facts.architecture, "quant": chosen.facts.quant,
-            "window": report.get("window", ask.window), "parallel": ask.parallel,
+            "model": chosen.name,
+            "asked": name,
+            "artifact": str(chosen.path),
+            "architecture": chosen.facts.architecture,
+            "quant": chosen.facts.quant,
+            "window": report.get("window", ask.window),
+            "parallel": ask.parallel,
             "type_k": report.get("type_k", ask.kv_types[0][0]),
             "type_v": report.get("type_v", ask.kv_types[0][1]),
-            "variants": [a.name for a in named.artifacts], **report,
-        }  # fmt: skip
+            "variants": [a.name for a in named.artifacts],
+            **report,
+        }
 
     def _measured_by(self, artifact: Artifact, parallel: int, place: Place) -> dict[str, Any]:
         """Where a measured placement's bytes come from: a load here (its call), or another
@@ -210,12 +249,17 @@ class Box:
             identity = artifact.identity()
         except OSError:
             return {}
-        found = self.facts.measurement(identity, parallel, place.where, place.window,
-                                       place.type_k, place.type_v)  # fmt: skip
+        found = self.facts.measurement(
+            identity, parallel, place.where, place.window, place.type_k, place.type_v
+        )
         if found is None or priced(found, artifact) is None:
             return {}  # none, or measured with a projector it no longer launches with
-        source = {"box_id": found.origin_box, "row_id": found.origin_id,
-                  "call_id": found.call_id, "measured_at": found.measured_at}  # fmt: skip
+        source = {
+            "box_id": found.origin_box,
+            "row_id": found.origin_id,
+            "call_id": found.call_id,
+            "measured_at": found.measured_at,
+        }
         return {"basis": "imported" if found.origin_box else "measured", "measured_by": source}
 
     # -- life ------------------------------------------------------------------------------
@@ -228,8 +272,16 @@ class Box:
         self.tasks.spawn(self.engines.prepare())  # probed before the first call asks
         self.tasks.spawn(self.warmth.warm_up())
         self.tasks.spawn(self.warmth.unload_idle())
-        self.tasks.spawn(sense(self.config, self.registry, self.gpus, self.store,
-                               self.supervisor.started_pids, self.snapshots.busy))  # fmt: skip
+        self.tasks.spawn(
+            sense(
+                self.config,
+                self.registry,
+                self.gpus,
+                self.store,
+                self.supervisor.started_pids,
+                self.snapshots.busy,
+            )
+        )
 
     async def close(self) -> None:
         """Stop every child, each bounded by the stop ladder."""
@@ -238,8 +290,9 @@ class Box:
         await self.tasks.cancel_all()
         log.info("stopping: background tasks ended after %.2f s", time.monotonic() - began)
         residents = list(self.registry)
-        ended = await asyncio.gather(*(self.supervisor.stop(r) for r in residents),
-                                     return_exceptions=True)  # fmt: skip
+        ended = await asyncio.gather(
+            *(self.supervisor.stop(r) for r in residents), return_exceptions=True
+        )
         for resident, result in zip(residents, ended, strict=True):
             if isinstance(result, BaseException):  # said, never swallowed: a child may live on
                 log.error("stopping %s failed: %r", resident.artifact.name, result)

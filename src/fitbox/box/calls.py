@@ -92,17 +92,22 @@ class CallDesk:
 
 
 class Call:
-    def __init__(self, desk: CallDesk, endpoint: str, model: str, stream: bool,
-                 request_id: str) -> None:  # fmt: skip
+    def __init__(
+        self, desk: CallDesk, endpoint: str, model: str, stream: bool, request_id: str
+    ) -> None:
         self.desk, self.endpoint, self.model, self.stream = desk, endpoint, model, stream
         received = time.time()
         # the row's stamps as recorded, for figures a response carries (Server-Timing)
         self.stamps: dict[str, float | None] = {"received_at": received}
-        self.id = desk.store.call_started(CallStart(
-            request_id=request_id[:128], endpoint=endpoint,
-            model_asked=model[:256],  # a client chooses it: keep rows bounded
-            stream=stream, received_at=received,
-        ))  # fmt: skip
+        self.id = desk.store.call_started(
+            CallStart(
+                request_id=request_id[:128],
+                endpoint=endpoint,
+                model_asked=model[:256],  # a client chooses it: keep rows bounded
+                stream=stream,
+                received_at=received,
+            )
+        )
         self._row = desk.store.barrier()  # set once the row above is committed
         self.lease: Lease | None = None
         self.prompt_tokens: int | None = None  # the prompt's tokens, once counted exactly
@@ -139,26 +144,40 @@ class Call:
 
     # -- placing and sending -----------------------------------------------------------
 
-    async def place(self, need: int, max_tokens: int, prompt_tokens: int,
-                    slots: int = 1, name: str | None = None,
-                    counted: bool = False) -> Resident:  # fmt: skip
+    async def place(
+        self,
+        need: int,
+        max_tokens: int,
+        prompt_tokens: int,
+        slots: int = 1,
+        name: str | None = None,
+        counted: bool = False,
+    ) -> Resident:
         """Hold ``slots`` slots of a ready resident for this call (loading, evicting or
         waiting as decided); ``name``: the model it is placed on when not the one asked (a
         default model); ``counted``: ``prompt_tokens`` is the model's own count, not a
         bound."""
         self.prompt_tokens = prompt_tokens if counted else None
-        self.lease = lease = await self.desk.acquire(name or self.model, self.id, need,
-                                                     max_tokens, slots)  # fmt: skip
+        self.lease = lease = await self.desk.acquire(
+            name or self.model, self.id, need, max_tokens, slots
+        )
         r = lease.resident
         lease.expect(self.desk.speeds.of(r.artifact, r.rung.value), prompt_tokens, max_tokens)
         self._record(
-            artifact=str(r.artifact.path), admitted_at=time.time(), device=r.device,
-            window=r.window, evicted=lease.evicted,
+            artifact=str(r.artifact.path),
+            admitted_at=time.time(),
+            device=r.device,
+            window=r.window,
+            evicted=lease.evicted,
             load_start_at=r.load_started_at if lease.loaded else None,
-            load_ready_at=r.ready_at if lease.loaded else None, rung=r.rung.value,
-            type_k=r.type_k, type_v=r.type_v, devices=r.holdings(), cores=list(r.cores),
+            load_ready_at=r.ready_at if lease.loaded else None,
+            rung=r.rung.value,
+            type_k=r.type_k,
+            type_v=r.type_v,
+            devices=r.holdings(),
+            cores=list(r.cores),
             tensor_split=list(r.place.tensor_split) if r.place else [],
-        )  # fmt: skip
+        )
         return r
 
     def unplace(self) -> None:
@@ -171,11 +190,14 @@ class Call:
 
     def _engine_failed(self, exc: Exception) -> EngineFailed:
         r = self.resident
-        return EngineFailed(f"{r.engine.name} serving '{r.artifact.name}' failed mid-call ({exc})",
-                            log_tail=r.child.tail() if r.child else [])  # fmt: skip
+        return EngineFailed(
+            f"{r.engine.name} serving '{r.artifact.name}' failed mid-call ({exc})",
+            log_tail=r.child.tail() if r.child else [],
+        )
 
-    async def send(self, body: bytes, accept: str, method: str = "POST",
-                   query: str = "") -> EngineResponse:  # fmt: skip
+    async def send(
+        self, body: bytes, accept: str, method: str = "POST", query: str = ""
+    ) -> EngineResponse:
         """Send the call to its engine; its response headers are back when this returns.
         ``query``: the client's query string, passed on (``GET /slots?fail_on_no_slot=1``)."""
         path, shaped = self.resident.engine.shape(self.endpoint, body)
@@ -254,32 +276,50 @@ class Call:
             if not whole:
                 self._ended(outcome, status, error_code, first_byte_at, bytes(tail[-KEEP_TAIL:]))
 
-    def _ended(self, outcome: str, status: int, error_code: str | None,
-               first_byte_at: float | None, tail: bytes) -> None:  # fmt: skip
+    def _ended(
+        self,
+        outcome: str,
+        status: int,
+        error_code: str | None,
+        first_byte_at: float | None,
+        tail: bytes,
+    ) -> None:
         usage = usage_of(tail)
         self._record(
-            outcome=outcome, http_status=status, error_code=error_code,
-            first_byte_at=first_byte_at, last_byte_at=time.time(),
+            outcome=outcome,
+            http_status=status,
+            error_code=error_code,
+            first_byte_at=first_byte_at,
+            last_byte_at=time.time(),
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
             **(self._measured(tail) if outcome == "ok" else {}),
-        )  # fmt: skip
+        )
 
     def answered(self, status: int, content: bytes) -> None:
         """A whole reply the engine gave: its usage and timings go into the row."""
         done, tail = time.time(), content[-KEEP_TAIL:]
         usage = usage_of(tail) or usage_of(content)
         self._record(
-            outcome="ok", http_status=status, first_byte_at=done, last_byte_at=done,
+            outcome="ok",
+            http_status=status,
+            first_byte_at=done,
+            last_byte_at=done,
             prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"), **self._measured(tail),
-        )  # fmt: skip
+            completion_tokens=usage.get("completion_tokens"),
+            **self._measured(tail),
+        )
 
     def refused_by_engine(self, status: int, error_code: str) -> None:
         """The engine answered with an error body of its own."""
         done = time.time()
-        self._record(outcome="error", http_status=status, error_code=error_code,
-                     first_byte_at=done, last_byte_at=done)  # fmt: skip
+        self._record(
+            outcome="error",
+            http_status=status,
+            error_code=error_code,
+            first_byte_at=done,
+            last_byte_at=done,
+        )
 
     def _measured(self, tail: bytes) -> dict[str, Any]:
         """The engine's timings as call-log columns; they also become a measured speed."""
@@ -288,17 +328,23 @@ class Call:
             return {}
         self.desk.speeds.record(self.resident, timings, self.id)
         return {
-            "cache_tokens": timings.cache_n, "prompt_ms": timings.prompt_ms,
+            "cache_tokens": timings.cache_n,
+            "prompt_ms": timings.prompt_ms,
             "prompt_per_token_ms": timings.prompt_per_token_ms,
-            "decode_ms": timings.decode_ms, "decode_per_token_ms": timings.decode_per_token_ms,
-        }  # fmt: skip
+            "decode_ms": timings.decode_ms,
+            "decode_per_token_ms": timings.decode_per_token_ms,
+        }
 
     # -- other ends ------------------------------------------------------------------------
 
     def failed(self, error: FitboxError) -> None:
         self._release()
-        self._record(outcome="error", http_status=error.status, error_code=error.code,
-                     last_byte_at=time.time())  # fmt: skip
+        self._record(
+            outcome="error",
+            http_status=error.status,
+            error_code=error.code,
+            last_byte_at=time.time(),
+        )
 
     def interrupted(self) -> None:
         self._release()

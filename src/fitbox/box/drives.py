@@ -11,8 +11,9 @@ from pathlib import Path
 from fitbox.core.reap import DriveRole
 
 
-def role_of(root: Path, roots: Sequence[Path],
-            declared: Sequence[tuple[Path, str]]) -> tuple[DriveRole, str]:  # fmt: skip
+def role_of(
+    root: Path, roots: Sequence[Path], declared: Sequence[tuple[Path, str]]
+) -> tuple[DriveRole, str]:
     """(role, why) for the model root ``root``, one of ``roots``."""
     real = root.resolve()
     holding = [(p.resolve(), r) for p, r in declared if real.is_relative_to(p.resolve())]

@@ -40,26 +40,43 @@ class Contract:
 
 
 def measured_key(identity: Identity, device: str, contract: Contract) -> MeasuredKey:
-    return (*identity, device, contract.window, contract.parallel, contract.type_k,
-            contract.type_v)  # fmt: skip
+    return (*identity, device, contract.window, contract.parallel, contract.type_k, contract.type_v)
 
 
 def measurement(
-    held: Held, identity: Identity, device: str, contract: Contract,
-    load_seconds: float | None, call_id: int | None, now: float,
-    estimate: tuple[int, str] | None = None, projector: str | None = None,
-) -> MeasuredFootprint:  # fmt: skip
+    held: Held,
+    identity: Identity,
+    device: str,
+    contract: Contract,
+    load_seconds: float | None,
+    call_id: int | None,
+    now: float,
+    estimate: tuple[int, str] | None = None,
+    projector: str | None = None,
+) -> MeasuredFootprint:
     """What a child reported it holds, as the footprint filed for its key."""
     return MeasuredFootprint(
-        artifact=identity.path, artifact_size=identity.size,
-        artifact_mtime_ns=identity.mtime_ns, device=device, window=contract.window,
-        parallel=contract.parallel, type_k=contract.type_k, type_v=contract.type_v,
-        weights=held.weights, kv=held.kv, compute=held.compute, output=held.output,
-        n_ctx=held.n_ctx, n_ctx_seq=held.n_ctx_seq, load_seconds=load_seconds,
-        call_id=call_id, measured_at=now,
+        artifact=identity.path,
+        artifact_size=identity.size,
+        artifact_mtime_ns=identity.mtime_ns,
+        device=device,
+        window=contract.window,
+        parallel=contract.parallel,
+        type_k=contract.type_k,
+        type_v=contract.type_v,
+        weights=held.weights,
+        kv=held.kv,
+        compute=held.compute,
+        output=held.output,
+        n_ctx=held.n_ctx,
+        n_ctx_seq=held.n_ctx_seq,
+        load_seconds=load_seconds,
+        call_id=call_id,
+        measured_at=now,
         estimate_bytes=estimate[0] if estimate else None,
-        estimate_basis=estimate[1] if estimate else None, projector=projector,
-    )  # fmt: skip
+        estimate_basis=estimate[1] if estimate else None,
+        projector=projector,
+    )
 
 
 def priced(m: MeasuredFootprint, artifact: Artifact) -> Footprint | None:
@@ -86,8 +103,9 @@ class Facts:
         self._refused: dict[str, set[tuple[str, int]]] = {}  # file -> (where, window)
         # file -> (where, window) -> the box whose load was refused there
         self._imported_refused: dict[str, dict[tuple[str, int], str]] = {}
-        for (path, size, mtime_ns, where, window), origin in (store.refused_windows()
-                                                              if store else []):  # fmt: skip
+        for (path, size, mtime_ns, where, window), origin in (
+            store.refused_windows() if store else []
+        ):
             with contextlib.suppress(OSError):  # a file replaced since then starts afresh
                 if identity_of(path) == (path, size, mtime_ns):
                     self._file_refusal(path, where, window, origin)
@@ -106,12 +124,15 @@ class Facts:
         its own, a load at or above a window lifts it: core/ask.py window_cap)."""
         own = self._refused.get(artifact.key, set())
         places = {where for where, _ in own} | {
-            m.device for m in self.measured.values()
-            if m.artifact == artifact.key and m.origin_box is None}  # fmt: skip
+            m.device
+            for m in self.measured.values()
+            if m.artifact == artifact.key and m.origin_box is None
+        }
         found: dict[tuple[str, int], str | None] = {
-            refusal: origin for refusal, origin in self._imported_refused.get(artifact.key,
-                                                                              {}).items()
-            if refusal[0] not in places}  # fmt: skip
+            refusal: origin
+            for refusal, origin in self._imported_refused.get(artifact.key, {}).items()
+            if refusal[0] not in places
+        }
         found.update(dict.fromkeys(own))
         return found
 
@@ -120,28 +141,44 @@ class Facts:
 
     def of(self, identity: Identity, parallel: int) -> list[MeasuredFootprint]:
         """Every footprint measured for this file at this many slots."""
-        return [m for m in self.measured.values()
-                if m.key[:3] == identity and m.parallel == parallel]  # fmt: skip
+        return [
+            m for m in self.measured.values() if m.key[:3] == identity and m.parallel == parallel
+        ]
 
     def load_seconds(self, artifact: Artifact) -> float | None:
         """How long a measured load of this file took (any place), if one was measured."""
-        found = next((m for k, m in self.measured.items()
-                      if k[0] == artifact.key and m.load_seconds), None)  # fmt: skip
+        found = next(
+            (m for k, m in self.measured.items() if k[0] == artifact.key and m.load_seconds), None
+        )
         return found.load_seconds if found else None
 
     def footprint_measured(
-        self, held: Held, artifact: Artifact, device: str, contract: Contract,
-        load_seconds: float | None, call_id: int | None,
+        self,
+        held: Held,
+        artifact: Artifact,
+        device: str,
+        contract: Contract,
+        load_seconds: float | None,
+        call_id: int | None,
         estimate: tuple[int, str] | None = None,
-    ) -> MeasuredFootprint | None:  # fmt: skip
+    ) -> MeasuredFootprint | None:
         """File what a child reports it holds; None when the file is gone since.
         ``estimate``: the bytes it was placed at and their basis, kept beside it."""
         try:
             identity = artifact.identity()
         except OSError:
             return None
-        measured = measurement(held, identity, device, contract, load_seconds, call_id,
-                               time.time(), estimate, artifact.projector_identity())  # fmt: skip
+        measured = measurement(
+            held,
+            identity,
+            device,
+            contract,
+            load_seconds,
+            call_id,
+            time.time(),
+            estimate,
+            artifact.projector_identity(),
+        )
         self.measured[measured.key] = measured
         if self.store is not None:
             self.store.footprint_measured(measured)
@@ -157,8 +194,9 @@ class Facts:
         if self.store is not None:
             self.store.footprint_imported(measured)
 
-    def measurement(self, identity: Identity, parallel: int, where: str, window: int,
-                    type_k: str, type_v: str) -> MeasuredFootprint | None:  # fmt: skip
+    def measurement(
+        self, identity: Identity, parallel: int, where: str, window: int, type_k: str, type_v: str
+    ) -> MeasuredFootprint | None:
         """The footprint that prices this placement, if one was measured (here or imported)."""
         return self.measured.get((*identity, where, window, parallel, type_k, type_v))
 
@@ -171,10 +209,21 @@ class Facts:
             self.store.window_imported(window)
 
     def window_refused(
-        self, artifact: Artifact, where: str, contract: Contract, said: str | None,
+        self,
+        artifact: Artifact,
+        where: str,
+        contract: Contract,
+        said: str | None,
         call_id: int | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._refused.setdefault(artifact.key, set()).add((where, contract.window))
         if self.store is not None:
-            self.store.window_refused(artifact.path, where, contract.window, contract.type_k,
-                                      contract.type_v, said, call_id)  # fmt: skip
+            self.store.window_refused(
+                artifact.path,
+                where,
+                contract.window,
+                contract.type_k,
+                contract.type_v,
+                said,
+                call_id,
+            )

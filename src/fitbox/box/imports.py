@@ -67,14 +67,16 @@ def _measured_there(row: Any, kind: str) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise BadFact(kind, f"each of '{kind}' is a JSON object")
     if row.get("origin_box") is not None:
-        raise BadFact("origin_box", f"a row of '{kind}' this box did not measure itself "
-                                    "is not offered on: offer the one its own box "
-                                    "measured")  # fmt: skip
+        raise BadFact(
+            "origin_box",
+            f"a row of '{kind}' this box did not measure itself "
+            "is not offered on: offer the one its own box "
+            "measured",
+        )
     return row
 
 
-def footprint(row: Any, identity: Identity,
-              origin_box: str) -> MeasuredFootprint:  # fmt: skip
+def footprint(row: Any, identity: Identity, origin_box: str) -> MeasuredFootprint:
     """One offered row (a ``measured_footprints`` row of the box that measured it, as its
     telemetry and the central's mirror carry it) filed under this box's file."""
     row = _measured_there(row, "footprints")
@@ -82,15 +84,26 @@ def footprint(row: Any, identity: Identity,
     _words(row, WORDS)
     path, size, mtime_ns = identity
     return MeasuredFootprint(
-        artifact=path, artifact_size=size, artifact_mtime_ns=mtime_ns, device=row["device"],
-        window=int(whole["window"] or 0), parallel=int(whole["parallel"] or 0),
-        type_k=row["type_k"], type_v=row["type_v"], weights=int(whole["weights_bytes"] or 0),
-        kv=int(whole["kv_bytes"] or 0), compute=int(whole["compute_bytes"] or 0),
-        output=int(whole["output_bytes"] or 0), n_ctx=_whole(row, "n_ctx", True),
-        n_ctx_seq=_whole(row, "n_ctx_seq", True), load_seconds=_number(row, "load_seconds"),
-        call_id=None, measured_at=_number(row, "measured_at") or 0.0,
-        origin_box=origin_box, origin_id=whole["id"],
-    )  # fmt: skip
+        artifact=path,
+        artifact_size=size,
+        artifact_mtime_ns=mtime_ns,
+        device=row["device"],
+        window=int(whole["window"] or 0),
+        parallel=int(whole["parallel"] or 0),
+        type_k=row["type_k"],
+        type_v=row["type_v"],
+        weights=int(whole["weights_bytes"] or 0),
+        kv=int(whole["kv_bytes"] or 0),
+        compute=int(whole["compute_bytes"] or 0),
+        output=int(whole["output_bytes"] or 0),
+        n_ctx=_whole(row, "n_ctx", True),
+        n_ctx_seq=_whole(row, "n_ctx_seq", True),
+        load_seconds=_number(row, "load_seconds"),
+        call_id=None,
+        measured_at=_number(row, "measured_at") or 0.0,
+        origin_box=origin_box,
+        origin_id=whole["id"],
+    )
 
 
 def refused_window(row: Any, identity: Identity, origin_box: str) -> ImportedWindow:
@@ -103,10 +116,14 @@ def refused_window(row: Any, identity: Identity, origin_box: str) -> ImportedWin
         raise BadFact("detail", f"'detail' must be text or null; it is {detail!r}")
     path, size, mtime_ns = identity
     return ImportedWindow(
-        key=(path, size, mtime_ns, row["placement"], int(window or 0)), type_k=row["type_k"],
-        type_v=row["type_v"], detail=detail, measured_at=_number(row, "measured_at") or 0.0,
-        origin_box=origin_box, origin_id=int(origin_id or 0),
-    )  # fmt: skip
+        key=(path, size, mtime_ns, row["placement"], int(window or 0)),
+        type_k=row["type_k"],
+        type_v=row["type_v"],
+        detail=detail,
+        measured_at=_number(row, "measured_at") or 0.0,
+        origin_box=origin_box,
+        origin_id=int(origin_id or 0),
+    )
 
 
 def speed(row: Any, identity: Identity, origin_box: str) -> MeasuredSpeed:
@@ -114,26 +131,36 @@ def speed(row: Any, identity: Identity, origin_box: str) -> MeasuredSpeed:
     row = _measured_there(row, "speeds")
     _words(row, ("rung", "placement"))
     if row["rung"] not in RUNGS:
-        raise BadFact("rung", f"'rung' must be one of {', '.join(sorted(RUNGS))}; it is "
-                              f"{row['rung']!r}")  # fmt: skip
+        raise BadFact(
+            "rung", f"'rung' must be one of {', '.join(sorted(RUNGS))}; it is {row['rung']!r}"
+        )
     prompt_ms, decode_ms = _number(row, "prompt_per_token_ms"), _number(row, "decode_per_token_ms")
     if prompt_ms is None and decode_ms is None:
-        raise BadFact("decode_per_token_ms", "a speed measures 'prompt_per_token_ms' or "
-                                             "'decode_per_token_ms'; this one neither")  # fmt: skip
+        raise BadFact(
+            "decode_per_token_ms",
+            "a speed measures 'prompt_per_token_ms' or 'decode_per_token_ms'; this one neither",
+        )
     if any(ms is not None and ms <= 0 for ms in (prompt_ms, decode_ms)):
         raise BadFact("decode_per_token_ms", "ms per token must be more than 0")
     return MeasuredSpeed(
-        *identity, rung=row["rung"], placement=row["placement"],
-        prompt_tokens=_whole(row, "prompt_tokens", True), prompt_per_token_ms=prompt_ms,
-        decode_tokens=_whole(row, "decode_tokens", True), decode_per_token_ms=decode_ms,
-        call_id=None, measured_at=_number(row, "measured_at") or 0.0,
-        cores=_whole(row, "cores", True) or None, origin_box=origin_box,
+        *identity,
+        rung=row["rung"],
+        placement=row["placement"],
+        prompt_tokens=_whole(row, "prompt_tokens", True),
+        prompt_per_token_ms=prompt_ms,
+        decode_tokens=_whole(row, "decode_tokens", True),
+        decode_per_token_ms=decode_ms,
+        call_id=None,
+        measured_at=_number(row, "measured_at") or 0.0,
+        cores=_whole(row, "cores", True) or None,
+        origin_box=origin_box,
         origin_id=_whole(row, "id"),
-    )  # fmt: skip
+    )
 
 
-def same_bytes(artifacts: Iterable[Artifact], size: int, sha256: str,
-               kept: Callable[[OfferedFile], KeptHash]) -> tuple[list[Artifact], int]:  # fmt: skip
+def same_bytes(
+    artifacts: Iterable[Artifact], size: int, sha256: str, kept: Callable[[OfferedFile], KeptHash]
+) -> tuple[list[Artifact], int]:
     """This box's files with these bytes, and how many files of that size were checked.
     ``kept`` hashes a file once (blocking: call this off the event loop)."""
     found, checked = [], 0
@@ -146,8 +173,9 @@ def same_bytes(artifacts: Iterable[Artifact], size: int, sha256: str,
         if identity.size != size:
             continue
         checked += 1
-        offered = OfferedFile(artifact.path.name, artifact.path, real, identity.size,
-                              identity.mtime_ns)  # fmt: skip
+        offered = OfferedFile(
+            artifact.path.name, artifact.path, real, identity.size, identity.mtime_ns
+        )
         if kept(offered).sha256 == sha256:
             found.append(artifact)
     return found, checked

@@ -25,12 +25,17 @@ def no_limit(name: str) -> Any:
 
 
 def tiers(
-    limit: Limit, host: HostReading, gpus: list[GpuReading], claimable_cores: int,
-    storage: int = 0, central: Limit = no_limit,
-) -> list[Tier]:  # fmt: skip
+    limit: Limit,
+    host: HostReading,
+    gpus: list[GpuReading],
+    claimable_cores: int,
+    storage: int = 0,
+    central: Limit = no_limit,
+) -> list[Tier]:
     found = [Tier("ram", host.mem_total, limit("ram_max"), central("ram_max"))]
-    found += [Tier(f"vram:gpu{g.index}", g.total, limit("vram_max"), central("vram_max"))
-              for g in gpus]  # fmt: skip
+    found += [
+        Tier(f"vram:gpu{g.index}", g.total, limit("vram_max"), central("vram_max")) for g in gpus
+    ]
     found.append(Tier("cores", claimable_cores, limit("cpu_max"), central("cpu_max")))
     if storage:
         found.append(Tier("storage", storage, limit("storage_max"), central("storage_max")))
@@ -53,5 +58,13 @@ def problems_on_this_box(
 
 
 def describe(found: list[Tier]) -> list[Mapping[str, Any]]:
-    return [{"resource": t.resource, "device": t.device, "box": t.box, "central": t.central,
-             "effective": t.effective()} for t in found]  # fmt: skip
+    return [
+        {
+            "resource": t.resource,
+            "device": t.device,
+            "box": t.box,
+            "central": t.central,
+            "effective": t.effective(),
+        }
+        for t in found
+    ]

@@ -65,17 +65,32 @@ class Upload:
     done_bytes: int = 0
     call_ids: list[int | None] = field(default_factory=list)
     finished: asyncio.Future[Path | None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future())
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
     def view(self) -> dict[str, Any]:
-        return {"model": self.model, "state": "uploading", "call_ids": self.call_ids,
-                "since": self.since, "from": str(self.source), "to": str(self.dest),
-                "bytes": self.size, "bytes_done": self.done_bytes}  # fmt: skip
+        return {
+            "model": self.model,
+            "state": "uploading",
+            "call_ids": self.call_ids,
+            "since": self.since,
+            "from": str(self.source),
+            "to": str(self.dest),
+            "bytes": self.size,
+            "bytes_done": self.done_bytes,
+        }
 
 
 class Movers:
-    def __init__(self, config: Config, catalog: Catalog, registry: Registry,
-                 prefs: Preferences, store: Store | None, tasks: Tasks) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        catalog: Catalog,
+        registry: Registry,
+        prefs: Preferences,
+        store: Store | None,
+        tasks: Tasks,
+    ) -> None:
         self.config, self.catalog, self.registry = config, catalog, registry
         self.prefs, self.store, self.tasks = prefs, store, tasks
         self.uploads: dict[Path, Upload] = {}
@@ -98,36 +113,57 @@ class Movers:
     def root_of(self, path: Path) -> tuple[Path, DriveRole] | None:
         """The model root a file is stored under (the deepest one holding it)."""
         real = path.resolve()
-        holding = [(root, role) for root, role in self.roles()
-                   if real.is_relative_to(root.resolve())]  # fmt: skip
+        holding = [
+            (root, role) for root, role in self.roles() if real.is_relative_to(root.resolve())
+        ]
         return max(holding, key=lambda pair: len(pair[0].parts), default=None)
 
     def kept_hash(self, path: Path) -> KeptHash:
         """The file's sha256, hashed once and kept while it keeps its size and mtime."""
         assert self.store is not None
         real, st = path.resolve(), os.stat(path)
-        found: KeptHash | None = self.store.run(lambda conn: hashes.find(
-            conn, str(real), st.st_size, st.st_mtime_ns, CHUNK_BYTES))  # fmt: skip
+        found: KeptHash | None = self.store.run(
+            lambda conn: hashes.find(conn, str(real), st.st_size, st.st_mtime_ns, CHUNK_BYTES)
+        )
         if found is not None:
             return found
         hashed = hash_file(real, CHUNK_BYTES)
-        kept = KeptHash(str(real), st.st_size, st.st_mtime_ns, hashed.sha256, CHUNK_BYTES,
-                        hashed.chunks, time.time(), hashed.seconds)  # fmt: skip
+        kept = KeptHash(
+            str(real),
+            st.st_size,
+            st.st_mtime_ns,
+            hashed.sha256,
+            CHUNK_BYTES,
+            hashed.chunks,
+            time.time(),
+            hashed.seconds,
+        )
         self.store.run(lambda conn: hashes.keep(conn, kept))
         return kept
 
     def _keep(self, path: Path, sha256: str, chunks: tuple[str, ...]) -> None:
         assert self.store is not None
         st = os.stat(path)
-        kept = KeptHash(str(path.resolve()), st.st_size, st.st_mtime_ns, sha256, CHUNK_BYTES,
-                        chunks, time.time(), None)  # fmt: skip
+        kept = KeptHash(
+            str(path.resolve()),
+            st.st_size,
+            st.st_mtime_ns,
+            sha256,
+            CHUNK_BYTES,
+            chunks,
+            time.time(),
+            None,
+        )
         self.store.run(lambda conn: hashes.keep(conn, kept))
 
     def _last_called(self) -> dict[str, float]:
         assert self.store is not None
-        rows = self.store.run(lambda conn: conn.execute(
-            "SELECT artifact, MAX(received_at) FROM call_log WHERE artifact IS NOT NULL "
-            "GROUP BY artifact").fetchall())  # fmt: skip
+        rows = self.store.run(
+            lambda conn: conn.execute(
+                "SELECT artifact, MAX(received_at) FROM call_log WHERE artifact IS NOT NULL "
+                "GROUP BY artifact"
+            ).fetchall()
+        )
         return {str(path): float(at) for path, at in rows}
 
     def drives_and_copies(self) -> tuple[list[Drive], list[Copy]]:
@@ -137,8 +173,7 @@ class Movers:
         drives = []
         for root, role in self.roles():
             budget = storage_max if role is DriveRole.WORKER else None
-            drives.append(Drive(str(root), role, read_drive(root).free, bytes_under(root),
-                                budget))  # fmt: skip
+            drives.append(Drive(str(root), role, read_drive(root).free, bytes_under(root), budget))
         files = []
         for root, path in self._stored_ggufs():
             try:
@@ -157,8 +192,12 @@ class Movers:
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
                 for name in sorted(filenames):
                     path = Path(dirpath) / name
-                    if name.endswith(".gguf") and not name.startswith(".") \
-                            and not path.is_symlink() and path.is_file():  # fmt: skip
+                    if (
+                        name.endswith(".gguf")
+                        and not name.startswith(".")
+                        and not path.is_symlink()
+                        and path.is_file()
+                    ):
                         yield root, path
 
     def _live(self, copies: list[Copy]) -> list[Copy]:
@@ -177,15 +216,21 @@ class Movers:
             pinned = bool(self.prefs.pairs.get(name, {}).get("pinned"))
             uploaded = self._uploaded_at.get(copy.path, float("-inf"))
             pinned |= time.monotonic() - uploaded < self.config.load_timeout  # its call loads it
-            marked.append(replace(copy, resident=resident is not None,
-                                  serving=bool(resident and resident.calls),
-                                  pinned=pinned or bool(resident and resident.pinned)))  # fmt: skip
+            marked.append(
+                replace(
+                    copy,
+                    resident=resident is not None,
+                    serving=bool(resident and resident.calls),
+                    pinned=pinned or bool(resident and resident.pinned),
+                )
+            )
         return marked
 
     # -- reap_to_fit -----------------------------------------------------------------------
 
-    async def reap(self, root: Path, need: int, why: str,
-                   origin: str | None = None, key_id: str | None = None) -> ReapPlan:  # fmt: skip
+    async def reap(
+        self, root: Path, need: int, why: str, origin: str | None = None, key_id: str | None = None
+    ) -> ReapPlan:
         """Free ``need`` bytes on the worker root ``root``: the victims core/reap.py names,
         removed; each removal recorded. Returns the plan (``short_by`` > 0: not enough)."""
         assert self.store is not None
@@ -197,15 +242,22 @@ class Movers:
                     for path in victim.files:
                         os.unlink(path)
                 except OSError as exc:
-                    self.store.operator_action("reap", victim.path, origin, key_id, "error",
-                                               f"could not remove it: {exc}")  # fmt: skip
+                    self.store.operator_action(
+                        "reap", victim.path, origin, key_id, "error", f"could not remove it: {exc}"
+                    )
                     continue
-                detail = {"why": why, "bytes": victim.bytes, "sha256": victim.sha256,
-                          "last_called": victim.last_called, "need": need}  # fmt: skip
+                detail = {
+                    "why": why,
+                    "bytes": victim.bytes,
+                    "sha256": victim.sha256,
+                    "last_called": victim.last_called,
+                    "need": need,
+                }
                 if victim.shards:
                     detail["files"] = list(victim.files)
-                self.store.operator_action("reap", victim.path, origin, key_id, "ok",
-                                           json.dumps(detail))  # fmt: skip
+                self.store.operator_action(
+                    "reap", victim.path, origin, key_id, "ok", json.dumps(detail)
+                )
                 log.info("reaped %s (%s): %s", victim.path, format_bytes(victim.bytes), why)
             if plan.victims:
                 self.catalog.refresh()
@@ -237,8 +289,9 @@ class Movers:
             artifacts.append(replace(artifact, path=copy) if copy else artifact)
         return Named(named.asked, named.pins, tuple(artifacts))
 
-    async def _worker_copy(self, artifact: Artifact, worker: Path,
-                           call_id: int | None) -> Path | None:  # fmt: skip
+    async def _worker_copy(
+        self, artifact: Artifact, worker: Path, call_id: int | None
+    ) -> Path | None:
         held = self.root_of(artifact.path)
         if held is None or held[1] is not DriveRole.CENTRAL or not _movable(artifact):
             return None
@@ -262,18 +315,23 @@ class Movers:
     def _same_bytes(self, a: Path, b: Path) -> bool:
         """Whether every file of the model at ``a`` has its twin at ``b`` (shard by shard)."""
         try:
-            return all(self.kept_hash(x).sha256 == self.kept_hash(y).sha256
-                       for x, y in zip(set_files(a), set_files(b), strict=True))  # fmt: skip
+            return all(
+                self.kept_hash(x).sha256 == self.kept_hash(y).sha256
+                for x, y in zip(set_files(a), set_files(b), strict=True)
+            )
         except OSError:
             return False
 
-    def _copy_model(self, source: Path, dest: Path,
-                    progress: Callable[[int], None] | None = None) -> str:  # fmt: skip
+    def _copy_model(
+        self, source: Path, dest: Path, progress: Callable[[int], None] | None = None
+    ) -> str:
         """Every file of the model at ``source`` (a split GGUF's shards) copied beside
         ``dest`` as one (models/copying.py), each checked against its kept sha256 and its
         hash kept at the copy; the first file's sha256. Blocks: call it off the loop."""
-        first, *rest = [(src, dst, self.kept_hash(src).sha256)
-                        for src, dst in zip(set_files(source), set_files(dest), strict=True)]
+        first, *rest = [
+            (src, dst, self.kept_hash(src).sha256)
+            for src, dst in zip(set_files(source), set_files(dest), strict=True)
+        ]
         # a later shard already there with its source's bytes (a copy stopped between its
         # renames, before the first's) is kept, not copied again; one with other bytes
         # refuses the copy (copy_set_verified: it exists)
@@ -297,24 +355,31 @@ class Movers:
                 await self.reap(worker, upload.size, f"room to upload {upload.model}")
             room = self.room_on(worker)
             if room < upload.size:
-                raise CopyRefused(f"the worker drive {worker} has {format_bytes(room)} room, "
-                                  f"{upload.model} needs {format_bytes(upload.size)}")  # fmt: skip
+                raise CopyRefused(
+                    f"the worker drive {worker} has {format_bytes(room)} room, "
+                    f"{upload.model} needs {format_bytes(upload.size)}"
+                )
 
             def progress(n: int) -> None:
                 upload.done_bytes += n
 
-            sha256 = await asyncio.to_thread(self._copy_model, upload.source, upload.dest,
-                                             progress)  # fmt: skip
+            sha256 = await asyncio.to_thread(self._copy_model, upload.source, upload.dest, progress)
             self._uploaded_at[str(upload.dest)] = time.monotonic()
-            self.store.operator_action("upload-to-worker", upload.model, None, None, "ok",
-                                       json.dumps({"from": str(upload.source),
-                                                   "to": str(upload.dest), "sha256": sha256}))
+            self.store.operator_action(
+                "upload-to-worker",
+                upload.model,
+                None,
+                None,
+                "ok",
+                json.dumps({"from": str(upload.source), "to": str(upload.dest), "sha256": sha256}),
+            )
             self.catalog.refresh()
             result = upload.dest
         except (CopyRefused, OSError) as exc:
             log.warning("%s loads from its central drive: not uploaded (%s)", upload.model, exc)
-            self.store.operator_action("upload-to-worker", upload.model, None, None, "error",
-                                       str(exc))  # fmt: skip
+            self.store.operator_action(
+                "upload-to-worker", upload.model, None, None, "error", str(exc)
+            )
         finally:
             self.uploads.pop(upload.dest, None)
             if not upload.finished.done():
@@ -359,19 +424,27 @@ class Movers:
                 raise CopyRefused(f"{dest} exists with other bytes; nothing was copied")
             size, free = sum(f.stat().st_size for f in files), read_drive(central).free
             if free < size:
-                raise CopyRefused(f"the central drive {central} has {format_bytes(free)} "
-                                  f"free, {artifact.name} needs {format_bytes(size)}")  # fmt: skip
+                raise CopyRefused(
+                    f"the central drive {central} has {format_bytes(free)} "
+                    f"free, {artifact.name} needs {format_bytes(size)}"
+                )
             sha256 = await asyncio.to_thread(self._copy_model, artifact.path, dest)
         except (CopyRefused, OSError) as exc:
             log.warning("%s was not copied to the central drive: %s", artifact.name, exc)
-            self.store.operator_action("copy-to-central", artifact.name, None, None, "error",
-                                       str(exc))  # fmt: skip
+            self.store.operator_action(
+                "copy-to-central", artifact.name, None, None, "error", str(exc)
+            )
             return None, str(exc)
         finally:
             self._copying.discard(artifact.path)
-        self.store.operator_action("copy-to-central", artifact.name, None, None, "ok",
-                                   json.dumps({"from": str(artifact.path), "to": str(dest),
-                                               "sha256": sha256}))  # fmt: skip
+        self.store.operator_action(
+            "copy-to-central",
+            artifact.name,
+            None,
+            None,
+            "ok",
+            json.dumps({"from": str(artifact.path), "to": str(dest), "sha256": sha256}),
+        )
         return dest, "copied, sha256 verified"
 
     def _twin_on_central(self, sha256: str) -> bool:

@@ -72,8 +72,11 @@ class PromptSize:
             raise ContextExceeded(
                 f"request ({self.tokens} tokens) exceeds the available context size "
                 f"({self.largest} tokens), the largest window this model loads; shorten "
-                "the prompt", param=param, n_prompt_tokens=self.tokens, n_ctx=self.largest,
-            )  # fmt: skip
+                "the prompt",
+                param=param,
+                n_prompt_tokens=self.tokens,
+                n_ctx=self.largest,
+            )
 
 
 class Needs:
@@ -88,14 +91,19 @@ class Needs:
         if n is None:
             return 1
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise InvalidRequest(f"'n' must be a whole number of at least 1 (got {n!r}).",
-                                 param="n", code="invalid_n")  # fmt: skip
+            raise InvalidRequest(
+                f"'n' must be a whole number of at least 1 (got {n!r}).",
+                param="n",
+                code="invalid_n",
+            )
         if n > self.slots.count:
             raise InvalidRequest(
                 f"'n' is {n}; a model on this box serves at most {self.slots.count} choices "
                 f"at once (its slots, FITBOX_PARALLEL={self.slots.count}). Ask for fewer, "
-                "or raise FITBOX_PARALLEL.", param="n", code="n_above_slots",
-            )  # fmt: skip
+                "or raise FITBOX_PARALLEL.",
+                param="n",
+                code="n_above_slots",
+            )
         return n
 
     async def prompt(self, name: str, path: str, raw: bytes, body: dict[str, Any]) -> PromptSize:
@@ -106,8 +114,11 @@ class Needs:
         named = self.asks.named(name)
         trained = named.first.facts.shape.n_ctx_train
         largest = self.slots.window_each(trained) if trained > 0 else 0
-        bound = PromptSize(self.bounded(body, chat_template_bytes(named.first.path),
-                                        named.artifacts), False, largest)  # fmt: skip
+        bound = PromptSize(
+            self.bounded(body, chat_template_bytes(named.first.path), named.artifacts),
+            False,
+            largest,
+        )
         resident = self.admission.joinable(named)
         if resident is None or fits(bound, resident) or resident.engine.sends_on_bound(path):
             return bound
@@ -116,8 +127,9 @@ class Needs:
             return PromptSize(bound.tokens, False, largest, claimed=True)
         return PromptSize(counted, True, largest)
 
-    def bounded(self, body: dict[str, Any], template_bytes: int,
-                artifacts: Sequence[Artifact]) -> int:  # fmt: skip
+    def bounded(
+        self, body: dict[str, Any], template_bytes: int, artifacts: Sequence[Artifact]
+    ) -> int:
         """The prompt bound over every variant the call may be placed on: the largest, each
         variant's images counted by its own projector or processor."""
         chat = body.get("messages", body.get("input"))
@@ -131,11 +143,18 @@ class Needs:
         tokens = image_tokens(artifact.path, artifact.projector)
         if tokens is None and artifact.name not in self.uncounted:
             self.uncounted.add(artifact.name)
-            kind = (f"projector type {artifact.projector.projector_type!r}"
-                    if artifact.projector else "its processor")  # fmt: skip
-            log.info("%s: no image token count for %s (%s); its images are bounded by "
-                     "their bytes as tokens", artifact.name, kind,
-                     artifact.mmproj or artifact.path)  # fmt: skip
+            kind = (
+                f"projector type {artifact.projector.projector_type!r}"
+                if artifact.projector
+                else "its processor"
+            )
+            log.info(
+                "%s: no image token count for %s (%s); its images are bounded by "
+                "their bytes as tokens",
+                artifact.name,
+                kind,
+                artifact.mmproj or artifact.path,
+            )
         return tokens
 
     async def counted(self, resident: Resident, path: str, raw: bytes) -> int | None:

@@ -15,8 +15,9 @@ from .supervision import Supervisor
 
 
 class Operator:
-    def __init__(self, catalog: Catalog, registry: Registry, admission: Admission,
-                 supervisor: Supervisor) -> None:  # fmt: skip
+    def __init__(
+        self, catalog: Catalog, registry: Registry, admission: Admission, supervisor: Supervisor
+    ) -> None:
         self.catalog, self.registry = catalog, registry
         self.admission, self.supervisor = admission, supervisor
 
@@ -40,7 +41,7 @@ class Operator:
                 f"'{resident.artifact.name}' is {resident.state.value} with {resident.calls} "
                 "call(s) on it; it is never stopped while serving. Try again when it is idle.",
                 param="model",
-            )  # fmt: skip
+            )
         self.registry.set_pinned(resident, False)
         await self.supervisor.stop(resident, "operator")
         return resident
@@ -56,8 +57,7 @@ class Operator:
         artifact = self.catalog.resolve(name)
         resident = self.registry.get(artifact.key) or next(self._copies_of(artifact.name), None)
         if resident is None:
-            raise Conflict(f"'{artifact.name}' is not loaded.", param="model",
-                           code="not_resident")  # fmt: skip
+            raise Conflict(f"'{artifact.name}' is not loaded.", param="model", code="not_resident")
         return resident
 
     def _copies_of(self, name: str) -> Iterator[Resident]:

@@ -28,8 +28,12 @@ def footprint_row(device: str, footprint: Footprint) -> dict[str, int | str]:
 def summed(parts: Iterable[Footprint]) -> Footprint:
     weights = kv = compute = output = 0
     for f in parts:
-        weights, kv, compute, output = (weights + f.weights, kv + f.kv, compute + f.compute,
-                                        output + f.output)  # fmt: skip
+        weights, kv, compute, output = (
+            weights + f.weights,
+            kv + f.kv,
+            compute + f.compute,
+            output + f.output,
+        )
     return Footprint(weights, kv, compute, output)
 
 
@@ -38,10 +42,8 @@ def basis(decision: Decision, ask: Ask) -> dict[str, str]:
     if not isinstance(decision, Place):
         return {}
     chosen = next(c for c in ask.candidates if c.key == decision.artifact)
-    found = chosen.measured_fit(decision.where, decision.window, decision.type_k,
-                                decision.type_v)  # fmt: skip
+    found = chosen.measured_fit(decision.where, decision.window, decision.type_k, decision.type_v)
     return {decision.artifact: "measured" if found else "estimate"}
-
 
 
 def report(
@@ -53,48 +55,93 @@ def report(
         return names.get(key, key)
 
     rejected = [
-        {"artifact": name(r.artifact), "rung": r.rung.value, "kv": r.kv,
-         "reason": r.reason.value, "detail": r.detail}
+        {
+            "artifact": name(r.artifact),
+            "rung": r.rung.value,
+            "kv": r.kv,
+            "reason": r.reason.value,
+            "detail": r.detail,
+        }
         for r in decision.rejected
-    ]  # fmt: skip
+    ]
     held = {d.id: 0 for d in snapshot.devices} | snapshot.held_by_device()
-    box = [{"device": d.id, "capacity_bytes": d.capacity, "free_bytes": d.capacity - held[d.id],
-            "simulated": d.simulated} for d in snapshot.devices]  # fmt: skip
+    box = [
+        {
+            "device": d.id,
+            "capacity_bytes": d.capacity,
+            "free_bytes": d.capacity - held[d.id],
+            "simulated": d.simulated,
+        }
+        for d in snapshot.devices
+    ]
     common: dict[str, Any] = {"rejected": rejected, "box": box}
     if isinstance(decision, Place):
         return {
-            **common, "decision": "place", "artifact_key": decision.artifact,
-            "rung": decision.rung.value, "window": decision.window,
-            "type_k": decision.type_k, "type_v": decision.type_v,
-            "device": decision.device, "basis": basis.get(decision.artifact, "estimate"),
+            **common,
+            "decision": "place",
+            "artifact_key": decision.artifact,
+            "rung": decision.rung.value,
+            "window": decision.window,
+            "type_k": decision.type_k,
+            "type_v": decision.type_v,
+            "device": decision.device,
+            "basis": basis.get(decision.artifact, "estimate"),
             "devices": [footprint_row(d, f) for d, f in decision.footprint],
-            "gpu_layers": decision.gpu_layers, "tensor_split": list(decision.tensor_split),
-            "experts_in_ram": decision.experts_in_ram, "load_in_4bit": decision.load_in_4bit,
+            "gpu_layers": decision.gpu_layers,
+            "tensor_split": list(decision.tensor_split),
+            "experts_in_ram": decision.experts_in_ram,
+            "load_in_4bit": decision.load_in_4bit,
             "cores": list(decision.cores),
-            "repack": decision.repack.value, "no_repack": decision.no_repack,
-            "band": None if decision.band is None else {
-                "kind": decision.band.kind.value, "min": decision.band.feasible_min,
-                "max": decision.band.feasible_max},
+            "repack": decision.repack.value,
+            "no_repack": decision.no_repack,
+            "band": None
+            if decision.band is None
+            else {
+                "kind": decision.band.kind.value,
+                "min": decision.band.feasible_min,
+                "max": decision.band.feasible_max,
+            },
             "victims": [name(v.key) for v in decision.victims],
             "predicted_seconds": decision.predicted_seconds,
             "device_counts": [  # multi-GPU: the window each GPU count would have given
-                {"count": c.count, "devices": list(c.gpus), "window": c.window,
-                 "victims": [name(k) for k in c.victims], "reason": c.reason.value}
-                for c in decision.device_counts],
-        }  # fmt: skip
+                {
+                    "count": c.count,
+                    "devices": list(c.gpus),
+                    "window": c.window,
+                    "victims": [name(k) for k in c.victims],
+                    "reason": c.reason.value,
+                }
+                for c in decision.device_counts
+            ],
+        }
     if isinstance(decision, Wait):
-        return {**common, "decision": "wait", "reason": decision.reason.value,
-                "blockers": [name(k) for k in decision.blockers],
-                "needed_bytes": decision.needed, "available_bytes": decision.available,
-                "bound_seconds": decision.bound, "device": snapshot.devices[0].id,
-                "devices": [], "basis": "estimate"}  # fmt: skip
+        return {
+            **common,
+            "decision": "wait",
+            "reason": decision.reason.value,
+            "blockers": [name(k) for k in decision.blockers],
+            "needed_bytes": decision.needed,
+            "available_bytes": decision.available,
+            "bound_seconds": decision.bound,
+            "device": snapshot.devices[0].id,
+            "devices": [],
+            "basis": "estimate",
+        }
     assert isinstance(decision, Refuse)
     rows = [footprint_row(decision.device, decision.footprint)] if decision.footprint else []
-    return {**common, "decision": "refuse", "reason": decision.reason.value,
-            "needed_bytes": decision.needed, "available_bytes": decision.available,
-            "device": decision.device or snapshot.devices[-1].id, "detail": decision.detail,
-            "holders": [name(k) for k in decision.holders], "devices": rows,
-            "window_tried": decision.window, "basis": "estimate"}  # fmt: skip
+    return {
+        **common,
+        "decision": "refuse",
+        "reason": decision.reason.value,
+        "needed_bytes": decision.needed,
+        "available_bytes": decision.available,
+        "device": decision.device or snapshot.devices[-1].id,
+        "detail": decision.detail,
+        "holders": [name(k) for k in decision.holders],
+        "devices": rows,
+        "window_tried": decision.window,
+        "basis": "estimate",
+    }
 
 
 def refusal_error(decision: Refuse, names: Mapping[str, str], first: Artifact) -> Exception:
@@ -105,24 +152,34 @@ def refusal_error(decision: Refuse, names: Mapping[str, str], first: Artifact) -
         return DoesNotFit(
             f"'{first.name}' needs {needed} on {decision.device}; the room is held by "
             f"pinned models ({', '.join(pinned)}): unpin one to make room",
-            param="model", code="held_by_pinned", needed_bytes=decision.needed,
-            available_bytes=decision.available, pinned=pinned,
-        )  # fmt: skip
+            param="model",
+            code="held_by_pinned",
+            needed_bytes=decision.needed,
+            available_bytes=decision.available,
+            pinned=pinned,
+        )
     if decision.reason is RefuseReason.LARGER_THAN_BOX:
         return DoesNotFit(
             f"'{first.name}' needs {needed} on {decision.device} even at a "
             f"{decision.window}-token window, but it holds {available} when empty "
             f"(raise --ram-max, or use a smaller quant)",
-            param="model", needed_bytes=decision.needed, available_bytes=decision.available,
-        )  # fmt: skip
+            param="model",
+            needed_bytes=decision.needed,
+            available_bytes=decision.available,
+        )
     if decision.reason is RefuseReason.CONTEXT:
-        return InvalidRequest(f"'{first.name}' cannot take this call: {decision.detail}",
-                              param="messages", code="context_length_exceeded")  # fmt: skip
+        return InvalidRequest(
+            f"'{first.name}' cannot take this call: {decision.detail}",
+            param="messages",
+            code="context_length_exceeded",
+        )
     if decision.reason is RefuseReason.NO_CORES:
-        return DoesNotFit(f"'{first.name}' would get {decision.available} free core(s); it "
-                          f"needs {decision.needed}: {decision.detail}", param="model",
-                          code="no_cores")  # fmt: skip
+        return DoesNotFit(
+            f"'{first.name}' would get {decision.available} free core(s); it "
+            f"needs {decision.needed}: {decision.detail}",
+            param="model",
+            code="no_cores",
+        )
     if decision.reason is RefuseReason.BAD_ARTIFACT:
         return EngineFailed(f"'{first.name}' cannot be loaded: {decision.detail}")
-    return InvalidRequest(f"'{first.name}': {decision.detail}", param="model",
-                          code="no_candidate")  # fmt: skip
+    return InvalidRequest(f"'{first.name}': {decision.detail}", param="model", code="no_candidate")

@@ -134,16 +134,18 @@ def parse(knobs: dict[str, Callable[[Any], Any]], body: Any) -> dict[str, Any]:
     parsed: dict[str, Any] = {}
     for name, value in body.items():
         if name not in knobs:
-            raise InvalidRequest(f"Unknown setting {name!r}; known: {', '.join(knobs)}.",
-                                 param=name)  # fmt: skip
+            raise InvalidRequest(
+                f"Unknown setting {name!r}; known: {', '.join(knobs)}.", param=name
+            )
         if value is None:
             parsed[name] = None
             continue
         try:
             parsed[name] = knobs[name](value)
         except ValueError as exc:
-            raise InvalidRequest(f"Setting {name!r} must be {exc}; got {value!r}.",
-                                 param=name) from None  # fmt: skip
+            raise InvalidRequest(
+                f"Setting {name!r} must be {exc}; got {value!r}.", param=name
+            ) from None
     return parsed
 
 
@@ -157,16 +159,28 @@ class Preferences:
     # what effective() and for_key() merged, by model / key id: a call asks 3-4 times and
     # the knobs change only through apply(), which forgets them
     _merged: dict[tuple[str, str | None], Mapping[str, Any]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)  # fmt: skip
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def defaults(self) -> dict[str, Any]:
         c = self.config
-        return {"goal": c.goal, "max_wait": c.wait_timeout, "window": c.ctx,
-                "kv_types": list(c.kv_types), "idle_ttl": 0.0, "admission": c.admission,
-                "cpu_floor": c.cpu_floor, "rungs": [r.value for r in Rung], "quant": None,
-                "band": 1, "preload": False, "pinned": False,
-                "embeddings": False, "reasoning_field": "reasoning_content",
-                "progress": False}  # fmt: skip
+        return {
+            "goal": c.goal,
+            "max_wait": c.wait_timeout,
+            "window": c.ctx,
+            "kv_types": list(c.kv_types),
+            "idle_ttl": 0.0,
+            "admission": c.admission,
+            "cpu_floor": c.cpu_floor,
+            "rungs": [r.value for r in Rung],
+            "quant": None,
+            "band": 1,
+            "preload": False,
+            "pinned": False,
+            "embeddings": False,
+            "reasoning_field": "reasoning_content",
+            "progress": False,
+        }
 
     def effective(self, model: str | None = None) -> Mapping[str, Any]:
         """The knobs a call on ``model`` gets (read-only: one merge serves every call)."""
@@ -182,8 +196,11 @@ class Preferences:
         """What a call under the key ``key_id`` sees (KEY_KNOBS): its own, else the box's."""
         found = self._merged.get(("key", key_id))
         if found is None:
-            merged = {k: v for k, v in (dict(self.effective()) | self.keys.get(key_id or "", {}))
-                      .items() if k in KEY_KNOBS}  # fmt: skip
+            merged = {
+                k: v
+                for k, v in (dict(self.effective()) | self.keys.get(key_id or "", {})).items()
+                if k in KEY_KNOBS
+            }
             found = self._merged["key", key_id] = MappingProxyType(merged)
         return found
 

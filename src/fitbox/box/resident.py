@@ -85,12 +85,23 @@ class Resident:
         clock) launched again on ``place``'s cores: what an idle engine a claim would crowd
         starts again as, a thread per core it keeps (box/admit.py)."""
         return Resident(
-            artifact=self.artifact, device=self.device, footprint=self.footprint,
-            window=self.window, parallel=self.parallel, simulated=self.simulated,
-            engine=self.engine, last_used=self.last_used, basis=self.basis,
-            pinned=self.pinned, place=place, asked=self.asked, band=self.band,
-            embeddings=self.embeddings, held=dict(self.held), cpus=cpus,
-        )  # fmt: skip
+            artifact=self.artifact,
+            device=self.device,
+            footprint=self.footprint,
+            window=self.window,
+            parallel=self.parallel,
+            simulated=self.simulated,
+            engine=self.engine,
+            last_used=self.last_used,
+            basis=self.basis,
+            pinned=self.pinned,
+            place=place,
+            asked=self.asked,
+            band=self.band,
+            embeddings=self.embeddings,
+            held=dict(self.held),
+            cpus=cpus,
+        )
 
     @property
     def rung(self) -> Rung:
@@ -137,8 +148,9 @@ class Resident:
         if self.held_now is not None and len(used) == 1:
             used[self.device] = min(self.held_now, self.footprint.total)
         if "host" in used:
-            used["host"] = max(used["host"] - self.footprint.weights, 0) if (
-                self.device == "host") else 0  # fmt: skip
+            used["host"] = (
+                max(used["host"] - self.footprint.weights, 0) if (self.device == "host") else 0
+            )
         return used
 
     @property

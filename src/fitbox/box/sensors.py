@@ -49,9 +49,11 @@ class BusyCores:
         self.reserved = min(self.cores) if len(self.cores) > 1 else None
 
     def observe(
-        self, busy_by_cpu: Mapping[int, float], held: Collection[int],
+        self,
+        busy_by_cpu: Mapping[int, float],
+        held: Collection[int],
         engines_percent: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """One reading. ``engines_percent``: our engines' CPU use since the last reading (100 a
         core); None: not read, the box-wide rule stays still."""
         for core, cpus in self.cores.items():
@@ -110,18 +112,28 @@ def engine_pids(registry: Registry) -> list[int]:
     return [r.child.pid for r in registry if r.child is not None and r.child.pid is not None]
 
 
-def rows_of(registry: Registry, now: float, host: HostUsage,
-            gpus: list[GpuReading]) -> list[tuple[Any, ...]]:  # fmt: skip
+def rows_of(
+    registry: Registry, now: float, host: HostUsage, gpus: list[GpuReading]
+) -> list[tuple[Any, ...]]:
     held = registry.held_by_device()
     rows: list[tuple[Any, ...]] = [
-        (now, "host", 0, host.mem_total, host.mem_available, held.get("host", 0),
-         host.cpu_percent, host.swap_free)
+        (
+            now,
+            "host",
+            0,
+            host.mem_total,
+            host.mem_available,
+            held.get("host", 0),
+            host.cpu_percent,
+            host.swap_free,
+        )
     ]
     for gpu in gpus:
         device = f"gpu{gpu.index}"
         free = gpu.total - held.get(device, 0) if gpu.simulated else gpu.free
-        rows.append((now, device, int(gpu.simulated), gpu.total, free, held.get(device, 0),
-                     None, None))  # fmt: skip
+        rows.append(
+            (now, device, int(gpu.simulated), gpu.total, free, held.get(device, 0), None, None)
+        )
     return rows
 
 
@@ -156,9 +168,21 @@ def scout_process(pid: int, device: str, store: Store) -> int:
     """A process on a GPU that fitbox did not start: the model files its command line names,
     recorded as scout findings (models/scout). How many were found."""
     report = scout(pid=pid)
-    store.scouted([(f.path, f.name, f.bytes, f.source, f.evidence,
-                    f"a process fitbox did not start appeared on {device}: {f.led_by}",
-                    int(f.servable), f.detail) for f in report.findings])  # fmt: skip
+    store.scouted(
+        [
+            (
+                f.path,
+                f.name,
+                f.bytes,
+                f.source,
+                f.evidence,
+                f"a process fitbox did not start appeared on {device}: {f.led_by}",
+                int(f.servable),
+                f.detail,
+            )
+            for f in report.findings
+        ]
+    )
     return len(report.findings)
 
 
@@ -173,8 +197,9 @@ class Reading:
     processes: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
-def read_tick(counter: CoreBusyCounter, engines: EngineCpu, pids: list[int],
-              probe: GpuProbe | None) -> Reading:  # fmt: skip
+def read_tick(
+    counter: CoreBusyCounter, engines: EngineCpu, pids: list[int], probe: GpuProbe | None
+) -> Reading:
     """The psutil and NVML reads of one tick. ``probe`` None: the CPU only (no store to keep
     the rest)."""
     busy, percent = counter.read(), engines.read(pids)
@@ -183,8 +208,9 @@ def read_tick(counter: CoreBusyCounter, engines: EngineCpu, pids: list[int],
     return Reading(busy, percent, read_usage(), probe.read(), probe.processes())
 
 
-async def take_reading(counter: CoreBusyCounter, engines: EngineCpu, pids: list[int],
-                       probe: GpuProbe | None) -> Reading:  # fmt: skip
+async def take_reading(
+    counter: CoreBusyCounter, engines: EngineCpu, pids: list[int], probe: GpuProbe | None
+) -> Reading:
     """One tick's reads: on the loop where they are all /proc (~155 us of CPU on 2 cores,
     measured), in a thread where NVML asks a driver that can stall (``probe.blocking``).
     A thread hop at each tick cost more than the reads: the pool's wake-up and the
@@ -195,9 +221,13 @@ async def take_reading(counter: CoreBusyCounter, engines: EngineCpu, pids: list[
 
 
 async def sense(
-    config: Config, registry: Registry, probe: GpuProbe, store: Store | None,
-    started_pids: set[int], busy: BusyCores | None = None,
-) -> None:  # fmt: skip
+    config: Config,
+    registry: Registry,
+    probe: GpuProbe,
+    store: Store | None,
+    started_pids: set[int],
+    busy: BusyCores | None = None,
+) -> None:
     """Every ``reading_interval``: what each resident holds now (box/growth.py), which cores
     stay busy with other work (into ``busy``), and, with a store, one reading of memory
     and GPU processes into it (``take_reading``); what they found is applied here, on the
@@ -212,8 +242,9 @@ async def sense(
     while True:
         await asyncio.sleep(config.reading_interval)
         await refresh_held_now(registry)
-        reading = await take_reading(counter, engines, engine_pids(registry),
-                                     probe if store is not None else None)  # fmt: skip
+        reading = await take_reading(
+            counter, engines, engine_pids(registry), probe if store is not None else None
+        )
         if busy is not None:
             busy.observe(reading.busy_by_cpu, held_cores(registry), reading.engines_percent)
         if store is None or reading.host is None:

@@ -18,9 +18,13 @@ from .sensors import BusyCores
 
 class Snapshots:
     def __init__(
-        self, gpus: GpuProbe, registry: Registry, prefs: Preferences, busy_percent: float = 90,
+        self,
+        gpus: GpuProbe,
+        registry: Registry,
+        prefs: Preferences,
+        busy_percent: float = 90,
         busy_readings: int = 8,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.gpus, self.registry, self.prefs = gpus, registry, prefs
         self._cores = physical_cores()
         self.busy = BusyCores(self._cores, busy_percent, busy_readings)  # the sensors feed it
@@ -34,21 +38,27 @@ class Snapshots:
         devices = []
         for gpu in self.gpus.read():
             device_id = f"gpu{gpu.index}"
-            tier = Tier(f"vram:{device_id}", gpu.total, self.prefs.limit("vram_max"),
-                        self.prefs.central_limit("vram_max"))  # fmt: skip
+            tier = Tier(
+                f"vram:{device_id}",
+                gpu.total,
+                self.prefs.limit("vram_max"),
+                self.prefs.central_limit("vram_max"),
+            )
             # other processes' use is charged to the device: NVML free + what we hold
             unmanaged = (
                 0 if gpu.simulated else max(gpu.total - gpu.free - held.get(device_id, 0), 0)
             )
-            devices.append(Device(device_id, DeviceKind.GPU, capacity(tier, unmanaged),
-                                  gpu.simulated))  # fmt: skip
+            devices.append(
+                Device(device_id, DeviceKind.GPU, capacity(tier, unmanaged), gpu.simulated)
+            )
         # Weights are mmap'd: their pages sit in the page cache, which MemAvailable already
         # counts as available. Only the anonymous parts (KV, compute, output) are added back
         # (Resident.in_use), and of a growing cache only what it holds now.
         anonymous = held.get("host", 0)
         host = read_host()
-        tier = Tier("ram", host.mem_total, self.prefs.limit("ram_max"),
-                    self.prefs.central_limit("ram_max"))  # fmt: skip
+        tier = Tier(
+            "ram", host.mem_total, self.prefs.limit("ram_max"), self.prefs.central_limit("ram_max")
+        )
         room = min(host.mem_available + anonymous, host.mem_total)
         devices.append(Device("host", DeviceKind.HOST, min(capacity(tier), room)))
         return devices

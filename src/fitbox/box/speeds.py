@@ -40,9 +40,11 @@ def median_speeds(
     for cores, ms in by_cores:
         rates.setdefault(cores, []).append(1000.0 / ms)
     curve = tuple(sorted((n, statistics.median(r)) for n, r in rates.items()))
-    return Speeds(prompt_ms=statistics.median(prompt) if prompt else None,
-                  decode_ms=statistics.median(decode) if decode else None,
-                  threads=curve)  # fmt: skip
+    return Speeds(
+        prompt_ms=statistics.median(prompt) if prompt else None,
+        decode_ms=statistics.median(decode) if decode else None,
+        threads=curve,
+    )
 
 
 SpeedKey = tuple[str, int, int, str]  # (artifact, size, mtime_ns, rung)
@@ -52,12 +54,11 @@ def preferred(own: Speeds, imported: Speeds) -> Speeds:
     """This box's own medians, each figure it has not measured yet taken from another box's
     measurement of the same bytes: its own is preferred once it has one."""
     return Speeds(
-        load_seconds=own.load_seconds if own.load_seconds is not None
-        else imported.load_seconds,
+        load_seconds=own.load_seconds if own.load_seconds is not None else imported.load_seconds,
         prompt_ms=own.prompt_ms if own.prompt_ms is not None else imported.prompt_ms,
         decode_ms=own.decode_ms if own.decode_ms is not None else imported.decode_ms,
         threads=own.threads or imported.threads,
-    )  # fmt: skip
+    )
 
 
 class SpeedBook:
@@ -77,8 +78,9 @@ class SpeedBook:
 
     def _keep(self, speed: MeasuredSpeed, curve: bool = False) -> None:
         own = speed.origin_box is None
-        recent, curves = ((self._recent, self._curves) if own
-                          else (self._imported, self._imported_curves))  # fmt: skip
+        recent, curves = (
+            (self._recent, self._curves) if own else (self._imported, self._imported_curves)
+        )
         recent.setdefault(speed.key, deque(maxlen=SPEED_WINDOW)).append(speed)
         if curve and speed.decode_per_token_ms and speed.cores:
             curves.setdefault(speed.key, deque(maxlen=CURVE_WINDOW)).append(
@@ -98,10 +100,17 @@ class SpeedBook:
             return
         cores = len(resident.cores) or None  # none claimed: no point on the curve
         speed = MeasuredSpeed(
-            *identity, resident.rung.value,
-            resident.place.where if resident.place else resident.device, timings.prompt_n,
-            prompt_ms, timings.decode_n, decode_ms, call_id, time.time(), cores,
-        )  # fmt: skip
+            *identity,
+            resident.rung.value,
+            resident.place.where if resident.place else resident.device,
+            timings.prompt_n,
+            prompt_ms,
+            timings.decode_n,
+            decode_ms,
+            call_id,
+            time.time(),
+            cores,
+        )
         self._keep(speed, curve=True)
         if self.store is not None:
             self.store.speed_measured(speed)
@@ -127,11 +136,13 @@ class SpeedBook:
             except OSError:
                 return {}
         keys = {k for k in (*self._recent, *self._imported) if k[:3] == identity}
-        return {key[3]: preferred(
-                    median_speeds(self._recent.get(key, ()), self._curves.get(key, ())),
-                    median_speeds(self._imported.get(key, ()),
-                                  self._imported_curves.get(key, ())))
-                for key in keys}  # fmt: skip
+        return {
+            key[3]: preferred(
+                median_speeds(self._recent.get(key, ()), self._curves.get(key, ())),
+                median_speeds(self._imported.get(key, ()), self._imported_curves.get(key, ())),
+            )
+            for key in keys
+        }
 
     def origins(self, artifact: Artifact, rung: str) -> list[str]:
         """The boxes whose measurements of this file on this rung this box prices from, in
@@ -142,9 +153,11 @@ class SpeedBook:
             return []
         own = median_speeds(self._recent.get(key, ()), self._curves.get(key, ()))
         other = median_speeds(self._imported.get(key, ()), self._imported_curves.get(key, ()))
-        borrowed = ((own.prompt_ms is None and other.prompt_ms is not None)
-                    or (own.decode_ms is None and other.decode_ms is not None)
-                    or (not own.threads and bool(other.threads)))  # fmt: skip
+        borrowed = (
+            (own.prompt_ms is None and other.prompt_ms is not None)
+            or (own.decode_ms is None and other.decode_ms is not None)
+            or (not own.threads and bool(other.threads))
+        )
         if not borrowed:
             return []
         return sorted({s.origin_box for s in self._imported.get(key, ()) if s.origin_box})

@@ -48,8 +48,16 @@ class HashKeeper:
             if found is not None:
                 return found
             hashed = hash_file(offered.real, CHUNK_BYTES)
-            kept = KeptHash(real, offered.size, offered.mtime_ns, hashed.sha256, CHUNK_BYTES,
-                            hashed.chunks, time.time(), hashed.seconds)  # fmt: skip
+            kept = KeptHash(
+                real,
+                offered.size,
+                offered.mtime_ns,
+                hashed.sha256,
+                CHUNK_BYTES,
+                hashed.chunks,
+                time.time(),
+                hashed.seconds,
+            )
             st = os.stat(offered.real)
             if (st.st_size, st.st_mtime_ns) == (offered.size, offered.mtime_ns):
                 self.store.run(lambda conn: hashes.keep(conn, kept))  # else: it changed meanwhile
@@ -85,31 +93,47 @@ def no_room(dest_dir: Path, needed: int, storage_max: int | None) -> str | None:
     existing = next(p for p in (dest_dir, *dest_dir.parents) if p.exists())
     free = read_drive(existing).free
     if needed > free:
-        return (f"no room: the pull needs {format_bytes(needed)} and the drive holding "
-                f"{dest_dir} has {format_bytes(free)} free; reap first (remove models you do "
-                "not need) or pull to another root with --to")  # fmt: skip
+        return (
+            f"no room: the pull needs {format_bytes(needed)} and the drive holding "
+            f"{dest_dir} has {format_bytes(free)} free; reap first (remove models you do "
+            "not need) or pull to another root with --to"
+        )
     if storage_max is not None:
         used = bytes_under(dest_dir) if dest_dir.exists() else 0
         if used + needed > storage_max:
-            return (f"no room within the storage limit: the model store holds "
-                    f"{format_bytes(used)}, the pull needs {format_bytes(needed)} and "
-                    f"storage_max is {format_bytes(storage_max)}; reap first (remove models "
-                    "you do not need) or raise storage_max")  # fmt: skip
+            return (
+                f"no room within the storage limit: the model store holds "
+                f"{format_bytes(used)}, the pull needs {format_bytes(needed)} and "
+                f"storage_max is {format_bytes(storage_max)}; reap first (remove models "
+                "you do not need) or raise storage_max"
+            )
     return None
 
 
 def pull_from_box(
-    spec: str, dest_dir: Path, store: Store, *, key: str | None = None,
-    storage_max: int | None = None, events: Events | None = None, attempts: int = 5,
+    spec: str,
+    dest_dir: Path,
+    store: Store,
+    *,
+    key: str | None = None,
+    storage_max: int | None = None,
+    events: Events | None = None,
+    attempts: int = 5,
     make_room: Callable[[int], None] | None = None,
-) -> list[FileOutcome]:  # fmt: skip
+) -> list[FileOutcome]:
     """Pull the model ``spec`` names into ``dest_dir``; raises PullError (recorded too).
     ``make_room(needed)``: asked to free room when the pull does not fit (reap_to_fit)."""
     source = parse_box_spec(spec)
-    puller = BoxPull(source, dest_dir, key=key, attempts=attempts, events=events,
-                     already_here=lambda sha256: same_bytes_here(store, sha256),
-                     no_room=lambda needed: no_room(dest_dir, needed, storage_max),
-                     make_room=make_room)  # fmt: skip
+    puller = BoxPull(
+        source,
+        dest_dir,
+        key=key,
+        attempts=attempts,
+        events=events,
+        already_here=lambda sha256: same_bytes_here(store, sha256),
+        no_room=lambda needed: no_room(dest_dir, needed, storage_max),
+        make_room=make_room,
+    )
     try:
         outcomes = puller.run()
     except PullError as exc:
@@ -119,8 +143,16 @@ def pull_from_box(
         raise
     for outcome in outcomes:
         st = os.stat(outcome.path)
-        kept = KeptHash(str(outcome.path.resolve()), st.st_size, st.st_mtime_ns, outcome.sha256,
-                        outcome.chunk_bytes, outcome.chunks, time.time(), None)  # fmt: skip
+        kept = KeptHash(
+            str(outcome.path.resolve()),
+            st.st_size,
+            st.st_mtime_ns,
+            outcome.sha256,
+            outcome.chunk_bytes,
+            outcome.chunks,
+            time.time(),
+            None,
+        )
         _keep(store, kept)
         _record(store, spec, outcome, None)
     return outcomes
@@ -142,5 +174,12 @@ def _record(store: Store, spec: str, outcome: FileOutcome | None, error: str | N
         "refetched_chunks": outcome.refetched_chunks,
     }
     outcome_word = "error" if error else "ok"
-    store.pulled(f"{spec}/{outcome.name}", str(outcome.path), outcome.size, error is None,
-                 outcome_word, json.dumps(detail), seconds=outcome.seconds)  # fmt: skip
+    store.pulled(
+        f"{spec}/{outcome.name}",
+        str(outcome.path),
+        outcome.size,
+        error is None,
+        outcome_word,
+        json.dumps(detail),
+        seconds=outcome.seconds,
+    )

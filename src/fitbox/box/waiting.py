@@ -30,8 +30,13 @@ class Waiter:
     blocked_by: list[str] = field(default_factory=list)
 
     def view(self) -> dict[str, Any]:
-        return {"model": self.model, "call_id": self.call_id, "since": self.since,
-                "deadline": self.deadline, "blocked_by": self.blocked_by}  # fmt: skip
+        return {
+            "model": self.model,
+            "call_id": self.call_id,
+            "since": self.since,
+            "deadline": self.deadline,
+            "blocked_by": self.blocked_by,
+        }
 
 
 class WaitingRoom:
@@ -45,8 +50,14 @@ class WaitingRoom:
     def __len__(self) -> int:
         return len(self._waiters)
 
-    def enter(self, model: str, call_id: int | None, remaining: float, max_wait: float,
-              eta: tuple[float | None, float | None]) -> Waiter:  # fmt: skip
+    def enter(
+        self,
+        model: str,
+        call_id: int | None,
+        remaining: float,
+        max_wait: float,
+        eta: tuple[float | None, float | None],
+    ) -> Waiter:
         self._arrivals += 1
         now = time.time()
         waiter = Waiter(model, call_id, now, now + remaining, self._arrivals, max_wait, *eta)
@@ -60,12 +71,22 @@ class WaitingRoom:
     def ordered(self, policy: str) -> list[Waiter]:
         now = time.time()
         by_arrival = {w.arrived: w for w in self._waiters}
-        tickets = admission.order([
-            admission.Ticket(id=w.arrived, model=w.model, arrived=w.arrived,
-                             waited=now - w.since, max_wait=w.max_wait, ready_in=0.0,
-                             load=w.load, output=w.output)
-            for w in self._waiters
-        ], admission.Policy(policy))  # fmt: skip
+        tickets = admission.order(
+            [
+                admission.Ticket(
+                    id=w.arrived,
+                    model=w.model,
+                    arrived=w.arrived,
+                    waited=now - w.since,
+                    max_wait=w.max_wait,
+                    ready_in=0.0,
+                    load=w.load,
+                    output=w.output,
+                )
+                for w in self._waiters
+            ],
+            admission.Policy(policy),
+        )
         return [by_arrival[t.id] for t in tickets]
 
     def view(self, policy: str) -> list[dict[str, Any]]:
@@ -82,12 +103,19 @@ class WaitingRoom:
         return ahead
 
 
-def waiter_eta(speeds: SpeedBook, facts: Facts, artifact: Artifact,
-               max_tokens: int) -> tuple[float | None, float | None]:  # fmt: skip
+def waiter_eta(
+    speeds: SpeedBook, facts: Facts, artifact: Artifact, max_tokens: int
+) -> tuple[float | None, float | None]:
     """A waiting call's (load, output) seconds, from measured rates only."""
     rates = speeds.by_rung(artifact)
-    rate = next((rates[r.value] for r in Rung  # the first rung, in ladder order, measured
-                 if r.value in rates and rates[r.value].decode_ms is not None), None)  # fmt: skip
+    rate = next(
+        (
+            rates[r.value]
+            for r in Rung  # the first rung, in ladder order, measured
+            if r.value in rates and rates[r.value].decode_ms is not None
+        ),
+        None,
+    )
     if rate is None or rate.decode_ms is None:
         return None, None
     output = max_tokens * rate.decode_ms / 1000 if max_tokens else None

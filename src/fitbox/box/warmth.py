@@ -27,8 +27,15 @@ ROOM_CHECKS = 3  # consecutive checks that must find room before a rebuild: sust
 
 
 class Warmth:
-    def __init__(self, config: Config, registry: Registry, asks: Asks, admission: Admission,
-                 supervisor: Supervisor, operator: Operator) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        registry: Registry,
+        asks: Asks,
+        admission: Admission,
+        supervisor: Supervisor,
+        operator: Operator,
+    ) -> None:
         self.config, self.registry, self.asks = config, registry, asks
         self.admission, self.supervisor, self.operator = admission, supervisor, operator
 
@@ -42,8 +49,9 @@ class Warmth:
                     await self.operator.pin(model)
                 else:
                     await self.operator.load(model)
-                log.info("%s loaded at start (%s)", model, "pinned" if knobs.get("pinned")
-                         else "preload")  # fmt: skip
+                log.info(
+                    "%s loaded at start (%s)", model, "pinned" if knobs.get("pinned") else "preload"
+                )
             except FitboxError as exc:
                 log.warning("could not load %s at start: %s", model, exc.message)
 
@@ -103,8 +111,12 @@ class Warmth:
                 grow = self.to_grow()
                 self.widen_idle()
             for resident, window in grow:
-                log.info("%s: room for a %d-token window has lasted; rebuilding it (was %d)",
-                         resident.artifact.name, window, resident.window)  # fmt: skip
+                log.info(
+                    "%s: room for a %d-token window has lasted; rebuilding it (was %d)",
+                    resident.artifact.name,
+                    window,
+                    resident.window,
+                )
                 await self.supervisor.stop(resident, "grow_back")
                 try:
                     await self.operator.load(resident.asked or resident.artifact.name)

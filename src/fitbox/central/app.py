@@ -42,8 +42,9 @@ REJECTS = "mirror_rejects"
 MAX_ROWS = 1000
 
 
-def admit_central(path: str, method: str, peer: str | None, headers: dict[str, str],
-                  gate: Gate) -> None:  # fmt: skip
+def admit_central(
+    path: str, method: str, peer: str | None, headers: dict[str, str], gate: Gate
+) -> None:
     """Registration: a worker or admin key, or no key from the central's own host. Every
     other route: the box's rules (a worker key has none of their scopes)."""
     if path == REGISTER and method == "POST":
@@ -53,14 +54,18 @@ def admit_central(path: str, method: str, peer: str | None, headers: dict[str, s
             raise AuthenticationFailed("The key is not valid: unknown, revoked or expired.")
         if key is not None:
             if not {"worker", "admin"} & set(key.scopes):
-                raise PermissionDenied("Registering a box needs a worker (or admin) key: "
-                                       "'fitbox central keys create --scope worker'.")  # fmt: skip
+                raise PermissionDenied(
+                    "Registering a box needs a worker (or admin) key: "
+                    "'fitbox central keys create --scope worker'."
+                )
             return
         if origin_of(peer, headers, gate.settings).local:
             return
-        raise AuthenticationFailed("Registering a box needs the worker key the central "
-                                   "printed: fitbox serve --central URL --central-key KEY.",
-                                   code="missing_api_key")  # fmt: skip
+        raise AuthenticationFailed(
+            "Registering a box needs the worker key the central "
+            "printed: fitbox serve --central URL --central-key KEY.",
+            code="missing_api_key",
+        )
     admit(path, peer, headers, gate, method)
 
 
@@ -71,11 +76,19 @@ class CentralAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate: Gate | None = getattr(scope["app"].state, "gate", None)
         if scope["type"] == "http" and gate is not None:
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                       for k, v in scope.get("headers", [])}  # fmt: skip
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1")
+                for k, v in scope.get("headers", [])
+            }
             client = scope.get("client")
-            door = functools.partial(admit_central, scope["path"], scope["method"],
-                                     client[0] if client else None, headers, gate)  # fmt: skip
+            door = functools.partial(
+                admit_central,
+                scope["path"],
+                scope["method"],
+                client[0] if client else None,
+                headers,
+                gate,
+            )
             try:
                 if presented_key(headers):
                     # a key is read from the store: on PostgreSQL a round trip or a wait on a
@@ -98,9 +111,15 @@ def _fleet(request: Request) -> Fleet:
 async def health(request: Request) -> Response:
     fleet = _fleet(request)
     states = [link.state for link in fleet.links.values()]
-    return JSONResponse({"status": "ok", "service": "fitbox-central",
-                         "version": fitbox.__version__, "boxes": len(states),
-                         "boxes_up": states.count("up")})  # fmt: skip
+    return JSONResponse(
+        {
+            "status": "ok",
+            "service": "fitbox-central",
+            "version": fitbox.__version__,
+            "boxes": len(states),
+            "boxes_up": states.count("up"),
+        }
+    )
 
 
 async def register(request: Request) -> Response:
@@ -122,10 +141,14 @@ async def register(request: Request) -> Response:
         raise InvalidRequest(
             f"The box's address {url} is loopback: this central (on {config.host}) could "
             "never reach it. Start the box with --host 0.0.0.0 or an address the central "
-            "can reach.", param="url", code="box_unreachable")  # fmt: skip
+            "can reach.",
+            param="url",
+            code="box_unreachable",
+        )
     store: CentralStore = request.app.state.store
-    moved = await asyncio.to_thread(store.register, body["box_id"], body["name"],
-                                    body["version"], url, body["admin_key"])  # fmt: skip
+    moved = await asyncio.to_thread(
+        store.register, body["box_id"], body["name"], body["version"], url, body["admin_key"]
+    )
     fleet = _fleet(request)
     record = next(r for r in await asyncio.to_thread(store.boxes) if r.box_id == body["box_id"])
     if moved or body["box_id"] not in fleet.links:
@@ -133,8 +156,10 @@ async def register(request: Request) -> Response:
     else:
         fleet.links[record.box_id].record = record  # a new key, name or version
     log.info("box %s (%s) registered at %s", record.box_id, record.name, url)
-    return JSONResponse({"box_id": record.box_id, "registered": True, "moved": moved},
-                        status_code=201 if moved else 200)  # fmt: skip
+    return JSONResponse(
+        {"box_id": record.box_id, "registered": True, "moved": moved},
+        status_code=201 if moved else 200,
+    )
 
 
 async def fleet_view(request: Request) -> Response:
@@ -150,24 +175,37 @@ async def fleet_models(request: Request) -> Response:
     for name in names:
         holders = [link for link in fleet.links.values() if routing.holding(link, name)]
         fits = await routing.fits_where(fleet, holders, name)
-        data.append({
-            "id": name,
-            # sorted by box id: the same answer whichever box registered first
-            "resident_on": sorted(h.record.box_id for h in holders
-                                  if (routing.holding(h, name) or {}).get("resident")),
-            "on_disk_on": sorted(h.record.box_id for h in holders),
-            "fits_on": sorted(box_id for box_id, ok in fits.items() if ok),
-        })  # fmt: skip
+        data.append(
+            {
+                "id": name,
+                # sorted by box id: the same answer whichever box registered first
+                "resident_on": sorted(
+                    h.record.box_id
+                    for h in holders
+                    if (routing.holding(h, name) or {}).get("resident")
+                ),
+                "on_disk_on": sorted(h.record.box_id for h in holders),
+                "fits_on": sorted(box_id for box_id, ok in fits.items() if ok),
+            }
+        )
     return JSONResponse({"object": "list", "data": data})
 
 
 async def tables(request: Request) -> Response:
     store: CentralStore = request.app.state.store
     known = await asyncio.to_thread(store.table_columns)
-    data = [{"name": t, "kind": "table", "columns": known.get(t, ["box_id"]), "withheld": []}
-            for t in MIRRORED_TABLES]  # fmt: skip
-    data.append({"name": REJECTS, "kind": "table", "withheld": [],
-                 "columns": ["box_id", "tbl", "source_id", "raw", "reason", "at"]})  # fmt: skip
+    data = [
+        {"name": t, "kind": "table", "columns": known.get(t, ["box_id"]), "withheld": []}
+        for t in MIRRORED_TABLES
+    ]
+    data.append(
+        {
+            "name": REJECTS,
+            "kind": "table",
+            "withheld": [],
+            "columns": ["box_id", "tbl", "source_id", "raw", "reason", "at"],
+        }
+    )
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -176,8 +214,9 @@ def _int(request: Request, name: str, default: int, high: int) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise InvalidRequest(f"Query parameter '{name}' must be a whole number.",
-                             param=name) from None  # fmt: skip
+        raise InvalidRequest(
+            f"Query parameter '{name}' must be a whole number.", param=name
+        ) from None
     if not 0 <= value <= high:
         raise InvalidRequest(f"Query parameter '{name}' must be within 0..{high}.", param=name)
     return value
@@ -193,11 +232,13 @@ async def table_rows(request: Request) -> Response:
         rows: list[dict[str, Any]] = await asyncio.to_thread(store.rejects, limit, offset)
         return JSONResponse({"table": table, "rows": rows})
     if table not in MIRRORED_TABLES:
-        raise InvalidRequest(f"No mirrored table {table!r}; GET /v1/telemetry/tables lists "
-                             "them.", param="table")  # fmt: skip
+        raise InvalidRequest(
+            f"No mirrored table {table!r}; GET /v1/telemetry/tables lists them.", param="table"
+        )
     desc = request.query_params.get("desc", "").lower() in ("1", "true", "yes")
-    rows = await asyncio.to_thread(store.mirrored, table, request.query_params.get("box_id"),
-                                   limit, offset, desc)  # fmt: skip
+    rows = await asyncio.to_thread(
+        store.mirrored, table, request.query_params.get("box_id"), limit, offset, desc
+    )
     return JSONResponse({"table": table, "rows": rows})
 
 
@@ -222,9 +263,11 @@ ROUTES = (
     Route("/v1/telemetry/tables", tables, methods=["GET"]),
     Route("/v1/telemetry/rows", table_rows, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
-    *(Route(p, _forwarded(p), methods=["POST"])
-      for p in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")),
-)  # fmt: skip
+    *(
+        Route(p, _forwarded(p), methods=["POST"])
+        for p in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+    ),
+)
 
 
 def create_central_app(config: Config, store_path: StoreTarget) -> Starlette:
@@ -244,8 +287,7 @@ def create_central_app(config: Config, store_path: StoreTarget) -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def _serving(app: Starlette, config: Config,
-                   store_path: StoreTarget) -> AsyncIterator[None]:  # fmt: skip
+async def _serving(app: Starlette, config: Config, store_path: StoreTarget) -> AsyncIterator[None]:
     store = CentralStore(store_path)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=60.0)
@@ -255,10 +297,12 @@ async def _serving(app: Starlette, config: Config,
     offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.gate = Gate(
-        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host,
-                      config.host_names),
-        store.key_checker(), config.require_keys,
-    )  # fmt: skip
+        TrustSettings(
+            config.trusted_networks, config.trusted_proxies, config.host, config.host_names
+        ),
+        store.key_checker(),
+        config.require_keys,
+    )
     fleet.start()
     try:
         yield

@@ -195,18 +195,25 @@ def _psycopg() -> Any:
     except ImportError:
         raise StoreUnavailable(
             "FITBOX_CENTRAL_DB names a PostgreSQL database, and psycopg 3 is not installed: "
-            "pip install 'fitbox[central-pg]' (or psycopg[binary])") from None  # fmt: skip
+            "pip install 'fitbox[central-pg]' (or psycopg[binary])"
+        ) from None
     return psycopg
 
 
 def _open_postgres(url: str) -> psycopg.Connection[Any]:
     psycopg = _psycopg()
     try:
-        conn = psycopg.connect(url, autocommit=True, connect_timeout=10, row_factory=_row_factory,
-                               application_name="fitbox-central")  # fmt: skip
+        conn = psycopg.connect(
+            url,
+            autocommit=True,
+            connect_timeout=10,
+            row_factory=_row_factory,
+            application_name="fitbox-central",
+        )
     except (psycopg.Error, ValueError) as exc:  # ValueError: psycopg's own URL checks
-        raise StoreUnavailable(f"cannot reach the central's store {redact(url)}: "
-                               f"{_scrub(str(exc), url).strip()}") from None  # fmt: skip
+        raise StoreUnavailable(
+            f"cannot reach the central's store {redact(url)}: {_scrub(str(exc), url).strip()}"
+        ) from None
     return conn  # type: ignore[no-any-return]
 
 
@@ -254,15 +261,17 @@ class PostgresBackend:
         try:
             conn = self._begin()
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"the central's store {self.describe()}: "
-                                   f"{_scrub(str(exc), self.url).strip()}") from None  # fmt: skip
+            raise StoreUnavailable(
+                f"the central's store {self.describe()}: {_scrub(str(exc), self.url).strip()}"
+            ) from None
         try:
             yield conn
             conn.execute("COMMIT")
         except psycopg.OperationalError as exc:  # the connection dropped mid-transaction
             self._roll_back(conn)
-            raise StoreUnavailable(f"the central's store {self.describe()}: "
-                                   f"{_scrub(str(exc), self.url).strip()}") from None  # fmt: skip
+            raise StoreUnavailable(
+                f"the central's store {self.describe()}: {_scrub(str(exc), self.url).strip()}"
+            ) from None
         except BaseException:
             self._roll_back(conn)
             raise
@@ -305,8 +314,9 @@ class PostgresKeyChecker(KeyChecker):
                         if time.monotonic() < self._refused_until:
                             return None
                         self._pg = PostgresConnection(_open_postgres(self._url))
-                    return self._pg.execute("SELECT * FROM api_keys WHERE key_id = ?",
-                                            (key_id,)).fetchone()  # fmt: skip
+                    return self._pg.execute(
+                        "SELECT * FROM api_keys WHERE key_id = ?", (key_id,)
+                    ).fetchone()
                 except StoreUnavailable:
                     self._refused_until = time.monotonic() + KEYS_REFUSED_S
                     return None  # fails closed: an unreadable store admits no key

@@ -41,25 +41,31 @@ class BoxHttp:
         self.url = url
         parts = urlsplit(url)
         https = parts.scheme == "https"
-        self.pool = EnginePool(parts.hostname or "", parts.port or (443 if https else 80),
-                               ssl.create_default_context() if https else None)  # fmt: skip
+        self.pool = EnginePool(
+            parts.hostname or "",
+            parts.port or (443 if https else 80),
+            ssl.create_default_context() if https else None,
+        )
 
-    async def send(self, method: str, path: str, body: bytes, headers: dict[str, str],
-                   limit_s: float = READ_S) -> EngineResponse:  # fmt: skip
+    async def send(
+        self, method: str, path: str, body: bytes, headers: dict[str, str], limit_s: float = READ_S
+    ) -> EngineResponse:
         """The box's answer once its status line and headers are here (within ``limit_s``)."""
         async with asyncio.timeout(limit_s):
             return await self._request(method, path, body, headers)
 
-    async def _request(self, method: str, path: str, body: bytes,
-                       headers: dict[str, str]) -> EngineResponse:  # fmt: skip
+    async def _request(
+        self, method: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> EngineResponse:
         try:
             return await self.pool.request(method, path, body, headers)
         except EngineConnectionError as exc:  # its words name an engine: say which box
             why = repr(exc.__cause__) if exc.__cause__ else str(exc)
             raise BoxUnreachable(f"{self.url} did not answer: {why}") from exc
 
-    async def get_json(self, path: str, headers: dict[str, str], limit_s: float,
-                       **params: Any) -> Any:  # fmt: skip
+    async def get_json(
+        self, path: str, headers: dict[str, str], limit_s: float, **params: Any
+    ) -> Any:
         """GET ``path``'s JSON; a status of 400 or more raises ``BoxHttpError``."""
         target = f"{path}?{urlencode(params)}" if params else path
         async with asyncio.timeout(limit_s):

@@ -21,24 +21,37 @@ LIMITS_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 def the_box(fleet: Fleet, name: str) -> BoxLink:
     link = fleet.find(name)
     if link is None:
-        raise RouteNotFound(f"No box {name!r} in this fleet; GET /v1/fleet lists them.",
-                            param="box_id", code="box_not_found")  # fmt: skip
+        raise RouteNotFound(
+            f"No box {name!r} in this fleet; GET /v1/fleet lists them.",
+            param="box_id",
+            code="box_not_found",
+        )
     return link
 
 
-async def _ask(fleet: Fleet, link: BoxLink, method: str, path: str,
-               body: dict[str, Any] | None = None) -> Response:  # fmt: skip
+async def _ask(
+    fleet: Fleet, link: BoxLink, method: str, path: str, body: dict[str, Any] | None = None
+) -> Response:
     try:
-        response = await fleet.client.request(method, f"{link.record.url}{path}", json=body,
-                                              headers=link.headers,
-                                              timeout=LIMITS_TIMEOUT)  # fmt: skip
+        response = await fleet.client.request(
+            method,
+            f"{link.record.url}{path}",
+            json=body,
+            headers=link.headers,
+            timeout=LIMITS_TIMEOUT,
+        )
         answer = response.json()
     except (httpx.HTTPError, ValueError) as exc:
-        raise EngineFailed(f"The box {link.record.box_id} ({link.record.url}) did not answer "
-                           f"{method} {path}: {type(exc).__name__}; GET /v1/fleet shows its "
-                           "state.", param="box_id", code="box_unreachable") from None  # fmt: skip
-    return JSONResponse(answer, status_code=response.status_code,
-                        headers={"x-fitbox-box": link.record.box_id})  # fmt: skip
+        raise EngineFailed(
+            f"The box {link.record.box_id} ({link.record.url}) did not answer "
+            f"{method} {path}: {type(exc).__name__}; GET /v1/fleet shows its "
+            "state.",
+            param="box_id",
+            code="box_unreachable",
+        ) from None
+    return JSONResponse(
+        answer, status_code=response.status_code, headers={"x-fitbox-box": link.record.box_id}
+    )
 
 
 async def limits(request: Request) -> Response:
@@ -51,9 +64,14 @@ async def limits(request: Request) -> Response:
     except ValueError:
         raise InvalidRequest("The body is not JSON.") from None
     if not isinstance(body, dict):
-        raise InvalidRequest("The body must be a JSON object of limits: ram_max, vram_max, "
-                             "cpu_max, storage_max (null clears one).")  # fmt: skip
+        raise InvalidRequest(
+            "The body must be a JSON object of limits: ram_max, vram_max, "
+            "cpu_max, storage_max (null clears one)."
+        )
     if "tier" in body:
-        raise InvalidRequest("The central sets the central tier only; the box tier is the "
-                             "box's own (POST /v1/limits on the box).", param="tier")  # fmt: skip
+        raise InvalidRequest(
+            "The central sets the central tier only; the box tier is the "
+            "box's own (POST /v1/limits on the box).",
+            param="tier",
+        )
     return await _ask(fleet, link, "POST", "/v1/limits", {**body, "tier": "central"})

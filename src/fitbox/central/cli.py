@@ -25,8 +25,9 @@ def central_home(args: argparse.Namespace, env: dict[str, str] | None = None) ->
     box and a central on one host never share a store)."""
     env = dict(os.environ) if env is None else env
     chosen = getattr(args, "home", None) or env.get("FITBOX_HOME")
-    return CentralHome(Path(chosen).expanduser().absolute() if chosen
-                       else default_home() / "central")  # fmt: skip
+    return CentralHome(
+        Path(chosen).expanduser().absolute() if chosen else default_home() / "central"
+    )
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,13 +37,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", help="port, or 'auto' for a free one (default 8484)")
     serve.add_argument("--home", metavar="DIR", help="its data dir (FITBOX_HOME)")
-    serve.add_argument("--log-level", default="info",
-                       choices=["debug", "info", "warning", "error"])  # fmt: skip
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     keys = verbs.add_parser("keys", help="the central's keys")
     key_verbs = keys.add_subparsers(dest="keys_command", required=True)
     create = key_verbs.add_parser("create", help="make a key; its secret is printed once")
-    create.add_argument("--scope", action="append", choices=list(CENTRAL_SCOPES),
-                        help="repeatable; worker keys can only register a box")  # fmt: skip
+    create.add_argument(
+        "--scope",
+        action="append",
+        choices=list(CENTRAL_SCOPES),
+        help="repeatable; worker keys can only register a box",
+    )
     create.add_argument("--name", default="unnamed")
     create.add_argument("--home", metavar="DIR", help="its data dir (FITBOX_HOME)")
     create.add_argument("--json", action="store_true")
@@ -70,8 +74,9 @@ def _create_key(home: CentralHome, target: StoreTarget, args: argparse.Namespace
         print(f"fitbox central keys: {exc}", file=sys.stderr)
         return 1
     try:
-        key, secret = store.run(lambda conn: create_key(conn, args.name, scopes,
-                                                        known=CENTRAL_SCOPES))  # fmt: skip
+        key, secret = store.run(
+            lambda conn: create_key(conn, args.name, scopes, known=CENTRAL_SCOPES)
+        )
     except KeyError_ as exc:
         print(f"fitbox central keys: {exc}", file=sys.stderr)
         return 1
@@ -81,12 +86,17 @@ def _create_key(home: CentralHome, target: StoreTarget, args: argparse.Namespace
         print(json.dumps({**key.public(), "key": secret}, indent=2))
         return 0
     print(secret)
-    print(f"(id {key.key_id}, scopes {', '.join(scopes)}: the secret is shown this once)",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"(id {key.key_id}, scopes {', '.join(scopes)}: the secret is shown this once)",
+        file=sys.stderr,
+    )
     if "worker" in scopes:
         url = published_url(home.endpoint) or "http://THIS-CENTRAL:PORT"
-        print(f"a new box joins with: fitbox serve --host 0.0.0.0 --central {url} "
-              f"--central-key {secret}", file=sys.stderr)  # fmt: skip
+        print(
+            f"a new box joins with: fitbox serve --host 0.0.0.0 --central {url} "
+            f"--central-key {secret}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -96,8 +106,9 @@ def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: st
     from fitbox.central.app import create_central_app
     from fitbox.quiet_server import QuietServer
 
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     make_private(home.path)
     try:
@@ -110,12 +121,18 @@ def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: st
     except (OSError, RuntimeError, StoreUnavailable) as exc:
         print(f"fitbox central: cannot start: {exc}", file=sys.stderr)
         return 1
-    print(f"fitbox central {fitbox.__version__} listening on {endpoint['url']} (store: "
-          f"{where})", flush=True)  # fmt: skip
+    print(
+        f"fitbox central {fitbox.__version__} listening on {endpoint['url']} (store: {where})",
+        flush=True,
+    )
     app = create_central_app(config, target)
     server = QuietServer(
         uvicorn.Config(
-            app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+            app,
+            log_level=log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
             proxy_headers=False,  # the door judges forwarding (server/trust.py), not uvicorn
         )
     )

@@ -26,8 +26,11 @@ from fitbox.central.mirror import BoxLink, Fleet
 
 log = logging.getLogger(__name__)
 # each mirrored table of facts, and the list of the box's offer its rows go in
-OFFERED = {"measured_footprints": "footprints", "refused_windows": "refused_windows",
-           "measured_speeds": "speeds"}  # fmt: skip
+OFFERED = {
+    "measured_footprints": "footprints",
+    "refused_windows": "refused_windows",
+    "measured_speeds": "speeds",
+}
 WELCOME_ROWS = 1000  # a box that comes up is offered each other box's newest rows of each
 # speeds offered per (box, file, rung): a box prices from the last 20 it imported (box/speeds.py
 # SPEED_WINDOW) only until it measures its own, and every call with timings writes one:
@@ -83,8 +86,11 @@ class FactOffers:
         if kind == "speeds":
             own = self._speeds.take(link.record.box_id, own)
         if own:
-            to = [other for other in self.fleet.links.values()
-                  if other is not link and other.state == "up"]  # fmt: skip
+            to = [
+                other
+                for other in self.fleet.links.values()
+                if other is not link and other.state == "up"
+            ]
             self._spawn(self._offer(link, {kind: own}, to))
 
     def came_up(self, link: BoxLink) -> None:
@@ -108,11 +114,14 @@ class FactOffers:
                 continue
             offered: dict[str, list[dict[str, Any]]] = {}
             for table, kind in OFFERED.items():
-                rows = await asyncio.to_thread(self.fleet.store.mirrored, table,
-                                               origin.record.box_id, WELCOME_ROWS, 0,
-                                               True)  # fmt: skip
-                own = [{k: v for k, v in r.items() if k != "box_id"} for r in reversed(rows)
-                       if r.get("origin_box") is None]  # oldest first, as they were measured
+                rows = await asyncio.to_thread(
+                    self.fleet.store.mirrored, table, origin.record.box_id, WELCOME_ROWS, 0, True
+                )
+                own = [
+                    {k: v for k, v in r.items() if k != "box_id"}
+                    for r in reversed(rows)
+                    if r.get("origin_box") is None
+                ]  # oldest first, as they were measured
                 if kind == "speeds":
                     own = newest_speeds(own)
                 if own:
@@ -120,35 +129,44 @@ class FactOffers:
             if offered:
                 await self._offer(origin, offered, [link])
 
-    async def _offer(self, origin: BoxLink, offered: dict[str, list[dict[str, Any]]],
-                     to: list[BoxLink]) -> None:  # fmt: skip
+    async def _offer(
+        self, origin: BoxLink, offered: dict[str, list[dict[str, Any]]], to: list[BoxLink]
+    ) -> None:
         by_file: dict[tuple[str, int, int], dict[str, list[dict[str, Any]]]] = defaultdict(dict)
         for kind, rows in offered.items():
             for row in rows:
-                path, size, mtime_ns = (row.get("artifact"), row.get("artifact_size"),
-                                        row.get("artifact_mtime_ns"))  # fmt: skip
-                if (isinstance(path, str) and isinstance(size, int)
-                        and isinstance(mtime_ns, int)):  # fmt: skip
+                path, size, mtime_ns = (
+                    row.get("artifact"),
+                    row.get("artifact_size"),
+                    row.get("artifact_mtime_ns"),
+                )
+                if isinstance(path, str) and isinstance(size, int) and isinstance(mtime_ns, int):
                     by_file[(path, size, mtime_ns)].setdefault(kind, []).append(row)
         for (path, size, mtime_ns), kinds in by_file.items():
             try:
                 sha256 = await self._sha256_of(origin, path, size, mtime_ns)
             except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
-                log.info("box %s: no sha256 for %s (%r): its facts are not offered",
-                         origin.record.box_id, path, exc)  # fmt: skip
+                log.info(
+                    "box %s: no sha256 for %s (%r): its facts are not offered",
+                    origin.record.box_id,
+                    path,
+                    exc,
+                )
                 continue
             if sha256 is None:
                 continue
             offer = {"origin_box": origin.record.box_id, "sha256": sha256, **kinds}
             await asyncio.gather(*(self._post(box, offer) for box in to))
 
-    async def _sha256_of(self, origin: BoxLink, path: str, size: int,
-                         mtime_ns: int) -> str | None:  # fmt: skip
+    async def _sha256_of(self, origin: BoxLink, path: str, size: int, mtime_ns: int) -> str | None:
         key = (origin.record.box_id, path, size, mtime_ns)
         if key not in self._sha256:
             response = await self.fleet.client.get(
-                f"{origin.record.url}/v1/hashes", params={"artifact": path},
-                headers=origin.headers, timeout=OFFER_TIMEOUT_S)  # fmt: skip
+                f"{origin.record.url}/v1/hashes",
+                params={"artifact": path},
+                headers=origin.headers,
+                timeout=OFFER_TIMEOUT_S,
+            )
             if response.status_code == 404:  # the file is gone there
                 return None
             response.raise_for_status()
@@ -161,16 +179,31 @@ class FactOffers:
     async def _post(self, box: BoxLink, offer: dict[str, Any]) -> None:
         try:
             response = await self.fleet.client.post(
-                f"{box.record.url}/v1/facts/import", json=offer, headers=box.headers,
-                timeout=OFFER_TIMEOUT_S)  # fmt: skip
+                f"{box.record.url}/v1/facts/import",
+                json=offer,
+                headers=box.headers,
+                timeout=OFFER_TIMEOUT_S,
+            )
         except httpx.HTTPError as exc:
-            log.info("box %s: facts not offered (%r); offered again when it is back",
-                     box.record.box_id, exc)  # fmt: skip
+            log.info(
+                "box %s: facts not offered (%r); offered again when it is back",
+                box.record.box_id,
+                exc,
+            )
             return
         if response.status_code == 200:
             counts = ", ".join(f"{len(offer[k])} {k}" for k in OFFERED.values() if k in offer)
-            log.info("box %s took %s of %s from box %s", box.record.box_id, counts,
-                     offer["sha256"][:12], offer["origin_box"])  # fmt: skip
+            log.info(
+                "box %s took %s of %s from box %s",
+                box.record.box_id,
+                counts,
+                offer["sha256"][:12],
+                offer["origin_box"],
+            )
         elif response.status_code != 404:  # 404: no file with these bytes there
-            log.warning("box %s refused facts from %s: %s", box.record.box_id,
-                        offer["origin_box"], response.text[:300])  # fmt: skip
+            log.warning(
+                "box %s refused facts from %s: %s",
+                box.record.box_id,
+                offer["origin_box"],
+                response.text[:300],
+            )

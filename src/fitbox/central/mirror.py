@@ -87,12 +87,17 @@ class BoxLink:
         return self.waiting + self.in_flight
 
     def describe(self) -> dict[str, Any]:
-        return {**self.record.public(), "state": self.state, "last_error": self.last_error,
-                "devices": self.health.get("gpus", []), "residents": self.residents,
-                "waiting": self.waiting, "in_flight": self.in_flight,
-                "synced_at": self.synced_at,
-                "last_seen_at": self.record.last_seen_at if self.synced_at is None
-                else self.synced_at}  # fmt: skip
+        return {
+            **self.record.public(),
+            "state": self.state,
+            "last_error": self.last_error,
+            "devices": self.health.get("gpus", []),
+            "residents": self.residents,
+            "waiting": self.waiting,
+            "in_flight": self.in_flight,
+            "synced_at": self.synced_at,
+            "last_seen_at": self.record.last_seen_at if self.synced_at is None else self.synced_at,
+        }
 
 
 class Listener(Protocol):
@@ -106,8 +111,9 @@ class Listener(Protocol):
 class Fleet:
     """Every registered box and its follower; the one owner of the links."""
 
-    def __init__(self, store: CentralStore, client: httpx.AsyncClient,
-                 long_poll_s: float = LONG_POLL_S) -> None:  # fmt: skip
+    def __init__(
+        self, store: CentralStore, client: httpx.AsyncClient, long_poll_s: float = LONG_POLL_S
+    ) -> None:
         self.store = store
         self.long_poll_s = long_poll_s
         self.client = client  # management's requests (limits, facts, plans); the mirror's
@@ -158,8 +164,7 @@ class Fleet:
             with contextlib.suppress(Exception):
                 await closing
 
-    async def _get(self, link: BoxLink, path: str, limit_s: float = 10.0,
-                   **params: Any) -> Any:  # fmt: skip
+    async def _get(self, link: BoxLink, path: str, limit_s: float = 10.0, **params: Any) -> Any:
         return await link.http.get_json(path, link.headers, limit_s, **params)
 
     async def _follow(self, link: BoxLink) -> None:
@@ -170,9 +175,14 @@ class Fleet:
                 cursors = [f"{t}:{await self._cursor(link, t)}" for t in CURSOR_TABLES]
                 # the answer carries each changed table's first page from these cursors: one
                 # request a change (a box that does not know them answers without pages)
-                state = await self._get(link, "/v1/telemetry/state", wait_s + ANSWER_MARGIN_S,
-                                        since=link.counter, wait=wait_s,
-                                        cursors=",".join(cursors))  # fmt: skip
+                state = await self._get(
+                    link,
+                    "/v1/telemetry/state",
+                    wait_s + ANSWER_MARGIN_S,
+                    since=link.counter,
+                    wait=wait_s,
+                    cursors=",".join(cursors),
+                )
                 counter = int(state["counter"])
                 was = link.state
                 link.state, link.last_error, link.refused_calls = "up", None, False
@@ -201,14 +211,19 @@ class Fleet:
                 wait = min(wait * 2, RETRY_MOST_S)
             except (EngineConnectionError, TimeoutError, ValueError, KeyError, TypeError) as exc:
                 if link.state != "unreachable":
-                    log.warning("box %s (%s) unreachable: %r", link.record.box_id,
-                                link.record.url, exc)  # fmt: skip
+                    log.warning(
+                        "box %s (%s) unreachable: %r", link.record.box_id, link.record.url, exc
+                    )
                 link.state, link.last_error = "unreachable", repr(exc)
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, RETRY_MOST_S)
 
-    async def sync(self, link: BoxLink, changed: list[str] | tuple[str, ...],
-                   pages: dict[str, Any] | None = None) -> None:  # fmt: skip
+    async def sync(
+        self,
+        link: BoxLink,
+        changed: list[str] | tuple[str, ...],
+        pages: dict[str, Any] | None = None,
+    ) -> None:
         """Replay the tables the box says changed, each from its cursor (a table replayed
         without need costs a request, never a row twice), starting from the page the
         long-poll answer carried for it, if any. The snapshots and the readings (which move
@@ -219,13 +234,14 @@ class Fleet:
         if not calls_only:
             tables += list(READING_TABLES)
         carried = pages or {}
-        await asyncio.gather(*(self._replay(link, table, carried.get(table))
-                               for table in tables))  # fmt: skip
+        await asyncio.gather(*(self._replay(link, table, carried.get(table)) for table in tables))
         if calls_only:
             return
         health, residents, models = await asyncio.gather(
-            self._get(link, "/health"), self._get(link, "/v1/residents"),
-            self._get(link, "/v1/models"))  # fmt: skip
+            self._get(link, "/health"),
+            self._get(link, "/v1/residents"),
+            self._get(link, "/v1/models"),
+        )
         link.health, link.residents, link.models = health, residents["data"], models["data"]
 
     async def _cursor(self, link: BoxLink, table: str) -> int:
@@ -233,7 +249,8 @@ class Fleet:
         since = link.cursors.get(table)
         if since is None:
             since = link.cursors[table] = await asyncio.to_thread(
-                self.store.cursor, link.record.box_id, table)  # fmt: skip
+                self.store.cursor, link.record.box_id, table
+            )
         return since
 
     async def _replay(self, link: BoxLink, table: str, carried: Any = None) -> None:
@@ -242,21 +259,26 @@ class Fleet:
         box_id = link.record.box_id
         since = await self._cursor(link, table)
         while True:
-            page = carried if isinstance(carried, dict) else await self._get(
-                link, "/v1/telemetry", table=table, since=since, limit=PAGE)  # fmt: skip
+            page = (
+                carried
+                if isinstance(carried, dict)
+                else await self._get(link, "/v1/telemetry", table=table, since=since, limit=PAGE)
+            )
             carried = None
             rows, after = page["rows"], int(page["next"])
             if not rows:
                 return
-            rejected = await asyncio.to_thread(self.store.take_page, box_id, table,
-                                               page["cursor"], rows, after)  # fmt: skip
+            rejected = await asyncio.to_thread(
+                self.store.take_page, box_id, table, page["cursor"], rows, after
+            )
             link.cursors[table] = after  # stored with the page (a cancel before this line
             # leaves the older one here: that page is replayed, and upserted, once more)
             for listener in self.listeners:
                 listener.mirrored(link, table, rows)
             if rejected:
-                log.warning("box %s: %d %s row(s) kept raw (see mirror_rejects)", box_id,
-                            rejected, table)  # fmt: skip
+                log.warning(
+                    "box %s: %d %s row(s) kept raw (see mirror_rejects)", box_id, rejected, table
+                )
             since = after
             if len(rows) < PAGE:
                 return

@@ -16,53 +16,83 @@ from fitbox.server.openapi import CHAT, COMPLETION, EMBEDDING, _op, _query
 INFERENCE = "a central key with the inference scope, or none from the central's own host"
 MANAGEMENT = "the central's own host, or a central key with the admin scope"
 READ = "the central's own host, or a central key with the read or admin scope"
-ROUTED = ("Forwarded to the box that takes the model: BOX/MODEL to that box; a bare name "
-          "where it is resident (least busy), else where it fits without evicting a serving "
-          "model, else where its file is; retried once on the next box before the first "
-          "byte; x-fitbox-box, x-fitbox-route and a box entry in Server-Timing say which. ")
+ROUTED = (
+    "Forwarded to the box that takes the model: BOX/MODEL to that box; a bare name "
+    "where it is resident (least busy), else where it fits without evicting a serving "
+    "model, else where its file is; retried once on the next box before the first "
+    "byte; x-fitbox-box, x-fitbox-route and a box entry in Server-Timing say which. "
+)
 BOX_ID = {"name": "box_id", "in": "path", "required": True, "schema": {"type": "string"}}
-LIMITS = {"type": "object", "properties": {
-    name: {} for name in ("ram_max", "vram_max", "cpu_max", "storage_max")}}
-REGISTRATION = {"type": "object", "required": ["box_id", "name", "version", "url", "admin_key"],
-                "properties": {name: {"type": "string"} for name in (
-                    "box_id", "name", "version", "url", "admin_key")}}
+LIMITS = {
+    "type": "object",
+    "properties": {name: {} for name in ("ram_max", "vram_max", "cpu_max", "storage_max")},
+}
+REGISTRATION = {
+    "type": "object",
+    "required": ["box_id", "name", "version", "url", "admin_key"],
+    "properties": {
+        name: {"type": "string"} for name in ("box_id", "name", "version", "url", "admin_key")
+    },
+}
 
 PATHS: dict[str, dict[str, Any]] = {
     "/health": {"get": _op("Liveness, version, how many boxes and how many are up", "open")},
     "/openapi.json": {"get": _op("This document", "open")},
-    "/v1/boxes": {"post": _op(
-        "Register a box (or move one) by its persistent id; a loopback box is refused unless "
-        "the central is on loopback too", "a worker or admin key, or none from the central's "
-        "own host", REGISTRATION)},
-    "/v1/fleet": {"get": _op("Every box: state, last seen, devices, residents, queue",
-                             MANAGEMENT)},
-    "/v1/fleet/models": {"get": _op(
-        "Every model on any box: where resident, where on disk, where it fits now (the "
-        "boxes' own plans)", MANAGEMENT)},
+    "/v1/boxes": {
+        "post": _op(
+            "Register a box (or move one) by its persistent id; a loopback box is refused unless "
+            "the central is on loopback too",
+            "a worker or admin key, or none from the central's own host",
+            REGISTRATION,
+        )
+    },
+    "/v1/fleet": {"get": _op("Every box: state, last seen, devices, residents, queue", MANAGEMENT)},
+    "/v1/fleet/models": {
+        "get": _op(
+            "Every model on any box: where resident, where on disk, where it fits now (the "
+            "boxes' own plans)",
+            MANAGEMENT,
+        )
+    },
     "/v1/fleet/boxes/{box_id}/limits": {
-        "get": _op("The box's capacity tiers, as the box says them", MANAGEMENT,
-                   params=[BOX_ID]),
-        "post": _op("Set the central tier of the box's limits (null clears one) through the "
-                    "box's /v1/limits; a value above the box's own tier is refused by the box, "
-                    "its error passed through", MANAGEMENT, LIMITS, [BOX_ID])},
+        "get": _op("The box's capacity tiers, as the box says them", MANAGEMENT, params=[BOX_ID]),
+        "post": _op(
+            "Set the central tier of the box's limits (null clears one) through the "
+            "box's /v1/limits; a value above the box's own tier is refused by the box, "
+            "its error passed through",
+            MANAGEMENT,
+            LIMITS,
+            [BOX_ID],
+        ),
+    },
     "/v1/telemetry/tables": {"get": _op("The mirrored tables and mirror_rejects", READ)},
-    "/v1/telemetry/rows": {"get": _op(
-        "Mirrored rows of one table, each with its box_id", READ,
-        params=[_query("table", "string", True), _query("box_id", "string"),
-                _query("desc", "boolean"), _query("limit", "integer"),
-                _query("offset", "integer")])},
-    "/v1/models": {"get": _op("Every model of the fleet by bare name and as BOX/MODEL",
-                              INFERENCE)},
-    "/v1/chat/completions": {"post": _op(ROUTED + "Chat (SSE passes through)", INFERENCE,
-                                         CHAT)},
+    "/v1/telemetry/rows": {
+        "get": _op(
+            "Mirrored rows of one table, each with its box_id",
+            READ,
+            params=[
+                _query("table", "string", True),
+                _query("box_id", "string"),
+                _query("desc", "boolean"),
+                _query("limit", "integer"),
+                _query("offset", "integer"),
+            ],
+        )
+    },
+    "/v1/models": {"get": _op("Every model of the fleet by bare name and as BOX/MODEL", INFERENCE)},
+    "/v1/chat/completions": {"post": _op(ROUTED + "Chat (SSE passes through)", INFERENCE, CHAT)},
     "/v1/completions": {"post": _op(ROUTED + "Text completion", INFERENCE, COMPLETION)},
     "/v1/embeddings": {"post": _op(ROUTED + "Embeddings", INFERENCE, EMBEDDING)},
-}  # fmt: skip
+}
 
 
 def spec() -> dict[str, Any]:
-    return {"openapi": "3.0.3", "info": {"title": "fitbox central", "version": fitbox.__version__},
-            "paths": PATHS, "components": box_openapi.spec()["components"]}  # fmt: skip
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "fitbox central", "version": fitbox.__version__},
+        "paths": PATHS,
+        "components": box_openapi.spec()["components"],
+    }
 
 
 async def document(request: Request) -> Response:

@@ -26,8 +26,18 @@ from fitbox.central.mirror import BoxLink, Fleet
 from fitbox.engines.http1 import EngineConnectionError, EngineResponse
 from fitbox.errors import EngineFailed, InvalidRequest, ModelNotFound
 
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer",
-                        "upgrade", "proxy-authenticate", "proxy-authorization"})  # fmt: skip
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+    }
+)
 TRIES = 2  # the first candidate and, when it fails before its first byte, the next
 PLAN_TIMEOUT_S = 30.0  # a plan prices, it loads nothing; a loaded box may be slow to
 
@@ -49,8 +59,12 @@ def holding(link: BoxLink, model: str) -> dict[str, Any] | None:
 async def _fits(fleet: Fleet, link: BoxLink, model: str) -> bool:
     """The box's own plan says it places the model without evicting a serving one."""
     try:
-        response = await fleet.client.get(f"{link.record.url}/v1/plan", params={"model": model},
-                                          headers=link.headers, timeout=PLAN_TIMEOUT_S)  # fmt: skip
+        response = await fleet.client.get(
+            f"{link.record.url}/v1/plan",
+            params={"model": model},
+            headers=link.headers,
+            timeout=PLAN_TIMEOUT_S,
+        )
         plan = response.json()
     except (httpx.HTTPError, ValueError):
         return False
@@ -74,28 +88,34 @@ async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Cand
     holders = [link for link in fleet.links.values() if holding(link, model) is not None]
     if not holders:
         names = sorted({e["id"] for link in fleet.links.values() for e in link.models})
-        raise ModelNotFound(f"No box of this fleet has the model '{model}'; GET /v1/models "
-                            f"lists what they have ({', '.join(names[:20]) or 'nothing yet'}). "
-                            "Name one box's as BOX/MODEL.", param="model")  # fmt: skip
+        raise ModelNotFound(
+            f"No box of this fleet has the model '{model}'; GET /v1/models "
+            f"lists what they have ({', '.join(names[:20]) or 'nothing yet'}). "
+            "Name one box's as BOX/MODEL.",
+            param="model",
+        )
     usable = [link for link in holders if not link.refused_calls] or holders
 
     def order(link: BoxLink) -> tuple[int, str]:
         return link.busy(), link.record.box_id
 
-    resident = sorted((link for link in usable if (holding(link, model) or {}).get("resident")),
-                      key=order)  # fmt: skip
+    resident = sorted(
+        (link for link in usable if (holding(link, model) or {}).get("resident")), key=order
+    )
     found = [Candidate(link, model, "resident") for link in resident]
     if len(found) < enough:
         others = sorted((link for link in usable if link not in resident), key=order)
         fits = await fits_where(fleet, others, model)
         found += [Candidate(link, model, "fits") for link in others if fits[link.record.box_id]]
-        found += [Candidate(link, model, "on_disk") for link in others
-                  if not fits[link.record.box_id]]  # fmt: skip
+        found += [
+            Candidate(link, model, "on_disk") for link in others if not fits[link.record.box_id]
+        ]
     return found
 
 
-def _passed_headers(response: EngineResponse, candidate: Candidate, tried: list[str],
-                    started: float) -> dict[str, str]:  # fmt: skip
+def _passed_headers(
+    response: EngineResponse, candidate: Candidate, tried: list[str], started: float
+) -> dict[str, str]:
     headers = {k: v for k, v in response.headers.items() if k not in HOP_BY_HOP}
     box_id = candidate.link.record.box_id
     timing = f'box;desc="{box_id}";dur={(time.perf_counter() - started) * 1000:.1f}'
@@ -127,10 +147,16 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
             break
         candidate = found[attempt]
         link = candidate.link
-        content = raw if candidate.model == model else json.dumps(
-            {**body, "model": candidate.model}).encode()  # fmt: skip
-        headers = {**link.headers, "content-type": "application/json",
-                   "accept": request.headers.get("accept", "*/*")}  # fmt: skip
+        content = (
+            raw
+            if candidate.model == model
+            else json.dumps({**body, "model": candidate.model}).encode()
+        )
+        headers = {
+            **link.headers,
+            "content-type": "application/json",
+            "accept": request.headers.get("accept", "*/*"),
+        }
         link.call_started()
         try:
             response = await link.http.send("POST", path, content, headers)
@@ -147,8 +173,11 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
             status_code=response.status,
             headers=_passed_headers(response, candidate, tried, started),
         )
-    raise EngineFailed(f"No box could take the call for '{model}': tried {', '.join(tried)}; "
-                       "GET /v1/fleet shows each box's state.", param="model")  # fmt: skip
+    raise EngineFailed(
+        f"No box could take the call for '{model}': tried {', '.join(tried)}; "
+        "GET /v1/fleet shows each box's state.",
+        param="model",
+    )
 
 
 async def _relay(response: EngineResponse, link: BoxLink) -> AsyncIterator[bytes]:
@@ -167,12 +196,21 @@ def model_list(fleet: Fleet) -> dict[str, Any]:
     for link in fleet.links.values():
         for entry in link.models:
             name = entry["id"]
-            one = bare.setdefault(name, {"id": name, "object": "model", "owned_by": "fitbox",
-                                         "created": entry.get("created", 0), "boxes": [],
-                                         "resident_on": []})  # fmt: skip
+            one = bare.setdefault(
+                name,
+                {
+                    "id": name,
+                    "object": "model",
+                    "owned_by": "fitbox",
+                    "created": entry.get("created", 0),
+                    "boxes": [],
+                    "resident_on": [],
+                },
+            )
             one["boxes"].append(link.record.box_id)
             if entry.get("resident"):
                 one["resident_on"].append(link.record.box_id)
-            per_box.append({**entry, "id": f"{link.record.box_id}/{name}",
-                            "box_id": link.record.box_id})  # fmt: skip
+            per_box.append(
+                {**entry, "id": f"{link.record.box_id}/{name}", "box_id": link.record.box_id}
+            )
     return {"object": "list", "data": [*bare.values(), *per_box]}

@@ -45,9 +45,15 @@ class BoxRecord:
 
     def public(self) -> dict[str, Any]:
         """Without its key: the box's admin key never leaves the central."""
-        return {"box_id": self.box_id, "name": self.name, "version": self.version,
-                "url": self.url, "registered_at": self.registered_at,
-                "last_seen_at": self.last_seen_at, "counter": self.counter}  # fmt: skip
+        return {
+            "box_id": self.box_id,
+            "name": self.name,
+            "version": self.version,
+            "url": self.url,
+            "registered_at": self.registered_at,
+            "last_seen_at": self.last_seen_at,
+            "counter": self.counter,
+        }
 
 
 def rejection(row: object, cursor: str) -> str | None:
@@ -64,10 +70,15 @@ def rejection(row: object, cursor: str) -> str | None:
         if isinstance(value, dict | list):
             return f"column {column!r} holds a {type(value).__name__}, not a single value"
         numeric = column in NUMERIC_NAMES or column.endswith(NUMERIC_ENDINGS)
-        if numeric and value is not None and (
-            not isinstance(value, int | float) or isinstance(value, bool)
-            or not math.isfinite(value)
-        ):  # fmt: skip
+        if (
+            numeric
+            and value is not None
+            and (
+                not isinstance(value, int | float)
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+            )
+        ):
             return f"column {column!r} must be a number or null; it is {value!r}"
     return None
 
@@ -116,8 +127,9 @@ class CentralStore:
                 "INSERT INTO boxes (box_id, name, version, url, admin_key, registered_at) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (box_id) DO UPDATE SET name = "
                 "excluded.name, version = excluded.version, url = excluded.url, "
-                "admin_key = excluded.admin_key", (box_id, name, version, url, admin_key,
-                                                   time.time()))  # fmt: skip
+                "admin_key = excluded.admin_key",
+                (box_id, name, version, url, admin_key, time.time()),
+            )
         return old is None or old[0] != url
 
     def boxes(self) -> list[BoxRecord]:
@@ -127,19 +139,23 @@ class CentralStore:
 
     def seen(self, box_id: str, counter: int) -> None:
         with self._transaction() as conn:
-            conn.execute("UPDATE boxes SET last_seen_at = ?, counter = ? WHERE box_id = ?",
-                         (time.time(), counter, box_id))  # fmt: skip
+            conn.execute(
+                "UPDATE boxes SET last_seen_at = ?, counter = ? WHERE box_id = ?",
+                (time.time(), counter, box_id),
+            )
 
     # -- the mirror ----------------------------------------------------------------
 
     def cursor(self, box_id: str, table: str) -> int:
         with self._reading() as conn:
-            row = conn.execute("SELECT cursor FROM mirror_cursors WHERE box_id = ? AND tbl = ?",
-                               (box_id, table)).fetchone()  # fmt: skip
+            row = conn.execute(
+                "SELECT cursor FROM mirror_cursors WHERE box_id = ? AND tbl = ?", (box_id, table)
+            ).fetchone()
         return int(row[0]) if row else 0
 
-    def take_page(self, box_id: str, table: str, cursor: str, rows: list[Any],
-                  next_cursor: int) -> int:  # fmt: skip
+    def take_page(
+        self, box_id: str, table: str, cursor: str, rows: list[Any], next_cursor: int
+    ) -> int:
         """Store one page of a table's replay and its cursor, together. Returns how many
         rows were rejected (kept raw)."""
         taken: list[tuple[Any, ...]] = []
@@ -152,34 +168,43 @@ class CentralStore:
                 taken.append((box_id, table, row["id"], row.get("seq"), raw))
                 continue
             source = row.get("id") if isinstance(row, dict) else None
-            kept_raw.append((box_id, table, str(source) if source is not None else raw, raw,
-                             reason, now))  # fmt: skip
+            kept_raw.append(
+                (box_id, table, str(source) if source is not None else raw, raw, reason, now)
+            )
         with self._transaction() as conn:
             # executemany: one statement, many rows (psycopg pipelines them: one round trip)
             conn.executemany(
                 "INSERT INTO mirrored_rows (box_id, tbl, source_id, seq, data) VALUES "
                 "(?, ?, ?, ?, ?) ON CONFLICT (box_id, tbl, source_id) DO UPDATE SET "
-                "seq = excluded.seq, data = excluded.data", taken)  # fmt: skip
-            had_rejects = conn.execute("SELECT 1 FROM mirror_rejects WHERE box_id = ? AND "
-                                       "tbl = ? LIMIT 1", (box_id, table)).fetchone()  # fmt: skip
+                "seq = excluded.seq, data = excluded.data",
+                taken,
+            )
+            had_rejects = conn.execute(
+                "SELECT 1 FROM mirror_rejects WHERE box_id = ? AND tbl = ? LIMIT 1", (box_id, table)
+            ).fetchone()
             if had_rejects and taken:  # a row fixed on the box is mirrored, no longer raw
                 fixed = [(b, t, str(i)) for b, t, i, _, _ in taken]
-                conn.executemany("DELETE FROM mirror_rejects WHERE box_id = ? AND tbl = ? AND "
-                                 "source_id = ?", fixed)  # fmt: skip
+                conn.executemany(
+                    "DELETE FROM mirror_rejects WHERE box_id = ? AND tbl = ? AND source_id = ?",
+                    fixed,
+                )
             if kept_raw:
                 conn.executemany(
                     "INSERT INTO mirror_rejects (box_id, tbl, source_id, raw, reason, at) "
                     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (box_id, tbl, source_id) DO UPDATE "
                     "SET raw = excluded.raw, reason = excluded.reason, at = excluded.at",
-                    kept_raw)  # fmt: skip
+                    kept_raw,
+                )
             conn.execute(
                 "INSERT INTO mirror_cursors (box_id, tbl, cursor) VALUES (?, ?, ?) ON CONFLICT "
                 "(box_id, tbl) DO UPDATE SET cursor = excluded.cursor",
-                (box_id, table, next_cursor))  # fmt: skip
+                (box_id, table, next_cursor),
+            )
         return len(kept_raw)
 
-    def mirrored(self, table: str, box_id: str | None, limit: int, offset: int,
-                 desc: bool) -> list[dict[str, Any]]:  # fmt: skip
+    def mirrored(
+        self, table: str, box_id: str | None, limit: int, offset: int, desc: bool
+    ) -> list[dict[str, Any]]:
         """Mirrored rows of one table (of one box, or all), each with its ``box_id``."""
         where, params = "tbl = ?", [table]
         if box_id:
@@ -189,28 +214,34 @@ class CentralStore:
             found = conn.execute(
                 f"SELECT box_id, data FROM mirrored_rows WHERE {where} "  # noqa: S608
                 f"ORDER BY box_id {order}, source_id {order} LIMIT ? OFFSET ?",
-                (*params, limit, offset)).fetchall()  # fmt: skip
+                (*params, limit, offset),
+            ).fetchall()
         return [{"box_id": r[0], **json.loads(r[1])} for r in found]
 
     def rejects(self, limit: int, offset: int) -> list[dict[str, Any]]:
         with self._reading() as conn:
             found = conn.execute(
                 "SELECT box_id, tbl, source_id, raw, reason, at FROM mirror_rejects ORDER BY at "
-                "LIMIT ? OFFSET ?", (limit, offset)).fetchall()  # fmt: skip
+                "LIMIT ? OFFSET ?",
+                (limit, offset),
+            ).fetchall()
         return [dict(r) for r in found]
 
     def table_columns(self) -> dict[str, list[str]]:
         """Each mirrored table with the columns its rows carry (box_id first), read from
         one box's newest row of it (the greatest box id: the same answer every time)."""
         with self._reading() as conn:
-            newest = conn.execute("SELECT tbl, box_id, MAX(source_id) FROM mirrored_rows GROUP "
-                                  "BY tbl, box_id ORDER BY tbl, box_id").fetchall()  # fmt: skip
+            newest = conn.execute(
+                "SELECT tbl, box_id, MAX(source_id) FROM mirrored_rows GROUP "
+                "BY tbl, box_id ORDER BY tbl, box_id"
+            ).fetchall()
             chosen = {r[0]: (r[1], r[2]) for r in newest}  # the last box of each table wins
             found = {}
             for tbl, (box, source) in chosen.items():
-                found[tbl] = conn.execute("SELECT data FROM mirrored_rows WHERE box_id = ? AND "
-                                          "tbl = ? AND source_id = ?",
-                                          (box, tbl, source)).fetchone()  # fmt: skip
+                found[tbl] = conn.execute(
+                    "SELECT data FROM mirrored_rows WHERE box_id = ? AND tbl = ? AND source_id = ?",
+                    (box, tbl, source),
+                ).fetchone()
         return {tbl: ["box_id", *json.loads(row[0])] for tbl, row in found.items() if row}
 
     def close(self) -> None:

@@ -82,11 +82,14 @@ class Candidate:
 
         return replace(
             self,
-            measured=tuple(replace(m, where=m.where.removesuffix(suffix))
-                           for m in self.measured if m.where.endswith(suffix)),
+            measured=tuple(
+                replace(m, where=m.where.removesuffix(suffix))
+                for m in self.measured
+                if m.where.endswith(suffix)
+            ),
             refused_windows=own(self.refused_windows),
             loaded_windows=own(self.loaded_windows),
-        )  # fmt: skip
+        )
 
     def window_cap(self, where: str) -> int | None:
         """The lowest refused window with no success at or above it: out of reach."""

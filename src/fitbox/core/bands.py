@@ -41,8 +41,10 @@ def band_windows(ask: Ask, candidate: Candidate) -> list[int] | tuple[RejectReas
     needed = ask.slots.window_for(ask.need)
     trained = shape.n_ctx_train if shape and shape.n_ctx_train > 0 else None
     if trained is not None and needed > trained:
-        return (RejectReason.BEYOND_TRAINING,
-                f"the call needs {needed} tokens of window; trained on {trained}")  # fmt: skip
+        return (
+            RejectReason.BEYOND_TRAINING,
+            f"the call needs {needed} tokens of window; trained on {trained}",
+        )
     low = smallest_tick_at_least(needed)
     high = max(ask.window, low)
     if trained is not None:
@@ -58,8 +60,10 @@ def reach(windows: list[int], candidate: Candidate, where: str) -> int | tuple[R
         return len(windows) - 1
     low = windows[0]
     if low >= cap:
-        return (RejectReason.REFUSED_WINDOW,
-                f"a load at {cap} tokens failed on {where}; the call needs {low}")  # fmt: skip
+        return (
+            RejectReason.REFUSED_WINDOW,
+            f"a load at {cap} tokens failed on {where}; the call needs {low}",
+        )
     ceiling = max((t for t in window_ticks(low, cap) if t < cap), default=low)
     return max(i for i, w in enumerate(windows) if w <= ceiling)
 

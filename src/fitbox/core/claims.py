@@ -84,18 +84,22 @@ def claimable(
 
 
 def foreign_busy(
-    cores: Sequence[int], busy_cores: Collection[int], residents: Sequence[ResidentView],
+    cores: Sequence[int],
+    busy_cores: Collection[int],
+    residents: Sequence[ResidentView],
     leaving: Collection[str],
-) -> list[int]:  # fmt: skip
+) -> list[int]:
     """Cores busy with other work that no engine holds: claimed last, only to reach a need."""
     keep, held = reserved_core(cores), _holders(residents, leaving)
     return [c for c in sorted(cores) if c in busy_cores and c != keep and c not in held]
 
 
 def lendable(
-    cores: Sequence[int], busy_cores: Collection[int], residents: Sequence[ResidentView],
+    cores: Sequence[int],
+    busy_cores: Collection[int],
+    residents: Sequence[ResidentView],
     leaving: Collection[str],
-) -> int | None:  # fmt: skip
+) -> int | None:
     """The reserved core, when it may be lent: no other engine holds a core (the box is
     otherwise idle) and no other work keeps it busy."""
     keep = reserved_core(cores)
@@ -150,18 +154,25 @@ def claim(
 
 
 def widened(
-    cores: Sequence[int], busy_cores: Collection[int], residents: Sequence[ResidentView],
-    key: str, running: int, *, floor: int, threads: Sequence[tuple[int, float]] = (),
+    cores: Sequence[int],
+    busy_cores: Collection[int],
+    residents: Sequence[ResidentView],
+    key: str,
+    running: int,
+    *,
+    floor: int,
+    threads: Sequence[tuple[int, float]] = (),
     lend: bool = True,
-) -> tuple[int, ...] | None:  # fmt: skip
+) -> tuple[int, ...] | None:
     """The larger claim an idle engine with weights in RAM (``key``, launched on ``running``
     threads while other work ran or another engine held cores) would get now, or None.
     Only free cores and the lent one count: widening never takes an engine's cores nor
     crowds other work (its ``-t`` is fixed at launch: more cores cost a relaunch,
     box/warmth.py)."""
     kept = [r if r.key == key else replace(r, calls=max(r.calls, 1)) for r in residents]
-    found = claim(cores, busy_cores, kept, {key}, weights_in_ram=True, floor=floor,
-                  threads=threads, lend=lend)  # fmt: skip
+    found = claim(
+        cores, busy_cores, kept, {key}, weights_in_ram=True, floor=floor, threads=threads, lend=lend
+    )
     if found is None or len(found.cores) <= running:
         return None
     if set(found.cores) & (set(_holders(residents, {key})) | set(busy_cores)):

@@ -33,14 +33,16 @@ class SplitCosts:
 
 
 class Sizer:
-    def __init__(self, candidate: Candidate, parallel: int, type_k: str, type_v: str,
-                 unified: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, candidate: Candidate, parallel: int, type_k: str, type_v: str, unified: bool = False
+    ) -> None:
         self.candidate = candidate
         self.parallel, self.unified = parallel, unified
         self.type_k, self.type_v = type_k, type_v
         self.cpu = None if candidate.no_repack else candidate.cpu  # what repacks in RAM
-        self._placements: dict[Placement, tuple[dict[str, int], dict[str, Counter[Signature]],
-                                                frozenset[str]]] = {}  # fmt: skip
+        self._placements: dict[
+            Placement, tuple[dict[str, int], dict[str, Counter[Signature]], frozenset[str]]
+        ] = {}
         self._signatures: tuple[Signature, ...] = ()
         shape = candidate.shape
         if shape is not None:
@@ -84,10 +86,16 @@ class Sizer:
         if self.candidate.fixed is not None:
             return self.candidate.fixed
         assert self.candidate.shape is not None
-        return sizing.footprint(self.candidate.shape, window, self.parallel, type_k=self.type_k,
-                                type_v=self.type_v, unified=self.unified,
-                                cpu=self.cpu if in_ram else None,
-                                projector=self.candidate.projector)  # fmt: skip
+        return sizing.footprint(
+            self.candidate.shape,
+            window,
+            self.parallel,
+            type_k=self.type_k,
+            type_v=self.type_v,
+            unified=self.unified,
+            cpu=self.cpu if in_ram else None,
+            projector=self.candidate.projector,
+        )
 
     def on(self, placement: Placement, window: int) -> dict[str, Footprint]:
         """Bytes per device for ``placement`` at ``window`` (FORMULAS.md §Split)."""
@@ -120,8 +128,9 @@ class Sizer:
             return out
         device = placement.gpus[0] if placement.gpus and placement.gpu_layers else HOST
         extra, has = projector_footprint(projector), out.get(device, Footprint(0, 0, 0, 0))
-        out[device] = Footprint(has.weights + extra.weights, has.kv, has.compute + extra.compute,
-                                has.output)  # fmt: skip
+        out[device] = Footprint(
+            has.weights + extra.weights, has.kv, has.compute + extra.compute, has.output
+        )
         return out
 
     def _per_window(self, window: int) -> tuple[dict[Signature, int], int]:
@@ -130,15 +139,19 @@ class Sizer:
         assert shape is not None
         window = sizing.effective_window(shape, window)
         cells, streams = sizing.kv_cells(window, self.parallel, self.unified)
-        swa = (sizing.swa_window(shape.n_swa, cells, self.parallel, self.unified)
-               if self._has_swa else 0)  # fmt: skip
+        swa = (
+            sizing.swa_window(shape.n_swa, cells, self.parallel, self.unified)
+            if self._has_swa
+            else 0
+        )
         per_sig: dict[Signature, int] = {}
         for sig, il in self._first_layer.items():  # one layer stands for all of its kind
             if sig[0] == "state":
                 per_sig[sig] = sizing.recurrent_layer_bytes(shape, self.parallel)
             else:
-                per_sig[sig] = sum(sizing.layer_kv_bytes(shape, il, cells, swa, streams,
-                                                         self.type_k, self.type_v))  # fmt: skip
+                per_sig[sig] = sum(
+                    sizing.layer_kv_bytes(shape, il, cells, swa, streams, self.type_k, self.type_v)
+                )
         mask = ((cells if self._full else 0) + swa) if self._attends else 0
         return per_sig, sizing.compute_for_mask(shape, window, mask)
 
@@ -149,10 +162,11 @@ class Sizer:
         assert layout is not None and shape is not None
         per_sig, compute = self._per_window(window)
         layers = [
-            layout.layer_bytes[il] + (0 if experts_in_ram else layout.routed_bytes[il])
+            layout.layer_bytes[il]
+            + (0 if experts_in_ram else layout.routed_bytes[il])
             + per_sig[sig]
             for il, sig in enumerate(self._signatures)
-        ]  # fmt: skip
+        ]
         output = layout.output_bytes + (layout.input_bytes if layout.output_tied else 0)
         host = layout.input_bytes + (sum(layout.routed_bytes) if experts_in_ram else 0)
         return SplitCosts(layers, output, compute, host + sizing.output_bytes(shape, self.parallel))

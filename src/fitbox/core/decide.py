@@ -52,18 +52,19 @@ NOT_OFFERED = {
     RejectReason.NOT_MOE: "not a mixture-of-experts model",
     RejectReason.NEEDS_LAYOUT: "partial offload needs the per-layer sizes of the file",
     RejectReason.NO_PARTIAL_OFFLOAD: "its engine loads a model whole on a GPU or in RAM, "
-                                     "not part of its layers on each",
+    "not part of its layers on each",
     RejectReason.NO_GPU_BACKEND: "its engine was built without a GPU backend: it loads "
-                                 "everything in RAM",
+    "everything in RAM",
 }
 
 
 def rung_jobs(ask: Ask, goal: Goal) -> Iterator[tuple[int, Candidate, Candidate, Rung]]:
     """(q, ladder owner, artifact loaded, rung) in the order they are tried."""
     candidates = [
-        (q, c) for q, c in enumerate(ask.candidates)
+        (q, c)
+        for q, c in enumerate(ask.candidates)
         if ask.quant is None or c.quant.upper() == ask.quant.upper()
-    ]  # fmt: skip
+    ]
 
     def loaded(q: int, owner: Candidate, rung: Rung) -> Candidate | None:
         if rung is not Rung.FOUR_BIT:
@@ -139,8 +140,9 @@ class Attempt:
     position: int  # when it was tried: the ladder order
 
 
-def _fit_kv(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str,
-            type_v: str) -> Attempt | None:  # fmt: skip
+def _fit_kv(
+    search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str, type_v: str
+) -> Attempt | None:
     """The rule's placement for one rung at one K/V type; or None, with the reason recorded
     (and a hopeful option when busy residents hold the room)."""
     ask, room = search.ask, search.room
@@ -168,8 +170,9 @@ def _fit_kv(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: st
         first_short = Placement((room.roomiest_gpu(),), 1, (), False)
     else:
         multi = rung in GPU_RUNGS and len(sets[0]) > 1
-        fit, first_short = place_on_sets(search, sizer, sets, experts=rung is Rung.MOE_SPLIT,
-                                         counts=multi)  # fmt: skip
+        fit, first_short = place_on_sets(
+            search, sizer, sets, experts=rung is Rung.MOE_SPLIT, counts=multi
+        )
     if isinstance(fit, Rejected):
         reject(fit.reason, fit.detail)
         return None
@@ -183,8 +186,9 @@ def _fit_kv(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: st
     return Attempt(fit, type_k, type_v, search.position)
 
 
-def try_kv(search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str,
-           type_v: str) -> None:  # fmt: skip
+def try_kv(
+    search: Search, q: int, candidate: Candidate, rung: Rung, type_k: str, type_v: str
+) -> None:
     """One rung at one K/V type, admitted if it fits (verdicts price each type alone)."""
     attempt = _fit_kv(search, q, candidate, rung, type_k, type_v)
     if attempt is not None:
@@ -208,52 +212,89 @@ def _try_rung(search: Search, q: int, candidate: Candidate, rung: Rung) -> None:
     best = max(fits, key=lambda a: a.fit.window)  # the first of the largest: the box's order
     for other in fits:
         if other is not best:
-            search.rejected.append(Rejected(
-                candidate.key, rung, f"{other.type_k}/{other.type_v}", RejectReason.SMALLER_WINDOW,
-                f"holds {other.fit.window} tokens; {best.type_k}/{best.type_v} holds "
-                f"{best.fit.window}",
-            ))  # fmt: skip
+            search.rejected.append(
+                Rejected(
+                    candidate.key,
+                    rung,
+                    f"{other.type_k}/{other.type_v}",
+                    RejectReason.SMALLER_WINDOW,
+                    f"holds {other.fit.window} tokens; {best.type_k}/{best.type_v} holds "
+                    f"{best.fit.window}",
+                )
+            )
     _admit(search, q, candidate, rung, best)
 
 
-def _hope(search: Search, q: int, candidate: Candidate, rung: Rung, sizer: Sizer,
-          placement: Placement, *, memory: bool) -> None:  # fmt: skip
+def _hope(
+    search: Search,
+    q: int,
+    candidate: Candidate,
+    rung: Rung,
+    sizer: Sizer,
+    placement: Placement,
+    *,
+    memory: bool,
+) -> None:
     """A placement possible once busy residents settle: a Wait option."""
     room = search.room
     windows = windows_for(search, sizer, placement_class(placement, sizer.n_layer))
     window = windows[0] if isinstance(windows, list) else 1
     wanted = need(sizer, placement, window)
     lacking = {d for d, f in wanted.items() if f.total > room.most.get(d, -1)}
-    blockers = tuple(sorted(
-        r.key for r in search.snapshot.residents
-        if r.settles and (any(r.bytes_on(d) for d in lacking) if memory else r.cores)
-    ))  # fmt: skip
+    blockers = tuple(
+        sorted(
+            r.key
+            for r in search.snapshot.residents
+            if r.settles and (any(r.bytes_on(d) for d in lacking) if memory else r.cores)
+        )
+    )
     etas = [r.eta_idle for r in search.snapshot.residents if r.key in blockers]
     eta = max((e for e in etas if e is not None), default=None) if None not in etas else None
     fit = Fit(placement, window, wanted, Band(BandKind.POINT, window, window))
     place = _place(candidate, rung, sizer.type_k, sizer.type_v, fit, (), claims.Claim(()), search)
-    search.hopeful.append(Option(place, q, search.position, _seconds(search.ask, candidate, rung),
-                                 0.0, 0, blockers, eta))  # fmt: skip
+    search.hopeful.append(
+        Option(
+            place, q, search.position, _seconds(search.ask, candidate, rung), 0.0, 0, blockers, eta
+        )
+    )
 
 
-def _place(candidate: Candidate, rung: Rung, type_k: str, type_v: str, fit: Fit,
-           victims: tuple[Victim, ...], claim: claims.Claim, search: Search) -> Place:  # fmt: skip
+def _place(
+    candidate: Candidate,
+    rung: Rung,
+    type_k: str,
+    type_v: str,
+    fit: Fit,
+    victims: tuple[Victim, ...],
+    claim: claims.Claim,
+    search: Search,
+) -> Place:
     gpus = fit.placement.gpus if fit.placement.gpu_layers > 0 else ()
     devices = tuple(gpus) + ((HOST,) if HOST in fit.need or not gpus else ())
     return Place(
-        artifact=candidate.key, rung=rung, window=fit.window, type_k=type_k, type_v=type_v,
-        devices=devices, footprint=tuple(sorted(fit.need.items())),
-        gpu_layers=fit.placement.gpu_layers, tensor_split=fit.placement.tensor_split,
-        experts_in_ram=fit.placement.experts_in_ram, victims=victims, cores=claim.cores,
-        cores_from=claim.taken_from, band=fit.band,
+        artifact=candidate.key,
+        rung=rung,
+        window=fit.window,
+        type_k=type_k,
+        type_v=type_v,
+        devices=devices,
+        footprint=tuple(sorted(fit.need.items())),
+        gpu_layers=fit.placement.gpu_layers,
+        tensor_split=fit.placement.tensor_split,
+        experts_in_ram=fit.placement.experts_in_ram,
+        victims=victims,
+        cores=claim.cores,
+        cores_from=claim.taken_from,
+        band=fit.band,
         predicted_seconds=_seconds(search.ask, candidate, rung),
         where=placement_class(fit.placement, candidate.shape.n_layer if candidate.shape else 0)
         + norepack.placement_suffix(candidate)  # repack hook 2/2: facts of --no-repack apart
         + fourbit.placement_suffix(candidate),  # and those of a load quantized to 4-bit
         repack=norepack.repack_reason(candidate, fit.placement),
-        slots=search.ask.slots.count, kv_unified=search.ask.slots.unified,
+        slots=search.ask.slots.count,
+        kv_unified=search.ask.slots.unified,
         load_in_4bit=candidate.load_in_4bit,
-    )  # fmt: skip
+    )
 
 
 def _admit(search: Search, q: int, candidate: Candidate, rung: Rung, attempt: Attempt) -> None:
@@ -264,33 +305,49 @@ def _admit(search: Search, q: int, candidate: Candidate, rung: Rung, attempt: At
     leaving = {v.key for v in chosen}
     speeds = candidate.speeds_on(rung)
     claim = claims.claim(
-        snapshot.cores, snapshot.busy_cores, snapshot.residents, leaving,
-        weights_in_ram=rung in WEIGHTS_IN_RAM, floor=search.ask.cpu_floor,
-        threads=speeds.threads if speeds else (), lend=snapshot.lend_reserved,
-    )  # fmt: skip
+        snapshot.cores,
+        snapshot.busy_cores,
+        snapshot.residents,
+        leaving,
+        weights_in_ram=rung in WEIGHTS_IN_RAM,
+        floor=search.ask.cpu_floor,
+        threads=speeds.threads if speeds else (),
+        lend=snapshot.lend_reserved,
+    )
     type_k, type_v = attempt.type_k, attempt.type_v
     if claim is None:
-        free, idle_cores = claims.claimable(snapshot.cores, snapshot.busy_cores,
-                                            snapshot.residents, leaving)  # fmt: skip
+        free, idle_cores = claims.claimable(
+            snapshot.cores, snapshot.busy_cores, snapshot.residents, leaving
+        )
         floor = search.ask.cpu_floor if rung in WEIGHTS_IN_RAM else 1
         detail = f"{len(free) + len(idle_cores)} free physical core(s); needs {floor}"
-        search.rejected.append(Rejected(candidate.key, rung, f"{type_k}/{type_v}",
-                                        RejectReason.NO_CORES, detail))  # fmt: skip
+        search.rejected.append(
+            Rejected(candidate.key, rung, f"{type_k}/{type_v}", RejectReason.NO_CORES, detail)
+        )
         if any(r.settles and r.cores for r in snapshot.residents):
             slots = search.ask.slots
             sizer = Sizer(candidate, slots.count, type_k, type_v, slots.unified)
             _hope(search, q, candidate, rung, sizer, fit.placement, memory=False)
         else:
-            search.refusals.append(Refusal(RejectReason.NO_CORES, HOST, search.ask.cpu_floor,
-                                           len(free) + len(idle_cores)))  # fmt: skip
+            search.refusals.append(
+                Refusal(
+                    RejectReason.NO_CORES, HOST, search.ask.cpu_floor, len(free) + len(idle_cores)
+                )
+            )
         return
     by_key = {r.key: r for r in snapshot.residents}
     place = _place(candidate, rung, type_k, type_v, fit, tuple(chosen), claim, search)
-    search.options.append(Option(
-        place, q, attempt.position, place.predicted_seconds,
-        reload=sum(v.cost for v in chosen),
-        hot=sum(1 for v in chosen if by_key[v.key].band > 1), counts=fit.counts,
-    ))  # fmt: skip
+    search.options.append(
+        Option(
+            place,
+            q,
+            attempt.position,
+            place.predicted_seconds,
+            reload=sum(v.cost for v in chosen),
+            hot=sum(1 for v in chosen if by_key[v.key].band > 1),
+            counts=fit.counts,
+        )
+    )
 
 
 def decide(snapshot: Snapshot, ask: Ask) -> Decision:
@@ -298,13 +355,26 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
     tried = 0
     for q, owner, artifact, rung in rung_jobs(ask, ask.goal):
         if artifact.terminal:
-            return Refuse(RefuseReason.BAD_ARTIFACT, 0, 0, detail=artifact.terminal,
-                          rejected=tuple(search.rejected))  # fmt: skip
+            return Refuse(
+                RefuseReason.BAD_ARTIFACT,
+                0,
+                0,
+                detail=artifact.terminal,
+                rejected=tuple(search.rejected),
+            )
         if rung is Rung.FOUR_BIT and artifact is owner:
-            search.rejected.append(Rejected(owner.key, rung, "", RejectReason.NO_FOUR_BIT_VARIANT,
-                                   "already 4-bit" if owner.four_bit else
-                                   "no approved Q4-class variant, and its engine cannot "
-                                   "quantize it to 4-bit as it loads"))  # fmt: skip
+            search.rejected.append(
+                Rejected(
+                    owner.key,
+                    rung,
+                    "",
+                    RejectReason.NO_FOUR_BIT_VARIANT,
+                    "already 4-bit"
+                    if owner.four_bit
+                    else "no approved Q4-class variant, and its engine cannot "
+                    "quantize it to 4-bit as it loads",
+                )
+            )
             continue
         if (
             ask.goal is not Goal.FAST
@@ -323,7 +393,11 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
         if search.options and search.options[-1].seconds is None:
             break  # ladder order decides from here: the first admissible option wins
     if tried == 0:
-        return Refuse(RefuseReason.NO_CANDIDATE, 0, 0,
-                      detail="no approved variant or rung is left by the pins and settings",
-                      rejected=tuple(search.rejected))  # fmt: skip
+        return Refuse(
+            RefuseReason.NO_CANDIDATE,
+            0,
+            0,
+            detail="no approved variant or rung is left by the pins and settings",
+            rejected=tuple(search.rejected),
+        )
     return conclude(search)

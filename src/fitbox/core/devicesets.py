@@ -143,8 +143,12 @@ class SetSearch:
             return best[1]
         for index, gpus, held in evicting:
             victims = self.victims(gpus, i)
-            key = (sum(v.cost for v in victims), sum(v.bytes for v in victims),
-                   0 if k == 1 else -self.left(gpus, held), index)  # fmt: skip
+            key = (
+                sum(v.cost for v in victims),
+                sum(v.bytes for v in victims),
+                0 if k == 1 else -self.left(gpus, held),
+                index,
+            )
             if best is None or key < best[0]:
                 best = (key, held)
         assert best is not None, "best() found a set of k GPUs that holds window i"
@@ -176,8 +180,13 @@ class SetSearch:
             if found is None:
                 rows.append(DeviceCount(k, (), 0, (), CountReason.NO_WINDOW))
                 continue
-            reason = (CountReason.CHOSEN if k == k_chosen else CountReason.SMALLER_WINDOW
-                      if i < i_chosen else CountReason.MORE_DEVICES)  # fmt: skip
+            reason = (
+                CountReason.CHOSEN
+                if k == k_chosen
+                else CountReason.SMALLER_WINDOW
+                if i < i_chosen
+                else CountReason.MORE_DEVICES
+            )
             gpus = found.placement.gpus
             leaving = tuple(v.key for v in self.victims(gpus, i))
             rows.append(DeviceCount(k, gpus, self.splits.windows[i], leaving, reason))

@@ -41,8 +41,9 @@ def choose(short: Mapping[str, int], candidates: Sequence[ResidentView]) -> list
                 on[device] += size
         if any(on.values()):
             held[id(r)] = on
-    pool = sorted((r for r in candidates if id(r) in held),
-                  key=lambda r: (r.last_used, r.key))  # fmt: skip  # deterministic ties: LRU
+    pool = sorted(
+        (r for r in candidates if id(r) in held), key=lambda r: (r.last_used, r.key)
+    )  # deterministic ties: LRU
 
     price = {id(r): cost(r) for r in pool}
     parts = {key: [(d, b) for d, b in on.items() if b] for key, on in held.items()}

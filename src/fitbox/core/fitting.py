@@ -52,24 +52,62 @@ def short(search: Search, sizer: Sizer, placement: Placement) -> Rejected:
     for device, footprint in wanted.items():
         if footprint.total > room.empty.get(device, -1):
             empty = room.empty.get(device, 0)
-            search.refusals.append(Refusal(RejectReason.LARGER_THAN_BOX, device, footprint.total,
-                                           empty, (), footprint, window))  # fmt: skip
-            return Rejected(candidate.key, Rung.GPU_ONLY, kv, RejectReason.LARGER_THAN_BOX,
-                            f"needs {footprint.total} B on {device} at {window} tokens; an "
-                            f"empty {device} holds {room.empty.get(device, 0)} B")  # fmt: skip
+            search.refusals.append(
+                Refusal(
+                    RejectReason.LARGER_THAN_BOX,
+                    device,
+                    footprint.total,
+                    empty,
+                    (),
+                    footprint,
+                    window,
+                )
+            )
+            return Rejected(
+                candidate.key,
+                Rung.GPU_ONLY,
+                kv,
+                RejectReason.LARGER_THAN_BOX,
+                f"needs {footprint.total} B on {device} at {window} tokens; an "
+                f"empty {device} holds {room.empty.get(device, 0)} B",
+            )
     lacking = [d for d, f in wanted.items() if f.total > room.most[d]]
     if not lacking:  # partial offload: each side fits alone, no layer count fits both
-        return Rejected(candidate.key, Rung.GPU_ONLY, kv, RejectReason.WINDOW_INFEASIBLE,
-                        "no layer count fits both the GPU and the host")  # fmt: skip
+        return Rejected(
+            candidate.key,
+            Rung.GPU_ONLY,
+            kv,
+            RejectReason.WINDOW_INFEASIBLE,
+            "no layer count fits both the GPU and the host",
+        )
     device = lacking[0]
     if room.fits(wanted, room.hopeful):
-        return Rejected(candidate.key, Rung.GPU_ONLY, kv, RejectReason.HELD_BY_BUSY,
-                        f"needs {wanted[device].total} B on {device}; {room.most[device]} B "
-                        "free once idle models leave; busy models hold the rest")  # fmt: skip
-    holders = tuple(sorted(r.key for r in search.snapshot.residents
-                           if r.pinned and any(r.bytes_on(d) for d in lacking)))  # fmt: skip
-    search.refusals.append(Refusal(RejectReason.HELD_BY_PINNED, device, wanted[device].total,
-                                   room.most[device], holders, wanted[device], window))  # fmt: skip
+        return Rejected(
+            candidate.key,
+            Rung.GPU_ONLY,
+            kv,
+            RejectReason.HELD_BY_BUSY,
+            f"needs {wanted[device].total} B on {device}; {room.most[device]} B "
+            "free once idle models leave; busy models hold the rest",
+        )
+    holders = tuple(
+        sorted(
+            r.key
+            for r in search.snapshot.residents
+            if r.pinned and any(r.bytes_on(d) for d in lacking)
+        )
+    )
+    search.refusals.append(
+        Refusal(
+            RejectReason.HELD_BY_PINNED,
+            device,
+            wanted[device].total,
+            room.most[device],
+            holders,
+            wanted[device],
+            window,
+        )
+    )
     detail = f"needs {wanted[device].total} B on {device}; pinned models hold the room"
     return Rejected(candidate.key, Rung.GPU_ONLY, kv, RejectReason.HELD_BY_PINNED, detail)
 
@@ -93,8 +131,9 @@ def partial(search: Search, sizer: Sizer, rung: Rung) -> Fit | Rejected | None:
     def layers_for(window: int) -> int | None:
         # the most layers the GPU holds, and the fewest the host can spare
         most_gpu = bands.largest(n_layer - 1, lambda i: on(gpu, i + 1, window) <= room.most[gpu])
-        spare = bands.largest(n_layer - 1, lambda i: on(HOST, n_layer - i, window)
-                              <= room.most.get(HOST, -1))  # fmt: skip
+        spare = bands.largest(
+            n_layer - 1, lambda i: on(HOST, n_layer - i, window) <= room.most.get(HOST, -1)
+        )
         if most_gpu is None or spare is None or n_layer - spare > most_gpu + 1:
             return None
         return most_gpu + 1 if rung is Rung.MAX_GPU else n_layer - spare
@@ -105,5 +144,6 @@ def partial(search: Search, sizer: Sizer, rung: Rung) -> Fit | Rejected | None:
     layers = layers_for(best)
     assert layers is not None
     placement = at(layers)
-    return Fit(placement, windows[best], need(sizer, placement, windows[best]),
-               bands.band(windows, best))  # fmt: skip
+    return Fit(
+        placement, windows[best], need(sizer, placement, windows[best]), bands.band(windows, best)
+    )

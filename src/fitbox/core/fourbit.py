@@ -24,8 +24,10 @@ def in_place(candidate: Candidate) -> Candidate | None:
     return replace(
         candidate.facts_filed_under(FOUR_BIT_CLASS),
         shape=replace(candidate.shape, weights_bytes=candidate.four_bit_weights),
-        layout=None, four_bit=True, load_in_4bit=True,
-    )  # fmt: skip
+        layout=None,
+        four_bit=True,
+        load_in_4bit=True,
+    )
 
 
 def placement_suffix(candidate: Candidate) -> str:

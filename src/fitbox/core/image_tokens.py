@@ -28,8 +28,10 @@ _QWEN = frozenset({"qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"})
 QWEN_MERGE = 2
 QWEN_TOKENS = (8, 4096)
 # the text mtmd.cpp init_vision wraps each image in (tokenized: at most a token a byte)
-_WRAPS = {"gemma3": "<start_of_image><end_of_image>",
-          **{kind: "<|vision_start|><|vision_end|>" for kind in _QWEN}}  # fmt: skip
+_WRAPS = {
+    "gemma3": "<start_of_image><end_of_image>",
+    **{kind: "<|vision_start|><|vision_end|>" for kind in _QWEN},
+}
 GEMMA3_MERGE = 4  # clip.cpp load_hparams: Gemma 3's default projector scale factor
 # a processor's own marks around an image's tokens (Gemma 3: "\n\n<start_of_image>" …
 # "<end_of_image>\n\n"; PaliGemma: BOS and "\n" after them), at most this many
@@ -76,12 +78,15 @@ def resized_tokens(dims: tuple[int, int], side: int, min_pixels: int, max_pixels
         cases.append(min(near_hi, budget) if near_hi * side * side > max_pixels else near_hi)
     if near_hi * side * side > max_pixels:  # scaled down into the budget
         beta = math.sqrt(area / max_pixels)
-        cases.append(max(1, math.floor(width / beta / side + SLACK))
-                     * max(1, math.floor(height / beta / side + SLACK)))  # fmt: skip
+        cases.append(
+            max(1, math.floor(width / beta / side + SLACK))
+            * max(1, math.floor(height / beta / side + SLACK))
+        )
     if min_pixels and near_lo * side * side < min_pixels:  # scaled up to the floor
         beta = math.sqrt(min_pixels / area)
-        cases.append(math.ceil(width * beta / side + SLACK)
-                     * math.ceil(height * beta / side + SLACK))  # fmt: skip
+        cases.append(
+            math.ceil(width * beta / side + SLACK) * math.ceil(height * beta / side + SLACK)
+        )
     return max(cases)
 
 
@@ -104,8 +109,9 @@ def projector_image_tokens(p: ProjectorShape) -> ImageTokens | None:
     if p.projector_type in _QWEN:
         side = p.patch_size * QWEN_MERGE
         low, high = QWEN_TOKENS
-        return ImageTokens(side=side, min_pixels=low * side * side,
-                           max_pixels=high * side * side, extra=wrap)  # fmt: skip
+        return ImageTokens(
+            side=side, min_pixels=low * side * side, max_pixels=high * side * side, extra=wrap
+        )
     return None
 
 
@@ -138,8 +144,9 @@ def processor_image_tokens(
         high = _int(images.get("max_pixels")) or _int(size.get("longest_edge"))
         if not patch or not merge or not high:
             return None
-        return ImageTokens(side=patch * merge, min_pixels=low, max_pixels=high,
-                           extra=PROCESSOR_WRAP)  # fmt: skip
+        return ImageTokens(
+            side=patch * merge, min_pixels=low, max_pixels=high, extra=PROCESSOR_WRAP
+        )
     return None
 
 

@@ -14,9 +14,18 @@ from fitbox.core.split import Placement, in_ram
 from fitbox.core.types import WEIGHTS_IN_RAM, Rung
 
 # Rejections no amount of RAM changes (core/decision.py RejectReason values): no second try.
-NOT_ABOUT_ROOM = frozenset({"no_gpu", "no_gpu_backend", "not_moe", "needs_layout",
-                            "no_partial_offload", "kv_type", "beyond_training",
-                            "no_cores"})  # fmt: skip
+NOT_ABOUT_ROOM = frozenset(
+    {
+        "no_gpu",
+        "no_gpu_backend",
+        "not_moe",
+        "needs_layout",
+        "no_partial_offload",
+        "kv_type",
+        "beyond_training",
+        "no_cores",
+    }
+)
 
 
 def without(

@@ -53,8 +53,9 @@ def projector_footprint(p: ProjectorShape) -> Footprint:
     """What ``--mmproj`` adds: its weights, read into an allocated buffer (not mapped), and
     the compute buffer ``reserve_compute_meta`` reserves for one warm-up image."""
     rows = min(p.n_layer, PEAK_LAYERS) * p.n_embd + p.n_ff + POSITION_EXTRA
-    return Footprint(weights=p.weights_bytes, kv=0, compute=F32_BYTES * p.positions * rows,
-                     output=0)  # fmt: skip
+    return Footprint(
+        weights=p.weights_bytes, kv=0, compute=F32_BYTES * p.positions * rows, output=0
+    )
 
 
 def with_projector(text: Footprint, projector: ProjectorShape | None) -> Footprint:
@@ -62,5 +63,6 @@ def with_projector(text: Footprint, projector: ProjectorShape | None) -> Footpri
     if projector is None:
         return text
     extra = projector_footprint(projector)
-    return Footprint(text.weights + extra.weights, text.kv, text.compute + extra.compute,
-                     text.output)  # fmt: skip
+    return Footprint(
+        text.weights + extra.weights, text.kv, text.compute + extra.compute, text.output
+    )

@@ -47,7 +47,8 @@ def prompt_bound(
     if chat is not None and "prompt" not in body:
         tools = body.get("tools")
         items = (len(chat) if isinstance(chat, list) else 1) + (
-            len(tools) if isinstance(tools, list) else 0)  # fmt: skip
+            len(tools) if isinstance(tools, list) else 0
+        )
         template = template_bytes or CHATML_BYTES
         # a template may render tools with tojson, which can escape a character into
         # \uXXXX: six bytes for every two or more the body holds

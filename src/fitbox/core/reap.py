@@ -106,9 +106,17 @@ def copies_of(files: Sequence[StoredFile], last_called: Mapping[str, float]) -> 
         shards = tuple(Shard(f.path, f.bytes, f.sha256) for _, f in members)
         complete = [index for index, _ in members] == list(range(1, count + 1))
         called = max(last_called.get(s.path, 0.0) for s in shards)
-        singles.append(Copy(shards[0].path, drive, sum(s.bytes for s in shards),
-                            shards[0].sha256, called, shards=shards,
-                            complete=complete))  # fmt: skip
+        singles.append(
+            Copy(
+                shards[0].path,
+                drive,
+                sum(s.bytes for s in shards),
+                shards[0].sha256,
+                called,
+                shards=shards,
+                complete=complete,
+            )
+        )
     return sorted(singles, key=lambda c: (c.drive, c.path))
 
 
@@ -149,14 +157,16 @@ def _why_kept(copy: Copy, drive: Drive, central_hashes: frozenset[str]) -> Kept 
     return None
 
 
-def reap_to_fit(drives: Sequence[Drive], copies: Sequence[Copy], drive_id: str,
-                need: int) -> ReapPlan:  # fmt: skip
+def reap_to_fit(
+    drives: Sequence[Drive], copies: Sequence[Copy], drive_id: str, need: int
+) -> ReapPlan:
     """The copies to remove from ``drive_id`` so ``need`` more bytes fit there."""
     by_id = {d.id: d for d in drives}
     drive = by_id[drive_id]
     centrals = {d.id for d in drives if d.role is DriveRole.CENTRAL}
-    central_hashes = frozenset(sha256 for c in copies if c.drive in centrals
-                               for sha256 in c.hashes if sha256 is not None)  # fmt: skip
+    central_hashes = frozenset(
+        sha256 for c in copies if c.drive in centrals for sha256 in c.hashes if sha256 is not None
+    )
     short = need - drive.room()
     victims: list[Copy] = []
     kept: list[tuple[Copy, Kept]] = []

@@ -61,8 +61,12 @@ def kernel(type_name: str, rows: int, cpu: CpuFeatures) -> str | None:
     i8mm, dot = neon and cpu.has("MATMUL_INT8"), neon and cpu.has("DOTPROD")
     sve256 = cpu.has("SVE") and cpu.has("MATMUL_INT8") and cpu.sve_cnt == 32
     rules: dict[str, tuple[tuple[bool, int, str], ...]] = {
-        "Q4_0": ((avx2 or sve256, 8, "8x8"), (i8mm, 4, "4x8"), (dot, 4, "4x4"),
-                 (cpu.has("VXE"), 4, "4x4")),
+        "Q4_0": (
+            (avx2 or sve256, 8, "8x8"),
+            (i8mm, 4, "4x8"),
+            (dot, 4, "4x4"),
+            (cpu.has("VXE"), 4, "4x4"),
+        ),
         "Q4_K": ((avx2, 8, "8x8"), (i8mm, 8, "8x8"), (dot, 8, "8x4")),
         "Q2_K": ((avx512, 8, "8x8"),),
         "Q5_K": ((i8mm, 8, "8x8"), (dot, 8, "8x4")),
@@ -71,7 +75,7 @@ def kernel(type_name: str, rows: int, cpu: CpuFeatures) -> str | None:
         "MXFP4": ((avx2, 8, "8x8"), (dot, 4, "4x4")),
         "Q8_0": ((i8mm, 4, "4x8"), (dot, 4, "4x4")),
         "Q1_0": ((i8mm, 4, "4x8"), (dot, 4, "4x4")),
-    }  # fmt: skip
+    }
     for ok, multiple, layout in rules.get(type_name, ()):
         if ok and rows % multiple == 0:
             return layout

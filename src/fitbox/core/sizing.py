@@ -82,8 +82,10 @@ class ModelShape:
 
     def head_dims(self, il: int) -> tuple[int, int]:
         if self.is_swa(il):
-            return (self.key_length_swa or self.key_length, self.value_length_swa or
-                    self.value_length)  # fmt: skip
+            return (
+                self.key_length_swa or self.key_length,
+                self.value_length_swa or self.value_length,
+            )
         return self.key_length, self.value_length
 
 
@@ -137,8 +139,10 @@ def kv_type_problem(shape: ModelShape, type_k: str, type_v: str, flash_attn: boo
         for name, kind, dim in (("K", type_k, k_dim), ("V", type_v, v_dim)):
             block = KV_TYPES[kind][0]
             if dim and dim % block:
-                return (f"{name} cache type {kind} has block size {block}, which does not "
-                        f"divide the head dim {dim}")  # fmt: skip
+                return (
+                    f"{name} cache type {kind} has block size {block}, which does not "
+                    f"divide the head dim {dim}"
+                )
     return None
 
 
@@ -174,15 +178,23 @@ def padded_v_width(shape: ModelShape) -> int:
     """With flash attention off V is stored transposed, and when its width varies across
     layers every layer's V takes the widest (llama-kv-cache.cpp TAG_V_CACHE_VARIABLE:
     n_embd_v_gqa_max over all layers); 0 when the widths agree (nothing is padded)."""
-    widths = {shape.head_dims(il)[1] * (shape.kv_heads[il] if il < len(shape.kv_heads) else 0)
-              for il in range(shape.n_layer)}  # fmt: skip
+    widths = {
+        shape.head_dims(il)[1] * (shape.kv_heads[il] if il < len(shape.kv_heads) else 0)
+        for il in range(shape.n_layer)
+    }
     return max(widths) if len(widths) > 1 else 0
 
 
 def layer_kv_bytes(
-    shape: ModelShape, il: int, cells: int, swa: int, streams: int, type_k: str, type_v: str,
+    shape: ModelShape,
+    il: int,
+    cells: int,
+    swa: int,
+    streams: int,
+    type_k: str,
+    type_v: str,
     v_width: int = 0,
-) -> tuple[int, int]:  # fmt: skip
+) -> tuple[int, int]:
     """(K, V) bytes of layer ``il``; (0, 0) for a layer that keeps no KV. ``v_width``: the
     padded V row of a cache without flash attention (``padded_v_width``), 0 if unpadded;
     a cache layer with no KV heads then still holds a V of that width."""
@@ -215,8 +227,7 @@ def kv_bytes(
     v_width = 0 if flash_attn else padded_v_width(shape)
     k = v = 0
     for il in range(shape.n_layer):
-        layer_k, layer_v = layer_kv_bytes(shape, il, cells, swa, streams, type_k, type_v,
-                                          v_width)  # fmt: skip
+        layer_k, layer_v = layer_kv_bytes(shape, il, cells, swa, streams, type_k, type_v, v_width)
         k, v = k + layer_k, v + layer_v
     return KVBytes(k=k, v=v, full_cells=cells, swa_cells=swa, streams=streams)
 
@@ -243,9 +254,13 @@ def ubatch(window: int) -> int:
 
 
 def compute_bytes(
-    shape: ModelShape, window: int, parallel: int, unified: bool = False,
-    flash_attn: bool = True, type_k: str = "f16",
-) -> int:  # fmt: skip
+    shape: ModelShape,
+    window: int,
+    parallel: int,
+    unified: bool = False,
+    flash_attn: bool = True,
+    type_k: str = "f16",
+) -> int:
     """The compute buffer (FORMULAS.md §Compute): per ubatch token, a KQ mask over each
     cache's cells plus the widest activations of a layer; without flash attention also
     the f32 KQ matrix, whichever peak is larger."""
@@ -263,17 +278,23 @@ def compute_bytes(
     return compute_without_fa(shape, window, mask, cells if full else swa, type_k)
 
 
-def compute_for_mask(shape: ModelShape, window: int, mask_cells: int,
-                     mask_bytes: int = F16_BYTES) -> int:  # fmt: skip
+def compute_for_mask(
+    shape: ModelShape, window: int, mask_cells: int, mask_bytes: int = F16_BYTES
+) -> int:
     """The compute buffer once the KQ mask's cells are known (they depend on which layers
     attend, which a caller may have worked out once for many windows)."""
-    values = (COMPUTE_PER_EMBD * shape.n_embd + COMPUTE_PER_FF * shape.n_ff + COMPUTE_EXTRA
-              + shape.ssm_values)  # fmt: skip
+    values = (
+        COMPUTE_PER_EMBD * shape.n_embd
+        + COMPUTE_PER_FF * shape.n_ff
+        + COMPUTE_EXTRA
+        + shape.ssm_values
+    )
     return ubatch(window) * (mask_bytes * mask_cells + F32_BYTES * values)
 
 
-def compute_without_fa(shape: ModelShape, window: int, mask_cells: int, kq_cells: int,
-                       type_k: str = "f16") -> int:  # fmt: skip
+def compute_without_fa(
+    shape: ModelShape, window: int, mask_cells: int, kq_cells: int, type_k: str = "f16"
+) -> int:
     """Flash attention off (llama-graph.cpp build_attn_mha, the ``kq`` branch): the mask is
     f32, and the peak is either the layer's activations or the attention step, where the
     f32 KQ matrix [kq_cells, n_ubatch, n_head] (the widest cache's cells) is alive."""
@@ -284,9 +305,11 @@ def compute_without_fa(shape: ModelShape, window: int, mask_cells: int, kq_cells
         beside = 4 * e + max(e, NO_FA_QUANT_K_FLOOR) + NO_FA_QUANT_K_EXTRA
     else:
         beside = NO_FA_PER_EMBD * e + NO_FA_EXTRA
-    attention = ubatch(window) * F32_BYTES * (
-        shape.n_head * kq_cells + mask_cells + beside + NO_FA_PER_K * widest_k
-    )  # fmt: skip
+    attention = (
+        ubatch(window)
+        * F32_BYTES
+        * (shape.n_head * kq_cells + mask_cells + beside + NO_FA_PER_K * widest_k)
+    )
     return max(attention, compute_for_mask(shape, window, mask_cells, F32_BYTES))
 
 
@@ -306,8 +329,15 @@ def footprint(
     RAM (the repack rule, core/repack.py); None prices the file's bytes alone. ``projector``:
     launched with ``--mmproj`` (core/projector.py)."""
     window = effective_window(shape, window)
-    kv = kv_bytes(shape, window, parallel, type_k=type_k, type_v=type_v, unified=unified,
-                  flash_attn=flash_attn)  # fmt: skip
+    kv = kv_bytes(
+        shape,
+        window,
+        parallel,
+        type_k=type_k,
+        type_v=type_v,
+        unified=unified,
+        flash_attn=flash_attn,
+    )
     text = Footprint(
         weights=shape.weights_bytes + host_weights(shape.tensors, cpu).extra,
         kv=kv.total + recurrent_bytes(shape, parallel),

@@ -123,8 +123,9 @@ def repack_extra(shape: sizing.ModelShape, placement: Placement, cpu: CpuFeature
     return found.extra if found else 0
 
 
-def in_ram(shape: sizing.ModelShape, placement: Placement,
-           cpu: CpuFeatures | None) -> HostWeights | None:  # fmt: skip
+def in_ram(
+    shape: sizing.ModelShape, placement: Placement, cpu: CpuFeatures | None
+) -> HostWeights | None:
     """The host's model buffers under the repack rule: the tensors in RAM are the input
     layer, the layers (and output layer) left on the host, and routed experts with
     --cpu-moe. None when nothing can repack (no features, a GPU host buffer, no tensors)."""

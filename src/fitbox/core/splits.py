@@ -133,8 +133,9 @@ class Splits:
             taken, start = [], 0
             for j, g in enumerate(gpus[:-1]):
                 room = most[g] - spare - terms.compute
-                stop = min(bisect_right(before, before[start] + room) - 1,
-                           n_layer - (len(gpus) - 2 - j))  # fmt: skip
+                stop = min(
+                    bisect_right(before, before[start] + room) - 1, n_layer - (len(gpus) - 2 - j)
+                )
                 if stop <= start:
                     return None
                 taken.append(float(stop - start))

@@ -21,13 +21,18 @@ class Tier:
         """Why these settings are refused: a setting above its parent tier."""
         found = []
         if self.box is not None and self.box > self.device:
-            found.append(f"{self.resource}: the box setting {self.box} is above what the "
-                         f"device has ({self.device})")  # fmt: skip
-        parent_name, parent = ("box setting", self.box) if self.box is not None else (
-            "device", self.device)  # fmt: skip
+            found.append(
+                f"{self.resource}: the box setting {self.box} is above what the "
+                f"device has ({self.device})"
+            )
+        parent_name, parent = (
+            ("box setting", self.box) if self.box is not None else ("device", self.device)
+        )
         if self.central is not None and self.central > parent:
-            found.append(f"{self.resource}: the central setting {self.central} is above the "
-                         f"{parent_name} ({parent})")  # fmt: skip
+            found.append(
+                f"{self.resource}: the central setting {self.central} is above the "
+                f"{parent_name} ({parent})"
+            )
         return found
 
     def effective(self) -> int:

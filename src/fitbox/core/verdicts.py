@@ -46,17 +46,39 @@ def verdicts(snapshot: Snapshot, ask: Ask) -> tuple[list[Verdict], Decision]:
             why = search.rejected[-1] if search.rejected else None
             if search.options:
                 place: Place = search.options[0].place
-                found.append(Verdict(
-                    artifact.key, rung, type_k, type_v, True, False, place.window, place.band,
-                    place.footprint, tuple(v.key for v in place.victims), place.cores,
-                    place.predicted_seconds,
-                ))  # fmt: skip
+                found.append(
+                    Verdict(
+                        artifact.key,
+                        rung,
+                        type_k,
+                        type_v,
+                        True,
+                        False,
+                        place.window,
+                        place.band,
+                        place.footprint,
+                        tuple(v.key for v in place.victims),
+                        place.cores,
+                        place.predicted_seconds,
+                    )
+                )
             elif search.hopeful:
                 place = search.hopeful[0].place
-                found.append(Verdict(artifact.key, rung, type_k, type_v, False, True,
-                                     place.window, footprint=place.footprint,
-                                     rejected=why))  # fmt: skip
+                found.append(
+                    Verdict(
+                        artifact.key,
+                        rung,
+                        type_k,
+                        type_v,
+                        False,
+                        True,
+                        place.window,
+                        footprint=place.footprint,
+                        rejected=why,
+                    )
+                )
             else:
-                found.append(Verdict(artifact.key, rung, type_k, type_v, False, False,
-                                     rejected=why))  # fmt: skip
+                found.append(
+                    Verdict(artifact.key, rung, type_k, type_v, False, False, rejected=why)
+                )
     return found, decide(snapshot, ask)

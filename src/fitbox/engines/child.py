@@ -79,8 +79,12 @@ def launchers() -> tuple[str, str] | None:
     if not sys.platform.startswith("linux") or setpriv is None or taskset is None:
         return None
     try:  # an older setpriv has no --pdeathsig
-        done = subprocess.run([setpriv, "--pdeathsig", "KILL", taskset, "-c", "0", "true"],
-                              capture_output=True, timeout=10, check=False)  # fmt: skip
+        done = subprocess.run(
+            [setpriv, "--pdeathsig", "KILL", taskset, "-c", "0", "true"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return (setpriv, taskset) if done.returncode == 0 else None
@@ -244,9 +248,13 @@ def _log_pipe() -> tuple[int, int]:
 
 class Child:
     def __init__(
-        self, argv: list[str], port: int, log_path: Path, cpus: frozenset[int] = frozenset(),
+        self,
+        argv: list[str],
+        port: int,
+        log_path: Path,
+        cpus: frozenset[int] = frozenset(),
         env: dict[str, str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.argv = argv
         self.cpus = cpus
         self.env = env or {}

@@ -31,8 +31,9 @@ class EngineKinds:
             if kind.serves(artifact_format):
                 return kind
         known = ", ".join(k.name for k in self.kinds) or "none"
-        raise EngineFailed(f"No engine on this box loads {artifact_format} models "
-                           f"(engine kinds here: {known}).")  # fmt: skip
+        raise EngineFailed(
+            f"No engine on this box loads {artifact_format} models (engine kinds here: {known})."
+        )
 
     def for_artifact(self, artifact: HasFormat) -> Engine:
         return self.for_format(artifact.format)

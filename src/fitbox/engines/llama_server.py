@@ -55,9 +55,22 @@ __all__ = [  # LaunchIntent and EngineNotFound are the seam's; kept importable f
 ]
 BINARY = "llama-server"
 # what its children answer (server.cpp's routes); /v1/rerank only with --reranking
-ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
-                    "/v1/messages", "/v1/rerank", "/tokenize", "/detokenize", "/apply-template",
-                    "/infill", "/props", "/slots"})  # fmt: skip
+ROUTES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/rerank",
+        "/tokenize",
+        "/detokenize",
+        "/apply-template",
+        "/infill",
+        "/props",
+        "/slots",
+    }
+)
 _OOM = re.compile(r"out of memory|failed to allocate|unable to allocate|cudaMalloc failed", re.I)
 _TIMINGS = re.compile(rb'"timings"\s*:\s*(\{[^{}]*\})')
 _FLAG_LINE = re.compile(r"^(--?[A-Za-z][^\s,]*(?:,\s+--?[A-Za-z][^\s,]*)*)")
@@ -160,8 +173,9 @@ def parse_system_info(text: str, devices: Sequence[str] = ()) -> CpuFeatures:
     ggml_backend_cpu_get_features)."""
     line = next((ln for ln in text.splitlines() if "system_info:" in ln), "")
     sections = _SECTION.split(line)  # [before, name, body, name, body, ...]
-    body = next((sections[i + 1] for i in range(1, len(sections) - 1, 2)
-                 if sections[i] == "CPU"), "")  # fmt: skip
+    body = next(
+        (sections[i + 1] for i in range(1, len(sections) - 1, 2) if sections[i] == "CPU"), ""
+    )
     found = dict(_FEATURE.findall(body))
     flags = frozenset(name for name, value in found.items() if value != "0")
     host_buffer = any(d.startswith(_HOST_BUFFER_BACKENDS) for d in devices)
@@ -177,8 +191,14 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[st
     """A probe of the binary, killed when fitbox dies: probes run in a thread while fitbox
     serves (``LlamaServer.prepare``), and a stop does not wait for one that hangs."""
     chained = launch_argv(argv, frozenset())
-    return subprocess.run(chained or argv, capture_output=True, text=True, timeout=timeout,
-                          check=False, preexec_fn=None if chained else die_with_parent)  # fmt: skip
+    return subprocess.run(
+        chained or argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        preexec_fn=None if chained else die_with_parent,
+    )
 
 
 def _devices(path: Path, flags: frozenset[str]) -> tuple[str, ...] | None:
@@ -202,8 +222,17 @@ def _cpu_features(path: Path, flags: frozenset[str], devices: Sequence[str]) -> 
         if "--verbosity" not in flags:
             return CpuFeatures()
         with tempfile.TemporaryDirectory() as tmp:
-            argv = [str(path), "-m", str(Path(tmp) / "none.gguf"), "--host", "127.0.0.1",
-                    "--port", "0", "--verbosity", "4"]  # fmt: skip
+            argv = [
+                str(path),
+                "-m",
+                str(Path(tmp) / "none.gguf"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--verbosity",
+                "4",
+            ]
             argv += ["--fit", "off"] if "--fit" in flags else []
             probe = _run(argv, PROBE_S)
     except (OSError, subprocess.TimeoutExpired):
@@ -242,8 +271,10 @@ def visible_gpus(intent: LaunchIntent) -> dict[str, str]:
     own order is made NVML's (PCI bus order), which is how fitbox numbers GPUs."""
     if not intent.gpus or not intent.gpu_layers:
         return {}
-    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in intent.gpus)}  # fmt: skip
+    return {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in intent.gpus),
+    }
 
 
 def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
@@ -315,12 +346,14 @@ def parse_timings(tail: bytes) -> CallTimings | None:
     if not isinstance(found, dict) or not found:
         return None
     return CallTimings(
-        prompt_n=found.get("prompt_n") or 0, prompt_ms=found.get("prompt_ms"),
+        prompt_n=found.get("prompt_n") or 0,
+        prompt_ms=found.get("prompt_ms"),
         prompt_per_token_ms=found.get("prompt_per_token_ms"),
-        decode_n=found.get("predicted_n") or 0, decode_ms=found.get("predicted_ms"),
+        decode_n=found.get("predicted_n") or 0,
+        decode_ms=found.get("predicted_ms"),
         decode_per_token_ms=found.get("predicted_per_token_ms"),
         cache_n=found.get("cache_n"),
-    )  # fmt: skip
+    )
 
 
 class LlamaServer:
@@ -383,8 +416,7 @@ class LlamaServer:
             return None
 
     def launch(self, intent: LaunchIntent) -> LaunchSpec:
-        return LaunchSpec(tuple(build_argv(self.info(), intent)), intent.port,
-                          visible_gpus(intent))  # fmt: skip
+        return LaunchSpec(tuple(build_argv(self.info(), intent)), intent.port, visible_gpus(intent))
 
     def slots(self, intent: LaunchIntent) -> int:
         return intent.parallel  # -np
@@ -395,10 +427,13 @@ class LlamaServer:
         if not kinds.get("model"):
             return None
         return Held(
-            weights=kinds["model"], kv=kinds.get("kv", 0) + kinds.get("recurrent", 0),
-            compute=kinds.get("compute", 0), output=kinds.get("output", 0),
-            n_ctx=report.n_ctx, n_ctx_seq=report.n_ctx_seq,
-        )  # fmt: skip
+            weights=kinds["model"],
+            kv=kinds.get("kv", 0) + kinds.get("recurrent", 0),
+            compute=kinds.get("compute", 0),
+            output=kinds.get("output", 0),
+            n_ctx=report.n_ctx,
+            n_ctx_seq=report.n_ctx_seq,
+        )
 
     def timings(self, tail: bytes) -> CallTimings | None:
         return parse_timings(tail)
@@ -455,8 +490,10 @@ class LlamaServer:
         return len(tokens) if isinstance(tokens, list) else None
 
 
-_COUNTS = {"/v1/messages": "/v1/messages/count_tokens",
-           "/v1/responses": "/v1/responses/input_tokens"}  # fmt: skip
+_COUNTS = {
+    "/v1/messages": "/v1/messages/count_tokens",
+    "/v1/responses": "/v1/responses/input_tokens",
+}
 # The routes whose refusal of a prompt longer than the slot carries its count, measured on
 # this build for each, streamed or not: HTTP 400 before any event, ``{"error": {"type":
 # "exceed_context_size_error", "n_prompt_tokens": 431, "n_ctx": 256, …}}``. Not

@@ -39,23 +39,62 @@ _OFFLOADED = re.compile(_TAG + r"load_tensors: offloaded " + _N + "/" + _N + " l
 _KV_BUF = re.compile(_TAG + r"llama_kv_cache\w*:\s+(\S+) KV buffer size =\s+" + _F + " MiB")
 _KV_NEW = re.compile(_TAG + r"llama_\w+: creating\s+(.{1,16}?) KV cache, size = \d+ cells")
 _KV_SIZE = re.compile(
-    _TAG + r"llama_kv_cache\w*: size =\s+" + _F + r" MiB \(\s*" + _N + r" cells,\s+" + _N
-    + r" layers,\s+" + _N + r"(?:/" + _N + r")? seqs\), K \(" + _T + r"\):\s+" + _F
-    + r" MiB, V \(" + _T + r"\):\s+" + _F + " MiB"
-)  # fmt: skip
+    _TAG
+    + r"llama_kv_cache\w*: size =\s+"
+    + _F
+    + r" MiB \(\s*"
+    + _N
+    + r" cells,\s+"
+    + _N
+    + r" layers,\s+"
+    + _N
+    + r"(?:/"
+    + _N
+    + r")? seqs\), K \("
+    + _T
+    + r"\):\s+"
+    + _F
+    + r" MiB, V \("
+    + _T
+    + r"\):\s+"
+    + _F
+    + " MiB"
+)
 _RS_BUF = re.compile(_TAG + r"llama_\w+:\s+(\S+) RS buffer size =\s+" + _F + " MiB")
 _RS_SIZE = re.compile(
-    _TAG + r"llama_memory_recurrent\w*: size =\s+" + _F + r" MiB \(\s*" + _N + r" cells,\s+"
-    + _N + r" layers,\s+" + _N + r" seqs(?:\s+" + _N + r" rs_seq)?\), R \(" + _T + r"\):\s+"
-    + _F + r" MiB, S \(" + _T + r"\):\s+" + _F + r" MiB(?:, P \(" + _T + r"\):\s+" + _F
+    _TAG
+    + r"llama_memory_recurrent\w*: size =\s+"
+    + _F
+    + r" MiB \(\s*"
+    + _N
+    + r" cells,\s+"
+    + _N
+    + r" layers,\s+"
+    + _N
+    + r" seqs(?:\s+"
+    + _N
+    + r" rs_seq)?\), R \("
+    + _T
+    + r"\):\s+"
+    + _F
+    + r" MiB, S \("
+    + _T
+    + r"\):\s+"
+    + _F
+    + r" MiB(?:, P \("
+    + _T
+    + r"\):\s+"
+    + _F
     + " MiB)?"
-)  # fmt: skip
+)
 _OUTPUT_BUF = re.compile(_TAG + r"llama_context:\s+(\S+)\s+output buffer size =\s+" + _F + " MiB")
 _COMPUTE_BUF = re.compile(_TAG + r"\w+:\s+(\S+) compute buffer size =\s+" + _F + " MiB")
 _CTX_INT = re.compile(
-    _TAG + r"llama_context: (n_ctx|n_ctx_seq|n_ctx_per_seq|n_seq_max|n_batch|n_ubatch)\s+= "
-    + _N + r"\s*$"
-)  # fmt: skip
+    _TAG
+    + r"llama_context: (n_ctx|n_ctx_seq|n_ctx_per_seq|n_seq_max|n_batch|n_ubatch)\s+= "
+    + _N
+    + r"\s*$"
+)
 _CTX_STR = re.compile(_TAG + r"llama_context: (flash_attn|kv_unified)\s+= (\S{1,16})\s*$")
 _SLOTS = re.compile(
     r"initializing, n_slots = " + _N + ", n_ctx_slot = " + _N + r"(?:, kv_unified = '(\w+)')?"
@@ -187,9 +226,18 @@ def _kv(m: re.Match[str], kind: str) -> KVCacheLine:
 def _rs(m: re.Match[str]) -> RecurrentLine:
     g = m.groups()
     return RecurrentLine(
-        _b(g[0]), int(g[1]), int(g[2]), int(g[3]), g[5], _b(g[6]), g[7], _b(g[8]),
-        None if g[4] is None else int(g[4]), g[9], None if g[10] is None else _b(g[10]),
-    )  # fmt: skip
+        _b(g[0]),
+        int(g[1]),
+        int(g[2]),
+        int(g[3]),
+        g[5],
+        _b(g[6]),
+        g[7],
+        _b(g[8]),
+        None if g[4] is None else int(g[4]),
+        g[9],
+        None if g[10] is None else _b(g[10]),
+    )
 
 
 def _row(label: str, body: str) -> BreakdownRow | None:

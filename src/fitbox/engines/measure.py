@@ -31,9 +31,25 @@ class LoadSpec:
     mmproj: Path | None = None  # a vision projector loaded beside the model
 
     def argv(self) -> list[str]:
-        args = ["-c", str(self.window), "-np", str(self.parallel), "-ctk", self.type_k,
-                "-ctv", self.type_v, "-fa", "on" if self.flash_attn else "off", "-ngl", "0",
-                "--fit", "off", "--verbosity", "4", "--no-webui"]  # fmt: skip
+        args = [
+            "-c",
+            str(self.window),
+            "-np",
+            str(self.parallel),
+            "-ctk",
+            self.type_k,
+            "-ctv",
+            self.type_v,
+            "-fa",
+            "on" if self.flash_attn else "off",
+            "-ngl",
+            "0",
+            "--fit",
+            "off",
+            "--verbosity",
+            "4",
+            "--no-webui",
+        ]
         args += [] if self.repack else ["--no-repack"]
         args += ["--mmproj", str(self.mmproj)] if self.mmproj else []
         return [*args, "-kvu"] if self.unified else args
@@ -55,11 +71,9 @@ def _healthy(port: int) -> bool:
 def measure_load(binary: Path, model: Path, spec: LoadSpec, limit_s: float = 60) -> LoadReport:
     """Start, wait for /health, stop; parse everything it printed."""
     port = free_port()
-    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-            *spec.argv()]  # fmt: skip
+    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *spec.argv()]
     with tempfile.TemporaryFile() as log:  # a file, not a pipe: a full pipe would stall it
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + limit_s
             while proc.poll() is None and not _healthy(port) and time.monotonic() < deadline:

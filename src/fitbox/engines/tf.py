@@ -62,8 +62,10 @@ print(json.dumps({"modules": found, "four_bit": cuda and bool(found["bitsandbyte
                   "cuda": cuda}))
 """
 NEEDED = ("torch", "transformers", "safetensors")
-BOOT = ("import sys; sys.path.append(sys.argv[1]); "
-        "from tf_child.__main__ import main; main(sys.argv[2:])")
+BOOT = (
+    "import sys; sys.path.append(sys.argv[1]); "
+    "from tf_child.__main__ import main; main(sys.argv[2:])"
+)
 _OOM = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory")
 
 
@@ -103,14 +105,20 @@ def candidates(engine_dir: Path | None, env: dict[str, str] | None = None) -> li
     if env.get("FITBOX_TF_PYTHON"):
         found.append(Candidate(Path(env["FITBOX_TF_PYTHON"]), "FITBOX_TF_PYTHON"))
     if engine_dir is not None:
-        found.append(Candidate(_venv_python(venv_dir(engine_dir)),
-                               "engine dir (fitbox install --tf)"))  # fmt: skip
+        found.append(
+            Candidate(_venv_python(venv_dir(engine_dir)), "engine dir (fitbox install --tf)")
+        )
     for name in ("VIRTUAL_ENV", "CONDA_PREFIX"):
         if env.get(name):
             found.append(Candidate(_venv_python(Path(env[name])), name))
     home = Path(env.get("HOME", "~")).expanduser()
-    for pattern in (home / ".venvs/*", home / "venvs/*", home / "miniconda3/envs/*",
-                    home / "anaconda3/envs/*", Path("/opt/conda/envs/*")):  # fmt: skip
+    for pattern in (
+        home / ".venvs/*",
+        home / "venvs/*",
+        home / "miniconda3/envs/*",
+        home / "anaconda3/envs/*",
+        Path("/opt/conda/envs/*"),
+    ):
         for match in sorted(glob.glob(str(pattern))):
             found.append(Candidate(_venv_python(Path(match)), str(pattern.parent) + "/*"))
     unique: dict[Path, Candidate] = {}
@@ -122,8 +130,14 @@ def candidates(engine_dir: Path | None, env: dict[str, str] | None = None) -> li
 @lru_cache(maxsize=16)
 def _probe(python: Path, mtime_ns: int) -> Probe:
     try:
-        run = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True,
-                             timeout=PROBE_S, check=False, env=_child_env())  # fmt: skip
+        run = subprocess.run(
+            [str(python), "-c", PROBE],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_S,
+            check=False,
+            env=_child_env(),
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Probe(python, {}, False, False, f"did not run: {exc}")
     try:
@@ -179,10 +193,24 @@ def device_of(intent: LaunchIntent) -> str:
 
 
 def build_argv(python: Path, intent: LaunchIntent, adapter: Path | None = None) -> list[str]:
-    argv = [str(python), "-c", BOOT, str(Path(__file__).resolve().parent),
-            "--model", str(intent.model_path), "--alias", intent.alias, "--host", intent.host,
-            "--port", str(intent.port), "--window", str(intent.window),
-            "--device", device_of(intent)]  # fmt: skip
+    argv = [
+        str(python),
+        "-c",
+        BOOT,
+        str(Path(__file__).resolve().parent),
+        "--model",
+        str(intent.model_path),
+        "--alias",
+        intent.alias,
+        "--host",
+        intent.host,
+        "--port",
+        str(intent.port),
+        "--window",
+        str(intent.window),
+        "--device",
+        device_of(intent),
+    ]
     if intent.threads:
         argv += ["--threads", str(intent.threads)]
     if intent.embedding:
@@ -209,10 +237,15 @@ def held_from_props(props: dict[str, object], kv_budget: int) -> Held | None:
     on_cpu = set(weights.get("by_device", {})) <= {"cpu"}
     overhead = max(int(rss) - total, 0) if on_cpu and isinstance(rss, int) else 0
     window = props.get("n_ctx")
-    return Held(weights=total, kv=kv_budget, compute=overhead, output=0,
-                n_ctx=window if isinstance(window, int) else None,
-                n_ctx_seq=window if isinstance(window, int) else None,
-                now=now_from_props(props, overhead))  # fmt: skip
+    return Held(
+        weights=total,
+        kv=kv_budget,
+        compute=overhead,
+        output=0,
+        n_ctx=window if isinstance(window, int) else None,
+        n_ctx_seq=window if isinstance(window, int) else None,
+        now=now_from_props(props, overhead),
+    )
 
 
 def now_from_props(props: dict[str, object], overhead: int) -> int | None:
@@ -273,13 +306,15 @@ class Transformers:
             # event loop that asked. Until it answers, no 4-bit rung is offered (a whole load
             # still is), and the probe's answer is ready for the next decision.
             if self._probing is None:
-                self._probing = threading.Thread(target=self._locate_quietly, daemon=True,
-                                                 name="tf-probe")  # fmt: skip
+                self._probing = threading.Thread(
+                    target=self._locate_quietly, daemon=True, name="tf-probe"
+                )
                 self._probing.start()
             return Abilities(four_bit_in_place=False, partial_offload=False)
         # a CPU-only torch loads on no GPU, whatever the device map asks
-        return Abilities(four_bit_in_place=self._probe.four_bit, partial_offload=False,
-                         gpus=self._probe.cuda)  # fmt: skip
+        return Abilities(
+            four_bit_in_place=self._probe.four_bit, partial_offload=False, gpus=self._probe.cuda
+        )
 
     def _locate_quietly(self) -> None:
         with contextlib.suppress(EngineNotFound):  # a call to the model says so, with the fix
@@ -296,8 +331,10 @@ class Transformers:
         argv = build_argv(self.selected().python, intent, adapter_of(folder))
         env = _child_env()
         if device_of(intent) != "cpu":
-            env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                    "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in intent.gpus)}  # fmt: skip
+            env |= {
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in intent.gpus),
+            }
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""  # a placement in RAM touches no GPU
         return LaunchSpec(tuple(argv), intent.port, env)

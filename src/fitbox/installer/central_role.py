@@ -47,23 +47,34 @@ class CentralLayout:
 def central_layout(kind: str, root: Path = Path("/")) -> CentralLayout:
     if kind == "system":
         return CentralLayout(
-            kind, root, _under(root, Path("/etc/fitbox/fitbox-central.env")),
+            kind,
+            root,
+            _under(root, Path("/etc/fitbox/fitbox-central.env")),
             _under(root, Path(f"/etc/systemd/system/{UNIT}")),
-            CentralHome(_under(root, Path("/var/lib/fitbox-central"))))  # fmt: skip
+            CentralHome(_under(root, Path("/var/lib/fitbox-central"))),
+        )
     config = Path(platformdirs.user_config_dir("fitbox", appauthor=False))
     systemd = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "systemd"
     # the folder `fitbox central serve` uses when FITBOX_HOME is not set (central/cli.py)
-    return CentralLayout(kind, root, _under(root, config / "fitbox-central.env"),
-                         _under(root, systemd / "user" / UNIT),
-                         CentralHome(_under(root, default_home() / "central")))  # fmt: skip
+    return CentralLayout(
+        kind,
+        root,
+        _under(root, config / "fitbox-central.env"),
+        _under(root, systemd / "user" / UNIT),
+        CentralHome(_under(root, default_home() / "central")),
+    )
 
 
 def render_central_unit(target: CentralLayout, python: str = sys.executable) -> str:
     """The unit, with the installed paths inside (without --root)."""
     real = central_layout(target.kind) if target.root != Path("/") else target
-    return unit_text(target.kind, real.env_file, f"{python} -m fitbox central serve",
-                     "fitbox central: many fitbox boxes behind one address",
-                     "fitbox-central")  # fmt: skip
+    return unit_text(
+        target.kind,
+        real.env_file,
+        f"{python} -m fitbox central serve",
+        "fitbox central: many fitbox boxes behind one address",
+        "fitbox-central",
+    )
 
 
 def _migrate(target: CentralLayout) -> None:
@@ -80,31 +91,53 @@ def _hand_over(target: CentralLayout) -> None:
     target.home.path.chmod(0o700)
 
 
-def plan_central_install(target: CentralLayout, *, host: str | None, port: str | None,
-                         extra_env: dict[str, str]) -> Plan:  # fmt: skip
+def plan_central_install(
+    target: CentralLayout, *, host: str | None, port: str | None, extra_env: dict[str, str]
+) -> Plan:
     env = service_env(target.env_file, target.home.path, target.root, host, port, extra_env)
     plan = Plan(target, env)
     plan.steps += [
-        Step(f"create {target.home.path} (owner-only; kept if it exists)",
-             partial(make_private, target.home.path)),
-        *(Step(f"create {d}", partial(d.mkdir, parents=True, exist_ok=True))
-          for d in (target.env_file.parent, target.unit_file.parent)),
-        Step(f"write {target.env_file} (mode 0600)",
-             lambda: write_secret(target.env_file, render_env(env).rstrip("\n"))),
-        Step(f"write {target.unit_file}",
-             lambda: target.unit_file.write_text(render_central_unit(target))),
-        Step(f"make the central's store {target.home.store} (migrated; kept if it exists)",
-             lambda: _migrate(target)),
-    ]  # fmt: skip
+        Step(
+            f"create {target.home.path} (owner-only; kept if it exists)",
+            partial(make_private, target.home.path),
+        ),
+        *(
+            Step(f"create {d}", partial(d.mkdir, parents=True, exist_ok=True))
+            for d in (target.env_file.parent, target.unit_file.parent)
+        ),
+        Step(
+            f"write {target.env_file} (mode 0600)",
+            lambda: write_secret(target.env_file, render_env(env).rstrip("\n")),
+        ),
+        Step(
+            f"write {target.unit_file}",
+            lambda: target.unit_file.write_text(render_central_unit(target)),
+        ),
+        Step(
+            f"make the central's store {target.home.store} (migrated; kept if it exists)",
+            lambda: _migrate(target),
+        ),
+    ]
     if target.kind == "system" and target.root == Path("/"):
         plan.steps.insert(0, Step("create the system user and group 'fitbox'", system_user))
-        plan.steps.append(Step(f"give {target.home.path} to fitbox:fitbox (owner-only)",
-                               lambda: _hand_over(target)))  # fmt: skip
-    start_or_say_how(plan, target.root, target.kind, target.env_file, UNIT,
-                     f"{sys.executable} -m fitbox central serve")  # fmt: skip
+        plan.steps.append(
+            Step(
+                f"give {target.home.path} to fitbox:fitbox (owner-only)", lambda: _hand_over(target)
+            )
+        )
+    start_or_say_how(
+        plan,
+        target.root,
+        target.kind,
+        target.env_file,
+        UNIT,
+        f"{sys.executable} -m fitbox central serve",
+    )
     home = env["FITBOX_HOME"]
-    plan.notes.append(f"boxes join with a worker key: fitbox central keys create --scope worker "
-                      f"--home {home} (it prints the command a new box runs)")  # fmt: skip
+    plan.notes.append(
+        f"boxes join with a worker key: fitbox central keys create --scope worker "
+        f"--home {home} (it prints the command a new box runs)"
+    )
     return plan
 
 
@@ -112,13 +145,16 @@ def plan_central_uninstall(target: CentralLayout, purge: bool) -> Plan:
     plan = Plan(target, read_env(target.env_file))
     if target.root == Path("/") and systemd_running():
         scope = ["--user"] if target.kind == "user" else []
-        plan.steps.append(Step(f"systemctl disable --now {UNIT}", partial(
-            _quiet_disable, scope)))  # fmt: skip
+        plan.steps.append(Step(f"systemctl disable --now {UNIT}", partial(_quiet_disable, scope)))
     for path in (target.unit_file, target.env_file):
         plan.steps.append(Step(f"remove {path}", partial(path.unlink, missing_ok=True)))
     if purge:
-        plan.steps.append(Step(f"remove {target.home.path} (the store, with each box's key)",
-                               partial(shutil.rmtree, target.home.path, True)))  # fmt: skip
+        plan.steps.append(
+            Step(
+                f"remove {target.home.path} (the store, with each box's key)",
+                partial(shutil.rmtree, target.home.path, True),
+            )
+        )
     return plan
 
 
@@ -128,15 +164,26 @@ def _quiet_disable(scope: list[str]) -> None:
     subprocess.run(["systemctl", *scope, "disable", "--now", UNIT], check=False)
 
 
-def install_central(target: CentralLayout, host: str | None, port: str | None,
-                    extra_env: dict[str, str], dry_run: bool, health_s: float) -> int:  # fmt: skip
+def install_central(
+    target: CentralLayout,
+    host: str | None,
+    port: str | None,
+    extra_env: dict[str, str],
+    dry_run: bool,
+    health_s: float,
+) -> int:
     plan = plan_central_install(target, host=host, port=port, extra_env=extra_env)
     carry_out(plan, dry_run)
     if dry_run:
         return 0
     url = f"http://{plan.env['FITBOX_HOST']}:{plan.env['FITBOX_PORT']}"
     healthy = plan.starts_service and wait_for_health(url, health_s)
-    state = ("answering" if healthy else
-             "NOT answering" if plan.starts_service else "not started by install")  # fmt: skip
+    state = (
+        "answering"
+        if healthy
+        else "NOT answering"
+        if plan.starts_service
+        else "not started by install"
+    )
     print(f"fitbox central: {url} ({state}); its store in {target.home.store}", file=sys.stderr)
     return 0 if healthy or not plan.starts_service else 1

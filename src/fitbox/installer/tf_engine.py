@@ -40,8 +40,11 @@ def requirements() -> list[str]:
         if extras.get(EXTRA):
             return list(extras[EXTRA])
     try:
-        listed = [_EXTRA_MARKER.sub("", r).strip() for r in requires("fitbox") or []
-                  if _EXTRA_MARKER.search(r)]  # fmt: skip
+        listed = [
+            _EXTRA_MARKER.sub("", r).strip()
+            for r in requires("fitbox") or []
+            if _EXTRA_MARKER.search(r)
+        ]
     except PackageNotFoundError:
         listed = []
     if listed:
@@ -58,12 +61,14 @@ def _run(argv: list[str], what: str) -> None:
     print(f"+ {' '.join(argv)}", flush=True)
     done = subprocess.run(argv, timeout=PIP_TIMEOUT_S, check=False)
     if done.returncode != 0:
-        raise EngineBuildFailed(f"{what} failed (exit {done.returncode}); "
-                                "the output above says why")
+        raise EngineBuildFailed(
+            f"{what} failed (exit {done.returncode}); the output above says why"
+        )
 
 
-def build_venv(target: Path, reqs: list[str], *, four_bit: bool = True,
-               python: str = sys.executable) -> Path:  # fmt: skip
+def build_venv(
+    target: Path, reqs: list[str], *, four_bit: bool = True, python: str = sys.executable
+) -> Path:
     """Build a venv at ``target`` holding ``reqs``; returns its interpreter."""
     building = target.with_name(f"{target.name}.building-{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
@@ -114,6 +119,8 @@ def install_tf(engines_dir: Path) -> int:
         print(f"fitbox install --tf: {python} was built but {found.problem}", file=sys.stderr)
         return 1
     four = "yes" if found.four_bit else "no"
-    print(f"transformers engine ready: {python} (torch {found.modules.get('torch')}, "
-          f"transformers {found.modules.get('transformers')}; 4-bit: {four})")  # fmt: skip
+    print(
+        f"transformers engine ready: {python} (torch {found.modules.get('torch')}, "
+        f"transformers {found.modules.get('transformers')}; 4-bit: {four})"
+    )
     return 0

@@ -32,21 +32,23 @@ def _under(root: Path, path: Path) -> Path:
 def service_layout(kind: str, root: Path = Path("/")) -> ServiceLayout:
     if kind == "system":
         return ServiceLayout(
-            kind, root,
+            kind,
+            root,
             env_file=_under(root, Path("/etc/fitbox/fitbox.env")),
             unit_file=_under(root, Path("/etc/systemd/system/fitbox.service")),
             home=Home(_under(root, Path("/var/lib/fitbox"))),
             cache=_under(root, Path("/var/cache/fitbox")),
-        )  # fmt: skip
+        )
     config = Path(platformdirs.user_config_dir("fitbox", appauthor=False))
     systemd = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "systemd"
     return ServiceLayout(
-        kind, root,
+        kind,
+        root,
         env_file=_under(root, config / "fitbox.env"),
         unit_file=_under(root, systemd / "user" / "fitbox.service"),
         home=Home(_under(root, default_home())),
         cache=_under(root, Path(platformdirs.user_cache_dir("fitbox", appauthor=False))),
-    )  # fmt: skip
+    )
 
 
 def exec_start(python: str = sys.executable) -> str:
@@ -56,13 +58,24 @@ def exec_start(python: str = sys.executable) -> str:
 def render_unit(target: ServiceLayout, python: str = sys.executable) -> str:
     """The unit for this layout. Paths inside are the installed ones (without --root)."""
     real = service_layout(target.kind) if target.root != Path("/") else target
-    return unit_text(target.kind, real.env_file, exec_start(python),
-                     "fitbox: an evict-to-fit, OpenAI-compatible front door for local models",
-                     "fitbox", cache="fitbox")  # fmt: skip
+    return unit_text(
+        target.kind,
+        real.env_file,
+        exec_start(python),
+        "fitbox: an evict-to-fit, OpenAI-compatible front door for local models",
+        "fitbox",
+        cache="fitbox",
+    )
 
 
-def unit_text(kind: str, env_file: Path, exec_line: str, description: str, state: str,
-              cache: str | None = None) -> str:  # fmt: skip
+def unit_text(
+    kind: str,
+    env_file: Path,
+    exec_line: str,
+    description: str,
+    state: str,
+    cache: str | None = None,
+) -> str:
     """A service unit: restarted on failure, its children stopped with it; a system one
     runs as the fitbox user, hardened, with its state in /var/lib/``state``."""
     lines = [
@@ -99,7 +112,10 @@ def unit_text(kind: str, env_file: Path, exec_line: str, description: str, state
             "RestrictSUIDSGID=yes",
             "LockPersonality=yes",
         ]
-    lines += ["", "[Install]",
-              f"WantedBy={'multi-user.target' if kind == 'system' else 'default.target'}",
-              ""]  # fmt: skip
+    lines += [
+        "",
+        "[Install]",
+        f"WantedBy={'multi-user.target' if kind == 'system' else 'default.target'}",
+        "",
+    ]
     return "\n".join(lines)

@@ -111,24 +111,41 @@ def fetch(release: Release, into: Path) -> Path:
         raise UpdateError(f"downloading {release.url}: {exc}") from None
     if digest.hexdigest() != release.sha256:
         partial.unlink(missing_ok=True)
-        raise UpdateError(f"{target.name}: sha256 {digest.hexdigest()} is not the index's "
-                          f"{release.sha256}; refusing it, nothing was changed")  # fmt: skip
+        raise UpdateError(
+            f"{target.name}: sha256 {digest.hexdigest()} is not the index's "
+            f"{release.sha256}; refusing it, nothing was changed"
+        )
     partial.replace(target)
     return target
 
 
 def pip_install(wheel: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall",
-         str(wheel)], capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--force-reinstall",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if result.returncode != 0:
         raise UpdateError(f"pip could not install {wheel.name}: {result.stderr.strip()[-500:]}")
 
 
 def installed_version() -> str:
-    out = subprocess.run([sys.executable, "-c", "import fitbox; print(fitbox.__version__)"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", "import fitbox; print(fitbox.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return out.stdout.strip()
 
 
@@ -143,21 +160,39 @@ def healthy_as(version: str, limit_s: float, restart: list[str] | None, url: str
         return _wait_version(url, version, limit_s)
     with tempfile.TemporaryDirectory() as home:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fitbox", "serve", "--host", "127.0.0.1", "--port", "auto",
-             "--home", home, "--models", str(Home(Path(home)).models)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "fitbox",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "auto",
+                "--home",
+                home,
+                "--models",
+                str(Home(Path(home)).models),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             endpoint = Home(Path(home)).endpoint
             deadline = time.monotonic() + limit_s
             while not endpoint.exists():
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    tail = (proc.stderr.read() if proc.stderr and proc.poll() is not None
-                            else "")[-400:]  # fmt: skip
+                    tail = (proc.stderr.read() if proc.stderr and proc.poll() is not None else "")[
+                        -400:
+                    ]
                     return f"the new version did not start: {tail.strip() or 'no endpoint'}"
                 time.sleep(0.1)
-            return _wait_version(json.loads(endpoint.read_text())["url"], version,
-                                 max(deadline - time.monotonic(), 1.0))  # fmt: skip
+            return _wait_version(
+                json.loads(endpoint.read_text())["url"],
+                version,
+                max(deadline - time.monotonic(), 1.0),
+            )
         finally:
             proc.terminate()
             try:
@@ -182,8 +217,15 @@ def _wait_version(url: str, version: str, limit_s: float) -> str:
     return f"{url}/health did not report {version} within {limit_s:.0f} s ({seen})"
 
 
-def update(index_url: str, apply: bool, wanted: str | None, state: Path, health_s: float,
-           restart: list[str] | None = None, url: str | None = None) -> str:  # fmt: skip
+def update(
+    index_url: str,
+    apply: bool,
+    wanted: str | None,
+    state: Path,
+    health_s: float,
+    restart: list[str] | None = None,
+    url: str | None = None,
+) -> str:
     """What happened, in a sentence; raises UpdateError when a person must act."""
     current = fitbox.__version__
     available = releases(index_url)
@@ -192,13 +234,16 @@ def update(index_url: str, apply: bool, wanted: str | None, state: Path, health_
     if wanted is not None:
         target = next((r for r in available if r.version == wanted), None)
         if target is None:
-            raise UpdateError(f"fitbox {wanted} is not on {index_url} (there: "
-                              f"{', '.join(r.version for r in available)})")  # fmt: skip
+            raise UpdateError(
+                f"fitbox {wanted} is not on {index_url} (there: "
+                f"{', '.join(r.version for r in available)})"
+            )
     else:
         target = available[-1]
     if version_key(target.version) < version_key(current):
-        raise UpdateError(f"fitbox {target.version} is older than the installed {current}: "
-                          "downgrades are refused")  # fmt: skip
+        raise UpdateError(
+            f"fitbox {target.version} is older than the installed {current}: downgrades are refused"
+        )
     if target.version == current:
         return f"fitbox {current} is installed and is the newest on {index_url}"
     if not apply:
@@ -210,8 +255,10 @@ def update(index_url: str, apply: bool, wanted: str | None, state: Path, health_
     new = fetch(target, updates)
     previous = next((r for r in available if r.version == current), None)
     if previous is None:
-        raise UpdateError(f"the installed {current} is not on {index_url}, so there is no "
-                          "wheel to roll back to; refusing to update")  # fmt: skip
+        raise UpdateError(
+            f"the installed {current} is not on {index_url}, so there is no "
+            "wheel to roll back to; refusing to update"
+        )
     old = fetch(previous, updates)
     pip_install(new)
     problem = healthy_as(target.version, health_s, restart, url)
@@ -221,5 +268,7 @@ def update(index_url: str, apply: bool, wanted: str | None, state: Path, health_
     if restart is not None:
         subprocess.run(restart, capture_output=True, timeout=120)
     now = installed_version() or "unknown"
-    raise UpdateError(f"fitbox {target.version} failed its health check ({problem}); "
-                      f"rolled back to {current} (installed now: {now})")  # fmt: skip
+    raise UpdateError(
+        f"fitbox {target.version} failed its health check ({problem}); "
+        f"rolled back to {current} (installed now: {now})"
+    )

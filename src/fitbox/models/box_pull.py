@@ -104,8 +104,9 @@ class BoxPull:
     def _connect(self) -> http.client.HTTPConnection:
         """A connection of its own per request, plain http.client: an ``httpx.Client``
         took 90-190 ms to make (its TLS context) on a loaded box, for a plain-HTTP source."""
-        return http.client.HTTPConnection(self.source.host.strip("[]"), self.source.port,
-                                          timeout=self.timeout_s)  # fmt: skip
+        return http.client.HTTPConnection(
+            self.source.host.strip("[]"), self.source.port, timeout=self.timeout_s
+        )
 
     def _headers(self, **more: str) -> dict[str, str]:
         return {**more, "authorization": f"Bearer {self.key}"} if self.key else more
@@ -130,13 +131,15 @@ class BoxPull:
                 _wait(response.getheader("retry-after"))
                 continue
             if response.status != 200:
-                raise PullError(f"{self.source} answered {path} with HTTP "
-                                f"{response.status}: {_reason_of(raw)}")  # fmt: skip
+                raise PullError(
+                    f"{self.source} answered {path} with HTTP {response.status}: {_reason_of(raw)}"
+                )
             try:
                 body: dict[str, Any] = json.loads(raw)
             except ValueError:
-                raise PullError(f"{self.source} answered {path} with what is not JSON: "
-                                f"{raw[:200]!r}") from None  # fmt: skip
+                raise PullError(
+                    f"{self.source} answered {path} with what is not JSON: {raw[:200]!r}"
+                ) from None
             return body
         raise PullError(f"{self.source} is busy sending other transfers; try again later")
 
@@ -153,8 +156,10 @@ class BoxPull:
         manifest = self.manifest()
         files = manifest.get("files") or []
         if not files:
-            raise PullError(f"{self.source} offers no file of {self.source.model} (a model "
-                            "whose GGUF links out of its directory is never offered)")  # fmt: skip
+            raise PullError(
+                f"{self.source} offers no file of {self.source.model} (a model "
+                "whose GGUF links out of its directory is never offered)"
+            )
         for f in files:
             try:
                 refuse_name(str(f["path"]))
@@ -162,15 +167,20 @@ class BoxPull:
                 raise PullError(f"{self.source} offered an unsafe path: {exc.reason}") from None
         missing = missing_shards([str(f["path"]) for f in files])
         if missing:
-            raise PullError(f"{self.source} offers {self.source.model} without "
-                            f"{', '.join(missing)}: a split GGUF is pulled whole or not at all "
-                            "(the source could not offer those: missing, or linked out of the "
-                            "model's directory)")  # fmt: skip
+            raise PullError(
+                f"{self.source} offers {self.source.model} without "
+                f"{', '.join(missing)}: a split GGUF is pulled whole or not at all "
+                "(the source could not offer those: missing, or linked out of the "
+                "model's directory)"
+            )
         landed = self._landed_before(files)
         self._refuse_if_here([f for f in files if f["path"] not in landed])
         self.dest_dir.mkdir(parents=True, exist_ok=True)
-        needed = sum(int(f["bytes"]) - _size(self.dest_dir / f"{f['path']}.part")
-                     for f in files if f["path"] not in landed)  # fmt: skip
+        needed = sum(
+            int(f["bytes"]) - _size(self.dest_dir / f"{f['path']}.part")
+            for f in files
+            if f["path"] not in landed
+        )
         reason = self.no_room(max(0, needed))
         if reason and self.make_room is not None:
             self.make_room(max(0, needed))
@@ -178,8 +188,9 @@ class BoxPull:
         if reason:
             raise PullRefused(reason)
         for f in files:
-            outcome = FileOutcome(f["path"], self.dest_dir / f["path"], int(f["bytes"]),
-                                  str(f["sha256"]))  # fmt: skip
+            outcome = FileOutcome(
+                f["path"], self.dest_dir / f["path"], int(f["bytes"]), str(f["sha256"])
+            )
             self.outcomes.append(outcome)
             if outcome.name in landed:  # in place already, its sha256 checked here
                 found = landed[outcome.name]
@@ -223,19 +234,24 @@ class BoxPull:
         for f in files:
             here = self.already_here(str(f["sha256"]))
             if here is not None:
-                raise PullRefused(f"{f['path']} is already here, the same bytes (sha256 "
-                                  f"{f['sha256'][:12]}…) at {here}")  # fmt: skip
+                raise PullRefused(
+                    f"{f['path']} is already here, the same bytes (sha256 "
+                    f"{f['sha256'][:12]}…) at {here}"
+                )
             if (self.dest_dir / f["path"]).exists():
-                raise PullRefused(f"{self.dest_dir / f['path']} exists with other bytes than "
-                                  f"{self.source}'s; move it away to pull this one")  # fmt: skip
+                raise PullRefused(
+                    f"{self.dest_dir / f['path']} exists with other bytes than "
+                    f"{self.source}'s; move it away to pull this one"
+                )
 
     def _pull_file(self, outcome: FileOutcome) -> None:
-        sums = self._get_json(f"{self._route}/chunksums",
-                              {"path": outcome.name})  # fmt: skip
+        sums = self._get_json(f"{self._route}/chunksums", {"path": outcome.name})
         chunk_bytes, chunks = int(sums["chunk_bytes"]), [str(c) for c in sums["chunks"]]
         if sums.get("sha256") != outcome.sha256 or len(chunks) != -(-outcome.size // chunk_bytes):
-            raise PullError(f"{self.source}: the chunksums of {outcome.name} do not match its "
-                            "manifest (did the file change?); pull again")  # fmt: skip
+            raise PullError(
+                f"{self.source}: the chunksums of {outcome.name} do not match its "
+                "manifest (did the file change?); pull again"
+            )
         outcome.chunk_bytes, outcome.chunks = chunk_bytes, tuple(chunks)
         part = outcome.path.with_name(outcome.path.name + ".part")
         staging = part.open("r+b" if part.exists() else "w+b")
@@ -255,20 +271,28 @@ class BoxPull:
                 lost_in_a_row = 0 if done > before else lost_in_a_row + 1
                 self._event("cut", outcome.name, done)
                 if lost_in_a_row >= self.attempts:
-                    raise PullError(f"{self.source}: the connection was lost {lost_in_a_row}"
-                                    f" times at chunk {done} of {outcome.name}; {done} of "
-                                    f"{len(chunks)} chunks are kept in {part} and a new "
-                                    "pull resumes there")  # fmt: skip
+                    raise PullError(
+                        f"{self.source}: the connection was lost {lost_in_a_row}"
+                        f" times at chunk {done} of {outcome.name}; {done} of "
+                        f"{len(chunks)} chunks are kept in {part} and a new "
+                        "pull resumes there"
+                    )
             digest = land.finish()  # every write landed, then one fsync
         if digest != outcome.sha256:
             part.unlink()
-            raise PullError(f"{outcome.name}: every chunk verified but the whole file's sha256 "
-                            f"is {digest}, not {outcome.sha256}; nothing was kept")  # fmt: skip
+            raise PullError(
+                f"{outcome.name}: every chunk verified but the whole file's sha256 "
+                f"is {digest}, not {outcome.sha256}; nothing was kept"
+            )
 
     def _fetch_from(
-        self, outcome: FileOutcome, chunks: list[str], done: int, land: Landing,
+        self,
+        outcome: FileOutcome,
+        chunks: list[str],
+        done: int,
+        land: Landing,
         failures: dict[int, int],
-    ) -> tuple[int, bool]:  # fmt: skip
+    ) -> tuple[int, bool]:
         """Stream from chunk ``done`` on, a piece at a time: each piece read from the socket
         straight into one of ``land``'s buffers (http.client's ``readinto``; httpx's
         per-block parsing cost most of a core here), added to its chunk's sha256 here and
@@ -287,8 +311,10 @@ class BoxPull:
                 _wait(response.getheader("retry-after"))
                 return done, True
             if response.status not in (200, 206) or (response.status == 200 and start):
-                raise PullError(f"{self.source} answered the file {outcome.name} with HTTP "
-                                f"{response.status}: {_reason_of(response.read())}")  # fmt: skip
+                raise PullError(
+                    f"{self.source} answered the file {outcome.name} with HTTP "
+                    f"{response.status}: {_reason_of(response.read())}"
+                )
             while done < len(chunks):
                 want = min(chunk_bytes, outcome.size - done * chunk_bytes)
                 check, got = hashlib.sha256(), 0
@@ -307,9 +333,11 @@ class BoxPull:
                     land.rewind()  # before the event: the bad bytes are gone when it is told
                     self._event("chunk_bad", outcome.name, done)
                     if failures[done] > self.chunk_retries:
-                        raise PullError(f"{self.source}: chunk {done} of {outcome.name} failed "
-                                        f"its sha256 {failures[done]} times; the source's file "
-                                        "may be damaged or changing")  # fmt: skip
+                        raise PullError(
+                            f"{self.source}: chunk {done} of {outcome.name} failed "
+                            f"its sha256 {failures[done]} times; the source's file "
+                            "may be damaged or changing"
+                        )
                     return done, False  # fetched again from the bad chunk, on a new connection
                 land.verified()
                 self._event("chunk_ok", outcome.name, done)

@@ -115,9 +115,10 @@ def _walk(root: Path) -> Iterator[tuple[str, Path]]:
             yield "dir", here
             continue
         dirnames[:] = sorted(
-            d for d in dirnames
+            d
+            for d in dirnames
             if not d.startswith(".") and not (d == "blobs" and here.name.startswith("models--"))
-        )  # fmt: skip
+        )
         for filename in sorted(filenames):
             if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES):
                 continue
@@ -188,8 +189,9 @@ def scan(
     cache.save()
     ggufs = {a.path: a for a in found.values() if a.format == "gguf"}
     for model, projector in pair_projectors(ggufs, projectors).items():
-        found[ggufs[model].name] = replace(ggufs[model], mmproj=projector,
-                                           projector=projectors[projector])  # fmt: skip
+        found[ggufs[model].name] = replace(
+            ggufs[model], mmproj=projector, projector=projectors[projector]
+        )
     return sorted(found.values(), key=lambda a: a.name), rejected
 
 

@@ -25,9 +25,11 @@ def part_of(dest: Path) -> Path:
 
 
 def copy_verified(
-    src: Path, dest: Path, expected_sha256: str | None = None,
+    src: Path,
+    dest: Path,
+    expected_sha256: str | None = None,
     progress: Callable[[int], None] | None = None,
-) -> tuple[str, tuple[str, ...]]:  # fmt: skip
+) -> tuple[str, tuple[str, ...]]:
     """Copy ``src`` to ``dest``; (its sha256, its 4 MiB chunk sha256s). ``dest`` must not
     exist. Raises :class:`CopyRefused` (nothing left behind) or OSError."""
     return copy_set_verified([(src, dest, expected_sha256)], progress)[0]
@@ -36,7 +38,7 @@ def copy_verified(
 def copy_set_verified(
     files: Sequence[tuple[Path, Path, str | None]],
     progress: Callable[[int], None] | None = None,
-) -> list[tuple[str, tuple[str, ...]]]:  # fmt: skip
+) -> list[tuple[str, tuple[str, ...]]]:
     """Copy files that are one model together (a split GGUF's shards, the first first):
     (source, destination, the sha256 expected or None) each. Every file is copied to its
     ``.part``, verified and fsynced before any is renamed; then the renames, the first file
@@ -88,8 +90,10 @@ def _copy_to_part(
         raise CopyRefused(f"{src} changed while it was copied; the copy was dropped")
     digest = whole.hexdigest()
     if expected_sha256 is not None and digest != expected_sha256:
-        raise CopyRefused(f"{src} read as sha256 {digest}, not the {expected_sha256} kept "
-                          "for it (a damaged drive?); the copy was dropped")  # fmt: skip
+        raise CopyRefused(
+            f"{src} read as sha256 {digest}, not the {expected_sha256} kept "
+            "for it (a damaged drive?); the copy was dropped"
+        )
     return digest, tuple(chunks)
 
 

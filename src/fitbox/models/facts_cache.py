@@ -31,8 +31,9 @@ _TENSOR_FIELDS = ("layer", "type", "rows", "dims", "op", "offset", "n_bytes", "d
 def _encode(facts: GGUFFacts) -> dict[str, Any]:
     data = asdict(facts)
     data["path"] = str(facts.path)
-    data["shape"]["tensors"] = [[getattr(t, f) for f in _TENSOR_FIELDS]
-                                for t in facts.shape.tensors]  # compact rows  # fmt: skip
+    data["shape"]["tensors"] = [
+        [getattr(t, f) for f in _TENSOR_FIELDS] for t in facts.shape.tensors
+    ]  # compact rows
     return data
 
 
@@ -43,16 +44,27 @@ def _decode(data: dict[str, Any]) -> GGUFFacts:
     shape["tensors"] = tuple(WeightTensor(*row) for row in shape.get("tensors", ()))
     projector = ProjectorShape(**data["projector"]) if data.get("projector") else None
     raw = data.get("layout")
-    layout = Layout(
-        layer_bytes=tuple(raw["layer_bytes"]), routed_bytes=tuple(raw["routed_bytes"]),
-        input_bytes=int(raw["input_bytes"]), output_bytes=int(raw["output_bytes"]),
-        output_tied=bool(raw["output_tied"]),
-    ) if raw else None  # fmt: skip
+    layout = (
+        Layout(
+            layer_bytes=tuple(raw["layer_bytes"]),
+            routed_bytes=tuple(raw["routed_bytes"]),
+            input_bytes=int(raw["input_bytes"]),
+            output_bytes=int(raw["output_bytes"]),
+            output_tied=bool(raw["output_tied"]),
+        )
+        if raw
+        else None
+    )
     return GGUFFacts(
-        **{**data, "path": Path(data["path"]), "shape": ModelShape(**shape),
-           "bytes_by_layer": tuple(data["bytes_by_layer"]), "layout": layout,
-           "projector": projector},
-    )  # fmt: skip
+        **{
+            **data,
+            "path": Path(data["path"]),
+            "shape": ModelShape(**shape),
+            "bytes_by_layer": tuple(data["bytes_by_layer"]),
+            "layout": layout,
+            "projector": projector,
+        },
+    )
 
 
 class FactsCache:
@@ -78,8 +90,11 @@ class FactsCache:
             except (KeyError, TypeError, ValueError):
                 pass
         facts = read_facts(path)
-        self._entries[key] = {"size": found.size, "mtime_ns": found.mtime_ns,
-                              "facts": _encode(facts)}  # fmt: skip
+        self._entries[key] = {
+            "size": found.size,
+            "mtime_ns": found.mtime_ns,
+            "facts": _encode(facts),
+        }
         self._dirty = True
         return facts
 

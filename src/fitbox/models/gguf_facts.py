@@ -26,25 +26,49 @@ from fitbox.models.identity import identity_of
 # Architectures whose GGUF files are projectors (vision/audio encoders), never models.
 PROJECTOR_ARCHES = frozenset({"clip", "mmproj"})
 # Encoder architectures served through /v1/embeddings (llama-server --embeddings).
-EMBEDDING_ARCHES = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2",
-                              "jina-bert-v3", "modern-bert", "neo-bert", "eurobert",
-                              "gemma-embedding", "t5encoder"})  # fmt: skip
+EMBEDDING_ARCHES = frozenset(
+    {
+        "bert",
+        "nomic-bert",
+        "nomic-bert-moe",
+        "jina-bert-v2",
+        "jina-bert-v3",
+        "modern-bert",
+        "neo-bert",
+        "eurobert",
+        "gemma-embedding",
+        "t5encoder",
+    }
+)
 # Models llama.cpp builds no KV cache for (llama-model.cpp create_memory: res = nullptr).
 NO_KV_ARCHES = EMBEDDING_ARCHES - {"t5encoder"}
 
 # load_swa_pattern(ml, period, dense_first) defaults per architecture; a GGUF's own
 # %arch.attention.sliding_window_pattern (period or per-layer bools) wins.
 SWA_DEFAULTS: dict[str, tuple[int, bool]] = {
-    "gemma2": (2, False), "gemma3": (6, False), "gemma3n": (5, False),
-    "gemma-embedding": (6, False), "cohere2": (4, False), "cohere2moe": (4, True),
-    "gpt-oss": (2, False), "llama4": (4, False), "exaone4": (4, False),
-    "exaone-moe": (4, False), "olmo2": (4, False), "afmoe": (4, False),
-    "modern-bert": (3, True), "smallthinker": (4, True), "plamo3": (8, False),
-    "mellum": (4, False), "muse-glimmer": (4, False), "laguna": (4, True),
-}  # fmt: skip
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "gemma3n": (5, False),
+    "gemma-embedding": (6, False),
+    "cohere2": (4, False),
+    "cohere2moe": (4, True),
+    "gpt-oss": (2, False),
+    "llama4": (4, False),
+    "exaone4": (4, False),
+    "exaone-moe": (4, False),
+    "olmo2": (4, False),
+    "afmoe": (4, False),
+    "modern-bert": (3, True),
+    "smallthinker": (4, True),
+    "plamo3": (8, False),
+    "mellum": (4, False),
+    "muse-glimmer": (4, False),
+    "laguna": (4, True),
+}
 PURE_RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
-RECURRENT_WHERE_NO_KV = frozenset({"jamba", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h",
-                                   "nemotron_h_moe"})  # fmt: skip
+RECURRENT_WHERE_NO_KV = frozenset(
+    {"jamba", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe"}
+)
 RECURRENT_BY_INTERVAL = frozenset({"qwen3next", "qwen35", "qwen35moe"})
 ALL_LAYERS_BOTH = frozenset({"falcon-h1"})  # attention and SSM side by side in every layer
 
@@ -234,8 +258,9 @@ def weight_tensors(tensors: tuple[TensorInfo, ...], n_layer: int) -> tuple[Weigh
         rows = t.shape[1] if len(t.shape) > 1 else 1
         out.append(WeightTensor(layer, type_name(t.type), rows, dims, op, t.offset, t.n_bytes))
     names = {t.name for t in tensors}
-    embd = next((w for t, w in zip(tensors, out, strict=True) if t.name == "token_embd.weight"),
-                None)  # fmt: skip
+    embd = next(
+        (w for t, w in zip(tensors, out, strict=True) if t.name == "token_embd.weight"), None
+    )
     if "output.weight" not in names and embd is not None:
         out.append(replace(embd, layer=n_layer, op=MUL_MAT, duplicate=True))
     return tuple(out)
@@ -262,8 +287,9 @@ def projector_shape(header: GGUFHeader) -> ProjectorShape | None:
     names = {t.name for t in header.tensors}
     return ProjectorShape(
         weights_bytes=sum(aligned(t.n_bytes) for t in header.tensors),
-        projector_type=str(header.get("clip.projector_type",
-                                      header.get("clip.vision.projector_type", ""))),
+        projector_type=str(
+            header.get("clip.projector_type", header.get("clip.vision.projector_type", ""))
+        ),
         image_size=_int(header, "clip.vision.image_size"),
         patch_size=_int(header, "clip.vision.patch_size"),
         n_embd=_int(header, "clip.vision.embedding_length"),
@@ -272,7 +298,7 @@ def projector_shape(header: GGUFHeader) -> ProjectorShape | None:
         class_token="v.class_embd" in names,
         n_merge=_int(header, "clip.vision.projector.scale_factor"),
         pinpoints=bool(header.get("clip.vision.image_grid_pinpoints")),
-    )  # fmt: skip
+    )
 
 
 def facts_from_header(path: Path, header: GGUFHeader) -> GGUFFacts:
@@ -331,8 +357,10 @@ def _shape(
         swa_layers=swa_layers(header, arch, n_layer),
         key_length_swa=_int(header, f"{arch}.attention.key_length_swa", key_length),
         value_length_swa=_int(header, f"{arch}.attention.value_length_swa", value_length),
-        is_mla=bool(_int(header, f"{arch}.attention.key_length_mla")
-                    and _int(header, f"{arch}.attention.value_length_mla")),
+        is_mla=bool(
+            _int(header, f"{arch}.attention.key_length_mla")
+            and _int(header, f"{arch}.attention.value_length_mla")
+        ),
         has_kv_cache=arch not in NO_KV_ARCHES,
         recurrent_layers=recurrent_layers(header, arch, kv_heads),
         n_embd_r=n_embd_r,
@@ -341,7 +369,7 @@ def _shape(
         ssm_values=ssm_values(header, arch),
         weights_by_kind=weights_by_kind,
         tensors=weight_tensors(header.tensors, n_layer),
-    )  # fmt: skip
+    )
 
 
 def _widest_feed_forward(header: GGUFHeader, arch: str, n_layer: int) -> int:

@@ -33,8 +33,9 @@ DTYPE_BYTES = {"F32": 4, "BF16": 2, "F16": 2}
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 EXPERT_USED_KEYS = ("num_experts_per_tok", "moe_top_k")
 # Encoders served through /v1/embeddings (a sentence-transformers folder is one too).
-EMBEDDING_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "mpnet", "distilbert",
-                             "nomic_bert", "modernbert", "electra"})  # fmt: skip
+EMBEDDING_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "mpnet", "distilbert", "nomic_bert", "modernbert", "electra"}
+)
 
 
 def folder_name(path: Path) -> str:
@@ -71,8 +72,10 @@ def folder_facts(path: Path) -> GGUFFacts:
     """What placement needs of a model folder; raises BadModelDir with the fix."""
     facts = read_transformers_facts(path)
     if facts.kind != "decoder":
-        raise BadModelDir(f"a {facts.kind} model: the transformers engine serves chat "
-                          "(causal LM) and embedding folders")  # fmt: skip
+        raise BadModelDir(
+            f"a {facts.kind} model: the transformers engine serves chat "
+            "(causal LM) and embedding folders"
+        )
     root = facts.path
     config = _load_json(root / "config.json")
     text = _text_config(config)
@@ -91,19 +94,33 @@ def folder_facts(path: Path) -> GGUFFacts:
         n_ff = max((_get(text, "moe_intermediate_size") or n_ff) * max(used, 1), n_ff)
     shape = ModelShape(
         weights_bytes=facts.weights_bytes + extra,
-        n_layer=facts.n_layer, n_ctx_train=facts.n_ctx_train or 0, n_embd=n_embd,
-        n_vocab=_get(text, "vocab_size") or 0, n_head=heads,
+        n_layer=facts.n_layer,
+        n_ctx_train=facts.n_ctx_train or 0,
+        n_embd=n_embd,
+        n_vocab=_get(text, "vocab_size") or 0,
+        n_head=heads,
         kv_heads=tuple(kv_heads if kv else 0 for kv in facts.kv_layers) or (kv_heads,),
-        key_length=head_dim, value_length=head_dim,
-        n_swa=facts.sliding_window or 0, swa_layers=facts.swa_layers,
-        is_mla=facts.is_mla, has_kv_cache=not embedding,
+        key_length=head_dim,
+        value_length=head_dim,
+        n_swa=facts.sliding_window or 0,
+        swa_layers=facts.swa_layers,
+        is_mla=facts.is_mla,
+        has_kv_cache=not embedding,
         n_ff=n_ff,
-    )  # fmt: skip
+    )
     full_precision = quant in DTYPE_BYTES
-    return GGUFFacts(path=root, architecture=facts.architecture or "unknown",
-                     name=folder_name(path), file_type=None, quant=quant, is_projector=False,
-                     is_embedding=embedding, shape=shape, expert_count=experts,
-                     expert_used_count=used, vision=is_vision_config(config),
-                     layout=placed if any(placed.routed_bytes) else None,
-                     four_bit_weights=four_bit_bytes(tensors) + extra if full_precision else None,
-                     )  # fmt: skip
+    return GGUFFacts(
+        path=root,
+        architecture=facts.architecture or "unknown",
+        name=folder_name(path),
+        file_type=None,
+        quant=quant,
+        is_projector=False,
+        is_embedding=embedding,
+        shape=shape,
+        expert_count=experts,
+        expert_used_count=used,
+        vision=is_vision_config(config),
+        layout=placed if any(placed.routed_bytes) else None,
+        four_bit_weights=four_bit_bytes(tensors) + extra if full_precision else None,
+    )

@@ -22,8 +22,11 @@ _LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)
 
 def emitted_bytes(template: str) -> int:
     """Bytes one pass of ``template`` can emit of its own text (see the module's note)."""
-    literals = sum(len(m.group().encode()) for s in _STATEMENT.finditer(template)
-                   for m in _LITERAL.finditer(s.group()))  # fmt: skip
+    literals = sum(
+        len(m.group().encode())
+        for s in _STATEMENT.finditer(template)
+        for m in _LITERAL.finditer(s.group())
+    )
     return len(_STATEMENT.sub("", template).encode()) + literals
 
 

@@ -63,8 +63,9 @@ def refuse_name(name: str) -> None:
         parts = re.split(r"[/\\]", name)
         if ".." in parts:
             raise PathRefused(f"{name!r} climbs out of the model's directory ('..')")
-        raise PathRefused(f"{name!r} holds a path separator; the model's files are plain "
-                          "names in its directory")  # fmt: skip
+        raise PathRefused(
+            f"{name!r} holds a path separator; the model's files are plain names in its directory"
+        )
     if name in (".", ".."):
         raise PathRefused(f"{name!r} is a directory, not one of the model's files")
     if name.startswith("."):
@@ -75,8 +76,11 @@ def _in_hf_blobs(real: Path, model_dir_real: Path) -> bool:
     """``real`` is a blob of the Hugging Face cache repo whose snapshot holds the model."""
     blobs = real.parent
     repo = blobs.parent
-    return (blobs.name == "blobs" and repo.name.startswith("models--")
-            and model_dir_real.is_relative_to(repo / "snapshots"))  # fmt: skip
+    return (
+        blobs.name == "blobs"
+        and repo.name.startswith("models--")
+        and model_dir_real.is_relative_to(repo / "snapshots")
+    )
 
 
 def jailed(model_dir: Path, name: str) -> OfferedFile:
@@ -88,13 +92,16 @@ def jailed(model_dir: Path, name: str) -> OfferedFile:
         dir_real = model_dir.resolve(strict=True)
         st = os.stat(real)
     except OSError as exc:  # the reason only: the box's own paths stay its own
-        raise PathRefused(f"{name!r} cannot be read: {exc.strerror or 'error'}",
-                          outside=False) from None  # fmt: skip
+        raise PathRefused(
+            f"{name!r} cannot be read: {exc.strerror or 'error'}", outside=False
+        ) from None
     except RuntimeError:  # a symlink loop
         raise PathRefused(f"{name!r} is a symlink loop") from None
     if real.parent != dir_real and not _in_hf_blobs(real, dir_real):
-        raise PathRefused(f"{name!r} is a symlink out of the model's directory; only "
-                          "Hugging Face cache blobs may be linked")  # fmt: skip
+        raise PathRefused(
+            f"{name!r} is a symlink out of the model's directory; only "
+            "Hugging Face cache blobs may be linked"
+        )
     if not os.path.isfile(real):
         raise PathRefused(f"{name!r} is not a regular file", outside=False)
     return OfferedFile(name, path, real, st.st_size, st.st_mtime_ns)
@@ -142,13 +149,15 @@ def offered(artifact: Path, name: str) -> OfferedFile:
     files = {f.name: f for f in model_files(artifact)}
     if name not in files:
         jailed(artifact.parent, name)  # a symlink out says so, before "not one of them"
-        raise PathRefused(f"{name!r} is not one of this model's files ({', '.join(files)})",
-                          outside=False)  # fmt: skip
+        raise PathRefused(
+            f"{name!r} is not one of this model's files ({', '.join(files)})", outside=False
+        )
     return files[name]
 
 
-def hash_file(path: Path, chunk_bytes: int = CHUNK_BYTES,
-              progress: Callable[[int], None] | None = None) -> FileHash:  # fmt: skip
+def hash_file(
+    path: Path, chunk_bytes: int = CHUNK_BYTES, progress: Callable[[int], None] | None = None
+) -> FileHash:
     """The whole file's sha256 and each chunk's, in one read."""
     started = time.monotonic()
     whole, chunks = hashlib.sha256(), []

@@ -18,26 +18,65 @@ from typing import Any, NamedTuple
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 # Bits per element of every dtype the safetensors format names.
 DTYPE_BITS: dict[str, int] = {
-    "F64": 64, "I64": 64, "U64": 64, "C64": 64, "F32": 32, "I32": 32, "U32": 32,
-    "F16": 16, "BF16": 16, "I16": 16, "U16": 16, "I8": 8, "U8": 8, "BOOL": 8,
-    "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4,
-}  # fmt: skip
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+    "C64": 64,
+    "F32": 32,
+    "I32": 32,
+    "U32": 32,
+    "F16": 16,
+    "BF16": 16,
+    "I16": 16,
+    "U16": 16,
+    "I8": 8,
+    "U8": 8,
+    "BOOL": 8,
+    "F8_E4M3": 8,
+    "F8_E5M2": 8,
+    "F8_E8M0": 8,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "F4": 4,
+}
 TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 # Fields transformers leaves out of a nested text_config when they equal the class
 # defaults (llava-1.5 and gemma-3 configs on the Hub rely on these).
 CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-              "max_position_embeddings": 2048},
-    "mistral": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-                "num_key_value_heads": 8, "max_position_embeddings": 131072,
-                "sliding_window": 4096},
-    "qwen2": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-              "num_key_value_heads": 32, "max_position_embeddings": 32768,
-              "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
-    "gemma3_text": {"hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8,
-                    "num_key_value_heads": 4, "head_dim": 256,
-                    "max_position_embeddings": 131072, "sliding_window": 4096},
-}  # fmt: skip
+    "llama": {
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 2048,
+    },
+    "mistral": {
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "sliding_window": 4096,
+    },
+    "qwen2": {
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "max_position_embeddings": 32768,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+    },
+    "gemma3_text": {
+        "hidden_size": 2304,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 131072,
+        "sliding_window": 4096,
+    },
+}
 NESTED_TYPE = {"gemma3": "gemma3_text", "llava": "llama"}  # text model_type when unnamed
 # Sliding-window period when a config has neither layer_types nor sliding_window_pattern:
 # every period-th layer is full attention (configuration_<arch>.py in transformers).
@@ -372,8 +411,9 @@ def _encoder_decoder(cfg: dict[str, Any], kv_dtype_bytes: int) -> _Attention:
     head_dim = _get(cfg, "d_kv", "head_dim") or _need(cfg, "d_model", "hidden_size") // heads
     per_token = n_layer * heads * head_dim * 2 * kv_dtype_bytes  # cross-attention: the same
     n_ctx = _get(cfg, "max_target_positions", "max_position_embeddings", "n_positions")
-    return _Attention(n_layer, per_token, per_token, n_ctx, None, (False,) * n_layer, False,
-                      (True,) * n_layer)  # fmt: skip
+    return _Attention(
+        n_layer, per_token, per_token, n_ctx, None, (False,) * n_layer, False, (True,) * n_layer
+    )
 
 
 def read_transformers_facts(directory: str | Path, kv_dtype_bytes: int = 2) -> TransformersFacts:
@@ -399,8 +439,15 @@ def read_transformers_facts(directory: str | Path, kv_dtype_bytes: int = 2) -> T
         files = _weight_files(root, below=False)
         archs = config.get("architectures")
         architecture = archs[0] if isinstance(archs, list) and archs else config.get("model_type")
-        dtype = next((c[k] for c in (config, text) for k in ("torch_dtype", "dtype")
-                      if isinstance(c.get(k), str)), None)  # fmt: skip
+        dtype = next(
+            (
+                c[k]
+                for c in (config, text)
+                for k in ("torch_dtype", "dtype")
+                if isinstance(c.get(k), str)
+            ),
+            None,
+        )
     if not isinstance(architecture, str):
         architecture = None
     weights = _weights_bytes(files)
@@ -443,8 +490,10 @@ def adapter_of(directory: str | Path) -> Path | None:
         raise BadModelDir(f"{settings}: adapter_dir must be a folder path, not {named!r}")
     adapter = (root / named).resolve()
     if not (adapter / "adapter_config.json").is_file():
-        raise BadModelDir(f"{settings} names the adapter {adapter}, which has no "
-                          "adapter_config.json: fix adapter_dir or remove it")  # fmt: skip
+        raise BadModelDir(
+            f"{settings} names the adapter {adapter}, which has no "
+            "adapter_config.json: fix adapter_dir or remove it"
+        )
     return adapter
 
 

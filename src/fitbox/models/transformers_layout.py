@@ -83,8 +83,12 @@ def layout(tensors: TensorBytes, n_layer: int) -> Layout:
 def is_four_bit_linear(name: str, t: SafetensorsTensor) -> bool:
     """What bitsandbytes quantizes: a 2-D linear weight of a layer (never the embeddings,
     the norms, the biases or the head, which transformers keeps out of the conversion)."""
-    return (len(t.shape) == 2 and name.endswith(".weight") and _layer(name) is not None
-            and not INPUT.search(name))  # fmt: skip
+    return (
+        len(t.shape) == 2
+        and name.endswith(".weight")
+        and _layer(name) is not None
+        and not INPUT.search(name)
+    )
 
 
 def four_bit_bytes(tensors: TensorBytes) -> int:

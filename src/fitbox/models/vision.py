@@ -32,17 +32,28 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
 # MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES (transformers models/auto/modeling_auto.py):
 # the decoder-only chat families people run; others are found by the vision_config rule.
-VISION_ARCHITECTURES = frozenset({
-    "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
-    "LlavaOnevisionForConditionalGeneration", "Idefics2ForConditionalGeneration",
-    "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration",
-    "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-    "Qwen3VLForConditionalGeneration", "Gemma3ForConditionalGeneration",
-    "PaliGemmaForConditionalGeneration", "Mistral3ForConditionalGeneration",
-    "MllamaForConditionalGeneration", "Llama4ForConditionalGeneration",
-    "InternVLForConditionalGeneration", "AyaVisionForConditionalGeneration",
-    "Glm4vForConditionalGeneration", "Lfm2VlForConditionalGeneration",
-})  # fmt: skip
+VISION_ARCHITECTURES = frozenset(
+    {
+        "LlavaForConditionalGeneration",
+        "LlavaNextForConditionalGeneration",
+        "LlavaOnevisionForConditionalGeneration",
+        "Idefics2ForConditionalGeneration",
+        "Idefics3ForConditionalGeneration",
+        "SmolVLMForConditionalGeneration",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen3VLForConditionalGeneration",
+        "Gemma3ForConditionalGeneration",
+        "PaliGemmaForConditionalGeneration",
+        "Mistral3ForConditionalGeneration",
+        "MllamaForConditionalGeneration",
+        "Llama4ForConditionalGeneration",
+        "InternVLForConditionalGeneration",
+        "AyaVisionForConditionalGeneration",
+        "Glm4vForConditionalGeneration",
+        "Lfm2VlForConditionalGeneration",
+    }
+)
 _PREFIXES = ("mmproj-", "mmproj_", "mmproj.", "mmproj")
 _SUFFIXES = ("-mmproj", "_mmproj", ".mmproj")
 
@@ -54,7 +65,8 @@ def is_vision_config(config: Mapping[str, Any]) -> bool:
     if any(a in VISION_ARCHITECTURES for a in names):
         return True
     return isinstance(config.get("vision_config"), dict) and any(
-        a.endswith("ForConditionalGeneration") for a in names)  # fmt: skip
+        a.endswith("ForConditionalGeneration") for a in names
+    )
 
 
 def _stem(path: Path) -> str:
@@ -63,7 +75,7 @@ def _stem(path: Path) -> str:
     stem = stem.lower()
     for tag in _PREFIXES:
         if stem.startswith(tag):
-            return stem[len(tag):]
+            return stem[len(tag) :]
     for tag in _SUFFIXES:
         if stem.endswith(tag):
             return stem[: -len(tag)]
@@ -71,8 +83,9 @@ def _stem(path: Path) -> str:
 
 
 def _shared_start(a: str, b: str) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                min(len(a), len(b)))  # fmt: skip
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def pair_projectors(models: Iterable[Path], projectors: Iterable[Path]) -> dict[Path, Path]:

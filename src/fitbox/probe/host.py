@@ -73,8 +73,7 @@ class CoreBusyCounter:
         self._last: list[tuple[float, float]] | None = None
 
     def read(self) -> dict[int, float]:
-        now = [(sum(t), t.idle + getattr(t, "iowait", 0.0))
-               for t in psutil.cpu_times(percpu=True)]  # fmt: skip
+        now = [(sum(t), t.idle + getattr(t, "iowait", 0.0)) for t in psutil.cpu_times(percpu=True)]
         last, self._last = self._last, now
         if last is None or len(last) != len(now):
             return {cpu: 0.0 for cpu in range(len(now))}
@@ -89,14 +88,19 @@ def physical_cores() -> dict[int, frozenset[int]]:
     """Physical cores fitbox may use, numbered 0..n-1, each with its logical CPUs (SMT
     siblings share a core: a claim takes them together). Only CPUs in this process's
     affinity count; without topology files each logical CPU is its own core."""
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
-        range(os.cpu_count() or 1))  # fmt: skip
+    allowed = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
     groups: dict[tuple[str, str], set[int]] = {}
     for cpu in allowed:
         topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
-            key = ((topology / "physical_package_id").read_text().strip(),
-                   (topology / "core_id").read_text().strip())  # fmt: skip
+            key = (
+                (topology / "physical_package_id").read_text().strip(),
+                (topology / "core_id").read_text().strip(),
+            )
         except OSError:
             key = ("cpu", str(cpu))
         groups.setdefault(key, set()).add(cpu)

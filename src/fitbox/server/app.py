@@ -141,10 +141,12 @@ async def _serving(
     app.state.changes = _change_signal(store)
     ensure_box_key(store, config.box_key_file)
     app.state.gate = Gate(
-        TrustSettings(config.trusted_networks, config.trusted_proxies, config.host,
-                      config.host_names),
-        KeyChecker(config.store_path), config.require_keys,
-    )  # fmt: skip
+        TrustSettings(
+            config.trusted_networks, config.trusted_proxies, config.host, config.host_names
+        ),
+        KeyChecker(config.store_path),
+        config.require_keys,
+    )
     async with anyio.create_task_group():
         pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
     app.state.config, app.state.store, app.state.box = config, store, box
@@ -176,10 +178,15 @@ def _identity(config: Config, store: Store, address: str | None) -> dict[str, st
     port = config.port or 0
     where = address or f"http://{config.host}:{port}"
     if config.central_url and config.host in ("0.0.0.0", "::"):
-        where = joining.reachable_address(config.host, int(where.rsplit(":", 1)[1]),
-                                          config.central_url)  # fmt: skip
-    return {"box_id": store.box_id(), "name": socket.gethostname(),
-            "version": fitbox.__version__, "address": where}  # fmt: skip
+        where = joining.reachable_address(
+            config.host, int(where.rsplit(":", 1)[1]), config.central_url
+        )
+    return {
+        "box_id": store.box_id(),
+        "name": socket.gethostname(),
+        "version": fitbox.__version__,
+        "address": where,
+    }
 
 
 def _join_central(config: Config, identity: dict[str, str | None]) -> asyncio.Task[None] | None:
@@ -196,7 +203,8 @@ def _join_central(config: Config, identity: dict[str, str | None]) -> asyncio.Ta
         log.error("not registering with the central: the box key cannot be read (%s)", exc)
         return None
     registration = joining.Registration(
-        config.central_url, config.central_key, box_id, name, address, box_key)  # fmt: skip
+        config.central_url, config.central_key, box_id, name, address, box_key
+    )
     return asyncio.get_running_loop().create_task(joining.keep_registering(registration))
 
 

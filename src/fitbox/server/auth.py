@@ -44,10 +44,24 @@ from fitbox.server.errors import error_response
 from fitbox.server.trust import Origin, TrustSettings, origin_of
 from fitbox.store.keys import ApiKey, KeyChecker
 
-INFERENCE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                       "/v1/models", "/v1/responses", "/v1/messages", "/v1/rerank", "/rerank",
-                       "/tokenize", "/detokenize", "/apply-template", "/infill", "/props",
-                       "/slots"})  # fmt: skip
+INFERENCE = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/models",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/rerank",
+        "/rerank",
+        "/tokenize",
+        "/detokenize",
+        "/apply-template",
+        "/infill",
+        "/props",
+        "/slots",
+    }
+)
 OPEN = frozenset({"/health"})
 READ = ("/v1/telemetry", "/metrics")  # telemetry: a read (or admin) key, or the box itself
 # outside /v1 but guarded as it is: the metrics (read) and the dashboard (management)
@@ -80,8 +94,14 @@ def is_inference(path: str) -> bool:
     return path in INFERENCE or path.startswith("/v1/models/")
 
 
-def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate,
-          method: str = "GET", origin: Origin | None = None) -> ApiKey | None:  # fmt: skip
+def admit(
+    path: str,
+    peer: str | None,
+    headers: dict[str, str],
+    gate: Gate,
+    method: str = "GET",
+    origin: Origin | None = None,
+) -> ApiKey | None:
     """The key the call runs under (None when trust alone admits it); raises if refused.
     ``origin``: the caller's, when the door has classified it already (once per request)."""
     if path in OPEN or not (path.startswith("/v1") or is_inference(path) or path in GUARDED):
@@ -93,8 +113,9 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate,
     origin = origin or origin_of(peer, headers, gate.settings)
     if path in BOX_ONLY:
         if not origin.local:
-            raise PermissionDenied(f"{path} is served to the box itself only: "
-                                   f"{origin.reason}.", code="loopback_only")  # fmt: skip
+            raise PermissionDenied(
+                f"{path} is served to the box itself only: {origin.reason}.", code="loopback_only"
+            )
         if key is None:
             check_browser(headers, method, gate.settings)
         return key
@@ -102,27 +123,32 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate,
         if key is not None:
             return key
         if not (origin.local or origin.trusted):
-            raise AuthenticationFailed(f"MCP needs an API key: {origin.reason}.",
-                                       code="missing_api_key")  # fmt: skip
+            raise AuthenticationFailed(
+                f"MCP needs an API key: {origin.reason}.", code="missing_api_key"
+            )
         if not _address_host(headers.get("host", "")):
             # a web page whose name was rebound to this box would send its own name here:
             # without a key, its tools (load, unload) are the box's own
-            raise PermissionDenied("MCP without a key is served to an address (127.0.0.1, "
-                                   "localhost), not a host name: send a key.",
-                                   code="host_not_allowed")  # fmt: skip
+            raise PermissionDenied(
+                "MCP without a key is served to an address (127.0.0.1, "
+                "localhost), not a host name: send a key.",
+                code="host_not_allowed",
+            )
         check_browser(headers, method, gate.settings)
         return None
     if is_inference(path):
         if key is not None:
             if not {"admin", "inference"} & set(key.scopes):
-                raise PermissionDenied(f"This key's scopes ({', '.join(key.scopes)}) do not "
-                                       "include inference.")  # fmt: skip
+                raise PermissionDenied(
+                    f"This key's scopes ({', '.join(key.scopes)}) do not include inference."
+                )
             return key
         if gate.require_keys:
             raise AuthenticationFailed(
                 "This box requires an API key for inference: send Authorization: Bearer "
                 "fb_<id>_<secret> (create one with 'fitbox keys create').",
-                code="missing_api_key")  # fmt: skip
+                code="missing_api_key",
+            )
         if origin.local and not names_box(headers, gate.settings):
             # a page whose name was rebound to 127.0.0.1 could read replies and start loads
             # that evict the operator's models (a trusted network's other machines keep
@@ -133,11 +159,14 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate,
                 "the box's hostname, FITBOX_HOST or a name in FITBOX_HOST_NAMES (a web page "
                 "whose name was rebound to this box would send its own). Use "
                 "http://127.0.0.1:PORT, add the name to FITBOX_HOST_NAMES, or send a key.",
-                code="host_not_allowed", param="host")  # fmt: skip
+                code="host_not_allowed",
+                param="host",
+            )
         if origin.local or origin.trusted:
             return None
-        raise AuthenticationFailed(f"An API key is required: {origin.reason}.",
-                                   code="missing_api_key")  # fmt: skip
+        raise AuthenticationFailed(
+            f"An API key is required: {origin.reason}.", code="missing_api_key"
+        )
     if path.startswith(READ):
         if key is not None and not {"admin", "read"} & set(key.scopes):
             raise PermissionDenied("Telemetry needs a key with the read or admin scope.")
@@ -148,7 +177,8 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate,
             return None
         raise AuthenticationFailed(
             f"Telemetry needs a read key unless called from the box itself: {origin.reason}.",
-            code="missing_api_key")  # fmt: skip
+            code="missing_api_key",
+        )
     if key is not None:
         if "admin" not in key.scopes:
             raise PermissionDenied("Management routes need a key with the admin scope.")
@@ -157,8 +187,9 @@ def admit(path: str, peer: str | None, headers: dict[str, str], gate: Gate,
         check_browser(headers, method, gate.settings)
         return None
     raise AuthenticationFailed(
-        f"Management routes need an admin key unless called from the box itself: "
-        f"{origin.reason}.", code="missing_api_key")  # fmt: skip
+        f"Management routes need an admin key unless called from the box itself: {origin.reason}.",
+        code="missing_api_key",
+    )
 
 
 def _host_name(host: str) -> str:
@@ -184,8 +215,13 @@ def box_host(host: str, settings: TrustSettings) -> bool:
     address bar, which no DNS answer can change), localhost or ``*.localhost`` (browsers
     resolve those to loopback themselves), FITBOX_HOST, or a name in FITBOX_HOST_NAMES."""
     name = _host_name(host)
-    return (_address_host(host) or name.endswith(".localhost") or name == _OWN_NAME
-            or name == _host_name(settings.listen_host) or name in settings.host_names)  # fmt: skip
+    return (
+        _address_host(host)
+        or name.endswith(".localhost")
+        or name == _OWN_NAME
+        or name == _host_name(settings.listen_host)
+        or name in settings.host_names
+    )
 
 
 def check_browser(headers: Mapping[str, str], method: str, settings: TrustSettings) -> None:
@@ -198,7 +234,10 @@ def check_browser(headers: Mapping[str, str], method: str, settings: TrustSettin
             "the box itself is served only to an address, localhost, FITBOX_HOST or a name "
             "in FITBOX_HOST_NAMES (a web page whose name was rebound to this box would send "
             "its own). Use http://127.0.0.1:PORT, add the name to FITBOX_HOST_NAMES, or send "
-            "an admin key.", code="host_not_allowed", param="host")  # fmt: skip
+            "an admin key.",
+            code="host_not_allowed",
+            param="host",
+        )
     origin = headers.get("origin")
     if method.upper() not in CHANGES or origin is None:
         return
@@ -208,7 +247,9 @@ def check_browser(headers: Mapping[str, str], method: str, settings: TrustSettin
             f"A {method.upper()} without a key from the page at {origin!r} is refused: "
             f"only the box's own pages ({host or 'no Host sent'}) may change it without a "
             "key, so another page open in your browser cannot. Send an admin key.",
-            code="origin_not_allowed", param="origin")  # fmt: skip
+            code="origin_not_allowed",
+            param="origin",
+        )
 
 
 def names_box(headers: Mapping[str, str], settings: TrustSettings) -> bool:
@@ -233,14 +274,15 @@ class AuthMiddleware:
             return
         gate: Gate | None = getattr(scope["app"].state, "gate", None)
         if gate is not None:
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                       for k, v in scope.get("headers", [])}  # fmt: skip
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1")
+                for k, v in scope.get("headers", [])
+            }
             client = scope.get("client")
             peer = client[0] if client else None
             origin = origin_of(peer, headers, gate.settings)  # once: the check and insider
             try:
-                key = admit(scope["path"], peer, headers, gate, scope.get("method", "GET"),
-                            origin)  # fmt: skip
+                key = admit(scope["path"], peer, headers, gate, scope.get("method", "GET"), origin)
             except FitboxError as exc:
                 await error_response(exc)(scope, receive, send)
                 return

@@ -82,22 +82,32 @@ def parse_json(raw: bytes) -> Any:
     try:
         value = json.loads(text, parse_constant=_constant, parse_float=_finite)
     except _NotFinite as exc:
-        raise InvalidRequest(f"The request body holds the number {str(exc)[:40]}: JSON numbers "
-                             "must be finite (no NaN or Infinity).") from None  # fmt: skip
+        raise InvalidRequest(
+            f"The request body holds the number {str(exc)[:40]}: JSON numbers "
+            "must be finite (no NaN or Infinity)."
+        ) from None
     except RecursionError:
-        raise InvalidRequest("The request body is nested too deeply to read (a few hundred "
-                             "levels at most); flatten it.") from None  # fmt: skip
+        raise InvalidRequest(
+            "The request body is nested too deeply to read (a few hundred "
+            "levels at most); flatten it."
+        ) from None
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
     except ValueError as exc:  # an integer over Python's digit limit
         raise InvalidRequest(f"The request body holds a number fitbox cannot read: {exc}") from None
-    if (text.count("[") + text.count("{") > MAX_DEPTH and isinstance(value, dict | list)
-            and _deeper_than(value, MAX_DEPTH)):  # the counts spare most bodies the walk
-        raise InvalidRequest(f"The request body is nested more than {MAX_DEPTH} levels deep; "
-                             "flatten it.")  # fmt: skip
+    if (
+        text.count("[") + text.count("{") > MAX_DEPTH
+        and isinstance(value, dict | list)
+        and _deeper_than(value, MAX_DEPTH)
+    ):  # the counts spare most bodies the walk
+        raise InvalidRequest(
+            f"The request body is nested more than {MAX_DEPTH} levels deep; flatten it."
+        )
     if _ESCAPED_SURROGATE.search(text) and _has_lone_surrogate(value):
-        raise InvalidRequest("The request body holds a lone UTF-16 surrogate (an escape in "
-                             "\\ud800-\\udfff without its pair): send valid Unicode.")  # fmt: skip
+        raise InvalidRequest(
+            "The request body holds a lone UTF-16 surrogate (an escape in "
+            "\\ud800-\\udfff without its pair): send valid Unicode."
+        )
     return value
 
 

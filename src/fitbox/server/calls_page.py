@@ -16,14 +16,25 @@ from starlette.responses import HTMLResponse, Response
 from fitbox.store.db import Store
 
 COLUMNS = (
-    ("id", "#"), ("received", "received"), ("model_asked", "model"), ("rung", "rung"),
-    ("window", "window"), ("outcome", "outcome"), ("http_status", "status"),
-    ("error_code", "error"), ("ttfb", "first byte"), ("total", "total"),
-    ("prompt_tokens", "prompt"), ("completion_tokens", "output"), ("decode", "tokens/s"),
-)  # fmt: skip
-STYLE = ("body{font:14px system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}"
-         "td,th{padding:.25em .6em;border-bottom:1px solid #ddd;text-align:right}"
-         "td:nth-child(3),th:nth-child(3){text-align:left}.error{color:#a00}")  # fmt: skip
+    ("id", "#"),
+    ("received", "received"),
+    ("model_asked", "model"),
+    ("rung", "rung"),
+    ("window", "window"),
+    ("outcome", "outcome"),
+    ("http_status", "status"),
+    ("error_code", "error"),
+    ("ttfb", "first byte"),
+    ("total", "total"),
+    ("prompt_tokens", "prompt"),
+    ("completion_tokens", "output"),
+    ("decode", "tokens/s"),
+)
+STYLE = (
+    "body{font:14px system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}"
+    "td,th{padding:.25em .6em;border-bottom:1px solid #ddd;text-align:right}"
+    "td:nth-child(3),th:nth-child(3){text-align:left}.error{color:#a00}"
+)
 
 
 def _cells(row: dict[str, Any]) -> dict[str, str]:
@@ -49,9 +60,14 @@ async def calls_page(request: Request) -> Response:
     for row in calls:
         cells = _cells(row)
         css = ' class="error"' if row.get("outcome") not in ("ok", "pending") else ""
-        body.append(f"<tr{css}>" + "".join(f"<td>{html.escape(cells[k])}</td>"
-                                          for k, _ in COLUMNS) + "</tr>")  # fmt: skip
-    page = (f"<!doctype html><meta charset=utf-8><title>fitbox calls</title>"
-            f"<style>{STYLE}</style><h1>fitbox: the latest {len(calls)} calls</h1>"
-            f"<table><tr>{head}</tr>{''.join(body)}</table>")  # fmt: skip
+        body.append(
+            f"<tr{css}>"
+            + "".join(f"<td>{html.escape(cells[k])}</td>" for k, _ in COLUMNS)
+            + "</tr>"
+        )
+    page = (
+        f"<!doctype html><meta charset=utf-8><title>fitbox calls</title>"
+        f"<style>{STYLE}</style><h1>fitbox: the latest {len(calls)} calls</h1>"
+        f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    )
     return HTMLResponse(page, headers={"cache-control": "no-store"})

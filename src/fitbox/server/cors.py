@@ -15,8 +15,15 @@ from starlette.middleware.cors import CORSMiddleware
 
 # What a browser script may read of a reply: the served model, why a call was refused,
 # where its time went (server/timing.py)
-EXPOSED = ("x-fitbox-model", "x-fitbox-default-model", "x-fitbox-device", "x-should-retry",
-           "retry-after", "x-request-id", "server-timing")  # fmt: skip
+EXPOSED = (
+    "x-fitbox-model",
+    "x-fitbox-default-model",
+    "x-fitbox-device",
+    "x-should-retry",
+    "retry-after",
+    "x-request-id",
+    "server-timing",
+)
 PREFLIGHT_MAX_AGE_S = 600
 
 
@@ -26,8 +33,11 @@ def middleware(origins: tuple[str, ...]) -> list[Middleware]:
     return [
         Middleware(
             CORSMiddleware,
-            allow_origins=list(origins), allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-            allow_headers=["*"], expose_headers=list(EXPOSED), allow_credentials=False,
+            allow_origins=list(origins),
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=["*"],
+            expose_headers=list(EXPOSED),
+            allow_credentials=False,
             max_age=PREFLIGHT_MAX_AGE_S,
         )
-    ]  # fmt: skip
+    ]

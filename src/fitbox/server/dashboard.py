@@ -45,6 +45,7 @@ def _rows(store: Store) -> tuple[list[dict[str, Any]], ...]:
     codes = tuple(REFUSALS)
     marks = ", ".join("?" * len(codes))
     with contextlib.closing(reader(store.path)) as conn:
+
         def select(sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
             try:
                 return [dict(r) for r in conn.execute(sql, (*params, ROWS))]
@@ -53,8 +54,11 @@ def _rows(store: Store) -> tuple[list[dict[str, Any]], ...]:
 
         calls = select("SELECT * FROM call_log ORDER BY id DESC LIMIT ?")
         evictions = select("SELECT * FROM evictions ORDER BY id DESC LIMIT ?")
-        refusals = select("SELECT * FROM call_log WHERE outcome = 'error' AND error_code IN "  # noqa: S608 - placeholders only
-                          f"({marks}) ORDER BY id DESC LIMIT ?", codes)
+        refusals = select(
+            "SELECT * FROM call_log WHERE outcome = 'error' AND error_code IN "  # noqa: S608 - placeholders only
+            f"({marks}) ORDER BY id DESC LIMIT ?",
+            codes,
+        )
     for row in refusals:
         row["reason"] = REFUSALS.get(row.get("error_code") or "", "")
     return calls, evictions, refusals
@@ -73,10 +77,15 @@ async def gather(box: Box, store: Store) -> View:
         described.append(row)
     devices = []
     for device in box.snapshot().devices:
-        holders = [(r.artifact.name, r.state.value, size) for r in box.residents()
-                   for where, size in r.holdings().items() if where == device.id]  # fmt: skip
-        devices.append(DeviceView(device.id, device.kind.value, device.capacity,
-                                  device.simulated, holders))  # fmt: skip
+        holders = [
+            (r.artifact.name, r.state.value, size)
+            for r in box.residents()
+            for where, size in r.holdings().items()
+            if where == device.id
+        ]
+        devices.append(
+            DeviceView(device.id, device.kind.value, device.capacity, device.simulated, holders)
+        )
     return View(counter, devices, described, box.queue(), calls, evictions, refusals)
 
 
@@ -91,12 +100,16 @@ def _event(view: View) -> bytes:
     return f"event: update\nid: {view.counter}\n{data}\n".encode()
 
 
-async def _changed(signal: ChangeSignal, registry: asyncio.Event, store: Store,
-                   shown: int, leaving: asyncio.Event) -> None:  # fmt: skip
+async def _changed(
+    signal: ChangeSignal, registry: asyncio.Event, store: Store, shown: int, leaving: asyncio.Event
+) -> None:
     """Until the store's counter moves past ``shown``, the registry changes (``registry``:
     its change event, taken before the state shown was read), or the server is stopping."""
-    waits = [asyncio.ensure_future(signal.wait(3600.0)), asyncio.ensure_future(registry.wait()),
-             asyncio.ensure_future(leaving.wait())]  # fmt: skip
+    waits = [
+        asyncio.ensure_future(signal.wait(3600.0)),
+        asyncio.ensure_future(registry.wait()),
+        asyncio.ensure_future(leaving.wait()),
+    ]
     try:
         await asyncio.sleep(0)  # both waits now hold their events: a later fire wakes them
         if store.counter != shown:
@@ -148,8 +161,9 @@ async def events(request: Request) -> Response:
                 continue
             await _changed(signal, registry, store, shown, leaving)
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"cache-control": "no-store"})  # fmt: skip
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"cache-control": "no-store"}
+    )
 
 
 def _loading(box: Box) -> bool:

@@ -25,7 +25,7 @@ STYLE = (
     "overflow:hidden;white-space:nowrap;font-size:.8em;padding:0 .3em;border-right:1px solid"
     " #fff}.seg.starting{background:repeating-linear-gradient(45deg,#e96,#e96 6px,#eb8 6px,"
     "#eb8 12px);color:#000}.seg.stopping{background:#999}.muted{color:#777}"
-)  # fmt: skip
+)
 SCRIPT = """
 const events = new EventSource("/dashboard/events?since=" + document.body.dataset.counter);
 events.addEventListener("update", (e) => {
@@ -70,11 +70,14 @@ def _e(value: Any) -> str:
     return text.replace("\r", "&#13;").replace("\n", "&#10;")
 
 
-def _table(heads: Sequence[str], rows: Iterable[Sequence[str]], empty: str,
-           css: Sequence[str] = ()) -> str:  # fmt: skip
+def _table(
+    heads: Sequence[str], rows: Iterable[Sequence[str]], empty: str, css: Sequence[str] = ()
+) -> str:
     """Cells are HTML already escaped; ``css`` names a class per row (or "")."""
-    body = [f"<tr{f' class={c!r}' if c else ''}>{''.join(f'<td>{cell}</td>' for cell in row)}"
-            "</tr>" for row, c in zip(rows, [*css, *([''] * 10_000)], strict=False)]  # fmt: skip
+    body = [
+        f"<tr{f' class={c!r}' if c else ''}>{''.join(f'<td>{cell}</td>' for cell in row)}</tr>"
+        for row, c in zip(rows, [*css, *([""] * 10_000)], strict=False)
+    ]
     if not body:
         return f'<p class="muted">{_e(empty)}</p>'
     head = "".join(f"<th>{_e(h)}</th>" for h in heads)
@@ -103,12 +106,12 @@ def devices(view: View) -> str:
             f'{_e(format_bytes(size))} ({_e(state)})" style="width:{_share(size, d.capacity)}">'
             f"{_e(model)}</div>"
             for model, state, size in d.holders
-        )  # fmt: skip
+        )
         parts.append(
             f'<div class="device" data-device="{_e(d.id)}"><b>{_e(label)}</b> '
             f"{_e(format_bytes(held))} held of {_e(format_bytes(d.capacity))}"
             f'<div class="bar">{segs}</div></div>'
-        )  # fmt: skip
+        )
     return "<h2>Devices</h2>" + ("".join(parts) or '<p class="muted">none</p>')
 
 
@@ -121,8 +124,10 @@ def _loaded(resident: dict[str, Any]) -> str:
     share = min(100 * loaded / total, 100)
     words = f"{format_bytes(loaded)} of {format_bytes(total)} ({share:.0f}%)"
     bar = f'<progress value="{int(loaded)}" max="{int(total)}">{share:.0f}%</progress>'
-    return (f', <span class="loaded" data-bytes-loaded="{int(loaded)}" '
-            f'data-bytes-total="{int(total)}">{_e(words)}</span> {bar}')  # fmt: skip
+    return (
+        f', <span class="loaded" data-bytes-loaded="{int(loaded)}" '
+        f'data-bytes-total="{int(total)}">{_e(words)}</span> {bar}'
+    )
 
 
 def residents(view: View) -> str:
@@ -131,70 +136,136 @@ def residents(view: View) -> str:
         state = _e(r["state"])
         if r["state"] == "starting" and r.get("load_started_at"):
             since = r["load_started_at"]
-            state = (f'<span data-loading-since="{since:.3f}">loading for '
-                     f"{max(view.now - since, 0):.0f} s</span>{_loaded(r)}")  # fmt: skip
-        rows.append([
-            _e(r["model"]), state, _e(r["device"]), _e(r["rung"]), _e(r["window"]),
-            _e(format_bytes(r["bytes"])), _e(r["basis"]), _e(r["calls"]),
-            _e("yes" if r["pinned"] else ""),
-            _e(r["load_seconds"] and f"{r['load_seconds']:.1f} s"),
-        ])  # fmt: skip
+            state = (
+                f'<span data-loading-since="{since:.3f}">loading for '
+                f"{max(view.now - since, 0):.0f} s</span>{_loaded(r)}"
+            )
+        rows.append(
+            [
+                _e(r["model"]),
+                state,
+                _e(r["device"]),
+                _e(r["rung"]),
+                _e(r["window"]),
+                _e(format_bytes(r["bytes"])),
+                _e(r["basis"]),
+                _e(r["calls"]),
+                _e("yes" if r["pinned"] else ""),
+                _e(r["load_seconds"] and f"{r['load_seconds']:.1f} s"),
+            ]
+        )
         css.append(f"resident {r['state']}")
     return "<h2>Residents</h2>" + _table(
-        ["model", "state", "device", "rung", "window", "bytes", "basis", "calls", "pinned",
-         "load"], rows, "Nothing is loaded.", css)  # fmt: skip
+        ["model", "state", "device", "rung", "window", "bytes", "basis", "calls", "pinned", "load"],
+        rows,
+        "Nothing is loaded.",
+        css,
+    )
 
 
 def queue(view: View) -> str:
-    rows = [[_e(w.get("call_id")), _e(w.get("model")), _e(_when(w.get("since"))),
-             _e(f"{max(w['deadline'] - view.now, 0):.0f} s" if w.get("deadline") else ""),
-             _e(", ".join(w.get("blocked_by") or []))] for w in view.queue]  # fmt: skip
-    return "<h2>Queue</h2>" + _table(["call", "model", "since", "gives up in", "blocked by"],
-                                     rows, "No call is waiting.")  # fmt: skip
+    rows = [
+        [
+            _e(w.get("call_id")),
+            _e(w.get("model")),
+            _e(_when(w.get("since"))),
+            _e(f"{max(w['deadline'] - view.now, 0):.0f} s" if w.get("deadline") else ""),
+            _e(", ".join(w.get("blocked_by") or [])),
+        ]
+        for w in view.queue
+    ]
+    return "<h2>Queue</h2>" + _table(
+        ["call", "model", "since", "gives up in", "blocked by"], rows, "No call is waiting."
+    )
 
 
 def calls(view: View) -> str:
     rows, css = [], []
     for c in view.calls:
-        rows.append([
-            _e(c["id"]), _e(_when(c["received_at"])), _e(c.get("model_asked")),
-            _e(c.get("outcome")), _e(c.get("http_status")), _e(c.get("error_code")),
-            _e(_ms(c["received_at"], c.get("admitted_at"))),
-            _e(_ms(c.get("load_start_at"), c.get("load_ready_at"))),
-            _e(_ms(c["received_at"], c.get("first_byte_at"))),
-            _e(_ms(c["received_at"], c.get("last_byte_at"))),
-            _e(c.get("prompt_tokens")), _e(c.get("completion_tokens")),
-        ])  # fmt: skip
+        rows.append(
+            [
+                _e(c["id"]),
+                _e(_when(c["received_at"])),
+                _e(c.get("model_asked")),
+                _e(c.get("outcome")),
+                _e(c.get("http_status")),
+                _e(c.get("error_code")),
+                _e(_ms(c["received_at"], c.get("admitted_at"))),
+                _e(_ms(c.get("load_start_at"), c.get("load_ready_at"))),
+                _e(_ms(c["received_at"], c.get("first_byte_at"))),
+                _e(_ms(c["received_at"], c.get("last_byte_at"))),
+                _e(c.get("prompt_tokens")),
+                _e(c.get("completion_tokens")),
+            ]
+        )
         css.append("call" + ("" if c.get("outcome") in ("ok", "pending") else " error"))
     return "<h2>Last calls</h2>" + _table(
-        ["#", "received", "model", "outcome", "status", "error", "queue", "load", "ttft",
-         "total", "prompt", "output"], rows, "No calls yet.", css)  # fmt: skip
+        [
+            "#",
+            "received",
+            "model",
+            "outcome",
+            "status",
+            "error",
+            "queue",
+            "load",
+            "ttft",
+            "total",
+            "prompt",
+            "output",
+        ],
+        rows,
+        "No calls yet.",
+        css,
+    )
 
 
 def evictions(view: View) -> str:
-    rows = [[_e(_when(e["at"])), _e(e["model"]), _e(e["reason"]), _e(e.get("for_model")),
-             _e(e.get("idle_seconds") and f"{e['idle_seconds']:.0f} s")]
-            for e in view.evictions]  # fmt: skip
-    return "<h2>Evictions</h2>" + _table(["at", "model", "reason", "for", "idle"], rows,
-                                         "No evictions.")  # fmt: skip
+    rows = [
+        [
+            _e(_when(e["at"])),
+            _e(e["model"]),
+            _e(e["reason"]),
+            _e(e.get("for_model")),
+            _e(e.get("idle_seconds") and f"{e['idle_seconds']:.0f} s"),
+        ]
+        for e in view.evictions
+    ]
+    return "<h2>Evictions</h2>" + _table(
+        ["at", "model", "reason", "for", "idle"], rows, "No evictions."
+    )
 
 
 def refusals(view: View) -> str:
-    rows = [[_e(r["id"]), _e(_when(r["received_at"])), _e(r.get("model_asked")),
-             _e(r.get("error_code")), _e(r.get("reason")), _e(r.get("http_status"))]
-            for r in view.refusals]  # fmt: skip
-    return "<h2>Refusals</h2>" + _table(["call", "at", "model", "code", "reason", "status"],
-                                        rows, "No refusals.")  # fmt: skip
+    rows = [
+        [
+            _e(r["id"]),
+            _e(_when(r["received_at"])),
+            _e(r.get("model_asked")),
+            _e(r.get("error_code")),
+            _e(r.get("reason")),
+            _e(r.get("http_status")),
+        ]
+        for r in view.refusals
+    ]
+    return "<h2>Refusals</h2>" + _table(
+        ["call", "at", "model", "code", "reason", "status"], rows, "No refusals."
+    )
 
 
 def main(view: View) -> str:
     """The part the server re-sends over SSE on each change."""
     sections = (devices, residents, queue, calls, evictions, refusals)
-    return (f'<main data-counter="{view.counter}">'
-            + "".join(section(view) for section in sections) + "</main>")  # fmt: skip
+    return (
+        f'<main data-counter="{view.counter}">'
+        + "".join(section(view) for section in sections)
+        + "</main>"
+    )
 
 
 def page(view: View) -> str:
-    return (f"<!doctype html><html lang=en><meta charset=utf-8><title>fitbox</title>"
-            f"<style>{STYLE}</style><body data-counter=\"{view.counter}\"><h1>fitbox</h1>"
-            f"{main(view)}<script>{SCRIPT}</script></body></html>")  # fmt: skip
+    return (
+        f"<!doctype html><html lang=en><meta charset=utf-8><title>fitbox</title>"
+        f'<style>{STYLE}</style><body data-counter="{view.counter}"><h1>fitbox</h1>'
+        f"{main(view)}<script>{SCRIPT}</script></body></html>"
+    )

@@ -18,9 +18,12 @@ ENVELOPE = ("message", "type", "code", "param")
 # What llama-server tells its own operator ("Start it with `--embeddings`"): fitbox starts
 # the engine, so the reason a client needs is which model does not serve the route
 NOT_SERVED = {  # a word of the engine's message -> what the model is not, and the fix
-    "embeddings": ("an embeddings model", ' POST /v1/settings/pair {"model": "{model}", '
-                   '"embeddings": true} makes a decoder serve mean-pooled embeddings from its '
-                   "next load."),
+    "embeddings": (
+        "an embeddings model",
+        ' POST /v1/settings/pair {"model": "{model}", '
+        '"embeddings": true} makes a decoder serve mean-pooled embeddings from its '
+        "next load.",
+    ),
     "reranking": ("a reranker", ""),
     "infill": ("a model with fill-in-the-middle tokens", ""),
 }
@@ -63,19 +66,21 @@ def engine_error_body(status: int, content: bytes, model: str) -> dict[str, Any]
     return {
         "error": {
             "message": message,
-            "type": kind or ("invalid_request_error" if retry_cannot_help(status)
-                             else "server_error"),
+            "type": kind
+            or ("invalid_request_error" if retry_cannot_help(status) else "server_error"),
             "code": code,
             "param": param,
             **extra,
         }
-    }  # fmt: skip
+    }
 
 
 def _not_served(message: str, model: str) -> str:
     lowered = message.lower()
     for word, (what, fix) in NOT_SERVED.items():
         if word in lowered:
-            return (f"'{model}' is not {what} on this box, so it does not serve this route "
-                    f"(engine: {message}).{fix.replace('{model}', model)}")  # fmt: skip
+            return (
+                f"'{model}' is not {what} on this box, so it does not serve this route "
+                f"(engine: {message}).{fix.replace('{model}', model)}"
+            )
     return f"'{model}' does not serve this route on this box (engine: {message})"

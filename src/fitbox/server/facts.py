@@ -28,35 +28,50 @@ MOST_ROWS = 1000
 KINDS = ("footprints", "refused_windows", "speeds")  # the offer's lists, in this order
 
 
-def _offer(body: dict[str, Any], own_id: str | None) -> tuple[str, str, dict[str, list[Any]],
-                                                              int]:  # fmt: skip
+def _offer(body: dict[str, Any], own_id: str | None) -> tuple[str, str, dict[str, list[Any]], int]:
     origin, sha256 = body.get("origin_box"), body.get("sha256")
     if not isinstance(origin, str) or not origin:
-        raise InvalidRequest("'origin_box' must name the box that measured the facts.",
-                             param="origin_box")  # fmt: skip
+        raise InvalidRequest(
+            "'origin_box' must name the box that measured the facts.", param="origin_box"
+        )
     if origin == own_id:
-        raise InvalidRequest("These footprints were measured by this box itself: nothing to "
-                             "import.", param="origin_box")  # fmt: skip
+        raise InvalidRequest(
+            "These footprints were measured by this box itself: nothing to import.",
+            param="origin_box",
+        )
     if not isinstance(sha256, str) or not SHA256.match(sha256):
-        raise InvalidRequest("'sha256' must be the file's sha256, 64 lowercase hex digits.",
-                             param="sha256")  # fmt: skip
+        raise InvalidRequest(
+            "'sha256' must be the file's sha256, 64 lowercase hex digits.", param="sha256"
+        )
     lists = {kind: body.get(kind) for kind in KINDS if body.get(kind) is not None}
     for kind, rows in lists.items():
         if not isinstance(rows, list) or len(rows) > MOST_ROWS:
-            raise InvalidRequest(f"'{kind}' must be a list of at most {MOST_ROWS} rows.",
-                                 param=kind)  # fmt: skip
+            raise InvalidRequest(
+                f"'{kind}' must be a list of at most {MOST_ROWS} rows.", param=kind
+            )
     offered: dict[str, list[Any]] = {kind: rows for kind, rows in lists.items() if rows}
     if not offered:
-        raise InvalidRequest("The offer holds no fact: give 'footprints', 'refused_windows' "
-                             "or 'speeds', a list of one row at least.",
-                             param="footprints")  # fmt: skip
-    sizes = [row.get("artifact_size") if isinstance(row, dict) else None
-             for rows in offered.values() for row in rows]  # fmt: skip
+        raise InvalidRequest(
+            "The offer holds no fact: give 'footprints', 'refused_windows' "
+            "or 'speeds', a list of one row at least.",
+            param="footprints",
+        )
+    sizes = [
+        row.get("artifact_size") if isinstance(row, dict) else None
+        for rows in offered.values()
+        for row in rows
+    ]
     size = sizes[0]
-    if (isinstance(size, bool) or not isinstance(size, int) or size <= 0
-            or any(other != size for other in sizes)):  # fmt: skip
-        raise InvalidRequest("Every row must carry the same 'artifact_size' (the file's "
-                             "bytes, one file per offer).", param="artifact_size")  # fmt: skip
+    if (
+        isinstance(size, bool)
+        or not isinstance(size, int)
+        or size <= 0
+        or any(other != size for other in sizes)
+    ):
+        raise InvalidRequest(
+            "Every row must carry the same 'artifact_size' (the file's bytes, one file per offer).",
+            param="artifact_size",
+        )
     return origin, sha256, offered, size
 
 
@@ -67,29 +82,36 @@ async def import_facts(request: Request) -> Response:
     origin, sha256, offered, size = _offer(body, store.box_id())
     keeper, artifacts = hash_keeper(request), box.catalog.artifacts()
     files, checked = await anyio.to_thread.run_sync(  # stats, and hashing a file once
-        lambda: same_bytes(artifacts, size, sha256, keeper.kept))
+        lambda: same_bytes(artifacts, size, sha256, keeper.kept)
+    )
     if not files:
-        raise RouteNotFound(f"No file on this box has sha256 {sha256} ({checked} file(s) of "
-                            f"{size} bytes checked): these facts are not about a file here.",
-                            param="sha256", code="no_such_file")  # fmt: skip
+        raise RouteNotFound(
+            f"No file on this box has sha256 {sha256} ({checked} file(s) of "
+            f"{size} bytes checked): these facts are not about a file here.",
+            param="sha256",
+            code="no_such_file",
+        )
     taken = []
     for artifact in files:
         identity = artifact.identity()
         try:
             footprints = [footprint(r, identity, origin) for r in offered.get("footprints", [])]
-            windows = [refused_window(r, identity, origin)
-                       for r in offered.get("refused_windows", [])]  # fmt: skip
+            windows = [
+                refused_window(r, identity, origin) for r in offered.get("refused_windows", [])
+            ]
             speeds = [speed(r, identity, origin) for r in offered.get("speeds", [])]
         except BadFact as exc:
-            raise InvalidRequest(f"A fact cannot be imported: {exc}.",
-                                 param=exc.field) from None  # fmt: skip
+            raise InvalidRequest(f"A fact cannot be imported: {exc}.", param=exc.field) from None
         for m in footprints:
             box.facts.footprint_imported(m)
         for w in windows:
             box.facts.window_imported(w)
         for s in speeds:
             box.speeds.imported(s)
-        counts = {"footprints": len(footprints), "refused_windows": len(windows),
-                  "speeds": len(speeds)}  # fmt: skip
+        counts = {
+            "footprints": len(footprints),
+            "refused_windows": len(windows),
+            "speeds": len(speeds),
+        }
         taken.append({"model": artifact.name, **{k: counts[k] for k in offered}})
     return JSONResponse({"origin_box": origin, "sha256": sha256, "files": taken})

@@ -57,17 +57,24 @@ class Registration:
     box_key: str
 
     def body(self) -> dict[str, str]:
-        return {"box_id": self.box_id, "name": self.name, "version": fitbox.__version__,
-                "url": self.address, "admin_key": self.box_key}  # fmt: skip
+        return {
+            "box_id": self.box_id,
+            "name": self.name,
+            "version": fitbox.__version__,
+            "url": self.address,
+            "admin_key": self.box_key,
+        }
 
     def loopback_problem(self) -> str | None:
         """Why a central elsewhere could never call this box back, if it could not."""
         box_host = urlsplit(self.address).hostname or ""
         central_host = urlsplit(self.central_url).hostname or ""
         if is_loopback(box_host) and not is_loopback(central_host):
-            return (f"this box listens on loopback only ({self.address}), so the central at "
-                    f"{self.central_url} could never reach it; start it with --host 0.0.0.0 "
-                    "(or an address the central can reach)")  # fmt: skip
+            return (
+                f"this box listens on loopback only ({self.address}), so the central at "
+                f"{self.central_url} could never reach it; start it with --host 0.0.0.0 "
+                "(or an address the central can reach)"
+            )
         return None
 
 
@@ -76,8 +83,9 @@ async def register_once(reg: Registration) -> tuple[bool, str]:
     headers = {"Authorization": f"Bearer {reg.central_key}"} if reg.central_key else {}
     try:
         async with httpx.AsyncClient(timeout=10) as client:
-            response = await client.post(f"{reg.central_url}/v1/boxes", json=reg.body(),
-                                         headers=headers)  # fmt: skip
+            response = await client.post(
+                f"{reg.central_url}/v1/boxes", json=reg.body(), headers=headers
+            )
     except httpx.HTTPError as exc:
         return False, f"the central at {reg.central_url} could not be reached ({exc!r})"
     if response.status_code >= 400:
@@ -85,8 +93,10 @@ async def register_once(reg: Registration) -> tuple[bool, str]:
             reason = response.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
             reason = response.text[:300]
-        return False, (f"the central at {reg.central_url} refused this box (HTTP "
-                       f"{response.status_code}): {reason}")  # fmt: skip
+        return False, (
+            f"the central at {reg.central_url} refused this box (HTTP "
+            f"{response.status_code}): {reason}"
+        )
     return True, f"registered with the central at {reg.central_url} as {reg.box_id}"
 
 

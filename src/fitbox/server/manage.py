@@ -79,8 +79,9 @@ async def create_key(request: Request) -> Response:
         or not isinstance(scopes, list)
         or not all(isinstance(s, str) for s in scopes)
     ):
-        raise InvalidRequest("'name' must be a string and 'scopes' a list of strings.",
-                             param="scopes")  # fmt: skip
+        raise InvalidRequest(
+            "'name' must be a string and 'scopes' a list of strings.", param="scopes"
+        )
     if models is not None and not (
         isinstance(models, list) and all(isinstance(m, str) for m in models)
     ):
@@ -89,9 +90,11 @@ async def create_key(request: Request) -> Response:
         raise InvalidRequest("'expires_in_s' must be a positive number.", param="expires_in_s")
     expires_at = time.time() + expires_in if expires_in else None
     try:
-        key, secret = _key_store(request).run(lambda conn: keydb.create_key(
-            conn, name, tuple(scopes), tuple(models) if models is not None else None,
-            expires_at))  # fmt: skip
+        key, secret = _key_store(request).run(
+            lambda conn: keydb.create_key(
+                conn, name, tuple(scopes), tuple(models) if models is not None else None, expires_at
+            )
+        )
     except keydb.KeyError_ as exc:
         raise InvalidRequest(str(exc), param="scopes") from None
     return JSONResponse({**key.public(), "key": secret}, status_code=201)

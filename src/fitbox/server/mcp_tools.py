@@ -107,10 +107,15 @@ def _listing(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build() -> MCPServer:
-    server = MCPServer("fitbox", version=__version__, instructions=(
-        "fitbox places and runs local models. list_models names what can be served; plan "
-        "says how a model would be placed without loading it; load and unload change what "
-        "is resident (admin)."))  # fmt: skip
+    server = MCPServer(
+        "fitbox",
+        version=__version__,
+        instructions=(
+            "fitbox places and runs local models. list_models names what can be served; plan "
+            "says how a model would be placed without loading it; load and unload change what "
+            "is resident (admin)."
+        ),
+    )
 
     @server.tool(description="The models this box can serve (GET /v1/models).")
     @mirrors("/v1/models")
@@ -129,11 +134,18 @@ def build() -> MCPServer:
     async def queue(ctx: Context) -> dict[str, Any]:
         return _listing(_box(ctx).queue())
 
-    @server.tool(description="How the box would place a model now, without loading it "
-                 "(GET /v1/plan): variant, rung, window, bytes per device, victims.")
+    @server.tool(
+        description="How the box would place a model now, without loading it "
+        "(GET /v1/plan): variant, rung, window, bytes per device, victims."
+    )
     @mirrors("/v1/plan")
-    async def plan(ctx: Context, model: str, window: int | None = None,
-                   parallel: int | None = None, kv: str | None = None) -> dict[str, Any]:
+    async def plan(
+        ctx: Context,
+        model: str,
+        window: int | None = None,
+        parallel: int | None = None,
+        kv: str | None = None,
+    ) -> dict[str, Any]:
         return _box(ctx).plan_for(model, ctx=window, parallel=parallel, kv=kv)
 
     @server.tool(description="Load a model now (admin; POST /v1/operator/load).")
@@ -157,8 +169,9 @@ def build() -> MCPServer:
     @mirrors("/v1/limits")
     async def box_limits(ctx: Context) -> dict[str, Any]:
         box = _box(ctx)
-        tiers = on_this_box(box.prefs.limit, box.gpus.read(), box.catalog.roots,
-                            box.prefs.central_limit)
+        tiers = on_this_box(
+            box.prefs.limit, box.gpus.read(), box.catalog.roots, box.prefs.central_limit
+        )
         return _listing([dict(tier) for tier in describe(tiers)])
 
     return server
@@ -174,9 +187,11 @@ class McpDoor:
             # stateless: each POST is whole (its key is checked on it), no session to keep.
             # The SDK's Host check is off: fitbox serves any name its operator gives it, and
             # refuses a keyless call under a host name itself (server/auth.py).
-            server.streamable_http_app(stateless_http=True, json_response=True,
-                                       transport_security=TransportSecuritySettings(
-                                           enable_dns_rebinding_protection=False))  # fmt: skip
+            server.streamable_http_app(
+                stateless_http=True,
+                json_response=True,
+                transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            )
             self.manager = server.session_manager
 
     @contextlib.asynccontextmanager
@@ -189,8 +204,9 @@ class McpDoor:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.manager is None:
-            missing = RouteNotFound("MCP needs the optional extra: pip install 'fitbox[mcp]'.",
-                                    code="mcp_not_installed")  # fmt: skip
+            missing = RouteNotFound(
+                "MCP needs the optional extra: pip install 'fitbox[mcp]'.", code="mcp_not_installed"
+            )
             await error_response(missing)(scope, receive, send)
             return
         await self.manager.handle_request(scope, receive, send)

@@ -54,14 +54,24 @@ class BoxCollector(Collector):
 
     def _families(self) -> Iterator[Metric]:
         labels = ["device", "kind", "simulated"]
-        capacity = GaugeMetricFamily("fitbox_device_capacity_bytes", "What fitbox may fill on "
-                                     "the device (capped by every limit tier).", labels=labels)
-        free = GaugeMetricFamily("fitbox_device_free_bytes", "Free memory on the device now "
-                                 "(MemAvailable on the host).", labels=labels)  # fmt: skip
-        held = GaugeMetricFamily("fitbox_device_held_bytes", "What fitbox's residents hold "
-                                 "on the device.", labels=labels)  # fmt: skip
-        reserved = GaugeMetricFamily("fitbox_device_reserved_bytes", "The part of the held "
-                                     "bytes promised to residents still loading.", labels=labels)
+        capacity = GaugeMetricFamily(
+            "fitbox_device_capacity_bytes",
+            "What fitbox may fill on the device (capped by every limit tier).",
+            labels=labels,
+        )
+        free = GaugeMetricFamily(
+            "fitbox_device_free_bytes",
+            "Free memory on the device now (MemAvailable on the host).",
+            labels=labels,
+        )
+        held = GaugeMetricFamily(
+            "fitbox_device_held_bytes", "What fitbox's residents hold on the device.", labels=labels
+        )
+        reserved = GaugeMetricFamily(
+            "fitbox_device_reserved_bytes",
+            "The part of the held bytes promised to residents still loading.",
+            labels=labels,
+        )
         residents = self.box.residents()
         holding = _per_device(residents)
         loading = _per_device([r for r in residents if r.state is ResidentState.STARTING])
@@ -74,18 +84,25 @@ class BoxCollector(Collector):
             held.add_metric(values, holding.get(device.id, 0))
             reserved.add_metric(values, loading.get(device.id, 0))
         yield from (capacity, free, held, reserved)
-        state = GaugeMetricFamily("fitbox_residents", "Residents by model and state.",
-                                  labels=["model", "state"])  # fmt: skip
+        state = GaugeMetricFamily(
+            "fitbox_residents", "Residents by model and state.", labels=["model", "state"]
+        )
         for resident in residents:
             state.add_metric([resident.artifact.name, resident.state.value], 1)
         yield state
-        yield GaugeMetricFamily("fitbox_queue_length", "Calls waiting for room.",
-                                value=len(self.box.queue()))  # fmt: skip
-        yield GaugeMetricFamily("fitbox_store_write_failures", "Store writes that failed "
-                                "since start (health: /v1/telemetry/state).",
-                                value=self.store.write_failures)  # fmt: skip
-        yield GaugeMetricFamily("fitbox_change_counter", "The store's change counter: the "
-                                "newest committed event.", value=self.store.counter)  # fmt: skip
+        yield GaugeMetricFamily(
+            "fitbox_queue_length", "Calls waiting for room.", value=len(self.box.queue())
+        )
+        yield GaugeMetricFamily(
+            "fitbox_store_write_failures",
+            "Store writes that failed since start (health: /v1/telemetry/state).",
+            value=self.store.write_failures,
+        )
+        yield GaugeMetricFamily(
+            "fitbox_change_counter",
+            "The store's change counter: the newest committed event.",
+            value=self.store.counter,
+        )
 
 
 def _per_device(residents: Iterable[Resident]) -> dict[str, int]:
@@ -115,8 +132,12 @@ class Metrics:
         self.now = BoxCollector(box, store)
         self.registry.register(self.now)
         self.child_failures = Counter(
-            "fitbox_child_scrape_failures", "Child /metrics fetches that failed or timed "
-            "out (the child was left out of that scrape).", ["model"], registry=self.registry)
+            "fitbox_child_scrape_failures",
+            "Child /metrics fetches that failed or timed "
+            "out (the child was left out of that scrape).",
+            ["model"],
+            registry=self.registry,
+        )
         self._lock = threading.Lock()  # one catch-up at a time: the cursors are one reader's
 
     async def render(self) -> bytes:
@@ -126,14 +147,18 @@ class Metrics:
         it (bench/operator_overhead.py)."""
         catalog = self.box.catalog
         names = {str(a.path): a.name for a in catalog.artifacts()}
-        asked = {alias: a.name for a in catalog.artifacts()
-                 for alias in (a.name, *catalog.aliases_of(a.name))}  # fmt: skip
+        asked = {
+            alias: a.name
+            for a in catalog.artifacts()
+            for alias in (a.name, *catalog.aliases_of(a.name))
+        }
         children = await self._children()
         self.now.read()
         return await asyncio.to_thread(self._page, names, asked, children)
 
-    def _page(self, names: dict[str, str], asked: dict[str, str],
-              children: list[tuple[str, str]]) -> bytes:  # fmt: skip
+    def _page(
+        self, names: dict[str, str], asked: dict[str, str], children: list[tuple[str, str]]
+    ) -> bytes:
         with self._lock:  # taken by the thread: a cancelled scrape's thread still holds it
             self.tally.catch_up(names, asked)
             page = generate_latest(self.registry)
@@ -146,14 +171,19 @@ class Metrics:
 
     async def _children(self) -> list[tuple[str, str]]:
         """(model, its child's own page) for each ready child that answered in time."""
-        ready = [r for r in self.box.residents()
-                 if r.state is ResidentState.READY and r.child is not None
-                 and r.engine.metrics_path()]  # fmt: skip
+        ready = [
+            r
+            for r in self.box.residents()
+            if r.state is ResidentState.READY and r.child is not None and r.engine.metrics_path()
+        ]
         if not ready:
             return []
         texts = await asyncio.gather(*(self._fetch(r) for r in ready))
-        return [(r.artifact.name, text) for r, text in zip(ready, texts, strict=True)
-                if text is not None]  # fmt: skip
+        return [
+            (r.artifact.name, text)
+            for r, text in zip(ready, texts, strict=True)
+            if text is not None
+        ]
 
     async def _fetch(self, resident: Resident) -> str | None:
         """Over the child's own pooled connection (engines/http1.py), as the watchdog's
@@ -176,8 +206,9 @@ def _relabelled(children: list[tuple[str, str]]) -> list[Metric]:
     merged: dict[str, Metric] = {}
     for model, text in children:
         for family in text_string_to_metric_families(text):
-            into = merged.setdefault(family.name, Metric(family.name, family.documentation,
-                                                         family.type))  # fmt: skip
+            into = merged.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type)
+            )
             for sample in family.samples:
                 into.samples.append(sample._replace(labels={**sample.labels, "model": model}))
     return list(merged.values())
@@ -185,5 +216,6 @@ def _relabelled(children: list[tuple[str, str]]) -> list[Metric]:
 
 async def scrape(request: Request) -> Response:
     found: Metrics = request.app.state.metrics
-    return Response(await found.render(), media_type=CONTENT_TYPE,
-                    headers={"cache-control": "no-store"})  # fmt: skip
+    return Response(
+        await found.render(), media_type=CONTENT_TYPE, headers={"cache-control": "no-store"}
+    )

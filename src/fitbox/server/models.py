@@ -35,11 +35,14 @@ def _entry(box: Box, artifact: Artifact, r: Resident | None) -> dict[str, Any]:
         "architecture": artifact.facts.architecture,
         "vision": artifact.vision,  # reads image_url parts (server/vision.py)
         "meta": {
-            "n_ctx": r.window if r else None, "n_ctx_train": shape.n_ctx_train,
-            "n_params": artifact.facts.n_params, "n_vocab": shape.n_vocab,
-            "n_embd": shape.n_embd, "size": shape.weights_bytes,
+            "n_ctx": r.window if r else None,
+            "n_ctx_train": shape.n_ctx_train,
+            "n_params": artifact.facts.n_params,
+            "n_vocab": shape.n_vocab,
+            "n_embd": shape.n_embd,
+            "size": shape.weights_bytes,
         },
-    }  # fmt: skip
+    }
 
 
 async def list_models(request: Request) -> Response:
@@ -63,8 +66,10 @@ async def show_model(request: Request) -> Response:
     try:
         artifact = box.catalog.variants(asked)[0]
     except FitboxError:
-        raise ModelNotFound(f"The model '{asked}' does not exist on this box; GET /v1/models "
-                            "lists those it has.", param="model") from None  # fmt: skip
+        raise ModelNotFound(
+            f"The model '{asked}' does not exist on this box; GET /v1/models lists those it has.",
+            param="model",
+        ) from None
     allowed = allowed_models(request)
     if allowed is not None and not {asked, artifact.name} & set(allowed):
         raise ModelNotFound(f"The model '{asked}' does not exist for this key.", param="model")

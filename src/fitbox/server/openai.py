@@ -28,11 +28,16 @@ async def health(request: Request) -> Response:
     store: Store = request.app.state.store
     problems = store.problems()  # still 200: a box whose drive is full serves, unrecorded
     return JSONResponse(
-        {"status": "degraded" if problems else "ok", "problems": problems,
-         "service": "fitbox", "version": fitbox.__version__, "gpus": gpus,
-         **getattr(request.app.state, "identity", {}),
-         "store": store.health()}
-    )  # fmt: skip
+        {
+            "status": "degraded" if problems else "ok",
+            "problems": problems,
+            "service": "fitbox",
+            "version": fitbox.__version__,
+            "gpus": gpus,
+            **getattr(request.app.state, "identity", {}),
+            "store": store.health(),
+        }
+    )
 
 
 MODEL: Kinds = {"model": str}
@@ -63,8 +68,9 @@ async def _read(request: Request, path: str) -> Response:
     try:
         model = request.query_params.get("model", "")
         if not model:
-            raise InvalidRequest(f"GET {path} needs the model it is about: {path}?model=NAME",
-                                 param="model")  # fmt: skip
+            raise InvalidRequest(
+                f"GET {path} needs the model it is about: {path}?model=NAME", param="model"
+            )
         body = {"model": model}
     except FitboxError as error:
         refused(request, path, body, error)
@@ -127,8 +133,9 @@ async def props(request: Request) -> Response:
     if isinstance(found, dict):
         found.pop("model_path", None)
     headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
-    return Response(json.dumps(found).encode(), status_code=200, headers=headers,
-                    media_type="application/json")  # fmt: skip
+    return Response(
+        json.dumps(found).encode(), status_code=200, headers=headers, media_type="application/json"
+    )
 
 
 async def slots(request: Request) -> Response:
@@ -139,5 +146,6 @@ async def slots(request: Request) -> Response:
             "GET /slots shows every caller's prompt and generated text: it needs an admin key "
             "or a call from the box itself sent to an address, localhost, FITBOX_HOST or a "
             "name in FITBOX_HOST_NAMES (a web page rebound to this box sends its own name).",
-            code="insider_only")  # fmt: skip
+            code="insider_only",
+        )
     return await _read(request, "/slots")

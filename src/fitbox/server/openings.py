@@ -33,8 +33,9 @@ def _frame(data: dict[str, Any], name: str | None = None) -> bytes:
     return (b"event: " + name.encode() + b"\n" if name else b"") + b"data: " + dumps(data) + SEP
 
 
-async def _messages_opened(chunks: AsyncGenerator[bytes, None], model: str,
-                           count: Count) -> AsyncGenerator[bytes, None]:  # fmt: skip
+async def _messages_opened(
+    chunks: AsyncGenerator[bytes, None], model: str, count: Count
+) -> AsyncGenerator[bytes, None]:
     """A Messages stream opens with ``message_start``; one is made when its first event is
     another: its model the served name (put back as the asked one after), its input tokens
     the prompt as the engine counts it (0 when it cannot say within its time)."""
@@ -59,10 +60,16 @@ async def _messages_opened(chunks: AsyncGenerator[bytes, None], model: str,
 
 def message_start(model: str, prompt_tokens: int | None) -> bytes:
     usage = {"input_tokens": prompt_tokens or 0, "output_tokens": 0}
-    message: dict[str, Any] = {"id": f"msg_{secrets.token_hex(12)}", "type": "message",
-                               "role": "assistant", "content": [], "model": model,
-                               "stop_reason": None, "stop_sequence": None,
-                               "usage": usage}  # fmt: skip
+    message: dict[str, Any] = {
+        "id": f"msg_{secrets.token_hex(12)}",
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "model": model,
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
     return _frame({"type": "message_start", "message": message}, "message_start")
 
 
@@ -93,8 +100,11 @@ class ChatOpening(EventCutter):
             self.waiting.discard(index)
             delta = choice.get("delta")
             if isinstance(delta, dict) and "role" not in delta:
-                role = {"index": index, "delta": {"role": "assistant", "content": None},
-                        "finish_reason": None}  # fmt: skip
+                role = {
+                    "index": index,
+                    "delta": {"role": "assistant", "content": None},
+                    "finish_reason": None,
+                }
                 openings.append(_frame({**_without_figures(data), "choices": [role]}))
         return b"".join(openings) + event + SEP
 
@@ -111,8 +121,10 @@ class ResponsesOpening(EventCutter):
         self.seen: set[bytes] = set()
 
     def feed(self, chunk: bytes) -> bytes:
-        if not self.pending and chunk.endswith(b"\n\n") and not any(
-            o in chunk for o in _RESPONSE_OPENINGS
+        if (
+            not self.pending
+            and chunk.endswith(b"\n\n")
+            and not any(o in chunk for o in _RESPONSE_OPENINGS)
         ):
             return chunk  # whole events, no opening among them: as they came
         return b"".join(e + SEP for e in self.whole(chunk) if self._first(e))
@@ -127,8 +139,9 @@ class ResponsesOpening(EventCutter):
         return True
 
 
-def mended(chunks: AsyncGenerator[bytes, None], path: str, model: str, choices: int,
-           count: Count) -> AsyncGenerator[bytes, None]:  # fmt: skip
+def mended(
+    chunks: AsyncGenerator[bytes, None], path: str, model: str, choices: int, count: Count
+) -> AsyncGenerator[bytes, None]:
     """``chunks`` (an engine's stream on ``path``, of ``choices`` choices) with its opening
     whole; closing this closes ``chunks`` at once. A route with no opening to mend gets
     ``chunks`` itself. ``count`` gives the prompt's tokens, asked only where an opening

@@ -21,8 +21,17 @@ from fitbox.probe.disk import read_drive
 from fitbox.server.bodies import json_body
 from fitbox.store.db import Store
 
-ACTIONS = ("load", "unload", "pin", "unpin", "refresh-models", "clear-failed", "pull-model",
-           "reap-to-fit", "copy-to-central")
+ACTIONS = (
+    "load",
+    "unload",
+    "pin",
+    "unpin",
+    "refresh-models",
+    "clear-failed",
+    "pull-model",
+    "reap-to-fit",
+    "copy-to-central",
+)
 NO_MODEL = ("refresh-models", "reap-to-fit")  # actions whose body names no model
 
 
@@ -46,9 +55,17 @@ async def storage(request: Request) -> Response:
         device = os.stat(root).st_dev
         usage = read_drive(root)
         role, why = role_of(root, box.catalog.roots, box.config.drive_roles)
-        drive = drives.setdefault(device, {"roots": [], "total_bytes": usage.total,
-                                           "free_bytes": usage.free, "role": role.value,
-                                           "role_from": why, "models": []})  # fmt: skip
+        drive = drives.setdefault(
+            device,
+            {
+                "roots": [],
+                "total_bytes": usage.total,
+                "free_bytes": usage.free,
+                "role": role.value,
+                "role_from": why,
+                "models": [],
+            },
+        )
         drive["roots"].append(str(root))
     for artifact in box.catalog.artifacts():
         try:
@@ -77,15 +94,19 @@ async def operator_action(request: Request) -> Response:
         target = body["model"]
     key = getattr(request.state, "api_key", None)
     origin = request.client.host if request.client else None
-    result = await perform(box, store, action, target, origin, key.key_id if key else None,
-                           body)  # fmt: skip
+    result = await perform(box, store, action, target, origin, key.key_id if key else None, body)
     return JSONResponse(result)
 
 
 async def perform(
-    box: Box, store: Store, action: str, target: str | None, origin: str | None,
-    key_id: str | None, body: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    box: Box,
+    store: Store,
+    action: str,
+    target: str | None,
+    origin: str | None,
+    key_id: str | None,
+    body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Apply an operator action and record it, done or failed (the HTTP route and MCP).
     ``body``: the request's other fields (pull-model's ``source_key``)."""
     try:
@@ -119,15 +140,27 @@ async def _pull_model(box: Box, store: Store, spec: str, key: object) -> dict[st
             anyio.from_thread.run(box.movers.reap, dest, needed, f"room to pull {spec}")
 
     try:
-        outcomes = await anyio.to_thread.run_sync(lambda: pull_from_box(
-            spec, dest, store, key=key, storage_max=limit, make_room=make_room))  # fmt: skip
+        outcomes = await anyio.to_thread.run_sync(
+            lambda: pull_from_box(
+                spec, dest, store, key=key, storage_max=limit, make_room=make_room
+            )
+        )
     except PullRefused as exc:
         raise Conflict(str(exc), param="model", code="pull_refused") from None
     except PullError as exc:
         raise EngineFailed(str(exc), param="model", code="pull_failed") from None
     box.catalog.refresh()
-    return {"files": [{"path": str(o.path), "bytes": o.size, "sha256": o.sha256,
-                       "seconds": round(o.seconds, 3)} for o in outcomes]}  # fmt: skip
+    return {
+        "files": [
+            {
+                "path": str(o.path),
+                "bytes": o.size,
+                "sha256": o.sha256,
+                "seconds": round(o.seconds, 3),
+            }
+            for o in outcomes
+        ]
+    }
 
 
 async def _reap(box: Box, need: int, origin: str | None, key_id: str | None) -> dict[str, Any]:
@@ -136,22 +169,29 @@ async def _reap(box: Box, need: int, origin: str | None, key_id: str | None) -> 
     if need < 0:
         raise InvalidRequest("'bytes' must be 0 or more.", param="bytes")
     if worker is None:
-        raise Conflict("No model root is on a worker drive (drive_roles), so nothing can be "
-                       "reaped.", code="no_worker_drive")  # fmt: skip
+        raise Conflict(
+            "No model root is on a worker drive (drive_roles), so nothing can be reaped.",
+            code="no_worker_drive",
+        )
     if box.store is None:
         raise Conflict("This box keeps no store, so no copy's hash is known.", code="no_store")
     plan = await box.movers.reap(worker, need, "operator action", origin, key_id)
-    return {"root": str(worker), "freed_bytes": plan.freed, "short_by_bytes": plan.short_by,
-            "removed": [path for c in plan.victims for path in c.files],  # every shard
-            "kept": [{"path": c.path, "why": why.value} for c, why in plan.kept]}  # fmt: skip
+    return {
+        "root": str(worker),
+        "freed_bytes": plan.freed,
+        "short_by_bytes": plan.short_by,
+        "removed": [path for c in plan.victims for path in c.files],  # every shard
+        "kept": [{"path": c.path, "why": why.value} for c, why in plan.kept],
+    }
 
 
 async def _copy_to_central(box: Box, name: str) -> dict[str, Any]:
     """{"model": name}: copy a worker-only model to the central drive now."""
     artifact = box.catalog.resolve(name)
     if box.movers.root_with(DriveRole.CENTRAL) is None:
-        raise Conflict("No model root is on a central drive (drive_roles).",
-                       code="no_central_drive")  # fmt: skip
+        raise Conflict(
+            "No model root is on a central drive (drive_roles).", code="no_central_drive"
+        )
     if box.store is None:
         raise Conflict("This box keeps no store, so no copy's hash is known.", code="no_store")
     dest, why = await box.movers.copy_to_central(artifact)
@@ -165,8 +205,7 @@ async def _apply(box: Box, action: str, target: str | None) -> dict[str, Any]:
     assert target is not None
     if action == "clear-failed":
         if not box.clear_failed(target):
-            raise Conflict(f"'{target}' is not marked failed.", param="model",
-                           code="not_failed")  # fmt: skip
+            raise Conflict(f"'{target}' is not marked failed.", param="model", code="not_failed")
         return {"cleared": True}
     if action == "load":
         return {"resident": (await box.load(target)).describe()}

@@ -76,9 +76,13 @@ def wanted(request: Request, body: dict[str, Any]) -> bool:
 def progress_of(box: Box, call: Call, since: float) -> dict[str, Any]:
     """Where the call stands: its place in the queue, or how much of its model is in."""
     position = next((i + 1 for i, w in enumerate(box.queue()) if w["call_id"] == call.id), None)
-    found: dict[str, Any] = {"state": "queued" if position else "loading",
-                             "queue_position": position, "seconds": round(time.time() - since, 3),
-                             "bytes_loaded": None, "bytes_total": None}  # fmt: skip
+    found: dict[str, Any] = {
+        "state": "queued" if position else "loading",
+        "queue_position": position,
+        "seconds": round(time.time() - since, 3),
+        "bytes_loaded": None,
+        "bytes_total": None,
+    }
     try:
         artifacts = {a.key: a for a in box.asks.named(call.model).artifacts}
     except FitboxError:
@@ -101,10 +105,19 @@ def loaded_bytes(resident: Resident) -> tuple[int, int]:
 
 
 def _chunk(call: Call, progress: dict[str, Any]) -> bytes:
-    kind = "chat.completion.chunk" if call.endpoint.endswith("chat/completions") else (
-        "text_completion")  # fmt: skip
-    chunk = {"id": f"fitbox-progress-{call.id}", "object": kind, "created": int(time.time()),
-             "model": call.model, "choices": [], "fitbox_progress": progress}  # fmt: skip
+    kind = (
+        "chat.completion.chunk"
+        if call.endpoint.endswith("chat/completions")
+        else ("text_completion")
+    )
+    chunk = {
+        "id": f"fitbox-progress-{call.id}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": call.model,
+        "choices": [],
+        "fitbox_progress": progress,
+    }
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
@@ -118,9 +131,13 @@ def _abandoned(call: Call, task: asyncio.Future[EngineResponse]) -> None:
 
 
 async def waiting_stream(
-    box: Box, call: Call, start: Start, relay: Relay,
-    progress: bool, insider: bool,
-) -> AsyncIterator[bytes]:  # fmt: skip
+    box: Box,
+    call: Call,
+    start: Start,
+    relay: Relay,
+    progress: bool,
+    insider: bool,
+) -> AsyncIterator[bytes]:
     """The body of a stream whose 200 went before its model was ready. ``start`` places
     the call and sends it; ``relay`` is the engine's reply as the client gets it."""
     since = time.time()

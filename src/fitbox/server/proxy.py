@@ -54,8 +54,9 @@ def check_model_allowed(request: Request, box: Box, name: str) -> None:
     if allowed is None or name in allowed:
         return
     if box.catalog.resolve(name).name not in allowed:
-        raise PermissionDenied(f"This key may not use the model '{name}'.", param="model",
-                               code="model_not_allowed")  # fmt: skip
+        raise PermissionDenied(
+            f"This key may not use the model '{name}'.", param="model", code="model_not_allowed"
+        )
 
 
 def routed_name(box: Box, asked: str) -> tuple[str, dict[str, str]]:
@@ -72,7 +73,9 @@ def routed_name(box: Box, asked: str) -> tuple[str, dict[str, str]]:
         except ModelNotFound:
             raise ModelNotFound(
                 f"{missing.message} Its stand-in, FITBOX_DEFAULT_MODEL '{default}', is not on "
-                "this box either.", param="model") from None  # fmt: skip
+                "this box either.",
+                param="model",
+            ) from None
         return default, {"x-fitbox-default-model": default}
     return asked, {}
 
@@ -85,13 +88,16 @@ def check_served(box: Box, name: str, path: str, body: dict[str, Any] | None = N
     kinds = [box.engines.for_artifact(a) for a in artifacts]
     if not any(path in kind.routes() for kind in kinds):
         served_by = ", ".join(sorted({kind.name for kind in kinds}))
-        raise RouteNotServed(f"'{name}' runs on {served_by}, which does not serve {path}.",
-                             param="model")  # fmt: skip
+        raise RouteNotServed(
+            f"'{name}' runs on {served_by}, which does not serve {path}.", param="model"
+        )
     if path == "/v1/rerank" and not any(a.facts.is_reranker for a in artifacts):
         raise InvalidRequest(
             f"'{name}' is not a reranker (its GGUF's pooling type is not rank), so it cannot "
             "serve /v1/rerank; name a reranker model (GET /v1/models lists them).",
-            param="model", code="not_a_reranker")  # fmt: skip
+            param="model",
+            code="not_a_reranker",
+        )
     if body is not None:
         check_vision(name, artifacts, path, body)
 
@@ -126,14 +132,19 @@ def refused(request: Request, path: str, body: dict[str, Any], error: FitboxErro
     the model and stream flag as far as the body said them."""
     box: Box = request.app.state.box
     model = body.get("model")
-    call = box.calls.open(path, model if isinstance(model, str) else "",
-                          body.get("stream") is True, _request_id(request))  # fmt: skip
+    call = box.calls.open(
+        path,
+        model if isinstance(model, str) else "",
+        body.get("stream") is True,
+        _request_id(request),
+    )
     setattr(request.state, timing.STAMPS_STATE, call.stamps)
     call.failed(error)
 
 
-async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
-                  method: str = "POST") -> Response:  # fmt: skip
+async def forward(
+    request: Request, path: str, raw: bytes, body: dict[str, Any], method: str = "POST"
+) -> Response:
     """Place the call on ``body["model"]`` and send it to the child's ``path``."""
     box: Box = request.app.state.box
     asked: str = body["model"]
@@ -181,9 +192,16 @@ async def forward(request: Request, path: str, raw: bytes, body: dict[str, Any],
     return await _whole(call, response, headers, names, field)
 
 
-def _waiting(request: Request, call: Call, start: progress.Start, body: dict[str, Any],
-             headers: dict[str, str], asked: str, field: reasoning_routes.Thinking | None,
-             count: openings.Count) -> Response:  # fmt: skip
+def _waiting(
+    request: Request,
+    call: Call,
+    start: progress.Start,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    asked: str,
+    field: reasoning_routes.Thinking | None,
+    count: openings.Count,
+) -> Response:
     """A stream whose model must load first: its 200 now (server/progress.py)."""
     insider = is_insider(request)
 
@@ -200,11 +218,14 @@ def _waiting(request: Request, call: Call, start: progress.Start, body: dict[str
         yield b"data: " + json.dumps(error).encode() + b"\n\n" + timing.done_frame(call.stamps)
 
     box: Box = request.app.state.box
-    stream = progress.waiting_stream(box, call, start, relay, progress.wanted(request, body),
-                                     insider)  # fmt: skip
-    return StreamingResponse(stream, headers={**headers, "cache-control": "no-cache",
-                                              "x-accel-buffering": "no"},
-                             media_type="text/event-stream")  # fmt: skip
+    stream = progress.waiting_stream(
+        box, call, start, relay, progress.wanted(request, body), insider
+    )
+    return StreamingResponse(
+        stream,
+        headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
+        media_type="text/event-stream",
+    )
 
 
 @dataclass(frozen=True)
@@ -218,8 +239,9 @@ class _Sending:
     query: str
 
 
-async def _sent(box: Box, call: Call, path: str, body: dict[str, Any], name: str, slots: int,
-                sending: _Sending) -> tuple[Resident, EngineResponse]:  # fmt: skip
+async def _sent(
+    box: Box, call: Call, path: str, body: dict[str, Any], name: str, slots: int, sending: _Sending
+) -> tuple[Resident, EngineResponse]:
     """Place the call and send it. A call sent on its prompt's bound that the engine
     refuses because the slot it got cannot hold the prompt is placed again by the count
     the refusal carries (a larger window, or refused with both numbers), and sent once
@@ -233,9 +255,13 @@ async def _sent(box: Box, call: Call, path: str, body: dict[str, Any], name: str
         return resident, response
     response.close()
     call.unplace()
-    log.info("%s: its engine counted the prompt at %d tokens, more than the %d-token slot "
-             "it was sent to; placed again by that count", call.model, counted,
-             resident.slots.window_each(resident.window))  # fmt: skip
+    log.info(
+        "%s: its engine counted the prompt at %d tokens, more than the %d-token slot "
+        "it was sent to; placed again by that count",
+        call.model,
+        counted,
+        resident.slots.window_each(resident.window),
+    )
     resident = await _placed_by_count(call, body, name, slots, counted, size.largest)
     return resident, await _send(call, sending)
 
@@ -244,8 +270,9 @@ async def _send(call: Call, sending: _Sending) -> EngineResponse:
     return await call.send(sending.raw, sending.accept, sending.method, sending.query)
 
 
-async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, Any],
-                  name: str, slots: int) -> tuple[Resident, PromptSize]:  # fmt: skip
+async def _placed(
+    box: Box, call: Call, path: str, raw: bytes, body: dict[str, Any], name: str, slots: int
+) -> tuple[Resident, PromptSize]:
     """Place a call by its prompt's tokens (box/needs.py): counted by the model when it is
     ready and its engine cannot say a prompt is too long, else bounded. A bound that
     overflows the slot it got is counted once placed, and placed again with a larger
@@ -264,8 +291,9 @@ async def _placed(box: Box, call: Call, path: str, raw: bytes, body: dict[str, A
     return await _placed_by_count(call, body, name, slots, counted, size.largest), size
 
 
-async def _placed_by_count(call: Call, body: dict[str, Any], name: str, slots: int,
-                           counted: int, largest: int) -> Resident:  # fmt: skip
+async def _placed_by_count(
+    call: Call, body: dict[str, Any], name: str, slots: int, counted: int, largest: int
+) -> Resident:
     """Place again a call whose prompt its engine counted at ``counted`` tokens, more
     than the slot it had: a window that holds it, or refused with both numbers."""
     size = PromptSize(counted, True, largest)
@@ -280,9 +308,13 @@ def _prompt_param(body: dict[str, Any]) -> str:
     return next((field for field in ("messages", "input") if field in body), "prompt")
 
 
-async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],
-                 names: NameRewrite | None,
-                 field: reasoning_routes.Thinking | None) -> Response:  # fmt: skip
+async def _whole(
+    call: Call,
+    response: EngineResponse,
+    headers: dict[str, str],
+    names: NameRewrite | None,
+    field: reasoning_routes.Thinking | None,
+) -> Response:
     try:
         content = await call.read(response)
     except FitboxError as exc:
@@ -303,8 +335,9 @@ async def _whole(call: Call, response: EngineResponse, headers: dict[str, str],
     return Response(content, status_code=response.status, headers=headers, media_type=media_type)
 
 
-async def _named(chunks: AsyncGenerator[bytes, None],
-                 names: NameRewrite | None) -> AsyncGenerator[bytes, None]:  # fmt: skip
+async def _named(
+    chunks: AsyncGenerator[bytes, None], names: NameRewrite | None
+) -> AsyncGenerator[bytes, None]:
     """``chunks`` with the asked name put back (server/names.py); closed with this."""
     try:
         async for chunk in chunks:
@@ -329,16 +362,26 @@ def _prompt_count(box: Box, call: Call, path: str, raw: bytes) -> openings.Count
     return count
 
 
-async def _sse(call: Call, response: EngineResponse, insider: bool, count: openings.Count,
-               names: NameRewrite | None = None,
-               field: reasoning_routes.Thinking | None = None) -> AsyncIterator[bytes]:  # fmt: skip
+async def _sse(
+    call: Call,
+    response: EngineResponse,
+    insider: bool,
+    count: openings.Count,
+    names: NameRewrite | None = None,
+    field: reasoning_routes.Thinking | None = None,
+) -> AsyncIterator[bytes]:
     """The engine's stream as it comes (the thinking moved, the asked name put back, the
     figures before its end); a failure mid-stream ends it with an SSE error event (the
     status line is long gone), recorded by the call, shaped for the caller."""
     try:
         lease = call.lease
-        opened = openings.mended(call.relay(response), call.endpoint, call.resident.artifact.name,
-                                 lease.slots if lease else 1, count)  # fmt: skip
+        opened = openings.mended(
+            call.relay(response),
+            call.endpoint,
+            call.resident.artifact.name,
+            lease.slots if lease else 1,
+            count,
+        )
         shaped = _named(reasoning_streams.shaped(opened, field), names)
         async for chunk in timing.annotated(shaped, call.stamps):
             yield chunk

@@ -105,8 +105,9 @@ def request_body(raw: bytes, field: str | None) -> bytes:
     return raw[: at + 1] + b'"reasoning_format":"none",' + raw[at + 1 :]
 
 
-def _split_into(holder: dict[str, Any], reasoning: str, content: str, field: str,
-                had_text: bool) -> None:  # fmt: skip
+def _split_into(
+    holder: dict[str, Any], reasoning: str, content: str, field: str, had_text: bool
+) -> None:
     """Set ``holder`` (a message or a delta): ``content``, and the thinking (what the engine
     split already, then what fitbox did) in ``field``, present only when there is some."""
     engine = holder.pop(ENGINE_FIELD, None)
@@ -155,8 +156,11 @@ class StreamShaper(EventCutter):
 
     def _untouched(self, data: bytes) -> bool:
         """No splitter is inside or holding, no tag may start here, and nothing to rename."""
-        return (b"<" not in data and all(s.idle for s in self.splitters.values())
-                and (self.field == ENGINE_FIELD or b'"reasoning_content"' not in data))  # fmt: skip
+        return (
+            b"<" not in data
+            and all(s.idle for s in self.splitters.values())
+            and (self.field == ENGINE_FIELD or b'"reasoning_content"' not in data)
+        )
 
     def _event(self, event: bytes) -> bytes:
         if not event.startswith(b"data: {") or self._untouched(event):
@@ -180,8 +184,9 @@ class StreamShaper(EventCutter):
         return b"data: " + json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-async def shaped(chunks: AsyncGenerator[bytes, None],
-                 field: str | None) -> AsyncGenerator[bytes, None]:  # fmt: skip
+async def shaped(
+    chunks: AsyncGenerator[bytes, None], field: str | None
+) -> AsyncGenerator[bytes, None]:
     """``chunks`` (an engine's event stream) with the thinking moved; closing this closes
     ``chunks`` at once (its end releases the call's lease)."""
     if field is None or field == NONE:

@@ -123,13 +123,21 @@ def reasoning_id(message_id: str) -> str:
 
 def reasoning_item(message_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     content = [{"type": "reasoning_text", "text": text}] if text else []
-    return {"type": "reasoning", "id": reasoning_id(message_id), "summary": [],
-            "content": content, "status": status}  # fmt: skip
+    return {
+        "type": "reasoning",
+        "id": reasoning_id(message_id),
+        "summary": [],
+        "content": content,
+        "status": status,
+    }
 
 
 def message_text(item: dict[str, Any]) -> str:
-    return "".join(part.get("text") or "" for part in item.get("content") or []
-                   if isinstance(part, dict) and part.get("type") == "output_text")  # fmt: skip
+    return "".join(
+        part.get("text") or ""
+        for part in item.get("content") or []
+        if isinstance(part, dict) and part.get("type") == "output_text"
+    )
 
 
 def set_message_text(item: dict[str, Any], text: str) -> None:

@@ -108,8 +108,14 @@ class _Message:
         self.fed = False  # a delta (or its done text) went through the splitter
 
 
-_PART_EVENTS = frozenset({"response.content_part.added", "response.output_text.delta",
-                          "response.output_text.done", "response.content_part.done"})  # fmt: skip
+_PART_EVENTS = frozenset(
+    {
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+    }
+)
 
 
 class ResponsesShaper(NamedEventShaper):
@@ -130,11 +136,18 @@ class ResponsesShaper(NamedEventShaper):
         the message is sent: its numbers put on its end, unparsed (the done events' texts
         are split whole again: splitting gives the same however the text was cut)."""
         message = self.current
-        if (message is None or message.index is None or not message.fed
-                or not message.splitter.idle or b"<" in event or b'_index"' in event
-                or b'"sequence_number"' in event or not event.endswith(b"}")
-                or not event.startswith(b"event: response.output_text.delta\n")
-                or message.item_id.encode() not in event):  # fmt: skip
+        if (
+            message is None
+            or message.index is None
+            or not message.fed
+            or not message.splitter.idle
+            or b"<" in event
+            or b'_index"' in event
+            or b'"sequence_number"' in event
+            or not event.endswith(b"}")
+            or not event.startswith(b"event: response.output_text.delta\n")
+            or message.item_id.encode() not in event
+        ):
             return super()._one(event)
         numbers = f',"output_index":{message.index},"content_index":0,"sequence_number":'
         self.sequence += 1
@@ -179,8 +192,9 @@ class ResponsesShaper(NamedEventShaper):
         if kind == "response.output_text.done":
             if not message.fed:  # a text sent whole, with no deltas: split as one
                 message.fed = True
-                out += self._pieces(message, *message.splitter.feed(str(data.get("text") or "")),
-                                    None)  # fmt: skip
+                out += self._pieces(
+                    message, *message.splitter.feed(str(data.get("text") or "")), None
+                )
             thought, text = message.splitter.finish()
             out += self._pieces(message, thought, text, None)
             out += self._close_reasoning(message) + self._release(message)
@@ -197,8 +211,9 @@ class ResponsesShaper(NamedEventShaper):
         data["output_index"] = message.index
         return [*out, data]
 
-    def _pieces(self, message: _Message, thought: str, text: str,
-                delta: dict[str, Any] | None) -> list[dict[str, Any]]:  # fmt: skip
+    def _pieces(
+        self, message: _Message, thought: str, text: str, delta: dict[str, Any] | None
+    ) -> list[dict[str, Any]]:
         """The events for one piece: its thinking to the reasoning item (opened at the
         first), its text to the message (sent at its first), as ``delta`` was shaped."""
         out: list[dict[str, Any]] = []
@@ -207,15 +222,30 @@ class ResponsesShaper(NamedEventShaper):
             if message.reasoning_index is None:
                 message.reasoning_index = self._number(rs)
                 at = message.reasoning_index
-                out += [{"type": "response.output_item.added", "output_index": at,
-                         "item": reasoning_item(message.item_id, "", "in_progress")},
-                        {"type": "response.content_part.added", "item_id": rs,
-                         "output_index": at, "content_index": 0,
-                         "part": {"type": "reasoning_text", "text": ""}}]  # fmt: skip
+                out += [
+                    {
+                        "type": "response.output_item.added",
+                        "output_index": at,
+                        "item": reasoning_item(message.item_id, "", "in_progress"),
+                    },
+                    {
+                        "type": "response.content_part.added",
+                        "item_id": rs,
+                        "output_index": at,
+                        "content_index": 0,
+                        "part": {"type": "reasoning_text", "text": ""},
+                    },
+                ]
             message.thought += thought
-            out.append({"type": "response.reasoning_text.delta", "item_id": rs,
-                        "output_index": message.reasoning_index, "content_index": 0,
-                        "delta": thought})  # fmt: skip
+            out.append(
+                {
+                    "type": "response.reasoning_text.delta",
+                    "item_id": rs,
+                    "output_index": message.reasoning_index,
+                    "content_index": 0,
+                    "delta": thought,
+                }
+            )
         if text:
             out += self._release(message)
             new = {"type": "response.output_text.delta", "item_id": message.item_id}
@@ -238,16 +268,32 @@ class ResponsesShaper(NamedEventShaper):
             return []
         rs, text = reasoning_id(message.item_id), message.thought
         part = {"type": "reasoning_text", "text": text}
-        return [{"type": "response.reasoning_text.done", "item_id": rs, "output_index": at,
-                 "content_index": 0, "text": text},
-                {"type": "response.content_part.done", "item_id": rs, "output_index": at,
-                 "content_index": 0, "part": part},
-                {"type": "response.output_item.done", "output_index": at,
-                 "item": reasoning_item(message.item_id, text)}]  # fmt: skip
+        return [
+            {
+                "type": "response.reasoning_text.done",
+                "item_id": rs,
+                "output_index": at,
+                "content_index": 0,
+                "text": text,
+            },
+            {
+                "type": "response.content_part.done",
+                "item_id": rs,
+                "output_index": at,
+                "content_index": 0,
+                "part": part,
+            },
+            {
+                "type": "response.output_item.done",
+                "output_index": at,
+                "item": reasoning_item(message.item_id, text),
+            },
+        ]
 
 
-def _finished_output(response: dict[str, Any], messages: dict[str, _Message],
-                     indexes: dict[str, int]) -> None:  # fmt: skip
+def _finished_output(
+    response: dict[str, Any], messages: dict[str, _Message], indexes: dict[str, int]
+) -> None:
     """The final response's ``output`` as the stream sent it: each message's text without
     its thinking, and its reasoning item where the stream numbered it (before it, unless
     its text came first)."""
@@ -294,9 +340,14 @@ class MessagesShaper(NamedEventShaper):
     def _one(self, event: bytes) -> bytes:
         """The fast path: with no thinking block sent, a delta with no tag in it, while no
         block is held or inside a tag, passes as it came (its index is the engine's)."""
-        if (self.thought or b"<" in event or not event.startswith(b"event: content_block_delta\n")
-                or not all(b.splitter.idle and (b.sent or b.open is not None)
-                           for b in self.texts.values())):  # fmt: skip
+        if (
+            self.thought
+            or b"<" in event
+            or not event.startswith(b"event: content_block_delta\n")
+            or not all(
+                b.splitter.idle and (b.sent or b.open is not None) for b in self.texts.values()
+            )
+        ):
             return super()._one(event)
         return event + b"\n\n"
 
@@ -335,12 +386,22 @@ class MessagesShaper(NamedEventShaper):
         out: list[dict[str, Any]] = []
         if thought:
             out += self._switch(block, "thinking")
-            out.append({"type": "content_block_delta", "index": block.index,
-                        "delta": {"type": "thinking_delta", "thinking": thought}})  # fmt: skip
+            out.append(
+                {
+                    "type": "content_block_delta",
+                    "index": block.index,
+                    "delta": {"type": "thinking_delta", "thinking": thought},
+                }
+            )
         if text:
             out += self._switch(block, "text")
-            out.append({"type": "content_block_delta", "index": block.index,
-                        "delta": {"type": "text_delta", "text": text}})  # fmt: skip
+            out.append(
+                {
+                    "type": "content_block_delta",
+                    "index": block.index,
+                    "delta": {"type": "text_delta", "text": text},
+                }
+            )
         return out
 
     def _switch(self, block: _TextBlock, kind: str | None) -> list[dict[str, Any]]:
@@ -357,8 +418,7 @@ class MessagesShaper(NamedEventShaper):
         self.sent += 1
         self.thought = self.thought or kind == "thinking"
         start = thinking_block("") if kind == "thinking" else {**block.start, "text": ""}
-        out.append({"type": "content_block_start", "index": block.index,
-                    "content_block": start})  # fmt: skip
+        out.append({"type": "content_block_start", "index": block.index, "content_block": start})
         return out
 
 
@@ -372,8 +432,9 @@ def shaper_for(thinking: Thinking) -> EventShaper | reasoning.StreamShaper:
     return reasoning.StreamShaper(thinking.field)
 
 
-def shaped(chunks: AsyncGenerator[bytes, None],
-           thinking: Thinking | None) -> AsyncGenerator[bytes, None]:  # fmt: skip
+def shaped(
+    chunks: AsyncGenerator[bytes, None], thinking: Thinking | None
+) -> AsyncGenerator[bytes, None]:
     """``chunks`` (an engine's event stream) with the thinking in its route's shape; chat
     (and a call that splits nothing) goes to server/reasoning.py as it is, no layer added."""
     if thinking is None or thinking.path == reasoning.CHAT or not thinking.splits:

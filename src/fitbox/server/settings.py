@@ -41,8 +41,9 @@ def _record(request: Request, action: str, target: str | None, detail: dict[str,
     store: Store = request.app.state.store
     key = getattr(request.state, "api_key", None)
     origin = request.client.host if request.client else None
-    store.operator_action(action, target, origin, key.key_id if key else None, "ok",
-                          json.dumps(detail, default=str))  # fmt: skip
+    store.operator_action(
+        action, target, origin, key.key_id if key else None, "ok", json.dumps(detail, default=str)
+    )
 
 
 def _box(request: Request) -> Box:
@@ -102,8 +103,9 @@ async def limits(request: Request) -> Response:
         body = await _body(request)
         tier = body.pop("tier", "box") if isinstance(body, dict) else "box"
         if tier not in TIERS:
-            raise InvalidRequest(f"'tier' must be one of {', '.join(TIERS)}; got {tier!r}.",
-                                 param="tier")  # fmt: skip
+            raise InvalidRequest(
+                f"'tier' must be one of {', '.join(TIERS)}; got {tier!r}.", param="tier"
+            )
         values = parse(LIMIT_KNOBS, body)
         prefix = CENTRAL_TIER if tier == "central" else ""
         stored = {prefix + name: value for name, value in values.items()}
@@ -119,16 +121,22 @@ async def limits(request: Request) -> Response:
         # the central tier is checked against the box tier it must stay under; a box that
         # lowers its own tier is never refused for what a central allotted (the least wins)
         central = (lambda n: setting(CENTRAL_TIER + n)) if prefix else box_limits.no_limit
-        problems = box_limits.problems_on_this_box(setting, box.gpus.read(), box.catalog.roots,
-                                                   central)  # fmt: skip
+        problems = box_limits.problems_on_this_box(
+            setting, box.gpus.read(), box.catalog.roots, central
+        )
         if problems:
-            raise InvalidRequest("Refused: " + "; ".join(problems) + ".",
-                                 param=next(iter(values), None),
-                                 code="above_parent_tier")  # fmt: skip
+            raise InvalidRequest(
+                "Refused: " + "; ".join(problems) + ".",
+                param=next(iter(values), None),
+                code="above_parent_tier",
+            )
         box.update_settings("limits", "", stored)
         _record(request, "limits" if tier == "box" else "limits-central", None, values)
-    found = box_limits.describe(box_limits.on_this_box(
-        box.prefs.limit, box.gpus.read(), box.catalog.roots, box.prefs.central_limit))
+    found = box_limits.describe(
+        box_limits.on_this_box(
+            box.prefs.limit, box.gpus.read(), box.catalog.roots, box.prefs.central_limit
+        )
+    )
     return JSONResponse({"object": "list", "data": found})
 
 
@@ -153,12 +161,25 @@ async def cores(request: Request) -> Response:
             role = "fitbox and the OS"
         else:
             role = "free" if core in claimable else "outside cpu_max"
-        rows.append({"core": core, "cpus": sorted(cpus), "busy_percent": max(load, default=0.0),
-                     "role": role, "claimed_by": held.get(core),
-                     "lent": core == keep and core in held,
-                     "busy_with_other_work": core in other_work})  # fmt: skip
-    return JSONResponse({"object": "list", "data": rows, "physical": len(physical),
-                         "claimable": claimable_count(claimable)})  # fmt: skip
+        rows.append(
+            {
+                "core": core,
+                "cpus": sorted(cpus),
+                "busy_percent": max(load, default=0.0),
+                "role": role,
+                "claimed_by": held.get(core),
+                "lent": core == keep and core in held,
+                "busy_with_other_work": core in other_work,
+            }
+        )
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": rows,
+            "physical": len(physical),
+            "claimable": claimable_count(claimable),
+        }
+    )
 
 
 async def verdicts(request: Request) -> Response:
@@ -172,8 +193,9 @@ async def verdicts(request: Request) -> Response:
         ask, artifacts = box.ask_for(name, all_kv=True)
         snapshot = box.snapshot()
         found, pick = price_all(snapshot, ask)
-        label = {a.key: a.name for a in artifacts} | {r.key: r.artifact.name
-                                                      for r in box.residents()}  # fmt: skip
+        label = {a.key: a.name for a in artifacts} | {
+            r.key: r.artifact.name for r in box.residents()
+        }
         entry: dict[str, Any] = {"model": name, "auto": report(pick, snapshot, label, {})}
         if model:
             entry["verdicts"] = [_verdict(v, label) for v in found]
@@ -183,23 +205,30 @@ async def verdicts(request: Request) -> Response:
 
 def _verdict(v: Any, label: dict[str, str]) -> dict[str, Any]:
     return {
-        "artifact": label.get(v.artifact, v.artifact), "rung": v.rung.value,
-        "kv": f"{v.type_k}/{v.type_v}", "admissible": v.admissible, "waits": v.waits,
+        "artifact": label.get(v.artifact, v.artifact),
+        "rung": v.rung.value,
+        "kv": f"{v.type_k}/{v.type_v}",
+        "admissible": v.admissible,
+        "waits": v.waits,
         "window": v.window or None,
-        "band": None if v.band is None else {"kind": v.band.kind.value,
-                                             "min": v.band.feasible_min,
-                                             "max": v.band.feasible_max},
+        "band": None
+        if v.band is None
+        else {"kind": v.band.kind.value, "min": v.band.feasible_min, "max": v.band.feasible_max},
         "devices": {d: {"bytes": f.total, "text": format_bytes(f.total)} for d, f in v.footprint},
-        "victims": [label.get(k, k) for k in v.victims], "cores": list(v.cores),
+        "victims": [label.get(k, k) for k in v.victims],
+        "cores": list(v.cores),
         "predicted_seconds": v.predicted_seconds,
         "reason": v.rejected.reason.value if v.rejected and not v.admissible else None,
         "detail": v.rejected.detail if v.rejected and not v.admissible else None,
-    }  # fmt: skip
+    }
 
 
 def _key_view(box: Box, key_id: str) -> dict[str, Any]:
-    return {"key": key_id, "own": box.prefs.keys.get(key_id, {}),
-            "effective": dict(box.prefs.for_key(key_id))}  # fmt: skip
+    return {
+        "key": key_id,
+        "own": box.prefs.keys.get(key_id, {}),
+        "effective": dict(box.prefs.for_key(key_id)),
+    }
 
 
 async def key_settings(request: Request) -> Response:
@@ -210,13 +239,17 @@ async def key_settings(request: Request) -> Response:
         body = await _body(request)
         key_id = body.pop("key", None) if isinstance(body, dict) else None
         if not isinstance(key_id, str) or not key_id:
-            raise InvalidRequest("Field 'key' (a key id, as /v1/keys lists) is required.",
-                                 param="key")  # fmt: skip
+            raise InvalidRequest(
+                "Field 'key' (a key id, as /v1/keys lists) is required.", param="key"
+            )
         store: Store = request.app.state.store
         asked: str = key_id
         if store.run(lambda conn: find_key(conn, asked)) is None:
-            raise InvalidRequest(f"No key with id {key_id!r}; /v1/keys lists them.", param="key",
-                                 code="key_not_found")  # fmt: skip
+            raise InvalidRequest(
+                f"No key with id {key_id!r}; /v1/keys lists them.",
+                param="key",
+                code="key_not_found",
+            )
         values = parse(KEY_KNOBS, body)
         box.update_settings("key", key_id, values)
         _record(request, "settings-key", key_id, values)

@@ -29,10 +29,13 @@ RATIO = (-0.5, -0.25, -0.1, -0.05, -0.02, 0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 # error codes that are the placement refusing a call (box/planning.py refusal_error), by
 # the refusal reason they carry
 REFUSALS = {
-    "does_not_fit": "larger_than_box", "held_by_pinned": "held_by_pinned",
-    "context_length_exceeded": "context", "no_cores": "no_cores",
-    "no_candidate": "no_candidate", "model_busy": "model_busy",
-}  # fmt: skip
+    "does_not_fit": "larger_than_box",
+    "held_by_pinned": "held_by_pinned",
+    "context_length_exceeded": "context",
+    "no_cores": "no_cores",
+    "no_candidate": "no_candidate",
+    "model_busy": "model_busy",
+}
 KEEP_COUNTED = 4096  # call ids already counted, in case a finished row changes again
 BATCH = 5000  # rows read per table per scrape
 
@@ -63,18 +66,31 @@ class Tally:
             self._eviction_id = self._max(conn, "evictions", "id")
             self._measured_id = self._max(conn, "measured_footprints", "id")
         by_model = ["model"]
-        self.calls = Counter("fitbox_calls", "Finished calls, by model, endpoint and outcome.",
-                             [*by_model, "endpoint", "outcome"], registry=registry)  # fmt: skip
-        self.errors = Counter("fitbox_call_errors", "Calls that ended in an error, by code.",
-                              [*by_model, "code"], registry=registry)  # fmt: skip
-        self.tokens_in = Counter("fitbox_prompt_tokens", "Prompt tokens of finished calls.",
-                                 by_model, registry=registry)  # fmt: skip
-        self.tokens_out = Counter("fitbox_completion_tokens",
-                                  "Completion tokens of finished calls.", by_model,
-                                  registry=registry)  # fmt: skip
+        self.calls = Counter(
+            "fitbox_calls",
+            "Finished calls, by model, endpoint and outcome.",
+            [*by_model, "endpoint", "outcome"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "fitbox_call_errors",
+            "Calls that ended in an error, by code.",
+            [*by_model, "code"],
+            registry=registry,
+        )
+        self.tokens_in = Counter(
+            "fitbox_prompt_tokens", "Prompt tokens of finished calls.", by_model, registry=registry
+        )
+        self.tokens_out = Counter(
+            "fitbox_completion_tokens",
+            "Completion tokens of finished calls.",
+            by_model,
+            registry=registry,
+        )
         self.times = {
-            name: Histogram(f"fitbox_call_{name}_seconds", text, by_model, buckets=SECONDS,
-                            registry=registry)
+            name: Histogram(
+                f"fitbox_call_{name}_seconds", text, by_model, buckets=SECONDS, registry=registry
+            )
             for name, text in (
                 ("queue", "From a call's arrival to its admission onto a ready resident."),
                 ("load", "The load a call waited on (calls that waited on one only)."),
@@ -82,17 +98,29 @@ class Tally:
                 ("total", "From a call's arrival to its last byte."),
             )
         }
-        self.loads = Counter("fitbox_loads", "Engine children started, by model.", by_model,
-                             registry=registry)  # fmt: skip
-        self.evictions = Counter("fitbox_evictions", "Residents that left, by reason.",
-                                 [*by_model, "reason"], registry=registry)  # fmt: skip
-        self.refusals = Counter("fitbox_refusals", "Calls the placement refused, by reason.",
-                                [*by_model, "reason"], registry=registry)  # fmt: skip
+        self.loads = Counter(
+            "fitbox_loads", "Engine children started, by model.", by_model, registry=registry
+        )
+        self.evictions = Counter(
+            "fitbox_evictions",
+            "Residents that left, by reason.",
+            [*by_model, "reason"],
+            registry=registry,
+        )
+        self.refusals = Counter(
+            "fitbox_refusals",
+            "Calls the placement refused, by reason.",
+            [*by_model, "reason"],
+            registry=registry,
+        )
         self.estimate_error = Histogram(
             "fitbox_load_estimate_error_ratio",
             "Each measured load: (bytes it was placed at - bytes the engine holds) / held; "
             "basis: what the placement priced it from (file headers, or an earlier load).",
-            [*by_model, "basis"], buckets=RATIO, registry=registry)  # fmt: skip
+            [*by_model, "basis"],
+            buckets=RATIO,
+            registry=registry,
+        )
 
     @staticmethod
     def _max(conn: sqlite3.Connection, table: str, column: str) -> int:
@@ -110,16 +138,19 @@ class Tally:
             self._evictions_since(conn)
             self._measured_since(conn, names)
 
-    def _calls_since(self, conn: sqlite3.Connection, names: dict[str, str],
-                     asked: dict[str, str]) -> None:  # fmt: skip
-        rows = conn.execute("SELECT * FROM call_log WHERE seq > ? ORDER BY seq LIMIT ?",
-                            (self._call_seq, BATCH)).fetchall()  # fmt: skip
+    def _calls_since(
+        self, conn: sqlite3.Connection, names: dict[str, str], asked: dict[str, str]
+    ) -> None:
+        rows = conn.execute(
+            "SELECT * FROM call_log WHERE seq > ? ORDER BY seq LIMIT ?", (self._call_seq, BATCH)
+        ).fetchall()
         for row in rows:
             self._call_seq = max(self._call_seq, int(row["seq"]))
             if row["outcome"] == "pending" or row["id"] in self._counted_set:
                 continue
             model = _name(row["artifact"], names) or asked.get(
-                (row["model_asked"] or "").split("@", 1)[0], "")
+                (row["model_asked"] or "").split("@", 1)[0], ""
+            )
             self._count_call(row, model)
 
     def _count_call(self, row: sqlite3.Row, model: str) -> None:
@@ -146,14 +177,18 @@ class Tally:
                 self.times[name].labels(model).observe(seconds)
 
     def _children_since(self, conn: sqlite3.Connection, names: dict[str, str]) -> None:
-        for row in conn.execute("SELECT id, artifact FROM children WHERE id > ? ORDER BY id "
-                                "LIMIT ?", (self._child_id, BATCH)):  # fmt: skip
+        for row in conn.execute(
+            "SELECT id, artifact FROM children WHERE id > ? ORDER BY id LIMIT ?",
+            (self._child_id, BATCH),
+        ):
             self._child_id = int(row["id"])
             self.loads.labels(_name(row["artifact"], names)).inc()
 
     def _evictions_since(self, conn: sqlite3.Connection) -> None:
-        for row in conn.execute("SELECT id, model, reason FROM evictions WHERE id > ? "
-                                "ORDER BY id LIMIT ?", (self._eviction_id, BATCH)):  # fmt: skip
+        for row in conn.execute(
+            "SELECT id, model, reason FROM evictions WHERE id > ? ORDER BY id LIMIT ?",
+            (self._eviction_id, BATCH),
+        ):
             self._eviction_id = int(row["id"])
             self.evictions.labels(row["model"], row["reason"]).inc()
 
@@ -161,8 +196,9 @@ class Tally:
         for row in conn.execute(
             "SELECT id, artifact, weights_bytes + kv_bytes + compute_bytes + output_bytes AS "
             "held, estimate_bytes, estimate_basis FROM measured_footprints WHERE id > ? "
-            "ORDER BY id LIMIT ?", (self._measured_id, BATCH),
-        ):  # fmt: skip
+            "ORDER BY id LIMIT ?",
+            (self._measured_id, BATCH),
+        ):
             self._measured_id = int(row["id"])
             if row["estimate_bytes"] is None or not row["held"]:
                 continue

@@ -59,8 +59,9 @@ def _number(request: Request, name: str, default: float, low: float, high: float
     except ValueError:
         raise InvalidRequest(f"Query parameter '{name}' must be a number.", param=name) from None
     if not low <= value <= high:
-        raise InvalidRequest(f"Query parameter '{name}' must be within {low:g}..{high:g}.",
-                             param=name)  # fmt: skip
+        raise InvalidRequest(
+            f"Query parameter '{name}' must be within {low:g}..{high:g}.", param=name
+        )
     return value
 
 
@@ -83,8 +84,11 @@ async def state(request: Request) -> Response:
     counter = store.counter  # before the reads: a row changed after it is read again
     with contextlib.closing(_reader(store)) as conn:
         changed = _changed_since(conn, since)
-        pages = {table: _page(conn, table, cursors[table], MAX_ROWS)
-                 for table in changed if table in cursors}  # fmt: skip
+        pages = {
+            table: _page(conn, table, cursors[table], MAX_ROWS)
+            for table in changed
+            if table in cursors
+        }
     answer: dict[str, object] = {
         "counter": counter,
         "changed": changed,
@@ -92,7 +96,7 @@ async def state(request: Request) -> Response:
         "waiting": len(box.queue()),
         "store": store.health(),
         "stopping": leaving.is_set(),
-    }  # fmt: skip
+    }
     if cursors:
         answer["pages"] = pages
     return JSONResponse(answer)
@@ -106,11 +110,16 @@ def _cursors(request: Request) -> dict[str, int]:
     found: dict[str, int] = {}
     for item in filter(None, raw.split(",")):
         table, _, cursor = item.partition(":")
-        if (table not in CURSOR_TABLES or not (cursor.isascii() and cursor.isdigit())
-                or int(cursor) > 2**62):  # fmt: skip
-            raise InvalidRequest(f"Query parameter 'cursors' is TABLE:CURSOR,…, each TABLE one "
-                                 f"of {', '.join(CURSOR_TABLES)}; {item!r} is not.",
-                                 param="cursors")  # fmt: skip
+        if (
+            table not in CURSOR_TABLES
+            or not (cursor.isascii() and cursor.isdigit())
+            or int(cursor) > 2**62
+        ):
+            raise InvalidRequest(
+                f"Query parameter 'cursors' is TABLE:CURSOR,…, each TABLE one "
+                f"of {', '.join(CURSOR_TABLES)}; {item!r} is not.",
+                param="cursors",
+            )
         found[table] = int(cursor)
     return found
 
@@ -120,8 +129,9 @@ def _changed_since(conn: sqlite3.Connection, since: int) -> list[str]:
     mirror replays only these."""
     if since < 0:
         return list(CURSOR_TABLES)
-    found = {row[0] for row in conn.execute("SELECT DISTINCT tbl FROM events WHERE id > ?",
-                                            (since,))}  # fmt: skip
+    found = {
+        row[0] for row in conn.execute("SELECT DISTINCT tbl FROM events WHERE id > ?", (since,))
+    }
     return [t for t in CURSOR_TABLES if t in found]
 
 
@@ -155,8 +165,9 @@ async def rows(request: Request) -> Response:
     table = request.query_params.get("table", "")
     tables = (*CURSOR_TABLES, *READING_TABLES)
     if table not in tables:
-        raise InvalidRequest(f"Query parameter 'table' must be one of {', '.join(tables)}.",
-                             param="table")  # fmt: skip
+        raise InvalidRequest(
+            f"Query parameter 'table' must be one of {', '.join(tables)}.", param="table"
+        )
     since = int(_number(request, "since", 0, 0, 2**62))
     limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
     if table in READING_TABLES:  # readings are committed lazily: the ones taken so far first
@@ -168,11 +179,19 @@ async def rows(request: Request) -> Response:
 def _page(conn: sqlite3.Connection, table: str, since: int, limit: int) -> dict[str, object]:
     """One page of a table's replay from ``since``: its rows, and the cursor to go on from."""
     cursor = "id" if table in READING_TABLES else "seq"
-    found = [_as_json(r) for r in conn.execute(
-        f"SELECT * FROM {table} WHERE {cursor} > ? ORDER BY {cursor} LIMIT ?",  # noqa: S608
-        (since, limit))]  # fmt: skip
-    return {"table": table, "cursor": cursor, "rows": found,
-            "next": found[-1][cursor] if found else since}  # fmt: skip
+    found = [
+        _as_json(r)
+        for r in conn.execute(
+            f"SELECT * FROM {table} WHERE {cursor} > ? ORDER BY {cursor} LIMIT ?",  # noqa: S608
+            (since, limit),
+        )
+    ]
+    return {
+        "table": table,
+        "cursor": cursor,
+        "rows": found,
+        "next": found[-1][cursor] if found else since,
+    }
 
 
 WITHHELD = {"api_keys": {"salt", "digest"}}  # secrets never leave the box
@@ -185,8 +204,7 @@ def _catalog(conn: sqlite3.Connection) -> dict[str, dict[str, object]]:
         "AND name NOT LIKE 'sqlite_%' ORDER BY name"
     ):
         hidden = WITHHELD.get(name, set())
-        columns = [c[1] for c in conn.execute(f"PRAGMA table_info({name})")
-                   if c[1] not in hidden]  # fmt: skip
+        columns = [c[1] for c in conn.execute(f"PRAGMA table_info({name})") if c[1] not in hidden]
         out[name] = {"kind": kind, "columns": columns, "withheld": sorted(hidden)}
     return out
 
@@ -207,20 +225,27 @@ async def table_rows(request: Request) -> Response:
     with contextlib.closing(_reader(store)) as conn:
         known = _catalog(conn)
         if table not in known:
-            raise InvalidRequest(f"No table or view {table!r}; GET /v1/telemetry/tables lists "
-                                 "them.", param="table")  # fmt: skip
+            raise InvalidRequest(
+                f"No table or view {table!r}; GET /v1/telemetry/tables lists them.", param="table"
+            )
         columns = list(known[table]["columns"])  # type: ignore[call-overload]
         order = request.query_params.get("order") or columns[0]
         if order not in columns:
-            raise InvalidRequest(f"Rows of {table} can be ordered by {', '.join(columns)}.",
-                                 param="order")  # fmt: skip
+            raise InvalidRequest(
+                f"Rows of {table} can be ordered by {', '.join(columns)}.", param="order"
+            )
         desc = request.query_params.get("desc", "").lower() in ("1", "true", "yes")
         limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
         offset = int(_number(request, "offset", 0, 0, 2**62))
         select = ", ".join(f'"{c}"' for c in columns)
-        found = [_as_json(r) for r in conn.execute(
-            f'SELECT {select} FROM "{table}" ORDER BY "{order}" {"DESC" if desc else "ASC"} '  # noqa: S608
-            "LIMIT ? OFFSET ?", (limit, offset))]  # fmt: skip
+        found = [
+            _as_json(r)
+            for r in conn.execute(
+                f'SELECT {select} FROM "{table}" ORDER BY "{order}" {"DESC" if desc else "ASC"} '  # noqa: S608
+                "LIMIT ? OFFSET ?",
+                (limit, offset),
+            )
+        ]
     return JSONResponse({"table": table, "rows": found})
 
 
@@ -232,7 +257,11 @@ async def scout_findings(request: Request) -> Response:
     only = request.query_params.get("servable", "").lower() in ("1", "true", "yes")
     where = "WHERE servable = 1 " if only else ""
     with contextlib.closing(_reader(store)) as conn:
-        found = [_as_json(r) for r in conn.execute(
-            f"SELECT * FROM scout_findings {where}ORDER BY id DESC LIMIT ?",  # noqa: S608
-            (limit,))]  # fmt: skip
+        found = [
+            _as_json(r)
+            for r in conn.execute(
+                f"SELECT * FROM scout_findings {where}ORDER BY id DESC LIMIT ?",  # noqa: S608
+                (limit,),
+            )
+        ]
     return JSONResponse({"object": "list", "data": found})

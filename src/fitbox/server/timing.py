@@ -44,8 +44,7 @@ def figures(stamps: Mapping[str, float | None]) -> dict[str, float]:
         return {}
     start, ready = stamps.get("load_start_at"), stamps.get("load_ready_at")
     load = max(0.0, ready - max(start, received)) if start and ready else 0.0
-    placed, first, last = (stamps.get(k) for k in ("admitted_at", "first_byte_at",
-                                                   "last_byte_at"))  # fmt: skip
+    placed, first, last = (stamps.get(k) for k in ("admitted_at", "first_byte_at", "last_byte_at"))
     out: dict[str, float] = {}
     if placed or last:
         out["queue"] = max(0.0, (placed or last or received) - received - load) * 1000
@@ -71,8 +70,9 @@ def done_frame(stamps: Mapping[str, float | None]) -> bytes:
     return sse_comment(stamps) + DONE + b"\n\n"
 
 
-async def annotated(chunks: AsyncGenerator[bytes, None],
-                    stamps: Mapping[str, float | None]) -> AsyncIterator[bytes]:  # fmt: skip
+async def annotated(
+    chunks: AsyncGenerator[bytes, None], stamps: Mapping[str, float | None]
+) -> AsyncIterator[bytes]:
     """The engine's stream with the figures' comment put before its ``data: [DONE]``. The
     call stamps its last byte when that event arrives (box/calls.py: relay), before the
     piece that holds it is handed on. An end split across pieces gets the comment after it.
@@ -82,8 +82,11 @@ async def annotated(chunks: AsyncGenerator[bytes, None],
         async for chunk in chunks:
             if pending and stamps.get("last_byte_at") is not None:
                 at = chunk.find(DONE)
-                chunk = chunk[:at] + sse_comment(stamps) + chunk[at:] if at >= 0 else (
-                    chunk + sse_comment(stamps))  # fmt: skip
+                chunk = (
+                    chunk[:at] + sse_comment(stamps) + chunk[at:]
+                    if at >= 0
+                    else (chunk + sse_comment(stamps))
+                )
                 pending = False
             yield chunk
     finally:
@@ -132,7 +135,12 @@ class ServerTimingMiddleware:
             ):
                 stamps = state.get(STAMPS_STATE) or {}
                 value = header_value(figures(stamps)).encode()
-                await send({"type": TRAILERS, "headers": [(b"server-timing", value)],
-                            "more_trailers": False})  # fmt: skip
+                await send(
+                    {
+                        "type": TRAILERS,
+                        "headers": [(b"server-timing", value)],
+                        "more_trailers": False,
+                    }
+                )
 
         await self.app(scope, receive, timed_send)

@@ -40,7 +40,9 @@ class Transfers:
         if self.active >= self.limit:
             raise TooManyTransfers(
                 f"This box is sending {self.active} files, its cap (transfer_max "
-                f"{self.limit}); try again shortly.", retry_after=RETRY_AFTER_S)  # fmt: skip
+                f"{self.limit}); try again shortly.",
+                retry_after=RETRY_AFTER_S,
+            )
         self.active += 1
         released = False
 
@@ -76,8 +78,9 @@ def _offered(request: Request) -> OfferedFile:
     except PathRefused as exc:
         if exc.outside:
             raise PathNotOffered(f"Path refused: {exc.reason}.", param="path") from None
-        raise RouteNotFound(f"{exc.reason}; GET /v1/transfer/{artifact.name}/manifest lists "
-                            "them.", param="path") from None  # fmt: skip
+        raise RouteNotFound(
+            f"{exc.reason}; GET /v1/transfer/{artifact.name}/manifest lists them.", param="path"
+        ) from None
 
 
 async def manifest(request: Request) -> Response:
@@ -94,8 +97,15 @@ async def manifest(request: Request) -> Response:
 async def chunksums(request: Request) -> Response:
     f = _offered(request)
     kept = await anyio.to_thread.run_sync(_transfers(request).keeper.kept, f)
-    return JSONResponse({"path": f.name, "bytes": f.size, "sha256": kept.sha256,
-                         "chunk_bytes": kept.chunk_bytes, "chunks": list(kept.chunks)})  # fmt: skip
+    return JSONResponse(
+        {
+            "path": f.name,
+            "bytes": f.size,
+            "sha256": kept.sha256,
+            "chunk_bytes": kept.chunk_bytes,
+            "chunks": list(kept.chunks),
+        }
+    )
 
 
 def _range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -104,26 +114,36 @@ def _range(header: str | None, size: int) -> tuple[int, int] | None:
         return None
     found = _RANGE.match(header.strip())
     if not found or found.groups() == ("", ""):
-        raise RangeNotSatisfiable(f"Range {header!r} is not one 'bytes=FIRST-[LAST]' range.",
-                                  param="range")  # fmt: skip
+        raise RangeNotSatisfiable(
+            f"Range {header!r} is not one 'bytes=FIRST-[LAST]' range.", param="range"
+        )
     first, last = found.groups()
     if first == "":  # the last N bytes
         start, end = max(0, size - int(last)), size - 1
     else:
         start, end = int(first), min(int(last), size - 1) if last else size - 1
     if start >= size or start > end:
-        raise RangeNotSatisfiable(f"Range {header!r} is outside the file's {size} bytes.",
-                                  param="range", content_range=f"bytes */{size}")  # fmt: skip
+        raise RangeNotSatisfiable(
+            f"Range {header!r} is outside the file's {size} bytes.",
+            param="range",
+            content_range=f"bytes */{size}",
+        )
     return start, end
 
 
 class _Sending(StreamingResponse):
     """A streamed file that gives its transfer slot back however the stream ends."""
 
-    def __init__(self, body: AsyncIterator[bytes], release: Callable[[], None], status: int,
-                 headers: dict[str, str]) -> None:  # fmt: skip
-        super().__init__(body, status_code=status, headers=headers,
-                         media_type="application/octet-stream")  # fmt: skip
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        release: Callable[[], None],
+        status: int,
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__(
+            body, status_code=status, headers=headers, media_type="application/octet-stream"
+        )
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -154,10 +174,16 @@ class _SendingFile(Response):
     ``http.response.zerocopysend`` extension of server/zerocopy.py: page cache to socket,
     no block through Python); the transfer slot given back however it ends."""
 
-    def __init__(self, f: OfferedFile, start: int, end: int, release: Callable[[], None],
-                 status: int, headers: dict[str, str]) -> None:  # fmt: skip
-        super().__init__(status_code=status, headers=headers,
-                         media_type="application/octet-stream")  # fmt: skip
+    def __init__(
+        self,
+        f: OfferedFile,
+        start: int,
+        end: int,
+        release: Callable[[], None],
+        status: int,
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__(status_code=status, headers=headers, media_type="application/octet-stream")
         self._file, self._start, self._end, self._release = f, start, end, release
         self._given = headers  # for the streamed path, should the file be gone
 
@@ -170,10 +196,22 @@ class _SendingFile(Response):
             await gone(scope, receive, send)
             return
         try:
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})  # fmt: skip
-            await send({"type": ZEROCOPY, "file": handle, "offset": self._start,
-                        "count": self._end - self._start + 1, "more_body": True})  # fmt: skip
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            await send(
+                {
+                    "type": ZEROCOPY,
+                    "file": handle,
+                    "offset": self._start,
+                    "count": self._end - self._start + 1,
+                    "more_body": True,
+                }
+            )
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             handle.close()
@@ -205,14 +243,17 @@ async def kept_hashes(request: Request) -> Response:
     box: Box = request.app.state.box
     artifact = next((a for a in box.catalog.artifacts() if a.key == wanted), None)
     if artifact is None:
-        raise RouteNotFound("No model file of this box is at that path; GET /v1/models lists "
-                            "the models.", param="artifact")  # fmt: skip
+        raise RouteNotFound(
+            "No model file of this box is at that path; GET /v1/models lists the models.",
+            param="artifact",
+        )
     try:
         identity = artifact.identity()
         real = artifact.path.resolve()
     except OSError:
-        raise RouteNotFound("That model file is gone since the catalog saw it.",
-                            param="artifact") from None  # fmt: skip
+        raise RouteNotFound(
+            "That model file is gone since the catalog saw it.", param="artifact"
+        ) from None
     f = OfferedFile(artifact.path.name, artifact.path, real, identity.size, identity.mtime_ns)
     kept = await anyio.to_thread.run_sync(hash_keeper(request).kept, f)
     return JSONResponse({"object": "list", "data": [kept.public()]})

@@ -59,8 +59,13 @@ def origin_of(peer: str | None, headers: Mapping[str, str], settings: TrustSetti
     peer_address = _address(peer)
     forwarded = any(h in headers for h in FORWARDING_HEADERS)
     if forwarded and not _within(peer_address, settings.trusted_proxies):
-        return Origin(peer_address, local=False, trusted=False, forwarded=True,
-                      reason=f"forwarded by {peer}, which is not a trusted proxy")  # fmt: skip
+        return Origin(
+            peer_address,
+            local=False,
+            trusted=False,
+            forwarded=True,
+            reason=f"forwarded by {peer}, which is not a trusted proxy",
+        )
     if not forwarded:
         return _classified(peer_address, settings)
     address = peer_address
@@ -76,14 +81,20 @@ def origin_of(peer: str | None, headers: Mapping[str, str], settings: TrustSetti
                 break
         address = client
         if address is None:
-            return Origin(None, local=False, trusted=False, forwarded=True,
-                          reason="a trusted proxy sent no usable X-Forwarded-For")  # fmt: skip
+            return Origin(
+                None,
+                local=False,
+                trusted=False,
+                forwarded=True,
+                reason="a trusted proxy sent no usable X-Forwarded-For",
+            )
     return _classified(address, settings, forwarded=True)
 
 
 @functools.lru_cache(maxsize=1024)  # a client's peer address, classified once
-def _classified(address: Address | None, settings: TrustSettings, forwarded: bool = False
-                ) -> Origin:  # fmt: skip
+def _classified(
+    address: Address | None, settings: TrustSettings, forwarded: bool = False
+) -> Origin:
     local = address is not None and (address in _SELF or address == _address(settings.listen_host))
     trusted = _within(address, settings.trusted_networks)
     where = (
@@ -91,5 +102,6 @@ def _classified(address: Address | None, settings: TrustSettings, forwarded: boo
         if local
         else ("a trusted network" if trusted else "outside the trusted networks")
     )
-    return Origin(address, local=local, trusted=trusted, forwarded=forwarded,
-                  reason=f"{address} is {where}")  # fmt: skip
+    return Origin(
+        address, local=local, trusted=trusted, forwarded=forwarded, reason=f"{address} is {where}"
+    )

@@ -22,8 +22,7 @@ from fitbox.units import format_bytes
 
 # what an image's first bytes are, for each format the engines decode (llama.cpp's stb_image
 # and PIL both read these)
-_MAGIC = {b"\x89PNG\r\n\x1a\n": "png", b"\xff\xd8\xff": "jpeg", b"GIF87a": "gif",
-          b"GIF89a": "gif"}  # fmt: skip
+_MAGIC = {b"\x89PNG\r\n\x1a\n": "png", b"\xff\xd8\xff": "jpeg", b"GIF87a": "gif", b"GIF89a": "gif"}
 # every route whose body llama-server reads images from (and fetches an http one for)
 ROUTES = frozenset({"/v1/chat/completions", "/apply-template", "/v1/responses", "/v1/messages"})
 
@@ -84,27 +83,39 @@ def decode_data_url(url: str, where: str, limit: int, param: str = "messages") -
     head, comma, payload = url.partition(",")
     media = head.removeprefix("data:").split(";")
     if not comma or not media[0].startswith("image/") or "base64" not in media[1:]:
-        raise _refuse(f"{where}: a data URL must read data:image/<type>;base64,<bytes> "
-                      f"(it starts {head[:40]!r}).", "invalid_image_url", param)  # fmt: skip
+        raise _refuse(
+            f"{where}: a data URL must read data:image/<type>;base64,<bytes> "
+            f"(it starts {head[:40]!r}).",
+            "invalid_image_url",
+            param,
+        )
     if (len(payload) // 4) * 3 > limit + 3:  # over the limit before decoding a byte of it
         raise _too_large(where, (len(payload) // 4) * 3, limit, param)
     try:
         data = binascii.a2b_base64(payload, strict_mode=True)
     except binascii.Error as exc:
-        raise _refuse(f"{where}: the data URL's base64 does not decode ({exc}).",
-                      "invalid_image", param) from None  # fmt: skip
+        raise _refuse(
+            f"{where}: the data URL's base64 does not decode ({exc}).", "invalid_image", param
+        ) from None
     if len(data) > limit:
         raise _too_large(where, len(data), limit, param)
     if not any(data.startswith(magic) for magic in _MAGIC) and not _is_webp(data):
-        raise _refuse(f"{where}: the bytes are not a PNG, JPEG, GIF or WebP image (they start "
-                      f"{data[:8]!r}).", "invalid_image", param)  # fmt: skip
+        raise _refuse(
+            f"{where}: the bytes are not a PNG, JPEG, GIF or WebP image (they start {data[:8]!r}).",
+            "invalid_image",
+            param,
+        )
     return data
 
 
 def _too_large(where: str, size: int, limit: int, param: str) -> InvalidRequest:
-    return _refuse(f"{where}: the image is {format_bytes(size)}; this box takes at most "
-                   f"{format_bytes(limit)} per image (FITBOX_MAX_IMAGE). Send it smaller "
-                   "(scale or recompress it).", "image_too_large", param)  # fmt: skip
+    return _refuse(
+        f"{where}: the image is {format_bytes(size)}; this box takes at most "
+        f"{format_bytes(limit)} per image (FITBOX_MAX_IMAGE). Send it smaller "
+        "(scale or recompress it).",
+        "image_too_large",
+        param,
+    )
 
 
 def check_images(path: str, body: dict[str, Any], limit: int) -> int:
@@ -114,27 +125,34 @@ def check_images(path: str, body: dict[str, Any], limit: int) -> int:
         where = f"{where} image {count + 1}"
         param = where.partition("[")[0]
         if not isinstance(url, str) or not url:
-            raise _refuse(f"{where}: an image needs its URL, inline as a data URL "
-                          "(data:image/png;base64,...); file ids are not kept here.",
-                          "invalid_image_url", param)  # fmt: skip
+            raise _refuse(
+                f"{where}: an image needs its URL, inline as a data URL "
+                "(data:image/png;base64,...); file ids are not kept here.",
+                "invalid_image_url",
+                param,
+            )
         scheme = url.partition(":")[0].lower()
         if scheme in ("http", "https"):
-            raise _refuse(f"{where}: fitbox does not fetch image URLs on a caller's behalf; "
-                          "download the image and send it inline as a data URL "
-                          "(data:image/png;base64,...).", "image_url_not_fetched",
-                          param)  # fmt: skip
+            raise _refuse(
+                f"{where}: fitbox does not fetch image URLs on a caller's behalf; "
+                "download the image and send it inline as a data URL "
+                "(data:image/png;base64,...).",
+                "image_url_not_fetched",
+                param,
+            )
         if scheme != "data":
-            raise _refuse(f"{where}: an image URL must be a data: URL "
-                          f"(data:image/png;base64,...), not {scheme or 'a bare'}:.",
-                          "invalid_image_url", param)  # fmt: skip
+            raise _refuse(
+                f"{where}: an image URL must be a data: URL "
+                f"(data:image/png;base64,...), not {scheme or 'a bare'}:.",
+                "invalid_image_url",
+                param,
+            )
         decode_data_url(url, where, limit, param)
         count += 1
     return count
 
 
-def check_vision(
-    name: str, artifacts: Sequence[Artifact], path: str, body: dict[str, Any]
-) -> None:
+def check_vision(name: str, artifacts: Sequence[Artifact], path: str, body: dict[str, Any]) -> None:
     """A call with images on a model that cannot read them: refused, saying how a model
     comes to read images. A family some of whose variants read images and some not is
     refused too (the placement could choose a blind one), naming the variants to pin."""
@@ -143,14 +161,19 @@ def check_vision(
         return
     seeing = [a.name for a in artifacts if a.vision]
     if seeing:
-        raise _refuse(f"Of the variants '{name}' stands for, only {', '.join(seeing)} read "
-                      "images (a vision projector beside them); name one of those.",
-                      "model_not_vision_capable", _param(path))  # fmt: skip
+        raise _refuse(
+            f"Of the variants '{name}' stands for, only {', '.join(seeing)} read "
+            "images (a vision projector beside them); name one of those.",
+            "model_not_vision_capable",
+            _param(path),
+        )
     raise _refuse(
         f"'{name}' does not read images: it is neither a vision-language transformers "
         "folder nor a GGUF with a vision projector (mmproj*.gguf) beside it. Send text "
-        "only, or name a vision model (GET /v1/models marks them \"vision\": true).",
-        "model_not_vision_capable", _param(path))  # fmt: skip
+        'only, or name a vision model (GET /v1/models marks them "vision": true).',
+        "model_not_vision_capable",
+        _param(path),
+    )
 
 
 def _param(path: str) -> str:

@@ -41,21 +41,50 @@ from fitbox.store.writer import Job, Writer
 from fitbox.units import format_bytes
 
 # the fact types and read_measured are re-exported: callers import them from here
-__all__ = ["CURSOR_TABLES", "READING_TABLES", "CallStart", "MeasuredFootprint",
-           "MeasuredSpeed", "Store", "StoreUnavailable", "connect", "read_measured"]  # fmt: skip
+__all__ = [
+    "CURSOR_TABLES",
+    "READING_TABLES",
+    "CallStart",
+    "MeasuredFootprint",
+    "MeasuredSpeed",
+    "Store",
+    "StoreUnavailable",
+    "connect",
+    "read_measured",
+]
 log = logging.getLogger(__name__)
 FULL_BELOW = 1024 * 1024  # a drive with less than this free is full to the store (a WAL frame
 # is 4 KiB, but a checkpoint, a migration or a log line each want more)
 
 _CALL_COLUMNS = frozenset(
     {
-        "artifact", "outcome", "http_status", "error_code", "device", "window", "evicted",
-        "admitted_at", "load_start_at", "load_ready_at", "first_byte_at", "last_byte_at",
-        "prompt_tokens", "completion_tokens", "rung", "type_k", "type_v", "devices",
-        "tensor_split", "cores", "cache_tokens", "prompt_ms", "prompt_per_token_ms", "decode_ms",
+        "artifact",
+        "outcome",
+        "http_status",
+        "error_code",
+        "device",
+        "window",
+        "evicted",
+        "admitted_at",
+        "load_start_at",
+        "load_ready_at",
+        "first_byte_at",
+        "last_byte_at",
+        "prompt_tokens",
+        "completion_tokens",
+        "rung",
+        "type_k",
+        "type_v",
+        "devices",
+        "tensor_split",
+        "cores",
+        "cache_tokens",
+        "prompt_ms",
+        "prompt_per_token_ms",
+        "decode_ms",
         "decode_per_token_ms",
     }
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -67,9 +96,18 @@ class CallStart:
     received_at: float
 
 
-CURSOR_TABLES = ("call_log", "operator_actions", "measured_footprints", "children",
-                 "measured_speeds", "evictions", "pulls", "refused_windows",
-                 "gpu_processes", "scout_findings")  # fmt: skip
+CURSOR_TABLES = (
+    "call_log",
+    "operator_actions",
+    "measured_footprints",
+    "children",
+    "measured_speeds",
+    "evictions",
+    "pulls",
+    "refused_windows",
+    "gpu_processes",
+    "scout_findings",
+)
 READING_TABLES = ("resource_log",)  # replayed by id: readings carry no event seq
 
 
@@ -134,8 +172,12 @@ class Store:
             source = Path(f"{path}{suffix}")
             if source.exists():
                 os.replace(source, Path(f"{self.set_aside}{suffix}"))
-        log.error("store %s failed its check (%s); moved it to %s and started a new one",
-                  path, problem, self.set_aside)  # fmt: skip
+        log.error(
+            "store %s failed its check (%s); moved it to %s and started a new one",
+            path,
+            problem,
+            self.set_aside,
+        )
         return connect(path)
 
     @property
@@ -165,15 +207,23 @@ class Store:
         a write cap that is not the drive's: SQLITE_FULL with room on it)."""
         state, found = self._writer.state, []
         free = drive_free(self.path)
-        held = (f"{state.waiting} writes wait in memory and land when it has room, "
-                f"{state.lost} were lost" if state.failing else "writes still land")  # fmt: skip
+        held = (
+            f"{state.waiting} writes wait in memory and land when it has room, "
+            f"{state.lost} were lost"
+            if state.failing
+            else "writes still land"
+        )
         if free is not None and free < FULL_BELOW:
-            found.append(f"the drive holding {self.path.parent} is full ({format_bytes(free)} "
-                         f"free): {held}; keys and settings cannot change and engine logs lose "
-                         "lines. Free space on it")  # fmt: skip
+            found.append(
+                f"the drive holding {self.path.parent} is full ({format_bytes(free)} "
+                f"free): {held}; keys and settings cannot change and engine logs lose "
+                "lines. Free space on it"
+            )
         elif state.failing is not None:
-            found.append(f"the store {self.path} cannot write ({state.failing}): {held}. "
-                         "Check the drive holding it")  # fmt: skip
+            found.append(
+                f"the store {self.path} cannot write ({state.failing}): {held}. "
+                "Check the drive holding it"
+            )
         return found
 
     # -- the writer thread -------------------------------------------------------
@@ -192,8 +242,9 @@ class Store:
         """Call ``listener(counter)`` (from the writer thread) after each commit that moved it."""
         self._writer.listeners.append(listener)
 
-    def _submit(self, job: Job, wait: bool = False, keep: bool = True,
-                lazy: bool = False) -> Future[Any] | None:  # fmt: skip
+    def _submit(
+        self, job: Job, wait: bool = False, keep: bool = True, lazy: bool = False
+    ) -> Future[Any] | None:
         return self._writer.submit(job, wait, keep, lazy)
 
     # -- the call log ------------------------------------------------------------
@@ -207,9 +258,15 @@ class Store:
             conn.execute(
                 "INSERT INTO call_log (id, request_id, endpoint, model_asked, stream, "
                 "received_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (call_id, start.request_id, start.endpoint, start.model_asked,
-                 int(start.stream), start.received_at),
-            )  # fmt: skip
+                (
+                    call_id,
+                    start.request_id,
+                    start.endpoint,
+                    start.model_asked,
+                    int(start.stream),
+                    start.received_at,
+                ),
+            )
             self._event(conn, "call", "call_log", call_id)
 
         self._submit(insert)
@@ -236,10 +293,16 @@ class Store:
         self, pid: int, create_time: float, port: int, artifact: str, argv: list[str]
     ) -> None:
         now = time.time()
-        self._submit(lambda conn: self._insert(conn, "child", "children",
-            "INSERT INTO children (pid, create_time, port, artifact, argv, started_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (pid, create_time, port, artifact, json.dumps(argv), now)))  # fmt: skip
+        self._submit(
+            lambda conn: self._insert(
+                conn,
+                "child",
+                "children",
+                "INSERT INTO children (pid, create_time, port, artifact, argv, started_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (pid, create_time, port, artifact, json.dumps(argv), now),
+            )
+        )
 
     def child_ended(self, pid: int, create_time: float, how: str) -> None:
         now = time.time()
@@ -247,7 +310,8 @@ class Store:
         def end(conn: sqlite3.Connection) -> None:
             for (row_id,) in conn.execute(
                 "SELECT id FROM children WHERE pid = ? AND create_time = ? AND ended_at IS NULL",
-                (pid, create_time)).fetchall():  # fmt: skip
+                (pid, create_time),
+            ).fetchall():
                 self._ended(conn, row_id, how, now)
 
         self._submit(end)
@@ -257,8 +321,9 @@ class Store:
         self._submit(lambda conn: self._ended(conn, row_id, how, now))
 
     def _ended(self, conn: sqlite3.Connection, row_id: int, how: str, now: float) -> None:
-        conn.execute("UPDATE children SET ended_at = ?, ended_how = ? WHERE id = ?",
-                     (now, how, row_id))  # fmt: skip
+        conn.execute(
+            "UPDATE children SET ended_at = ?, ended_how = ? WHERE id = ?", (now, how, row_id)
+        )
         self._event(conn, "child", "children", row_id)
 
     def _insert(
@@ -278,7 +343,7 @@ class Store:
             return [(r[0], r[1], r[2], (json.loads(r[3]) or [""])[0]) for r in rows]
 
         result: list[tuple[int, int, float, str]] = self.run(select)
-        return result  # fmt: skip
+        return result
 
     def operator_action(
         self,
@@ -290,14 +355,23 @@ class Store:
         detail: str | None = None,
     ) -> None:
         now = time.time()
-        self._submit(lambda conn: self._insert(conn, "operator", "operator_actions",
-            "INSERT INTO operator_actions (at, action, target, origin, key_id, outcome, detail)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)", (now, action, target, origin, key_id, outcome, detail)
-        ))  # fmt: skip
+        self._submit(
+            lambda conn: self._insert(
+                conn,
+                "operator",
+                "operator_actions",
+                "INSERT INTO operator_actions (at, action, target, origin, key_id, outcome, detail)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (now, action, target, origin, key_id, outcome, detail),
+            )
+        )
 
     def footprint_measured(self, measured: MeasuredFootprint) -> None:
-        self._submit(lambda conn: self._event(conn, "fact", "measured_footprints",
-                                              facts.insert_footprint(conn, measured)))  # fmt: skip
+        self._submit(
+            lambda conn: self._event(
+                conn, "fact", "measured_footprints", facts.insert_footprint(conn, measured)
+            )
+        )
 
     def footprint_imported(self, measured: MeasuredFootprint) -> None:
         """A footprint another box measured, with its origin; an offer taken before: no row."""
@@ -328,59 +402,120 @@ class Store:
         )
         self._submit(lambda conn: conn.executemany(sql, rows), keep=False, lazy=True)
 
-    def gpu_process(self, device: str, pid: int, change: str, used: int | None, ours: bool,
-                    simulated: bool) -> None:  # fmt: skip
+    def gpu_process(
+        self, device: str, pid: int, change: str, used: int | None, ours: bool, simulated: bool
+    ) -> None:
         now = time.time()
-        self._submit(lambda conn: self._insert(conn, "gpu-process", "gpu_processes",
-            "INSERT INTO gpu_processes (at, device, pid, change, used_bytes, ours, simulated) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)", (now, device, pid, change, used, int(ours),
-                                             int(simulated))))  # fmt: skip
+        self._submit(
+            lambda conn: self._insert(
+                conn,
+                "gpu-process",
+                "gpu_processes",
+                "INSERT INTO gpu_processes (at, device, pid, change, used_bytes, ours, simulated) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (now, device, pid, change, used, int(ours), int(simulated)),
+            )
+        )
 
     def forget_readings(self, older_than: float) -> None:
-        self._submit(lambda conn: conn.execute("DELETE FROM resource_log WHERE at < ?",
-                                               (older_than,)), keep=False)  # fmt: skip
+        self._submit(
+            lambda conn: conn.execute("DELETE FROM resource_log WHERE at < ?", (older_than,)),
+            keep=False,
+        )
 
     def evicted(
-        self, model: str, artifact: str, devices: dict[str, int], reason: str,
-        for_model: str | None = None, call_id: int | None = None,
+        self,
+        model: str,
+        artifact: str,
+        devices: dict[str, int],
+        reason: str,
+        for_model: str | None = None,
+        call_id: int | None = None,
         idle_seconds: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         now = time.time()
-        self._submit(lambda conn: self._insert(conn, "eviction", "evictions",
-            "INSERT INTO evictions (at, model, artifact, devices, reason, for_model, call_id, "
-            "idle_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (now, model, artifact, json.dumps(devices), reason, for_model, call_id,
-             idle_seconds)))  # fmt: skip
+        self._submit(
+            lambda conn: self._insert(
+                conn,
+                "eviction",
+                "evictions",
+                "INSERT INTO evictions (at, model, artifact, devices, reason, for_model, call_id, "
+                "idle_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    now,
+                    model,
+                    artifact,
+                    json.dumps(devices),
+                    reason,
+                    for_model,
+                    call_id,
+                    idle_seconds,
+                ),
+            )
+        )
 
-    def pulled(self, source: str, path: str | None, size: int | None, verified: bool,
-               outcome: str, detail: str | None = None,
-               seconds: float | None = None) -> None:  # fmt: skip
+    def pulled(
+        self,
+        source: str,
+        path: str | None,
+        size: int | None,
+        verified: bool,
+        outcome: str,
+        detail: str | None = None,
+        seconds: float | None = None,
+    ) -> None:
         now = time.time()
-        self._submit(lambda conn: self._insert(conn, "pull", "pulls",
-            "INSERT INTO pulls (at, source, path, bytes, verified, outcome, detail, seconds) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (now, source, path, size, int(verified), outcome, detail, seconds)))  # fmt: skip
+        self._submit(
+            lambda conn: self._insert(
+                conn,
+                "pull",
+                "pulls",
+                "INSERT INTO pulls (at, source, path, bytes, verified, outcome, detail, seconds) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (now, source, path, size, int(verified), outcome, detail, seconds),
+            )
+        )
 
     def scouted(self, rows: list[tuple[Any, ...]]) -> None:
         """Scout's findings (path, name, bytes, source, evidence, led_by, servable, detail),
         an event each, so a central's mirror replays them (migrations/0016)."""
-        now, sql = time.time(), (
-            "INSERT INTO scout_findings (at, path, name, bytes, source, evidence, led_by, "
-            "servable, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")  # fmt: skip
-        self._submit(lambda conn: [self._insert(conn, "scout", "scout_findings", sql, (now, *r))
-                                   for r in rows])  # fmt: skip
+        now, sql = (
+            time.time(),
+            (
+                "INSERT INTO scout_findings (at, path, name, bytes, source, evidence, led_by, "
+                "servable, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            ),
+        )
+        self._submit(
+            lambda conn: [
+                self._insert(conn, "scout", "scout_findings", sql, (now, *r)) for r in rows
+            ]
+        )
 
-    def window_refused(self, artifact: Path, placement: str, window: int, type_k: str,
-                       type_v: str, detail: str | None, call_id: int | None) -> None:  # fmt: skip
+    def window_refused(
+        self,
+        artifact: Path,
+        placement: str,
+        window: int,
+        type_k: str,
+        type_v: str,
+        detail: str | None,
+        call_id: int | None,
+    ) -> None:
         try:
             stat = artifact.stat()
         except OSError:
             return
         key = (str(artifact), stat.st_size, stat.st_mtime_ns, placement, window)
         now = time.time()
-        self._submit(lambda conn: self._event(conn, "fact", "refused_windows",
-            facts.insert_refused_window(conn, key, type_k, type_v, detail, call_id, now),
-        ))  # fmt: skip
+        self._submit(
+            lambda conn: self._event(
+                conn,
+                "fact",
+                "refused_windows",
+                facts.insert_refused_window(conn, key, type_k, type_v, detail, call_id, now),
+            )
+        )
 
     def refused_windows(self) -> list[tuple[RefusedWindowKey, str | None]]:
         """(artifact, size, mtime_ns, placement, window) of every refused window, with the
@@ -392,8 +527,11 @@ class Store:
         return result
 
     def speed_measured(self, speed: MeasuredSpeed) -> None:
-        self._submit(lambda conn: self._event(conn, "fact", "measured_speeds",
-                                              facts.insert_speed(conn, speed)))  # fmt: skip
+        self._submit(
+            lambda conn: self._event(
+                conn, "fact", "measured_speeds", facts.insert_speed(conn, speed)
+            )
+        )
 
     def recent_speeds(self) -> list[MeasuredSpeed]:
         """The last 20 speeds of every (file, rung), oldest first (read once, at start)."""
@@ -444,8 +582,11 @@ class Store:
             return str(row[0]) if row else None
 
         def read_or_make(conn: sqlite3.Connection) -> str | None:
-            conn.execute("INSERT OR IGNORE INTO box_identity (only_row, box_id, created_at) "
-                         "VALUES (1, ?, ?)", (str(uuid.uuid4()), time.time()))  # fmt: skip
+            conn.execute(
+                "INSERT OR IGNORE INTO box_identity (only_row, box_id, created_at) "
+                "VALUES (1, ?, ?)",
+                (str(uuid.uuid4()), time.time()),
+            )
             return read(conn)
 
         try:

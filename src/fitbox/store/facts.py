@@ -41,8 +41,16 @@ class MeasuredFootprint:
 
     @property
     def key(self) -> tuple[str, int, int, str, int, int, str, str]:
-        return (self.artifact, self.artifact_size, self.artifact_mtime_ns, self.device,
-                self.window, self.parallel, self.type_k, self.type_v)  # fmt: skip
+        return (
+            self.artifact,
+            self.artifact_size,
+            self.artifact_mtime_ns,
+            self.device,
+            self.window,
+            self.parallel,
+            self.type_k,
+            self.type_v,
+        )
 
 
 @dataclass(frozen=True)
@@ -92,24 +100,49 @@ class ImportedWindow:
 
 
 def insert_footprint(conn: sqlite3.Connection, m: MeasuredFootprint) -> int:
-    return int(conn.execute(
-        "INSERT INTO measured_footprints (artifact, artifact_size, artifact_mtime_ns, "
-        "device, window, parallel, type_k, type_v, weights_bytes, kv_bytes, "
-        "compute_bytes, output_bytes, n_ctx, n_ctx_seq, load_seconds, call_id, "
-        "measured_at, estimate_bytes, estimate_basis, origin_box, origin_id, projector) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.device, m.window,
-         m.parallel, m.type_k, m.type_v, m.weights, m.kv, m.compute, m.output,
-         m.n_ctx, m.n_ctx_seq, m.load_seconds, m.call_id, m.measured_at,
-         m.estimate_bytes, m.estimate_basis, m.origin_box, m.origin_id, m.projector),
-    ).lastrowid or 0)  # fmt: skip
+    return int(
+        conn.execute(
+            "INSERT INTO measured_footprints (artifact, artifact_size, artifact_mtime_ns, "
+            "device, window, parallel, type_k, type_v, weights_bytes, kv_bytes, "
+            "compute_bytes, output_bytes, n_ctx, n_ctx_seq, load_seconds, call_id, "
+            "measured_at, estimate_bytes, estimate_basis, origin_box, origin_id, projector) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                m.artifact,
+                m.artifact_size,
+                m.artifact_mtime_ns,
+                m.device,
+                m.window,
+                m.parallel,
+                m.type_k,
+                m.type_v,
+                m.weights,
+                m.kv,
+                m.compute,
+                m.output,
+                m.n_ctx,
+                m.n_ctx_seq,
+                m.load_seconds,
+                m.call_id,
+                m.measured_at,
+                m.estimate_bytes,
+                m.estimate_basis,
+                m.origin_box,
+                m.origin_id,
+                m.projector,
+            ),
+        ).lastrowid
+        or 0
+    )
 
 
 def import_footprint(conn: sqlite3.Connection, m: MeasuredFootprint) -> int | None:
     """File a footprint another box measured; None when this offer was taken before."""
     taken = conn.execute(
         "SELECT id FROM measured_footprints WHERE origin_box = ? AND origin_id = ? AND "
-        "artifact = ?", (m.origin_box, m.origin_id, m.artifact)).fetchone()  # fmt: skip
+        "artifact = ?",
+        (m.origin_box, m.origin_id, m.artifact),
+    ).fetchone()
     return None if taken else insert_footprint(conn, m)
 
 
@@ -124,14 +157,27 @@ def latest_footprints(conn: sqlite3.Connection) -> list[MeasuredFootprint]:
     newest: dict[tuple[str, int, int, str, int, int, str, str], MeasuredFootprint] = {}
     for r in rows:  # imported first: a local one of the same key replaces it
         m = MeasuredFootprint(
-            artifact=r["artifact"], artifact_size=r["artifact_size"],
-            artifact_mtime_ns=r["artifact_mtime_ns"], device=r["device"], window=r["window"],
-            parallel=r["parallel"], type_k=r["type_k"], type_v=r["type_v"],
-            weights=r["weights_bytes"], kv=r["kv_bytes"], compute=r["compute_bytes"],
-            output=r["output_bytes"], n_ctx=r["n_ctx"], n_ctx_seq=r["n_ctx_seq"],
-            load_seconds=r["load_seconds"], call_id=r["call_id"], measured_at=r["measured_at"],
-            origin_box=r["origin_box"], origin_id=r["origin_id"], projector=r["projector"],
-        )  # fmt: skip
+            artifact=r["artifact"],
+            artifact_size=r["artifact_size"],
+            artifact_mtime_ns=r["artifact_mtime_ns"],
+            device=r["device"],
+            window=r["window"],
+            parallel=r["parallel"],
+            type_k=r["type_k"],
+            type_v=r["type_v"],
+            weights=r["weights_bytes"],
+            kv=r["kv_bytes"],
+            compute=r["compute_bytes"],
+            output=r["output_bytes"],
+            n_ctx=r["n_ctx"],
+            n_ctx_seq=r["n_ctx_seq"],
+            load_seconds=r["load_seconds"],
+            call_id=r["call_id"],
+            measured_at=r["measured_at"],
+            origin_box=r["origin_box"],
+            origin_id=r["origin_id"],
+            projector=r["projector"],
+        )
         newest[m.key] = m
     return list(newest.values())
 
@@ -150,23 +196,49 @@ def read_measured(path: Path) -> list[MeasuredFootprint]:
 
 
 def insert_speed(conn: sqlite3.Connection, m: MeasuredSpeed) -> int:
-    return int(conn.execute(
-        "INSERT INTO measured_speeds (artifact, artifact_size, artifact_mtime_ns, rung, "
-        "placement, prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms,"
-        " call_id, measured_at, cores, origin_box, origin_id) VALUES "
-        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (m.artifact, m.artifact_size, m.artifact_mtime_ns, m.rung, m.placement,
-         m.prompt_tokens, m.prompt_per_token_ms, m.decode_tokens, m.decode_per_token_ms,
-         m.call_id, m.measured_at, m.cores, m.origin_box, m.origin_id),
-    ).lastrowid or 0)  # fmt: skip
+    return int(
+        conn.execute(
+            "INSERT INTO measured_speeds (artifact, artifact_size, artifact_mtime_ns, rung, "
+            "placement, prompt_tokens, prompt_per_token_ms, decode_tokens, decode_per_token_ms,"
+            " call_id, measured_at, cores, origin_box, origin_id) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                m.artifact,
+                m.artifact_size,
+                m.artifact_mtime_ns,
+                m.rung,
+                m.placement,
+                m.prompt_tokens,
+                m.prompt_per_token_ms,
+                m.decode_tokens,
+                m.decode_per_token_ms,
+                m.call_id,
+                m.measured_at,
+                m.cores,
+                m.origin_box,
+                m.origin_id,
+            ),
+        ).lastrowid
+        or 0
+    )
 
 
-def _taken(conn: sqlite3.Connection, table: str, origin_box: str | None, origin_id: int | None,
-           artifact: str) -> bool:  # fmt: skip
+def _taken(
+    conn: sqlite3.Connection,
+    table: str,
+    origin_box: str | None,
+    origin_id: int | None,
+    artifact: str,
+) -> bool:
     """Whether this offer (the origin's row, filed under this file) was taken before."""
-    return conn.execute(
-        f"SELECT 1 FROM {table} WHERE origin_box = ? AND origin_id = ? AND "  # noqa: S608
-        "artifact = ?", (origin_box, origin_id, artifact)).fetchone() is not None  # fmt: skip
+    return (
+        conn.execute(
+            f"SELECT 1 FROM {table} WHERE origin_box = ? AND origin_id = ? AND "  # noqa: S608
+            "artifact = ?",
+            (origin_box, origin_id, artifact),
+        ).fetchone()
+        is not None
+    )
 
 
 def import_speed(conn: sqlite3.Connection, m: MeasuredSpeed) -> int | None:
@@ -193,21 +265,31 @@ def recent_curve(conn: sqlite3.Connection) -> list[CurvePoint]:
         "SELECT artifact, artifact_size, artifact_mtime_ns, rung, cores, decode_per_token_ms,"
         " origin_box FROM recent_curve ORDER BY id"
     )
-    return [((a, size, mtime, rung), cores, ms, origin)
-            for a, size, mtime, rung, cores, ms, origin in rows]  # fmt: skip
+    return [
+        ((a, size, mtime, rung), cores, ms, origin)
+        for a, size, mtime, rung, cores, ms, origin in rows
+    ]
 
 
 def insert_refused_window(
-    conn: sqlite3.Connection, key: RefusedWindowKey, type_k: str, type_v: str,
-    detail: str | None, call_id: int | None, at: float,
-) -> int:  # fmt: skip
+    conn: sqlite3.Connection,
+    key: RefusedWindowKey,
+    type_k: str,
+    type_v: str,
+    detail: str | None,
+    call_id: int | None,
+    at: float,
+) -> int:
     artifact, size, mtime_ns, placement, window = key
-    return int(conn.execute(
-        "INSERT INTO refused_windows (artifact, artifact_size, artifact_mtime_ns, placement,"
-        " window, type_k, type_v, detail, call_id, measured_at) VALUES "
-        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (artifact, size, mtime_ns, placement, window, type_k, type_v, detail, call_id, at),
-    ).lastrowid or 0)  # fmt: skip
+    return int(
+        conn.execute(
+            "INSERT INTO refused_windows (artifact, artifact_size, artifact_mtime_ns, placement,"
+            " window, type_k, type_v, detail, call_id, measured_at) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (artifact, size, mtime_ns, placement, window, type_k, type_v, detail, call_id, at),
+        ).lastrowid
+        or 0
+    )
 
 
 def import_refused_window(conn: sqlite3.Connection, w: ImportedWindow) -> int | None:
@@ -215,18 +297,36 @@ def import_refused_window(conn: sqlite3.Connection, w: ImportedWindow) -> int | 
     artifact, size, mtime_ns, placement, window = w.key
     if _taken(conn, "refused_windows", w.origin_box, w.origin_id, artifact):
         return None
-    return int(conn.execute(
-        "INSERT INTO refused_windows (artifact, artifact_size, artifact_mtime_ns, placement,"
-        " window, type_k, type_v, detail, call_id, measured_at, origin_box, origin_id) VALUES"
-        " (?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
-        (artifact, size, mtime_ns, placement, window, w.type_k, w.type_v, w.detail,
-         w.measured_at, w.origin_box, w.origin_id),
-    ).lastrowid or 0)  # fmt: skip
+    return int(
+        conn.execute(
+            "INSERT INTO refused_windows (artifact, artifact_size, artifact_mtime_ns, placement,"
+            " window, type_k, type_v, detail, call_id, measured_at, origin_box, origin_id) VALUES"
+            " (?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+            (
+                artifact,
+                size,
+                mtime_ns,
+                placement,
+                window,
+                w.type_k,
+                w.type_v,
+                w.detail,
+                w.measured_at,
+                w.origin_box,
+                w.origin_id,
+            ),
+        ).lastrowid
+        or 0
+    )
 
 
 def refused_windows(conn: sqlite3.Connection) -> list[tuple[RefusedWindowKey, str | None]]:
     """Every window that failed to load, oldest first, with the box that measured it (None:
     this one)."""
-    return [(tuple(r[:5]), r[5]) for r in conn.execute(
-        "SELECT artifact, artifact_size, artifact_mtime_ns, placement, window, origin_box "
-        "FROM refused_windows ORDER BY id")]  # fmt: skip
+    return [
+        (tuple(r[:5]), r[5])
+        for r in conn.execute(
+            "SELECT artifact, artifact_size, artifact_mtime_ns, placement, window, origin_box "
+            "FROM refused_windows ORDER BY id"
+        )
+    ]

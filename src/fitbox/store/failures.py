@@ -10,11 +10,20 @@ from pathlib import Path
 from fitbox.units import format_bytes
 
 # why a write can fail without anything being wrong with the file or the job
-RESOURCE_CODES = frozenset({
-    sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY,
-    sqlite3.SQLITE_PERM, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_NOMEM,
-    sqlite3.SQLITE_PROTOCOL, sqlite3.SQLITE_NOLFS,
-})  # fmt: skip
+RESOURCE_CODES = frozenset(
+    {
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_PERM,
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_PROTOCOL,
+        sqlite3.SQLITE_NOLFS,
+    }
+)
 DAMAGE_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 
 
@@ -51,9 +60,14 @@ class StoreUnavailable(sqlite3.OperationalError):
             isinstance(cause, OSError) and cause.errno == 28  # ENOSPC
         )
         free = drive_free(path)
-        where = f"{format_bytes(free)} free on the drive holding it" if free is not None else (
-            "its drive cannot be read")  # fmt: skip
-        self.reason = (f"fitbox could not {doing} its store {path} ({cause}); {where}. Free "
-                       "space there (or fix the drive's permissions), then try again")  # fmt: skip
+        where = (
+            f"{format_bytes(free)} free on the drive holding it"
+            if free is not None
+            else ("its drive cannot be read")
+        )
+        self.reason = (
+            f"fitbox could not {doing} its store {path} ({cause}); {where}. Free "
+            "space there (or fix the drive's permissions), then try again"
+        )
         super().__init__(self.reason)
         self.sqlite_errorcode = getattr(cause, "sqlite_errorcode", sqlite3.SQLITE_IOERR)

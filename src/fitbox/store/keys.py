@@ -41,11 +41,15 @@ class ApiKey:
 
     def public(self) -> dict[str, object]:
         return {
-            "id": self.key_id, "name": self.name, "scopes": list(self.scopes),
+            "id": self.key_id,
+            "name": self.name,
+            "scopes": list(self.scopes),
             "models": list(self.models) if self.models is not None else None,
-            "created_at": self.created_at, "expires_at": self.expires_at,
-            "revoked_at": self.revoked_at, "box_key": self.is_box_key,
-        }  # fmt: skip
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "revoked_at": self.revoked_at,
+            "box_key": self.is_box_key,
+        }
 
 
 def _digest(salt: bytes, secret: str) -> bytes:
@@ -83,12 +87,15 @@ def _row(row: sqlite3.Row) -> ApiKey:
     expires = row["expires_at"]
     never = isinstance(expires, float) and expires == math.inf
     return ApiKey(
-        key_id=str(row["key_id"]), name=str(row["name"]), scopes=_names(row["scopes"]),
+        key_id=str(row["key_id"]),
+        name=str(row["name"]),
+        scopes=_names(row["scopes"]),
         models=_names(row["models"]) if row["models"] else None,
         created_at=_time(row["created_at"]) or LONG_AGO,
-        expires_at=None if never else _time(expires), revoked_at=_time(row["revoked_at"]),
+        expires_at=None if never else _time(expires),
+        revoked_at=_time(row["revoked_at"]),
         is_box_key=bool(row["is_box_key"]),
-    )  # fmt: skip
+    )
 
 
 def create_key(
@@ -110,10 +117,18 @@ def create_key(
     conn.execute(
         "INSERT INTO api_keys (key_id, name, scopes, models, salt, digest, created_at, "
         "expires_at, is_box_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (key_id, name, json.dumps(list(scopes)),
-         json.dumps(list(models)) if models is not None else None, salt,
-         _digest(salt, secret), now, expires_at, int(is_box_key)),
-    )  # fmt: skip
+        (
+            key_id,
+            name,
+            json.dumps(list(scopes)),
+            json.dumps(list(models)) if models is not None else None,
+            salt,
+            _digest(salt, secret),
+            now,
+            expires_at,
+            int(is_box_key),
+        ),
+    )
     key = ApiKey(key_id, name, scopes, models, now, expires_at, None, is_box_key)
     return key, f"fb_{key_id}_{secret}"
 
@@ -168,8 +183,9 @@ class KeyChecker:
         """The stored row of ``key_id`` (read by name), or None; an unreadable store is
         None too (fails closed). The central's PostgreSQL store overrides this."""
         try:
-            return self._conn.execute("SELECT * FROM api_keys WHERE key_id = ?",
-                                      (key_id,)).fetchone()  # fmt: skip
+            return self._conn.execute(
+                "SELECT * FROM api_keys WHERE key_id = ?", (key_id,)
+            ).fetchone()
         except sqlite3.Error:
             return None
 

@@ -15,13 +15,18 @@ def past_paths(conn: sqlite3.Connection) -> list[tuple[str, str]]:
     """(path, what the store says of it), one per path, the newest word first."""
     found: dict[str, str] = {}
     queries = (
-        ("SELECT artifact, MAX(started_at) FROM children WHERE artifact IS NOT NULL "
-         "GROUP BY artifact", "fitbox launched it ({when})"),
-        ("SELECT path, MAX(at) FROM pulls WHERE path IS NOT NULL AND outcome = 'ok' "
-         "GROUP BY path", "fitbox pulled it ({when})"),
-        ("SELECT path, MAX(hashed_at) FROM file_hashes GROUP BY path",
-         "fitbox hashed it ({when})"),
-    )  # fmt: skip
+        (
+            "SELECT artifact, MAX(started_at) FROM children WHERE artifact IS NOT NULL "
+            "GROUP BY artifact",
+            "fitbox launched it ({when})",
+        ),
+        (
+            "SELECT path, MAX(at) FROM pulls WHERE path IS NOT NULL AND outcome = 'ok' "
+            "GROUP BY path",
+            "fitbox pulled it ({when})",
+        ),
+        ("SELECT path, MAX(hashed_at) FROM file_hashes GROUP BY path", "fitbox hashed it ({when})"),
+    )
     for sql, words in queries:
         try:
             rows = conn.execute(sql).fetchall()

@@ -38,8 +38,10 @@ def write_settings(
     now = time.time()
     for name, value in values.items():
         if value is None:
-            conn.execute("DELETE FROM settings WHERE scope = ? AND model = ? AND name = ?",
-                         (scope, model, name))  # fmt: skip
+            conn.execute(
+                "DELETE FROM settings WHERE scope = ? AND model = ? AND name = ?",
+                (scope, model, name),
+            )
         else:
             conn.execute(
                 "INSERT INTO settings (scope, model, name, value, updated_at) VALUES "

@@ -105,8 +105,9 @@ class Writer:
         self._thread = threading.Thread(target=self._loop, name="fitbox-store", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job, wait: bool = False, keep: bool = True,
-               lazy: bool = False) -> Future[Any] | None:  # fmt: skip
+    def submit(
+        self, job: Job, wait: bool = False, keep: bool = True, lazy: bool = False
+    ) -> Future[Any] | None:
         """Queue a job. ``lazy``: no wake-up of its own until ``LAZY_S`` has passed."""
         future: Future[Any] | None = Future() if wait else None
         self._queue.append(Queued(job, future, keep))
@@ -217,8 +218,9 @@ class Writer:
 
     def _lost(self, results: list[Result], exc: BaseException) -> list[Result]:
         """Writes that had succeeded inside a transaction that was then rolled back."""
-        self.batch_counter = int(self.conn.execute(
-            "SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])  # fmt: skip
+        self.batch_counter = int(
+            self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+        )
         return [(item, None, error or exc) for item, _, error in results]
 
     def _keep(self, item: Queued) -> None:
@@ -257,13 +259,26 @@ class Writer:
         free = drive_free(self.path)
         room = f"{format_bytes(free)} free on its drive" if free is not None else "no drive"
         if first:
-            log.error("store %s cannot write (%s; %s): writes are kept in memory and tried "
-                      "again every %.0f s, up to %d", self.path, error, room, RETRY_S,
-                      KEEP_AT_MOST)  # fmt: skip
+            log.error(
+                "store %s cannot write (%s; %s): writes are kept in memory and tried "
+                "again every %.0f s, up to %d",
+                self.path,
+                error,
+                room,
+                RETRY_S,
+                KEEP_AT_MOST,
+            )
         else:
-            log.error("store %s still cannot write (%s; %s): %d writes failed so far, %d "
-                      "waiting, %d lost", self.path, error, room, state.failures,
-                      state.waiting, state.lost)  # fmt: skip
+            log.error(
+                "store %s still cannot write (%s; %s): %d writes failed so far, %d "
+                "waiting, %d lost",
+                self.path,
+                error,
+                room,
+                state.failures,
+                state.waiting,
+                state.lost,
+            )
 
     def _failed(self, error: sqlite3.Error) -> None:
         """A write the store itself refused (a constraint, a missing table): a bug to see."""
@@ -276,14 +291,23 @@ class Writer:
         if state.failing is None:
             return
         since = time.time() - (state.failing_since or time.time())
-        log.warning("store %s writes again after %.0f s: %d writes had failed, %d of them "
-                    "lost", self.path, since, state.failures, state.lost)  # fmt: skip
+        log.warning(
+            "store %s writes again after %.0f s: %d writes had failed, %d of them lost",
+            self.path,
+            since,
+            state.failures,
+            state.lost,
+        )
         state.failing = state.failing_code = state.failing_since = None
 
     def _give_up(self) -> None:
         if self._kept:
             self.state.lost += len(self._kept)
-            log.error("store %s: %d writes could not be written before the stop and are "
-                      "lost (%s)", self.path, len(self._kept), self.state.failing)  # fmt: skip
+            log.error(
+                "store %s: %d writes could not be written before the stop and are lost (%s)",
+                self.path,
+                len(self._kept),
+                self.state.failing,
+            )
             self._kept.clear()
             self.state.waiting = 0

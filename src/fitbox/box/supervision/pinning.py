@@ -43,8 +43,11 @@ def pin_threads(pid: int, cpus: frozenset[int]) -> int:
 def allowed_cpus(pid: int, tid: int) -> frozenset[int]:
     """The CPUs the kernel lets one thread run on, as /proc says (Cpus_allowed_list)."""
     status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-    listed = next(ln.split(":", 1)[1].strip() for ln in status.splitlines()
-                  if ln.startswith("Cpus_allowed_list:"))  # fmt: skip
+    listed = next(
+        ln.split(":", 1)[1].strip()
+        for ln in status.splitlines()
+        if ln.startswith("Cpus_allowed_list:")
+    )
     cpus: set[int] = set()
     for part in listed.split(","):
         low, _, high = part.partition("-")

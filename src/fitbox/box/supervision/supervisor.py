@@ -53,26 +53,41 @@ def intent_for(resident: Resident, port: int, warmup: str = "on") -> LaunchInten
     place, facts = resident.place, resident.artifact.facts
     assert place is not None
     return LaunchIntent(
-        model_path=resident.artifact.path, alias=resident.artifact.name,
-        window=resident.window, parallel=resident.parallel,
-        embedding=facts.is_embedding or resident.embeddings, reranking=facts.is_reranker,
+        model_path=resident.artifact.path,
+        alias=resident.artifact.name,
+        window=resident.window,
+        parallel=resident.parallel,
+        embedding=facts.is_embedding or resident.embeddings,
+        reranking=facts.is_reranker,
         pooling="mean" if resident.embeddings and not facts.is_embedding else "",
         gpu_layers=place.gpu_layers,
-        port=port, tensor_split=place.tensor_split, experts_in_ram=place.experts_in_ram,
+        port=port,
+        tensor_split=place.tensor_split,
+        experts_in_ram=place.experts_in_ram,
         gpus=tuple(int(d.removeprefix("gpu")) for d in place.devices if d.startswith("gpu")),
-        threads=len(place.cores) or None, type_k=place.type_k, type_v=place.type_v,
-        no_repack=place.no_repack, kv_unified=place.kv_unified, load_in_4bit=place.load_in_4bit,
+        threads=len(place.cores) or None,
+        type_k=place.type_k,
+        type_v=place.type_v,
+        no_repack=place.no_repack,
+        kv_unified=place.kv_unified,
+        load_in_4bit=place.load_in_4bit,
         warmup=warmup == "on" or (warmup == "auto" and resident.loaded_by_call is None),
-        vision=resident.artifact.vision, mmproj=resident.artifact.mmproj,
-    )  # fmt: skip
+        vision=resident.artifact.vision,
+        mmproj=resident.artifact.mmproj,
+    )
 
 
 class Supervisor:
     def __init__(
-        self, config: Config, registry: Registry, facts: Facts, gpus: GpuProbe,
-        store: Store | None, tasks: Tasks,
+        self,
+        config: Config,
+        registry: Registry,
+        facts: Facts,
+        gpus: GpuProbe,
+        store: Store | None,
+        tasks: Tasks,
         cpus_of: Callable[[tuple[int, ...]], frozenset[int]] = lambda cores: frozenset(),
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``cpus_of``: the logical CPUs of physical cores (box/snapshot.py), for cores given
         back when a claim ends."""
         self.config, self.registry, self.facts = config, registry, facts
@@ -89,9 +104,10 @@ class Supervisor:
             raise EngineFailed(
                 f"'{artifact.name}' is marked failed after {failed.crashes} crashes "
                 f"(last: {failed.reason}). Fix the cause, then clear it with POST "
-                f"/v1/operator/clear-failed {{\"model\": \"{artifact.name}\"}}.",
-                log_tail=failed.log_tail, code="engine_failed",
-            )  # fmt: skip
+                f'/v1/operator/clear-failed {{"model": "{artifact.name}"}}.',
+                log_tail=failed.log_tail,
+                code="engine_failed",
+            )
 
     def restart_delay(self, artifact: Artifact) -> float:
         """Seconds a crashed model waits before it is loaded again (crash-loop backoff)."""
@@ -100,8 +116,12 @@ class Supervisor:
     def _crashed(self, resident: Resident, reason: str, tail: list[str]) -> None:
         failed = self.crashes.crashed(resident.key, reason, tail, time.time())
         if failed is not None:
-            log.error("%s marked failed after %d crashes; calls get engine_failed until an "
-                      "operator clears it", resident.artifact.name, failed.crashes)  # fmt: skip
+            log.error(
+                "%s marked failed after %d crashes; calls get engine_failed until an "
+                "operator clears it",
+                resident.artifact.name,
+                failed.crashes,
+            )
 
     # -- bring-up --------------------------------------------------------------------
 
@@ -110,11 +130,15 @@ class Supervisor:
             victims = list(victims)
             warm(resident.artifact.path)  # read while the victims stop and the child spawns
             for victim in victims:
-                log.info("evicting %s (idle) to make room for %s", victim.artifact.name,
-                         resident.artifact.name)  # fmt: skip
+                log.info(
+                    "evicting %s (idle) to make room for %s",
+                    victim.artifact.name,
+                    resident.artifact.name,
+                )
                 # idle (no call can join a leaving resident): nothing to finish, no grace
-                await self.stop(victim, "make_room", resident.artifact.name,
-                                resident.loaded_by_call, grace=0)  # fmt: skip
+                await self.stop(
+                    victim, "make_room", resident.artifact.name, resident.loaded_by_call, grace=0
+                )
             if victims:
                 await self._memory_back(resident)
             child = await self._launch(resident)
@@ -124,8 +148,12 @@ class Supervisor:
                 return  # stopped while it loaded: the stopper owns it now
             await self._measure(resident, child)
             self.registry.move(resident, S.READY)
-            log.info("%s ready on port %d in %.2f s", resident.artifact.name, child.port,
-                     resident.load_seconds)  # fmt: skip
+            log.info(
+                "%s ready on port %d in %.2f s",
+                resident.artifact.name,
+                child.port,
+                resident.load_seconds,
+            )
             resident.ready.set_result(None)
             self.tasks.spawn(self._watch(resident))
         except Exception as exc:
@@ -141,8 +169,13 @@ class Supervisor:
         except EngineNotFound as exc:
             raise EngineFailed(str(exc)) from None
         spec = resident.engine.launch(intent_for(resident, free_port(), self.config.warmup))
-        child = Child(list(spec.argv), spec.port, self._log_path(resident, spec.port),
-                      resident.cpus, dict(spec.env))  # fmt: skip
+        child = Child(
+            list(spec.argv),
+            spec.port,
+            self._log_path(resident, spec.port),
+            resident.cpus,
+            dict(spec.env),
+        )
         resident.child = child
         resident.load_started_at = time.time()
         await child.start()
@@ -152,28 +185,44 @@ class Supervisor:
     async def _measure(self, resident: Resident, child: Child) -> None:
         """Read what the engine allocated; it replaces the estimate, now and next time."""
         place = resident.place
-        if place is not None and (len(place.devices) > 2 or (
-            len(place.devices) > 1 and place.rung not in (Rung.GPU_ONLY, Rung.FOUR_BIT)
-        )):  # fmt: skip
+        if place is not None and (
+            len(place.devices) > 2
+            or (len(place.devices) > 1 and place.rung not in (Rung.GPU_ONLY, Rung.FOUR_BIT))
+        ):
             return  # measured per placement class: one device (a GPU with its host part) only
         held = await resident.engine.held(child)
         if held is None:
-            log.warning("%s: no buffer sizes reported; keeping the estimate",
-                        resident.artifact.name)  # fmt: skip
+            log.warning(
+                "%s: no buffer sizes reported; keeping the estimate", resident.artifact.name
+            )
             return
         estimate, basis = resident.footprint.total, resident.basis
         resident.footprint = Footprint(held.weights, held.kv, held.compute, held.output)
         resident.basis = "measured"
         resident.held[resident.device] = resident.footprint.total
         resident.held_now = held.now  # a cache that grows: only what it holds yet
-        where = resident.device + (NO_REPACK_CLASS if place and place.no_repack else "") + (
-            FOUR_BIT_CLASS if place and place.load_in_4bit else "")
-        self.facts.footprint_measured(held, resident.artifact, where, contract_of(resident),
-                                      resident.load_seconds, resident.loaded_by_call,
-                                      (estimate, basis))  # fmt: skip
+        where = (
+            resident.device
+            + (NO_REPACK_CLASS if place and place.no_repack else "")
+            + (FOUR_BIT_CLASS if place and place.load_in_4bit else "")
+        )
+        self.facts.footprint_measured(
+            held,
+            resident.artifact,
+            where,
+            contract_of(resident),
+            resident.load_seconds,
+            resident.loaded_by_call,
+            (estimate, basis),
+        )
         error = (estimate - resident.footprint.total) / max(resident.footprint.total, 1)
-        log.info("%s measured %s on %s (the estimate was %+.1f%%)", resident.artifact.name,
-                 format_bytes(resident.footprint.total), resident.device, error * 100)  # fmt: skip
+        log.info(
+            "%s measured %s on %s (the estimate was %+.1f%%)",
+            resident.artifact.name,
+            format_bytes(resident.footprint.total),
+            resident.device,
+            error * 100,
+        )
 
     async def _fail(self, resident: Resident, exc: Exception) -> None:
         if isinstance(exc, EngineFailed):
@@ -192,8 +241,11 @@ class Supervisor:
         said = resident.engine.out_of_memory(tail)
         if resident.state is S.STARTING:  # not stopped by someone else meanwhile
             if isinstance(exc, OSError):  # launching it: no room, no fork, no descriptor
-                log.warning("%s: not counted as a crash: the box, not the model, failed (%s)",
-                            resident.artifact.name, exc)  # fmt: skip
+                log.warning(
+                    "%s: not counted as a crash: the box, not the model, failed (%s)",
+                    resident.artifact.name,
+                    exc,
+                )
             elif not isinstance(exc, EngineFailed) and said is None:
                 self._crashed(resident, error.message, tail)  # the model, not engine or room
             if said is not None:
@@ -207,11 +259,16 @@ class Supervisor:
         """A load out of memory is a fact about this placement: refuse this window."""
         error.detail["out_of_memory"] = True
         where = resident.place.where if resident.place else resident.device
-        self.facts.window_refused(resident.artifact, where, contract_of(resident), said,
-                                  resident.loaded_by_call)  # fmt: skip
-        log.warning("%s ran out of memory at a %d-token window on %s; windows at or above it "
-                    "are out of reach until one loads", resident.artifact.name,
-                    resident.window, where)  # fmt: skip
+        self.facts.window_refused(
+            resident.artifact, where, contract_of(resident), said, resident.loaded_by_call
+        )
+        log.warning(
+            "%s ran out of memory at a %d-token window on %s; windows at or above it "
+            "are out of reach until one loads",
+            resident.artifact.name,
+            resident.window,
+            where,
+        )
 
     async def _memory_back(self, resident: Resident) -> None:
         """On a real GPU, wait (bounded) for the evicted children's VRAM to be released."""
@@ -224,8 +281,12 @@ class Supervisor:
 
         recovered, waited = await await_free(free_on_device, resident.footprint.total)
         if not recovered:
-            log.warning("%s: %s memory not back after %.1f s; loading anyway",
-                        resident.artifact.name, resident.device, waited)  # fmt: skip
+            log.warning(
+                "%s: %s memory not back after %.1f s; loading anyway",
+                resident.artifact.name,
+                resident.device,
+                waited,
+            )
 
     # -- running and stopping -------------------------------------------------------------
 
@@ -246,22 +307,36 @@ class Supervisor:
         however many calls found it silent."""
         if resident.state is not S.READY or not self.registry.holds(resident):
             return  # another call already found it hung
-        log.error("%s hung: nothing for %.0f s to any call, no answer to /health and no CPU "
-                  "time; restarting it", resident.artifact.name, idle)  # fmt: skip
+        log.error(
+            "%s hung: nothing for %.0f s to any call, no answer to /health and no CPU "
+            "time; restarting it",
+            resident.artifact.name,
+            idle,
+        )
         tail = resident.child.tail() if resident.child else []
         await self.stop(resident, "hung")
         self._crashed(resident, f"hung mid-call (nothing for {idle:.0f} s)", tail)
 
     async def stop(
-        self, resident: Resident, reason: str | None = None, for_model: str | None = None,
-        call_id: int | None = None, grace: float | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        resident: Resident,
+        reason: str | None = None,
+        for_model: str | None = None,
+        call_id: int | None = None,
+        grace: float | None = None,
+    ) -> None:
         """Stop a resident; with a ``reason`` it is an eviction, recorded as one. ``grace``:
         seconds between SIGTERM and SIGKILL (default ``stop_grace``; 0 for an idle victim)."""
         if reason is not None and self.store is not None:
-            self.store.evicted(resident.artifact.name, str(resident.artifact.path),
-                               resident.holdings(), reason, for_model, call_id,
-                               time.monotonic() - resident.last_used)  # fmt: skip
+            self.store.evicted(
+                resident.artifact.name,
+                str(resident.artifact.path),
+                resident.holdings(),
+                reason,
+                for_model,
+                call_id,
+                time.monotonic() - resident.last_used,
+            )
         if resident.state in (S.STARTING, S.READY):
             self.registry.move(resident, S.STOPPING)
         if resident.state is not S.STOPPING:
@@ -313,8 +388,13 @@ class Supervisor:
         if pid is None or not resident.cpus:
             return
         moved = pin_threads(pid, resident.cpus)
-        log.info("%s: %d thread(s) re-pinned to CPUs %s (%s)", resident.artifact.name, moved,
-                 sorted(resident.cpus), why)  # fmt: skip
+        log.info(
+            "%s: %d thread(s) re-pinned to CPUs %s (%s)",
+            resident.artifact.name,
+            moved,
+            sorted(resident.cpus),
+            why,
+        )
 
     def kill_all_now(self) -> None:
         for resident in self.registry:
@@ -330,8 +410,13 @@ class Supervisor:
         if self.store is None:
             return
         resident.child_start_time = start_time(child.pid) or 0.0
-        self.store.child_started(child.pid, resident.child_start_time, child.port,
-                                 str(resident.artifact.path), child.argv)  # fmt: skip
+        self.store.child_started(
+            child.pid,
+            resident.child_start_time,
+            child.port,
+            str(resident.artifact.path),
+            child.argv,
+        )
 
     def _child_ended(self, resident: Resident, how: str) -> None:
         if self.store is not None and resident.child is not None and resident.child.pid:

@@ -87,8 +87,7 @@ class Watchdog:
         resident.progress_at = time.monotonic()
         return result
 
-    async def stream(self, resident: Resident,
-                     pieces: AsyncIterator[T]) -> AsyncGenerator[T, None]:  # fmt: skip
+    async def stream(self, resident: Resident, pieces: AsyncIterator[T]) -> AsyncGenerator[T, None]:
         """``pieces`` (an engine's streamed reply) awaited on behalf of one call as
         :meth:`watched` awaits one thing: one guard for the whole stream, whose timer, when
         it fires, looks again from the start of the wait under way (a timer per piece cost
@@ -137,9 +136,14 @@ class Watchdog:
         after = cpu_seconds(child.pid)
         if before is None or after is None or after - before < CPU_WORKING_S:
             return False
-        log.warning("%s serving '%s' did not answer /health within %.0f s but ran %.2f s on "
-                    "the CPU meanwhile: busy, not hung", resident.engine.name,
-                    resident.artifact.name, limit, after - before)  # fmt: skip
+        log.warning(
+            "%s serving '%s' did not answer /health within %.0f s but ran %.2f s on "
+            "the CPU meanwhile: busy, not hung",
+            resident.engine.name,
+            resident.artifact.name,
+            limit,
+            after - before,
+        )
         return True
 
 
@@ -168,17 +172,19 @@ class _Guard:
         now = time.monotonic()
         waited = now - self.began
         if not self.waiting or waited < idle:  # a stream's later wait: look again in time
-            self.timer = self.loop.call_later(idle - waited if self.waiting else idle,
-                                              self._quiet)  # fmt: skip
+            self.timer = self.loop.call_later(idle - waited if self.waiting else idle, self._quiet)
             return
         quiet = now - self.resident.progress_at
         if quiet < idle:  # bytes to another call: look again when the engine is quiet
             if not self.told:
                 self.told = True
-                log.info("%s serving '%s': a call has had no byte for %.0f s while the engine "
-                         "works for its other calls (queued for a slot); waiting on",
-                         self.resident.engine.name, self.resident.artifact.name,
-                         idle)  # fmt: skip
+                log.info(
+                    "%s serving '%s': a call has had no byte for %.0f s while the engine "
+                    "works for its other calls (queued for a slot); waiting on",
+                    self.resident.engine.name,
+                    self.resident.artifact.name,
+                    idle,
+                )
             self.timer = self.loop.call_later(idle - quiet, self._quiet)
             return
         self.probe = self.loop.create_task(self._probe())
@@ -193,7 +199,7 @@ class _Guard:
             f"for {idle:.0f} s and did not answer its health probe (nor used any CPU); "
             "it was restarted. Retry the call.",
             log_tail=resident.child.tail() if resident.child else [],
-        )  # fmt: skip
+        )
         await dog.supervisor.hung(resident, idle)
         if self.task is not None and not self.ended and self.waiting:
             self.cancelled = True

@@ -54,8 +54,9 @@ class Loaded:
 
                 model = AutoModel.from_pretrained(folder, dtype="auto", **placement)
                 model = model if placement else model.to(device)
-                self.embedder = Embedder(folder, device, model.eval(),
-                                         AutoTokenizer.from_pretrained(folder))  # fmt: skip
+                self.embedder = Embedder(
+                    folder, device, model.eval(), AutoTokenizer.from_pretrained(folder)
+                )
             model = self.embedder.model
         else:
             from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -70,8 +71,10 @@ class Loaded:
             self.chat = self._chat(model.eval(), folder)
         self.weights = counted_weights(model)
         self.rss_after_load = resident_bytes()
-        print(f"fitbox-tf: loaded {folder} on {device}: counted weights "
-              f"{json.dumps(self.weights)}", flush=True)  # fmt: skip
+        print(
+            f"fitbox-tf: loaded {folder} on {device}: counted weights {json.dumps(self.weights)}",
+            flush=True,
+        )
         self.ready.set()
 
     def _chat(self, model: Any, folder: Path) -> Chat:
@@ -87,18 +90,22 @@ class Loaded:
     def props(self) -> dict[str, Any]:
         chat = self.chat
         return {
-            "model_path": self.args.model, "alias": self.args.alias,
-            "total_slots": 1, "n_ctx": self.args.window,
+            "model_path": self.args.model,
+            "alias": self.args.alias,
+            "total_slots": 1,
+            "n_ctx": self.args.window,
             "default_generation_settings": {"n_ctx": self.args.window},
             "weights": self.weights,
             "kv_bytes_now": cache_bytes(chat.cache) if chat is not None else 0,
-            "rss_bytes_after_load": self.rss_after_load, "rss_bytes": resident_bytes(),
-        }  # fmt: skip
+            "rss_bytes_after_load": self.rss_after_load,
+            "rss_bytes": resident_bytes(),
+        }
 
 
 def error_body(message: str, kind: str, code: str, param: str | None = None) -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind, "code": code,
-                                 "param": param}}).encode()  # fmt: skip
+    return json.dumps(
+        {"error": {"message": message, "type": kind, "code": code, "param": param}}
+    ).encode()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -143,8 +150,14 @@ class Handler(BaseHTTPRequestHandler):
                 elif self.path == "/v1/embeddings" and self.loaded.embedder is not None:
                     self._embeddings(body)
                 else:
-                    self._send(404, error_body(f"this model does not serve {self.path}",
-                                               "invalid_request_error", "wrong_route"))  # fmt: skip
+                    self._send(
+                        404,
+                        error_body(
+                            f"this model does not serve {self.path}",
+                            "invalid_request_error",
+                            "wrong_route",
+                        ),
+                    )
         except (BadRequest, json.JSONDecodeError, ValueError, TypeError) as exc:
             param = exc.param if isinstance(exc, BadRequest) else None
             self._send(400, error_body(str(exc), "invalid_request_error", "bad_request", param))
@@ -152,8 +165,9 @@ class Handler(BaseHTTPRequestHandler):
             traceback.print_exc()
             if self.streaming:
                 raise  # the stream breaks off: fitbox ends it with an error event
-            self._send(500, error_body(f"the engine failed: {exc}", "server_error",
-                                       "engine_failed"))  # fmt: skip
+            self._send(
+                500, error_body(f"the engine failed: {exc}", "server_error", "engine_failed")
+            )
 
     def _chat(self, body: dict[str, Any]) -> None:
         chat = self.loaded.chat
@@ -166,9 +180,19 @@ class Handler(BaseHTTPRequestHandler):
             text, finish = "", None
             for piece in pieces:
                 text, finish = text + piece.text, piece.finish_reason or finish
-            reply = {**base, "object": "chat.completion", "choices": [{
-                "index": 0, "message": {"role": "assistant", "content": text},
-                "finish_reason": finish}], "usage": _usage(gen), "timings": gen.timings.as_dict()}
+            reply = {
+                **base,
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": finish,
+                    }
+                ],
+                "usage": _usage(gen),
+                "timings": gen.timings.as_dict(),
+            }
             self._send(200, json.dumps(reply).encode())
             return
         first = next(pieces)  # a bad prompt fails here, before any header is sent
@@ -179,12 +203,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         chunk = {**base, "object": "chat.completion.chunk"}
         try:
-            self._event({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant",
-                                                                     "content": ""}}]})
+            self._event(
+                {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+            )
             for piece in _chain(first, pieces):
                 delta = {"content": piece.text} if piece.text else {}
-                event = {**chunk, "choices": [{"index": 0, "delta": delta,
-                                               "finish_reason": piece.finish_reason}]}
+                event = {
+                    **chunk,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": piece.finish_reason}],
+                }
                 if piece.finish_reason:
                     event |= {"usage": _usage(gen), "timings": gen.timings.as_dict()}
                 self._event(event)
@@ -206,10 +233,14 @@ class Handler(BaseHTTPRequestHandler):
         embedder = self.loaded.embedder
         assert embedder is not None
         vectors, tokens = embedder.embed(inputs(body))
-        reply = {"object": "list", "model": self.loaded.args.alias,
-                 "data": [{"object": "embedding", "index": i, "embedding": v}
-                          for i, v in enumerate(vectors)],
-                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
+        reply = {
+            "object": "list",
+            "model": self.loaded.args.alias,
+            "data": [
+                {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)
+            ],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
         self._send(200, json.dumps(reply).encode())
 
 
@@ -220,8 +251,11 @@ def _chain(first: Any, rest: Any) -> Any:
 
 def _usage(gen: Any) -> dict[str, int]:
     t = gen.timings
-    return {"prompt_tokens": t.prompt_n, "completion_tokens": t.predicted_n,
-            "total_tokens": t.prompt_n + t.predicted_n}  # fmt: skip
+    return {
+        "prompt_tokens": t.prompt_n,
+        "completion_tokens": t.predicted_n,
+        "total_tokens": t.prompt_n + t.predicted_n,
+    }
 
 
 def arguments(argv: list[str]) -> argparse.Namespace:

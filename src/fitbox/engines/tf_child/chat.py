@@ -39,11 +39,13 @@ class Timings:
 
     def as_dict(self) -> dict[str, float]:
         return {
-            "prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
             "prompt_per_token_ms": self.prompt_ms / max(self.prompt_n, 1),
-            "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
             "predicted_per_token_ms": self.predicted_ms / max(self.predicted_n, 1),
-        }  # fmt: skip
+        }
 
 
 @dataclass
@@ -71,21 +73,29 @@ def _text_content(content: Any) -> str:
             elif kind == "image_url":
                 url = str((part.get("image_url") or {}).get("url", ""))
                 if not url.startswith("data:"):
-                    raise BadRequest("image URLs are never fetched by the engine; send the "
-                                     "image inline as a data: URL", "messages")  # fmt: skip
-                raise BadRequest("this model reads text only; send the message without "
-                                 "image_url parts, or ask a vision model", "messages")  # fmt: skip
+                    raise BadRequest(
+                        "image URLs are never fetched by the engine; send the "
+                        "image inline as a data: URL",
+                        "messages",
+                    )
+                raise BadRequest(
+                    "this model reads text only; send the message without "
+                    "image_url parts, or ask a vision model",
+                    "messages",
+                )
             else:
-                raise BadRequest(f"a message part of type {kind!r} is not understood; "
-                                 "use text parts", "messages")  # fmt: skip
+                raise BadRequest(
+                    f"a message part of type {kind!r} is not understood; use text parts", "messages"
+                )
         return "".join(parts)
     if content is None:
         return ""
     raise BadRequest("message content must be a string or a list of text parts", "messages")
 
 
-def parse(body: dict[str, Any], window: int,
-          content: Callable[[Any], Any] = _text_content) -> Generation:  # fmt: skip
+def parse(
+    body: dict[str, Any], window: int, content: Callable[[Any], Any] = _text_content
+) -> Generation:
     """``content`` reads one message's content: text only, or (vision.py) text and images."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -101,11 +111,13 @@ def parse(body: dict[str, Any], window: int,
     temperature = body.get("temperature")
     seed = body.get("seed")
     return Generation(
-        messages=plain, max_tokens=int(max_tokens),
+        messages=plain,
+        max_tokens=int(max_tokens),
         temperature=1.0 if temperature is None else float(temperature),
-        top_p=float(body.get("top_p") or 1.0), seed=int(seed) if seed is not None else None,
+        top_p=float(body.get("top_p") or 1.0),
+        seed=int(seed) if seed is not None else None,
         stop=stop,
-    )  # fmt: skip
+    )
 
 
 def _first_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
@@ -138,17 +150,23 @@ class Chat:
 
     def prompt_ids(self, gen: Generation) -> Any:
         if not getattr(self.tokenizer, "chat_template", None):
-            raise BadRequest("this model's folder has no chat template; use "
-                             "/v1/completions-style models through another engine")  # fmt: skip
-        text = self.tokenizer.apply_chat_template(gen.messages, tokenize=False,
-                                                  add_generation_prompt=True)  # fmt: skip
+            raise BadRequest(
+                "this model's folder has no chat template; use "
+                "/v1/completions-style models through another engine"
+            )
+        text = self.tokenizer.apply_chat_template(
+            gen.messages, tokenize=False, add_generation_prompt=True
+        )
         ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
         return self.bounded(ids)
 
     def bounded(self, ids: Any) -> Any:
         if ids.shape[1] >= self.window:
-            raise BadRequest(f"the prompt is {ids.shape[1]} tokens; this model was loaded "
-                             f"with a {self.window}-token window", "messages")  # fmt: skip
+            raise BadRequest(
+                f"the prompt is {ids.shape[1]} tokens; this model was loaded "
+                f"with a {self.window}-token window",
+                "messages",
+            )
         return ids.to(self.device)
 
     def prompt(self, gen: Generation) -> tuple[Any, dict[str, Any]]:
@@ -186,8 +204,12 @@ class Chat:
         try:
             with torch.inference_mode():
                 while len(made) < budget and not self.cancelled.is_set():
-                    out = self.model(input_ids=step_input, use_cache=True,
-                                     **{self.cache_arg: self.cache}, **extra)  # fmt: skip
+                    out = self.model(
+                        input_ids=step_input,
+                        use_cache=True,
+                        **{self.cache_arg: self.cache},
+                        **extra,
+                    )
                     extra = {}  # the images are in the cache after the first pass
                     if not made:
                         gen.timings.prompt_ms = (time.perf_counter() - started) * 1000

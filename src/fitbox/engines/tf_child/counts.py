@@ -42,8 +42,11 @@ def _quant_state(tensor: Any) -> list[Any]:
     state = getattr(tensor, "quant_state", None)
     found = []
     while state is not None:
-        found += [t for t in (getattr(state, "absmax", None), getattr(state, "code", None))
-                  if t is not None and hasattr(t, "untyped_storage")]  # fmt: skip
+        found += [
+            t
+            for t in (getattr(state, "absmax", None), getattr(state, "code", None))
+            if t is not None and hasattr(t, "untyped_storage")
+        ]
         state = getattr(state, "state2", None)
     return found
 

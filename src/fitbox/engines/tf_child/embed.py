@@ -14,8 +14,11 @@ def inputs(body: dict[str, Any]) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise BadRequest("'input' must be a string or a non-empty list of strings "
-                         "(token arrays are not read by this engine)", "input")  # fmt: skip
+        raise BadRequest(
+            "'input' must be a string or a non-empty list of strings "
+            "(token arrays are not read by this engine)",
+            "input",
+        )
     return value
 
 

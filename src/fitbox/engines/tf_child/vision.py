@@ -25,8 +25,11 @@ def decode_image(url: str) -> Any:
 
     head, _, payload = url.partition(",")
     if not head.startswith("data:image/") or ";base64" not in head:
-        raise BadRequest("image URLs are never fetched by the engine; send the image inline "
-                         "as a data:image/<type>;base64,... URL", "messages")  # fmt: skip
+        raise BadRequest(
+            "image URLs are never fetched by the engine; send the image inline "
+            "as a data:image/<type>;base64,... URL",
+            "messages",
+        )
     try:
         data = base64.b64decode(payload, validate=True)
         Image.MAX_IMAGE_PIXELS = MAX_PIXELS
@@ -55,8 +58,10 @@ def vision_content(content: Any) -> list[dict[str, Any]]:
             url = (part.get("image_url") or {}).get("url", "")
             parts.append({"type": "image", "image": decode_image(str(url))})
         else:
-            raise BadRequest(f"a message part of type {kind!r} is not understood; use text "
-                             "and image_url parts", "messages")  # fmt: skip
+            raise BadRequest(
+                f"a message part of type {kind!r} is not understood; use text and image_url parts",
+                "messages",
+            )
     return parts
 
 
@@ -74,14 +79,18 @@ class VisionChat(Chat):
 
     def prompt(self, gen: Generation) -> tuple[Any, dict[str, Any]]:
         if not getattr(self.processor, "chat_template", None):
-            raise BadRequest("this model's folder has no chat template for its processor "
-                             "(chat_template.json)")  # fmt: skip
+            raise BadRequest(
+                "this model's folder has no chat template for its processor (chat_template.json)"
+            )
         images = [p["image"] for m in gen.messages for p in m["content"] if p["type"] == "image"]
-        plain = [{"role": m["role"], "content": [{"type": "image"} if p["type"] == "image"
-                                                 else p for p in m["content"]]}
-                 for m in gen.messages]  # fmt: skip
-        text = self.processor.apply_chat_template(plain, tokenize=False,
-                                                  add_generation_prompt=True)  # fmt: skip
+        plain = [
+            {
+                "role": m["role"],
+                "content": [{"type": "image"} if p["type"] == "image" else p for p in m["content"]],
+            }
+            for m in gen.messages
+        ]
+        text = self.processor.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
         inputs = self.processor(text=[text], images=images or None, return_tensors="pt")
         ids = self.bounded(inputs.pop("input_ids"))
         inputs.pop("attention_mask", None)  # one sequence, no padding: all ones

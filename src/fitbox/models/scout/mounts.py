@@ -118,8 +118,10 @@ def _device(field: str) -> int | None:
 def automounts(mounts: list[Mount]) -> Automounts:
     """Mount points an automounter answers for (entering one mounts it), and their devices."""
     autofs = [m for m in mounts if m.fstype == "autofs"]
-    return Automounts(frozenset(m.point for m in autofs),
-                      frozenset(m.device for m in autofs if m.device is not None))  # fmt: skip
+    return Automounts(
+        frozenset(m.point for m in autofs),
+        frozenset(m.device for m in autofs if m.device is not None),
+    )
 
 
 def drives(mounts: list[Mount]) -> list[Path]:

@@ -57,8 +57,9 @@ def _distinct(places: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
     return out
 
 
-def hf_hints(cache: Path, why: str, limits: Limits, tally: Tally,
-             automounts: Automounts = NO_AUTOMOUNTS) -> Iterator[Hint]:  # fmt: skip
+def hf_hints(
+    cache: Path, why: str, limits: Limits, tally: Tally, automounts: Automounts = NO_AUTOMOUNTS
+) -> Iterator[Hint]:
     """GGUFs in each repo's snapshots (the blobs they link to have no names)."""
     if _behind_automount(cache, automounts, tally):
         return
@@ -77,8 +78,9 @@ def hf_hints(cache: Path, why: str, limits: Limits, tally: Tally,
             )
 
 
-def ollama_hints(store: Path, why: str, tally: Tally, max_manifests: int,
-                 automounts: Automounts = NO_AUTOMOUNTS) -> Iterator[Hint]:  # fmt: skip
+def ollama_hints(
+    store: Path, why: str, tally: Tally, max_manifests: int, automounts: Automounts = NO_AUTOMOUNTS
+) -> Iterator[Hint]:
     """Each manifest (manifests/HOST/NAMESPACE/MODEL/TAG, JSON) names its layers by digest
     and media type; the model layer's blob (blobs/sha256-HEX) is the GGUF, served in place."""
     manifests = store / "manifests"
@@ -126,8 +128,12 @@ def _behind_automount(place: Path, automounts: Automounts, tally: Tally) -> bool
 
 
 def folder_hints(
-    folder: Path, why: str, source: str, limits: Limits, tally: Tally,
+    folder: Path,
+    why: str,
+    source: str,
+    limits: Limits,
+    tally: Tally,
     automounts: Automounts = NO_AUTOMOUNTS,
-) -> Iterator[Hint]:  # fmt: skip
+) -> Iterator[Hint]:
     for path in walk([folder], limits, tally, automounts):
         yield Hint(path, source, f"{why} {folder}")

@@ -60,11 +60,16 @@ def running_ollama_stores(pid: int | None = None) -> list[tuple[Path, str]]:
         except (psutil.Error, OSError):
             continue
         if env.get("OLLAMA_MODELS"):
-            found.append((Path(env["OLLAMA_MODELS"]),
-                          f"OLLAMA_MODELS of the running ollama, pid {proc.pid}"))  # fmt: skip
+            found.append(
+                (Path(env["OLLAMA_MODELS"]), f"OLLAMA_MODELS of the running ollama, pid {proc.pid}")
+            )
         elif env.get("HOME"):
-            found.append((Path(env["HOME"]) / ".ollama" / "models",
-                          f"the default store of the running ollama, pid {proc.pid}"))  # fmt: skip
+            found.append(
+                (
+                    Path(env["HOME"]) / ".ollama" / "models",
+                    f"the default store of the running ollama, pid {proc.pid}",
+                )
+            )
     return found
 
 
