@@ -118,7 +118,7 @@ def interleaved(
 
 
 def join(client: httpx.Client, central: str, box: str, home: Path) -> None:
-    """Register the box as ``fitbox serve --central`` does (server/joining.py)."""
+    """Register the box as ``fitbox serve --central`` does (server/manage/joining.py)."""
     health = client.get(f"{box}/health").json()
     body = {
         "box_id": health["box_id"],

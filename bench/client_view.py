@@ -22,7 +22,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from starlette.types import Message, Receive, Scope, Send
 
-from fitbox.server import reasoning, timing
+from fitbox.server.door import timing
+from fitbox.server.streams import reasoning
 
 REPLY = json.dumps(
     {

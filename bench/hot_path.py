@@ -113,7 +113,9 @@ def _install_probes() -> None:
     from fitbox.box import calls
     from fitbox.box.needs import Needs
     from fitbox.engines import child
-    from fitbox.server import auth, openai, proxy, reasoning, timing
+    from fitbox.server.door import auth, timing
+    from fitbox.server.inference import openai, proxy
+    from fitbox.server.streams import reasoning
     from fitbox.store import writer
 
     _probe(timing.ServerTimingMiddleware, "__call__", "app")

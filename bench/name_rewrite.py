@@ -1,4 +1,4 @@
-"""The asked name in replies (server/names.py): what rewriting ``model`` costs, one run.
+"""The asked name in replies (server/streams/names.py): what rewriting ``model`` costs, one run.
 
     python bench/name_rewrite.py [--events 20000] [--streams 8] [--stream-tokens 128]
 
@@ -28,7 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.proxy_overhead import MODEL, REPO, start_fitbox
 from fitbox.models.pull import pull
-from fitbox.server.names import NameRewrite
+from fitbox.server.streams.names import NameRewrite
 
 
 def events(n: int) -> list[bytes]:

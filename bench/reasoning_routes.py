@@ -20,9 +20,9 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from fitbox.server.reasoning import CHAT
-from fitbox.server.reasoning_routes import COMPLETIONS, MESSAGES, RESPONSES, Thinking
-from fitbox.server.reasoning_streams import shaped
+from fitbox.server.streams.reasoning import CHAT
+from fitbox.server.streams.reasoning_routes import COMPLETIONS, MESSAGES, RESPONSES, Thinking
+from fitbox.server.streams.reasoning_streams import shaped
 
 Event = Callable[[str], dict[str, Any]]
 SHAPES: dict[str, tuple[list[dict[str, Any]], Event, list[dict[str, Any]]]] = {

@@ -118,8 +118,8 @@ def fsyncs_per_call(rows: int, calls: int) -> str:
 
 async def wake_latency(path: Path, events: int = 50) -> tuple[float, float]:
     """ms from submitting a call row to a long-poller (woken by the store's change listener
-    through the loop, as server/telemetry.py does) seeing the counter pass its cursor."""
-    from fitbox.server.telemetry import ChangeSignal
+    through the loop, as server/manage/telemetry.py does) seeing the counter pass its cursor."""
+    from fitbox.server.manage.telemetry import ChangeSignal
 
     store = Store(path)
     loop = asyncio.get_running_loop()

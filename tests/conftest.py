@@ -32,7 +32,7 @@ settings.load_profile("fitbox")
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))
 # an in-process app's base URL: its Host names the box, as the box's own browser would
-# (a keyless call from loopback naming another host is refused: server/auth.py box_host)
+# (a keyless call from loopback naming another host is refused: server/door/auth.py box_host)
 BOX = "http://127.0.0.1"
 
 

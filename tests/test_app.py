@@ -130,7 +130,7 @@ def test_an_unexpected_error_is_an_openai_500_that_closes_the_connection(
 
 def test_an_error_quoting_a_lone_surrogate_still_renders() -> None:
     from fitbox.errors import InvalidRequest
-    from fitbox.server.errors import error_response
+    from fitbox.server.door.errors import error_response
 
     response = error_response(InvalidRequest("no model '\ud800'"))
     assert json.loads(bytes(response.body))["error"]["message"] == "no model '\ud800'"

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from fitbox import cli, config
 from fitbox.server.app import ROUTES, create_app
-from fitbox.server.auth import is_inference
+from fitbox.server.door.auth import is_inference
 from fitbox.store.keys import create_key
 
 from .conftest import BOX
@@ -338,7 +338,7 @@ def test_engine_logs_reach_the_box_and_admins_never_inference_callers(
     sees: bool,
 ) -> None:
     from fitbox.errors import EngineFailed
-    from fitbox.server import openai
+    from fitbox.server.inference import openai
 
     async def failing(*args: object) -> None:
         raise EngineFailed("llama-server could not load 'tiny': it exited (1)", log_tail=LOG)
@@ -366,7 +366,7 @@ def test_a_stream_that_fails_mid_way_withholds_the_log_from_outsiders() -> None:
     import asyncio
 
     from fitbox.errors import EngineFailed
-    from fitbox.server import proxy
+    from fitbox.server.inference import proxy
 
     class Failing:
         endpoint, lease = "/v1/completions", None

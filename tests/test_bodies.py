@@ -1,4 +1,4 @@
-"""The one body parser (server/bodies.py) in-process: a bounded body, and every malformed
+"""The one body parser (server/door/bodies.py) in-process: a bounded body, and every malformed
 body a 4xx with an OpenAI error body. No engine is launched."""
 
 from __future__ import annotations

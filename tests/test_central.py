@@ -20,7 +20,7 @@ from fitbox.central.backend import StoreTarget, StoreUnavailable, redact, to_pos
 from fitbox.central.cli import CENTRAL_SCOPES
 from fitbox.central.store import CentralStore, rejection
 from fitbox.cli import main as fitbox_main
-from fitbox.server.joining import Registration
+from fitbox.server.manage.joining import Registration
 from fitbox.store.keys import create_key
 
 from .conftest import BOX as HOST

@@ -1,4 +1,4 @@
-"""server/dashboard.py's pacing in process: a change is rendered once the store's counter
+"""server/views/dashboard.py's pacing in process: a change is rendered once the store's counter
 has stayed still (after the reply of the call that moved it), never while changes keep
 coming until the spacing's bound. The signal is the test's own: each wait is answered by
 the test, as a change or as a quiet wait, so nothing here depends on the machine's speed."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fitbox.server import dashboard
+from fitbox.server.views import dashboard
 
 
 class HeldSignal:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from html.parser import HTMLParser
 from typing import Any
 
-from fitbox.server import dashboard_html
-from fitbox.server.dashboard_html import DeviceView, View
+from fitbox.server.views import dashboard_html
+from fitbox.server.views.dashboard_html import DeviceView, View
 
 
 def resident(**extra: Any) -> dict[str, Any]:

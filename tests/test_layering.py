@@ -207,8 +207,8 @@ def test_the_checker_names_each_circle_and_each_upward_edge_by_file(tmp_path: Pa
     assert violations(tmp_path / "src") == [
         "src/fitbox/box/box.py:2: fitbox.box.box imports fitbox.box.gone: no such module",
         "fitbox.attic: on no floor; add it to FLOORS in test_layering.py",
-        "src/fitbox/config.py:2: fitbox.config imports fitbox.server.trust: a shared leaf imports "
-        "floor 3",
+        "src/fitbox/config.py:2: fitbox.config imports fitbox.server.trust: a shared leaf "
+        "imports floor 3",
         "src/fitbox/store/db.py:2: fitbox.store.db imports fitbox.box.box: floor 1 imports floor 2",
         "import circle: fitbox.box.box, fitbox.store.db",
         "  src/fitbox/box/box.py:1: fitbox.box.box imports fitbox.store.db",

@@ -13,7 +13,8 @@ sys.modules["mcp"] = None  # as if 'fitbox[mcp]' were not installed
 from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
-from fitbox.server import app, mcp_tools
+from fitbox.server import app
+from fitbox.server.views import mcp_tools
 assert mcp_tools.MCPServer is None
 server = Starlette(routes=[Route("/mcp", mcp_tools.door, methods=["POST"])])
 server.state.mcp = mcp_tools.McpDoor()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fitbox.errors import DoesNotFit, ModelBusy
-from fitbox.server.errors import error_response
+from fitbox.server.door.errors import error_response
 
 from .ggufs import write_tiny_llama
 from .test_box_inprocess import S, make_box, queued, resident_of

@@ -1,4 +1,4 @@
-"""server/openings.py: a stream's opening put back or kept once, whatever the chunking."""
+"""server/streams/openings.py: a stream's opening put back or kept once, whatever the chunking."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fitbox.server import openings
-from fitbox.server.reasoning import CHAT
-from fitbox.server.reasoning_routes import MESSAGES, RESPONSES
+from fitbox.server.streams import openings
+from fitbox.server.streams.reasoning import CHAT
+from fitbox.server.streams.reasoning_routes import MESSAGES, RESPONSES
 
 
 def _sse(data: dict[str, Any], name: str | None = None) -> bytes:

@@ -1,4 +1,4 @@
-"""server/progress.py in process, without an engine: which streamed calls get their 200
+"""server/inference/progress.py in process, without an engine: which streamed calls get their 200
 before the load, and the queue position a waiting call sees (tests/test_box_inprocess.py
 has the helpers)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fitbox.errors import EngineFailed
-from fitbox.server.progress import must_load, progress_of
+from fitbox.server.inference.progress import must_load, progress_of
 from fitbox.store.db import Store
 
 from .ggufs import write_tiny_llama

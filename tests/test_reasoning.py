@@ -1,4 +1,4 @@
-"""server/reasoning.py in process: the streaming ``<think>`` splitter over every chunking
+"""server/streams/reasoning.py in process: the streaming ``<think>`` splitter over every chunking
 hypothesis finds, and the whole and streamed reply shapes for each field setting."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fitbox.server.reasoning import StreamShaper, ThinkSplitter, request_body, whole
+from fitbox.server.streams.reasoning import StreamShaper, ThinkSplitter, request_body, whole
 
 PIECES = st.lists(
     st.sampled_from(

@@ -1,4 +1,4 @@
-"""server/reasoning_routes.py and reasoning_streams.py in process: text completions,
+"""server/streams/reasoning_routes.py and reasoning_streams.py in process: text completions,
 Responses and Messages streams, shaped as llama-server writes them, over every chunking
 hypothesis finds, carry the thinking and the text that splitting the whole text gives."""
 
@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fitbox.server.reasoning_routes import COMPLETIONS, MESSAGES, RESPONSES, Thinking, split
-from fitbox.server.reasoning_routes import whole as whole_reply
-from fitbox.server.reasoning_streams import shaper_for
+from fitbox.server.streams.reasoning_routes import COMPLETIONS, MESSAGES, RESPONSES, Thinking, split
+from fitbox.server.streams.reasoning_routes import whole as whole_reply
+from fitbox.server.streams.reasoning_streams import shaper_for
 
 PIECES = st.lists(
     st.sampled_from(

@@ -17,8 +17,8 @@ from fitbox import config
 from fitbox.box.calls import stream_ended, usage_of
 from fitbox.models.gguf_facts import read_facts
 from fitbox.server.app import create_app
-from fitbox.server.engine_errors import engine_error_body, retry_cannot_help
-from fitbox.server.names import NameRewrite, rewrite_for
+from fitbox.server.inference.engine_errors import engine_error_body, retry_cannot_help
+from fitbox.server.streams.names import NameRewrite, rewrite_for
 from fitbox.store.keys import create_key
 
 from .conftest import BOX
@@ -282,7 +282,7 @@ def test_a_route_the_models_engine_kind_lacks_is_refused_before_loading() -> Non
     from types import SimpleNamespace
 
     from fitbox.errors import InvalidRequest, RouteNotServed
-    from fitbox.server.proxy import check_served
+    from fitbox.server.inference.proxy import check_served
 
     kind = SimpleNamespace(name="a-chat-engine", routes=lambda: frozenset({"/v1/chat/completions"}))
     artifact = SimpleNamespace(facts=SimpleNamespace(is_reranker=False))

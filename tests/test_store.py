@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from fitbox.server import telemetry
+from fitbox.server.manage import telemetry
 from fitbox.store import writer
 from fitbox.store.db import CallStart, Store, connect
 from fitbox.store.migrations import Migration, SchemaTooNew, load_migrations, migrate

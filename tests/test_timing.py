@@ -1,4 +1,4 @@
-"""server/timing.py in process: the figures from stamps, the comment before [DONE], and the
+"""server/door/timing.py in process: the figures from stamps, the comment before [DONE], and the
 trailer sent where the ASGI server offers trailers and the client asked for them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from fitbox.server.timing import (
+from fitbox.server.door.timing import (
     STAMPS_STATE,
     TRAILERS,
     ServerTimingMiddleware,

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from fitbox import config
 from fitbox.server.app import create_app
-from fitbox.server.timing import figures
+from fitbox.server.door.timing import figures
 
 from .conftest import BOX, FitboxProcess, running_fitbox
 from .holds import until
@@ -163,7 +163,7 @@ def test_a_server_that_offers_trailers_gets_the_last_figures_in_one(
     body = {"model": SMOL, "messages": HELLO, "max_tokens": 4, "stream": True}
     with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as client:
         # resident first: a stream that waits for a load has its 200 sent before any figure
-        # is known (server/progress.py), so its start would carry none
+        # is known (server/inference/progress.py), so its start would carry none
         loaded = client.post("/v1/chat/completions", json={**body, "stream": False})
         assert loaded.status_code == 200, loaded.text
         asked = client.post("/v1/chat/completions", json=body, headers={"te": "trailers", **rid()})

@@ -1,4 +1,4 @@
-"""server/zerocopy.py: ``http.response.zerocopysend`` under a real uvicorn on loopback (a
+"""server/manage/zerocopy.py: ``http.response.zerocopysend`` under a real uvicorn on loopback (a
 file's range sent with sendfile, in windows; a file shorter than its Content-Length ends
 the connection and the server serves on), and the transfer route's streamed path where the
 extension is not offered (an in-process client)."""
@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 
 from fitbox import config
 from fitbox.server.app import create_app
-from fitbox.server.zerocopy import WINDOW, ZEROCOPY, ZeroCopyHttpToolsProtocol
+from fitbox.server.manage.zerocopy import WINDOW, ZEROCOPY, ZeroCopyHttpToolsProtocol
 
 from .conftest import BOX
 from .ggufs import write_tiny_llama

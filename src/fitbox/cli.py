@@ -300,7 +300,7 @@ def serve(config: settings.Config, log_level: str) -> int:
             lifespan="on",
             timeout_graceful_shutdown=5,
             http=_http_protocol(),
-            # forwarding headers are the door's to judge (server/trust.py, with
+            # forwarding headers are the door's to judge (server/door/trust.py, with
             # FITBOX_TRUSTED_PROXIES); uvicorn's own middleware, believing 127.0.0.1 by
             # default, would swap in the forwarded client before the door saw the proxy
             proxy_headers=False,
@@ -318,10 +318,10 @@ def serve(config: settings.Config, log_level: str) -> int:
 
 
 def _http_protocol() -> Any:
-    """uvicorn's httptools protocol with ``sendfile`` for transfers (server/zerocopy.py), or
+    """uvicorn's httptools protocol with ``sendfile`` for transfers (server/manage/zerocopy.py), or
     uvicorn's own choice where httptools is missing."""
     try:
-        from fitbox.server.zerocopy import ZeroCopyHttpToolsProtocol
+        from fitbox.server.manage.zerocopy import ZeroCopyHttpToolsProtocol
     except ImportError:
         return "auto"
     return ZeroCopyHttpToolsProtocol

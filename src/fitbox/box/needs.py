@@ -5,7 +5,7 @@ bound overflows the slot of the model it goes to, the prompt is counted by the m
 chat template and tokenizer (the engine seam's ``count_prompt``), before it is placed when
 the model is ready, else once placed; unless the engine refuses a prompt too long for its
 slot with the prompt's count (``sends_on_bound``, llama-server): then the call is sent on
-its bound, and placed again by the count only when it is refused (server/proxy.py
+its bound, and placed again by the count only when it is refused (server/inference/proxy.py
 ``_sent``): no counting round trips before the common long-prompt call. The window asked
 for holds the prompt, one more token for the engine to write into (llama-server refuses a
 prompt that fills its slot), and the reply, capped at the largest slot the model can load:

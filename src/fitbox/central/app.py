@@ -1,5 +1,5 @@
 """The central's Starlette application: registration, the fleet view, the mirrored tables,
-and the OpenAI routes forwarded to the boxes. Keys and trust as on a box (server/auth.py),
+and the OpenAI routes forwarded to the boxes. Keys and trust as on a box (server/door/auth.py),
 plus one rule: a worker key may register a box and do nothing else."""
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from fitbox.central.mirror import MIRRORED_TABLES, Fleet
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
 from fitbox.errors import AuthenticationFailed, FitboxError, InvalidRequest, PermissionDenied
-from fitbox.server import errors
-from fitbox.server.auth import Gate, admit, presented_key
-from fitbox.server.joining import is_loopback
-from fitbox.server.trust import TrustSettings, origin_of
+from fitbox.server.door import errors
+from fitbox.server.door.auth import Gate, admit, presented_key
+from fitbox.server.door.trust import TrustSettings, origin_of
+from fitbox.server.manage.joining import is_loopback
 
 log = logging.getLogger(__name__)
 REGISTER = "/v1/boxes"

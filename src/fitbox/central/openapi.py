@@ -1,5 +1,5 @@
 """The central's machine-readable surface: its own /openapi.json, route by route, in the
-box's shape (server/openapi.py: the same error body, the same request bodies where a call
+box's shape (server/views/openapi.py: the same error body, the same request bodies where a call
 is forwarded to a box)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import fitbox
-from fitbox.server import openapi as box_openapi
-from fitbox.server.openapi import CHAT, COMPLETION, EMBEDDING, _op, _query
+from fitbox.server.views import openapi as box_openapi
+from fitbox.server.views.openapi import CHAT, COMPLETION, EMBEDDING, _op, _query
 
 INFERENCE = "a central key with the inference scope, or none from the central's own host"
 MANAGEMENT = "the central's own host, or a central key with the admin scope"

@@ -63,7 +63,7 @@ def _limits(args: argparse.Namespace, target: ServiceLayout) -> dict[str, str]:
 
 def check_central(central: str) -> str:
     """Whether the central answers. The service registers itself there at every start (with
-    its persistent box id, server/joining.py), so the install only checks and says so; a
+    its persistent box id, server/manage/joining.py), so the install only checks and says so; a
     central that cannot be reached never fails the install: the box serves on its own."""
     import httpx
 

@@ -21,28 +21,25 @@ from fitbox.config import Config
 from fitbox.errors import FitboxError
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import GpuReading, open_gpu_probe
-from fitbox.server import (
-    calls_page,
-    cors,
-    errors,
+from fitbox.server.door import cors, errors
+from fitbox.server.door.auth import AuthMiddleware, Gate
+from fitbox.server.door.timing import ServerTimingMiddleware
+from fitbox.server.door.trust import TrustSettings
+from fitbox.server.inference import models, openai
+from fitbox.server.manage import (
     facts,
     joining,
     manage,
-    models,
-    openai,
-    openapi,
     operate,
     settings,
     telemetry,
     transfer,
 )
-from fitbox.server.auth import AuthMiddleware, Gate
-from fitbox.server.dashboard import dashboard, events
-from fitbox.server.leaving import Leaving
-from fitbox.server.mcp_tools import McpDoor, door
-from fitbox.server.metrics import Metrics, scrape
-from fitbox.server.timing import ServerTimingMiddleware
-from fitbox.server.trust import TrustSettings
+from fitbox.server.views import calls_page, openapi
+from fitbox.server.views.dashboard import dashboard, events
+from fitbox.server.views.leaving import Leaving
+from fitbox.server.views.mcp_tools import McpDoor, door
+from fitbox.server.views.metrics import Metrics, scrape
 from fitbox.store.box_key import ensure_box_key
 from fitbox.store.db import Store, StoreUnavailable
 from fitbox.store.keys import KeyChecker

@@ -20,9 +20,9 @@ import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
-from fitbox.server.reasoning import CHAT
-from fitbox.server.reasoning_routes import MESSAGES, RESPONSES, dumps
-from fitbox.server.sse_events import EventCutter, event_data, relay
+from fitbox.server.streams.reasoning import CHAT
+from fitbox.server.streams.reasoning_routes import MESSAGES, RESPONSES, dumps
+from fitbox.server.streams.sse_events import EventCutter, event_data, relay
 
 SEP = b"\n\n"  # the end of an event
 Count = Callable[[], Awaitable[int | None]]

@@ -27,7 +27,7 @@ from fitbox.core.pins import parse as parse_pins
 from fitbox.core.verdicts import verdicts as price_all
 from fitbox.errors import InvalidRequest
 from fitbox.probe.host import read_core_busy
-from fitbox.server.bodies import json_body
+from fitbox.server.door.bodies import json_body
 from fitbox.store.db import Store
 from fitbox.store.keys import find_key
 from fitbox.units import format_bytes

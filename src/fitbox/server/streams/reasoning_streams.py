@@ -1,5 +1,5 @@
 """The thinking moved in a stream, event by event, in each route's shape (the shapes are
-server/reasoning_routes.py's; chat's stream is server/reasoning.py's ``StreamShaper``).
+reasoning_routes.py's; chat's stream is reasoning.py's ``StreamShaper``).
 
 Responses: the engine's message item is held back (its ``output_item.added`` and
 ``content_part.added``) until its first text, so a reasoning item opened by the thinking
@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from fitbox.server import reasoning
-from fitbox.server.reasoning import ThinkSplitter
-from fitbox.server.reasoning_routes import (
+from fitbox.server.streams import reasoning
+from fitbox.server.streams.reasoning import ThinkSplitter
+from fitbox.server.streams.reasoning_routes import (
     COMPLETIONS,
     MESSAGES,
     RESPONSES,
@@ -31,7 +31,7 @@ from fitbox.server.reasoning_routes import (
     split,
     thinking_block,
 )
-from fitbox.server.sse_events import EventCutter, event_data, relay
+from fitbox.server.streams.sse_events import EventCutter, event_data, relay
 
 
 class EventShaper(EventCutter):
@@ -436,7 +436,7 @@ def shaped(
     chunks: AsyncGenerator[bytes, None], thinking: Thinking | None
 ) -> AsyncGenerator[bytes, None]:
     """``chunks`` (an engine's event stream) with the thinking in its route's shape; chat
-    (and a call that splits nothing) goes to server/reasoning.py as it is, no layer added."""
+    (and a call that splits nothing) goes to reasoning.py as it is, no layer added."""
     if thinking is None or thinking.path == reasoning.CHAT or not thinking.splits:
         return reasoning.shaped(chunks, field_of(thinking))
     return relay(chunks, shaper_for(thinking))

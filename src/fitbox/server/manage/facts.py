@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse, Response
 from fitbox.box.box import Box
 from fitbox.box.imports import BadFact, footprint, refused_window, same_bytes, speed
 from fitbox.errors import InvalidRequest, RouteNotFound
-from fitbox.server.bodies import json_body
-from fitbox.server.transfer import hash_keeper
+from fitbox.server.door.bodies import json_body
+from fitbox.server.manage.transfer import hash_keeper
 from fitbox.store.db import Store
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")

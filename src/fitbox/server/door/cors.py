@@ -14,7 +14,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 
 # What a browser script may read of a reply: the served model, why a call was refused,
-# where its time went (server/timing.py)
+# where its time went (server/door/timing.py)
 EXPOSED = (
     "x-fitbox-model",
     "x-fitbox-default-model",

@@ -40,8 +40,8 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fitbox.errors import AuthenticationFailed, FitboxError, PermissionDenied
-from fitbox.server.errors import error_response
-from fitbox.server.trust import Origin, TrustSettings, origin_of
+from fitbox.server.door.errors import error_response
+from fitbox.server.door.trust import Origin, TrustSettings, origin_of
 from fitbox.store.keys import ApiKey, KeyChecker
 
 INFERENCE = frozenset(

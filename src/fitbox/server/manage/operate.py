@@ -18,7 +18,7 @@ from fitbox.errors import Conflict, EngineFailed, FitboxError, InvalidRequest, R
 from fitbox.models.box_pull import PullRefused
 from fitbox.models.pull import PullError
 from fitbox.probe.disk import read_drive
-from fitbox.server.bodies import json_body
+from fitbox.server.door.bodies import json_body
 from fitbox.store.db import Store
 
 ACTIONS = (

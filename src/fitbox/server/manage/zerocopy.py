@@ -9,7 +9,7 @@ cores taken from the pull it serves. This protocol adds the extension to each re
 scope where the connection can take it (asyncio's own socket transport; not uvloop's, not
 TLS): the response's start and its last (empty) body go through uvicorn as usual, the file
 between them through this. A server without it (h11, uvloop, tests' in-process clients)
-never sees the extension, and the app streams the file as before (server/transfer.py).
+never sees the extension, and the app streams the file as before (server/manage/transfer.py).
 
 The file is sent in windows; before each, the next window is asked of the disk
 (``POSIX_FADV_WILLNEED``, on a thread) so that ``sendfile`` on the event loop finds its

@@ -11,11 +11,11 @@ from starlette.responses import JSONResponse, Response
 import fitbox
 from fitbox.box.box import Box
 from fitbox.errors import FitboxError, InvalidRequest, PermissionDenied
-from fitbox.server.bodies import Kinds, check_fields, json_object
-from fitbox.server.errors import is_insider
-from fitbox.server.proxy import forward, refused
-from fitbox.server.vision import ROUTES as IMAGE_ROUTES
-from fitbox.server.vision import check_images
+from fitbox.server.door.bodies import Kinds, check_fields, json_object
+from fitbox.server.door.errors import is_insider
+from fitbox.server.door.vision import ROUTES as IMAGE_ROUTES
+from fitbox.server.door.vision import check_images
+from fitbox.server.inference.proxy import forward, refused
 from fitbox.store.db import Store
 
 

@@ -1,5 +1,5 @@
 """Box-to-box transfer, the source's side (management: an admin key or the box itself,
-server/auth.py). ``GET /v1/transfer/{model}/manifest`` lists the model's files with sizes
+server/door/auth.py). ``GET /v1/transfer/{model}/manifest`` lists the model's files with sizes
 and sha256; ``…/chunksums?path=`` the sha256 of each fixed chunk; ``…/file?path=`` streams
 a file, with ``Range: bytes=…`` answered 206. Paths are jailed (models/transfer.py); at most
 ``transfer_max`` files are sent at once, one more is answered 429 with Retry-After.
@@ -24,7 +24,7 @@ from fitbox.store.db import Store
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 RETRY_AFTER_S = 2.0
-# ASGI's extension for a file sent by the server (server/zerocopy.py offers it under uvicorn)
+# ASGI's extension for a file sent by the server (server/manage/zerocopy.py offers it under uvicorn)
 ZEROCOPY = "http.response.zerocopysend"
 
 
@@ -171,7 +171,7 @@ async def _read(f: OfferedFile, start: int, end: int) -> AsyncIterator[bytes]:
 
 class _SendingFile(Response):
     """The file's bytes start..end sent by the server with ``sendfile`` (the
-    ``http.response.zerocopysend`` extension of server/zerocopy.py: page cache to socket,
+    ``http.response.zerocopysend`` extension of server/manage/zerocopy.py: page cache to socket,
     no block through Python); the transfer slot given back however it ends."""
 
     def __init__(

@@ -1,4 +1,4 @@
-"""The dashboard's HTML, from a view of the box (server/dashboard.py gathers it). Pure
+"""The dashboard's HTML, from a view of the box (server/views/dashboard.py gathers it). Pure
 functions: every value a client, a file or an engine chose is escaped here, once.
 
 The page works without JavaScript (a reload shows the same); with it, a few lines replace

@@ -1,6 +1,5 @@
 """An engine's event stream, cut into whole events and relayed through a shaper: what the
-stream shapers (server/reasoning.py, server/reasoning_streams.py, server/openings.py) are
-built on."""
+stream shapers (reasoning.py, reasoning_streams.py, openings.py) are built on."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""GET / : the live dashboard (management: the box itself or an admin key, server/auth.py),
+"""GET / : the live dashboard (management: the box itself or an admin key, server/door/auth.py),
 and GET /dashboard/events: its updates over SSE.
 
-The page is rendered whole by the server (server/dashboard_html.py) and is the same with
+The page is rendered whole by the server (server/views/dashboard_html.py) and is the same with
 JavaScript off. With it, the page listens on /dashboard/events, which sends the re-rendered
 ``<main>`` each time the store's change counter moves (``app.state.changes``) or a resident
 changes state (the registry's change signal: a load finishing writes no row), and, while a
@@ -23,13 +23,13 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 
 from fitbox.box.box import Box
 from fitbox.core.types import ResidentState
+from fitbox.server.inference.progress import loaded_bytes
+from fitbox.server.manage.telemetry import ChangeSignal
 from fitbox.store.db import Store
 
 from . import dashboard_html
 from .dashboard_html import DeviceView, View
-from .progress import loaded_bytes
 from .tally import REFUSALS, reader
-from .telemetry import ChangeSignal
 
 ROWS = 20  # calls, evictions and refusals shown
 # the least time between two updates to one page: a busy box moves the counter twice per

@@ -3,7 +3,7 @@
 ``MCPServer``, which was ``FastMCP`` before).
 
 Keys and scopes are the HTTP API's: each tool names the route it mirrors and is admitted by
-``server/auth.py``'s ``admit`` for that route, so listing models takes what ``/v1/models``
+``server/door/auth.py``'s ``admit`` for that route, so listing models takes what ``/v1/models``
 takes, and ``load`` what ``POST /v1/operator/load`` takes (the box itself or an admin key).
 The door itself (``/mcp``) lets in a valid key from anywhere, and no key only from the box
 itself or a trusted network. A tool that fails (refused, a model not found, a load that
@@ -25,10 +25,10 @@ from fitbox import __version__
 from fitbox.box.box import Box
 from fitbox.box.limits import describe, on_this_box
 from fitbox.errors import FitboxError, RouteNotFound
-from fitbox.server import models
-from fitbox.server.auth import admit
-from fitbox.server.errors import error_response
-from fitbox.server.operate import perform
+from fitbox.server.door.auth import admit
+from fitbox.server.door.errors import error_response
+from fitbox.server.inference import models
+from fitbox.server.manage.operate import perform
 from fitbox.store.db import Store
 
 try:
@@ -186,7 +186,7 @@ class McpDoor:
             server = build()
             # stateless: each POST is whole (its key is checked on it), no session to keep.
             # The SDK's Host check is off: fitbox serves any name its operator gives it, and
-            # refuses a keyless call under a host name itself (server/auth.py).
+            # refuses a keyless call under a host name itself (server/door/auth.py).
             server.streamable_http_app(
                 stateless_http=True,
                 json_response=True,

@@ -1,7 +1,7 @@
-"""GET /metrics: Prometheus text exposition (read scope or the box itself: server/auth.py).
+"""GET /metrics: Prometheus text exposition (read scope or the box itself: server/door/auth.py).
 
 Three sources, one page:
-- the tally (server/tally.py): calls, errors, tokens, times, loads, evictions, refusals and
+- the tally (server/views/tally.py): calls, errors, tokens, times, loads, evictions, refusals and
   estimate errors, counted from the store's rows;
 - the box as it is now: each device's capacity, free bytes, what fitbox holds and reserves
   there, each resident's state, the queue, the store's write failures and change counter;

@@ -2,9 +2,9 @@
 envelope. The call's life (its row, its lease, its speeds) is box/calls.py's.
 
 The request body is forwarded as the client sent it (no re-encoding). A stream is never
-buffered: each line the engine writes is yielded once it is whole (server/names.py). An
+buffered: each line the engine writes is yielded once it is whole (server/streams/names.py). An
 engine's own error body is put in the OpenAI error envelope, keeping what the engine said
-(server/engine_errors.py), so clients see one shape whoever failed.
+(server/inference/engine_errors.py), so clients see one shape whoever failed.
 """
 
 from __future__ import annotations
@@ -33,11 +33,13 @@ from fitbox.errors import (
     PermissionDenied,
     RouteNotServed,
 )
-from fitbox.server import openings, progress, reasoning_routes, reasoning_streams, timing
-from fitbox.server.engine_errors import engine_error_body, retry_headers
-from fitbox.server.errors import body_for, is_insider
-from fitbox.server.names import NameRewrite, rewrite_for
-from fitbox.server.vision import check_vision
+from fitbox.server.door import timing
+from fitbox.server.door.errors import body_for, is_insider
+from fitbox.server.door.vision import check_vision
+from fitbox.server.inference import progress
+from fitbox.server.inference.engine_errors import engine_error_body, retry_headers
+from fitbox.server.streams import openings, reasoning_routes, reasoning_streams
+from fitbox.server.streams.names import NameRewrite, rewrite_for
 
 log = logging.getLogger(__name__)
 __all__ = ["allowed_models", "check_model_allowed", "engine_error_body", "forward", "refused"]
@@ -202,7 +204,7 @@ def _waiting(
     field: reasoning_routes.Thinking | None,
     count: openings.Count,
 ) -> Response:
-    """A stream whose model must load first: its 200 now (server/progress.py)."""
+    """A stream whose model must load first: its 200 now (server/inference/progress.py)."""
     insider = is_insider(request)
 
     async def relay(response: EngineResponse) -> AsyncGenerator[bytes, None]:
@@ -338,7 +340,7 @@ async def _whole(
 async def _named(
     chunks: AsyncGenerator[bytes, None], names: NameRewrite | None
 ) -> AsyncGenerator[bytes, None]:
-    """``chunks`` with the asked name put back (server/names.py); closed with this."""
+    """``chunks`` with the asked name put back (server/streams/names.py); closed with this."""
     try:
         async for chunk in chunks:
             if names is None:

@@ -13,7 +13,7 @@ from fitbox.box.box import Box
 from fitbox.box.resident import Resident
 from fitbox.errors import FitboxError, ModelNotFound
 from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S, Artifact
-from fitbox.server.proxy import allowed_models
+from fitbox.server.inference.proxy import allowed_models
 
 
 def _entry(box: Box, artifact: Artifact, r: Resident | None) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def _entry(box: Box, artifact: Artifact, r: Resident | None) -> dict[str, Any]:
         "footprint_bytes": r.footprint.total if r else None,
         "size_bytes": shape.weights_bytes,
         "architecture": artifact.facts.architecture,
-        "vision": artifact.vision,  # reads image_url parts (server/vision.py)
+        "vision": artifact.vision,  # reads image_url parts (server/door/vision.py)
         "meta": {
             "n_ctx": r.window if r else None,
             "n_ctx_train": shape.n_ctx_train,

@@ -32,7 +32,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-STAMPS_STATE = "call_stamps"  # request.state name of the call's stamps (server/proxy.py)
+STAMPS_STATE = "call_stamps"  # request.state name of the call's stamps (server/inference/proxy.py)
 TRAILERS = "http.response.trailers"
 DONE = b"data: [DONE]"
 

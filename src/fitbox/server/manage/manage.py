@@ -1,5 +1,5 @@
 """Box routes beyond the OpenAI surface: the dry-run plan and API keys (management:
-the box itself or an admin key, enforced by server/auth.py)."""
+the box itself or an admin key, enforced by server/door/auth.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from fitbox.box.box import Box
 from fitbox.errors import InvalidRequest
 from fitbox.errors import RouteNotFound as NotFound
-from fitbox.server.bodies import json_body
+from fitbox.server.door.bodies import json_body
 from fitbox.store import keys as keydb
 from fitbox.store.db import Store
 

@@ -2,7 +2,7 @@
 streamed, each in its own API's shape:
 
 - ``/v1/chat/completions``: ``message.reasoning_content`` / ``delta.reasoning_content``
-  (server/reasoning.py, which this module hands chat to as it is).
+  (server/streams/reasoning.py, which this module hands chat to as it is).
 - ``/v1/completions``: the choice's ``reasoning_content`` (or ``reasoning``) beside its
   ``text``; OpenAI has no field for it there, so it is the chat field's name, on the choice.
 - ``/v1/responses``: a ``reasoning`` output item before the message (``content`` of
@@ -31,8 +31,8 @@ from typing import Any
 from starlette.requests import Request
 
 from fitbox.box.box import Box
-from fitbox.server import reasoning
-from fitbox.server.reasoning import NONE, ThinkSplitter
+from fitbox.server.streams import reasoning
+from fitbox.server.streams.reasoning import NONE, ThinkSplitter
 
 COMPLETIONS, RESPONSES, MESSAGES = "/v1/completions", "/v1/responses", "/v1/messages"
 ROUTES = frozenset({reasoning.CHAT, COMPLETIONS, RESPONSES, MESSAGES})

@@ -31,7 +31,7 @@ WITHHELD = " (the engine's log lines are shown to the box itself and to admin ke
 
 def body_for(error: FitboxError, insider: bool) -> dict[str, Any]:
     """The error's body as this caller may see it: an outsider (an inference key, a trusted
-    network) gets the reason without the engine's internals (server/auth.py: insider)."""
+    network) gets the reason without the engine's internals (server/door/auth.py: insider)."""
     body = error.body()
     found = [k for k in INTERNAL if k in body["error"]]
     if found and not insider:

@@ -2,7 +2,7 @@
 
 It is not under /v1: no key opens it. Only a peer that is the box itself (loopback, or the
 address fitbox listens on, with no untrusted forwarding) gets it, under a Host naming the
-box; anyone else gets a 403 OpenAI error body from the door (server/auth.py: BOX_ONLY)."""
+box; anyone else gets a 403 OpenAI error body from the door (server/door/auth.py: BOX_ONLY)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from typing import Any
 from starlette.requests import Request
 
 from fitbox.box.box import Box
-from fitbox.server.sse_events import EventCutter, relay
+from fitbox.server.streams.sse_events import EventCutter, relay
 
 OPEN, CLOSE = "<think>", "</think>"
 ENGINE_FIELD = "reasoning_content"  # where llama-server puts what it splits
