@@ -3,6 +3,11 @@ the same two models in one run, interleaved round by round (bench/rig.py).
 
     python bench/side_by_side.py [--latency 60] [--swaps 30] [--decode 6] [--prompt 6]
                                  [--clients 4] [--together 6] [--loads 10]
+                                 [--tree NAME=SRC]... [--latency-only]
+
+``--tree NAME=SRC`` adds a fitbox from another source tree (``fitbox@NAME``, run through
+``PYTHONPATH``; say a worktree of an earlier commit) to the added-latency rounds, so two
+commits are read against the same router in one run; ``--latency-only`` stops after them.
 
 Figures, each with its ratio against the baseline measured in the same run:
   added latency   1-token chat, p50, on a loaded model (baseline: direct llama-server)
@@ -122,6 +127,25 @@ def added_latency(systems: list[Served], model: str, rounds: int) -> dict[str, d
                 if status == 200:
                     seen[served.name][i] = took
     return seen
+
+
+def added_ratio(by_round: dict[str, dict[int, float]], name: str) -> str:
+    """``name``'s added latency (its p50 minus direct's) over the router's, from the same
+    rounds: below 1, it adds less to a call than llama.cpp's own router does."""
+    base = statistics.median(by_round["direct"].values())
+    mine = statistics.median(by_round[name].values()) - base
+    router_added = statistics.median(by_round["router"].values()) - base
+    return f"{mine * 1000:+.2f} ms / {router_added * 1000:+.2f} ms = {mine / router_added:.2f}×"
+
+
+def _tree(stack: contextlib.ExitStack, tmp: Path, models: Path, cap: int, tree: str) -> Served:
+    """A fitbox from another source tree (``NAME=SRC``), as ``fitbox@NAME``."""
+    name, src = tree.split("=", 1)
+    served = stack.enter_context(
+        fitbox(tmp / f"home-{name}", models, FITBOX_RAM_MAX=str(cap), PYTHONPATH=src)
+    )
+    served.name = f"fitbox@{name}"
+    return served
 
 
 def paired_difference(by_round: dict[str, dict[int, float]], a: str, b: str) -> str:
@@ -258,6 +282,8 @@ def main() -> int:
         "loaded beside other work (here: the router's swaps) once the box "
         "stayed quiet 2 s and its cores free 3 checks in a row",
     )
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=SRC")
+    parser.add_argument("--latency-only", action="store_true")
     args = parser.parse_args()
     ms: Callable[[float], str] = lambda s: f"{s * 1000:.1f} ms"  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -269,6 +295,7 @@ def main() -> int:
             stack.enter_context(fitbox(Path(tmp) / "home", models, FITBOX_RAM_MAX=str(cap))),
         ]
         by = {s.name: s for s in systems}
+        others = [_tree(stack, Path(tmp), models, cap, tree) for tree in args.tree]
         print(
             f"side by side: {names[0]} and {names[1]}, window 4096, fitbox RAM cap "
             f"{cap >> 20} MiB (one model at a time)"
@@ -276,7 +303,7 @@ def main() -> int:
         print("| figure | direct llama-server | llama.cpp router (--models-max 1) | fitbox |")
         print("|---|---|---|---|", flush=True)
 
-        by_round = added_latency(systems, names[0], args.latency)
+        by_round = added_latency(systems + others, names[0], args.latency)
         latency = {n: list(v.values()) for n, v in by_round.items()}
         base = statistics.median(latency["direct"])
         row(
@@ -293,6 +320,10 @@ def main() -> int:
             },
         )
         print(f"added latency: {paired_difference(by_round, 'fitbox', 'router')}", flush=True)
+        for name in ["fitbox", *(served.name for served in others)]:
+            print(f"added latency: {name} ÷ router: {added_ratio(by_round, name)}", flush=True)
+        if args.latency_only:
+            return 0
 
         swapped, retries = swaps([by["router"], by["fitbox"]], names, args.swaps)
         r50 = statistics.median(swapped["router"])
