@@ -18,7 +18,7 @@ import pytest
 from fitbox import config as settings
 from fitbox.box.box import Box
 from fitbox.box.resident import Resident
-from fitbox.box.supervision.pinning import allowed_cpus, thread_ids
+from fitbox.box.supervision.pinning import thread_ids
 from fitbox.box.warmth import ROOM_CHECKS
 from fitbox.engines.kinds import EngineKinds
 from fitbox.engines.llama_server import LlamaServer
@@ -27,6 +27,7 @@ from fitbox.probe.gpus import open_gpu_probe
 from fitbox.probe.host import physical_cores
 
 from .ggufs import write_tiny_llama
+from .support.cpus import allowed_cpus
 
 pytestmark = pytest.mark.skipif(len(physical_cores()) < 2, reason="needs two physical cores")
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from fitbox.box.supervision.pinning import allowed_cpus
 from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child, free_port, launch_argv
 from fitbox.engines.llama_server import (
@@ -26,6 +25,8 @@ from fitbox.engines.llama_server import (
     parse_system_info,
     visible_gpus,
 )
+
+from .support.cpus import allowed_cpus
 
 HELP = """----- common params -----
 

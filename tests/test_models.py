@@ -13,7 +13,7 @@ from gguf import GGUFReader
 
 from fitbox.errors import ModelNotFound
 from fitbox.models import catalog as catalog_module
-from fitbox.models.catalog import Artifact, Catalog, Unservable, discover, scan
+from fitbox.models.catalog import Artifact, Catalog, Unservable, scan
 from fitbox.models.facts_cache import FactsCache
 from fitbox.models.gguf_facts import read_facts
 from fitbox.models.gguf_header import NotGGUF, read_header
@@ -63,7 +63,7 @@ def test_discovery_goes_by_magic_not_name(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     write_tiny_llama(tmp_path / "sub" / "nested.gguf")
     write_tiny_llama(tmp_path / "half.gguf.part")
-    names = [a.name for a in discover([tmp_path])]
+    names = [a.name for a in scan([tmp_path])[0]]
     assert names == ["nested", "renamed.bin"]
 
 
@@ -87,7 +87,7 @@ def test_bad_files_get_a_reason_and_never_stop_discovery(tmp_path: Path) -> None
 def test_split_models_are_listed_once_by_their_first_shard(tmp_path: Path) -> None:
     write_tiny_llama(tmp_path / "big-00001-of-00002.gguf")
     write_tiny_llama(tmp_path / "big-00002-of-00002.gguf")
-    assert [a.name for a in discover([tmp_path])] == ["big"]
+    assert [a.name for a in scan([tmp_path])[0]] == ["big"]
 
 
 def test_catalog_resolves_aliases_and_sees_new_files(
@@ -115,7 +115,7 @@ def test_a_hundred_files_are_read_quickly(tmp_path: Path) -> None:
     for i in range(100):
         shutil.copy(source, root / f"m{i:03d}.gguf")
     started = time.perf_counter()
-    found = discover([root])
+    found = scan([root])[0]
     assert len(found) == 100
     # not a timing assertion: the figure goes to bench/, this only shows it was measured
     print(f"discovered 100 files in {time.perf_counter() - started:.3f} s")

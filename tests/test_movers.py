@@ -23,7 +23,7 @@ from fitbox.core.reap import Kept
 from fitbox.core.types import Footprint, ResidentState
 from fitbox.engines.kinds import EngineKinds
 from fitbox.models.catalog import Catalog
-from fitbox.models.copying import CopyRefused, copy_set_verified, copy_verified
+from fitbox.models.copying import CopyRefused, copy_set_verified
 from fitbox.probe.gpus import open_gpu_probe
 from fitbox.store.db import Store
 
@@ -192,12 +192,12 @@ def test_a_copy_whose_bytes_are_not_the_hashed_ones_is_dropped(tmp_path: Path) -
     src = write_tiny_llama(tmp_path / "src.gguf", seed=9)
     dest = tmp_path / "out" / "src.gguf"
     with pytest.raises(CopyRefused, match="not the 00"):
-        copy_verified(src, dest, "00" * 32)
+        copy_set_verified([(src, dest, "00" * 32)])
     assert not dest.exists() and not list(dest.parent.iterdir())
-    digest, chunks = copy_verified(src, dest)
+    ((digest, chunks),) = copy_set_verified([(src, dest, None)])
     assert dest.read_bytes() == src.read_bytes() and len(chunks) == 1 and len(digest) == 64
     with pytest.raises(CopyRefused, match="exists already"):
-        copy_verified(src, dest)
+        copy_set_verified([(src, dest, None)])
 
 
 def test_a_call_waits_on_its_upload_and_the_queue_shows_it(

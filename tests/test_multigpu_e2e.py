@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from fitbox.engines.load_log import parse_load_log
-from fitbox.models.catalog import discover
+from fitbox.models.catalog import scan
 
 from .conftest import running_fitbox
 from .core_builders import smollm2 as smollm2_candidate
@@ -53,7 +53,7 @@ def plan(
 
 def test_the_core_scenarios_use_the_real_files_numbers(smollm2: Path) -> None:
     """tests/core_builders.smollm2() is what models/ reads from the real GGUF's header."""
-    (artifact,) = discover([smollm2.parent])
+    (artifact,) = scan([smollm2.parent])[0]
     built = smollm2_candidate()
     assert artifact.facts.shape == built.shape and artifact.facts.layout == built.layout
 

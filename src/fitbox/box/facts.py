@@ -39,10 +39,6 @@ class Contract:
     type_v: str = "f16"
 
 
-def measured_key(identity: Identity, device: str, contract: Contract) -> MeasuredKey:
-    return (*identity, device, contract.window, contract.parallel, contract.type_k, contract.type_v)
-
-
 def measurement(
     held: Held,
     identity: Identity,

@@ -86,9 +86,6 @@ class Snapshots:
         keep = reserved_core(self.claimable_cores())
         return cores or (() if keep is None else (keep,))
 
-    def cpus_kept(self, cores: tuple[int, ...]) -> frozenset[int]:
-        return self.cpus_of(self.cores_kept(cores))
-
     def claimable_cores(self) -> tuple[int, ...]:
         """Physical cores claims are made from: the cores tier (--cpu-max) counts those
         engines may claim; the lowest stays for fitbox and the OS (core/claims.py)."""

@@ -142,10 +142,6 @@ class Unservable:
     reason: str
 
 
-def discover(roots: Iterable[Path]) -> list[Artifact]:
-    return scan(roots)[0]
-
-
 def scan(
     roots: Iterable[Path], cache: FactsCache | None = None
 ) -> tuple[list[Artifact], list[Unservable]]:

@@ -24,17 +24,6 @@ def part_of(dest: Path) -> Path:
     return dest.with_name(dest.name + ".part")
 
 
-def copy_verified(
-    src: Path,
-    dest: Path,
-    expected_sha256: str | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> tuple[str, tuple[str, ...]]:
-    """Copy ``src`` to ``dest``; (its sha256, its 4 MiB chunk sha256s). ``dest`` must not
-    exist. Raises :class:`CopyRefused` (nothing left behind) or OSError."""
-    return copy_set_verified([(src, dest, expected_sha256)], progress)[0]
-
-
 def copy_set_verified(
     files: Sequence[tuple[Path, Path, str | None]],
     progress: Callable[[int], None] | None = None,

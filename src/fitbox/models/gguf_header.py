@@ -117,10 +117,6 @@ class _Cursor:
         self.pos += length
         return raw.decode("utf-8", errors="replace")
 
-    def skip_string(self) -> None:
-        length = self.unpack("<Q")  # read first: unpack itself moves pos
-        self.pos += length
-
     def value(self, type_id: int) -> Any:
         if type_id in _SCALARS:
             return self.unpack(_SCALARS[type_id])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
 
 PASSES = 4  # a thread made while a pass runs is caught by the next; an engine makes few
 
@@ -38,18 +37,3 @@ def pin_threads(pid: int, cpus: frozenset[int]) -> int:
                 os.sched_setaffinity(tid, cpus)
             moved.add(tid)
     return len(moved)
-
-
-def allowed_cpus(pid: int, tid: int) -> frozenset[int]:
-    """The CPUs the kernel lets one thread run on, as /proc says (Cpus_allowed_list)."""
-    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-    listed = next(
-        ln.split(":", 1)[1].strip()
-        for ln in status.splitlines()
-        if ln.startswith("Cpus_allowed_list:")
-    )
-    cpus: set[int] = set()
-    for part in listed.split(","):
-        low, _, high = part.partition("-")
-        cpus.update(range(int(low), int(high or low) + 1))
-    return frozenset(cpus)

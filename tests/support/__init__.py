@@ -1,0 +1,1 @@
+"""What tests share: builders, clients and readers no module under src/ needs."""
