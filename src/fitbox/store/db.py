@@ -1,4 +1,7 @@
 """The store: one SQLite file, one writer thread that owns the connection (store/writer.py).
+This module opens the file (setting a damaged one aside) and keeps the call log; the box's
+history rows are in history.py, its measured facts in fact_rows.py, the queue they all
+write through in queue.py.
 
 Callers never wait for a write: they enqueue it and go on; reads are awaited. A failed
 write (disk full, a damaged file) is counted and logged; it never fails the call that
@@ -8,24 +11,20 @@ caused it, and a write a full drive refused is kept and written when room return
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fitbox.store import facts
+from fitbox.store.fact_rows import FactRows
 from fitbox.store.facts import (
     MeasuredFootprint,
     MeasuredSpeed,
-    RefusedWindowKey,
     read_measured,
 )
 from fitbox.store.failures import (
@@ -35,9 +34,11 @@ from fitbox.store.failures import (
     is_resource_failure,
     primary_code,
 )
+from fitbox.store.history import History
 from fitbox.store.migrations import load_migrations, migrate
+from fitbox.store.queue import CURSOR_TABLES, READING_TABLES
 from fitbox.store.sqlite_file import connect
-from fitbox.store.writer import Job, Writer
+from fitbox.store.writer import Writer
 from fitbox.units import format_bytes
 
 # the fact types and read_measured are re-exported: callers import them from here
@@ -96,22 +97,9 @@ class CallStart:
     received_at: float
 
 
-CURSOR_TABLES = (
-    "call_log",
-    "operator_actions",
-    "measured_footprints",
-    "children",
-    "measured_speeds",
-    "evictions",
-    "pulls",
-    "refused_windows",
-    "gpu_processes",
-    "scout_findings",
-)
-READING_TABLES = ("resource_log",)  # replayed by id: readings carry no event seq
+class Store(History, FactRows):
+    """The box's store: every write queued to one writer, every read run in order with them."""
 
-
-class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.set_aside: Path | None = None  # where a damaged store file was moved, if one was
@@ -180,15 +168,6 @@ class Store:
         )
         return connect(path)
 
-    @property
-    def write_failures(self) -> int:
-        return self._writer.state.failures
-
-    @property
-    def counter(self) -> int:
-        """The change counter: the newest committed event's id."""
-        return self._writer.counter
-
     def health(self) -> dict[str, Any]:
         state = self._writer.state
         return {
@@ -225,27 +204,6 @@ class Store:
                 "Check the drive holding it"
             )
         return found
-
-    # -- the writer thread -------------------------------------------------------
-
-    def _event(self, conn: sqlite3.Connection, kind: str, table: str, row_id: int) -> None:
-        """Record an event for a row of a cursor table and stamp the row with it."""
-        assert table in CURSOR_TABLES
-        seq = conn.execute(
-            "INSERT INTO events (at, kind, tbl, row_id) VALUES (?, ?, ?, ?)",
-            (time.time(), kind, table, row_id),
-        ).lastrowid
-        conn.execute(f"UPDATE {table} SET seq = ? WHERE id = ?", (seq, row_id))  # noqa: S608
-        self._writer.batch_counter = max(self._writer.batch_counter, int(seq or 0))
-
-    def on_change(self, listener: Callable[[int], None]) -> None:
-        """Call ``listener(counter)`` (from the writer thread) after each commit that moved it."""
-        self._writer.listeners.append(listener)
-
-    def _submit(
-        self, job: Job, wait: bool = False, keep: bool = True, lazy: bool = False
-    ) -> Future[Any] | None:
-        return self._writer.submit(job, wait, keep, lazy)
 
     # -- the call log ------------------------------------------------------------
 
@@ -289,276 +247,6 @@ class Store:
 
         self._submit(update)
 
-    def child_started(
-        self, pid: int, create_time: float, port: int, artifact: str, argv: list[str]
-    ) -> None:
-        now = time.time()
-        self._submit(
-            lambda conn: self._insert(
-                conn,
-                "child",
-                "children",
-                "INSERT INTO children (pid, create_time, port, artifact, argv, started_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (pid, create_time, port, artifact, json.dumps(argv), now),
-            )
-        )
-
-    def child_ended(self, pid: int, create_time: float, how: str) -> None:
-        now = time.time()
-
-        def end(conn: sqlite3.Connection) -> None:
-            for (row_id,) in conn.execute(
-                "SELECT id FROM children WHERE pid = ? AND create_time = ? AND ended_at IS NULL",
-                (pid, create_time),
-            ).fetchall():
-                self._ended(conn, row_id, how, now)
-
-        self._submit(end)
-
-    def child_row_ended(self, row_id: int, how: str) -> None:
-        now = time.time()
-        self._submit(lambda conn: self._ended(conn, row_id, how, now))
-
-    def _ended(self, conn: sqlite3.Connection, row_id: int, how: str, now: float) -> None:
-        conn.execute(
-            "UPDATE children SET ended_at = ?, ended_how = ? WHERE id = ?", (now, how, row_id)
-        )
-        self._event(conn, "child", "children", row_id)
-
-    def _insert(
-        self, conn: sqlite3.Connection, kind: str, table: str, sql: str, params: tuple[Any, ...]
-    ) -> int:
-        row_id = int(conn.execute(sql, params).lastrowid or 0)
-        self._event(conn, kind, table, row_id)
-        return row_id
-
-    def open_children(self) -> list[tuple[int, int, float, str]]:
-        """(row id, pid, create_time, argv0) of children never recorded as ended."""
-
-        def select(conn: sqlite3.Connection) -> list[tuple[int, int, float, str]]:
-            rows = conn.execute(
-                "SELECT id, pid, create_time, argv FROM children WHERE ended_at IS NULL"
-            )
-            return [(r[0], r[1], r[2], (json.loads(r[3]) or [""])[0]) for r in rows]
-
-        result: list[tuple[int, int, float, str]] = self.run(select)
-        return result
-
-    def operator_action(
-        self,
-        action: str,
-        target: str | None,
-        origin: str | None,
-        key_id: str | None,
-        outcome: str,
-        detail: str | None = None,
-    ) -> None:
-        now = time.time()
-        self._submit(
-            lambda conn: self._insert(
-                conn,
-                "operator",
-                "operator_actions",
-                "INSERT INTO operator_actions (at, action, target, origin, key_id, outcome, detail)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (now, action, target, origin, key_id, outcome, detail),
-            )
-        )
-
-    def footprint_measured(self, measured: MeasuredFootprint) -> None:
-        self._submit(
-            lambda conn: self._event(
-                conn, "fact", "measured_footprints", facts.insert_footprint(conn, measured)
-            )
-        )
-
-    def footprint_imported(self, measured: MeasuredFootprint) -> None:
-        """A footprint another box measured, with its origin; an offer taken before: no row."""
-        self._imported("measured_footprints", lambda conn: facts.import_footprint(conn, measured))
-
-    def window_imported(self, window: facts.ImportedWindow) -> None:
-        """A window another box's load was refused at; an offer taken before: no row."""
-        self._imported("refused_windows", lambda conn: facts.import_refused_window(conn, window))
-
-    def speed_imported(self, speed: MeasuredSpeed) -> None:
-        """A speed another box measured, with its origin; an offer taken before: no row."""
-        self._imported("measured_speeds", lambda conn: facts.import_speed(conn, speed))
-
-    def _imported(self, table: str, insert: Callable[[sqlite3.Connection], int | None]) -> None:
-        def job(conn: sqlite3.Connection) -> None:
-            if (row_id := insert(conn)) is not None:
-                self._event(conn, "fact", table, row_id)
-
-        self._submit(job)
-
-    def readings(self, rows: list[tuple[Any, ...]]) -> None:
-        """Sensor readings (at, device, simulated, total, free, fitbox, busy %, swap free):
-        stored without an event, so the change counter does not move; lazily (writer.py
-        ``LAZY_S``): a read still sees every reading queued before it."""
-        sql = (
-            "INSERT INTO resource_log (at, device, simulated, total_bytes, free_bytes, "
-            "fitbox_bytes, busy_percent, swap_free_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-        )
-        self._submit(lambda conn: conn.executemany(sql, rows), keep=False, lazy=True)
-
-    def gpu_process(
-        self, device: str, pid: int, change: str, used: int | None, ours: bool, simulated: bool
-    ) -> None:
-        now = time.time()
-        self._submit(
-            lambda conn: self._insert(
-                conn,
-                "gpu-process",
-                "gpu_processes",
-                "INSERT INTO gpu_processes (at, device, pid, change, used_bytes, ours, simulated) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (now, device, pid, change, used, int(ours), int(simulated)),
-            )
-        )
-
-    def forget_readings(self, older_than: float) -> None:
-        self._submit(
-            lambda conn: conn.execute("DELETE FROM resource_log WHERE at < ?", (older_than,)),
-            keep=False,
-        )
-
-    def evicted(
-        self,
-        model: str,
-        artifact: str,
-        devices: dict[str, int],
-        reason: str,
-        for_model: str | None = None,
-        call_id: int | None = None,
-        idle_seconds: float | None = None,
-    ) -> None:
-        now = time.time()
-        self._submit(
-            lambda conn: self._insert(
-                conn,
-                "eviction",
-                "evictions",
-                "INSERT INTO evictions (at, model, artifact, devices, reason, for_model, call_id, "
-                "idle_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    now,
-                    model,
-                    artifact,
-                    json.dumps(devices),
-                    reason,
-                    for_model,
-                    call_id,
-                    idle_seconds,
-                ),
-            )
-        )
-
-    def pulled(
-        self,
-        source: str,
-        path: str | None,
-        size: int | None,
-        verified: bool,
-        outcome: str,
-        detail: str | None = None,
-        seconds: float | None = None,
-    ) -> None:
-        now = time.time()
-        self._submit(
-            lambda conn: self._insert(
-                conn,
-                "pull",
-                "pulls",
-                "INSERT INTO pulls (at, source, path, bytes, verified, outcome, detail, seconds) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (now, source, path, size, int(verified), outcome, detail, seconds),
-            )
-        )
-
-    def scouted(self, rows: list[tuple[Any, ...]]) -> None:
-        """Scout's findings (path, name, bytes, source, evidence, led_by, servable, detail),
-        an event each, so a central's mirror replays them (migrations/0016)."""
-        now, sql = (
-            time.time(),
-            (
-                "INSERT INTO scout_findings (at, path, name, bytes, source, evidence, led_by, "
-                "servable, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            ),
-        )
-        self._submit(
-            lambda conn: [
-                self._insert(conn, "scout", "scout_findings", sql, (now, *r)) for r in rows
-            ]
-        )
-
-    def window_refused(
-        self,
-        artifact: Path,
-        placement: str,
-        window: int,
-        type_k: str,
-        type_v: str,
-        detail: str | None,
-        call_id: int | None,
-    ) -> None:
-        try:
-            stat = artifact.stat()
-        except OSError:
-            return
-        key = (str(artifact), stat.st_size, stat.st_mtime_ns, placement, window)
-        now = time.time()
-        self._submit(
-            lambda conn: self._event(
-                conn,
-                "fact",
-                "refused_windows",
-                facts.insert_refused_window(conn, key, type_k, type_v, detail, call_id, now),
-            )
-        )
-
-    def refused_windows(self) -> list[tuple[RefusedWindowKey, str | None]]:
-        """(artifact, size, mtime_ns, placement, window) of every refused window, with the
-        box that measured it (None: this one)."""
-        try:
-            result: list[tuple[RefusedWindowKey, str | None]] = self.run(facts.refused_windows)
-        except sqlite3.Error:
-            return []
-        return result
-
-    def speed_measured(self, speed: MeasuredSpeed) -> None:
-        self._submit(
-            lambda conn: self._event(
-                conn, "fact", "measured_speeds", facts.insert_speed(conn, speed)
-            )
-        )
-
-    def recent_speeds(self) -> list[MeasuredSpeed]:
-        """The last 20 speeds of every (file, rung), oldest first (read once, at start)."""
-        try:
-            result: list[MeasuredSpeed] = self.run(facts.recent_speeds)
-        except sqlite3.Error:
-            return []
-        return result
-
-    def recent_curve(self) -> list[facts.CurvePoint]:
-        """The thread curve's last points per (file, rung), oldest first (read at start)."""
-        try:
-            result: list[facts.CurvePoint] = self.run(facts.recent_curve)
-        except sqlite3.Error:
-            return []
-        return result
-
-    def measured_footprints(self) -> list[MeasuredFootprint]:
-        """The newest measurement of every placement key (read once, at start)."""
-        future = self._submit(facts.latest_footprints, wait=True)
-        assert future is not None
-        try:
-            result: list[MeasuredFootprint] = future.result(timeout=30)
-        except sqlite3.Error:
-            return []
-        return result
-
     async def recent_calls(self, limit: int = 100) -> list[dict[str, Any]]:
         def select(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             rows = conn.execute("SELECT * FROM call_log ORDER BY id DESC LIMIT ?", (limit,))
@@ -595,41 +283,6 @@ class Store:
             log.warning("the box id cannot be read or made (%s); /health reports none", exc)
             return None
         return found
-
-    def run(self, job: Job, timeout: float = 30.0) -> Any:
-        """Run ``job`` on the writer's connection, in order with queued writes; its result."""
-        future = self._submit(job, wait=True)
-        assert future is not None
-        return future.result(timeout=timeout)
-
-    def barrier(self) -> Future[Any]:
-        """A future set once everything queued before it is committed (or has failed)."""
-        future = self._submit(lambda conn: None, wait=True)
-        assert future is not None
-        return future
-
-    def hurry(self) -> None:
-        """Commit what is queued without lingering: a caller waits on a ``barrier()``."""
-        self._writer.hurry()
-
-    async def committed(self, barrier: Future[Any], limit: float) -> None:
-        """Await a ``barrier()`` for at most ``limit`` seconds, the writer hurried; a store
-        that fails or cannot commit in time is not waited for (its failures are counted).
-        Shielded: a cancelled wait (a client gone) must not cancel the writer's future,
-        whose settling would then raise in the writer's thread."""
-        if barrier.done():
-            return
-        self.hurry()
-        with contextlib.suppress(Exception):  # sqlite3.Error, TimeoutError
-            async with asyncio.timeout(limit):
-                await asyncio.shield(asyncio.wrap_future(barrier))
-
-    def flush(self, timeout: float = 10.0) -> None:
-        """Wait until everything queued so far is written (or has failed)."""
-        future = self._submit(lambda conn: None, wait=True)
-        assert future is not None
-        with contextlib.suppress(sqlite3.Error):  # a barrier: failures are counted, not raised
-            future.result(timeout=timeout)
 
     def close(self) -> None:
         """Close rows still pending as interrupted, drain the queue, stop the writer."""

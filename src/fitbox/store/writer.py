@@ -90,7 +90,7 @@ class Writer:
     def __init__(self, conn: sqlite3.Connection, path: Path, counter: int) -> None:
         self.conn, self.path = conn, path
         self.counter = counter  # the change counter: the newest committed event id
-        self.batch_counter = counter  # moved by Store._event inside a batch
+        self.batch_counter = counter  # moved by Queued._event (store/queue.py) inside a batch
         self.state = WriteState()
         self.listeners: list[Callable[[int], None]] = []
         self._queue: collections.deque[Queued] = collections.deque()  # appends are atomic
