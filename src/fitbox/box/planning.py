@@ -3,7 +3,7 @@ error a client sees for a refusal."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fitbox.core.ask import Ask
@@ -54,6 +54,17 @@ def report(
     def name(key: str) -> str:
         return names.get(key, key)
 
+    common = _common(decision, snapshot, name)
+    if isinstance(decision, Place):
+        return common | _placed(decision, name, basis)
+    if isinstance(decision, Wait):
+        return common | _waiting(decision, snapshot, name)
+    assert isinstance(decision, Refuse)
+    return common | _refused(decision, snapshot, name)
+
+
+def _common(decision: Decision, snapshot: Snapshot, name: Callable[[str], str]) -> dict[str, Any]:
+    """What every report shows: the placements rejected on the way, and the box's devices."""
     rejected = [
         {
             "artifact": name(r.artifact),
@@ -74,63 +85,68 @@ def report(
         }
         for d in snapshot.devices
     ]
-    common: dict[str, Any] = {"rejected": rejected, "box": box}
-    if isinstance(decision, Place):
-        return {
-            **common,
-            "decision": "place",
-            "artifact_key": decision.artifact,
-            "rung": decision.rung.value,
-            "window": decision.window,
-            "type_k": decision.type_k,
-            "type_v": decision.type_v,
-            "device": decision.device,
-            "basis": basis.get(decision.artifact, "estimate"),
-            "devices": [footprint_row(d, f) for d, f in decision.footprint],
-            "gpu_layers": decision.gpu_layers,
-            "tensor_split": list(decision.tensor_split),
-            "experts_in_ram": decision.experts_in_ram,
-            "load_in_4bit": decision.load_in_4bit,
-            "cores": list(decision.cores),
-            "repack": decision.repack.value,
-            "no_repack": decision.no_repack,
-            "band": None
-            if decision.band is None
-            else {
-                "kind": decision.band.kind.value,
-                "min": decision.band.feasible_min,
-                "max": decision.band.feasible_max,
-            },
-            "victims": [name(v.key) for v in decision.victims],
-            "predicted_seconds": decision.predicted_seconds,
-            "device_counts": [  # multi-GPU: the window each GPU count would have given
-                {
-                    "count": c.count,
-                    "devices": list(c.gpus),
-                    "window": c.window,
-                    "victims": [name(k) for k in c.victims],
-                    "reason": c.reason.value,
-                }
-                for c in decision.device_counts
-            ],
-        }
-    if isinstance(decision, Wait):
-        return {
-            **common,
-            "decision": "wait",
-            "reason": decision.reason.value,
-            "blockers": [name(k) for k in decision.blockers],
-            "needed_bytes": decision.needed,
-            "available_bytes": decision.available,
-            "bound_seconds": decision.bound,
-            "device": snapshot.devices[0].id,
-            "devices": [],
-            "basis": "estimate",
-        }
-    assert isinstance(decision, Refuse)
+    return {"rejected": rejected, "box": box}
+
+
+def _placed(
+    decision: Place, name: Callable[[str], str], basis: Mapping[str, str]
+) -> dict[str, Any]:
+    return {
+        "decision": "place",
+        "artifact_key": decision.artifact,
+        "rung": decision.rung.value,
+        "window": decision.window,
+        "type_k": decision.type_k,
+        "type_v": decision.type_v,
+        "device": decision.device,
+        "basis": basis.get(decision.artifact, "estimate"),
+        "devices": [footprint_row(d, f) for d, f in decision.footprint],
+        "gpu_layers": decision.gpu_layers,
+        "tensor_split": list(decision.tensor_split),
+        "experts_in_ram": decision.experts_in_ram,
+        "load_in_4bit": decision.load_in_4bit,
+        "cores": list(decision.cores),
+        "repack": decision.repack.value,
+        "no_repack": decision.no_repack,
+        "band": None
+        if decision.band is None
+        else {
+            "kind": decision.band.kind.value,
+            "min": decision.band.feasible_min,
+            "max": decision.band.feasible_max,
+        },
+        "victims": [name(v.key) for v in decision.victims],
+        "predicted_seconds": decision.predicted_seconds,
+        "device_counts": [  # multi-GPU: the window each GPU count would have given
+            {
+                "count": c.count,
+                "devices": list(c.gpus),
+                "window": c.window,
+                "victims": [name(k) for k in c.victims],
+                "reason": c.reason.value,
+            }
+            for c in decision.device_counts
+        ],
+    }
+
+
+def _waiting(decision: Wait, snapshot: Snapshot, name: Callable[[str], str]) -> dict[str, Any]:
+    return {
+        "decision": "wait",
+        "reason": decision.reason.value,
+        "blockers": [name(k) for k in decision.blockers],
+        "needed_bytes": decision.needed,
+        "available_bytes": decision.available,
+        "bound_seconds": decision.bound,
+        "device": snapshot.devices[0].id,
+        "devices": [],
+        "basis": "estimate",
+    }
+
+
+def _refused(decision: Refuse, snapshot: Snapshot, name: Callable[[str], str]) -> dict[str, Any]:
     rows = [footprint_row(decision.device, decision.footprint)] if decision.footprint else []
     return {
-        **common,
         "decision": "refuse",
         "reason": decision.reason.value,
         "needed_bytes": decision.needed,

@@ -49,28 +49,9 @@ def short(search: Search, sizer: Sizer, placement: Placement) -> Rejected:
     window = windows[0] if isinstance(windows, list) else 1
     wanted = need(sizer, placement, window)
     kv = f"{sizer.type_k}/{sizer.type_v}"
-    for device, footprint in wanted.items():
-        if footprint.total > room.empty.get(device, -1):
-            empty = room.empty.get(device, 0)
-            search.refusals.append(
-                Refusal(
-                    RejectReason.LARGER_THAN_BOX,
-                    device,
-                    footprint.total,
-                    empty,
-                    (),
-                    footprint,
-                    window,
-                )
-            )
-            return Rejected(
-                candidate.key,
-                Rung.GPU_ONLY,
-                kv,
-                RejectReason.LARGER_THAN_BOX,
-                f"needs {footprint.total} B on {device} at {window} tokens; an "
-                f"empty {device} holds {room.empty.get(device, 0)} B",
-            )
+    larger = _larger_than_box(search, sizer, wanted, window)
+    if larger is not None:
+        return larger
     lacking = [d for d, f in wanted.items() if f.total > room.most[d]]
     if not lacking:  # partial offload: each side fits alone, no layer count fits both
         return Rejected(
@@ -110,6 +91,37 @@ def short(search: Search, sizer: Sizer, placement: Placement) -> Rejected:
     )
     detail = f"needs {wanted[device].total} B on {device}; pinned models hold the room"
     return Rejected(candidate.key, Rung.GPU_ONLY, kv, RejectReason.HELD_BY_PINNED, detail)
+
+
+def _larger_than_box(
+    search: Search, sizer: Sizer, wanted: dict[str, Footprint], window: int
+) -> Rejected | None:
+    """The refusal for a placement that needs more on a device than it holds empty, if one
+    does: no eviction could ever make room for it."""
+    room = search.room
+    for device, footprint in wanted.items():
+        if footprint.total > room.empty.get(device, -1):
+            empty = room.empty.get(device, 0)
+            search.refusals.append(
+                Refusal(
+                    RejectReason.LARGER_THAN_BOX,
+                    device,
+                    footprint.total,
+                    empty,
+                    (),
+                    footprint,
+                    window,
+                )
+            )
+            return Rejected(
+                sizer.candidate.key,
+                Rung.GPU_ONLY,
+                f"{sizer.type_k}/{sizer.type_v}",
+                RejectReason.LARGER_THAN_BOX,
+                f"needs {footprint.total} B on {device} at {window} tokens; an "
+                f"empty {device} holds {room.empty.get(device, 0)} B",
+            )
+    return None
 
 
 def partial(search: Search, sizer: Sizer, rung: Rung) -> Fit | Rejected | None:

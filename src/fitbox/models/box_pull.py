@@ -153,26 +153,7 @@ class BoxPull:
     def run(self) -> list[FileOutcome]:
         """Pull every file of the model; raises :class:`PullError` on the first that fails
         (its outcome, with the error, is in ``outcomes``)."""
-        manifest = self.manifest()
-        files = manifest.get("files") or []
-        if not files:
-            raise PullError(
-                f"{self.source} offers no file of {self.source.model} (a model "
-                "whose GGUF links out of its directory is never offered)"
-            )
-        for f in files:
-            try:
-                refuse_name(str(f["path"]))
-            except PathRefused as exc:
-                raise PullError(f"{self.source} offered an unsafe path: {exc.reason}") from None
-        missing = missing_shards([str(f["path"]) for f in files])
-        if missing:
-            raise PullError(
-                f"{self.source} offers {self.source.model} without "
-                f"{', '.join(missing)}: a split GGUF is pulled whole or not at all "
-                "(the source could not offer those: missing, or linked out of the "
-                "model's directory)"
-            )
+        files = self._offered_files()
         landed = self._landed_before(files)
         self._refuse_if_here([f for f in files if f["path"] not in landed])
         self.dest_dir.mkdir(parents=True, exist_ok=True)
@@ -213,6 +194,31 @@ class BoxPull:
         for parent in dict.fromkeys(o.path.parent for o in self.outcomes):
             sync_dir(parent)
         return self.outcomes
+
+    def _offered_files(self) -> list[dict[str, Any]]:
+        """The manifest's files, refused unless every path is safe and a split GGUF comes
+        whole."""
+        manifest = self.manifest()
+        files = manifest.get("files") or []
+        if not files:
+            raise PullError(
+                f"{self.source} offers no file of {self.source.model} (a model "
+                "whose GGUF links out of its directory is never offered)"
+            )
+        for f in files:
+            try:
+                refuse_name(str(f["path"]))
+            except PathRefused as exc:
+                raise PullError(f"{self.source} offered an unsafe path: {exc.reason}") from None
+        missing = missing_shards([str(f["path"]) for f in files])
+        if missing:
+            raise PullError(
+                f"{self.source} offers {self.source.model} without "
+                f"{', '.join(missing)}: a split GGUF is pulled whole or not at all "
+                "(the source could not offer those: missing, or linked out of the "
+                "model's directory)"
+            )
+        return files
 
     def _landed_before(self, files: list[dict[str, Any]]) -> dict[str, FileHash]:
         """The files after the first already in place with the source's sha256, hashed
@@ -317,17 +323,10 @@ class BoxPull:
                 )
             while done < len(chunks):
                 want = min(chunk_bytes, outcome.size - done * chunk_bytes)
-                check, got = hashlib.sha256(), 0
-                while got < want:
-                    view = land.buffer()[: min(Landing.PIECE, want - got)]
-                    filled = _read_into(response, view)
-                    outcome.fetched_bytes += filled
-                    got += filled
-                    check.update(view[:filled])
-                    land.write(view[:filled])
-                    if filled < len(view):
-                        return done, True  # the body ended short; the broken chunk goes
-                if check.hexdigest() != chunks[done]:
+                digest = _read_chunk(response, outcome, land, want)
+                if digest is None:
+                    return done, True  # the body ended short; the broken chunk goes
+                if digest != chunks[done]:
                     failures[done] += 1
                     outcome.refetched_chunks += 1
                     land.rewind()  # before the event: the bad bytes are gone when it is told
@@ -348,6 +347,24 @@ class BoxPull:
         finally:
             conn.close()
             land.rewind()  # whatever came after the last verified chunk goes
+
+
+def _read_chunk(
+    response: http.client.HTTPResponse, outcome: FileOutcome, land: Landing, want: int
+) -> str | None:
+    """One chunk's ``want`` bytes from the body into ``land``, a piece at a time, hashed as
+    they pass; its sha256, or None where the body ended short."""
+    check, got = hashlib.sha256(), 0
+    while got < want:
+        view = land.buffer()[: min(Landing.PIECE, want - got)]
+        filled = _read_into(response, view)
+        outcome.fetched_bytes += filled
+        got += filled
+        check.update(view[:filled])
+        land.write(view[:filled])
+        if filled < len(view):
+            return None
+    return check.hexdigest()
 
 
 def _read_into(response: http.client.HTTPResponse, view: memoryview) -> int:

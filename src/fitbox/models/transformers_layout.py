@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fitbox.core.split import Layout
-from fitbox.models.transformers_facts import (
-    BadModelDir,
+from fitbox.models.safetensors_header import (
     BadSafetensors,
     SafetensorsTensor,
     read_safetensors_header,
 )
+from fitbox.models.transformers_facts import BadModelDir
 
 LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
 EXPERT = re.compile(r"\.experts\.")

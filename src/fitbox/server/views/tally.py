@@ -55,6 +55,21 @@ def _span(row: sqlite3.Row, start: str, end: str) -> float | None:
     return max(float(last) - float(first), 0.0)
 
 
+def _call_times(registry: CollectorRegistry) -> dict[str, Histogram]:
+    """The call's four durations (module docstring), a histogram each, by model."""
+    return {
+        name: Histogram(
+            f"fitbox_call_{name}_seconds", text, ["model"], buckets=SECONDS, registry=registry
+        )
+        for name, text in (
+            ("queue", "From a call's arrival to its admission onto a ready resident."),
+            ("load", "The load a call waited on (calls that waited on one only)."),
+            ("ttft", "From a call's arrival to its first byte from the engine."),
+            ("total", "From a call's arrival to its last byte."),
+        )
+    }
+
+
 class Tally:
     def __init__(self, store: Store, registry: CollectorRegistry) -> None:
         self.store = store
@@ -87,17 +102,7 @@ class Tally:
             by_model,
             registry=registry,
         )
-        self.times = {
-            name: Histogram(
-                f"fitbox_call_{name}_seconds", text, by_model, buckets=SECONDS, registry=registry
-            )
-            for name, text in (
-                ("queue", "From a call's arrival to its admission onto a ready resident."),
-                ("load", "The load a call waited on (calls that waited on one only)."),
-                ("ttft", "From a call's arrival to its first byte from the engine."),
-                ("total", "From a call's arrival to its last byte."),
-            )
-        }
+        self.times = _call_times(registry)
         self.loads = Counter(
             "fitbox_loads", "Engine children started, by model.", by_model, registry=registry
         )
