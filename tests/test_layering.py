@@ -35,6 +35,8 @@ LEAVES = frozenset(
         "fitbox.networks",
         "fitbox.units",
         "fitbox.setting_values",
+        "fitbox.setting_api",
+        "fitbox.setting_table",
         "fitbox.listening",
         "fitbox.quiet_server",
     }

@@ -9,8 +9,21 @@ import sys
 from collections.abc import Sequence
 
 import fitbox
-from fitbox import config as settings
-from fitbox.cli import central, engines, install, keys, models, plan, pull, scout, serve
+from fitbox import config
+from fitbox.cli import (
+    central,
+    engines,
+    install,
+    keys,
+    models,
+    plan,
+    pull,
+    scout,
+    serve,
+)
+from fitbox.cli import (
+    settings as settings_command,
+)
 from fitbox.cli.command import Command, overrides
 
 COMMANDS: tuple[Command, ...] = (
@@ -25,6 +38,12 @@ COMMANDS: tuple[Command, ...] = (
     Command("pull", pull.HELP, pull.add_arguments, pull.run),
     Command("scout", scout.HELP, scout.add_arguments, scout.run),
     Command("central", central.HELP, central.add_arguments, central.run),
+    Command(
+        "settings",
+        settings_command.HELP,
+        settings_command.add_arguments,
+        lambda config, args: settings_command.run(config, args, parser()),
+    ),
 )
 
 
@@ -40,9 +59,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        config = settings.load(overrides(args))
-    except settings.ConfigError as exc:
+        settings = config.load(overrides(args))
+    except config.ConfigError as exc:
         print(f"fitbox: {exc}", file=sys.stderr)
         return 2
     by_name = {command.name: command for command in COMMANDS}
-    return by_name[args.command].run(config, args)
+    return by_name[args.command].run(settings, args)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import fitbox
-from fitbox.cli.command import add_log_level
+from fitbox.cli.command import add_log_level, add_setting_flags
 from fitbox.config import Config
 from fitbox.home import CentralHome, default_home, make_private
 from fitbox.listening import endpoint_of, listen_socket, publish_endpoint, published_url
@@ -38,8 +38,7 @@ def central_home(args: argparse.Namespace, env: dict[str, str] | None = None) ->
 def add_arguments(central: argparse.ArgumentParser) -> None:
     verbs = central.add_subparsers(dest="central_command", required=True)
     serve = verbs.add_parser("serve", help="run the central")
-    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", help="port, or 'auto' for a free one (default 8484)")
+    add_setting_flags(serve, "host", "port")
     serve.add_argument("--home", metavar="DIR", help="its data dir (FITBOX_HOME)")
     add_log_level(serve)
     keys = verbs.add_parser("keys", help="the central's keys")

@@ -1,5 +1,6 @@
 """What every command module hands the registry (``fitbox.cli.COMMANDS``): its name, its
-help line, the flags it takes and what it runs; and the flags several commands share."""
+help line, the flags it takes and what it runs; and the flags of settings, which come from
+the settings table (fitbox.setting_table: a setting's ``flag``), never written by hand."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fitbox.config import Config
+from fitbox import setting_values
+from fitbox.config import SETTINGS, Config
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[Config, argparse.Namespace], int]
+_BY_NAME = {s.name: s for s in SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -25,14 +28,24 @@ class Command:
     run: Run
 
 
+def add_setting_flags(parser: argparse.ArgumentParser, *names: str) -> None:
+    """The flags of these settings, as the table declares them (``--flag METAVAR``); what is
+    given overrides the setting's environment variable (``overrides``)."""
+    for name in names:
+        setting = _BY_NAME[name]
+        flag, _, metavar = setting.flag.partition(" ")
+        repeats = setting.parse is setting_values.paths  # a list: the flag repeats
+        parser.add_argument(
+            flag,
+            dest=setting.name,
+            metavar=metavar or None,
+            action="append" if repeats else "store",
+            help=f"{setting.help}{' (repeatable)' if repeats else ''} ({setting.env})",
+        )
+
+
 def add_catalog_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--models",
-        action="append",
-        metavar="DIR",
-        help="a model root (repeatable); default FITBOX_MODELS or <data dir>/models",
-    )
-    parser.add_argument("--home", metavar="DIR", help="data dir (FITBOX_HOME)")
+    add_setting_flags(parser, "models", "home")
 
 
 def add_log_level(parser: argparse.ArgumentParser) -> None:
@@ -42,15 +55,13 @@ def add_log_level(parser: argparse.ArgumentParser) -> None:
 
 
 def overrides(args: argparse.Namespace) -> dict[str, str | None]:
-    """The settings given on the command line, as text for ``config.load``."""
-    values: dict[str, str | None] = {
-        "models": os.pathsep.join(args.models) if getattr(args, "models", None) else None,
-        "home": getattr(args, "home", None),
-    }
-    for name in ("host", "port", "ram_max"):
-        value = getattr(args, name, None)
-        values[name] = str(value) if value is not None else None
-    if getattr(args, "command", None) == "serve":  # install's --central goes to the service
-        values["central_url"] = args.central
-        values["central_key"] = args.central_key
-    return values
+    """The settings given on the command line, as text for ``config.load``: each setting
+    with a flag, under its name (a command's own option of the same flag, such as install's
+    --central for the service it writes, has another name and is not read here)."""
+    found: dict[str, str | None] = {}
+    for setting in SETTINGS:
+        value = getattr(args, setting.name, None) if setting.flag else None
+        if isinstance(value, list):
+            value = os.pathsep.join(value)
+        found[setting.name] = str(value) if value is not None else None
+    return found

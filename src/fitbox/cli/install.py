@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fitbox.cli.command import add_setting_flags
 from fitbox.config import Config
 from fitbox.units import parse_size
 
@@ -68,11 +69,7 @@ def add_uninstall_arguments(uninstall: argparse.ArgumentParser) -> None:
 def add_update_arguments(update: argparse.ArgumentParser) -> None:
     update.add_argument("--apply", action="store_true", help="install it (rolls back on failure)")
     update.add_argument("--version", dest="wanted", help="this release instead of the newest")
-    update.add_argument(
-        "--index-url",
-        default=os.environ.get("FITBOX_INDEX_URL", "https://pypi.org/simple"),
-        help="a PEP 503 simple index with #sha256= links (default: PyPI; FITBOX_INDEX_URL)",
-    )
+    add_setting_flags(update, "index_url")
     update.add_argument("--health-timeout", type=float, default=180.0)
 
 
@@ -253,7 +250,13 @@ def run_update(config: Config, args: argparse.Namespace) -> int:
                 break
     try:
         said = update(
-            args.index_url, args.apply, args.wanted, config.home, args.health_timeout, restart, url
+            config.index_url,
+            args.apply,
+            args.wanted,
+            config.home,
+            args.health_timeout,
+            restart,
+            url,
         )
     except UpdateError as exc:
         print(f"fitbox update: {exc}", file=sys.stderr)

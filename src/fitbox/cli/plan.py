@@ -17,7 +17,7 @@ HELP = "what fitbox would load for a model, and where, without loading it"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model")
-    parser.add_argument("--ctx", type=int, help="window (default: the ctx setting)")
+    parser.add_argument("--ctx", type=int, help="window (default: the window setting)")
     parser.add_argument("--parallel", type=int, help="slots (default: the parallel setting)")
     parser.add_argument("--kv", help="K and V cache type (default: the kv_types setting)")
     parser.add_argument("--json", action="store_true")

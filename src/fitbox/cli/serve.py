@@ -14,19 +14,16 @@ from typing import Any
 
 import fitbox
 from fitbox import config as settings
-from fitbox.cli.command import add_catalog_options, add_log_level
+from fitbox.cli.command import add_log_level, add_setting_flags
 from fitbox.listening import endpoint_of, listen_socket, publish_endpoint
 
 HELP = "run the OpenAI-compatible front door"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_catalog_options(parser)
-    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", help="port, or 'auto' for a free one (default 8484)")
-    parser.add_argument("--ram-max", help="cap on host RAM for models, e.g. 8GiB")
-    parser.add_argument("--central", metavar="URL", help="register with this fitbox central")
-    parser.add_argument("--central-key", metavar="KEY", help="the worker key it gave")
+    add_setting_flags(
+        parser, "models", "home", "host", "port", "ram_max", "central_url", "central_key"
+    )
     add_log_level(parser)
 
 
