@@ -432,6 +432,7 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "the worker key the central printed for this box (fitbox central keys create)",
         flag="--central-key KEY",
+        secret=True,
     ),
     Setting(
         "central_db",
@@ -440,6 +441,7 @@ SETTINGS: tuple[Setting, ...] = (
         "the central's store (fitbox central serve): a postgresql://USER:PASSWORD@HOST:PORT/DB "
         "URL for a fleet that outgrows one file (psycopg 3: pip install 'fitbox[central-pg]'); "
         "default: central.sqlite3 in the central's home",
+        secret=True,
     ),
     Setting(
         "central_long_poll",
@@ -470,6 +472,7 @@ SETTINGS: tuple[Setting, ...] = (
         "an admin key of the source box for fitbox pull box://...; none is needed when the "
         "source is this machine",
         flag="--source-key KEY",
+        secret=True,
     ),
 )
 BY_NAME = {s.name: s for s in SETTINGS}

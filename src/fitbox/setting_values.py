@@ -177,6 +177,7 @@ class Setting:
     scopes: tuple[str, ...] = ()
     api: Callable[[Any], Any] | None = None
     kind: str = ""  # a knob only the API sets says its type; else the text parser's (KINDS)
+    secret: bool = False  # a key or a password: fitbox settings never prints its value
 
     @property
     def type(self) -> str:

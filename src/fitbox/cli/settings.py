@@ -31,9 +31,10 @@ def run(config: Config, args: argparse.Namespace, top: argparse.ArgumentParser) 
     if args.markdown:
         print(reference(top), end="")
         return 0
-    for setting in SETTINGS:
-        if setting.env:
-            print(f"{setting.name} = {getattr(config, setting.name)!r}  ({setting.env})")
+    for setting in (s for s in SETTINGS if s.env):
+        value = getattr(config, setting.name)
+        shown = ("(set)" if value else "(unset)") if setting.secret else repr(value)
+        print(f"{setting.name} = {shown}  ({setting.env})")
     return 0
 
 
