@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fitbox.core.sizing import KV_TYPES
 from fitbox.core.types import Goal, Rung
 from fitbox.units import parse_size
 
@@ -30,6 +29,8 @@ def goal(value: Any) -> str:
 
 
 def kv(value: Any) -> list[str]:
+    from fitbox.core.sizing import KV_TYPES  # here: every command reads the table at start
+
     if not isinstance(value, list) or not value or any(v not in KV_TYPES for v in value):
         raise ValueError(f"a list of cache types from {', '.join(KV_TYPES)}")
     return [str(v) for v in value]
