@@ -17,9 +17,9 @@ from starlette.testclient import TestClient
 from fitbox import config as settings
 from fitbox.central.app import create_central_app
 from fitbox.central.backend import StoreTarget, StoreUnavailable, redact, to_postgres
-from fitbox.central.cli import CENTRAL_SCOPES
 from fitbox.central.store import CentralStore, rejection
 from fitbox.cli import main as fitbox_main
+from fitbox.cli.central import CENTRAL_SCOPES
 from fitbox.server.manage.joining import Registration
 from fitbox.store.keys import create_key
 

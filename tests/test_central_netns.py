@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fitbox.central.cli import CENTRAL_SCOPES
 from fitbox.central.store import CentralStore
+from fitbox.cli.central import CENTRAL_SCOPES
 from fitbox.store.keys import create_key
 
 from .conftest import _answering

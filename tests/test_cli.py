@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .ggufs import write_projector, write_tiny_llama
 
 
@@ -97,3 +99,18 @@ def test_serve_refuses_a_port_in_use(tmp_path: Path) -> None:
         port = str(taken.getsockname()[1])
         result = fitbox("serve", "--port", port, home=tmp_path)
     assert result.returncode == 1 and "cannot listen" in result.stderr
+
+
+def test_every_command_is_registered_once_and_settings_never_prints_a_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fitbox.cli import COMMANDS, main
+
+    names = [c.name for c in COMMANDS]
+    assert len(names) == len(set(names)) and {"serve", "central", "settings"} <= set(names)
+    monkeypatch.setenv("FITBOX_HOME", str(tmp_path))
+    monkeypatch.setenv("FITBOX_CENTRAL_KEY", "fbk_worker_secret")
+    assert main(["settings"]) == 0
+    printed = capsys.readouterr().out
+    assert "central_key = (set)" in printed and "fbk_worker_secret" not in printed
+    assert f"home = {tmp_path!r}" in printed  # what is not secret is shown

@@ -1,7 +1,9 @@
-"""One settings table, read once: every knob has a name, an env var, a default and a help line.
+"""The settings, read once: each setting of the table (fitbox.setting_table, where every one
+is declared) that has an environment variable becomes a field of ``Config``.
 
 The command line overrides the environment, which overrides the defaults. Errors name the
-setting and the value: ``Setting 'ram_max' (FITBOX_RAM_MAX) has value 'lots'. ...``.
+setting, its variable and the value: ``Setting 'ram_max' (FITBOX_RAM_MAX) has value 'lots'. ...``.
+A test keeps Config's fields and the table's names the same.
 """
 
 from __future__ import annotations
@@ -12,337 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fitbox import setting_values as values
 from fitbox.home import Home, default_home
-from fitbox.networks import DEFAULT_TRUSTED_NETWORKS, Network, parse_networks
+from fitbox.networks import Network
+from fitbox.setting_table import SETTINGS as SETTINGS  # re-exported: config.SETTINGS
 from fitbox.setting_values import ConfigError as ConfigError  # re-exported: config.ConfigError
 from fitbox.setting_values import Setting as Setting
-
-SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "home",
-        "FITBOX_HOME",
-        "",
-        "data dir (store, endpoint.json, logs, models); default: the platform's user data dir",
-    ),
-    Setting(
-        "models",
-        "FITBOX_MODELS",
-        "",
-        "model roots, os.pathsep-separated; default: <data dir>/models",
-        values.paths,
-    ),
-    Setting("host", "FITBOX_HOST", "127.0.0.1", "address to listen on"),
-    Setting(
-        "port", "FITBOX_PORT", "8484", "port to listen on, or 'auto' for a free one", values.port
-    ),
-    Setting(
-        "ram_max",
-        "FITBOX_RAM_MAX",
-        "",
-        "cap on host RAM fitbox may fill with models (e.g. 8GiB); default: MemAvailable",
-        values.optional_size,
-    ),
-    Setting(
-        "vram_max",
-        "FITBOX_VRAM_MAX",
-        "",
-        "cap on each GPU's memory fitbox may fill (e.g. 20GiB); default: what the GPU has",
-        values.optional_size,
-    ),
-    Setting(
-        "cpu_max",
-        "FITBOX_CPU_MAX",
-        "",
-        "cap on the physical cores fitbox may claim for engines; default: all but one",
-        lambda text: values.positive_int(text) if text else None,
-    ),
-    Setting(
-        "storage_max",
-        "FITBOX_STORAGE_MAX",
-        "",
-        "cap on the model store's drive that pulls may fill (e.g. 500GiB); reported in limits",
-        values.optional_size,
-    ),
-    Setting(
-        "transfer_max",
-        "FITBOX_TRANSFER_MAX",
-        "4",
-        "files this box sends to other boxes at once (GET /v1/transfer/…/file); one more is "
-        "answered 429 with Retry-After",
-        values.positive_int,
-    ),
-    Setting(
-        "drive_roles",
-        "FITBOX_DRIVE_ROLES",
-        "",
-        "roles of the drives holding model roots, DIR=ROLE comma-separated: central (source "
-        "of record, never reaped), worker (loads read from it, within storage_max), immutable "
-        "(read in place, never written); unset: read-only is immutable, the first model "
-        "root's drive is the worker, the others central",
-        values.drive_roles,
-    ),
-    Setting(
-        "movers",
-        "FITBOX_MOVERS",
-        "",
-        "movers to turn on, comma-separated (each is off unless named): reap_to_fit (remove "
-        "the least recently called worker copies that have an exact twin on a central drive "
-        "when a pull or an upload needs room), upload_to_worker (a call's model on a central "
-        "drive is copied to the worker drive before it loads), copy_to_central (a model only "
-        "on the worker drive is copied to a central drive after its first load)",
-        values.movers,
-    ),
-    Setting(
-        "goal",
-        "FITBOX_GOAL",
-        "quality",
-        "what placement optimises: quality (best variant), fast (shortest measured time), "
-        "resident (keep hot models loaded)",
-        values.choice("quality", "fast", "resident"),
-    ),
-    Setting(
-        "kv_types",
-        "FITBOX_KV_TYPES",
-        "f16",
-        "K/V cache types to try, preferred first (e.g. f16,q8_0: q8_0 when f16 does not fit)",
-        values.kv_types,
-    ),
-    Setting(
-        "admission",
-        "FITBOX_ADMISSION",
-        "eta",
-        "order of calls waiting for room: eta, smart (batch by model) or fifo",
-        values.choice("eta", "smart", "fifo"),
-    ),
-    Setting(
-        "simulated_gpus",
-        "FITBOX_SIMULATED_GPUS",
-        "",
-        "declare a SIMULATED GPU inventory instead of reading NVML, e.g. 24GiB,24GiB",
-    ),
-    Setting("engine_dir", "FITBOX_ENGINE_DIR", "", "a directory holding llama-server"),
-    Setting(
-        "ctx",
-        "FITBOX_CTX",
-        "4096",
-        "context window each model is loaded with (capped at its training context)",
-        values.positive_int,
-    ),
-    Setting(
-        "parallel",
-        "FITBOX_PARALLEL",
-        "4",
-        "llama-server slots per model (-np; more than 1 share one KV cache, --kv-unified)",
-        values.positive_int,
-    ),
-    Setting(
-        "cpu_floor",
-        "FITBOX_CPU_FLOOR",
-        "1",
-        "free physical cores a model with weights in RAM needs before it is loaded",
-        values.positive_int,
-    ),
-    Setting(
-        "cpu_busy_percent",
-        "FITBOX_CPU_BUSY_PERCENT",
-        "90",
-        "a core no engine of fitbox holds, this busy (percent) reading after reading, is busy "
-        "with other work: claims take it last",
-        values.positive_float,
-    ),
-    Setting(
-        "cpu_busy_readings",
-        "FITBOX_CPU_BUSY_READINGS",
-        "2",
-        "sensor readings in a row a core must stay that busy before claims avoid it (with "
-        "FITBOX_READING_INTERVAL: 2 s by default)",
-        values.positive_int,
-    ),
-    Setting(
-        "warmup",
-        "FITBOX_WARMUP",
-        "auto",
-        "the engine's empty warmup run at load: auto (skipped when a call waits for the load: "
-        "its first token does that work; a swap took 0.91-0.94x as long on a quiet box, "
-        "bench/swap.py --warmup on,auto), on, off",
-        values.choice("auto", "on", "off"),
-    ),
-    Setting(
-        "load_timeout",
-        "FITBOX_LOAD_TIMEOUT",
-        "300",
-        "seconds a child may take to load",
-        values.positive_float,
-    ),
-    Setting(
-        "grow_cooldown",
-        "FITBOX_GROW_COOLDOWN",
-        "60",
-        "seconds a model loaded below its preferred window serves before an idle rebuild may "
-        "grow it back (when room has stayed free and it has had calls)",
-        values.positive_float,
-    ),
-    Setting(
-        "reading_interval",
-        "FITBOX_READING_INTERVAL",
-        "1",
-        "seconds between sensor readings (host RAM and CPU, each GPU) kept in resource_log; "
-        "each wakes fitbox, beside an engine that may be computing",
-        values.positive_float,
-    ),
-    Setting(
-        "reading_retention",
-        "FITBOX_READING_RETENTION",
-        "21600",
-        "seconds of sensor readings kept; older ones are deleted",
-        values.positive_float,
-    ),
-    Setting(
-        "engine_idle_timeout",
-        "FITBOX_ENGINE_IDLE_TIMEOUT",
-        "60",
-        "seconds without a byte from an engine mid-call before it is probed; an engine that "
-        "does not answer its health probe then is hung: the call ends engine_timeout and the "
-        "engine is restarted",
-        values.positive_float,
-    ),
-    Setting(
-        "wait_timeout",
-        "FITBOX_WAIT_TIMEOUT",
-        "300",
-        "seconds a call may wait for busy models to free room",
-        values.positive_float,
-    ),
-    Setting(
-        "stop_grace",
-        "FITBOX_STOP_GRACE",
-        "5",
-        "seconds between SIGTERM and SIGKILL when stopping a child",
-        values.positive_float,
-    ),
-    Setting(
-        "crash_limit",
-        "FITBOX_CRASH_LIMIT",
-        "3",
-        "crashes within the crash window that mark a model failed until an operator clears it",
-        values.positive_int,
-    ),
-    Setting(
-        "crash_window",
-        "FITBOX_CRASH_WINDOW",
-        "300",
-        "seconds over which crashes are counted",
-        values.positive_float,
-    ),
-    Setting(
-        "crash_backoff",
-        "FITBOX_CRASH_BACKOFF",
-        "1",
-        "seconds to wait before restarting a crashed model; doubles per crash, at most 30",
-        values.positive_float,
-    ),
-    Setting(
-        "trusted_networks",
-        "FITBOX_TRUSTED_NETWORKS",
-        DEFAULT_TRUSTED_NETWORKS,
-        "networks that may call inference without a key (comma-separated)",
-        parse_networks,
-    ),
-    Setting(
-        "trusted_proxies",
-        "FITBOX_TRUSTED_PROXIES",
-        "",
-        "proxies whose X-Forwarded-For is believed (comma-separated); default none",
-        parse_networks,
-    ),
-    Setting(
-        "require_keys",
-        "FITBOX_REQUIRE_KEYS",
-        "false",
-        "require an API key for inference from every network (true/false)",
-        values.yes_no,
-    ),
-    Setting(
-        "max_body",
-        "FITBOX_MAX_BODY",
-        "32MiB",
-        "largest request body fitbox reads (e.g. 64MiB); a larger one is refused with 413 "
-        "before it is read",
-        values.positive_size,
-    ),
-    Setting(
-        "max_image",
-        "FITBOX_MAX_IMAGE",
-        "20MiB",
-        "largest image (decoded bytes) one image_url part of a chat message may hold; a "
-        "larger one is refused with 400 before any model is placed",
-        values.positive_size,
-    ),
-    Setting(
-        "cors_origins",
-        "FITBOX_CORS_ORIGINS",
-        "",
-        "browser origins allowed to call fitbox (comma list, e.g. https://app.example), or * "
-        "(only with FITBOX_REQUIRE_KEYS); default: CORS off",
-        values.origins,
-    ),
-    Setting(
-        "host_names",
-        "FITBOX_HOST_NAMES",
-        "",
-        "names this box is reached by (comma list, e.g. fitbox.lan): a call from the box "
-        "itself without a key (management, the dashboard, metrics) must send one of them, "
-        "localhost, FITBOX_HOST or an address as its Host, so a web page whose name was "
-        "rebound to this box gets nothing; default: none",
-        values.host_names,
-    ),
-    Setting(
-        "default_model",
-        "FITBOX_DEFAULT_MODEL",
-        "",
-        "the model a call naming a model this box does not have goes to (for apps that "
-        "hard-code a hosted name such as gpt-4o-mini); the reply says so in "
-        "x-fitbox-default-model; default: off",
-    ),
-    Setting(
-        "central_url",
-        "FITBOX_CENTRAL_URL",
-        "",
-        "a fitbox central to register with at start (and whenever this box's address "
-        "changes); default: none. A central that refuses or is down never stops the box",
-    ),
-    Setting(
-        "central_key",
-        "FITBOX_CENTRAL_KEY",
-        "",
-        "the worker key the central printed for this box (fitbox central keys create)",
-    ),
-    Setting(
-        "central_db",
-        "FITBOX_CENTRAL_DB",
-        "",
-        "the central's store (fitbox central serve): a postgresql://USER:PASSWORD@HOST:PORT/DB "
-        "URL for a fleet that outgrows one file (psycopg 3: pip install 'fitbox[central-pg]'); "
-        "default: central.sqlite3 in the central's home",
-    ),
-    Setting(
-        "central_long_poll",
-        "FITBOX_CENTRAL_LONG_POLL",
-        "25",
-        "seconds the central's mirror asks each box to hold a long-poll with nothing new "
-        "(fitbox central serve); a box that has not answered 10 s after that is marked "
-        "unreachable and asked again",
-        values.positive_float,
-    ),
-    Setting(
-        "aliases",
-        "FITBOX_ALIASES",
-        "",
-        'TOML file of [aliases] name = "model"; default: <data dir>/aliases.toml',
-    ),
-)
-_BY_NAME = {s.name: s for s in SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -363,14 +39,14 @@ class Config:
     admission: str
     simulated_gpus: str
     engine_dir: str
-    ctx: int
+    window: int
     parallel: int
     cpu_floor: int
     cpu_busy_percent: float
     cpu_busy_readings: int
     warmup: str
     load_timeout: float
-    wait_timeout: float
+    max_wait: float
     engine_idle_timeout: float
     reading_interval: float
     reading_retention: float
@@ -392,6 +68,9 @@ class Config:
     central_db: str = ""
     central_long_poll: float = 25.0
     max_image: int = 20 << 20
+    tf_python: str = ""
+    index_url: str = "https://pypi.org/simple"
+    source_key: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -422,7 +101,7 @@ def load(
     env = os.environ if env is None else env
     overrides = overrides or {}
     values: dict[str, Any] = {}
-    for setting in SETTINGS:
+    for setting in (s for s in SETTINGS if s.env):  # the others only the settings API sets
         raw = overrides.get(setting.name)
         if raw is None:
             raw = env.get(setting.env, setting.default)
@@ -462,7 +141,3 @@ def load(
             "for the SQLite file in the central's home."
         )
     return Config(**values)
-
-
-def describe(name: str) -> Setting:
-    return _BY_NAME[name]

@@ -1,6 +1,7 @@
-"""How a setting's text becomes its value: the parsers the settings table (fitbox.config)
-names, each raising ValueError with a reason that ConfigError then puts beside the setting's
-name and value."""
+"""How a setting's text (environment, command line) becomes its value: the parsers the
+settings table (fitbox.config) names, each raising ValueError with a reason that ConfigError
+then puts beside the setting's name and value; each parser's type in words (``KINDS``); and
+``Setting``, one row of that table."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def optional_size(text: str) -> int | None:
     return parse_size(text) if text else None
 
 
+def optional_positive_int(text: str) -> int | None:
+    return positive_int(text) if text else None
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -48,16 +53,6 @@ def yes_no(text: str) -> bool:
     if lowered in ("0", "false", "no", "off", ""):
         return False
     raise ValueError("write true or false")
-
-
-def choice(*allowed: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in allowed:
-            raise ValueError(f"write one of {', '.join(allowed)}")
-        return value
-
-    return parse
 
 
 def kv_types(text: str) -> tuple[str, ...]:
@@ -132,10 +127,63 @@ def positive_float(text: str) -> float:
     return value
 
 
+# Each text parser's type, in words, for the reference (docs/reference/settings.md)
+KINDS: dict[Callable[[str], Any], str] = {
+    str: "text",
+    port: "port (1..65535) or auto",
+    paths: "directories, os.pathsep-separated",
+    optional_size: "size (e.g. 8GiB), or unset",
+    optional_positive_int: "integer >= 1, or unset",
+    positive_int: "integer >= 1",
+    yes_no: "true or false",
+    kv_types: "cache types, comma list",
+    positive_size: "size (e.g. 32MiB)",
+    drive_roles: "DIR=ROLE, comma list",
+    movers: "movers, comma list",
+    origins: "origins, comma list, or *",
+    host_names: "host names, comma list",
+    positive_float: "number > 0",
+}
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            raise ValueError(f"write one of {', '.join(allowed)}")
+        return value
+
+    KINDS[parse] = f"one of {', '.join(allowed)}"
+    return parse
+
+
+# Where a setting can be set besides the environment: the settings API's scopes
+# (POST /v1/settings/box, /v1/settings/pair, /v1/settings/key, /v1/limits)
+BOX, PAIR, KEY, LIMITS = "box", "pair", "key", "limits"
+
+
 @dataclass(frozen=True)
 class Setting:
+    """One setting, declared once. ``env`` is "" for a knob only the settings API sets;
+    ``flag`` is its command-line option ("" for none); ``api`` parses its JSON value in the
+    settings API's ``scopes`` (box/preferences.py derives its knobs from them)."""
+
     name: str
     env: str
     default: str
     help: str
     parse: Callable[[str], Any] = str
+    flag: str = ""
+    scopes: tuple[str, ...] = ()
+    api: Callable[[Any], Any] | None = None
+    kind: str = ""  # a knob only the API sets says its type; else the text parser's (KINDS)
+    secret: bool = False  # a key or a password: fitbox settings never prints its value
+
+    @property
+    def type(self) -> str:
+        return self.kind or KINDS.get(self.parse, "text")
+
+    @property
+    def where(self) -> tuple[str, ...]:
+        """Every place it can be set: env, flag, then the settings API's scopes."""
+        return (("env",) if self.env else ()) + (("flag",) if self.flag else ()) + self.scopes

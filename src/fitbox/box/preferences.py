@@ -1,127 +1,35 @@
-"""Operator knobs: box-wide, per model (a "pair": this box and that model), and limits.
+"""Operator knobs: box-wide, per model (a "pair": this box and that model), per key, and limits.
 
-Each knob is parsed here, once, with an error that names it; values live in the store's
+Which knobs each scope has, their JSON parsers and defaults come from the settings table
+(fitbox.setting_table), under the names the table gives them; each value is parsed once, with
+an error that names it; values live in the store's
 ``settings`` table (store/settings.py) so they outlive a restart. What a call gets is the
 effective value: the model's own, else the box's, else the setting fitbox was started with.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from fitbox.config import Config
-from fitbox.core.sizing import KV_TYPES
-from fitbox.core.types import Goal, Rung
+from fitbox.config import SETTINGS, Config
 from fitbox.errors import InvalidRequest
+from fitbox.setting_values import BOX, KEY, LIMITS, PAIR
 from fitbox.store.settings import StoredSetting
-from fitbox.units import parse_size
 
 
-def _rungs(value: Any) -> list[str]:
-    names = [str(v) for v in value] if isinstance(value, list) else None
-    known = [r.value for r in Rung]
-    if not names or any(n not in known for n in names):
-        raise ValueError(f"a list of rungs from {', '.join(known)}")
-    return [r for r in known if r in names]  # ladder order, whatever order they came in
+def _knobs(scope: str) -> dict[str, Callable[[Any], Any]]:
+    """The knobs the settings table lets the API set in ``scope``, each with its JSON parser."""
+    return {s.name: s.api for s in SETTINGS if scope in s.scopes and s.api is not None}
 
 
-def _goal(value: Any) -> str:
-    if value not in [g.value for g in Goal]:
-        raise ValueError(f"one of {', '.join(g.value for g in Goal)}")
-    return str(value)
-
-
-def _kv(value: Any) -> list[str]:
-    if not isinstance(value, list) or not value or any(v not in KV_TYPES for v in value):
-        raise ValueError(f"a list of cache types from {', '.join(KV_TYPES)}")
-    return [str(v) for v in value]
-
-
-def _number(low: float, high: float, integer: bool = False) -> Callable[[Any], float | int]:
-    def parse(value: Any) -> float | int:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError("a number")
-        if not low <= value <= high:
-            raise ValueError(f"between {low:g} and {high:g}")
-        if integer and value != int(value):
-            raise ValueError("a whole number")
-        return int(value) if integer else float(value)
-
-    return parse
-
-
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError("true or false")
-    return value
-
-
-def _quant(value: Any) -> str:
-    if not isinstance(value, str) or not value or len(value) > 32:
-        raise ValueError("a quant name such as Q4_K_M")
-    return value.upper()
-
-
-def _admission(value: Any) -> str:
-    if value not in ("eta", "smart", "fifo"):
-        raise ValueError("one of eta, smart, fifo")
-    return str(value)
-
-
-PAIR_KNOBS: dict[str, Callable[[Any], Any]] = {
-    "rungs": _rungs,  # the rungs this model may use
-    "quant": _quant,  # only this variant
-    "goal": _goal,
-    "band": _number(1, 100, integer=True),  # priority band: eviction cost multiplier
-    "max_wait": _number(0.1, 3600),  # seconds a call may wait for room
-    "window": _number(256, 1 << 24, integer=True),  # the preferred window
-    "kv_types": _kv,
-    "preload": _flag,  # load at start
-    "pinned": _flag,  # never evicted; loaded at start
-    "idle_ttl": _number(0, 7 * 86400),  # unload after this many idle seconds (0: never)
-    "embeddings": _flag,  # a decoder serves mean-pooled embeddings too, from its next load
-}
-REASONING_FIELDS = ("reasoning_content", "reasoning", "none")
-
-
-def _reasoning_field(value: Any) -> str:
-    if value not in REASONING_FIELDS:
-        raise ValueError(f"one of {', '.join(REASONING_FIELDS)}")
-    return str(value)
-
-
-# what a client sees: where a model's thinking goes, and loading progress in a stream
-KEY_KNOBS: dict[str, Callable[[Any], Any]] = {
-    "reasoning_field": _reasoning_field,  # reasoning_content | reasoning | none (in content)
-    "progress": _flag,  # a streamed call that waits for a load sees progress chunks
-}
-BOX_KNOBS: dict[str, Callable[[Any], Any]] = (
-    KEY_KNOBS
-    | {
-        name: PAIR_KNOBS[name]
-        for name in ("goal", "max_wait", "window", "kv_types", "idle_ttl", "embeddings")
-    }
-    | {"admission": _admission, "cpu_floor": _number(1, 1024, integer=True)}
-)
-
-
-def _size(value: Any) -> int:
-    if isinstance(value, str):
-        return parse_size(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    raise ValueError("a size such as 8GiB, or a byte count")
-
-
-LIMIT_KNOBS: dict[str, Callable[[Any], Any]] = {
-    "ram_max": _size,
-    "vram_max": _size,
-    "cpu_max": _number(1, 4096, integer=True),
-    "storage_max": _size,
-}
+PAIR_KNOBS = _knobs(PAIR)  # this box and that model
+KEY_KNOBS = _knobs(KEY)  # what a client sees: where a model's thinking goes, load progress
+BOX_KNOBS = _knobs(BOX)
+LIMIT_KNOBS = _knobs(LIMITS)
 # the central tier of each limit (what a central allots this box: POST /v1/limits with
 # {"tier": "central"}) is kept beside the box's own under this prefix
 CENTRAL_TIER = "central_"
@@ -163,23 +71,12 @@ class Preferences:
     )
 
     def defaults(self) -> dict[str, Any]:
-        c = self.config
+        """Each knob's value before the API sets one: the setting fitbox started with, or
+        for a knob only the API sets, the table's default (JSON)."""
         return {
-            "goal": c.goal,
-            "max_wait": c.wait_timeout,
-            "window": c.ctx,
-            "kv_types": list(c.kv_types),
-            "idle_ttl": 0.0,
-            "admission": c.admission,
-            "cpu_floor": c.cpu_floor,
-            "rungs": [r.value for r in Rung],
-            "quant": None,
-            "band": 1,
-            "preload": False,
-            "pinned": False,
-            "embeddings": False,
-            "reasoning_field": "reasoning_content",
-            "progress": False,
+            s.name: _json_value(getattr(self.config, s.name)) if s.env else json.loads(s.default)
+            for s in SETTINGS
+            if set(s.scopes) & {BOX, PAIR, KEY}
         }
 
     def effective(self, model: str | None = None) -> Mapping[str, Any]:
@@ -237,3 +134,8 @@ class Preferences:
         """Apply the knobs the store kept from an earlier run (store/settings.py)."""
         for setting in stored:
             self.apply(setting.scope, setting.model, {setting.name: setting.value})
+
+
+def _json_value(value: Any) -> Any:
+    """A start-up setting as the API shows it (a tuple of cache types as a list)."""
+    return list(value) if isinstance(value, tuple) else value

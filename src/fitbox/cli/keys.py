@@ -11,11 +11,38 @@ import sys
 import time
 from typing import Any
 
-import httpx
-
+from fitbox.cli.command import add_catalog_options
 from fitbox.config import Config
 from fitbox.listening import published_url
 from fitbox.store import keys as keydb
+
+HELP = "API keys: create, list, show, revoke"
+
+
+def add_arguments(keys: argparse.ArgumentParser) -> None:
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="make a key; its secret is printed once")
+    create.add_argument("--name", default="unnamed")
+    create.add_argument(
+        "--scope",
+        action="append",
+        choices=["admin", "inference", "read"],
+        help="repeatable; default inference",
+    )
+    create.add_argument(
+        "--model", action="append", help="limit an inference key to a model (repeatable)"
+    )
+    create.add_argument("--expires-in", help="e.g. 3600s, 90m, 12h, 30d")
+    listing = keys_sub.add_parser("list", help="every key, without secrets")
+    verbs = [create, listing]
+    for verb in ("show", "revoke"):
+        one = keys_sub.add_parser(verb)
+        one.add_argument("key_id")
+        verbs.append(one)
+    for parser_ in verbs:
+        parser_.add_argument("--json", action="store_true")
+        add_catalog_options(parser_)
+
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -29,6 +56,8 @@ def parse_duration(text: str) -> int:
 
 
 def _service(config: Config) -> str | None:
+    import httpx
+
     url = published_url(config.endpoint_file)
     if url is None:
         return None
@@ -66,6 +95,8 @@ def _offline(config: Config, args: argparse.Namespace, body: dict[str, Any]) -> 
 
 
 def _online(url: str, args: argparse.Namespace, body: dict[str, Any]) -> Any:
+    import httpx
+
     calls = {
         "create": lambda: httpx.post(f"{url}/v1/keys", json=body, timeout=10),
         "list": lambda: httpx.get(f"{url}/v1/keys", timeout=10),
@@ -79,7 +110,9 @@ def _online(url: str, args: argparse.Namespace, body: dict[str, Any]) -> Any:
     return data
 
 
-def keys_command(config: Config, args: argparse.Namespace) -> int:
+def run(config: Config, args: argparse.Namespace) -> int:
+    import httpx  # here, not above: every fitbox command imports this module to parse
+
     body: dict[str, Any] = {}
     if args.keys_command == "create":
         try:

@@ -8,8 +8,20 @@ import sys
 from typing import Any
 
 from fitbox import config as settings
+from fitbox.cli.command import add_catalog_options
 from fitbox.listening import published_url
 from fitbox.units import format_bytes
+
+HELP = "what fitbox would load for a model, and where, without loading it"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model")
+    parser.add_argument("--ctx", type=int, help="window (default: the window setting)")
+    parser.add_argument("--parallel", type=int, help="slots (default: the parallel setting)")
+    parser.add_argument("--kv", help="K and V cache type (default: the kv_types setting)")
+    parser.add_argument("--json", action="store_true")
+    add_catalog_options(parser)
 
 
 def _plan_from_service(config: settings.Config, args: argparse.Namespace) -> dict[str, Any] | None:
@@ -30,7 +42,7 @@ def _plan_from_service(config: settings.Config, args: argparse.Namespace) -> dic
     return body
 
 
-def plan_model(config: settings.Config, args: argparse.Namespace) -> int:
+def run(config: settings.Config, args: argparse.Namespace) -> int:
     from fitbox.box.box import Box
     from fitbox.errors import FitboxError
     from fitbox.models.catalog import Catalog

@@ -1,4 +1,6 @@
-"""The command-line edge of the installer: validate, confirm, carry out, report."""
+"""``fitbox install | uninstall | update``, the command-line edge of the installer: validate,
+confirm, carry out, report. The installer is imported when one of them runs, not when any
+command parses."""
 
 from __future__ import annotations
 
@@ -6,23 +8,74 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from fitbox.cli.command import add_setting_flags
 from fitbox.config import Config
-from fitbox.installer.install import (
-    InstallError,
-    carry_out,
-    main_install,
-    plan_install,
-    plan_uninstall,
-    read_env,
-    systemd_running,
-)
-from fitbox.installer.units import ServiceLayout, service_layout
-from fitbox.installer.update import UpdateError, update
 from fitbox.units import parse_size
+
+if TYPE_CHECKING:
+    from fitbox.installer.units import ServiceLayout
+
+INSTALL_HELP = "install fitbox as a systemd service"
+UNINSTALL_HELP = "remove the service (--purge: state too)"
+UPDATE_HELP = "compare with the newest release; --apply installs it"
+
+
+def _add_shared_arguments(parser: argparse.ArgumentParser) -> None:
+    """What install and uninstall share: where and how they act."""
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--user", dest="kind", action="store_const", const="user")
+    kind.add_argument("--system", dest="kind", action="store_const", const="system")
+    parser.add_argument("--dry-run", action="store_true", help="print every step, change nothing")
+    parser.add_argument(
+        "--root", default="/", help="install into this directory tree (for images and tests)"
+    )
+    parser.add_argument("--yes", action="store_true", help="do not ask")
+    parser.add_argument(
+        "--central-role",
+        action="store_true",
+        help="the central (fitbox-central.service), not a box",
+    )
+
+
+def add_install_arguments(install: argparse.ArgumentParser) -> None:
+    _add_shared_arguments(install)
+    install.add_argument("--port", help="N, or auto for a free one (kept on re-runs)")
+    install.add_argument("--host", help="address to listen on (default 127.0.0.1, kept)")
+    install.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    install.add_argument("--ram-max", help="cap on host RAM for models, e.g. 8GiB")
+    install.add_argument("--vram-max", help="cap on each GPU's memory for models, e.g. 20GiB")
+    install.add_argument("--cpu-max", help="cap on the physical cores engines may claim")
+    install.add_argument("--storage-max", help="cap on the model store's drive, e.g. 500GiB")
+    install.add_argument("--central", metavar="URL", help="register with a fitbox central")
+    install.add_argument("--central-key", metavar="KEY", help="the key the central gave")
+    install.add_argument("--health-timeout", type=float, default=180.0)
+    install.add_argument(
+        "--tf",
+        action="store_true",
+        help="only build the transformers engine's venv (<engine dir>/tf: "
+        "FITBOX_ENGINE_DIR, else <home>/engines)",
+    )
+
+
+def add_uninstall_arguments(uninstall: argparse.ArgumentParser) -> None:
+    _add_shared_arguments(uninstall)
+    uninstall.add_argument(
+        "--purge", action="store_true", help="also state and cache (the model store is always kept)"
+    )
+
+
+def add_update_arguments(update: argparse.ArgumentParser) -> None:
+    update.add_argument("--apply", action="store_true", help="install it (rolls back on failure)")
+    update.add_argument("--version", dest="wanted", help="this release instead of the newest")
+    add_setting_flags(update, "index_url")
+    update.add_argument("--health-timeout", type=float, default=180.0)
 
 
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    from fitbox.installer.install import InstallError
+
     env = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -36,6 +89,7 @@ def _limits(args: argparse.Namespace, target: ServiceLayout) -> dict[str, str]:
     """--ram-max/--vram-max/--cpu-max/--storage-max as settings; one above what this box has
     is refused with the reason (core/tiers.py)."""
     from fitbox.box.limits import problems_on_this_box
+    from fitbox.installer.install import InstallError
     from fitbox.probe.gpus import open_gpu_probe
 
     given = {
@@ -83,7 +137,29 @@ def check_central(central: str) -> str:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(config: Config, args: argparse.Namespace) -> int:
+    """install or uninstall: the box's service, its central's (--central-role), or only the
+    transformers engine's venv (install --tf)."""
+    if getattr(args, "tf", False):
+        from fitbox.engines.kinds import engines_home
+        from fitbox.installer.tf_engine import install_tf
+
+        where = engines_home(config.engine_dir, config.home)
+        assert where is not None  # a config always has a home
+        return install_tf(where)
+    return _run_service(args)
+
+
+def _run_service(args: argparse.Namespace) -> int:
+    from fitbox.installer.install import (
+        InstallError,
+        carry_out,
+        main_install,
+        plan_install,
+        plan_uninstall,
+    )
+    from fitbox.installer.units import service_layout
+
     if not sys.platform.startswith("linux") and Path(args.root) == Path("/"):
         print(
             f"fitbox {args.command}: installing a service needs Linux with systemd; this is "
@@ -124,6 +200,7 @@ def _run_central(args: argparse.Namespace) -> int:
         install_central,
         plan_central_uninstall,
     )
+    from fitbox.installer.install import InstallError, carry_out
 
     target = central_layout(args.kind or "user", Path(args.root))
     try:
@@ -158,6 +235,10 @@ def _run_central(args: argparse.Namespace) -> int:
 def run_update(config: Config, args: argparse.Namespace) -> int:
     """Restart the installed service when there is one (user first, then system); else the
     new version is checked on a scratch port (installer/update.py)."""
+    from fitbox.installer.install import read_env, systemd_running
+    from fitbox.installer.units import service_layout
+    from fitbox.installer.update import UpdateError, update
+
     restart = url = None
     if systemd_running():
         for kind, scope in (("user", ["--user"]), ("system", [])):
@@ -169,7 +250,13 @@ def run_update(config: Config, args: argparse.Namespace) -> int:
                 break
     try:
         said = update(
-            args.index_url, args.apply, args.wanted, config.home, args.health_timeout, restart, url
+            config.index_url,
+            args.apply,
+            args.wanted,
+            config.home,
+            args.health_timeout,
+            restart,
+            url,
         )
     except UpdateError as exc:
         print(f"fitbox update: {exc}", file=sys.stderr)

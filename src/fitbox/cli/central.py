@@ -1,4 +1,5 @@
-"""`fitbox central serve | keys create`: the central's commands (cli.py parses them)."""
+"""`fitbox central serve | keys create`: the central's commands. The central's rooms are
+imported when one of them runs, not when any command parses."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import fitbox
-from fitbox.central.backend import StoreTarget, StoreUnavailable
-from fitbox.central.store import CentralStore
+from fitbox.cli.command import add_log_level, add_setting_flags
 from fitbox.config import Config
 from fitbox.home import CentralHome, default_home, make_private
 from fitbox.listening import endpoint_of, listen_socket, publish_endpoint, published_url
 from fitbox.store.keys import SCOPES, KeyError_, create_key
 
+if TYPE_CHECKING:
+    from fitbox.central.backend import StoreTarget
+
 CENTRAL_SCOPES = (*SCOPES, "worker")
+HELP = "the central: many boxes behind one address"
 
 
 def central_home(args: argparse.Namespace, env: dict[str, str] | None = None) -> CentralHome:
@@ -30,14 +35,12 @@ def central_home(args: argparse.Namespace, env: dict[str, str] | None = None) ->
     )
 
 
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    central = sub.add_parser("central", help="the central: many boxes behind one address")
+def add_arguments(central: argparse.ArgumentParser) -> None:
     verbs = central.add_subparsers(dest="central_command", required=True)
     serve = verbs.add_parser("serve", help="run the central")
-    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", help="port, or 'auto' for a free one (default 8484)")
+    add_setting_flags(serve, "host", "port")
     serve.add_argument("--home", metavar="DIR", help="its data dir (FITBOX_HOME)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_log_level(serve)
     keys = verbs.add_parser("keys", help="the central's keys")
     key_verbs = keys.add_subparsers(dest="keys_command", required=True)
     create = key_verbs.add_parser("create", help="make a key; its secret is printed once")
@@ -66,6 +69,9 @@ def store_target(config: Config, home: CentralHome) -> StoreTarget:
 
 
 def _create_key(home: CentralHome, target: StoreTarget, args: argparse.Namespace) -> int:
+    from fitbox.central.backend import StoreUnavailable
+    from fitbox.central.store import CentralStore
+
     make_private(home.path)
     scopes = tuple(args.scope or ["inference"])
     try:
@@ -104,6 +110,8 @@ def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: st
     import uvicorn
 
     from fitbox.central.app import create_central_app
+    from fitbox.central.backend import StoreUnavailable
+    from fitbox.central.store import CentralStore
     from fitbox.quiet_server import QuietServer
 
     logging.basicConfig(

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from fitbox import config as settings
+
+HELP = "every engine fitbox can see (llama-server, transformers), and the one of each kind it uses"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """No flags: it reads the settings (engine_dir, home) as every command does."""
+
+
+def run(config: settings.Config, args: argparse.Namespace) -> int:
+    return list_engines(config)
 
 
 def list_engines(config: settings.Config) -> int:

@@ -7,15 +7,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from fitbox import config as settings
+from fitbox.cli.command import add_catalog_options
 from fitbox.listening import published_url
 from fitbox.units import format_bytes
 
+HELP = "find models already on this machine (read-only)"
 
-def add_scout(sub: Any, catalog_options: Any) -> None:
-    scout = sub.add_parser("scout", help="find models already on this machine (read-only)")
+
+def add_arguments(scout: argparse.ArgumentParser) -> None:
     scout.add_argument(
         "--root",
         action="append",
@@ -33,7 +34,7 @@ def add_scout(sub: Any, catalog_options: Any) -> None:
     scout.add_argument("--max-depth", type=int, default=6)
     scout.add_argument("--max-dirs", type=int, default=20_000)
     scout.add_argument("--max-results", type=int, default=500)
-    catalog_options(scout)
+    add_catalog_options(scout)
 
 
 def refresh_running_box(config: settings.Config) -> bool:
@@ -49,7 +50,7 @@ def refresh_running_box(config: settings.Config) -> bool:
         return False
 
 
-def scout_command(config: settings.Config, args: argparse.Namespace) -> int:
+def run(config: settings.Config, args: argparse.Namespace) -> int:
     if args.attach:
         return attach(config, Path(args.attach).expanduser(), args.name)
     from fitbox.models.scout import Limits, scout

@@ -1,0 +1,67 @@
+"""The command line: every ``fitbox`` command is registered once, in ``COMMANDS`` below (its
+name, help, flags and what it runs, each from its module here); ``main`` parses, reads the
+settings and runs the one named. Thin: the work is in the rooms below."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import fitbox
+from fitbox import config
+from fitbox.cli import (
+    central,
+    engines,
+    install,
+    keys,
+    models,
+    plan,
+    pull,
+    scout,
+    serve,
+)
+from fitbox.cli import (
+    settings as settings_command,
+)
+from fitbox.cli.command import Command, overrides
+
+COMMANDS: tuple[Command, ...] = (
+    Command("serve", serve.HELP, serve.add_arguments, serve.run),
+    Command("models", models.HELP, models.add_arguments, models.run),
+    Command("plan", plan.HELP, plan.add_arguments, plan.run),
+    Command("keys", keys.HELP, keys.add_arguments, keys.run),
+    Command("install", install.INSTALL_HELP, install.add_install_arguments, install.run),
+    Command("uninstall", install.UNINSTALL_HELP, install.add_uninstall_arguments, install.run),
+    Command("engines", engines.HELP, engines.add_arguments, engines.run),
+    Command("update", install.UPDATE_HELP, install.add_update_arguments, install.run_update),
+    Command("pull", pull.HELP, pull.add_arguments, pull.run),
+    Command("scout", scout.HELP, scout.add_arguments, scout.run),
+    Command("central", central.HELP, central.add_arguments, central.run),
+    Command(
+        "settings",
+        settings_command.HELP,
+        settings_command.add_arguments,
+        lambda config, args: settings_command.run(config, args, parser()),
+    ),
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="fitbox", description=fitbox.__doc__)
+    top.add_argument("--version", action="version", version=f"fitbox {fitbox.__version__}")
+    sub = top.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_arguments(sub.add_parser(command.name, help=command.help))
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = config.load(overrides(args))
+    except config.ConfigError as exc:
+        print(f"fitbox: {exc}", file=sys.stderr)
+        return 2
+    by_name = {command.name: command for command in COMMANDS}
+    return by_name[args.command].run(settings, args)

@@ -1,0 +1,145 @@
+"""``fitbox serve``: check the box's limits, open the home and store, listen, then run the
+app until a signal; children never outlive it."""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import logging
+import socket
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+import fitbox
+from fitbox import config as settings
+from fitbox.cli.command import add_log_level, add_setting_flags
+from fitbox.listening import endpoint_of, listen_socket, publish_endpoint
+
+HELP = "run the OpenAI-compatible front door"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_setting_flags(
+        parser, "models", "home", "host", "port", "ram_max", "central_url", "central_key"
+    )
+    add_log_level(parser)
+
+
+def run(config: settings.Config, args: argparse.Namespace) -> int:
+    return serve(config, args.log_level)
+
+
+def serve(config: settings.Config, log_level: str) -> int:
+    import uvicorn
+
+    from fitbox.quiet_server import QuietServer
+    from fitbox.server.app import create_app
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied call is noise
+    started = _start(config)
+    if isinstance(started, int):
+        return started
+    store, sock, endpoint = started
+    print(f"fitbox {fitbox.__version__} listening on {endpoint['url']}", flush=True)
+
+    app = create_app(config, store, endpoint["url"])
+
+    class Server(QuietServer):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            leaving = getattr(app.state, "leaving", None)
+            if leaving is not None:
+                leaving.now()  # endless streams end now, not at the grace period's end
+            super().handle_exit(sig, frame)
+
+    server = Server(
+        uvicorn.Config(
+            app,
+            log_level=log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            http=_http_protocol(),
+            # forwarding headers are the door's to judge (server/door/trust.py, with
+            # FITBOX_TRUSTED_PROXIES); uvicorn's own middleware, believing 127.0.0.1 by
+            # default, would swap in the forwarded client before the door saw the proxy
+            proxy_headers=False,
+        )
+    )
+
+    def last_resort() -> None:  # children must never outlive fitbox
+        box = getattr(app.state, "box", None)
+        if box is not None:
+            box.kill_all_now()
+
+    atexit.register(last_resort)
+    server.run(sockets=[sock])
+    return 0
+
+
+def _http_protocol() -> Any:
+    """uvicorn's httptools protocol with ``sendfile`` for transfers (server/manage/zerocopy.py), or
+    uvicorn's own choice where httptools is missing."""
+    try:
+        from fitbox.server.manage.zerocopy import ZeroCopyHttpToolsProtocol
+    except ImportError:
+        return "auto"
+    return ZeroCopyHttpToolsProtocol
+
+
+def _start(config: settings.Config) -> tuple[Any, socket.socket, dict[str, Any]] | int:
+    """What a serve needs before its app runs: the box's limits checked, the home, store and
+    box key open, the socket listening, endpoint.json written. Else an exit code, with the
+    reason printed as a sentence (a full drive is no traceback)."""
+    from fitbox.box.limits import problems_on_this_box
+    from fitbox.probe.gpus import open_gpu_probe
+
+    gpus = open_gpu_probe(config.simulated_gpus).read()
+    refused = problems_on_this_box(lambda name: getattr(config, name, None), gpus, config.models)
+    if refused:
+        print(f"fitbox: refusing to start: {'; '.join(refused)}", file=sys.stderr)
+        return 2
+    try:
+        store = _open_home(config)
+    except (OSError, sqlite3.Error, RuntimeError) as exc:  # a drive that refused, SchemaTooNew
+        print(f"fitbox: cannot start: {_why(exc, config.home)}", file=sys.stderr)
+        return 1
+    try:
+        sock = listen_socket(config.host, config.port)
+    except OSError as exc:
+        store.close()
+        print(f"fitbox: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    endpoint = endpoint_of(config.host, sock)
+    try:
+        publish_endpoint(config.endpoint_file, endpoint)
+    except OSError as exc:
+        store.close()
+        sock.close()
+        print(f"fitbox: cannot start: {_why(exc, config.home)}", file=sys.stderr)
+        return 1
+    return store, sock, endpoint
+
+
+def _open_home(config: settings.Config) -> Any:
+    """The home (owner-only when made here), its store and box key, opened before anything
+    listens, so a drive that cannot hold them stops the start with a reason."""
+    from fitbox.home import make_private
+    from fitbox.store.box_key import open_with_box_key
+
+    make_private(config.home)
+    return open_with_box_key(config.store_path, config.box_key_file)
+
+
+def _why(exc: Exception, home: Path) -> str:
+    """One sentence for a start that cannot go on; nothing was moved or discarded."""
+    reason = getattr(exc, "reason", None) or str(exc)  # StoreUnavailable says it whole
+    if isinstance(exc, OSError):
+        reason = f"{exc.filename or home}: {exc.strerror or exc}"
+        if exc.errno == 28:  # ENOSPC
+            reason += f"; free space on the drive holding {home}, then start again"
+    return f"{reason}. Nothing was moved or discarded."
