@@ -132,13 +132,10 @@ async def chat(
     return status, bytes(content)
 
 
-async def traced(model_file: Path) -> Trace:
-    import fitbox
+async def traced(model_file: Path, trace: Trace) -> Trace:
     from fitbox import config as settings
     from fitbox.server.app import create_app
 
-    package = Path(fitbox.__file__).resolve().parent
-    trace = Trace(f"{package / 'server'}{os.sep}", f"{package / 'box'}{os.sep}")
     with tempfile.TemporaryDirectory() as home:
         config = settings.load(
             {"home": home, "models": str(model_file.parent)},
@@ -159,7 +156,11 @@ def main() -> int:
     parser.add_argument("--model", type=Path, default=cache / "models" / f"{MODEL}.gguf")
     parser.add_argument("--list", action="store_true", help="print each file and each call")
     args = parser.parse_args()
-    trace = asyncio.run(traced(args.model))
+    import fitbox
+
+    package = Path(fitbox.__file__).resolve().parent  # the tree PYTHONPATH points at
+    trace = Trace(f"{package / 'server'}{os.sep}", f"{package / 'box'}{os.sep}")
+    asyncio.run(traced(args.model, trace))
     if args.list:
         for name in sorted(trace.files):
             print(f"  server/{name}")
