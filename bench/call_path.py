@@ -48,6 +48,7 @@ class Trace:
     server: str  # the server package's folder, with its trailing separator
     box: str
     files: set[str] = field(default_factory=set)
+    box_files: set[str] = field(default_factory=set)  # (with --list: what the call ran below)
     calls: list[str] = field(default_factory=list)
     seen: set[FrameType] = field(default_factory=set)  # a resumed coroutine counts once
     started: bool = False  # the status line has gone
@@ -58,6 +59,8 @@ class Trace:
         where = frame.f_code.co_filename
         if where.startswith(self.server):
             self.files.add(where.removeprefix(self.server))
+        elif where.startswith(self.box):
+            self.box_files.add(where.removeprefix(self.box))
         if self.started or not where.startswith(self.box) or frame in self.seen:
             return
         self.seen.add(frame)
@@ -166,6 +169,7 @@ def main() -> int:
             print(f"  server/{name}")
     print(f"files crossed in server/: {len(trace.files)}")
     if args.list:
+        print(f"  (and box/: {', '.join(sorted(trace.box_files))})")
         for call in trace.calls:
             print(f"  {call}")
     print(f"calls from server/ into box/ before the first byte: {len(trace.calls)}")
