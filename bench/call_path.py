@@ -17,6 +17,9 @@ is called until its last body message:
   ``http.response.start`` message (the status line) reaches the server. A coroutine
   counts once, however often it is resumed; box's own calls inside it do not count.
 
+It also prints how many Python functions the request's own task called (any package; a
+coroutine once, however often it resumes): a count of the work, steadier than a clock on a
+shared box.
 ``--list`` prints each file and each call. Run it against another tree with its own
 ``PYTHONPATH`` to compare two commits (the import points are ``fitbox.config.load`` and
 ``fitbox.server.app.create_app`` only).
@@ -49,13 +52,20 @@ class Trace:
     box: str
     files: set[str] = field(default_factory=set)
     box_files: set[str] = field(default_factory=set)  # (with --list: what the call ran below)
+    entered: int = 0  # functions the request's own task called (any package): its work
+    task: asyncio.Task[Any] | None = None  # the request's task (the app's)
+    frames: set[FrameType] = field(default_factory=set)
     calls: list[str] = field(default_factory=list)
     seen: set[FrameType] = field(default_factory=set)  # a resumed coroutine counts once
     started: bool = False  # the status line has gone
 
     def profile(self, frame: FrameType, event: str, arg: object) -> None:
-        if event != "call" or asyncio.current_task() is None:
+        task = asyncio.current_task()
+        if event != "call" or task is None:
             return  # (a loop callback, such as the store's change signal, is no call's)
+        if task is self.task and frame not in self.frames:  # a first entry, not a resumption
+            self.frames.add(frame)
+            self.entered += 1
         where = frame.f_code.co_filename
         if where.startswith(self.server):
             self.files.add(where.removeprefix(self.server))
@@ -127,6 +137,7 @@ async def chat(
             content.extend(message.get("body", b""))
 
     if trace is not None:
+        trace.task = asyncio.current_task()
         sys.setprofile(trace.profile)
     try:
         await app(scope_for(body), receive, send)
@@ -173,6 +184,7 @@ def main() -> int:
         for call in trace.calls:
             print(f"  {call}")
     print(f"calls from server/ into box/ before the first byte: {len(trace.calls)}")
+    print(f"functions the request's task called (any package): {trace.entered}")
     return 0
 
 
