@@ -14,7 +14,8 @@ Stages (each a function of the path; ``app`` holds all but ``outside``):
   auth       the key and trust check (``auth.admit`` + ``origin_of``)
   body       the body read, parsed and checked (``json_object`` + ``check_fields``)
   open       the call row queued (``CallDesk.open``)
-  route      the name's checks (allowed, default model, served route) and ``field_for``
+  route      the name's checks (allowed, default model, served route: ``Serving._routed``)
+             and ``field_for``
   prompt     the prompt's size for placement (``Needs.prompt``)
   place      joining the resident (``Call.place``: admission, the lease, its row values)
   send       to the child and back to its status line (``Call.send``): the engine's work
@@ -110,11 +111,11 @@ def _probe(owner: Any, name: str, stage: str) -> None:
 
 
 def _install_probes() -> None:
-    from fitbox.box import calls
+    from fitbox.box import calls, serving
     from fitbox.box.needs import Needs
     from fitbox.engines import child
     from fitbox.server.door import auth, timing
-    from fitbox.server.inference import openai, proxy
+    from fitbox.server.inference import openai
     from fitbox.server.streams import reasoning
     from fitbox.store import writer
 
@@ -124,8 +125,7 @@ def _install_probes() -> None:
     _probe(openai, "json_object", "body")
     _probe(openai, "check_fields", "body")
     _probe(calls.CallDesk, "open", "open")
-    for name in ("check_model_allowed", "routed_name", "check_served"):
-        _probe(proxy, name, "route")
+    _probe(serving.Serving, "_routed", "route")
     _probe(reasoning, "field_for", "route")
     _probe(Needs, "prompt", "prompt")
     _probe(calls.Call, "place", "place")

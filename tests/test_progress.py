@@ -10,14 +10,23 @@ from pathlib import Path
 
 import pytest
 
+from fitbox.box.box import Box
+from fitbox.box.serving import Order
 from fitbox.errors import EngineFailed
-from fitbox.server.inference.progress import must_load, progress_of
+from fitbox.server.inference.progress import progress_of
 from fitbox.store.db import Store
 
 from .ggufs import write_tiny_llama
 from .test_box_inprocess import S, make_box, queued, resident_of
 
 CHAT = "/v1/chat/completions"
+
+
+def must_load(box: Box, name: str) -> bool:
+    """Whether a streamed chat on ``name`` gets its 200 before its model loads, as the box
+    opens it (box/serving.py)."""
+    body = {"model": name, "messages": [], "stream": True}
+    return box.serving.open(Order(CHAT, body, b"{}", "req")).waits
 
 
 @pytest.fixture
@@ -32,13 +41,17 @@ def test_a_stream_gets_its_200_first_only_when_its_model_must_load(
     tmp_path: Path, models: Path
 ) -> None:
     async def run() -> None:
-        box = make_box(tmp_path, models)
-        assert must_load(box, "tiny-a")  # nothing resident
-        assert not must_load(box, "no-such-model")  # its 404 is a status, not an event
-        loading = resident_of(box, "tiny-a", S.STARTING)
-        assert must_load(box, "tiny-a")
-        box.registry.move(loading, S.READY)
-        assert not must_load(box, "tiny-a")
+        store = Store(tmp_path / "store.sqlite3")  # an opened call has its row
+        try:
+            box = make_box(tmp_path, models, store)
+            assert must_load(box, "tiny-a")  # nothing resident
+            assert not must_load(box, "no-such-model")  # its 404 is a status, not an event
+            loading = resident_of(box, "tiny-a", S.STARTING)
+            assert must_load(box, "tiny-a")
+            box.registry.move(loading, S.READY)
+            assert not must_load(box, "tiny-a")
+        finally:
+            store.close()
 
     asyncio.run(run())
 

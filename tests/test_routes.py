@@ -278,21 +278,20 @@ def test_the_default_model_stands_in_only_for_unknown_names(home: Path) -> None:
 
 
 def test_a_route_the_models_engine_kind_lacks_is_refused_before_loading() -> None:
-    """A recording stand-in for the box: one artifact whose engine kind serves chat only."""
+    """A recording stand-in for the box's parts: one artifact whose engine kind serves chat
+    only (the name as the call resolved it when it opened)."""
     from types import SimpleNamespace
 
+    from fitbox.box.serving import check_served
     from fitbox.errors import InvalidRequest, RouteNotServed
-    from fitbox.server.inference.proxy import check_served
 
     kind = SimpleNamespace(name="a-chat-engine", routes=lambda: frozenset({"/v1/chat/completions"}))
     artifact = SimpleNamespace(facts=SimpleNamespace(is_reranker=False))
-    box: Any = SimpleNamespace(
-        asks=SimpleNamespace(named=lambda name: SimpleNamespace(artifacts=(artifact,))),
-        engines=SimpleNamespace(for_artifact=lambda a: kind),
-    )
-    check_served(box, "m", "/v1/chat/completions")
+    named: Any = SimpleNamespace(asked="m", artifacts=(artifact,))
+    engines: Any = SimpleNamespace(for_artifact=lambda a: kind)
+    check_served(named, "/v1/chat/completions", engines)
     with pytest.raises(RouteNotServed, match="a-chat-engine, which does not serve /tokenize"):
-        check_served(box, "m", "/tokenize")
+        check_served(named, "/tokenize", engines)
     kind.routes = lambda: frozenset({"/v1/rerank"})
     with pytest.raises(InvalidRequest, match="not a reranker"):
-        check_served(box, "m", "/v1/rerank")
+        check_served(named, "/v1/rerank", engines)

@@ -65,7 +65,7 @@ class Admission:
 
     async def acquire(
         self,
-        name: str,
+        name: str | Named,
         call_id: int | None = None,
         need: int = 1,
         max_tokens: int = 0,
@@ -74,8 +74,9 @@ class Admission:
         """Find or load the model ``name`` and hold ``slots`` of its slots for one call (a
         call asking for ``n`` choices takes ``n``). A load that runs out of memory refuses
         its window; the call is placed once more against that fact (a smaller window or
-        the next rung), in the same request."""
-        named = self.asks.named(name)
+        the next rung), in the same request. ``name`` comes parsed (``Named``) from a call
+        that resolved it when it opened (box/serving.py)."""
+        named = name if isinstance(name, Named) else self.asks.named(name)
         if self.before_load is not None and self.joinable(named) is None:
             named = await self.before_load(named, call_id)
         try:
@@ -86,7 +87,7 @@ class Admission:
         except EngineFailed as exc:
             if not exc.detail.get("out_of_memory"):
                 raise
-            log.warning("placing '%s' again after an out-of-memory load", name)
+            log.warning("placing '%s' again after an out-of-memory load", named.asked)
             return await self._acquire(named, call_id, need, max_tokens, slots)
 
     async def _acquire(

@@ -7,6 +7,8 @@ Who owns what (docs/design/box.md has the whole table):
 - ``admit.Admission``: a call joins, places or waits (the waiting room).
 - ``supervision``: bring-up, readiness, measurement, the hang watchdog, crashes, orphans.
 - ``calls.CallDesk``: a call's row from start to measured speeds.
+- ``serving.Serving``: a served call from its name to its engine's answer (opened once,
+  the name resolved once; placed, sent, placed again on a counted prompt).
 - ``warmth.Warmth``: preload, idle TTL, grow-back; ``sensors``: readings into the store.
 - ``asks``, ``snapshot``, ``facts``, ``speeds``, ``preferences``: what decisions read.
 """
@@ -47,6 +49,7 @@ from .preferences import Preferences
 from .resident import Resident
 from .residents import Registry
 from .sensors import sense
+from .serving import Serving
 from .snapshot import Snapshots
 from .speeds import SpeedBook
 from .supervision import Supervisor, Watchdog
@@ -106,6 +109,16 @@ class Box:
         )
         self._calls = (
             CallDesk(store, self.speeds, self.watchdog, self.admission.acquire) if store else None
+        )
+        self.serving = Serving(
+            self._calls,
+            catalog,
+            self.asks,
+            self.needs,
+            self.engines,
+            self.registry,
+            self.supervisor.crashes,
+            config.default_model,
         )
 
     def _cpu(self, artifact: Artifact) -> CpuFeatures | None:

@@ -1,4 +1,5 @@
 """A call's life, from its row to its measured speeds: the only writer of a call row.
+A served call is driven through these steps by box/serving.py (``Served.serve``):
 
     call = box.calls.open("/v1/chat/completions", model, stream, request_id)   # row: pending
     await call.place(need, max_tokens, prompt_tokens)   # a lease on a ready resident; placed
@@ -28,6 +29,7 @@ from fitbox.engines.http1 import EngineConnectionError, EngineResponse
 from fitbox.errors import EngineFailed, EngineTimeout, FitboxError
 from fitbox.store.db import CallStart, Store
 
+from .asks import Named
 from .lease import Lease
 from .resident import Resident
 from .speeds import SpeedBook
@@ -36,7 +38,7 @@ from .supervision import Watchdog
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 KEEP_TAIL = 16 * 1024  # the end of a reply kept for its usage and timings
 ROW_WAIT_S = 5.0  # the longest a response waits for its row to be committed
-Acquire = Callable[[str, int | None, int, int, int], Awaitable[Lease]]
+Acquire = Callable[[str | Named, int | None, int, int, int], Awaitable[Lease]]
 
 
 # The last event of the streams that end without ``data: [DONE]``: the Responses API's and
@@ -150,16 +152,16 @@ class Call:
         max_tokens: int,
         prompt_tokens: int,
         slots: int = 1,
-        name: str | None = None,
+        named: Named | None = None,
         counted: bool = False,
     ) -> Resident:
         """Hold ``slots`` slots of a ready resident for this call (loading, evicting or
-        waiting as decided); ``name``: the model it is placed on when not the one asked (a
-        default model); ``counted``: ``prompt_tokens`` is the model's own count, not a
-        bound."""
+        waiting as decided); ``named``: the name as the call resolved it when it opened
+        (box/serving.py; a default model's when that serves), else the one asked;
+        ``counted``: ``prompt_tokens`` is the model's own count, not a bound."""
         self.prompt_tokens = prompt_tokens if counted else None
         self.lease = lease = await self.desk.acquire(
-            name or self.model, self.id, need, max_tokens, slots
+            named or self.model, self.id, need, max_tokens, slots
         )
         r = lease.resident
         lease.expect(self.desk.speeds.of(r.artifact, r.rung.value), prompt_tokens, max_tokens)

@@ -5,8 +5,8 @@ bound overflows the slot of the model it goes to, the prompt is counted by the m
 chat template and tokenizer (the engine seam's ``count_prompt``), before it is placed when
 the model is ready, else once placed; unless the engine refuses a prompt too long for its
 slot with the prompt's count (``sends_on_bound``, llama-server): then the call is sent on
-its bound, and placed again by the count only when it is refused (server/inference/proxy.py
-``_sent``): no counting round trips before the common long-prompt call. The window asked
+its bound, and placed again by the count only when it is refused (box/serving.py
+``Served.answer``): no counting round trips before the common long-prompt call. The window asked
 for holds the prompt, one more token for the engine to write into (llama-server refuses a
 prompt that fills its slot), and the reply, capped at the largest slot the model can load:
 a reply longer than that is cut by the engine, as llama-server does. A prompt that fills
@@ -36,7 +36,7 @@ from fitbox.models.templates import chat_template_bytes
 from fitbox.models.vision import image_tokens
 
 from .admit import Admission
-from .asks import Asks
+from .asks import Asks, Named
 from .resident import Resident
 
 COUNT_S = 10.0  # the longest a call waits for its engine to count its prompt
@@ -106,12 +106,11 @@ class Needs:
             )
         return n
 
-    async def prompt(self, name: str, path: str, raw: bytes, body: dict[str, Any]) -> PromptSize:
+    async def prompt(self, named: Named, path: str, raw: bytes, body: dict[str, Any]) -> PromptSize:
         """The prompt's size before placement: the bound when it already fits the slot of
         a loaded model, or when the loaded model's engine refuses a prompt too long for
         its slot with the prompt's count (no engine round trip before the call is sent),
         else the loaded model's own count, else the bound."""
-        named = self.asks.named(name)
         trained = named.first.facts.shape.n_ctx_train
         largest = self.slots.window_each(trained) if trained > 0 else 0
         bound = PromptSize(

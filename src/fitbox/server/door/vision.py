@@ -7,17 +7,17 @@ An image comes inline, as a ``data:image/…;base64,…`` URL. fitbox never fetc
 those are refused with the fix: download it and send the bytes. Each image is decoded once
 here to check it is bounded (``FITBOX_MAX_IMAGE``) and is a format the engines read (PNG,
 JPEG, GIF, WebP, by its first bytes); the body is then forwarded as the client sent it. A
-model that cannot read images gets ``model_not_vision_capable`` instead of an engine error.
+model that cannot read images gets ``model_not_vision_capable`` instead of an engine error
+(box/serving.py ``check_vision``, told how many images ``check_images`` found).
 """
 
 from __future__ import annotations
 
 import binascii
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from fitbox.errors import InvalidRequest
-from fitbox.models.catalog import Artifact
 from fitbox.units import format_bytes
 
 # what an image's first bytes are, for each format the engines decode (llama.cpp's stb_image
@@ -68,10 +68,6 @@ def _source_url(source: Any) -> Any:
     if source.get("type") == "base64":
         return f"data:{source.get('media_type')};base64,{source.get('data', '')}"
     return source.get("url") if source.get("type") == "url" else None
-
-
-def has_images(path: str, body: dict[str, Any]) -> bool:
-    return next(images(path, body), None) is not None
 
 
 def _refuse(message: str, code: str, param: str = "messages") -> InvalidRequest:
@@ -150,31 +146,3 @@ def check_images(path: str, body: dict[str, Any], limit: int) -> int:
         decode_data_url(url, where, limit, param)
         count += 1
     return count
-
-
-def check_vision(name: str, artifacts: Sequence[Artifact], path: str, body: dict[str, Any]) -> None:
-    """A call with images on a model that cannot read them: refused, saying how a model
-    comes to read images. A family some of whose variants read images and some not is
-    refused too (the placement could choose a blind one), naming the variants to pin."""
-    blind = [a for a in artifacts if not a.vision]
-    if not blind or not has_images(path, body):
-        return
-    seeing = [a.name for a in artifacts if a.vision]
-    if seeing:
-        raise _refuse(
-            f"Of the variants '{name}' stands for, only {', '.join(seeing)} read "
-            "images (a vision projector beside them); name one of those.",
-            "model_not_vision_capable",
-            _param(path),
-        )
-    raise _refuse(
-        f"'{name}' does not read images: it is neither a vision-language transformers "
-        "folder nor a GGUF with a vision projector (mmproj*.gguf) beside it. Send text "
-        'only, or name a vision model (GET /v1/models marks them "vision": true).',
-        "model_not_vision_capable",
-        _param(path),
-    )
-
-
-def _param(path: str) -> str:
-    return "input" if path == "/v1/responses" else "messages"

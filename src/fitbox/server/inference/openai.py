@@ -49,17 +49,18 @@ async def _call(request: Request, path: str, required: Kinds) -> Response:
     body's ``model``, else the ``model`` query parameter (routes whose engine body has
     none: ``/tokenize?model=…``)."""
     body: dict[str, Any] = {}
+    images = 0  # the body's images, checked here: the box refuses them for a blind model
     try:
         raw, body = await json_object(request)
         if "model" not in body and "model" in request.query_params:
             body["model"] = request.query_params["model"]
         check_fields(body, {**MODEL, **required})
         if path in IMAGE_ROUTES:
-            check_images(path, body, request.app.state.config.max_image)
+            images = check_images(path, body, request.app.state.config.max_image)
     except FitboxError as error:
         refused(request, path, body, error)
         raise
-    return await forward(request, path, raw, body)
+    return await forward(request, path, raw, body, "POST", images)
 
 
 async def _read(request: Request, path: str) -> Response:

@@ -31,8 +31,8 @@ from starlette.requests import Request
 from fitbox.box.box import Box
 from fitbox.box.calls import Call
 from fitbox.box.resident import Resident
+from fitbox.box.serving import Answer
 from fitbox.core.types import ResidentState
-from fitbox.engines.http1 import EngineResponse
 from fitbox.engines.reading import bytes_read
 from fitbox.errors import FitboxError
 from fitbox.server.door.errors import body_for
@@ -41,22 +41,8 @@ from fitbox.server.door.timing import done_frame
 TICK_S = 1.0  # a keep-alive comment (or a progress chunk) this often while the call waits
 KEEP_ALIVE = b": fitbox: loading the model\n\n"
 PROGRESS_PATHS = ("/v1/chat/completions", "/v1/completions")
-Relay = Callable[[EngineResponse], AsyncGenerator[bytes, None]]
-Start = Callable[[], Awaitable[EngineResponse]]  # places the call and sends it
-
-
-def must_load(box: Box, name: str) -> bool:
-    """Whether a call on ``name`` would wait for a load: it names models on this box, none
-    of them is ready, and none has failed (a failed model is refused at once, with its
-    status). Asked before the call is placed; a call for a resident model is served as any."""
-    try:
-        named = box.asks.named(name)
-    except FitboxError:
-        return False  # unknown: its 404 comes as a status, not as an event
-    if any(box.crashes.failed(a.key) for a in named.artifacts):
-        return False
-    ready = {r.key for r in box.residents() if r.state is ResidentState.READY}
-    return not any(a.key in ready for a in named.artifacts)
+Relay = Callable[[Answer], AsyncGenerator[bytes, None]]
+Start = Callable[[], Awaitable[Answer]]  # places the call and sends it (box/serving.py)
 
 
 def wanted(request: Request, body: dict[str, Any]) -> bool:
@@ -121,12 +107,12 @@ def _chunk(call: Call, progress: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
-def _abandoned(call: Call, task: asyncio.Future[EngineResponse]) -> None:
+def _abandoned(call: Call, task: asyncio.Future[Answer]) -> None:
     """A start whose client left: should it have placed the call all the same (a cancel
     can be lost in Python 3.11's ``wait_for``), its reply is closed and its lease let go."""
     if task.cancelled() or task.exception() is not None:  # (the exception is retrieved)
         return
-    task.result().close()
+    task.result().response.close()
     call.interrupted()
 
 
@@ -153,7 +139,7 @@ async def waiting_stream(
                 break
             if not progress:
                 yield KEEP_ALIVE
-        response = started.result()
+        answer = started.result()
     except FitboxError as error:
         call.failed(error)
         await call.finished()  # the error event is the last byte: its row is stored first
@@ -165,7 +151,7 @@ async def waiting_stream(
         started.add_done_callback(lambda task: _abandoned(call, task))
         call.interrupted()
         raise
-    chunks = relay(response)
+    chunks = relay(answer)
     try:
         async for chunk in chunks:
             yield chunk

@@ -1,5 +1,7 @@
 """Forward one call through the box, as HTTP: Starlette responses, SSE framing, the error
-envelope. The call's life (its row, its lease, its speeds) is box/calls.py's.
+envelope. A route handler reads as open → serve → frame: the box opens the call (its row,
+its name resolved once, the checks) and serves it (placed, sent, placed again on a counted
+prompt: box/serving.py); the call's life (its row, its lease, its speeds) is box/calls.py's.
 
 The request body is forwarded as the client sent it (no re-encoding). A stream is never
 buffered: each line the engine writes is yielded once it is whole (server/streams/names.py). An
@@ -14,7 +16,6 @@ import json
 import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -23,93 +24,24 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fitbox.box.box import Box
 from fitbox.box.calls import Call
-from fitbox.box.needs import PromptSize, fits
-from fitbox.box.resident import Resident
+from fitbox.box.serving import Answer, Order, Served
 from fitbox.engines.http1 import EngineResponse
-from fitbox.errors import (
-    FitboxError,
-    InvalidRequest,
-    ModelNotFound,
-    PermissionDenied,
-    RouteNotServed,
-)
+from fitbox.errors import FitboxError
 from fitbox.server.door import timing
 from fitbox.server.door.errors import body_for, is_insider
-from fitbox.server.door.vision import check_vision
 from fitbox.server.inference import progress
 from fitbox.server.inference.engine_errors import engine_error_body, retry_headers
 from fitbox.server.streams import openings, reasoning_routes, reasoning_streams
 from fitbox.server.streams.names import NameRewrite, rewrite_for
 
 log = logging.getLogger(__name__)
-__all__ = ["allowed_models", "check_model_allowed", "engine_error_body", "forward", "refused"]
+__all__ = ["allowed_models", "engine_error_body", "forward", "refused"]
 
 
 def allowed_models(request: Request) -> tuple[str, ...] | None:
     """The models the caller's key is limited to; None when any model may be asked for."""
     key = getattr(request.state, "api_key", None)
     return key.models if key is not None else None
-
-
-def check_model_allowed(request: Request, box: Box, name: str) -> None:
-    allowed = allowed_models(request)
-    if allowed is None or name in allowed:
-        return
-    if box.catalog.resolve(name).name not in allowed:
-        raise PermissionDenied(
-            f"This key may not use the model '{name}'.", param="model", code="model_not_allowed"
-        )
-
-
-def routed_name(box: Box, asked: str) -> tuple[str, dict[str, str]]:
-    """The name a call is placed under: the one asked, or the box's default model when the
-    box has no model of that name (``FITBOX_DEFAULT_MODEL``), said in a header."""
-    default = box.config.default_model
-    if not default or default == asked:
-        return asked, {}
-    try:
-        box.asks.named(asked)
-    except ModelNotFound as missing:
-        try:
-            box.asks.named(default)
-        except ModelNotFound:
-            raise ModelNotFound(
-                f"{missing.message} Its stand-in, FITBOX_DEFAULT_MODEL '{default}', is not on "
-                "this box either.",
-                param="model",
-            ) from None
-        return default, {"x-fitbox-default-model": default}
-    return asked, {}
-
-
-def check_served(box: Box, name: str, path: str, body: dict[str, Any] | None = None) -> None:
-    """Refuse, before anything is loaded, a route no variant of ``name`` can serve: its
-    engine kind has no such route, ``/v1/rerank`` on a model that is not a reranker, or
-    image parts for a model that reads none."""
-    artifacts = box.asks.named(name).artifacts
-    kinds = [box.engines.for_artifact(a) for a in artifacts]
-    if not any(path in kind.routes() for kind in kinds):
-        served_by = ", ".join(sorted({kind.name for kind in kinds}))
-        raise RouteNotServed(
-            f"'{name}' runs on {served_by}, which does not serve {path}.", param="model"
-        )
-    if path == "/v1/rerank" and not any(a.facts.is_reranker for a in artifacts):
-        raise InvalidRequest(
-            f"'{name}' is not a reranker (its GGUF's pooling type is not rank), so it cannot "
-            "serve /v1/rerank; name a reranker model (GET /v1/models lists them).",
-            param="model",
-            code="not_a_reranker",
-        )
-    if body is not None:
-        check_vision(name, artifacts, path, body)
-
-
-def _max_tokens(body: dict[str, Any]) -> int:
-    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict"):
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 0
 
 
 # A call's id when its client sent none: this process's random prefix and a counter (unique
@@ -145,48 +77,41 @@ def refused(request: Request, path: str, body: dict[str, Any], error: FitboxErro
 
 
 async def forward(
-    request: Request, path: str, raw: bytes, body: dict[str, Any], method: str = "POST"
+    request: Request,
+    path: str,
+    raw: bytes,
+    body: dict[str, Any],
+    method: str = "POST",
+    images: int = 0,
 ) -> Response:
-    """Place the call on ``body["model"]`` and send it to the child's ``path``."""
+    """Open the call on ``body["model"]``, have the box serve it (box/serving.py), frame
+    its answer: a stream, a whole reply, or a stream that waits for its model's load."""
     box: Box = request.app.state.box
-    asked: str = body["model"]
-    call = box.calls.open(path, asked, bool(body.get("stream")), _request_id(request))
-    setattr(request.state, timing.STAMPS_STATE, call.stamps)
-    accept = request.headers.get("accept", "*/*")
     field = reasoning_routes.for_call(request, path, body)
-    raw = reasoning_routes.request_body(raw, field)
-    try:
-        check_model_allowed(request, box, asked)
-        name, headers = routed_name(box, asked)
-        if name != asked:
-            check_model_allowed(request, box, name)  # a key's limit holds for what serves
-        check_served(box, name, path, body)
-        slots = box.needs.choices(body)  # an n the box cannot give: refused before any 200
-        query = _query(request)
-        count = _prompt_count(box, call, path, raw)
-        if call.stream and progress.must_load(box, name):  # the 200 now, the load after it
-
-            async def start() -> EngineResponse:
-                sending = _Sending(raw, accept, method, query)
-                return (await _sent(box, call, path, body, name, slots, sending))[1]
-
-            return _waiting(request, call, start, body, headers, asked, field, count)
-        sending = _Sending(raw, accept, method, query)
-        resident, response = await _sent(box, call, path, body, name, slots, sending)
-    except FitboxError as exc:
-        call.failed(exc)
-        await call.finished()  # an error is a first and last byte: it leaves once stored
-        raise
-    except BaseException:
-        call.interrupted()
-        raise
-    served = resident.artifact.name
-    headers.update({"x-fitbox-model": served, "x-fitbox-device": resident.device})
-    names = rewrite_for(served, asked)
-    if call.stream and response.status < 400:
-        await call.written()  # the status line is the first byte: the row is stored first
+    order = Order(
+        path,
+        body,
+        reasoning_routes.request_body(raw, field),
+        _request_id(request),
+        allowed_models(request),
+        images,
+        request.headers.get("accept", "*/*"),
+        method,
+        _query(request),
+    )
+    served = box.serving.open(order)
+    call = served.call
+    setattr(request.state, timing.STAMPS_STATE, call.stamps)
+    if served.waits:  # the 200 now, the load after it
+        return _waiting(request, served, field)
+    answer = await served.serve()
+    resident, response = answer.resident, answer.response
+    served_name = resident.artifact.name
+    headers = {**served.headers, "x-fitbox-model": served_name, "x-fitbox-device": resident.device}
+    names = rewrite_for(served_name, call.model)
+    if call.stream and response.status < 400:  # its row is stored: the status line may go
         return StreamingResponse(
-            _sse(call, response, is_insider(request), count, names, field),
+            _sse(call, response, is_insider(request), served.prompt_count, names, field),
             status_code=response.status,
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
             media_type=response.headers.get("content-type", "text/event-stream"),
@@ -194,120 +119,32 @@ async def forward(
     return await _whole(call, response, headers, names, field)
 
 
-def _waiting(
-    request: Request,
-    call: Call,
-    start: progress.Start,
-    body: dict[str, Any],
-    headers: dict[str, str],
-    asked: str,
-    field: reasoning_routes.Thinking | None,
-    count: openings.Count,
-) -> Response:
+def _waiting(request: Request, served: Served, field: reasoning_routes.Thinking | None) -> Response:
     """A stream whose model must load first: its 200 now (server/inference/progress.py)."""
-    insider = is_insider(request)
+    insider, call = is_insider(request), served.call
 
-    async def relay(response: EngineResponse) -> AsyncGenerator[bytes, None]:
+    async def relay(answer: Answer) -> AsyncGenerator[bytes, None]:
+        response = answer.response
         if response.status < 400:
-            names = rewrite_for(call.resident.artifact.name, asked)
+            names = rewrite_for(answer.resident.artifact.name, call.model)
+            count = served.prompt_count
             async for chunk in _sse(call, response, insider, count, names, field):
                 yield chunk
             return
         content = await call.read(response)  # the engine refused it: its error, as an event
-        error = engine_error_body(response.status, content, call.resident.artifact.name)
+        error = engine_error_body(response.status, content, answer.resident.artifact.name)
         call.refused_by_engine(response.status, error["error"]["code"])
         await call.finished()
         yield b"data: " + json.dumps(error).encode() + b"\n\n" + timing.done_frame(call.stamps)
 
     box: Box = request.app.state.box
-    stream = progress.waiting_stream(
-        box, call, start, relay, progress.wanted(request, body), insider
-    )
+    wanted = progress.wanted(request, served.order.body)
+    stream = progress.waiting_stream(box, call, served.answer, relay, wanted, insider)
     return StreamingResponse(
         stream,
-        headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
+        headers={**served.headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
         media_type="text/event-stream",
     )
-
-
-@dataclass(frozen=True)
-class _Sending:
-    """What goes to the engine once the call is placed: the body and the request line's
-    parts, as the client sent them."""
-
-    raw: bytes
-    accept: str
-    method: str
-    query: str
-
-
-async def _sent(
-    box: Box, call: Call, path: str, body: dict[str, Any], name: str, slots: int, sending: _Sending
-) -> tuple[Resident, EngineResponse]:
-    """Place the call and send it. A call sent on its prompt's bound that the engine
-    refuses because the slot it got cannot hold the prompt is placed again by the count
-    the refusal carries (a larger window, or refused with both numbers), and sent once
-    more: the common long prompt costs no counting round trips before it is sent."""
-    resident, size = await _placed(box, call, path, sending.raw, body, name, slots)
-    response = await _send(call, sending)
-    if call.prompt_tokens is not None:  # counted before it went: the engine's answer stands
-        return resident, response
-    counted = await call.refused_prompt(response)
-    if counted is None:
-        return resident, response
-    response.close()
-    call.unplace()
-    log.info(
-        "%s: its engine counted the prompt at %d tokens, more than the %d-token slot "
-        "it was sent to; placed again by that count",
-        call.model,
-        counted,
-        resident.slots.window_each(resident.window),
-    )
-    resident = await _placed_by_count(call, body, name, slots, counted, size.largest)
-    return resident, await _send(call, sending)
-
-
-async def _send(call: Call, sending: _Sending) -> EngineResponse:
-    return await call.send(sending.raw, sending.accept, sending.method, sending.query)
-
-
-async def _placed(
-    box: Box, call: Call, path: str, raw: bytes, body: dict[str, Any], name: str, slots: int
-) -> tuple[Resident, PromptSize]:
-    """Place a call by its prompt's tokens (box/needs.py): counted by the model when it is
-    ready and its engine cannot say a prompt is too long, else bounded. A bound that
-    overflows the slot it got is counted once placed, and placed again with a larger
-    window (or refused with both numbers) when the count outgrows it; unless its engine
-    says so itself when it is sent (``_sent``). Returns the size it was first placed by."""
-    size = await box.needs.prompt(name, path, raw, body)
-    size.refuse_if_too_long(_prompt_param(body))
-    need, reply = size.split(_max_tokens(body))
-    resident = await call.place(need, reply, size.tokens, slots, name, size.exact)
-    if size.exact or fits(size, resident) or resident.engine.sends_on_bound(path):
-        return resident, size
-    counted = await box.needs.counted(resident, path, raw)
-    if counted is None or fits(PromptSize(counted, True, size.largest), resident):
-        return resident, size
-    call.unplace()
-    return await _placed_by_count(call, body, name, slots, counted, size.largest), size
-
-
-async def _placed_by_count(
-    call: Call, body: dict[str, Any], name: str, slots: int, counted: int, largest: int
-) -> Resident:
-    """Place again a call whose prompt its engine counted at ``counted`` tokens, more
-    than the slot it had: a window that holds it, or refused with both numbers."""
-    size = PromptSize(counted, True, largest)
-    size.refuse_if_too_long(_prompt_param(body))
-    need, reply = size.split(_max_tokens(body))
-    return await call.place(need, reply, counted, slots, name, counted=True)
-
-
-def _prompt_param(body: dict[str, Any]) -> str:
-    """The field a too-long prompt came in: chat's and Anthropic's ``messages``, the
-    Responses API's and embeddings' ``input``, a completion's ``prompt``."""
-    return next((field for field in ("messages", "input") if field in body), "prompt")
 
 
 async def _whole(
@@ -351,17 +188,6 @@ async def _named(
             yield rest
     finally:
         await chunks.aclose()
-
-
-def _prompt_count(box: Box, call: Call, path: str, raw: bytes) -> openings.Count:
-    """The call's prompt tokens: as counted before placing, else by its engine now."""
-
-    async def count() -> int | None:
-        if call.prompt_tokens is not None:
-            return call.prompt_tokens
-        return await box.needs.counted(call.resident, path, raw)
-
-    return count
 
 
 async def _sse(
