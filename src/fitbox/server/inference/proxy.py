@@ -2,7 +2,7 @@
 envelope. The call's life (its row, its lease, its speeds) is box/calls.py's.
 
 The request body is forwarded as the client sent it (no re-encoding). A stream is never
-buffered: each line the engine writes is yielded once it is whole (server/streams/names.py). An
+buffered: each event the engine writes is yielded once it is whole (server/streams/reshape.py). An
 engine's own error body is put in the OpenAI error envelope, keeping what the engine said
 (server/inference/engine_errors.py), so clients see one shape whoever failed.
 """
@@ -38,8 +38,10 @@ from fitbox.server.door.errors import body_for, is_insider
 from fitbox.server.door.vision import check_vision
 from fitbox.server.inference import progress
 from fitbox.server.inference.engine_errors import engine_error_body, retry_headers
-from fitbox.server.streams import openings, reasoning_routes, reasoning_streams
-from fitbox.server.streams.names import NameRewrite, rewrite_for
+from fitbox.server.inference.thinking import thinking_for
+from fitbox.server.streams import Reshape, Thinking, request_body
+from fitbox.server.streams.reshape import Count
+from fitbox.server.streams.server_timing import done_frame
 
 log = logging.getLogger(__name__)
 __all__ = ["allowed_models", "check_model_allowed", "engine_error_body", "forward", "refused"]
@@ -153,8 +155,8 @@ async def forward(
     call = box.calls.open(path, asked, bool(body.get("stream")), _request_id(request))
     setattr(request.state, timing.STAMPS_STATE, call.stamps)
     accept = request.headers.get("accept", "*/*")
-    field = reasoning_routes.for_call(request, path, body)
-    raw = reasoning_routes.request_body(raw, field)
+    field = thinking_for(request, path, body)
+    raw = request_body(raw, field)
     try:
         check_model_allowed(request, box, asked)
         name, headers = routed_name(box, asked)
@@ -182,16 +184,15 @@ async def forward(
         raise
     served = resident.artifact.name
     headers.update({"x-fitbox-model": served, "x-fitbox-device": resident.device})
-    names = rewrite_for(served, asked)
     if call.stream and response.status < 400:
         await call.written()  # the status line is the first byte: the row is stored first
         return StreamingResponse(
-            _sse(call, response, is_insider(request), count, names, field),
+            _sse(call, response, is_insider(request), count, asked, field),
             status_code=response.status,
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
             media_type=response.headers.get("content-type", "text/event-stream"),
         )
-    return await _whole(call, response, headers, names, field)
+    return await _whole(call, response, headers, asked, field)
 
 
 def _waiting(
@@ -201,23 +202,22 @@ def _waiting(
     body: dict[str, Any],
     headers: dict[str, str],
     asked: str,
-    field: reasoning_routes.Thinking | None,
-    count: openings.Count,
+    field: Thinking | None,
+    count: Count,
 ) -> Response:
     """A stream whose model must load first: its 200 now (server/inference/progress.py)."""
     insider = is_insider(request)
 
     async def relay(response: EngineResponse) -> AsyncGenerator[bytes, None]:
         if response.status < 400:
-            names = rewrite_for(call.resident.artifact.name, asked)
-            async for chunk in _sse(call, response, insider, count, names, field):
+            async for chunk in _sse(call, response, insider, count, asked, field):
                 yield chunk
             return
         content = await call.read(response)  # the engine refused it: its error, as an event
         error = engine_error_body(response.status, content, call.resident.artifact.name)
         call.refused_by_engine(response.status, error["error"]["code"])
         await call.finished()
-        yield b"data: " + json.dumps(error).encode() + b"\n\n" + timing.done_frame(call.stamps)
+        yield b"data: " + json.dumps(error).encode() + b"\n\n" + done_frame(call.stamps)
 
     box: Box = request.app.state.box
     stream = progress.waiting_stream(
@@ -314,8 +314,8 @@ async def _whole(
     call: Call,
     response: EngineResponse,
     headers: dict[str, str],
-    names: NameRewrite | None,
-    field: reasoning_routes.Thinking | None,
+    asked: str,
+    field: Thinking | None,
 ) -> Response:
     try:
         content = await call.read(response)
@@ -330,30 +330,13 @@ async def _whole(
         headers.update(retry_headers(response.status))
         return JSONResponse(body, status_code=response.status, headers=headers)
     call.answered(response.status, content)
-    content = reasoning_routes.whole(content, field)
+    content = Reshape(call.endpoint, call.resident.artifact.name, asked, field).whole(content)
     await call.finished()  # a whole reply's first byte is its last: it leaves once stored
     media_type = response.headers.get("content-type", "application/json")
-    content = names.whole(content) if names else content
     return Response(content, status_code=response.status, headers=headers, media_type=media_type)
 
 
-async def _named(
-    chunks: AsyncGenerator[bytes, None], names: NameRewrite | None
-) -> AsyncGenerator[bytes, None]:
-    """``chunks`` with the asked name put back (server/streams/names.py); closed with this."""
-    try:
-        async for chunk in chunks:
-            if names is None:
-                yield chunk
-            elif piece := names.piece(chunk):
-                yield piece
-        if names is not None and (rest := names.rest()):
-            yield rest
-    finally:
-        await chunks.aclose()
-
-
-def _prompt_count(box: Box, call: Call, path: str, raw: bytes) -> openings.Count:
+def _prompt_count(box: Box, call: Call, path: str, raw: bytes) -> Count:
     """The call's prompt tokens: as counted before placing, else by its engine now."""
 
     async def count() -> int | None:
@@ -368,27 +351,21 @@ async def _sse(
     call: Call,
     response: EngineResponse,
     insider: bool,
-    count: openings.Count,
-    names: NameRewrite | None = None,
-    field: reasoning_routes.Thinking | None = None,
+    count: Count,
+    asked: str | None = None,
+    field: Thinking | None = None,
 ) -> AsyncIterator[bytes]:
     """The engine's stream as it comes (the thinking moved, the asked name put back, the
     figures before its end); a failure mid-stream ends it with an SSE error event (the
     status line is long gone), recorded by the call, shaped for the caller."""
     try:
         lease = call.lease
-        opened = openings.mended(
-            call.relay(response),
-            call.endpoint,
-            call.resident.artifact.name,
-            lease.slots if lease else 1,
-            count,
-        )
-        shaped = _named(reasoning_streams.shaped(opened, field), names)
-        async for chunk in timing.annotated(shaped, call.stamps):
+        served, slots = call.resident.artifact.name, lease.slots if lease else 1
+        reshape = Reshape(call.endpoint, served, asked or served, field, slots, count, call.stamps)
+        async for chunk in reshape.stream(call.relay(response)):
             yield chunk
     except FitboxError as error:
         log.error("%s", error.message)
         await call.finished()  # the error event is the last byte: its row is stored first
         body = json.dumps(body_for(error, insider)).encode()
-        yield b"data: " + body + b"\n\n" + timing.done_frame(call.stamps)
+        yield b"data: " + body + b"\n\n" + done_frame(call.stamps)
