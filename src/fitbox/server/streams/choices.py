@@ -18,7 +18,7 @@ class _ChoiceShaper:
         self.splitters: dict[int, ThinkSplitter] = {}
 
     def _idle(self) -> bool:
-        return all(s.idle for s in self.splitters.values())
+        return not self.splitters or all(s.idle for s in self.splitters.values())
 
     def _splitter(self, choice: dict[str, Any]) -> ThinkSplitter:
         return self.splitters.setdefault(int(choice.get("index") or 0), ThinkSplitter())

@@ -10,6 +10,7 @@ the field itself is rewritten; llama-server writes JSON without spaces.
 
 from __future__ import annotations
 
+import functools
 import json
 
 
@@ -23,6 +24,7 @@ class NameRewrite:
         return content.replace(self.find, self.put)
 
 
+@functools.lru_cache(maxsize=256)  # a box serves few names: each pair is encoded once
 def rewrite_for(served: str, asked: str) -> NameRewrite | None:
     """None when the reply already carries the asked name."""
     return None if served == asked else NameRewrite(served, asked)

@@ -48,16 +48,16 @@ class Pass:
         self.cutter = EventCutter()
 
     def feed(self, chunk: bytes) -> bytes:
-        if (
-            self.cutter.pending
-            or not chunk.endswith(SEP)
-            or not all(stage.passes(chunk) for stage in self.stages)
-        ):
-            events = self.cutter.whole(chunk)
+        if not self.cutter.pending and chunk.endswith(SEP):
             for stage in self.stages:
-                events = [out for event in events for out in stage.event(event)]
-            chunk = b"".join(event + SEP for event in events)
-        return self._named_and_timed(chunk)
+                if not stage.passes(chunk):
+                    break
+            else:
+                return self._named_and_timed(chunk)  # as it came, not even cut
+        events = self.cutter.whole(chunk)
+        for stage in self.stages:
+            events = [out for event in events for out in stage.event(event)]
+        return self._named_and_timed(b"".join(event + SEP for event in events))
 
     def finish(self) -> bytes:
         """What was held when the stream ended (an event with no ``\\n\\n``), as it came."""
