@@ -250,3 +250,17 @@ def test_the_package_is_pure_bytes_in_bytes_out() -> None:
                 assert not name.startswith("starlette"), (source.name, name)
                 if name.startswith("fitbox"):
                     assert name.startswith("fitbox.server.streams"), (source.name, name)
+
+
+def test_one_event_a_chunk_takes_the_fast_paths_and_gives_the_same_reply() -> None:
+    """Each event in a chunk of its own (as llama-server writes them): the chunks a stage
+    passes skip it, and what comes out is what one chunk of it all gives."""
+    for path, make in ((CHAT, _chat), (COMPLETIONS, _completion), (MESSAGES, _messages)):
+        for words in (THINKS, NEVER_CLOSES, ["plain ", "text"]):
+            stream = make(words)
+            bounds = [at + 2 for at in range(len(stream)) if stream.startswith(b"\n\n", at)]
+            each, _ = _run(path, stream, bounds)
+            whole, _ = _run(path, stream, [])
+            strip = [{k: v for k, v in e.items() if k != "message"} for e in _data(each)]
+            assert strip == [{k: v for k, v in e.items() if k != "message"} for e in _data(whole)]
+            assert each.endswith(COMMENT + DONE + b"\n\n" if path != MESSAGES else COMMENT)

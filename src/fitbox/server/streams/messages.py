@@ -30,19 +30,22 @@ class MessagesShaper(NamedShaper):
         self.sent = 0
         self.thought = False  # a thinking block was sent: the blocks after it are renumbered
 
+    def passes(self, chunk: bytes) -> bool:
+        """One event (whole) that the fast path below lets through."""
+        return chunk.find(b"\n\n") == len(chunk) - 2 and self._plain(chunk)
+
     def event(self, event: bytes) -> list[bytes]:
+        return [event] if self._plain(event) else super().event(event)
+
+    def _plain(self, event: bytes) -> bool:
         """The fast path: with no thinking block sent, a delta with no tag in it, while no
         block is held or inside a tag, passes as it came (its index is the engine's)."""
-        if (
-            self.thought
-            or b"<" in event
-            or not event.startswith(b"event: content_block_delta\n")
-            or not all(
-                b.splitter.idle and (b.sent or b.open is not None) for b in self.texts.values()
-            )
-        ):
-            return super().event(event)
-        return [event]
+        return (
+            not self.thought
+            and b"<" not in event
+            and event.startswith(b"event: content_block_delta\n")
+            and all(b.splitter.idle and (b.sent or b.open is not None) for b in self.texts.values())
+        )
 
     def shape(self, data: dict[str, Any]) -> list[dict[str, Any]] | None:
         kind = data.get("type")

@@ -48,14 +48,15 @@ class Pass:
         self.cutter = EventCutter()
 
     def feed(self, chunk: bytes) -> bytes:
+        stages = self.stages
         if not self.cutter.pending and chunk.endswith(SEP):
-            for stage in self.stages:
-                if not stage.passes(chunk):
-                    break
-            else:
+            # a stage that passes the chunk passes what an earlier stage makes of it too
+            # (an opening is made of the chunk's own fields, or an event is dropped)
+            stages = [stage for stage in stages if not stage.passes(chunk)]
+            if not stages:
                 return self._named_and_timed(chunk)  # as it came, not even cut
         events = self.cutter.whole(chunk)
-        for stage in self.stages:
+        for stage in stages:
             events = [out for event in events for out in stage.event(event)]
         return self._named_and_timed(b"".join(event + SEP for event in events))
 
