@@ -4,9 +4,9 @@ work without them (issue #17's budget: within 0.2 ms of the proxy before it).
     python bench/client_view.py [--calls 20000] [--streams 400] [--tokens 256]
 
 Whole calls: an ASGI app answering a chat reply, bare and behind ServerTimingMiddleware,
-with reasoning.whole() on the reply (no thinking: the common case; and with <think>).
-Streams: a llama-server-shaped stream of --tokens events relayed bare, and through
-reasoning.shaped() and timing.annotated() (no thinking, and all thinking split by fitbox).
+with Reshape.whole() on the reply (no thinking: the common case; and with <think>).
+Streams: a llama-server-shaped stream of --tokens events relayed bare, and through the one
+pass, Reshape.stream() (no thinking, and all thinking split by fitbox; the figures' comment).
 Blocks alternate between the two sides, timed in this process's CPU seconds (a shared machine
 stretches wall time, not the work). Prints microseconds
 added per call and per stream, and the ratio (with / without).
@@ -23,7 +23,10 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from starlette.types import Message, Receive, Scope, Send
 
 from fitbox.server.door import timing
-from fitbox.server.streams import reasoning
+from fitbox.server.streams import Reshape, Thinking
+from fitbox.server.streams.thinking import CHAT
+
+SPLIT = Thinking(CHAT, "reasoning_content")
 
 REPLY = json.dumps(
     {
@@ -67,7 +70,7 @@ def _reshaped(content: bytes) -> Callable[[Scope, Receive, Send], Awaitable[None
     inner = _app(content)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        reasoning.whole(content, "reasoning_content")
+        Reshape(CHAT, "m", "m", SPLIT).whole(content)
         await inner(scope, receive, send)
 
     return app
@@ -117,7 +120,7 @@ async def _streams(events: list[bytes], n: int, shaped: bool) -> float:
         stamps: dict[str, float | None] = {"received_at": 1.0, "admitted_at": 1.0}
         chunks: AsyncGenerator[bytes, None] = _source(events, stamps)
         if shaped:
-            chunks = timing.annotated(reasoning.shaped(chunks, "reasoning_content"), stamps)  # type: ignore[assignment]
+            chunks = Reshape(CHAT, "m", "m", SPLIT, stamps=stamps).stream(chunks)
         async for _chunk in chunks:
             pass
     return time.process_time() - start

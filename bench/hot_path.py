@@ -15,13 +15,13 @@ Stages (each a function of the path; ``app`` holds all but ``outside``):
   body       the body read, parsed and checked (``json_object`` + ``check_fields``)
   open       the call row queued (``CallDesk.open``)
   route      the name's checks (allowed, default model, served route: ``Serving._routed``)
-             and ``field_for``
+             and ``thinking_for``
   prompt     the prompt's size for placement (``Needs.prompt``)
   place      joining the resident (``Call.place``: admission, the lease, its row values)
   send       to the child and back to its status line (``Call.send``): the engine's work
   read       the reply's body (``Call.read``)
   answered   usage and timings read, a measured speed recorded (``Call.answered``)
-  reasoning  the whole reply's thinking split (``reasoning.whole``)
+  reasoning  the whole reply reshaped: thinking split, asked name (``Reshape.whole``)
   finished   waiting for the row's commit (``Call.finished``)
   logpump    the child's log lines copied in fitbox's loop (``_LogPump._write``), per call
   commit     the store's writer committing a batch (``Writer._apply``, on its own thread):
@@ -115,8 +115,8 @@ def _install_probes() -> None:
     from fitbox.box.needs import Needs
     from fitbox.engines import child
     from fitbox.server.door import auth, timing
-    from fitbox.server.inference import openai
-    from fitbox.server.streams import reasoning
+    from fitbox.server.inference import openai, proxy
+    from fitbox.server.streams import Reshape
     from fitbox.store import writer
 
     _probe(timing.ServerTimingMiddleware, "__call__", "app")
@@ -126,13 +126,13 @@ def _install_probes() -> None:
     _probe(openai, "check_fields", "body")
     _probe(calls.CallDesk, "open", "open")
     _probe(serving.Serving, "_routed", "route")
-    _probe(reasoning, "field_for", "route")
+    _probe(proxy, "thinking_for", "route")
     _probe(Needs, "prompt", "prompt")
     _probe(calls.Call, "place", "place")
     _probe(calls.Call, "send", "send")
     _probe(calls.Call, "read", "read")
     _probe(calls.Call, "answered", "answered")
-    _probe(reasoning, "whole", "reasoning")
+    _probe(Reshape, "whole", "reasoning")
     _probe(calls.Call, "finished", "finished")
     _probe(child._LogPump, "_write", "logpump")
     _probe(writer.Writer, "_apply", "commit")

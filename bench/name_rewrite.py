@@ -1,10 +1,11 @@
-"""The asked name in replies (server/streams/names.py): what rewriting ``model`` costs, one run.
+"""The asked name in replies (server/streams/names.py, in the one pass, reshape.py): what
+rewriting ``model`` costs, one run.
 
     python bench/name_rewrite.py [--events 20000] [--streams 8] [--stream-tokens 128]
 
 1. In process: a chat stream's events (one event per engine write, as llama-server writes
-   them) through ``NameRewrite.piece`` against the same events passed on as they are; the
-   added time per event, and the ratio.
+   them) through the pass with only the rename (``Pass([], NameRewrite(...)).feed``) against
+   the same pass with nothing to rename; the added time per event, and the ratio.
 2. Through a real fitbox and its SmolLM2 child: the same streams asked by the file's own
    name (no rewrite) and by its alias ``smollm2`` (every chunk rewritten), interleaved;
    median TTFB and the largest gap between chunks, alias / name ratios.
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.proxy_overhead import MODEL, REPO, start_fitbox
 from fitbox.models.pull import pull
 from fitbox.server.streams.names import NameRewrite
+from fitbox.server.streams.reshape import Pass
 
 
 def events(n: int) -> list[bytes]:
@@ -45,19 +47,21 @@ def events(n: int) -> list[bytes]:
 
 
 def in_process(n: int) -> tuple[float, float]:
-    """Seconds per event: passed on as they are, and rewritten (best of 5 runs each)."""
+    """Seconds per event: through the pass with no name to put back, and with one (best of
+    5 runs each)."""
     stream = events(n)
 
     def plain() -> float:
+        one = Pass([])
         started = time.perf_counter()
-        out = [piece for piece in stream]
-        assert len(out) == len(stream)
+        out = [one.feed(piece) for piece in stream]
+        assert out == stream
         return time.perf_counter() - started
 
     def rewritten() -> float:
-        rewrite = NameRewrite(MODEL, "smollm2")
+        one = Pass([], NameRewrite(MODEL, "smollm2"))
         started = time.perf_counter()
-        out = [rewrite.piece(piece) for piece in stream]
+        out = [one.feed(piece) for piece in stream]
         assert out[0].count(b'"model":"smollm2"') == 1
         return time.perf_counter() - started
 

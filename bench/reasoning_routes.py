@@ -1,8 +1,8 @@
 """What moving a model's thinking costs on the routes beyond chat, per streamed token, in
 one process: llama-server-shaped streams of ``--tokens`` events for text completions,
-Responses and Messages, each relayed bare and through reasoning_streams.shaped(), against
-the same for a chat stream through chat's own shaper (the baseline this issue set), with
-no thinking (the common case) and all of it thinking.
+Responses and Messages, each relayed bare and through the one pass (``Reshape.stream``:
+its opening, its thinking), against the same for a chat stream (the baseline this issue
+set), with no thinking (the common case) and all of it thinking.
 
     python bench/reasoning_routes.py [--streams 200] [--tokens 256]
 
@@ -20,9 +20,8 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from fitbox.server.streams.reasoning import CHAT
-from fitbox.server.streams.reasoning_routes import COMPLETIONS, MESSAGES, RESPONSES, Thinking
-from fitbox.server.streams.reasoning_streams import shaped
+from fitbox.server.streams import Reshape, Thinking
+from fitbox.server.streams.thinking import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 
 Event = Callable[[str], dict[str, Any]]
 SHAPES: dict[str, tuple[list[dict[str, Any]], Event, list[dict[str, Any]]]] = {
@@ -91,7 +90,7 @@ async def _streams(path: str, events: list[bytes], n: int, on: bool) -> float:
     for _ in range(n):
         chunks = _source(events)
         if on:
-            chunks = shaped(chunks, Thinking(path, "reasoning_content"))
+            chunks = Reshape(path, "m", "m", Thinking(path, "reasoning_content")).stream(chunks)
         async for _chunk in chunks:
             pass
     return time.process_time() - start

@@ -1,4 +1,5 @@
-"""server/streams/openings.py: a stream's opening put back or kept once, whatever the chunking."""
+"""server/streams/openings.py, through the one pass (reshape.py): a stream's opening put back
+or kept once, whatever the chunking."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fitbox.server.streams import openings
-from fitbox.server.streams.reasoning import CHAT
-from fitbox.server.streams.reasoning_routes import MESSAGES, RESPONSES
+from fitbox.server.streams import Reshape, openings
+from fitbox.server.streams.thinking import CHAT, MESSAGES, RESPONSES
 
 
 def _sse(data: dict[str, Any], name: str | None = None) -> bytes:
@@ -23,7 +23,8 @@ def _sse(data: dict[str, Any], name: str | None = None) -> bytes:
 def _run(
     stream: bytes, cuts: list[int], path: str, choices: int = 1, counted: int | None = 7
 ) -> tuple[bytes, list[str]]:
-    """The stream cut at ``cuts`` through ``mended``; what came out and what was closed."""
+    """The stream cut at ``cuts`` through the pass (its thinking left as it is); what came
+    out and what was closed."""
     closed: list[str] = []
     asked: list[str] = []
 
@@ -42,7 +43,7 @@ def _run(
         return counted
 
     async def main() -> bytes:
-        out = openings.mended(chunks(), path, "served", choices, count)
+        out = Reshape(path, "served", "served", None, choices, count).stream(chunks())
         return b"".join([piece async for piece in out])
 
     return asyncio.run(main()), closed + asked

@@ -1,5 +1,6 @@
-"""server/streams/reasoning.py in process: the streaming ``<think>`` splitter over every chunking
-hypothesis finds, and the whole and streamed reply shapes for each field setting."""
+"""server/streams/thinking.py in process: the streaming ``<think>`` splitter over every chunking
+hypothesis finds, and the whole and streamed chat reply shapes (the stream through the one
+pass, server/streams/reshape.py) for each field setting."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fitbox.server.streams.reasoning import StreamShaper, ThinkSplitter, request_body, whole
+from fitbox.server.streams import thinking
+from fitbox.server.streams.reshape import Pass, stages_for
+from fitbox.server.streams.thinking import CHAT, Thinking, ThinkSplitter
 
 PIECES = st.lists(
     st.sampled_from(
@@ -66,6 +69,19 @@ def test_a_tag_across_pieces_and_an_unclosed_one() -> None:
     assert (s.feed("<think>still thinking <"), s.finish()) == (("still thinking ", ""), ("<", ""))
 
 
+def _target(field: str | None) -> Thinking | None:
+    return Thinking(CHAT, field) if field is not None else None
+
+
+def whole(content: bytes, field: str | None) -> bytes:
+    """A whole chat reply with the field setting ``field`` (None: no chat call)."""
+    return thinking.whole(content, _target(field))
+
+
+def request_body(raw: bytes, field: str | None) -> bytes:
+    return thinking.request_body(raw, _target(field))
+
+
 def _events(contents: list[str | None]) -> bytes:
     out = b""
     for i, text in enumerate(contents):
@@ -97,7 +113,7 @@ def test_a_stream_over_any_chunking_carries_the_thinking_in_its_field(
     pieces: list[str], cuts: list[int], field: str
 ) -> None:
     raw = _events([*pieces, None])
-    shaper, out, at = StreamShaper(field), b"", 0
+    shaper, out, at = Pass(stages_for(CHAT, Thinking(CHAT, field))), b"", 0
     for cut in [*sorted({min(c, len(raw)) for c in cuts}), len(raw)]:
         out += shaper.feed(raw[at:cut])
         at = cut

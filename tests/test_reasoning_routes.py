@@ -1,4 +1,4 @@
-"""server/streams/reasoning_routes.py and reasoning_streams.py in process: text completions,
+"""server/streams/thinking.py and the pass's shapers (reshape.py) in process: text completions,
 Responses and Messages streams, shaped as llama-server writes them, over every chunking
 hypothesis finds, carry the thinking and the text that splitting the whole text gives."""
 
@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fitbox.server.streams.reasoning_routes import COMPLETIONS, MESSAGES, RESPONSES, Thinking, split
-from fitbox.server.streams.reasoning_routes import whole as whole_reply
-from fitbox.server.streams.reasoning_streams import shaper_for
+from fitbox.server.streams.reshape import Pass, stages_for
+from fitbox.server.streams.thinking import COMPLETIONS, MESSAGES, RESPONSES, Thinking, split
+from fitbox.server.streams.thinking import whole as whole_reply
 
 PIECES = st.lists(
     st.sampled_from(
@@ -30,7 +30,7 @@ def _event(data: dict[str, Any], named: bool) -> bytes:
 
 
 def _run(path: str, raw: bytes, cuts: list[int]) -> list[dict[str, Any]]:
-    shaper, out, at = shaper_for(Thinking(path, "reasoning_content")), b"", 0
+    shaper, out, at = Pass(stages_for(path, Thinking(path, "reasoning_content"))), b"", 0
     for cut in [*sorted({min(c, len(raw)) for c in cuts}), len(raw)]:
         out += shaper.feed(raw[at:cut])
         at = cut

@@ -19,6 +19,7 @@ from fitbox.models.gguf_facts import read_facts
 from fitbox.server.app import create_app
 from fitbox.server.inference.engine_errors import engine_error_body, retry_cannot_help
 from fitbox.server.streams.names import NameRewrite, rewrite_for
+from fitbox.server.streams.reshape import Pass
 from fitbox.store.keys import create_key
 
 from .conftest import BOX
@@ -90,11 +91,13 @@ def test_the_asked_name_replaces_the_served_one_across_chunk_boundaries() -> Non
         b"data: [DONE]\n\n"
     )
     for cut in range(1, len(events)):
-        out = rewrite.piece(events[:cut]) + rewrite.piece(events[cut:]) + rewrite.rest()
+        one = Pass([], rewrite)  # the pass over whole events (server/streams/reshape.py)
+        out = one.feed(events[:cut]) + one.feed(events[cut:]) + one.finish()
         assert out.count(b'"model":"smollm2"') == 2, cut
         assert b'\\"model\\":\\"Smol.Q4_1\\"' in out  # text the model wrote stays
-    assert rewrite.piece(b'data: {"model":"Smol.Q4_1"}') == b""  # a line waits for its end
-    assert rewrite.rest() == b'data: {"model":"smollm2"}'
+    one = Pass([], rewrite)
+    assert one.feed(b'data: {"model":"Smol.Q4_1"}') == b""  # an event waits for its end
+    assert one.finish() == b'data: {"model":"smollm2"}'
     assert rewrite_for("x", "x") is None
 
 

@@ -9,13 +9,9 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from fitbox.server.door.timing import (
-    STAMPS_STATE,
-    TRAILERS,
-    ServerTimingMiddleware,
-    annotated,
-    figures,
-)
+from fitbox.server.door.timing import STAMPS_STATE, TRAILERS, ServerTimingMiddleware
+from fitbox.server.streams import Reshape
+from fitbox.server.streams.server_timing import figures
 
 
 def test_figures_split_the_wait_into_queue_and_load() -> None:
@@ -43,7 +39,8 @@ async def _stream(stamps: dict[str, float | None]) -> AsyncGenerator[bytes, None
 def test_the_comment_goes_before_done() -> None:
     async def run() -> bytes:
         stamps: dict[str, float | None] = {"received_at": 1.0, "admitted_at": 1.0}
-        return b"".join([c async for c in annotated(_stream(stamps), stamps)])
+        reshape = Reshape("/v1/completions", "m", "m", None, stamps=stamps)
+        return b"".join([c async for c in reshape.stream(_stream(stamps))])
 
     text = asyncio.run(run())
     assert text.endswith(

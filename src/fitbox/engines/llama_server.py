@@ -199,7 +199,7 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         argv.append("--no-webui")
     if engine.has("--reasoning-format"):
         # a model's thinking in reasoning_content, where the engine knows its template;
-        # fitbox splits what it leaves in content (server/streams/reasoning.py)
+        # fitbox splits what it leaves in content (server/streams/thinking.py)
         argv += ["--reasoning-format", "deepseek"]
     if engine.has("--verbosity"):
         argv += ["--verbosity", "4"]  # libllama's buffer sizes are printed at trace level

@@ -1,16 +1,12 @@
 """``Server-Timing`` (W3C Server Timing) on every response fitbox sends.
 
-The figures come from a call's row stamps (box/calls.py: ``Call.stamps``), so a response
-and its call row always agree; ``figures()`` is the one derivation, in milliseconds:
-
-    queue = (admitted_at, or the end when never placed) - received_at - load
-    load  = load_ready_at - max(load_start_at, received_at)    0 when the model was resident
-    ttft  = first_byte_at - received_at                         once a first byte went
-    total = last_byte_at - received_at                          once the last byte went
+The figures come from a call's row stamps (server/streams/server_timing.py: ``figures()``,
+the one derivation), so a response and its call row always agree.
 
 A whole reply (or an error) carries all it has in its header. A streamed reply's header
 carries what is known when it goes out (queue, load); the rest comes in a last SSE comment
-(``: server-timing queue;dur=…, …``) before ``data: [DONE]``, and in an HTTP trailer where
+(``: server-timing queue;dur=…, …``) before ``data: [DONE]`` (put there by the stream's one
+pass, server/streams/reshape.py), and in an HTTP trailer where
 the server can send one (the ASGI ``http.response.trailers`` extension) and the client sent
 ``TE: trailers``. uvicorn's HTTP/1.1 protocols (h11, httptools; read in 0.54) do not offer
 that extension: their scope has no ``extensions``, a stream ends with a bare last chunk
@@ -27,70 +23,14 @@ time from its request's arrival to its status line.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fitbox.server.streams.server_timing import figures, header_value
+
 STAMPS_STATE = "call_stamps"  # request.state name of the call's stamps (server/inference/proxy.py)
 TRAILERS = "http.response.trailers"
-DONE = b"data: [DONE]"
-
-
-def figures(stamps: Mapping[str, float | None]) -> dict[str, float]:
-    """The call's figures in ms, those its stamps allow, in the order a header lists them."""
-    received = stamps.get("received_at")
-    if received is None:
-        return {}
-    start, ready = stamps.get("load_start_at"), stamps.get("load_ready_at")
-    load = max(0.0, ready - max(start, received)) if start and ready else 0.0
-    placed, first, last = (stamps.get(k) for k in ("admitted_at", "first_byte_at", "last_byte_at"))
-    out: dict[str, float] = {}
-    if placed or last:
-        out["queue"] = max(0.0, (placed or last or received) - received - load) * 1000
-        out["load"] = load * 1000
-    if first:
-        out["ttft"] = (first - received) * 1000
-    if last:
-        out["total"] = (last - received) * 1000
-    return out
-
-
-def header_value(found: Mapping[str, float]) -> str:
-    """``queue;dur=1.2, load;dur=0, …`` (W3C: metric *( ";" param ), dur in ms)."""
-    return ", ".join(f"{name};dur={value:.1f}" for name, value in found.items())
-
-
-def sse_comment(stamps: Mapping[str, float | None]) -> bytes:
-    """The stream's last figures as an SSE comment (clients skip comment lines)."""
-    return b": server-timing " + header_value(figures(stamps)).encode() + b"\n\n"
-
-
-def done_frame(stamps: Mapping[str, float | None]) -> bytes:
-    return sse_comment(stamps) + DONE + b"\n\n"
-
-
-async def annotated(
-    chunks: AsyncGenerator[bytes, None], stamps: Mapping[str, float | None]
-) -> AsyncIterator[bytes]:
-    """The engine's stream with the figures' comment put before its ``data: [DONE]``. The
-    call stamps its last byte when that event arrives (box/calls.py: relay), before the
-    piece that holds it is handed on. An end split across pieces gets the comment after it.
-    Closing this closes ``chunks`` at once (its ``finally`` releases the call's lease)."""
-    pending = True
-    try:
-        async for chunk in chunks:
-            if pending and stamps.get("last_byte_at") is not None:
-                at = chunk.find(DONE)
-                chunk = (
-                    chunk[:at] + sse_comment(stamps) + chunk[at:]
-                    if at >= 0
-                    else (chunk + sse_comment(stamps))
-                )
-                pending = False
-            yield chunk
-    finally:
-        await chunks.aclose()
 
 
 def _te_trailers(scope: Scope) -> bool:

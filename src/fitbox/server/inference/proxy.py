@@ -4,7 +4,7 @@ its name resolved once, the checks) and serves it (placed, sent, placed again on
 prompt: box/serving.py); the call's life (its row, its lease, its speeds) is box/calls.py's.
 
 The request body is forwarded as the client sent it (no re-encoding). A stream is never
-buffered: each line the engine writes is yielded once it is whole (server/streams/names.py). An
+buffered: each event the engine writes is yielded once it is whole (server/streams/reshape.py). An
 engine's own error body is put in the OpenAI error envelope, keeping what the engine said
 (server/inference/engine_errors.py), so clients see one shape whoever failed.
 """
@@ -31,8 +31,10 @@ from fitbox.server.door import timing
 from fitbox.server.door.errors import body_for, is_insider
 from fitbox.server.inference import progress
 from fitbox.server.inference.engine_errors import engine_error_body, retry_headers
-from fitbox.server.streams import openings, reasoning_routes, reasoning_streams
-from fitbox.server.streams.names import NameRewrite, rewrite_for
+from fitbox.server.inference.thinking import thinking_for
+from fitbox.server.streams import Reshape, Thinking, request_body
+from fitbox.server.streams.reshape import Count
+from fitbox.server.streams.server_timing import done_frame
 
 log = logging.getLogger(__name__)
 __all__ = ["allowed_models", "engine_error_body", "forward", "refused"]
@@ -87,11 +89,11 @@ async def forward(
     """Open the call on ``body["model"]``, have the box serve it (box/serving.py), frame
     its answer: a stream, a whole reply, or a stream that waits for its model's load."""
     box: Box = request.app.state.box
-    field = reasoning_routes.for_call(request, path, body)
+    field = thinking_for(request, path, body)
     order = Order(
         path,
         body,
-        reasoning_routes.request_body(raw, field),
+        request_body(raw, field),
         _request_id(request),
         allowed_models(request),
         images,
@@ -108,34 +110,33 @@ async def forward(
     resident, response = answer.resident, answer.response
     served_name = resident.artifact.name
     headers = {**served.headers, "x-fitbox-model": served_name, "x-fitbox-device": resident.device}
-    names = rewrite_for(served_name, call.model)
     if call.stream and response.status < 400:  # its row is stored: the status line may go
         return StreamingResponse(
-            _sse(call, response, is_insider(request), served.prompt_count, names, field),
+            _sse(call, response, is_insider(request), served.prompt_count, call.model, field),
             status_code=response.status,
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
             media_type=response.headers.get("content-type", "text/event-stream"),
         )
-    return await _whole(call, response, headers, names, field)
+    return await _whole(call, response, headers, call.model, field)
 
 
-def _waiting(request: Request, served: Served, field: reasoning_routes.Thinking | None) -> Response:
+def _waiting(request: Request, served: Served, field: Thinking | None) -> Response:
     """A stream whose model must load first: its 200 now (server/inference/progress.py)."""
     insider, call = is_insider(request), served.call
 
     async def relay(answer: Answer) -> AsyncGenerator[bytes, None]:
         response = answer.response
         if response.status < 400:
-            names = rewrite_for(answer.resident.artifact.name, call.model)
-            count = served.prompt_count
-            async for chunk in _sse(call, response, insider, count, names, field):
+            async for chunk in _sse(
+                call, response, insider, served.prompt_count, call.model, field
+            ):
                 yield chunk
             return
         content = await call.read(response)  # the engine refused it: its error, as an event
         error = engine_error_body(response.status, content, answer.resident.artifact.name)
         call.refused_by_engine(response.status, error["error"]["code"])
         await call.finished()
-        yield b"data: " + json.dumps(error).encode() + b"\n\n" + timing.done_frame(call.stamps)
+        yield b"data: " + json.dumps(error).encode() + b"\n\n" + done_frame(call.stamps)
 
     box: Box = request.app.state.box
     wanted = progress.wanted(request, served.order.body)
@@ -151,8 +152,8 @@ async def _whole(
     call: Call,
     response: EngineResponse,
     headers: dict[str, str],
-    names: NameRewrite | None,
-    field: reasoning_routes.Thinking | None,
+    asked: str,
+    field: Thinking | None,
 ) -> Response:
     try:
         content = await call.read(response)
@@ -167,54 +168,31 @@ async def _whole(
         headers.update(retry_headers(response.status))
         return JSONResponse(body, status_code=response.status, headers=headers)
     call.answered(response.status, content)
-    content = reasoning_routes.whole(content, field)
+    content = Reshape(call.endpoint, call.resident.artifact.name, asked, field).whole(content)
     await call.finished()  # a whole reply's first byte is its last: it leaves once stored
     media_type = response.headers.get("content-type", "application/json")
-    content = names.whole(content) if names else content
     return Response(content, status_code=response.status, headers=headers, media_type=media_type)
-
-
-async def _named(
-    chunks: AsyncGenerator[bytes, None], names: NameRewrite | None
-) -> AsyncGenerator[bytes, None]:
-    """``chunks`` with the asked name put back (server/streams/names.py); closed with this."""
-    try:
-        async for chunk in chunks:
-            if names is None:
-                yield chunk
-            elif piece := names.piece(chunk):
-                yield piece
-        if names is not None and (rest := names.rest()):
-            yield rest
-    finally:
-        await chunks.aclose()
 
 
 async def _sse(
     call: Call,
     response: EngineResponse,
     insider: bool,
-    count: openings.Count,
-    names: NameRewrite | None = None,
-    field: reasoning_routes.Thinking | None = None,
+    count: Count,
+    asked: str | None = None,
+    field: Thinking | None = None,
 ) -> AsyncIterator[bytes]:
     """The engine's stream as it comes (the thinking moved, the asked name put back, the
     figures before its end); a failure mid-stream ends it with an SSE error event (the
     status line is long gone), recorded by the call, shaped for the caller."""
     try:
         lease = call.lease
-        opened = openings.mended(
-            call.relay(response),
-            call.endpoint,
-            call.resident.artifact.name,
-            lease.slots if lease else 1,
-            count,
-        )
-        shaped = _named(reasoning_streams.shaped(opened, field), names)
-        async for chunk in timing.annotated(shaped, call.stamps):
+        served, slots = call.resident.artifact.name, lease.slots if lease else 1
+        reshape = Reshape(call.endpoint, served, asked or served, field, slots, count, call.stamps)
+        async for chunk in reshape.stream(call.relay(response)):
             yield chunk
     except FitboxError as error:
         log.error("%s", error.message)
         await call.finished()  # the error event is the last byte: its row is stored first
         body = json.dumps(body_for(error, insider)).encode()
-        yield b"data: " + body + b"\n\n" + timing.done_frame(call.stamps)
+        yield b"data: " + body + b"\n\n" + done_frame(call.stamps)

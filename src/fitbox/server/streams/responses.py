@@ -1,98 +1,25 @@
-"""The thinking moved in a stream, event by event, in each route's shape (the shapes are
-reasoning_routes.py's; chat's stream is reasoning.py's ``StreamShaper``).
+"""The thinking moved in a Responses stream, event by event (the shapes are thinking.py's).
 
-Responses: the engine's message item is held back (its ``output_item.added`` and
+The engine's message item is held back (its ``output_item.added`` and
 ``content_part.added``) until its first text, so a reasoning item opened by the thinking
 before it comes first in ``output``; every item is numbered (``output_index``) in the order
 it is sent. The reasoning item stays open until the message's text is done, so thinking
-that comes after text still lands in it. Messages: each engine text block becomes a
-thinking block and a text block, as the thinking and the text come; every block after is
-numbered on (``index``).
+that comes after text still lands in it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import Any
 
-from fitbox.server.streams import reasoning
-from fitbox.server.streams.reasoning import ThinkSplitter
-from fitbox.server.streams.reasoning_routes import (
-    COMPLETIONS,
-    MESSAGES,
-    RESPONSES,
-    Thinking,
-    dumps,
-    field_of,
+from fitbox.server.streams.events import NamedShaper
+from fitbox.server.streams.thinking import (
+    ThinkSplitter,
     message_text,
     reasoning_id,
     reasoning_item,
     set_message_text,
     split,
-    thinking_block,
 )
-from fitbox.server.streams.sse_events import EventCutter, event_data, relay
-
-
-class EventShaper(EventCutter):
-    """A route's event stream, event by event (held until its ``\\n\\n``): subclasses say
-    what becomes of one parsed event (a list of events to send in its place)."""
-
-    def feed(self, chunk: bytes) -> bytes:
-        return b"".join(self._one(e) for e in self.whole(chunk))
-
-    def _one(self, event: bytes) -> bytes:
-        data = event_data(event)
-        if data is None:
-            return event + b"\n\n"
-        out = self.shape(data)
-        if out is None:
-            return event + b"\n\n"
-        return b"".join(self.frame(e) for e in out)
-
-    def frame(self, data: dict[str, Any]) -> bytes:
-        return b"data: " + dumps(data) + b"\n\n"
-
-    def shape(self, data: dict[str, Any]) -> list[dict[str, Any]] | None:
-        """The events to send for ``data``; None sends the event as it came."""
-        raise NotImplementedError
-
-
-class NamedEventShaper(EventShaper):
-    """Responses and Messages streams name each event (``event: <type>``) before its data."""
-
-    def frame(self, data: dict[str, Any]) -> bytes:
-        return b"event: " + str(data.get("type", "")).encode() + b"\n" + super().frame(data)
-
-
-class CompletionShaper(EventShaper):
-    """``/v1/completions`` streamed: each choice's ``text`` split, its thinking beside it."""
-
-    def __init__(self, field: str) -> None:
-        super().__init__()
-        self.field = field
-        self.splitters: dict[int, ThinkSplitter] = {}
-
-    def _one(self, event: bytes) -> bytes:
-        if b"<" not in event and all(s.idle for s in self.splitters.values()):
-            return event + b"\n\n"  # the fast path: no tag here and none begun
-        return super()._one(event)
-
-    def shape(self, data: dict[str, Any]) -> list[dict[str, Any]] | None:
-        for choice in data.get("choices") or []:
-            if not isinstance(choice, dict):
-                continue
-            splitter = self.splitters.setdefault(int(choice.get("index") or 0), ThinkSplitter())
-            text = choice.get("text")
-            thought, rest = splitter.feed(text) if isinstance(text, str) else ("", "")
-            if choice.get("finish_reason") is not None:
-                tail_thought, tail_rest = splitter.finish()
-                thought, rest = thought + tail_thought, rest + tail_rest
-            if isinstance(text, str) or rest:
-                choice["text"] = rest
-            if thought:
-                choice[self.field] = thought
-        return [data]
 
 
 class _Message:
@@ -118,7 +45,7 @@ _PART_EVENTS = frozenset(
 )
 
 
-class ResponsesShaper(NamedEventShaper):
+class ResponsesShaper(NamedShaper):
     def __init__(self) -> None:
         super().__init__()
         self.messages: dict[str, _Message] = {}
@@ -131,7 +58,7 @@ class ResponsesShaper(NamedEventShaper):
         data["sequence_number"], self.sequence = self.sequence, self.sequence + 1
         return super().frame(data)
 
-    def _one(self, event: bytes) -> bytes:
+    def event(self, event: bytes) -> list[bytes]:
         """The fast path: a text delta of the current message, no tag in it or begun, once
         the message is sent: its numbers put on its end, unparsed (the done events' texts
         are split whole again: splitting gives the same however the text was cut)."""
@@ -148,10 +75,10 @@ class ResponsesShaper(NamedEventShaper):
             or not event.startswith(b"event: response.output_text.delta\n")
             or message.item_id.encode() not in event
         ):
-            return super()._one(event)
+            return super().event(event)
         numbers = f',"output_index":{message.index},"content_index":0,"sequence_number":'
         self.sequence += 1
-        return event[:-1] + f"{numbers}{self.sequence - 1}}}\n\n".encode()
+        return [event[:-1] + f"{numbers}{self.sequence - 1}}}".encode()]
 
     def _number(self, item_id: str) -> int:
         self.indexes[item_id] = self.sent
@@ -315,128 +242,3 @@ def _finished_output(
             pair = [item, thinking] if after else [thinking, item]
         items += pair
     response["output"] = items
-
-
-class _TextBlock:
-    """One engine text block of a Messages stream: it becomes a thinking block and a text
-    block (as many as the thinking and the text alternate), numbered as they are sent."""
-
-    def __init__(self, start: dict[str, Any]) -> None:
-        self.start = start  # the engine's own text block (its fields kept)
-        self.splitter = ThinkSplitter()
-        self.open: str | None = None  # "thinking" or "text": the block sent and not closed
-        self.index = 0
-        self.sent = False
-
-
-class MessagesShaper(NamedEventShaper):
-    def __init__(self) -> None:
-        super().__init__()
-        self.texts: dict[int, _TextBlock] = {}
-        self.indexes: dict[int, int] = {}  # the engine's other blocks: the index sent
-        self.sent = 0
-        self.thought = False  # a thinking block was sent: the blocks after it are renumbered
-
-    def _one(self, event: bytes) -> bytes:
-        """The fast path: with no thinking block sent, a delta with no tag in it, while no
-        block is held or inside a tag, passes as it came (its index is the engine's)."""
-        if (
-            self.thought
-            or b"<" in event
-            or not event.startswith(b"event: content_block_delta\n")
-            or not all(
-                b.splitter.idle and (b.sent or b.open is not None) for b in self.texts.values()
-            )
-        ):
-            return super()._one(event)
-        return event + b"\n\n"
-
-    def shape(self, data: dict[str, Any]) -> list[dict[str, Any]] | None:
-        kind = data.get("type")
-        index = data.get("index")
-        if not kind or not str(kind).startswith("content_block_") or not isinstance(index, int):
-            return None
-        block = data.get("content_block")
-        if kind == "content_block_start" and isinstance(block, dict):
-            if block.get("type") == "text":
-                self.texts[index] = _TextBlock(block)
-                thought, text = self.texts[index].splitter.feed(str(block.get("text") or ""))
-                return self._pieces(self.texts[index], thought, text)
-            self.indexes[index] = self.sent
-            self.sent += 1
-        text_block = self.texts.get(index)
-        if text_block is None:
-            data["index"] = self.indexes.get(index, index)
-            return [data]
-        delta = data.get("delta")
-        delta = delta if isinstance(delta, dict) else {}
-        if kind == "content_block_delta" and delta.get("type") == "text_delta":
-            thought, text = text_block.splitter.feed(str(delta.get("text") or ""))
-            return self._pieces(text_block, thought, text)
-        if kind == "content_block_stop":
-            thought, text = text_block.splitter.finish()
-            out = self._pieces(text_block, thought, text)
-            if not text_block.sent:  # a block with no text at all: sent as it came
-                out += self._switch(text_block, "text")
-            return out + self._switch(text_block, None)
-        data["index"] = text_block.index
-        return [data]
-
-    def _pieces(self, block: _TextBlock, thought: str, text: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        if thought:
-            out += self._switch(block, "thinking")
-            out.append(
-                {
-                    "type": "content_block_delta",
-                    "index": block.index,
-                    "delta": {"type": "thinking_delta", "thinking": thought},
-                }
-            )
-        if text:
-            out += self._switch(block, "text")
-            out.append(
-                {
-                    "type": "content_block_delta",
-                    "index": block.index,
-                    "delta": {"type": "text_delta", "text": text},
-                }
-            )
-        return out
-
-    def _switch(self, block: _TextBlock, kind: str | None) -> list[dict[str, Any]]:
-        """Close the block being sent unless it is of ``kind``; open one of ``kind``."""
-        if block.open == kind:
-            return []
-        out: list[dict[str, Any]] = []
-        if block.open is not None:
-            out.append({"type": "content_block_stop", "index": block.index})
-        block.open = kind
-        if kind is None:
-            return out
-        block.index, block.sent = self.sent, True
-        self.sent += 1
-        self.thought = self.thought or kind == "thinking"
-        start = thinking_block("") if kind == "thinking" else {**block.start, "text": ""}
-        out.append({"type": "content_block_start", "index": block.index, "content_block": start})
-        return out
-
-
-def shaper_for(thinking: Thinking) -> EventShaper | reasoning.StreamShaper:
-    if thinking.path == COMPLETIONS:
-        return CompletionShaper(thinking.field)
-    if thinking.path == RESPONSES:
-        return ResponsesShaper()
-    if thinking.path == MESSAGES:
-        return MessagesShaper()
-    return reasoning.StreamShaper(thinking.field)
-
-
-def shaped(
-    chunks: AsyncGenerator[bytes, None], thinking: Thinking | None
-) -> AsyncGenerator[bytes, None]:
-    """``chunks`` (an engine's event stream) with the thinking in its route's shape; chat
-    (and a call that splits nothing) goes to reasoning.py as it is, no layer added."""
-    if thinking is None or thinking.path == reasoning.CHAT or not thinking.splits:
-        return reasoning.shaped(chunks, field_of(thinking))
-    return relay(chunks, shaper_for(thinking))
