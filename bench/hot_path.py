@@ -115,7 +115,7 @@ def _install_probes() -> None:
     from fitbox.box.needs import Needs
     from fitbox.engines import child
     from fitbox.server.door import auth, timing
-    from fitbox.server.inference import openai, proxy
+    from fitbox.server.inference import openai
     from fitbox.server.streams import Reshape
     from fitbox.store import writer
 
@@ -126,7 +126,7 @@ def _install_probes() -> None:
     _probe(openai, "check_fields", "body")
     _probe(calls.CallDesk, "open", "open")
     _probe(serving.Serving, "_routed", "route")
-    _probe(proxy, "thinking_for", "route")
+    _probe(openai, "thinking_for", "route")
     _probe(Needs, "prompt", "prompt")
     _probe(calls.Call, "place", "place")
     _probe(calls.Call, "send", "send")

@@ -366,7 +366,7 @@ def test_a_stream_that_fails_mid_way_withholds_the_log_from_outsiders() -> None:
     import asyncio
 
     from fitbox.errors import EngineFailed
-    from fitbox.server.inference import proxy
+    from fitbox.server.inference import openai
 
     class Failing:
         endpoint, lease = "/v1/completions", None
@@ -386,7 +386,7 @@ def test_a_stream_that_fails_mid_way_withholds_the_log_from_outsiders() -> None:
         async def count() -> int | None:
             return None
 
-        chunks = proxy._sse(Failing(), None, insider, count)  # type: ignore[arg-type]
+        chunks = openai._sse(Failing(), None, insider, count)  # type: ignore[arg-type]
         return b"".join([c async for c in chunks])
 
     outsider, inside = asyncio.run(events(False)), asyncio.run(events(True))

@@ -283,8 +283,9 @@ def _events(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_a_reply_that_opens_inside_a_character_still_opens_its_stream(pair: Pair) -> None:
-    """What the engine leaves out of such a stream's opening (server/streams/openings.py) comes
-    through fitbox; each first assert shows the engine still leaves it out."""
+    """What the engine leaves out of such a stream's opening (the opening stages of
+    server/streams/reshape.py) comes through fitbox; each first assert shows the engine still
+    leaves it out."""
     messages = {"max_tokens": 4, "messages": [{"role": "user", "content": EMOJI}]}
     direct, through = (
         _events(url, "/v1/messages", messages) for url in (pair.direct, pair.box.url)

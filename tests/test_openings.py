@@ -1,5 +1,5 @@
-"""server/streams/openings.py, through the one pass (reshape.py): a stream's opening put back
-or kept once, whatever the chunking."""
+"""The openings of server/streams/ (choices.py, responses.py, messages.py), through the one
+pass (reshape.py): a stream's opening put back or kept once, whatever the chunking."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fitbox.server.streams import Reshape, openings
+from fitbox.server.streams import Reshape, messages
 from fitbox.server.streams.thinking import CHAT, MESSAGES, RESPONSES
 
 
@@ -75,7 +75,7 @@ def test_a_messages_stream_without_its_start_gets_one_first(cuts: list[int]) -> 
 
 
 def test_a_messages_stream_with_its_start_is_left_as_it_came_and_counts_nothing() -> None:
-    start = openings.message_start("served", 3)
+    start = messages.message_start("served", 3)
     out, seen = _run(start + BLOCK + STOP, [5, 90], MESSAGES)
     assert out == start + BLOCK + STOP and seen == ["engine"]
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fitbox.server.streams import Reshape, Thinking
-from fitbox.server.streams.server_timing import DONE
+from fitbox.server.streams.events import DONE
 from fitbox.server.streams.thinking import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 
 SERVED, ASKED = "Smol.Q4_1", "smollm2"

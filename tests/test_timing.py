@@ -11,7 +11,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from fitbox.server.door.timing import STAMPS_STATE, TRAILERS, ServerTimingMiddleware
 from fitbox.server.streams import Reshape
-from fitbox.server.streams.server_timing import figures
+from fitbox.server.streams.events import figures
 
 
 def test_figures_split_the_wait_into_queue_and_load() -> None:

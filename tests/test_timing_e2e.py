@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from fitbox import config
 from fitbox.server.app import create_app
-from fitbox.server.streams.server_timing import figures
+from fitbox.server.streams.events import figures
 
 from .conftest import BOX, FitboxProcess, running_fitbox
 from .holds import until

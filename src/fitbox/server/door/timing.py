@@ -1,6 +1,6 @@
 """``Server-Timing`` (W3C Server Timing) on every response fitbox sends.
 
-The figures come from a call's row stamps (server/streams/server_timing.py: ``figures()``,
+The figures come from a call's row stamps (server/streams/events.py: ``figures()``,
 the one derivation), so a response and its call row always agree.
 
 A whole reply (or an error) carries all it has in its header. A streamed reply's header
@@ -27,9 +27,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fitbox.server.streams.server_timing import figures, header_value
+from fitbox.server.streams.events import figures, header_value
 
-STAMPS_STATE = "call_stamps"  # request.state name of the call's stamps (server/inference/proxy.py)
+STAMPS_STATE = "call_stamps"  # request.state name of the call's stamps (server/inference/openai.py)
 TRAILERS = "http.response.trailers"
 
 

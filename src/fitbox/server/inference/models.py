@@ -13,7 +13,7 @@ from fitbox.box.box import Box
 from fitbox.box.resident import Resident
 from fitbox.errors import FitboxError, ModelNotFound
 from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S, Artifact
-from fitbox.server.inference.proxy import allowed_models
+from fitbox.server.inference.openai import allowed_models
 
 
 def _entry(box: Box, artifact: Artifact, r: Resident | None) -> dict[str, Any]:

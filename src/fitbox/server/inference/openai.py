@@ -1,22 +1,218 @@
-"""The OpenAI-compatible routes: parse, validate, hand to the proxy."""
+"""The OpenAI-compatible routes, as HTTP: each handler parses and checks its body, then the
+box opens the call (its row, its name resolved once, the checks) and serves it (placed,
+sent, placed again on a counted prompt: box/serving.py), and the answer is framed here:
+Starlette responses, SSE, the error envelope. The call's life (its row, its lease, its
+speeds) is box/calls.py's.
+
+The request body is forwarded as the client sent it (no re-encoding). A stream is never
+buffered: each event the engine writes is yielded once it is whole (server/streams/). An
+engine's own error body is put in the OpenAI error envelope, keeping what the engine said
+(server/inference/engine_errors.py), so clients see one shape whoever failed.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
+import os
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 import fitbox
 from fitbox.box.box import Box
+from fitbox.box.calls import Call
+from fitbox.box.serving import Answer, Order, Served
+from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import FitboxError, InvalidRequest, PermissionDenied
+from fitbox.server.door import timing
 from fitbox.server.door.bodies import Kinds, check_fields, json_object
-from fitbox.server.door.errors import is_insider
+from fitbox.server.door.errors import body_for, is_insider
 from fitbox.server.door.vision import ROUTES as IMAGE_ROUTES
 from fitbox.server.door.vision import check_images
-from fitbox.server.inference.proxy import forward, refused
+from fitbox.server.inference import progress
+from fitbox.server.inference.engine_errors import engine_error_body, retry_headers
+from fitbox.server.streams import Reshape, Thinking, request_body, target
+from fitbox.server.streams.events import done_frame
+from fitbox.server.streams.reshape import Count
+from fitbox.server.streams.thinking import ROUTES as THINKING_ROUTES
 from fitbox.store.db import Store
+
+log = logging.getLogger(__name__)
+__all__ = ["allowed_models", "engine_error_body", "forward", "refused"]
+
+
+def allowed_models(request: Request) -> tuple[str, ...] | None:
+    """The models the caller's key is limited to; None when any model may be asked for."""
+    key = getattr(request.state, "api_key", None)
+    return key.models if key is not None else None
+
+
+# A call's id when its client sent none: this process's random prefix and a counter (unique
+# as uuid4 would be, without a getrandom syscall and a UUID object per call)
+_ID_PREFIX = os.urandom(8).hex()
+_ID_COUNTER = itertools.count(1)
+
+
+def _request_id(request: Request) -> str:
+    return request.headers.get("x-request-id") or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+
+
+def _query(request: Request) -> str:
+    """The client's query string without ``model`` (which named the model, not the call)."""
+    if not request.scope.get("query_string"):
+        return ""  # the common call: no QueryParams parsed
+    return urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "model"])
+
+
+def refused(request: Request, path: str, body: dict[str, Any], error: FitboxError) -> None:
+    """A call refused before it was placed (its body) gets its row too: outcome error, and
+    the model and stream flag as far as the body said them."""
+    box: Box = request.app.state.box
+    model = body.get("model")
+    call = box.calls.open(
+        path,
+        model if isinstance(model, str) else "",
+        body.get("stream") is True,
+        _request_id(request),
+    )
+    setattr(request.state, timing.STAMPS_STATE, call.stamps)
+    call.failed(error)
+
+
+async def forward(
+    request: Request,
+    path: str,
+    raw: bytes,
+    body: dict[str, Any],
+    method: str = "POST",
+    images: int = 0,
+) -> Response:
+    """Open the call on ``body["model"]``, have the box serve it (box/serving.py), frame
+    its answer: a stream, a whole reply, or a stream that waits for its model's load."""
+    box: Box = request.app.state.box
+    field = thinking_for(request, path, body)
+    order = Order(
+        path,
+        body,
+        request_body(raw, field),
+        _request_id(request),
+        allowed_models(request),
+        images,
+        request.headers.get("accept", "*/*"),
+        method,
+        _query(request),
+    )
+    served = box.serving.open(order)
+    call = served.call
+    setattr(request.state, timing.STAMPS_STATE, call.stamps)
+    if served.waits:  # the 200 now, the load after it
+        return _waiting(request, served, field)
+    answer = await served.serve()
+    resident, response = answer.resident, answer.response
+    served_name = resident.artifact.name
+    headers = {**served.headers, "x-fitbox-model": served_name, "x-fitbox-device": resident.device}
+    if call.stream and response.status < 400:  # its row is stored: the status line may go
+        return StreamingResponse(
+            _sse(call, response, is_insider(request), served.prompt_count, call.model, field),
+            status_code=response.status,
+            headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
+            media_type=response.headers.get("content-type", "text/event-stream"),
+        )
+    return await _whole(call, response, headers, call.model, field)
+
+
+def _waiting(request: Request, served: Served, field: Thinking | None) -> Response:
+    """A stream whose model must load first: its 200 now (server/inference/progress.py)."""
+    insider, call = is_insider(request), served.call
+
+    async def relay(answer: Answer) -> AsyncGenerator[bytes, None]:
+        response = answer.response
+        if response.status < 400:
+            async for chunk in _sse(
+                call, response, insider, served.prompt_count, call.model, field
+            ):
+                yield chunk
+            return
+        content = await call.read(response)  # the engine refused it: its error, as an event
+        error = engine_error_body(response.status, content, answer.resident.artifact.name)
+        call.refused_by_engine(response.status, error["error"]["code"])
+        await call.finished()
+        yield b"data: " + json.dumps(error).encode() + b"\n\n" + done_frame(call.stamps)
+
+    box: Box = request.app.state.box
+    wanted = progress.wanted(request, served.order.body)
+    stream = progress.waiting_stream(box, call, served.answer, relay, wanted, insider)
+    return StreamingResponse(
+        stream,
+        headers={**served.headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
+        media_type="text/event-stream",
+    )
+
+
+async def _whole(
+    call: Call,
+    response: EngineResponse,
+    headers: dict[str, str],
+    asked: str,
+    field: Thinking | None,
+) -> Response:
+    try:
+        content = await call.read(response)
+    except FitboxError as exc:
+        call.failed(exc)
+        await call.finished()
+        raise
+    if response.status >= 400:
+        body = engine_error_body(response.status, content, call.resident.artifact.name)
+        call.refused_by_engine(response.status, body["error"]["code"])
+        await call.finished()
+        headers.update(retry_headers(response.status))
+        return JSONResponse(body, status_code=response.status, headers=headers)
+    call.answered(response.status, content)
+    content = Reshape(call.endpoint, call.resident.artifact.name, asked, field).whole(content)
+    await call.finished()  # a whole reply's first byte is its last: it leaves once stored
+    media_type = response.headers.get("content-type", "application/json")
+    return Response(content, status_code=response.status, headers=headers, media_type=media_type)
+
+
+async def _sse(
+    call: Call,
+    response: EngineResponse,
+    insider: bool,
+    count: Count,
+    asked: str | None = None,
+    field: Thinking | None = None,
+) -> AsyncIterator[bytes]:
+    """The engine's stream as it comes (the thinking moved, the asked name put back, the
+    figures before its end); a failure mid-stream ends it with an SSE error event (the
+    status line is long gone), recorded by the call, shaped for the caller."""
+    try:
+        lease = call.lease
+        served, slots = call.resident.artifact.name, lease.slots if lease else 1
+        reshape = Reshape(call.endpoint, served, asked or served, field, slots, count, call.stamps)
+        async for chunk in reshape.stream(call.relay(response)):
+            yield chunk
+    except FitboxError as error:
+        log.error("%s", error.message)
+        await call.finished()  # the error event is the last byte: its row is stored first
+        body = json.dumps(body_for(error, insider)).encode()
+        yield b"data: " + body + b"\n\n" + done_frame(call.stamps)
+
+
+def thinking_for(request: Request, path: str, body: dict[str, Any]) -> Thinking | None:
+    """The call's thinking target; None for a route that carries no generated text (its
+    key's setting is not even read)."""
+    if path not in THINKING_ROUTES:
+        return None
+    box: Box = request.app.state.box
+    key = getattr(request.state, "api_key", None)
+    setting = str(box.prefs.for_key(key.key_id if key else None)["reasoning_field"])
+    return target(path, body, setting)
 
 
 async def health(request: Request) -> Response:

@@ -36,7 +36,7 @@ from fitbox.core.types import ResidentState
 from fitbox.engines.reading import bytes_read
 from fitbox.errors import FitboxError
 from fitbox.server.door.errors import body_for
-from fitbox.server.streams.server_timing import done_frame
+from fitbox.server.streams.events import done_frame
 
 TICK_S = 1.0  # a keep-alive comment (or a progress chunk) this often while the call waits
 KEEP_ALIVE = b": fitbox: loading the model\n\n"

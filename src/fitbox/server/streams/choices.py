@@ -1,6 +1,7 @@
 """The thinking moved in a stream of choices, event by event: chat (``delta.content`` into
 the field setting's ``delta`` field) and text completions (``text``, its thinking beside it
-on the choice). An event that holds no ``<`` while no splitter is inside or holding a tag
+on the choice); and a chat stream's opening (``ChatOpening``: each choice opens with its role, see
+reshape.py on openings). An event that holds no ``<`` while no splitter is inside or holding a tag
 is not parsed (the fast path: most events need no change)."""
 
 from __future__ import annotations
@@ -84,3 +85,46 @@ class CompletionShaper(_ChoiceShaper):
             if thought:
                 choice[self.field] = thought
         return [frame(data)]
+
+
+class ChatOpening:
+    """Each choice of a chat stream opens with a chunk whose delta is the role; one is made
+    (from the choice's first chunk, its text left out) for a choice that opens without."""
+
+    def __init__(self, choices: int) -> None:
+        self.waiting = set(range(choices))  # the choices whose first chunk has not come
+
+    def passes(self, chunk: bytes) -> bool:
+        return not self.waiting
+
+    def event(self, event: bytes) -> list[bytes]:
+        if not self.waiting:
+            return [event]
+        if self.waiting == {0} and b'"role":' in event:
+            # one choice, and its delta has the role (a bare ``"role":`` is no text's: its
+            # quotes would be escaped): opened, unparsed
+            self.waiting.clear()
+            return [event]
+        data = event_data(event)
+        choices = data.get("choices") if data is not None else None
+        if data is None or not isinstance(choices, list):
+            return [event]
+        openings = []
+        for choice in choices:
+            index = choice.get("index", 0) if isinstance(choice, dict) else None
+            if index not in self.waiting:
+                continue
+            self.waiting.discard(index)
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and "role" not in delta:
+                role = {
+                    "index": index,
+                    "delta": {"role": "assistant", "content": None},
+                    "finish_reason": None,
+                }
+                openings.append(frame({**_without_figures(data), "choices": [role]}))
+        return [*openings, event]
+
+
+def _without_figures(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k not in ("timings", "usage", "choices")}

@@ -4,9 +4,10 @@ text come; every block after is numbered on (``index``)."""
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
-from fitbox.server.streams.events import NamedShaper
+from fitbox.server.streams.events import NamedShaper, event_data, frame
 from fitbox.server.streams.thinking import ThinkSplitter, thinking_block
 
 
@@ -116,3 +117,40 @@ class MessagesShaper(NamedShaper):
         start = thinking_block("") if kind == "thinking" else {**block.start, "text": ""}
         out.append({"type": "content_block_start", "index": block.index, "content_block": start})
         return out
+
+
+def message_start(model: str, prompt_tokens: int | None) -> bytes:
+    """A Messages stream's opening event (with its ``\\n\\n``): its model the served name
+    (put back as the asked one after), its input tokens the prompt as the engine counts it
+    (0 when it cannot say within its time)."""
+    usage = {"input_tokens": prompt_tokens or 0, "output_tokens": 0}
+    message: dict[str, Any] = {
+        "id": f"msg_{secrets.token_hex(12)}",
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "model": model,
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+    return frame({"type": "message_start", "message": message}, "message_start") + b"\n\n"
+
+
+class MessagesOpening:
+    """A Messages stream opens with ``message_start``: ``missing`` says its first event is
+    another (the pass makes one)."""
+
+    def __init__(self) -> None:
+        self.first = True
+        self.missing = False
+
+    def passes(self, chunk: bytes) -> bool:
+        return not self.first
+
+    def event(self, event: bytes) -> list[bytes]:
+        if self.first:
+            self.first = False
+            data = event_data(event)
+            self.missing = data is not None and data.get("type") != "message_start"
+        return [event]

@@ -1,11 +1,29 @@
-"""One pass over a reply: an engine's stream cut into SSE events once, and each event, in
-turn, with its opening mended (openings.py), its thinking split in its route's shape
-(thinking.py; choices.py, responses.py, messages.py), the asked model name put back
-(names.py), and the call's figures in a comment just before ``data: [DONE]``
-(server_timing.py). Bytes in, bytes out: no HTTP, no box.
+"""One pass over a reply: an engine's stream cut into SSE events once (events.py), and each
+event, in turn, with its opening mended, its thinking split in its route's shape (the one
+splitter in thinking.py; one shaper and one opening per route shape: choices.py for chat and
+completions, responses.py, messages.py), the asked model name put back (names.py), and the
+call's figures in a comment just before ``data: [DONE]`` (events.py). Bytes in, bytes out:
+no HTTP, no box.
 
 The fast path: a chunk of whole events that no stage would change goes on as it came, not
 even cut (a 1-token chat's chunks, after its first, take it).
+
+Openings. llama-server sends a stream's opening with its first generated token
+(``n_decoded == 1``, tools/server/server-task.cpp), and sends no piece at all for a token
+that ends inside a UTF-8 character (server-context.cpp, ``validate_utf8``). A reply whose
+first token is the first byte of an emoji or a CJK character therefore opens without its
+opening:
+- ``/v1/messages``: no ``message_start`` (the Anthropic SDK's stream reader cannot build a
+  message without it);
+- ``/v1/chat/completions``: no first chunk with ``"role":"assistant"`` (per choice);
+- ``/v1/responses``: ``response.created`` and ``response.in_progress`` again before every
+  later piece (the flag that sends them once is set only at ``n_decoded == 1``).
+The opening stages (one per route shape, beside its shaper: ``ChatOpening`` in choices.py,
+``ResponsesOpening`` in responses.py, ``MessagesOpening`` in messages.py) put back what is
+missing and drop what is repeated, event by event, and let every other byte through as it
+came: only a stream's first events are read, and a Responses stream's chunks only where one
+of its opening events is in them. The ``message_start`` a Messages stream lacks is made by
+the pass itself, which may await the prompt's count for it.
 """
 
 from __future__ import annotations
@@ -13,18 +31,11 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from fitbox.server.streams import thinking
-from fitbox.server.streams.choices import ChatShaper, CompletionShaper
-from fitbox.server.streams.events import SEP, EventCutter, Stage
-from fitbox.server.streams.messages import MessagesShaper
+from fitbox.server.streams.choices import ChatOpening, ChatShaper, CompletionShaper
+from fitbox.server.streams.events import SEP, EventCutter, Stage, done_at, sse_comment
+from fitbox.server.streams.messages import MessagesOpening, MessagesShaper, message_start
 from fitbox.server.streams.names import NameRewrite, rewrite_for
-from fitbox.server.streams.openings import (
-    ChatOpening,
-    MessagesOpening,
-    ResponsesOpening,
-    message_start,
-)
-from fitbox.server.streams.responses import ResponsesShaper
-from fitbox.server.streams.server_timing import done_at, sse_comment
+from fitbox.server.streams.responses import ResponsesOpening, ResponsesShaper
 from fitbox.server.streams.thinking import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Thinking
 
 Count = Callable[[], Awaitable[int | None]]

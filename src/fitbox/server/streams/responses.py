@@ -242,3 +242,25 @@ def _finished_output(
             pair = [item, thinking] if after else [thinking, item]
         items += pair
     response["output"] = items
+
+
+_RESPONSE_OPENINGS = (b"event: response.created\n", b"event: response.in_progress\n")
+
+
+class ResponsesOpening:
+    """A Responses stream says ``response.created`` and ``response.in_progress`` once."""
+
+    def __init__(self) -> None:
+        self.seen: set[bytes] = set()
+
+    def passes(self, chunk: bytes) -> bool:
+        return not any(o in chunk for o in _RESPONSE_OPENINGS)
+
+    def event(self, event: bytes) -> list[bytes]:
+        opening = next((o for o in _RESPONSE_OPENINGS if event.startswith(o)), None)
+        if opening is None:
+            return [event]
+        if opening in self.seen:
+            return []
+        self.seen.add(opening)
+        return [event]
