@@ -25,7 +25,7 @@ from fitbox.errors import InvalidRequest
 from fitbox.models.catalog import Artifact, scan
 from fitbox.models.hf_folders import folder_facts
 from fitbox.models.vision import is_vision_config, pair_projectors
-from fitbox.server.door.vision import check_images, images
+from fitbox.server.door.bodies import check_images, images
 from fitbox.store.db import Store
 
 from .ggufs import write_tiny_llama, write_vision_projector

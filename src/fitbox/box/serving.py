@@ -57,7 +57,7 @@ class Order:
     raw: bytes  # the body as the engine gets it
     request_id: str
     allowed: tuple[str, ...] | None = None  # the models the caller's key may use; None: any
-    images: int = 0  # images in the body (checked by the edge: server/door/vision.py)
+    images: int = 0  # images in the body (checked by the edge: server/door/bodies.py)
     accept: str = "*/*"
     method: str = "POST"
     query: str = ""  # the client's query string, passed on

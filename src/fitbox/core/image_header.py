@@ -1,5 +1,5 @@
 """An image's width and height from its first bytes, for the formats the door passes on
-(PNG, JPEG, GIF, WebP: server/door/vision.py checks their magic). Only the header is read; no
+(PNG, JPEG, GIF, WebP: server/door/bodies.py checks their magic). Only the header is read; no
 pixel is decoded. None when the bytes do not say (a truncated or odd file): the caller
 then bounds the image without its size.
 

@@ -64,7 +64,7 @@ def prompt_bound(
 
 def image_payloads(chat: Any) -> Iterator[str]:
     """The base64 text of each image in a chat's content parts, in every shape the door
-    passes on (server/door/vision.py ``images``): chat's ``image_url``, Responses'
+    passes on (server/door/bodies.py ``images``): chat's ``image_url``, Responses'
     ``input_image``, Messages' ``image`` with a base64 source."""
     for item in chat if isinstance(chat, list) else ():
         content = item.get("content") if isinstance(item, dict) else None

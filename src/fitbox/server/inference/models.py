@@ -33,7 +33,7 @@ def _entry(box: Box, artifact: Artifact, r: Resident | None) -> dict[str, Any]:
         "footprint_bytes": r.footprint.total if r else None,
         "size_bytes": shape.weights_bytes,
         "architecture": artifact.facts.architecture,
-        "vision": artifact.vision,  # reads image_url parts (server/door/vision.py)
+        "vision": artifact.vision,  # reads image_url parts (server/door/bodies.py)
         "meta": {
             "n_ctx": r.window if r else None,
             "n_ctx_train": shape.n_ctx_train,

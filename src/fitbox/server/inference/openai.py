@@ -30,10 +30,8 @@ from fitbox.box.serving import Answer, Order, Served
 from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import FitboxError, InvalidRequest, PermissionDenied
 from fitbox.server.door import timing
-from fitbox.server.door.bodies import Kinds, check_fields, json_object
+from fitbox.server.door.bodies import IMAGE_ROUTES, Kinds, check_fields, check_images, json_object
 from fitbox.server.door.errors import body_for, is_insider
-from fitbox.server.door.vision import ROUTES as IMAGE_ROUTES
-from fitbox.server.door.vision import check_images
 from fitbox.server.inference import progress
 from fitbox.server.inference.engine_errors import engine_error_body, retry_headers
 from fitbox.server.streams import Reshape, Thinking, request_body, target
