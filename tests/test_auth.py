@@ -20,8 +20,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from fitbox import cli, config
-from fitbox.server.app import ROUTES, create_app
-from fitbox.server.door.auth import is_inference
+from fitbox.server.app import create_app
+from fitbox.server.routes import ROUTES, is_inference
 from fitbox.store.keys import create_key
 
 from .conftest import BOX

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from fitbox import config
 from fitbox.server.app import create_app
-from fitbox.server.views.openapi import OTHER_PROTOCOLS, PATHS
+from fitbox.server.routes import OTHER_PROTOCOLS, PATHS
 
 from .conftest import BOX
 from .ggufs import write_tiny_llama

@@ -35,6 +35,7 @@ from fitbox.server.door import errors
 from fitbox.server.door.auth import Gate, admit, presented_key
 from fitbox.server.door.trust import TrustSettings, origin_of
 from fitbox.server.manage.joining import is_loopback
+from fitbox.server.routes import ACCESS
 
 log = logging.getLogger(__name__)
 REGISTER = "/v1/boxes"
@@ -302,6 +303,7 @@ async def _serving(app: Starlette, config: Config, store_path: StoreTarget) -> A
         ),
         store.key_checker(),
         config.require_keys,
+        ACCESS,  # the central's paths meet the box's classes (its own /v1/fleet*: management)
     )
     fleet.start()
     try:

@@ -10,8 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import fitbox
-from fitbox.server.views import openapi as box_openapi
-from fitbox.server.views.openapi import CHAT, COMPLETION, EMBEDDING, _op, _query
+from fitbox.server.views.openapi import CHAT, COMPLETION, COMPONENTS, EMBEDDING, operation, query
 
 INFERENCE = "a central key with the inference scope, or none from the central's own host"
 MANAGEMENT = "the central's own host, or a central key with the admin scope"
@@ -36,27 +35,31 @@ REGISTRATION = {
 }
 
 PATHS: dict[str, dict[str, Any]] = {
-    "/health": {"get": _op("Liveness, version, how many boxes and how many are up", "open")},
-    "/openapi.json": {"get": _op("This document", "open")},
+    "/health": {"get": operation("Liveness, version, how many boxes and how many are up", "open")},
+    "/openapi.json": {"get": operation("This document", "open")},
     "/v1/boxes": {
-        "post": _op(
+        "post": operation(
             "Register a box (or move one) by its persistent id; a loopback box is refused unless "
             "the central is on loopback too",
             "a worker or admin key, or none from the central's own host",
             REGISTRATION,
         )
     },
-    "/v1/fleet": {"get": _op("Every box: state, last seen, devices, residents, queue", MANAGEMENT)},
+    "/v1/fleet": {
+        "get": operation("Every box: state, last seen, devices, residents, queue", MANAGEMENT)
+    },
     "/v1/fleet/models": {
-        "get": _op(
+        "get": operation(
             "Every model on any box: where resident, where on disk, where it fits now (the "
             "boxes' own plans)",
             MANAGEMENT,
         )
     },
     "/v1/fleet/boxes/{box_id}/limits": {
-        "get": _op("The box's capacity tiers, as the box says them", MANAGEMENT, params=[BOX_ID]),
-        "post": _op(
+        "get": operation(
+            "The box's capacity tiers, as the box says them", MANAGEMENT, params=[BOX_ID]
+        ),
+        "post": operation(
             "Set the central tier of the box's limits (null clears one) through the "
             "box's /v1/limits; a value above the box's own tier is refused by the box, "
             "its error passed through",
@@ -65,24 +68,28 @@ PATHS: dict[str, dict[str, Any]] = {
             [BOX_ID],
         ),
     },
-    "/v1/telemetry/tables": {"get": _op("The mirrored tables and mirror_rejects", READ)},
+    "/v1/telemetry/tables": {"get": operation("The mirrored tables and mirror_rejects", READ)},
     "/v1/telemetry/rows": {
-        "get": _op(
+        "get": operation(
             "Mirrored rows of one table, each with its box_id",
             READ,
             params=[
-                _query("table", "string", True),
-                _query("box_id", "string"),
-                _query("desc", "boolean"),
-                _query("limit", "integer"),
-                _query("offset", "integer"),
+                query("table", "string", True),
+                query("box_id", "string"),
+                query("desc", "boolean"),
+                query("limit", "integer"),
+                query("offset", "integer"),
             ],
         )
     },
-    "/v1/models": {"get": _op("Every model of the fleet by bare name and as BOX/MODEL", INFERENCE)},
-    "/v1/chat/completions": {"post": _op(ROUTED + "Chat (SSE passes through)", INFERENCE, CHAT)},
-    "/v1/completions": {"post": _op(ROUTED + "Text completion", INFERENCE, COMPLETION)},
-    "/v1/embeddings": {"post": _op(ROUTED + "Embeddings", INFERENCE, EMBEDDING)},
+    "/v1/models": {
+        "get": operation("Every model of the fleet by bare name and as BOX/MODEL", INFERENCE)
+    },
+    "/v1/chat/completions": {
+        "post": operation(ROUTED + "Chat (SSE passes through)", INFERENCE, CHAT)
+    },
+    "/v1/completions": {"post": operation(ROUTED + "Text completion", INFERENCE, COMPLETION)},
+    "/v1/embeddings": {"post": operation(ROUTED + "Embeddings", INFERENCE, EMBEDDING)},
 }
 
 
@@ -91,7 +98,7 @@ def spec() -> dict[str, Any]:
         "openapi": "3.0.3",
         "info": {"title": "fitbox central", "version": fitbox.__version__},
         "paths": PATHS,
-        "components": box_openapi.spec()["components"],
+        "components": COMPONENTS,
     }
 
 

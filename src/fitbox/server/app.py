@@ -13,7 +13,6 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.routing import Route
 
 import fitbox
 from fitbox.box.box import Box
@@ -25,79 +24,16 @@ from fitbox.server.door import cors, errors
 from fitbox.server.door.auth import AuthMiddleware, Gate
 from fitbox.server.door.timing import ServerTimingMiddleware
 from fitbox.server.door.trust import TrustSettings
-from fitbox.server.inference import models, openai
-from fitbox.server.manage import (
-    facts,
-    joining,
-    manage,
-    operate,
-    settings,
-    telemetry,
-    transfer,
-)
-from fitbox.server.views import calls_page, openapi
-from fitbox.server.views.dashboard import dashboard, events
+from fitbox.server.manage import joining, telemetry
+from fitbox.server.routes import ACCESS, ROUTES
 from fitbox.server.views.leaving import Leaving
-from fitbox.server.views.mcp_tools import McpDoor, door
-from fitbox.server.views.metrics import Metrics, scrape
+from fitbox.server.views.mcp_tools import McpDoor
+from fitbox.server.views.metrics import Metrics
 from fitbox.store.box_key import ensure_box_key
 from fitbox.store.db import Store, StoreUnavailable
 from fitbox.store.keys import KeyChecker
 
 log = logging.getLogger(__name__)
-
-
-# The calls first: Starlette tries routes in order, a regex each (~35 of them before chat
-# came up). No route above them could match their paths.
-ROUTES = (
-    Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
-    Route("/v1/completions", openai.completions, methods=["POST"]),
-    Route("/v1/embeddings", openai.embeddings, methods=["POST"]),
-    Route("/v1/responses", openai.responses, methods=["POST"]),
-    Route("/v1/messages", openai.messages, methods=["POST"]),
-    Route("/v1/rerank", openai.rerank, methods=["POST"]),
-    Route("/rerank", openai.rerank, methods=["POST"]),
-    Route("/tokenize", openai.tokenize, methods=["POST"]),
-    Route("/detokenize", openai.detokenize, methods=["POST"]),
-    Route("/apply-template", openai.apply_template, methods=["POST"]),
-    Route("/infill", openai.infill, methods=["POST"]),
-    Route("/health", openai.health, methods=["GET"]),
-    Route("/v1/models", models.list_models, methods=["GET"]),
-    Route("/v1/models/{model_id:path}", models.show_model, methods=["GET"]),
-    Route("/v1/plan", manage.plan, methods=["GET"]),
-    Route("/v1/telemetry/state", telemetry.state, methods=["GET"]),
-    Route("/v1/telemetry", telemetry.rows, methods=["GET"]),
-    Route("/v1/telemetry/tables", telemetry.tables, methods=["GET"]),
-    Route("/v1/telemetry/rows", telemetry.table_rows, methods=["GET"]),
-    Route("/v1/telemetry/scout", telemetry.scout_findings, methods=["GET"]),
-    Route("/calls", calls_page.calls_page, methods=["GET"]),
-    Route("/metrics", scrape, methods=["GET"]),
-    Route("/", dashboard, methods=["GET"]),
-    Route("/dashboard/events", events, methods=["GET"]),
-    Route("/mcp", door, methods=["GET", "POST", "DELETE"]),
-    Route("/v1/residents", operate.residents, methods=["GET"]),
-    Route("/v1/storage", operate.storage, methods=["GET"]),
-    Route("/v1/queue", operate.queue, methods=["GET"]),
-    Route("/v1/cores", settings.cores, methods=["GET"]),
-    Route("/v1/limits", settings.limits, methods=["GET", "POST"]),
-    Route("/v1/settings/box", settings.box_settings, methods=["GET", "POST"]),
-    Route("/v1/settings/pair", settings.pair_settings, methods=["GET", "POST"]),
-    Route("/v1/settings/key", settings.key_settings, methods=["GET", "POST"]),
-    Route("/v1/verdicts", settings.verdicts, methods=["GET"]),
-    Route("/v1/operator/{action}", operate.operator_action, methods=["POST"]),
-    Route("/openapi.json", openapi.document, methods=["GET"]),
-    Route("/v1/transfer/{model}/manifest", transfer.manifest, methods=["GET"]),
-    Route("/v1/transfer/{model}/chunksums", transfer.chunksums, methods=["GET"]),
-    Route("/v1/transfer/{model}/file", transfer.file, methods=["GET"]),
-    Route("/v1/hashes", transfer.kept_hashes, methods=["GET"]),
-    Route("/v1/facts/import", facts.import_facts, methods=["POST"]),
-    Route("/v1/keys", manage.list_keys, methods=["GET"]),
-    Route("/v1/keys", manage.create_key, methods=["POST"]),
-    Route("/v1/keys/{key_id}", manage.show_key, methods=["GET"]),
-    Route("/v1/keys/{key_id}", manage.revoke_key, methods=["DELETE"]),
-    Route("/props", openai.props, methods=["GET"]),
-    Route("/slots", openai.slots, methods=["GET"]),
-)
 
 
 def create_app(config: Config, store: Store | None = None, address: str | None = None) -> Starlette:
@@ -108,7 +44,7 @@ def create_app(config: Config, store: Store | None = None, address: str | None =
         return _serving(app, config, store, address)
 
     return Starlette(
-        routes=list(ROUTES),
+        routes=list(ROUTES),  # the route table's (server/routes.py)
         middleware=[
             Middleware(ServerTimingMiddleware),
             *cors.middleware(config.cors_origins),
@@ -143,6 +79,7 @@ async def _serving(
         ),
         KeyChecker(config.store_path),
         config.require_keys,
+        ACCESS,
     )
     async with anyio.create_task_group():
         pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)

@@ -1,7 +1,9 @@
 """Keys and trust at the door, before any route runs.
 
+Each route of the table (server/routes.py) names its access class (``Access``); the rules:
+
 - Inference (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`,
-  `/v1/responses`, `/v1/messages`, the engine's `/tokenize`, `/props`… of INFERENCE): a key
+  `/v1/responses`, `/v1/messages`, the engine's `/tokenize`, `/props`…): a key
   with the inference or admin scope, or no key from the box itself or a trusted network
   (unless keys are required for inference).
 - Telemetry (`/v1/telemetry*`, `/metrics`): a read or admin key, or the box itself.
@@ -33,8 +35,9 @@ from __future__ import annotations
 import ipaddress
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -44,30 +47,66 @@ from fitbox.server.door.errors import error_response
 from fitbox.server.door.trust import Origin, TrustSettings, origin_of
 from fitbox.store.keys import ApiKey, KeyChecker
 
-INFERENCE = frozenset(
-    {
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/embeddings",
-        "/v1/models",
-        "/v1/responses",
-        "/v1/messages",
-        "/v1/rerank",
-        "/rerank",
-        "/tokenize",
-        "/detokenize",
-        "/apply-template",
-        "/infill",
-        "/props",
-        "/slots",
-    }
-)
-OPEN = frozenset({"/health"})
-READ = ("/v1/telemetry", "/metrics")  # telemetry: a read (or admin) key, or the box itself
-# outside /v1 but guarded as it is: the metrics (read) and the dashboard (management)
-MCP = "/mcp"
-BOX_ONLY = frozenset({"/calls"})  # the box itself only, whatever key comes
-GUARDED = frozenset({"/metrics", "/", "/dashboard/events", MCP, *BOX_ONLY})
+
+class Access(StrEnum):
+    """Who may call a route: each route of the table (server/routes.py) names one."""
+
+    OPEN = "open"  # anyone (/health, /openapi.json)
+    INFERENCE = "inference"  # an inference or admin key, or none from the box or a trusted net
+    READ = "read"  # telemetry and metrics: a read or admin key, or none from the box itself
+    ADMIN = "admin"  # management: an admin key, or none from the box itself
+    BOX_ONLY = "box-only"  # the box itself only, whatever key comes (/calls)
+    MCP = "mcp"  # a key from anywhere, or none from the box or a trusted net; then per tool
+
+    @property
+    def who(self) -> str:
+        """The rule in words (the OpenAPI operations say it)."""
+        return _WHO[self]
+
+
+_WHO = {
+    Access.OPEN: "open",
+    Access.INFERENCE: "a key with the inference scope, or none from the box itself or a "
+    "trusted network",
+    Access.READ: "the box itself, or a key with the read or admin scope",
+    Access.ADMIN: "the box itself, or a key with the admin scope",
+    Access.BOX_ONLY: "the box itself only",
+    Access.MCP: "a key, or none from the box itself or a trusted network",
+}
+# A path no route has still meets the door its family would (a read key probing an unknown
+# telemetry path hears 404, not 403; an unknown /v1 path is management): only these two
+# families are told by prefix, every route by the table.
+_READ_FAMILIES = ("/v1/telemetry", "/metrics")
+
+
+class AccessMap:
+    """A path's access class, from the routes' own declarations: an exact path in one dict
+    lookup (every call's route), a templated one (``/v1/models/{id}``) by the prefix before
+    its first parameter; a path no route has by its family (``_READ_FAMILIES``, else ``/v1``
+    is management); None for a path the door leaves to the router (its 404)."""
+
+    def __init__(self, routes: Iterable[tuple[str, Access]]) -> None:
+        self.exact: dict[str, Access] = {}
+        prefixes: dict[str, Access] = {}
+        for path, access in routes:
+            if "{" in path:
+                prefixes[path[: path.index("{")]] = access
+            else:
+                self.exact[path] = access
+        self.prefixes = sorted(prefixes.items(), key=lambda item: -len(item[0]))
+
+    def __call__(self, path: str) -> Access | None:
+        found = self.exact.get(path)
+        if found is not None:
+            return found
+        for prefix, access in self.prefixes:
+            if path.startswith(prefix):
+                return access
+        if path.startswith(_READ_FAMILIES):
+            return Access.READ
+        return Access.ADMIN if path.startswith("/v1") else None
+
+
 CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # the box's own name names it: a rebinding page sends the attacker's name, never this one
 _OWN_NAME = socket.gethostname().lower().rstrip(".")
@@ -78,6 +117,7 @@ class Gate:
     settings: TrustSettings
     checker: KeyChecker
     require_keys: bool
+    access: Callable[[str], Access | None]  # a path's access class (server/routes.py ACCESS)
 
 
 def presented_key(headers: dict[str, str]) -> str | None:
@@ -86,12 +126,6 @@ def presented_key(headers: dict[str, str]) -> str | None:
     value = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
     value = value or headers.get("x-api-key", "").strip()
     return value if value.startswith("fb_") else None
-
-
-def is_inference(path: str) -> bool:
-    """The engine's own routes outside ``/v1`` (``/tokenize``, ``/props``…) are inference
-    too: they reach a child, so they meet the same key check as chat."""
-    return path in INFERENCE or path.startswith("/v1/models/")
 
 
 def admit(
@@ -104,92 +138,126 @@ def admit(
 ) -> ApiKey | None:
     """The key the call runs under (None when trust alone admits it); raises if refused.
     ``origin``: the caller's, when the door has classified it already (once per request)."""
-    if path in OPEN or not (path.startswith("/v1") or is_inference(path) or path in GUARDED):
+    access = gate.access(path)
+    if access is None or access is Access.OPEN:
         return None
     presented = presented_key(headers)
     key = gate.checker.verify(presented, time.time()) if presented else None
     if presented and key is None:
         raise AuthenticationFailed("The API key is not valid: unknown, revoked or expired.")
-    origin = origin or origin_of(peer, headers, gate.settings)
-    if path in BOX_ONLY:
-        if not origin.local:
-            raise PermissionDenied(
-                f"{path} is served to the box itself only: {origin.reason}.", code="loopback_only"
-            )
-        if key is None:
-            check_browser(headers, method, gate.settings)
-        return key
-    if path == MCP:  # each tool is admitted again as the route it mirrors (mcp_tools.py)
-        if key is not None:
-            return key
-        if not (origin.local or origin.trusted):
-            raise AuthenticationFailed(
-                f"MCP needs an API key: {origin.reason}.", code="missing_api_key"
-            )
-        if not _address_host(headers.get("host", "")):
-            # a web page whose name was rebound to this box would send its own name here:
-            # without a key, its tools (load, unload) are the box's own
-            raise PermissionDenied(
-                "MCP without a key is served to an address (127.0.0.1, "
-                "localhost), not a host name: send a key.",
-                code="host_not_allowed",
-            )
-        check_browser(headers, method, gate.settings)
-        return None
-    if is_inference(path):
-        if key is not None:
-            if not {"admin", "inference"} & set(key.scopes):
-                raise PermissionDenied(
-                    f"This key's scopes ({', '.join(key.scopes)}) do not include inference."
-                )
-            return key
-        if gate.require_keys:
-            raise AuthenticationFailed(
-                "This box requires an API key for inference: send Authorization: Bearer "
-                "fb_<id>_<secret> (create one with 'fitbox keys create').",
-                code="missing_api_key",
-            )
-        if origin.local and not names_box(headers, gate.settings):
-            # a page whose name was rebound to 127.0.0.1 could read replies and start loads
-            # that evict the operator's models (a trusted network's other machines keep
-            # their names: their browsers are not this box's)
-            raise PermissionDenied(
-                f"The Host header {headers.get('host')!r} does not name this box: without a "
-                "key, inference from the box itself is served only to an address, localhost, "
-                "the box's hostname, FITBOX_HOST or a name in FITBOX_HOST_NAMES (a web page "
-                "whose name was rebound to this box would send its own). Use "
-                "http://127.0.0.1:PORT, add the name to FITBOX_HOST_NAMES, or send a key.",
-                code="host_not_allowed",
-                param="host",
-            )
-        if origin.local or origin.trusted:
-            return None
-        raise AuthenticationFailed(
-            f"An API key is required: {origin.reason}.", code="missing_api_key"
+    call = _Caller(path, key, origin or origin_of(peer, headers, gate.settings), headers, method)
+    return _RULES[access](call, gate)
+
+
+@dataclass(frozen=True)
+class _Caller:
+    path: str
+    key: ApiKey | None
+    origin: Origin
+    headers: dict[str, str]
+    method: str
+
+
+def _box_only(call: _Caller, gate: Gate) -> ApiKey | None:
+    if not call.origin.local:
+        raise PermissionDenied(
+            f"{call.path} is served to the box itself only: {call.origin.reason}.",
+            code="loopback_only",
         )
-    if path.startswith(READ):
-        if key is not None and not {"admin", "read"} & set(key.scopes):
-            raise PermissionDenied("Telemetry needs a key with the read or admin scope.")
-        if key is not None:
-            return key
-        if origin.local:
-            check_browser(headers, method, gate.settings)
-            return None
+    if call.key is None:
+        check_browser(call.headers, call.method, gate.settings)
+    return call.key
+
+
+def _mcp(call: _Caller, gate: Gate) -> ApiKey | None:
+    """Each tool is admitted again as the route it mirrors (views/mcp_tools.py)."""
+    if call.key is not None:
+        return call.key
+    if not (call.origin.local or call.origin.trusted):
         raise AuthenticationFailed(
-            f"Telemetry needs a read key unless called from the box itself: {origin.reason}.",
+            f"MCP needs an API key: {call.origin.reason}.", code="missing_api_key"
+        )
+    if not _address_host(call.headers.get("host", "")):
+        # a web page whose name was rebound to this box would send its own name here:
+        # without a key, its tools (load, unload) are the box's own
+        raise PermissionDenied(
+            "MCP without a key is served to an address (127.0.0.1, "
+            "localhost), not a host name: send a key.",
+            code="host_not_allowed",
+        )
+    check_browser(call.headers, call.method, gate.settings)
+    return None
+
+
+def _inference(call: _Caller, gate: Gate) -> ApiKey | None:
+    key, origin = call.key, call.origin
+    if key is not None:
+        if not {"admin", "inference"} & set(key.scopes):
+            raise PermissionDenied(
+                f"This key's scopes ({', '.join(key.scopes)}) do not include inference."
+            )
+        return key
+    if gate.require_keys:
+        raise AuthenticationFailed(
+            "This box requires an API key for inference: send Authorization: Bearer "
+            "fb_<id>_<secret> (create one with 'fitbox keys create').",
             code="missing_api_key",
         )
+    if origin.local and not names_box(call.headers, gate.settings):
+        # a page whose name was rebound to 127.0.0.1 could read replies and start loads
+        # that evict the operator's models (a trusted network's other machines keep
+        # their names: their browsers are not this box's)
+        raise PermissionDenied(
+            f"The Host header {call.headers.get('host')!r} does not name this box: without a "
+            "key, inference from the box itself is served only to an address, localhost, "
+            "the box's hostname, FITBOX_HOST or a name in FITBOX_HOST_NAMES (a web page "
+            "whose name was rebound to this box would send its own). Use "
+            "http://127.0.0.1:PORT, add the name to FITBOX_HOST_NAMES, or send a key.",
+            code="host_not_allowed",
+            param="host",
+        )
+    if origin.local or origin.trusted:
+        return None
+    raise AuthenticationFailed(f"An API key is required: {origin.reason}.", code="missing_api_key")
+
+
+def _read(call: _Caller, gate: Gate) -> ApiKey | None:
+    key = call.key
+    if key is not None and not {"admin", "read"} & set(key.scopes):
+        raise PermissionDenied("Telemetry needs a key with the read or admin scope.")
     if key is not None:
-        if "admin" not in key.scopes:
-            raise PermissionDenied("Management routes need a key with the admin scope.")
         return key
-    if origin.local:
-        check_browser(headers, method, gate.settings)
+    if call.origin.local:
+        check_browser(call.headers, call.method, gate.settings)
         return None
     raise AuthenticationFailed(
-        f"Management routes need an admin key unless called from the box itself: {origin.reason}.",
+        f"Telemetry needs a read key unless called from the box itself: {call.origin.reason}.",
         code="missing_api_key",
     )
+
+
+def _admin(call: _Caller, gate: Gate) -> ApiKey | None:
+    if call.key is not None:
+        if "admin" not in call.key.scopes:
+            raise PermissionDenied("Management routes need a key with the admin scope.")
+        return call.key
+    if call.origin.local:
+        check_browser(call.headers, call.method, gate.settings)
+        return None
+    raise AuthenticationFailed(
+        "Management routes need an admin key unless called from the box itself: "
+        f"{call.origin.reason}.",
+        code="missing_api_key",
+    )
+
+
+_RULES: dict[Access, Callable[[_Caller, Gate], ApiKey | None]] = {
+    Access.BOX_ONLY: _box_only,
+    Access.MCP: _mcp,
+    Access.INFERENCE: _inference,
+    Access.READ: _read,
+    Access.ADMIN: _admin,
+}
 
 
 def _host_name(host: str) -> str:

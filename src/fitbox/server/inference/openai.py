@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes, as HTTP: each handler parses and checks its body, then the
+"""The OpenAI-compatible routes, as HTTP: each handler (given the engine route it reaches by
+the route table, server/routes.py) parses and checks its body, then the
 box opens the call (its row, its name resolved once, the checks) and serves it (placed,
 sent, placed again on a counted prompt: box/serving.py), and the answer is framed here:
 Starlette responses, SSE, the error envelope. The call's life (its row, its lease, its
@@ -273,52 +274,52 @@ async def _read(request: Request, path: str) -> Response:
     return await forward(request, path, b"", body, method="GET")
 
 
-async def chat_completions(request: Request) -> Response:
-    return await _call(request, "/v1/chat/completions", {"model": str, "messages": list})
+async def chat_completions(request: Request, engine: str) -> Response:
+    return await _call(request, engine, {"model": str, "messages": list})
 
 
-async def completions(request: Request) -> Response:
-    return await _call(request, "/v1/completions", {"model": str, "prompt": (str, list)})
+async def completions(request: Request, engine: str) -> Response:
+    return await _call(request, engine, {"model": str, "prompt": (str, list)})
 
 
-async def embeddings(request: Request) -> Response:
-    return await _call(request, "/v1/embeddings", {"model": str, "input": (str, list)})
+async def embeddings(request: Request, engine: str) -> Response:
+    return await _call(request, engine, {"model": str, "input": (str, list)})
 
 
-async def responses(request: Request) -> Response:
+async def responses(request: Request, engine: str) -> Response:
     """OpenAI's Responses API (whole and streamed), served by the child itself."""
-    return await _call(request, "/v1/responses", {"input": (str, list)})
+    return await _call(request, engine, {"input": (str, list)})
 
 
-async def messages(request: Request) -> Response:
+async def messages(request: Request, engine: str) -> Response:
     """Anthropic's Messages API shape, served by the child itself."""
-    return await _call(request, "/v1/messages", {"messages": list, "max_tokens": int})
+    return await _call(request, engine, {"messages": list, "max_tokens": int})
 
 
-async def tokenize(request: Request) -> Response:
-    return await _call(request, "/tokenize", {"content": (str, list)})
+async def tokenize(request: Request, engine: str) -> Response:
+    return await _call(request, engine, {"content": (str, list)})
 
 
-async def detokenize(request: Request) -> Response:
-    return await _call(request, "/detokenize", {"tokens": list})
+async def detokenize(request: Request, engine: str) -> Response:
+    return await _call(request, engine, {"tokens": list})
 
 
-async def apply_template(request: Request) -> Response:
-    return await _call(request, "/apply-template", {"messages": list})
+async def apply_template(request: Request, engine: str) -> Response:
+    return await _call(request, engine, {"messages": list})
 
 
-async def infill(request: Request) -> Response:
-    return await _call(request, "/infill", {})
+async def infill(request: Request, engine: str) -> Response:
+    return await _call(request, engine, {})
 
 
-async def rerank(request: Request) -> Response:
+async def rerank(request: Request, engine: str) -> Response:
     """``/v1/rerank`` and ``/rerank``: both reach the child's ``/v1/rerank``."""
-    return await _call(request, "/v1/rerank", {"query": str, "documents": list})
+    return await _call(request, engine, {"query": str, "documents": list})
 
 
-async def props(request: Request) -> Response:
+async def props(request: Request, engine: str) -> Response:
     """The child's ``/props``; its ``model_path`` is an engine internal, for insiders only."""
-    response = await _read(request, "/props")
+    response = await _read(request, engine)
     if is_insider(request) or response.status_code != 200:
         return response
     try:
@@ -333,7 +334,7 @@ async def props(request: Request) -> Response:
     )
 
 
-async def slots(request: Request) -> Response:
+async def slots(request: Request, engine: str) -> Response:
     """The child's ``/slots``: every slot's prompt and generated text, other callers'
     included, so only an insider (the box itself, an admin key) may read them."""
     if not is_insider(request):
@@ -343,4 +344,4 @@ async def slots(request: Request) -> Response:
             "name in FITBOX_HOST_NAMES (a web page rebound to this box sends its own name).",
             code="insider_only",
         )
-    return await _read(request, "/slots")
+    return await _read(request, engine)

@@ -116,6 +116,13 @@ def build() -> MCPServer:
             "is resident (admin)."
         ),
     )
+    _reading_tools(server)
+    _changing_tools(server)
+    return server
+
+
+def _reading_tools(server: MCPServer) -> None:
+    """The tools that read the box: each admitted as the GET route it mirrors."""
 
     @server.tool(description="The models this box can serve (GET /v1/models).")
     @mirrors("/v1/models")
@@ -148,23 +155,6 @@ def build() -> MCPServer:
     ) -> dict[str, Any]:
         return _box(ctx).plan_for(model, ctx=window, parallel=parallel, kv=kv)
 
-    @server.tool(description="Load a model now (admin; POST /v1/operator/load).")
-    @mirrors("/v1/operator/load")
-    async def load(ctx: Context, model: str) -> dict[str, Any]:
-        return await perform(_box(ctx), _store(ctx), "load", model, *_who(ctx))
-
-    @server.tool(description="Unload a resident model (admin; POST /v1/operator/unload).")
-    @mirrors("/v1/operator/unload")
-    async def unload(ctx: Context, model: str) -> dict[str, Any]:
-        return await perform(_box(ctx), _store(ctx), "unload", model, *_who(ctx))
-
-    @server.tool(description="The latest calls, newest first, with their timings (read).")
-    @mirrors("/v1/telemetry")
-    async def recent_calls(ctx: Context, limit: int = 20) -> dict[str, Any]:
-        if not 1 <= limit <= MAX_CALLS:
-            raise ToolError(f"invalid_request: 'limit' must be within 1..{MAX_CALLS}.")
-        return _listing(await _store(ctx).recent_calls(limit))
-
     @server.tool(description="The box's limits per resource: device, box and central tiers.")
     @mirrors("/v1/limits")
     async def box_limits(ctx: Context) -> dict[str, Any]:
@@ -174,7 +164,26 @@ def build() -> MCPServer:
         )
         return _listing([dict(tier) for tier in describe(tiers)])
 
-    return server
+    @server.tool(description="The latest calls, newest first, with their timings (read).")
+    @mirrors("/v1/telemetry")
+    async def recent_calls(ctx: Context, limit: int = 20) -> dict[str, Any]:
+        if not 1 <= limit <= MAX_CALLS:
+            raise ToolError(f"invalid_request: 'limit' must be within 1..{MAX_CALLS}.")
+        return _listing(await _store(ctx).recent_calls(limit))
+
+
+def _changing_tools(server: MCPServer) -> None:
+    """The tools that change what is resident (admin, as their POST routes)."""
+
+    @server.tool(description="Load a model now (admin; POST /v1/operator/load).")
+    @mirrors("/v1/operator/load")
+    async def load(ctx: Context, model: str) -> dict[str, Any]:
+        return await perform(_box(ctx), _store(ctx), "load", model, *_who(ctx))
+
+    @server.tool(description="Unload a resident model (admin; POST /v1/operator/unload).")
+    @mirrors("/v1/operator/unload")
+    async def unload(ctx: Context, model: str) -> dict[str, Any]:
+        return await perform(_box(ctx), _store(ctx), "unload", model, *_who(ctx))
 
 
 class McpDoor:

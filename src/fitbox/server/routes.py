@@ -1,0 +1,272 @@
+"""The route table: every route of the box declared once, with who may call it (its access
+class, server/door/auth.py ``Access``), its OpenAPI operation per method (``Op``,
+server/views/openapi.py) and, for a route a child answers, the engine route it reaches
+(each engine kind's ``routes()`` says which it serves). The app's routes, the door's access
+classes and /openapi.json are made from it; README's route list is checked against it
+(tests/test_route_table.py).
+
+Adding a route is one entry here and its handler: see docs/design/path-of-a-call.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import cast
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from fitbox.server.door.auth import Access, AccessMap
+from fitbox.server.inference import models, openai
+from fitbox.server.manage import facts, manage, operate, settings, telemetry, transfer
+from fitbox.server.views import calls_page, openapi
+from fitbox.server.views.dashboard import dashboard, events
+from fitbox.server.views.mcp_tools import door
+from fitbox.server.views.metrics import scrape
+from fitbox.server.views.openapi import (
+    ACTION,
+    ARTIFACT,
+    BOX_BODY,
+    CHAT,
+    COMPLETION,
+    EMBEDDING,
+    FACTS_BODY,
+    KEY,
+    KEY_BODY,
+    KEY_ID,
+    KEY_PARAM,
+    LIMITS_BODY,
+    MESSAGES,
+    MODEL_BODY,
+    MODEL_ID,
+    MODEL_NAMED,
+    MODEL_PARAM,
+    MODEL_PATH,
+    MODEL_QUERY,
+    PAIR_BODY,
+    PLAN,
+    REPLAY,
+    REPLY,
+    RERANK,
+    RESPONSES,
+    ROWS,
+    SCOUT,
+    SINCE,
+    STATE,
+    TRANSFER_FILE,
+    Op,
+    engine_body,
+)
+
+# a request handler, or an ASGI app of its own (MCP's door); a route a child answers is
+# handed the engine route it reaches (the entry's ``engine``)
+Handler = Callable[[Request], Awaitable[Response]] | ASGIApp
+Forwarding = Callable[[Request, str], Awaitable[Response]]
+INFERENCE, READ, ADMIN = Access.INFERENCE, Access.READ, Access.ADMIN
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One route: ``path`` (Starlette's syntax), its handler, who may call it, an operation
+    per method (the methods it answers), the engine route it reaches (None: the box answers
+    it), and whether it is plain JSON over HTTP (MCP and the dashboard's event stream are
+    not: they are documented, not fuzzed as JSON)."""
+
+    path: str
+    handler: Handler | Forwarding
+    access: Access
+    ops: Mapping[str, Op]
+    engine: str | None = None
+    json_api: bool = True
+
+    @property
+    def methods(self) -> list[str]:
+        return [method.upper() for method in self.ops]
+
+    @property
+    def doc_path(self) -> str:
+        """The path as OpenAPI writes it (no Starlette converters)."""
+        return self.path.replace(":path}", "}")
+
+    @property
+    def who(self) -> str:
+        return self.access.who
+
+
+async def openapi_json(request: Request) -> Response:
+    return JSONResponse(openapi.spec(ENDPOINTS))
+
+
+# The calls first: Starlette tries routes in order, a regex each (~35 of them before chat
+# came up). No route above them could match their paths. Laid out by hand: one entry a route.
+# fmt: off
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("/v1/chat/completions", openai.chat_completions, INFERENCE, {
+        "post": Op("Chat (SSE with stream: true). " + REPLY, CHAT)},
+        engine="/v1/chat/completions"),
+    Endpoint("/v1/completions", openai.completions, INFERENCE, {
+        "post": Op("Text completion. A model's thinking is in the choice's reasoning_content "
+                   "(or reasoning) beside text", COMPLETION)},
+        engine="/v1/completions"),
+    Endpoint("/v1/embeddings", openai.embeddings, INFERENCE, {
+        "post": Op("Embeddings (embedding models; a decoder with the embeddings setting)",
+                   EMBEDDING)},
+        engine="/v1/embeddings"),
+    Endpoint("/v1/responses", openai.responses, INFERENCE, {
+        "post": Op("OpenAI Responses API (SSE with stream: true); a model's thinking is a "
+                   "reasoning output item", RESPONSES, MODEL_QUERY)},
+        engine="/v1/responses"),
+    Endpoint("/v1/messages", openai.messages, INFERENCE, {
+        "post": Op("Anthropic Messages API shape (SSE with stream: true); a model's thinking "
+                   "is a thinking block", MESSAGES, MODEL_QUERY)},
+        engine="/v1/messages"),
+    Endpoint("/v1/rerank", openai.rerank, INFERENCE, {
+        "post": Op("Rerank documents (reranker models)", RERANK, MODEL_QUERY)},
+        engine="/v1/rerank"),
+    Endpoint("/rerank", openai.rerank, INFERENCE, {
+        "post": Op("Rerank documents: /v1/rerank's alias", RERANK, MODEL_QUERY)},
+        engine="/v1/rerank"),
+    Endpoint("/tokenize", openai.tokenize, INFERENCE, {
+        "post": Op("The model's tokens for content", engine_body("content"), MODEL_QUERY)},
+        engine="/tokenize"),
+    Endpoint("/detokenize", openai.detokenize, INFERENCE, {
+        "post": Op("Text for tokens", engine_body("tokens"), MODEL_QUERY)},
+        engine="/detokenize"),
+    Endpoint("/apply-template", openai.apply_template, INFERENCE, {
+        "post": Op("The prompt the model's chat template makes of messages",
+                   engine_body("messages"), MODEL_QUERY)},
+        engine="/apply-template"),
+    Endpoint("/infill", openai.infill, INFERENCE, {
+        "post": Op("Fill in the middle (models with FIM tokens)", engine_body(), MODEL_QUERY)},
+        engine="/infill"),
+    Endpoint("/health", openai.health, Access.OPEN, {
+        "get": Op("Liveness (200; status ok or degraded, with the problems to fix), version, "
+                  "GPUs (simulated ones labelled), store")}),
+    Endpoint("/v1/models", models.list_models, INFERENCE, {
+        "get": Op("The catalog, with residency")}),
+    Endpoint("/v1/models/{model_id:path}", models.show_model, INFERENCE, {
+        "get": Op("One model by name, alias or family name (OpenAI's retrieve), with meta",
+                  params=MODEL_ID)}),
+    Endpoint("/v1/plan", manage.plan, ADMIN, {
+        "get": Op("What the box would load for a model, and where", params=PLAN)}),
+    Endpoint("/v1/telemetry/state", telemetry.state, READ, {
+        "get": Op("The change counter; long-polls until it passes `since` or `wait` seconds "
+                  "pass, or the box stops (stopping: true). `cursors=TABLE:CURSOR,…`: the "
+                  "answer carries each changed table's first page from its cursor (pages)",
+                  params=STATE)}),
+    Endpoint("/v1/telemetry", telemetry.rows, READ, {
+        "get": Op("Cursor replay of a table by seq", params=REPLAY)}),
+    Endpoint("/v1/telemetry/tables", telemetry.tables, READ, {
+        "get": Op("Every table and view with the columns a reader may see (secrets withheld)")}),
+    Endpoint("/v1/telemetry/rows", telemetry.table_rows, READ, {
+        "get": Op("Rows of any table or view, read-only, ordered by one of its columns",
+                  params=ROWS)}),
+    Endpoint("/v1/telemetry/scout", telemetry.scout_findings, READ, {
+        "get": Op("The newest findings of `fitbox scout`: path, what led to it, live or "
+                  "historical, servable once its header was read", params=SCOUT)}),
+    Endpoint("/calls", calls_page.calls_page, Access.BOX_ONLY, {
+        "get": Op("An HTML page of the latest calls")}),
+    Endpoint("/metrics", scrape, READ, {
+        "get": Op("Prometheus text: calls, errors, tokens and times per model, devices, "
+                  "loads, evictions, refusals, estimate errors, and each child's llamacpp:* "
+                  "with a model label")}),
+    Endpoint("/", dashboard, ADMIN, {
+        "get": Op("The live dashboard (HTML; whole with JavaScript off)")}),
+    Endpoint("/dashboard/events", events, ADMIN, {
+        "get": Op("The dashboard's updates: an SSE event with the re-rendered page body on "
+                  "each change, nothing between", params=SINCE)},
+        json_api=False),
+    Endpoint("/mcp", door, Access.MCP, {
+        "get": Op("MCP over Streamable HTTP: a session's server events"),
+        "post": Op("MCP over Streamable HTTP (JSON-RPC; needs 'fitbox[mcp]'): tools "
+                   "list_models, residents, queue, plan, load, unload, recent_calls, "
+                   "box_limits, each needing what the route it mirrors needs"),
+        "delete": Op("MCP over Streamable HTTP: end a session")},
+        json_api=False),
+    Endpoint("/v1/residents", operate.residents, ADMIN, {
+        "get": Op("Loaded models: device, bytes, state, calls")}),
+    Endpoint("/v1/storage", operate.storage, ADMIN, {
+        "get": Op("Drives holding models")}),
+    Endpoint("/v1/queue", operate.queue, ADMIN, {
+        "get": Op("Calls waiting for room, and what blocks them")}),
+    Endpoint("/v1/cores", settings.cores, ADMIN, {
+        "get": Op("Physical cores: kept for the OS, claimed by which engine, free")}),
+    Endpoint("/v1/limits", settings.limits, ADMIN, {
+        "get": Op("Capacity tiers: device, box, central, effective"),
+        "post": Op("Set box limits, or with tier: central the central tier (a central's "
+                   "allotment); a value above its parent tier is refused", LIMITS_BODY)}),
+    Endpoint("/v1/settings/box", settings.box_settings, ADMIN, {
+        "get": Op("Box-wide knobs: own, default, effective"),
+        "post": Op("Set box-wide knobs (null clears one)", BOX_BODY)}),
+    Endpoint("/v1/settings/pair", settings.pair_settings, ADMIN, {
+        "get": Op("Per-model knobs: own, box-wide, effective", params=MODEL_PARAM),
+        "post": Op("Set a model's knobs (null clears one)", PAIR_BODY)}),
+    Endpoint("/v1/settings/key", settings.key_settings, ADMIN, {
+        "get": Op("Per-key knobs (reasoning_field, progress): own, effective", params=KEY_PARAM),
+        "post": Op("Set a key's knobs (null clears one)", KEY_BODY)}),
+    Endpoint("/v1/verdicts", settings.verdicts, ADMIN, {
+        "get": Op("Every variant x rung x K/V type priced now, and the Auto pick",
+                  params=MODEL_PARAM)}),
+    Endpoint("/v1/operator/{action}", operate.operator_action, ADMIN, {
+        "post": Op("Operator action, recorded", MODEL_BODY, ACTION)}),
+    Endpoint("/openapi.json", openapi_json, Access.OPEN, {
+        "get": Op("This document")}),
+    Endpoint("/v1/transfer/{model}/manifest", transfer.manifest, ADMIN, {
+        "get": Op("A model's files for another box: path, bytes, sha256", params=[MODEL_PATH])}),
+    Endpoint("/v1/transfer/{model}/chunksums", transfer.chunksums, ADMIN, {
+        "get": Op("The sha256 of each fixed chunk of one of the model's files",
+                  params=TRANSFER_FILE)}),
+    Endpoint("/v1/transfer/{model}/file", transfer.file, ADMIN, {
+        "get": Op("One of the model's files, streamed; Range: bytes=… answered 206; 429 with "
+                  "Retry-After beyond the transfer cap", params=TRANSFER_FILE)}),
+    Endpoint("/v1/hashes", transfer.kept_hashes, ADMIN, {
+        "get": Op("Every weight file's kept sha256 (hashed once); ?artifact=PATH hashes that "
+                  "model file of the catalog once and lists it alone", params=ARTIFACT)}),
+    Endpoint("/v1/facts/import", facts.import_facts, ADMIN, {
+        "post": Op("Footprints, refused windows and speeds another box measured for a file "
+                   "with this sha256 (one list at least), filed under this box's file with "
+                   "their origin; plans price from them (basis imported, refused_windows, "
+                   "speeds_measured_by) until this box measures its own", FACTS_BODY)}),
+    Endpoint("/v1/keys", manage.list_keys, ADMIN, {
+        "get": Op("API keys, without secrets")}),
+    Endpoint("/v1/keys", manage.create_key, ADMIN, {
+        "post": Op("Create a key (the secret is shown once)", KEY)}),
+    Endpoint("/v1/keys/{key_id}", manage.show_key, ADMIN, {
+        "get": Op("One key", params=KEY_ID)}),
+    Endpoint("/v1/keys/{key_id}", manage.revoke_key, ADMIN, {
+        "delete": Op("Revoke a key", params=KEY_ID)}),
+    Endpoint("/props", openai.props, INFERENCE, {
+        "get": Op("The loaded child's properties (model_path for insiders only)",
+                  params=MODEL_NAMED)},
+        engine="/props"),
+    Endpoint("/slots", openai.slots, INFERENCE, {
+        "get": Op("The loaded child's slots (every caller's prompt: insiders only)",
+                  params=MODEL_NAMED, who=Access.ADMIN.who)},
+        engine="/slots"),
+)
+# fmt: on
+def _endpoint(entry: Endpoint) -> Handler:
+    """What Starlette calls for ``entry``: its handler, told its engine route if it has one."""
+    if entry.engine is None:
+        return cast(Handler, entry.handler)
+    forward, engine = cast(Forwarding, entry.handler), entry.engine
+
+    async def forwarded(request: Request) -> Response:
+        return await forward(request, engine)
+
+    return forwarded
+
+
+ROUTES = tuple(Route(e.path, _endpoint(e), methods=e.methods) for e in ENDPOINTS)
+ACCESS = AccessMap((e.path, e.access) for e in ENDPOINTS)
+PATHS = openapi.paths(ENDPOINTS)
+OTHER_PROTOCOLS = frozenset(e.doc_path for e in ENDPOINTS if not e.json_api)
+
+
+def is_inference(path: str) -> bool:
+    """The engine's own routes outside ``/v1`` (``/tokenize``, ``/props``…) are inference
+    too: they reach a child, so they meet the same key check as chat."""
+    return ACCESS(path) is Access.INFERENCE

@@ -1,0 +1,111 @@
+"""The route table (server/routes.py) is the one declaration of a route: every route the app
+serves has an access class and an OpenAPI operation for each of its methods, the door and
+/openapi.json read the same table, README names every route, and every route a child
+answers is one an engine kind serves (and the other way round)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from starlette.routing import BaseRoute, Route
+
+from fitbox.central.app import ROUTES as CENTRAL_ROUTES
+from fitbox.engines import llama_server, tf
+from fitbox.server.door.auth import Access
+from fitbox.server.routes import ACCESS, ENDPOINTS, PATHS, ROUTES, Endpoint
+from fitbox.server.views.openapi import spec
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def undeclared(routes: Iterable[BaseRoute], endpoints: Sequence[Endpoint]) -> list[str]:
+    """Each ``METHOD path`` the app serves that no entry of ``endpoints`` gives an access
+    class and an OpenAPI operation."""
+    documented = {
+        (e.path, method.upper()): e
+        for e in endpoints
+        for method in e.ops
+        if isinstance(e.access, Access)
+    }
+    missing = []
+    for route in routes:
+        assert isinstance(route, Route), route
+        for method in sorted((route.methods or set()) - {"HEAD"}):
+            entry = documented.get((route.path, method))
+            if entry is None or method.lower() not in spec([entry])["paths"][entry.doc_path]:
+                missing.append(f"{method} {route.path}")
+    return missing
+
+
+async def _nothing(request: object) -> None:
+    return None
+
+
+def test_every_route_has_an_access_class_and_an_operation() -> None:
+    assert undeclared(ROUTES, ENDPOINTS) == []
+    assert len(ROUTES) == len(ENDPOINTS)
+
+
+def test_a_route_the_table_does_not_declare_is_named() -> None:
+    """The check above can fail: a route added beside the table, or a method an entry has
+    no operation for, is named."""
+    stray = Route("/v1/stray", _nothing, methods=["GET"])
+    chat = next(e for e in ENDPOINTS if e.path == "/v1/chat/completions")
+    extra_method = Route(chat.path, _nothing, methods=["POST", "DELETE"])
+    assert undeclared([*ROUTES, stray, extra_method], ENDPOINTS) == [
+        "GET /v1/stray",
+        "DELETE /v1/chat/completions",
+    ]
+
+
+def test_the_door_and_the_document_read_the_table() -> None:
+    for entry in ENDPOINTS:
+        concrete = re.sub(r"\{[^}]+\}", "x", entry.path)
+        assert ACCESS(concrete) is entry.access, entry.path
+        for method, op in entry.ops.items():
+            operation = PATHS[entry.doc_path][method]
+            assert operation["summary"] == op.summary
+            assert operation["description"] == f"Access: {op.who or entry.access.who}."
+    # entries of one path agree on who may call it (the door decides by path)
+    by_path: dict[str, set[Access]] = {}
+    for entry in ENDPOINTS:
+        by_path.setdefault(entry.path, set()).add(entry.access)
+    assert all(len(found) == 1 for found in by_path.values()), by_path
+
+
+def test_paths_no_route_has_meet_their_family_s_door() -> None:
+    assert ACCESS("/v1/telemetry/nothing") is Access.READ
+    assert ACCESS("/metrics/nothing") is Access.READ
+    assert ACCESS("/v1/nothing") is Access.ADMIN
+    assert ACCESS("/v1/models/a/b") is Access.INFERENCE
+    assert ACCESS("/nothing") is None  # the router's 404, no door
+
+
+def test_readme_names_every_route() -> None:
+    readme = README.read_text()
+    missing = [e.doc_path for e in ENDPOINTS if f"`{e.doc_path}" not in readme]
+    missing = [
+        p for p in missing if not re.search(rf"`(GET|POST|DELETE)[^`]* {re.escape(p)}", readme)
+    ]
+    assert missing == [], f"README.md does not name these routes: {missing}"
+
+
+def test_readme_names_no_route_the_table_lacks() -> None:
+    """Every ``METHOD /path`` README writes is a route of the table (or of the central's
+    own app, which README describes beside the box)."""
+    readme = README.read_text()
+    named = re.findall(r"`(?:GET|POST|DELETE)(?:\|POST)? (/[^`\s\[]*)", readme)
+    known = {e.doc_path for e in ENDPOINTS} | {r.path for r in CENTRAL_ROUTES}
+    templated = [re.compile(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(p)) + "$") for p in known]
+    unknown = [p for p in named if p not in known and not any(t.match(p) for t in templated)]
+    assert unknown == [], f"README.md names routes the table does not have: {unknown}"
+
+
+def test_every_engine_route_is_one_an_engine_kind_serves_and_back() -> None:
+    served = llama_server.ROUTES | tf.ROUTES
+    forwarded = {e.engine for e in ENDPOINTS if e.engine is not None}
+    assert forwarded <= served, forwarded - served
+    assert served <= forwarded, served - forwarded
+    assert all(e.access is Access.INFERENCE for e in ENDPOINTS if e.engine is not None)
