@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fitbox.networks import DEFAULT_TRUSTED_NETWORKS, parse_networks
-from fitbox.server.door.trust import TrustSettings, origin_of
+from fitbox.server.door.auth import TrustSettings, origin_of
 
 SETTINGS = TrustSettings(parse_networks(DEFAULT_TRUSTED_NETWORKS), (), "192.168.1.20")
 BEHIND_PROXY = TrustSettings(

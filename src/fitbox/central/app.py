@@ -32,8 +32,7 @@ from fitbox.central.store import CentralStore
 from fitbox.config import Config
 from fitbox.errors import AuthenticationFailed, FitboxError, InvalidRequest, PermissionDenied
 from fitbox.server.door import errors
-from fitbox.server.door.auth import Gate, admit, presented_key
-from fitbox.server.door.trust import TrustSettings, origin_of
+from fitbox.server.door.auth import Gate, TrustSettings, admit, origin_of, presented_key
 from fitbox.server.manage.joining import is_loopback
 from fitbox.server.routes import ACCESS
 

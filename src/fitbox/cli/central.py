@@ -141,7 +141,7 @@ def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: st
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
-            proxy_headers=False,  # the door judges forwarding (server/door/trust.py), not uvicorn
+            proxy_headers=False,  # the door judges forwarding (server/door/auth.py), not uvicorn
         )
     )
     server.run(sockets=[sock])

@@ -64,7 +64,7 @@ def serve(config: settings.Config, log_level: str) -> int:
             lifespan="on",
             timeout_graceful_shutdown=5,
             http=_http_protocol(),
-            # forwarding headers are the door's to judge (server/door/trust.py, with
+            # forwarding headers are the door's to judge (server/door/auth.py, with
             # FITBOX_TRUSTED_PROXIES); uvicorn's own middleware, believing 127.0.0.1 by
             # default, would swap in the forwarded client before the door saw the proxy
             proxy_headers=False,

@@ -21,9 +21,8 @@ from fitbox.errors import FitboxError
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import GpuReading, open_gpu_probe
 from fitbox.server.door import cors, errors
-from fitbox.server.door.auth import AuthMiddleware, Gate
+from fitbox.server.door.auth import AuthMiddleware, Gate, TrustSettings
 from fitbox.server.door.timing import ServerTimingMiddleware
-from fitbox.server.door.trust import TrustSettings
 from fitbox.server.manage import joining, telemetry
 from fitbox.server.routes import ACCESS, ROUTES
 from fitbox.server.views.leaving import Leaving

@@ -252,12 +252,7 @@ def _endpoint(entry: Endpoint) -> Handler:
     """What Starlette calls for ``entry``: its handler, told its engine route if it has one."""
     if entry.engine is None:
         return cast(Handler, entry.handler)
-    forward, engine = cast(Forwarding, entry.handler), entry.engine
-
-    async def forwarded(request: Request) -> Response:
-        return await forward(request, engine)
-
-    return forwarded
+    return openai.bound(cast(Forwarding, entry.handler), entry.engine)
 
 
 ROUTES = tuple(Route(e.path, _endpoint(e), methods=e.methods) for e in ENDPOINTS)

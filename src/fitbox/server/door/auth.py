@@ -28,10 +28,18 @@ Each route of the table (server/routes.py) names its access class (``Access``); 
   (a rebound page must not read ``/slots``: every caller's prompts). A key decides for
   itself wherever it comes from; a trusted network without a key is no insider. Routes and
   error handlers read ``request.state.insider``.
+
+Who is calling (``origin_of``, pure): the box itself, a trusted network, or the outside.
+
+- The box itself: a peer at 127.0.0.1 / ::1, or at the address the service listens on.
+- A request carrying forwarding headers counts as outside unless its immediate peer is a
+  trusted proxy; only then is X-Forwarded-For believed (walked from the right, skipping
+  trusted proxies). A public proxy can never make the internet local.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import time
@@ -40,12 +48,104 @@ from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import urlsplit
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fitbox.errors import AuthenticationFailed, FitboxError, PermissionDenied
-from fitbox.server.door.errors import error_response
-from fitbox.server.door.trust import Origin, TrustSettings, origin_of
+from fitbox.networks import Network
+from fitbox.server.door.errors import INSIDER, error_response
 from fitbox.store.keys import ApiKey, KeyChecker
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
+_SELF = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
+
+
+@functools.lru_cache(maxsize=1024)  # every request parses its peer: ipaddress is slow
+def _address(text: str | None) -> Address | None:
+    if not text:
+        return None
+    try:
+        address = ipaddress.ip_address(text.strip().strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        return address.ipv4_mapped
+    return address
+
+
+def _within(address: Address | None, networks: tuple[Network, ...]) -> bool:
+    return address is not None and any(address in net for net in networks)
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: a cache key each request, made once
+class TrustSettings:
+    trusted_networks: tuple[Network, ...]
+    trusted_proxies: tuple[Network, ...]
+    listen_host: str
+    host_names: tuple[str, ...] = ()  # FITBOX_HOST_NAMES: what a keyless Host may name
+
+
+@dataclass(frozen=True)
+class Origin:
+    address: Address | None
+    local: bool  # the box itself
+    trusted: bool  # inside a trusted network
+    forwarded: bool  # forwarding headers were present
+    reason: str  # how it was classified, for refusals a person can act on
+
+
+def origin_of(peer: str | None, headers: Mapping[str, str], settings: TrustSettings) -> Origin:
+    peer_address = _address(peer)
+    forwarded = any(h in headers for h in FORWARDING_HEADERS)
+    if forwarded and not _within(peer_address, settings.trusted_proxies):
+        return Origin(
+            peer_address,
+            local=False,
+            trusted=False,
+            forwarded=True,
+            reason=f"forwarded by {peer}, which is not a trusted proxy",
+        )
+    if not forwarded:
+        return _classified(peer_address, settings)
+    address = peer_address
+    if forwarded:
+        hops = [h.strip() for h in headers.get("x-forwarded-for", "").split(",") if h.strip()]
+        client = None
+        for hop in reversed(hops):
+            hop_address = _address(hop)
+            if hop_address is None:
+                break  # garbage in the chain: trust nothing further left
+            client = hop_address
+            if not _within(hop_address, settings.trusted_proxies):
+                break
+        address = client
+        if address is None:
+            return Origin(
+                None,
+                local=False,
+                trusted=False,
+                forwarded=True,
+                reason="a trusted proxy sent no usable X-Forwarded-For",
+            )
+    return _classified(address, settings, forwarded=True)
+
+
+@functools.lru_cache(maxsize=1024)  # a client's peer address, classified once
+def _classified(
+    address: Address | None, settings: TrustSettings, forwarded: bool = False
+) -> Origin:
+    local = address is not None and (address in _SELF or address == _address(settings.listen_host))
+    trusted = _within(address, settings.trusted_networks)
+    where = (
+        "the box itself"
+        if local
+        else ("a trusted network" if trusted else "outside the trusted networks")
+    )
+    return Origin(
+        address, local=local, trusted=trusted, forwarded=forwarded, reason=f"{address} is {where}"
+    )
 
 
 class Access(StrEnum):
@@ -356,5 +456,11 @@ class AuthMiddleware:
                 return
             state = scope.setdefault("state", {})
             state["api_key"] = key
-            state["insider"] = insider(key, origin, names_box(headers, gate.settings))
+            state[INSIDER] = insider(key, origin, names_box(headers, gate.settings))
         await self.app(scope, receive, send)
+
+
+def is_insider(request: Request) -> bool:
+    """What the door decided of the caller (see the module's last rule), for routes and
+    error handlers."""
+    return bool(getattr(request.state, INSIDER, False))

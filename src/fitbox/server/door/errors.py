@@ -14,6 +14,9 @@ from starlette.responses import JSONResponse, Response
 from fitbox.errors import FitboxError, StorageFailed
 from fitbox.store.db import StoreUnavailable
 
+# the request.state attribute the door (door/auth.py) sets: may the caller see engine internals
+INSIDER = "insider"
+
 log = logging.getLogger(__name__)
 
 
@@ -41,10 +44,6 @@ def body_for(error: FitboxError, insider: bool) -> dict[str, Any]:
     return body
 
 
-def is_insider(request: Request) -> bool:
-    return bool(getattr(request.state, "insider", False))
-
-
 def error_response(error: FitboxError, insider: bool = False) -> JSONResponse:
     headers = {"x-should-retry": "true" if error.retry else "false"}
     if error.closes:
@@ -56,7 +55,7 @@ def error_response(error: FitboxError, insider: bool = False) -> JSONResponse:
 
 async def on_fitbox_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, FitboxError)
-    return error_response(exc, is_insider(request))
+    return error_response(exc, bool(getattr(request.state, INSIDER, False)))
 
 
 async def on_http_exception(request: Request, exc: Exception) -> Response:

@@ -17,7 +17,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -31,8 +31,9 @@ from fitbox.box.serving import Answer, Order, Served
 from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import FitboxError, InvalidRequest, PermissionDenied
 from fitbox.server.door import timing
+from fitbox.server.door.auth import is_insider
 from fitbox.server.door.bodies import IMAGE_ROUTES, Kinds, check_fields, check_images, json_object
-from fitbox.server.door.errors import body_for, is_insider
+from fitbox.server.door.errors import body_for
 from fitbox.server.inference import progress
 from fitbox.server.inference.engine_errors import engine_error_body, retry_headers
 from fitbox.server.streams import Reshape, Thinking, request_body, target
@@ -233,6 +234,18 @@ async def health(request: Request) -> Response:
             "store": store.health(),
         }
     )
+
+
+def bound(
+    handler: Callable[[Request, str], Awaitable[Response]], engine: str
+) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` as Starlette calls it, told the engine route its entry in the route table
+    (server/routes.py) reaches."""
+
+    async def forwarded(request: Request) -> Response:
+        return await handler(request, engine)
+
+    return forwarded
 
 
 MODEL: Kinds = {"model": str}
