@@ -15,6 +15,7 @@ from fitbox.central.app import ROUTES as CENTRAL_ROUTES
 from fitbox.engines import llama_server, tf
 from fitbox.server.door.auth import Access
 from fitbox.server.routes import ACCESS, ENDPOINTS, PATHS, ROUTES, Endpoint
+from fitbox.server.views.mcp_tools import MIRRORED, build
 from fitbox.server.views.openapi import spec
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -109,3 +110,14 @@ def test_every_engine_route_is_one_an_engine_kind_serves_and_back() -> None:
     assert forwarded <= served, forwarded - served
     assert served <= forwarded, served - forwarded
     assert all(e.access is Access.INFERENCE for e in ENDPOINTS if e.engine is not None)
+
+
+def test_each_mcp_tool_mirrors_a_route_of_the_table() -> None:
+    """A tool is admitted as the route it mirrors: that route must be one the door knows."""
+    build()
+    assert MIRRORED
+    for route in MIRRORED:
+        entry = next(
+            e for e in ENDPOINTS if re.fullmatch(re.sub(r"\{[^}]+\}", "[^/]+", e.path), route)
+        )
+        assert ACCESS(route) is entry.access, route
