@@ -43,7 +43,7 @@ from bench.proxy_overhead import MODEL, REPO, child_url, percentile
 from fitbox.central.backend import StoreTarget
 from fitbox.central.store import CentralStore
 from fitbox.models.pull import pull
-from tests.postgres import APT, PostgresCluster, postgres_bin
+from tests.support.postgres import APT, PostgresCluster, postgres_bin
 
 
 def _answering(proc: subprocess.Popen[bytes], endpoint: Path) -> str:

@@ -43,8 +43,8 @@ from fitbox.engines.measure import LoadSpec, measure_load  # noqa: E402
 from fitbox.engines.tf import probe  # noqa: E402
 from fitbox.models.gguf_facts import read_facts  # noqa: E402
 from fitbox.models.pull import pull  # noqa: E402
-from tests.gguf_zoo import WRITERS  # noqa: E402
-from tests.quants import quantized_models  # noqa: E402
+from tests.support.gguf_zoo import WRITERS  # noqa: E402
+from tests.support.quants import quantized_models  # noqa: E402
 
 MIB = 1 << 20
 KINDS = ("weights", "kv", "compute", "output", "total")
@@ -230,7 +230,7 @@ def tf_rows(bnb: Path | None = None) -> list[Row]:
     import subprocess
 
     from fitbox.models.hf_folders import folder_facts
-    from tests.tf_engine import minilm_folder, smol_folder, tf_venv
+    from tests.support.tf_engine import minilm_folder, smol_folder, tf_venv
 
     python = tf_venv()
     cache = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))

@@ -264,7 +264,7 @@ def tf_row(rounds: int) -> None:
     from fitbox.engines.tf import _child_env
 
     sys.path.insert(0, str(REPO))
-    from tests.tf_engine import smol_folder, tf_venv
+    from tests.support.tf_engine import smol_folder, tf_venv
 
     python = tf_venv()
     cache = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))

@@ -203,7 +203,7 @@ def tf_chat(client: httpx.Client, base: str, model: str) -> float:
 def tf_rows(requests: int, streams: int, tokens: int) -> None:
     """The transformers child directly and through fitbox, interleaved, one run."""
     sys.path.insert(0, str(REPO))
-    from tests.tf_engine import smol_folder, tf_venv
+    from tests.support.tf_engine import smol_folder, tf_venv
 
     python = tf_venv()
     cache = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))

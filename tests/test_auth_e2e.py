@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import running_fitbox
+from .support.processes import running_fitbox
 
 pytestmark = pytest.mark.engine
 SERVER, CLIENT = "127.0.0.2", "127.0.0.3"

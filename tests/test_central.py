@@ -23,9 +23,9 @@ from fitbox.cli import main as fitbox_main
 from fitbox.server.manage.joining import Registration
 from fitbox.store.keys import create_key
 
-from .conftest import BOX as HOST
-from .holds import Background, until
-from .postgres import PostgresCluster
+from .support.holds import Background, until
+from .support.paths import BOX as HOST
+from .support.postgres import PostgresCluster
 
 OUTSIDE = ("203.0.113.9", 50000)  # a documentation address: never the central itself
 BOX = {

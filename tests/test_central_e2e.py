@@ -31,10 +31,10 @@ import pytest
 
 from fitbox.home import Home
 
-from .conftest import FitboxProcess, _answering, start_fitbox, stop_fitbox
-from .ggufs import two_models_one_at_a_time
-from .holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
-from .postgres import PostgresCluster
+from .support.ggufs import two_models_one_at_a_time
+from .support.holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
+from .support.postgres import PostgresCluster
+from .support.processes import FitboxProcess, answering_url, start_fitbox, stop_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -66,7 +66,7 @@ class Central:
             self.proc = subprocess.Popen(
                 argv, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
             )
-        self.url = _answering(self.proc, self.home / "central-endpoint.json", log_path)
+        self.url = answering_url(self.proc, self.home / "central-endpoint.json", log_path)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .ggufs import write_projector, write_tiny_llama
+from .support.ggufs import write_projector, write_tiny_llama
 
 
 def fitbox(*args: str, home: Path) -> subprocess.CompletedProcess[str]:

@@ -23,8 +23,8 @@ import psutil
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from .conftest import FitboxProcess, running_fitbox
-from .ggufs import write_tiny_llama
+from .support.ggufs import write_tiny_llama
+from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

@@ -24,8 +24,8 @@ from fitbox.store.facts import (
 )
 from fitbox.store.migrations import load_migrations, migrate
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
+from .support.ggufs import write_tiny_llama
+from .support.paths import BOX
 
 ORIGIN = "0b7c1d2e-0000-4000-8000-00000000000a"
 OUTSIDE = ("203.0.113.9", 50000)

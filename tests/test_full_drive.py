@@ -24,8 +24,8 @@ from fitbox.server.app import create_app
 from fitbox.store.db import CallStart, Store
 from fitbox.store.keys import create_key, list_keys
 
-from .conftest import BOX
-from .small_drive import SmallDrive
+from .support.paths import BOX
+from .support.small_drive import SmallDrive
 
 
 def cap_pages(store: Store, pages: int | None = None) -> None:

@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 from fitbox import config
 from fitbox.server.app import create_app
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
+from .support.ggufs import write_tiny_llama
+from .support.paths import BOX
 
 
 @pytest.fixture

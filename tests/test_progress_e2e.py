@@ -14,8 +14,8 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
-from .conftest import FitboxProcess, running_fitbox
-from .holds import GATED, HOLD_IDLE_TIMEOUT, calls_on, until
+from .support.holds import GATED, HOLD_IDLE_TIMEOUT, calls_on, until
+from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

@@ -21,8 +21,8 @@ from fitbox.server.inference.engine_errors import engine_error_body, retry_canno
 from fitbox.server.streams.names import NameRewrite, rewrite_for
 from fitbox.store.keys import create_key
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
+from .support.ggufs import write_tiny_llama
+from .support.paths import BOX
 
 OVERFLOW = (
     b'{"error":{"code":400,"message":"request (431 tokens) exceeds the available context size '

@@ -22,9 +22,8 @@ from fitbox.core import sizing
 from fitbox.core.slots import choose
 from fitbox.models.gguf_facts import read_facts
 
-from .conftest import FitboxProcess, running_fitbox, start_fitbox, stop_fitbox
-from .ggufs import write_tiny_llama
-from .holds import (
+from .support.ggufs import write_tiny_llama
+from .support.holds import (
     HOLD_IDLE_TIMEOUT,
     Background,
     calls_on,
@@ -33,6 +32,7 @@ from .holds import (
     gated_engine,
     until,
 )
+from .support.processes import FitboxProcess, running_fitbox, start_fitbox, stop_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

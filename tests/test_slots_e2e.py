@@ -27,8 +27,8 @@ from fitbox.core.prompts import prompt_bound
 from fitbox.engines.child import free_port
 from fitbox.models.templates import chat_template_bytes
 
-from .conftest import FitboxProcess, running_fitbox
-from .holds import HOLD_IDLE_TIMEOUT, Background, engine_logs, gated_engine, resident, until
+from .support.holds import HOLD_IDLE_TIMEOUT, Background, engine_logs, gated_engine, resident, until
+from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

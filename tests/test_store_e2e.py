@@ -10,7 +10,7 @@ from starlette.testclient import TestClient
 from fitbox import config
 from fitbox.server.app import create_app
 
-from .conftest import BOX
+from .support.paths import BOX
 
 pytestmark = pytest.mark.engine
 

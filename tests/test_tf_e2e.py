@@ -24,8 +24,8 @@ import psutil
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from .conftest import FitboxProcess, running_fitbox
-from .tf_engine import MINILM_DIM, adapted_folder
+from .support.processes import FitboxProcess, running_fitbox
+from .support.tf_engine import MINILM_DIM, adapted_folder, engine_env
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct-f32"
@@ -41,16 +41,6 @@ def models_root(root: Path, *folders: Path) -> Path:
     for folder in folders:
         (root / folder.name).symlink_to(folder)
     return root
-
-
-def engine_env(python: Path, home: Path) -> dict[str, str]:
-    """Only the named interpreter: no venv of the test machine is a candidate."""
-    return {
-        "FITBOX_TF_PYTHON": str(python),
-        "HOME": str(home),
-        "VIRTUAL_ENV": "",
-        "CONDA_PREFIX": "",
-    }
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,9 @@ from fitbox import config
 from fitbox.server.app import create_app
 from fitbox.server.door.timing import figures
 
-from .conftest import BOX, FitboxProcess, running_fitbox
-from .holds import until
+from .support.holds import until
+from .support.paths import BOX
+from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

@@ -26,11 +26,10 @@ from fitbox.models.gguf_facts import read_facts
 from fitbox.models.templates import chat_template_bytes
 from fitbox.models.vision import image_tokens
 
-from .conftest import FitboxProcess, running_fitbox
-from .ggufs import write_tiny_llama, write_vision_projector
-from .images import RED, STRIPES, data_url, noise
-from .test_tf_e2e import engine_env
-from .tf_engine import TINY_LLAVA_IMAGE_TOKENS, tiny_llava_folder
+from .support.ggufs import write_tiny_llama, write_vision_projector
+from .support.images import RED, STRIPES, data_url, noise
+from .support.processes import FitboxProcess, running_fitbox
+from .support.tf_engine import TINY_LLAVA_IMAGE_TOKENS, engine_env, tiny_llava_folder
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

@@ -22,9 +22,9 @@ from fitbox import config
 from fitbox.server.app import create_app
 from fitbox.server.manage.zerocopy import WINDOW, ZEROCOPY, ZeroCopyHttpToolsProtocol
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
-from .holds import until
+from .support.ggufs import write_tiny_llama
+from .support.holds import until
+from .support.paths import BOX
 
 
 class FileApp:
