@@ -3,7 +3,6 @@ and which tests are slow. What tests share besides fixtures lives in tests/suppo
 
 from __future__ import annotations
 
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,45 +16,16 @@ from .support.ggufs import write_tiny_llama
 from .support.paths import CACHE
 from .support.postgres import PostgresCluster
 from .support.small_drive import SmallDrive, small_drive
+from .support.speed import starts_processes
 
 # Property tests must not fail for being slow: CI shares two cores with llama-server children.
 settings.register_profile("fitbox", deadline=None, print_blob=True)
 settings.load_profile("fitbox")
 
-# A test is slow when it starts a real process (llama-server, fitbox, PostgreSQL, chromium,
-# prometheus, a network namespace, a venv build): `pytest -m "not slow"` runs the rest in
-# seconds. Told by the file (*_e2e.py and the namespace tests start processes throughout),
-# the `engine` marker, a fixture below that starts or builds one, or a process helper of
-# tests/support/ named in the test's own body.
-SLOW_FILES = ("_e2e.py", "_netns.py")
-PROCESS_FIXTURES = frozenset(
-    {"llama_server_bin", "postgres", "quant_cache", "tf_python", "smol_tf", "minilm_tf"}
-)
-PROCESS_HELPERS = frozenset({"running_fitbox", "start_fitbox", "PostgresCluster", "chromium"})
-
-
-def _names_in(code: types.CodeType) -> set[str]:
-    """Every global or attribute name a function's code uses, nested functions included."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names_in(const)
-    return names
-
-
-def _starts_processes(item: pytest.Item) -> bool:
-    if item.path.name.endswith(SLOW_FILES) or item.get_closest_marker("engine"):
-        return True
-    if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return True
-    function = getattr(item, "function", None)
-    code = getattr(function, "__code__", None)
-    return code is not None and bool(PROCESS_HELPERS & _names_in(code))
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if _starts_processes(item):
+        if starts_processes(item):
             item.add_marker(pytest.mark.slow)
 
 

@@ -13,7 +13,7 @@ import fitbox
 from fitbox import config
 from fitbox.server.app import create_app
 
-from .support.clients import assert_error, call_rows
+from .support.clients import app_client, assert_error, call_rows
 from .support.ggufs import write_tiny_llama
 from .support.paths import BOX
 
@@ -27,7 +27,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
         {"home": str(tmp_path / "home"), "models": str(models), "ram_max": "1MiB"},
         env={"FITBOX_SIMULATED_GPUS": ""},
     )
-    with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as test_client:
+    with app_client(cfg) as test_client:
         yield test_client
 
 

@@ -20,10 +20,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from fitbox import cli, config
-from fitbox.server.app import ROUTES, create_app
+from fitbox.server.app import ROUTES
 from fitbox.server.door.auth import is_inference
 from fitbox.store.keys import create_key
 
+from .support.clients import app_client
 from .support.ggufs import write_tiny_llama
 from .support.paths import BOX
 
@@ -40,7 +41,7 @@ def home(tmp_path: Path) -> Path:
 
 def client(home: Path, peer: tuple[str, int], **settings: str) -> TestClient:
     cfg = config.load({"home": str(home), "models": str(home / "models"), **settings}, env={})
-    return TestClient(create_app(cfg), base_url=BOX, client=peer)
+    return app_client(cfg, peer)
 
 
 def make_key(

@@ -22,6 +22,7 @@ from fitbox.core import sizing
 from fitbox.core.slots import choose
 from fitbox.models.gguf_facts import read_facts
 
+from .support.clients import openai_client
 from .support.ggufs import write_tiny_llama
 from .support.holds import (
     HOLD_IDLE_TIMEOUT,
@@ -54,7 +55,7 @@ _clients: list[openai.OpenAI] = []
 
 
 def client_for(box: FitboxProcess) -> openai.OpenAI:
-    client = openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", max_retries=0)
+    client = openai_client(box.url, max_retries=0)
     _clients.append(client)
     return client
 

@@ -27,6 +27,7 @@ from fitbox.core.prompts import prompt_bound
 from fitbox.engines.child import free_port
 from fitbox.models.templates import chat_template_bytes
 
+from .support.clients import openai_client
 from .support.holds import HOLD_IDLE_TIMEOUT, Background, engine_logs, gated_engine, resident, until
 from .support.processes import FitboxProcess, running_fitbox
 
@@ -59,7 +60,7 @@ def box(
 
 
 def client(box: FitboxProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai_client(box.url, max_retries=0, timeout=300)
 
 
 def words(n: int) -> str:

@@ -6,6 +6,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+from .support.processes import running_fitbox
+from .support.speed import PROCESS_HELPERS, names_reached, starts_processes
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -64,3 +69,24 @@ def test_the_check_sees_relative_absolute_and_nested_imports_of_tests() -> None:
     assert not {m for m in imported_modules(source, "tests") if m.endswith("ggufs")} - {
         "tests.support.ggufs"
     }
+
+
+def _splits_a_model() -> None:
+    """Stands for a helper of a test file that starts a process (never called)."""
+    running_fitbox(Path("home"), [])
+
+
+def _a_test_body() -> None:
+    _splits_a_model()
+
+
+def test_a_process_started_through_a_helper_of_the_file_makes_a_test_slow() -> None:
+    # looked up by name: naming the sample here would make this very test slow
+    sample = globals()["_a_test_body"]
+    assert "running_fitbox" in names_reached(sample)
+    assert PROCESS_HELPERS & names_reached(sample)
+
+
+def test_a_test_that_starts_nothing_is_left_in_the_fast_run(request: pytest.FixtureRequest) -> None:
+    assert not starts_processes(request.node)
+    assert request.node.get_closest_marker("slow") is None

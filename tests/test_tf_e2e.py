@@ -24,6 +24,7 @@ import psutil
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from .support.clients import openai_client
 from .support.processes import FitboxProcess, running_fitbox
 from .support.tf_engine import MINILM_DIM, adapted_folder, engine_env
 
@@ -67,7 +68,7 @@ def box(
 
 
 def client_for(box: FitboxProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", timeout=300)
+    return openai_client(box.url, timeout=300)
 
 
 def test_chat_whole_and_streamed_give_the_same_greedy_answer(box: FitboxProcess) -> None:
