@@ -57,6 +57,11 @@ def starts_processes(item: pytest.Item) -> bool:
         return True
     if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
+    # a fixture parametrized by a process fixture's name fetches it by that name
+    # (tests/test_central.py's ``target``: request.getfixturevalue("postgres"))
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if PROCESS_FIXTURES & {str(value) for value in params.values()}:
+        return True
     function = getattr(item, "function", None)
     return isinstance(function, types.FunctionType) and bool(
         PROCESS_HELPERS & names_reached(function)
