@@ -13,7 +13,7 @@
 2. Mirror lag: a call made on the box directly, then the time from its reply until the
    central serves its row in its final form (polled every millisecond); p50 and p99.
 3. Sync cost, in process, on SQLite and on PostgreSQL (a throwaway cluster this run
-   starts, tests/postgres.py, with PostgreSQL's own durable defaults): --rows call rows
+   starts, tests/support/postgres.py, with PostgreSQL's own durable defaults): --rows call rows
    landed by the mirror's own page write (CentralStore.take_page: checked, upserted, cursor
    stored, one transaction per page of 1000) against a plain executemany of the same rows
    into a table with the same key, one transaction per 1000 too; seconds per 10k rows and
@@ -43,7 +43,7 @@ from bench.proxy_overhead import MODEL, REPO, child_url, percentile
 from fitbox.central.backend import StoreTarget
 from fitbox.central.store import CentralStore
 from fitbox.models.pull import pull
-from tests.postgres import APT, PostgresCluster, postgres_bin
+from tests.support.postgres import APT, PostgresCluster, postgres_bin
 
 
 def _answering(proc: subprocess.Popen[bytes], endpoint: Path) -> str:

@@ -23,7 +23,7 @@ from fitbox.core import sizing
 from fitbox.core.ask import Ask, Candidate
 from fitbox.core.decide import decide
 from fitbox.core.types import ResidentState, ResidentView, Snapshot
-from tests.core_builders import GiB, gpu, host, model
+from tests.support.core_builders import GiB, gpu, host, model
 
 RUNS = 400
 

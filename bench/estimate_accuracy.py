@@ -5,12 +5,12 @@ allocated, per model, window, slots, K/V type and flash attention, per buffer ki
 
 Models: SmolLM2-135M (llama), the tiny GGUF zoo written with gguf (GQA with per-layer KV
 heads, sliding-window layers, MoE, two hybrids), and every quant type the bundled
-llama-quantize writes without an importance matrix (tests/quants.py), each loaded by the
+llama-quantize writes without an importance matrix (tests/support/quants.py), each loaded by the
 real engine on this CPU, with its repack rule. Prints every row, the worst error per kind,
 and whether each kind meets its target (weights and KV within 1 MiB, compute within 2 %,
 total within 1 %).
 
-``tf`` rows: the transformers engine (its venv built as the tests build it, tests/tf_engine.py):
+``tf`` rows: the transformers engine (its venv built as the tests build it, tests/support/tf_engine.py):
 SmolLM2 as float32 and bfloat16 safetensors folders and all-MiniLM-L6-v2, each loaded by a
 real child on the CPU (the ram-only rung); the safetensors header's weights against the
 child's counted weights (``/props``: params + buffers, tied tensors once). The 4-bit row
@@ -43,8 +43,8 @@ from fitbox.engines.measure import LoadSpec, measure_load  # noqa: E402
 from fitbox.engines.tf import probe  # noqa: E402
 from fitbox.models.gguf_facts import read_facts  # noqa: E402
 from fitbox.models.pull import pull  # noqa: E402
-from tests.gguf_zoo import WRITERS  # noqa: E402
-from tests.quants import quantized_models  # noqa: E402
+from tests.support.gguf_zoo import WRITERS  # noqa: E402
+from tests.support.quants import quantized_models  # noqa: E402
 
 MIB = 1 << 20
 KINDS = ("weights", "kv", "compute", "output", "total")
@@ -230,7 +230,7 @@ def tf_rows(bnb: Path | None = None) -> list[Row]:
     import subprocess
 
     from fitbox.models.hf_folders import folder_facts
-    from tests.tf_engine import minilm_folder, smol_folder, tf_venv
+    from tests.support.tf_engine import minilm_folder, smol_folder, tf_venv
 
     python = tf_venv()
     cache = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))

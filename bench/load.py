@@ -36,7 +36,7 @@ from bench.proxy_overhead import REPO, percentile, start_fitbox
 from fitbox.core import sizing
 from fitbox.models.gguf_facts import read_facts
 from fitbox.models.pull import pull
-from tests.ggufs import write_tiny_llama
+from tests.support.ggufs import write_tiny_llama
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 

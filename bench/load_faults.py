@@ -45,7 +45,7 @@ from fitbox.core import sizing
 from fitbox.engines.child import free_port
 from fitbox.models.gguf_facts import read_facts
 from fitbox.models.pull import pull
-from tests.ggufs import write_tiny_llama
+from tests.support.ggufs import write_tiny_llama
 
 IDLE_S = 2.0  # FITBOX_ENGINE_IDLE_TIMEOUT for the run
 CALL_LIMIT_S = 180.0  # a call with no end by then is hung

@@ -19,7 +19,7 @@ with a ``preexec_fn`` (Python forks the whole process: what fitbox did before), 
 process's heap grown to a serving fitbox's resident size (``--heap-mb``, measured 96 MB).
 
 The transformers row (issue 16) does the same with SmolLM2 as a float32 safetensors folder
-served by the transformers child (the engine venv the tests build, tests/tf_engine.py): a
+served by the transformers child (the engine venv the tests build, tests/support/tf_engine.py): a
 cold chat call through fitbox, then the child launched directly with fitbox's argv and
 the engine's environment. ``--tf-rounds 0`` leaves it out.
 """
@@ -264,7 +264,7 @@ def tf_row(rounds: int) -> None:
     from fitbox.engines.tf import _child_env
 
     sys.path.insert(0, str(REPO))
-    from tests.tf_engine import smol_folder, tf_venv
+    from tests.support.tf_engine import smol_folder, tf_venv
 
     python = tf_venv()
     cache = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))

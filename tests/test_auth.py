@@ -20,12 +20,12 @@ import pytest
 from starlette.testclient import TestClient
 
 from fitbox import cli, config
-from fitbox.server.app import create_app
 from fitbox.server.routes import ROUTES, is_inference
 from fitbox.store.keys import create_key
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
+from .support.clients import app_client
+from .support.ggufs import write_tiny_llama
+from .support.paths import BOX
 
 LOCAL, LAN, OUTSIDE = ("127.0.0.1", 5000), ("192.168.7.7", 5000), ("203.0.113.5", 5000)
 
@@ -40,7 +40,7 @@ def home(tmp_path: Path) -> Path:
 
 def client(home: Path, peer: tuple[str, int], **settings: str) -> TestClient:
     cfg = config.load({"home": str(home), "models": str(home / "models"), **settings}, env={})
-    return TestClient(create_app(cfg), base_url=BOX, client=peer)
+    return app_client(cfg, peer)
 
 
 def make_key(
@@ -401,7 +401,7 @@ def test_a_trusted_proxy_s_forwarding_is_judged_once_by_fitbox_in_the_real_serve
     default, believing 127.0.0.1) would put the forwarded client in place of the proxy
     before fitbox's door looked, and the door would then find a forwarded request from a
     peer that is no trusted proxy: a LAN client behind a trusted proxy on the box refused."""
-    from .conftest import start_fitbox, stop_fitbox
+    from .support.processes import start_fitbox, stop_fitbox
 
     box = start_fitbox(
         home / "served", [home / "models"], env={"FITBOX_TRUSTED_PROXIES": "127.0.0.1"}

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
-from .conftest import running_fitbox
+from .support.clients import openai_client
+from .support.processes import running_fitbox
 
 pytestmark = pytest.mark.engine
 SERVER, CLIENT = "127.0.0.2", "127.0.0.3"
@@ -50,7 +50,7 @@ def test_scoped_keys_over_real_sockets(
             assert refused.status_code == 401
             assert refused.json()["error"]["type"] == "authentication_error"
         # keys are required for inference even from the box itself here
-        with openai.OpenAI(base_url=f"{box.url}/v1", api_key=key, max_retries=0) as client:
+        with openai_client(box.url, api_key=key, max_retries=0) as client:
             reply = client.chat.completions.create(
                 model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )

@@ -13,9 +13,9 @@ from starlette.types import Message, Scope
 from fitbox import config
 from fitbox.server.app import create_app
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
-from .test_app import assert_error, call_rows
+from .support.clients import assert_error, call_rows
+from .support.ggufs import write_tiny_llama
+from .support.paths import BOX
 
 LIMIT = 64 << 10  # FITBOX_MAX_BODY in these tests
 CHAT = "/v1/chat/completions"

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import running_fitbox, start_fitbox, stop_fitbox
+from .support.processes import running_fitbox, start_fitbox, stop_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

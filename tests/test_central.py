@@ -2,7 +2,7 @@
 registration is refused, what a worker key cannot do, the errors of its routes, and which
 rows the mirror keeps raw. The central app runs in process (no box is needed to refuse).
 Everything that touches the store runs on both stores: a SQLite file and a database in a
-real PostgreSQL server the tests start (tests/postgres.py)."""
+real PostgreSQL server the tests start (tests/support/postgres.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from fitbox.cli.central import CENTRAL_SCOPES
 from fitbox.server.manage.joining import Registration
 from fitbox.store.keys import create_key
 
-from .conftest import BOX as HOST
-from .holds import Background, until
-from .postgres import PostgresCluster
+from .support.holds import Background, until
+from .support.paths import BOX as HOST
+from .support.postgres import PostgresCluster
 
 OUTSIDE = ("203.0.113.9", 50000)  # a documentation address: never the central itself
 BOX = {

@@ -31,10 +31,11 @@ import pytest
 
 from fitbox.home import Home
 
-from .conftest import FitboxProcess, _answering, start_fitbox, stop_fitbox
-from .ggufs import two_models_one_at_a_time
-from .holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
-from .postgres import PostgresCluster
+from .support.clients import openai_client
+from .support.ggufs import two_models_one_at_a_time
+from .support.holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
+from .support.postgres import PostgresCluster
+from .support.processes import FitboxProcess, answering_url, start_fitbox, stop_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -66,7 +67,7 @@ class Central:
             self.proc = subprocess.Popen(
                 argv, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
             )
-        self.url = _answering(self.proc, self.home / "central-endpoint.json", log_path)
+        self.url = answering_url(self.proc, self.home / "central-endpoint.json", log_path)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -85,7 +86,7 @@ class Central:
         return list(self.get("/v1/telemetry/rows", table=table, box_id=box_id, limit=1000)["rows"])
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
+        return openai_client(self.url, max_retries=0)
 
 
 @dataclass
@@ -356,7 +357,7 @@ def test_speeds_and_refused_windows_one_box_measured_reach_the_others(fleet: Fle
         before = _plan_at(box, top)
         assert before["band"]["max"] == top and before["refused_windows"] == []
     refused_id = _refuse_by_hand(fleet.boxes[0], footprint, top)
-    with openai.OpenAI(base_url=f"{fleet.boxes[0].url}/v1", api_key="unused") as direct:
+    with openai_client(fleet.boxes[0].url) as direct:
         direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)  # moves the counter
     for box, box_id in zip(fleet.boxes[1:], fleet.ids[1:], strict=True):
 
@@ -481,7 +482,7 @@ def test_sse_passes_through_as_events(fleet: Fleet) -> None:
 
 def test_every_call_is_mirrored_once_in_its_final_form(fleet: Fleet) -> None:
     for box in fleet.boxes:
-        with openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused") as direct:
+        with openai_client(box.url) as direct:
             for _ in range(3):
                 direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
     for box, box_id in zip(fleet.boxes, fleet.ids, strict=True):
@@ -516,7 +517,7 @@ def test_a_box_frozen_for_30_s_and_thawed_loses_nothing_and_repeats_nothing(
     thawed (SIGCONT), every call is answered and every row is mirrored once."""
     frozen, frozen_id = fleet.boxes[2], fleet.ids[2]
     other, other_id = fleet.boxes[0], fleet.ids[0]
-    with openai.OpenAI(base_url=f"{frozen.url}/v1", api_key="unused") as direct:
+    with openai_client(frozen.url) as direct:
         direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
     until(lambda: _mirrored_exactly(fleet.central, frozen, frozen_id), "box c's rows mirrored")
     os.kill(frozen.proc.pid, signal.SIGSTOP)
@@ -538,7 +539,7 @@ def test_a_box_frozen_for_30_s_and_thawed_loses_nothing_and_repeats_nothing(
                 )
             ),
         ]
-        with openai.OpenAI(base_url=f"{other.url}/v1", api_key="unused") as direct:
+        with openai_client(other.url) as direct:
             direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
         until(
             lambda: _mirrored_exactly(fleet.central, other, other_id),
@@ -582,7 +583,7 @@ def test_a_row_the_mirror_cannot_take_is_kept_raw_and_the_rest_syncs(fleet: Flee
         ).lastrowid
         conn.execute("UPDATE call_log SET seq = ? WHERE id = ?", (seq, bad_id))
         conn.commit()
-    with openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused") as direct:
+    with openai_client(box.url) as direct:
         direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)  # moves the counter
 
     def rejected() -> list[dict[str, Any]]:
@@ -602,7 +603,7 @@ def test_a_row_the_mirror_cannot_take_is_kept_raw_and_the_rest_syncs(fleet: Flee
 
 def test_the_mirror_resumes_after_a_kill_9_of_the_central(fleet: Fleet) -> None:
     central = fleet.central
-    with openai.OpenAI(base_url=f"{fleet.boxes[0].url}/v1", api_key="unused") as direct:
+    with openai_client(fleet.boxes[0].url) as direct:
         direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
         central.stop(signal.SIGKILL)  # mid-sync, as like as not
         for _ in range(3):
@@ -643,7 +644,7 @@ def test_a_central_on_postgresql_mirrors_a_box_s_calls_exactly_once(
         assert "store: postgresql://fitbox:***@" in (home / "central.log").read_text()
         assert postgres.password not in (home / "central.log").read_text()
         assert httpx.post(f"{central.url}/v1/boxes", json=body, timeout=10).status_code == 201
-        with openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused") as direct:
+        with openai_client(box.url) as direct:
             for _ in range(2):
                 direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
             until(lambda: _mirrored_exactly(central, box, box_id), "every call row, once")
@@ -657,7 +658,7 @@ def test_a_central_on_postgresql_mirrors_a_box_s_calls_exactly_once(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
                 (database,),
             )
-            with openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused") as direct:
+            with openai_client(box.url) as direct:
                 direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
             until(
                 lambda: "not mirrored for now" in (home / "central.log").read_text(),
@@ -672,7 +673,7 @@ def test_a_central_on_postgresql_mirrors_a_box_s_calls_exactly_once(
 def test_a_box_that_moves_port_reregisters_under_the_same_id(fleet: Fleet, tmp_path: Path) -> None:
     old = fleet.boxes[1]
     _stop_box(old)
-    with openai.OpenAI(base_url=f"{fleet.central.url}/v1", api_key="unused") as client:
+    with openai_client(fleet.central.url) as client:
         client.models.list()  # the central still lists it while it is away
     moved = _join(old.home, fleet.models, fleet.central, fleet.worker_key)
     fleet.boxes[1] = moved
@@ -688,7 +689,7 @@ def test_a_box_that_moves_port_reregisters_under_the_same_id(fleet: Fleet, tmp_p
 def test_a_box_dead_before_the_first_byte_is_retried_on_the_next(fleet: Fleet) -> None:
     """The two lowest boxes hold the model and none is busy, so the bare name goes to the
     lowest id first: the test kills that box; the call is answered by the next."""
-    with openai.OpenAI(base_url=f"{fleet.boxes[1].url}/v1", api_key="unused") as direct:
+    with openai_client(fleet.boxes[1].url) as direct:
         direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)  # resident on both
     until(
         lambda: set(fleet.ids[:2]) <= set(_fleet_model(fleet.central, SMOL)["resident_on"]),

@@ -22,9 +22,9 @@ from fitbox.central.store import CentralStore
 from fitbox.cli.central import CENTRAL_SCOPES
 from fitbox.store.keys import create_key
 
-from .conftest import _answering
-from .holds import Background, until
-from .tools import required_tool
+from .support.holds import Background, until
+from .support.processes import answering_url
+from .support.tools import required_tool
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def _serve(argv: list[str], home: Path, endpoint: str) -> tuple[subprocess.Popen
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
     try:
-        return proc, _answering(proc, home / endpoint, log_path)
+        return proc, answering_url(proc, home / endpoint, log_path)
     except BaseException:
         proc.kill()
         proc.wait()

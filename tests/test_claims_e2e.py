@@ -26,8 +26,8 @@ from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import open_gpu_probe
 from fitbox.probe.host import physical_cores
 
-from .ggufs import write_tiny_llama
 from .support.cpus import allowed_cpus
+from .support.ggufs import write_tiny_llama
 
 pytestmark = pytest.mark.skipif(len(physical_cores()) < 2, reason="needs two physical cores")
 

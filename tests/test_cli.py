@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .ggufs import write_projector, write_tiny_llama
+from .support.ggufs import write_projector, write_tiny_llama
 
 
 def fitbox(*args: str, home: Path) -> subprocess.CompletedProcess[str]:

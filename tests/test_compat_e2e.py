@@ -23,8 +23,9 @@ import psutil
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from .conftest import FitboxProcess, running_fitbox
-from .ggufs import write_tiny_llama
+from .support.clients import openai_client
+from .support.ggufs import write_tiny_llama
+from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -52,10 +53,7 @@ class Pair:
     direct: str  # the direct llama-server's URL
 
     def clients(self, **options: Any) -> tuple[openai.OpenAI, openai.OpenAI]:
-        made = [
-            openai.OpenAI(base_url=f"{url}/v1", api_key="unused", **options)
-            for url in (self.direct, self.box.url)
-        ]
+        made = [openai_client(url, **options) for url in (self.direct, self.box.url)]
         _clients.extend(made)
         return made[0], made[1]
 

@@ -16,7 +16,7 @@ from fitbox.core.decision import (
 )
 from fitbox.core.split import Placement
 from fitbox.core.types import Footprint, Goal, Reservation, ResidentState, Rung, Snapshot
-from tests.core_builders import GiB, fixed, gpu, host, model, resident
+from tests.support.core_builders import GiB, fixed, gpu, host, model, resident
 
 CORES = tuple(range(8))
 

@@ -8,7 +8,7 @@ from fitbox.core.ask import Ask
 from fitbox.core.decide import decide
 from fitbox.core.decision import CountReason, Place, RejectReason
 from fitbox.core.types import Footprint, Snapshot
-from tests.core_builders import GiB, MiB, gpu, host, resident, smollm2
+from tests.support.core_builders import GiB, MiB, gpu, host, resident, smollm2
 
 CORES = tuple(range(8))
 

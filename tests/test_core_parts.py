@@ -20,8 +20,8 @@ from fitbox.core.split import Layout, Placement, footprint_by_device, layer_devi
 from fitbox.core.splits import Splits
 from fitbox.core.types import RUNG_ORDER, ResidentState, Rung, Snapshot
 from fitbox.models.gguf_facts import read_facts
-from tests import gguf_zoo
-from tests.core_builders import GiB, gpu, host, resident
+from tests.support import gguf_zoo
+from tests.support.core_builders import GiB, gpu, host, resident
 
 # -- admission -------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from fitbox.core.ask import Ask, Candidate
 from fitbox.core.decide import decide
 from fitbox.core.decision import Place, Refuse, RefuseReason, Wait
 from fitbox.core.types import Device, DeviceKind, Goal, ResidentState, ResidentView, Rung, Snapshot
-from tests.core_builders import GiB, fixed, gpu, host, model
+from tests.support.core_builders import GiB, fixed, gpu, host, model
 
 CORES = tuple(range(6))
 

@@ -12,7 +12,7 @@ from fitbox.core.decide import decide
 from fitbox.core.decision import Place
 from fitbox.core.slots import MAX_SLOTS, Slots, choose
 from fitbox.core.types import Snapshot
-from tests.core_builders import GiB, host, smollm2
+from tests.support.core_builders import GiB, host, smollm2
 
 
 def test_more_than_one_slot_is_unified_and_bounded() -> None:

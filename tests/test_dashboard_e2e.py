@@ -13,9 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .browser import Browser, Page, chromium
-from .conftest import CACHE, FitboxProcess, running_fitbox, start_fitbox, stop_fitbox
-from .holds import GATED, until
+from .support.browser import Browser, Page, chromium
+from .support.holds import GATED, until
+from .support.paths import CACHE
+from .support.processes import FitboxProcess, running_fitbox, start_fitbox, stop_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

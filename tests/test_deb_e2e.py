@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .wheels import REPO, build_wheel
+from .support.paths import REPO
+from .support.wheels import build_wheel
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0

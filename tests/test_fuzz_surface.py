@@ -23,8 +23,8 @@ from fitbox import config
 from fitbox.server.app import create_app
 from fitbox.server.routes import OTHER_PROTOCOLS, PATHS
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
+from .support.ggufs import write_tiny_llama
+from .support.paths import BOX
 
 CASES = {"count": 0}
 MAX_BODY = 64 << 10  # FITBOX_MAX_BODY here: oversized bodies stay cheap to make

@@ -15,7 +15,7 @@ import pytest
 from fitbox.engines.child import free_port
 from fitbox.engines.llama_server import find_binary
 
-from .gguf_zoo import WRITERS
+from .support.gguf_zoo import WRITERS
 
 pytestmark = pytest.mark.engine
 

@@ -24,9 +24,9 @@ from fitbox.engines.kinds import EngineKinds
 from fitbox.engines.llama_server import LlamaServer, inspect
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import GpuProbe, GpuReading, SimulatedGpus
-from tests.core_builders import GiB, gpu, host, model
-from tests.ggufs import write_tiny_llama
-from tests.test_engines import HELP, SYSTEM_INFO
+from tests.support.core_builders import GiB, gpu, host, model
+from tests.support.engine_help import HELP, SYSTEM_INFO
+from tests.support.ggufs import write_tiny_llama
 
 CORES = tuple(range(4))
 

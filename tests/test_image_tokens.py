@@ -30,8 +30,8 @@ from fitbox.models.catalog import Artifact
 from fitbox.models.gguf_facts import read_facts
 from fitbox.models.vision import image_tokens
 
-from .ggufs import write_tiny_llama, write_vision_projector
-from .images import STRIPES, data_url, noise
+from .support.ggufs import write_tiny_llama, write_vision_projector
+from .support.images import STRIPES, data_url, noise
 
 
 def shape(kind: str, image_size: int = 64, patch_size: int = 8, **more: Any) -> ProjectorShape:

@@ -11,10 +11,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from fitbox import config
-from fitbox.server.app import create_app
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
+from .support.clients import app_client
+from .support.ggufs import write_tiny_llama
 
 
 @pytest.fixture
@@ -25,7 +24,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
     cfg = config.load(
         {"home": str(tmp_path / "home"), "models": str(models)}, env={"FITBOX_SIMULATED_GPUS": ""}
     )
-    with TestClient(create_app(cfg), client=("127.0.0.1", 50000), base_url=BOX) as test_client:
+    with app_client(cfg) as test_client:
         yield test_client
 
 

@@ -19,9 +19,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import REPO, FitboxProcess, running_fitbox
-from .holds import engine_stopped, until
-from .tools import required_tool
+from .support.holds import engine_stopped, until
+from .support.paths import REPO
+from .support.processes import FitboxProcess, running_fitbox
+from .support.tools import required_tool
 
 pytestmark = pytest.mark.engine
 SERVER, CLIENT = "127.0.0.2", "127.0.0.3"

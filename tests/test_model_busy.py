@@ -13,8 +13,8 @@ import pytest
 from fitbox.errors import DoesNotFit, ModelBusy
 from fitbox.server.door.errors import error_response
 
-from .ggufs import write_tiny_llama
-from .test_box_inprocess import S, make_box, queued, resident_of
+from .support.boxes import S, make_box, queued, resident_of
+from .support.ggufs import write_tiny_llama
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from fitbox.models.facts_cache import FactsCache
 from fitbox.models.gguf_facts import read_facts
 from fitbox.models.gguf_header import NotGGUF, read_header
 
-from .ggufs import write_projector, write_tiny_llama, write_vision_projector
+from .support.ggufs import write_projector, write_tiny_llama, write_vision_projector
 
 
 def test_header_matches_the_gguf_package(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_a_vision_projector_has_its_own_shape(tmp_path: Path) -> None:
 def test_transformers_folders_are_artifacts_and_hf_caches_are_named_once(
     tmp_path: Path,
 ) -> None:
-    from .test_transformers_facts import LLAMA, LLAMA_BYTES, llama_dir, write_config, write_raw
+    from .support.hf_models import LLAMA, LLAMA_BYTES, llama_dir, write_config, write_raw
 
     llama_dir(tmp_path / "llama-hf")
     liar = tmp_path / "liar"

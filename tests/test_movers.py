@@ -5,9 +5,7 @@ Residents are registered by the test, as admission would register them (no engin
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,20 +13,16 @@ from typing import Any
 
 import pytest
 
-from fitbox import config as settings
 from fitbox.box import movers
 from fitbox.box.box import Box
 from fitbox.box.resident import Resident
 from fitbox.core.reap import Kept
 from fitbox.core.types import Footprint, ResidentState
-from fitbox.engines.kinds import EngineKinds
-from fitbox.models.catalog import Catalog
 from fitbox.models.copying import CopyRefused, copy_set_verified
-from fitbox.probe.gpus import open_gpu_probe
 from fitbox.store.db import Store
 
-from .ggufs import write_tiny_llama
-from .test_box_inprocess import NoBinary
+from .support.boxes import actions, box_on
+from .support.ggufs import write_tiny_llama
 
 S = ResidentState
 
@@ -51,15 +45,6 @@ def store(tmp_path: Path) -> Iterator[Store]:
     opened = Store(tmp_path / "box.sqlite3")
     yield opened
     opened.close()
-
-
-def box_on(tmp_path: Path, worker: Path, central: Path, store: Store, **env: str) -> Box:
-    config = settings.load(
-        {"home": str(tmp_path / "home"), "models": f"{worker}{os.pathsep}{central}"},
-        env={"FITBOX_DRIVE_ROLES": f"{worker}=worker,{central}=central", **env},
-    )
-    catalog = Catalog(config.models, config.aliases, config.facts_cache)
-    return Box(config, catalog, open_gpu_probe(""), store, [], EngineKinds([NoBinary()]))
 
 
 def called(store: Store, path: Path, at: float) -> None:
@@ -87,13 +72,6 @@ def resident_of(box: Box, name: str) -> Resident:
     box.registry.move(resident, S.READY)
     resident.ready.set_result(None)
     return resident
-
-
-def actions(store: Store) -> list[dict[str, Any]]:
-    store.flush()
-    with sqlite3.connect(store.path) as conn:
-        conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute("SELECT * FROM operator_actions ORDER BY id")]
 
 
 def test_reap_removes_least_recently_called_twins_and_never_a_resident_or_last_copy(

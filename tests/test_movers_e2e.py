@@ -20,10 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import running_fitbox
-from .ggufs import write_tiny_llama
-from .holds import until
-from .splits import split_gguf
+from .support.ggufs import write_tiny_llama
+from .support.holds import until
+from .support.processes import running_fitbox
+from .support.splits import split_gguf
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

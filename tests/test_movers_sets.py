@@ -22,10 +22,9 @@ from fitbox.models.copying import CopyRefused, copy_set_verified
 from fitbox.probe.gpus import open_gpu_probe
 from fitbox.store.db import Store
 
-from .ggufs import write_tiny_llama
-from .splits import split_gguf
-from .test_box_inprocess import NoBinary
-from .test_movers import actions, box_on
+from .support.boxes import NoBinary, actions, box_on
+from .support.ggufs import write_tiny_llama
+from .support.splits import split_gguf
 
 TENSORS = 11  # a tiny llama has 21: two shards
 

@@ -20,8 +20,8 @@ import pytest
 from fitbox.engines.load_log import parse_load_log
 from fitbox.models.catalog import scan
 
-from .conftest import running_fitbox
-from .core_builders import smollm2 as smollm2_candidate
+from .support.core_builders import smollm2 as smollm2_candidate
+from .support.processes import running_fitbox
 
 THREE_110 = {"FITBOX_SIMULATED_GPUS": "110MiB,110MiB,110MiB"}
 

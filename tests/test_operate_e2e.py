@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import running_fitbox
-from .ggufs import two_models_one_at_a_time
-from .holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
+from .support.ggufs import two_models_one_at_a_time
+from .support.holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
+from .support.processes import running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

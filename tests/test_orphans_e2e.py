@@ -14,7 +14,7 @@ import psutil
 
 from fitbox.store.db import Store
 
-from .conftest import running_fitbox, start_fitbox, stop_fitbox
+from .support.processes import running_fitbox, start_fitbox, stop_fitbox
 
 STOP_BOUND_S = 60
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import running_fitbox
+from .support.processes import running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

@@ -16,7 +16,7 @@ import pytest
 
 from fitbox.store.db import CallStart, Store
 
-from .conftest import running_fitbox
+from .support.processes import running_fitbox
 
 
 def mode(path: Path) -> int:

@@ -16,8 +16,8 @@ from fitbox.errors import EngineFailed
 from fitbox.server.inference.progress import progress_of
 from fitbox.store.db import Store
 
-from .ggufs import write_tiny_llama
-from .test_box_inprocess import S, make_box, queued, resident_of
+from .support.boxes import S, make_box, queued, resident_of
+from .support.ggufs import write_tiny_llama
 
 CHAT = "/v1/chat/completions"
 

@@ -14,8 +14,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
-from .conftest import FitboxProcess, running_fitbox
-from .holds import GATED, HOLD_IDLE_TIMEOUT, calls_on, until
+from .support.clients import openai_client
+from .support.holds import GATED, HOLD_IDLE_TIMEOUT, calls_on, until
+from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -42,7 +43,7 @@ def box(
 
 
 def _client(box: FitboxProcess, key: str = "unused") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{box.url}/v1", api_key=key, max_retries=0)
+    return openai_client(box.url, api_key=key, max_retries=0)
 
 
 def _progress_chunks(client: openai.OpenAI, opt_in: bool = True) -> Iterator[ChatCompletionChunk]:

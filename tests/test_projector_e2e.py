@@ -14,7 +14,7 @@ from fitbox.engines.llama_server import inspect
 from fitbox.engines.measure import LoadSpec, measure_load
 from fitbox.models.gguf_facts import read_facts
 
-from .ggufs import write_tiny_llama, write_vision_projector
+from .support.ggufs import write_tiny_llama, write_vision_projector
 
 pytestmark = pytest.mark.engine
 MIB = 1 << 20

@@ -15,7 +15,7 @@ import pytest
 from fitbox.models import pull as pull_module
 from fitbox.models.pull import KNOWN, PullError, Source, pull
 
-from .ggufs import write_tiny_llama
+from .support.ggufs import write_tiny_llama
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

@@ -14,7 +14,7 @@ import uvicorn
 
 from fitbox import quiet_server
 from fitbox.quiet_server import QuietServer
-from tests.holds import until
+from tests.support.holds import until
 
 
 async def hello(scope: dict[str, Any], receive: Any, send: Any) -> None:

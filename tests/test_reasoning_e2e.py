@@ -15,7 +15,8 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from .conftest import FitboxProcess, running_fitbox
+from .support.clients import openai_client
+from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -33,7 +34,7 @@ def box(
 
 
 def _client(box: FitboxProcess, key: str = "unused") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{box.url}/v1", api_key=key, max_retries=0)
+    return openai_client(box.url, api_key=key, max_retries=0)
 
 
 def _whole(box: FitboxProcess, extra: dict[str, Any], key: str = "unused") -> Any:

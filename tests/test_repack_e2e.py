@@ -12,9 +12,9 @@ import pytest
 from fitbox.core import sizing
 from fitbox.models.gguf_facts import read_facts
 
-from .conftest import running_fitbox
-from .ggufs import write_tiny_llama
-from .quants import quantize, repacking_cpu
+from .support.ggufs import write_tiny_llama
+from .support.processes import running_fitbox
+from .support.quants import quantize, repacking_cpu
 
 pytestmark = pytest.mark.engine
 MIB = 1 << 20

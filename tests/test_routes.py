@@ -16,14 +16,13 @@ from starlette.testclient import TestClient
 from fitbox import config
 from fitbox.box.calls import stream_ended, usage_of
 from fitbox.models.gguf_facts import read_facts
-from fitbox.server.app import create_app
 from fitbox.server.inference.engine_errors import engine_error_body, retry_cannot_help
 from fitbox.server.streams.names import NameRewrite, rewrite_for
 from fitbox.server.streams.reshape import Pass
 from fitbox.store.keys import create_key
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
+from .support import clients
+from .support.ggufs import write_tiny_llama
 
 OVERFLOW = (
     b'{"error":{"code":400,"message":"request (431 tokens) exceeds the available context size '
@@ -160,7 +159,7 @@ def app_client(home: Path, peer: tuple[str, int], **settings: str) -> TestClient
         },
         env={},
     )
-    return TestClient(create_app(cfg), base_url=BOX, client=peer)
+    return clients.app_client(cfg, peer)
 
 
 @pytest.fixture

@@ -30,10 +30,10 @@ from fitbox.probe.gpus import GpuProbe, GpuReading
 from fitbox.store.db import Store
 from fitbox.store.past_paths import past_paths
 
-from .conftest import running_fitbox
-from .ggufs import write_tiny_llama
-from .holds import until
-from .small_drive import SmallDrive
+from .support.ggufs import write_tiny_llama
+from .support.holds import until
+from .support.processes import running_fitbox
+from .support.small_drive import SmallDrive
 
 BLOB = "sha256-" + "ab" * 32
 

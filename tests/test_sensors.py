@@ -19,7 +19,7 @@ from fitbox.box.sensors import BusyCores, EngineCpu
 from fitbox.core import claims
 from fitbox.probe.host import CoreBusyCounter, physical_cores
 
-from .holds import until
+from .support.holds import until
 
 TWO = {0: frozenset({0, 2}), 1: frozenset({1, 3})}  # two cores with SMT siblings
 SPIN = """

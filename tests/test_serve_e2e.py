@@ -22,9 +22,9 @@ from fitbox.core import sizing
 from fitbox.core.slots import choose
 from fitbox.models.gguf_facts import read_facts
 
-from .conftest import FitboxProcess, running_fitbox, start_fitbox, stop_fitbox
-from .ggufs import write_tiny_llama
-from .holds import (
+from .support.clients import openai_client
+from .support.ggufs import write_tiny_llama
+from .support.holds import (
     HOLD_IDLE_TIMEOUT,
     Background,
     calls_on,
@@ -33,6 +33,7 @@ from .holds import (
     gated_engine,
     until,
 )
+from .support.processes import FitboxProcess, running_fitbox, start_fitbox, stop_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -54,7 +55,7 @@ _clients: list[openai.OpenAI] = []
 
 
 def client_for(box: FitboxProcess) -> openai.OpenAI:
-    client = openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", max_retries=0)
+    client = openai_client(box.url, max_retries=0)
     _clients.append(client)
     return client
 

@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import running_fitbox
+from .support.processes import running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

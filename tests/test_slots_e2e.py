@@ -1,6 +1,6 @@
 """Slots and prompt sizes, end to end on real llama-server and SmolLM2 (issue #15).
 
-One fitbox for the module, its engine behind the gated fake (tests/holds.py) with the gate
+One fitbox for the module, its engine behind the gated fake (tests/support/holds.py) with the gate
 open, so one test can close it and hold every reply after its first event. SmolLM2 was
 trained on 8192 tokens; here fitbox prefers a 512 window (the issue's case is 6,000 tokens
 over a preferred 4096: the same rule, scaled so the prompt is read in seconds on two
@@ -27,8 +27,9 @@ from fitbox.core.prompts import prompt_bound
 from fitbox.engines.child import free_port
 from fitbox.models.templates import chat_template_bytes
 
-from .conftest import FitboxProcess, running_fitbox
-from .holds import HOLD_IDLE_TIMEOUT, Background, engine_logs, gated_engine, resident, until
+from .support.clients import openai_client
+from .support.holds import HOLD_IDLE_TIMEOUT, Background, engine_logs, gated_engine, resident, until
+from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -59,7 +60,7 @@ def box(
 
 
 def client(box: FitboxProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai_client(box.url, max_retries=0, timeout=300)
 
 
 def words(n: int) -> str:

@@ -26,7 +26,7 @@ from fitbox.probe.gpus import open_gpu_probe
 from fitbox.probe.host import physical_cores
 from fitbox.store.db import MeasuredSpeed, Store
 
-from .ggufs import write_tiny_llama
+from .support.ggufs import write_tiny_llama
 
 
 def speed(decode_ms: float) -> MeasuredSpeed:

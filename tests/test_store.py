@@ -18,7 +18,7 @@ from fitbox.store import writer
 from fitbox.store.db import CallStart, Store, connect
 from fitbox.store.migrations import Migration, SchemaTooNew, load_migrations, migrate
 from fitbox.store.settings import StoredSetting, read_settings, write_settings
-from tests.holds import until
+from tests.support.holds import until
 
 
 def test_migrations_are_recorded_and_applied_once(tmp_path: Path) -> None:

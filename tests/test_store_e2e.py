@@ -5,12 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from starlette.testclient import TestClient
 
 from fitbox import config
-from fitbox.server.app import create_app
 
-from .conftest import BOX
+from .support.clients import app_client
 
 pytestmark = pytest.mark.engine
 
@@ -19,7 +17,7 @@ def test_a_full_disk_never_costs_the_client_its_answer(
     tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
     cfg = config.load({"home": str(tmp_path), "models": str(smollm2.parent)}, env={})
-    with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as client:
+    with app_client(cfg) as client:
         store = client.app.state.store  # type: ignore[attr-defined]
         store._submit(
             lambda conn: conn.execute(

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import running_fitbox
-from .ggufs import two_models_one_at_a_time, write_tiny_llama
-from .holds import until
-from .local_http import serve_directory
+from .support.ggufs import two_models_one_at_a_time, write_tiny_llama
+from .support.holds import until
+from .support.local_http import serve_directory
+from .support.processes import running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

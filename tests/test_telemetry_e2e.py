@@ -18,8 +18,8 @@ import httpx
 
 from fitbox.store.keys import create_key
 
-from .conftest import FitboxProcess, running_fitbox
-from .holds import until
+from .support.holds import until
+from .support.processes import FitboxProcess, running_fitbox
 
 
 def counter(box: FitboxProcess) -> int:

@@ -24,8 +24,9 @@ import psutil
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from .conftest import FitboxProcess, running_fitbox
-from .tf_engine import MINILM_DIM, adapted_folder
+from .support.clients import openai_client
+from .support.processes import FitboxProcess, running_fitbox
+from .support.tf_engine import MINILM_DIM, adapted_folder, engine_env
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct-f32"
@@ -41,16 +42,6 @@ def models_root(root: Path, *folders: Path) -> Path:
     for folder in folders:
         (root / folder.name).symlink_to(folder)
     return root
-
-
-def engine_env(python: Path, home: Path) -> dict[str, str]:
-    """Only the named interpreter: no venv of the test machine is a candidate."""
-    return {
-        "FITBOX_TF_PYTHON": str(python),
-        "HOME": str(home),
-        "VIRTUAL_ENV": "",
-        "CONDA_PREFIX": "",
-    }
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +68,7 @@ def box(
 
 
 def client_for(box: FitboxProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", timeout=300)
+    return openai_client(box.url, timeout=300)
 
 
 def test_chat_whole_and_streamed_give_the_same_greedy_answer(box: FitboxProcess) -> None:

@@ -15,7 +15,7 @@ from fitbox.engines.tf import build_argv, candidates, held_from_props, probe, se
 from fitbox.installer.tf_engine import requirements
 from fitbox.models.transformers_facts import BadModelDir, adapter_bytes, adapter_of
 
-from .test_transformers_facts import llama_dir
+from .support.hf_models import llama_dir
 
 
 def test_discovery_order_and_a_missing_engine_names_its_fix(tmp_path: Path) -> None:

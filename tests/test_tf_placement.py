@@ -16,8 +16,8 @@ from fitbox.engines.seam import Abilities, LaunchIntent
 from fitbox.engines.tf import build_argv
 from fitbox.models.hf_folders import folder_facts
 from fitbox.models.transformers_layout import ABSMAX_BYTES, FOUR_BIT_BLOCK
-from tests.core_builders import GiB, gpu, host, model
-from tests.test_transformers_facts import LLAMA, write_config, write_safetensors
+from tests.support.core_builders import GiB, gpu, host, model
+from tests.support.hf_models import LLAMA, write_config, write_safetensors
 
 CORES = tuple(range(8))
 E, F, V, LAYERS, EXPERTS = 64, 128, 256, 2, 4  # hidden, expert FFN, vocab, layers, experts

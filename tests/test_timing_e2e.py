@@ -11,14 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from starlette.testclient import TestClient
 
 from fitbox import config
-from fitbox.server.app import create_app
 from fitbox.server.streams.events import figures
 
-from .conftest import BOX, FitboxProcess, running_fitbox
-from .holds import until
+from .support.clients import app_client
+from .support.holds import until
+from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -161,7 +160,7 @@ def test_a_server_that_offers_trailers_gets_the_last_figures_in_one(
     client that did not ask gets no trailer."""
     cfg = config.load({"home": str(tmp_path), "models": str(smollm2.parent)}, env={})
     body = {"model": SMOL, "messages": HELLO, "max_tokens": 4, "stream": True}
-    with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as client:
+    with app_client(cfg) as client:
         # resident first: a stream that waits for a load has its 200 sent before any figure
         # is known (server/inference/progress.py), so its start would carry none
         loaded = client.post("/v1/chat/completions", json={**body, "stream": False})

@@ -28,11 +28,11 @@ from fitbox.models.pull import PullError
 from fitbox.models.transfer import CHUNK_BYTES
 from fitbox.store.db import Store
 
-from .conftest import FitboxProcess, running_fitbox
-from .ggufs import write_tiny_llama
-from .holds import until
-from .small_drive import SmallDrive, small_drive
-from .splits import split_gguf
+from .support.ggufs import write_tiny_llama
+from .support.holds import until
+from .support.processes import FitboxProcess, running_fitbox
+from .support.small_drive import SmallDrive, small_drive
+from .support.splits import split_gguf
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 FAKES = Path(__file__).parent / "fakes"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from .local_http import serve_directory
-from .wheels import build_wheel
+from .support.local_http import serve_directory
+from .support.wheels import build_wheel
 
 GOOD, BROKEN, BAD_HASH, OLD = "9.0.1", "9.0.2", "9.0.3", "9.0.0"
 

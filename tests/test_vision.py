@@ -28,9 +28,9 @@ from fitbox.models.vision import is_vision_config, pair_projectors
 from fitbox.server.door.bodies import check_images, images
 from fitbox.store.db import Store
 
-from .ggufs import write_tiny_llama, write_vision_projector
-from .images import RED, STRIPES, data_url, noise
-from .test_transformers_facts import LLAMA, LLAMA_TENSORS, write_config, write_safetensors
+from .support.ggufs import write_tiny_llama, write_vision_projector
+from .support.hf_models import LLAMA, LLAMA_TENSORS, write_config, write_safetensors
+from .support.images import RED, STRIPES, data_url, noise
 
 LIMIT = 64 << 10
 CHAT = "/v1/chat/completions"

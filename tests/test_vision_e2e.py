@@ -1,7 +1,7 @@
 """Images through the door, end to end: real fitbox, the openai SDK, real engines reading
 real images. llama-server loads SmolLM2 with a random LLaVA-style projector written with
-gguf beside it (``--mmproj``; tests/ggufs.py); the transformers child loads a tiny random
-LLaVA folder built at test time (tests/tf_engine.py). The image reached the model when the
+gguf beside it (``--mmproj``; tests/support/ggufs.py); the transformers child loads a tiny random
+LLaVA folder built at test time (tests/support/tf_engine.py). The image reached the model when the
 prompt grows by the image's tokens and two images give two greedy answers.
 
 One fitbox serves the module; the refusals are decided before any model is placed.
@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import psutil
 import pytest
 
@@ -26,11 +25,11 @@ from fitbox.models.gguf_facts import read_facts
 from fitbox.models.templates import chat_template_bytes
 from fitbox.models.vision import image_tokens
 
-from .conftest import FitboxProcess, running_fitbox
-from .ggufs import write_tiny_llama, write_vision_projector
-from .images import RED, STRIPES, data_url, noise
-from .test_tf_e2e import engine_env
-from .tf_engine import TINY_LLAVA_IMAGE_TOKENS, tiny_llava_folder
+from .support.clients import openai_client
+from .support.ggufs import write_tiny_llama, write_vision_projector
+from .support.images import RED, STRIPES, data_url, noise
+from .support.processes import FitboxProcess, running_fitbox
+from .support.tf_engine import TINY_LLAVA_IMAGE_TOKENS, engine_env, tiny_llava_folder
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -66,7 +65,7 @@ def question(*images: bytes) -> dict[str, Any]:
 
 def ask(box: FitboxProcess, model: str, *images: bytes) -> tuple[int, str]:
     """(prompt tokens, greedy answer) of one question about ``images``."""
-    client = openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", timeout=300)
+    client = openai_client(box.url, timeout=300)
     reply = client.chat.completions.create(model=model, **question(*images))
     assert reply.usage is not None
     return reply.usage.prompt_tokens, reply.choices[0].message.content or ""
@@ -131,7 +130,7 @@ def test_the_transformers_child_reads_an_image_through_the_folders_processor(
     bound = prompt_bound(question(RED, STRIPES), 0, image_tokens(folder, None))
     assert both_n <= bound < prompt_bound(question(RED, STRIPES), 0)
     assert red != stripes
-    client = openai.OpenAI(base_url=f"{box.url}/v1", api_key="unused", timeout=300)
+    client = openai_client(box.url, timeout=300)
     stream = client.chat.completions.create(
         model=LLAVA,
         max_tokens=6,

@@ -22,8 +22,8 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import FitboxProcess, running_fitbox
-from .holds import until
+from .support.holds import until
+from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"

@@ -16,15 +16,13 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from starlette.testclient import TestClient
 
 from fitbox import config
-from fitbox.server.app import create_app
 from fitbox.server.manage.zerocopy import WINDOW, ZEROCOPY, ZeroCopyHttpToolsProtocol
 
-from .conftest import BOX
-from .ggufs import write_tiny_llama
-from .holds import until
+from .support.clients import app_client
+from .support.ggufs import write_tiny_llama
+from .support.holds import until
 
 
 class FileApp:
@@ -139,7 +137,7 @@ def test_without_the_extension_the_transfer_route_streams_the_file(tmp_path: Pat
     cfg = config.load(
         {"home": str(tmp_path / "home"), "models": str(models)}, env={"FITBOX_SIMULATED_GPUS": ""}
     )
-    with TestClient(create_app(cfg), base_url=BOX, client=("127.0.0.1", 50000)) as client:
+    with app_client(cfg) as client:
         whole = client.get("/v1/transfer/tiny/file", params={"path": "tiny.gguf"})
         part = client.get(
             "/v1/transfer/tiny/file", params={"path": "tiny.gguf"}, headers={"range": "bytes=7-99"}

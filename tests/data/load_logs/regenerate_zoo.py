@@ -1,4 +1,4 @@
-"""Regenerate the load logs of the tiny GGUF zoo (tests/gguf_zoo.py) next to this file.
+"""Regenerate the load logs of the tiny GGUF zoo (tests/support/gguf_zoo.py) next to this file.
 
 Run from the repository root: ``.venv/bin/python tests/data/load_logs/regenerate_zoo.py``.
 For each zoo model, two runs of the real llama-server with ``-lv 4 --fit off -ngl 0``:
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from fitbox.engines.child import free_port  # noqa: E402
 from fitbox.engines.llama_server import find_binary  # noqa: E402
-from tests.gguf_zoo import WRITERS  # noqa: E402
+from tests.support.gguf_zoo import WRITERS  # noqa: E402
 
 COMMON = ["-lv", "4", "--fit", "off", "-ngl", "0", "--no-webui"]
 SETTINGS: dict[str, list[str]] = {

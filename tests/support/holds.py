@@ -20,13 +20,14 @@ from typing import Any, Generic, TypeVar, cast
 
 import httpx
 
-from .conftest import FitboxProcess
+from .paths import FAKES
+from .processes import FitboxProcess
 
 T = TypeVar("T")
 # a stopped engine must not look hung while the test holds it: the watchdog probes an
 # engine only after this many seconds without a byte, far beyond any hold in these tests
 HOLD_IDLE_TIMEOUT = {"FITBOX_ENGINE_IDLE_TIMEOUT": "600"}
-GATED = Path(__file__).parent / "fakes" / "gated-llama-server"
+GATED = FAKES / "gated-llama-server"
 
 
 def gated_engine(real: Path, gate: Path) -> dict[str, str]:

@@ -5,7 +5,7 @@ password (scram) auth over TCP as a real deployment has it, stopped and removed 
 initdb refuses to run as root, so as root the cluster is made and run by `nobody` (its
 folder handed to it); as anyone else, by that user. .ci/run installs the package and sets
 FITBOX_REQUIRE_TOOLS=1, so there a missing PostgreSQL fails the tests; elsewhere they skip
-with the apt line (tests/tools.py's rule)."""
+with the apt line (tests/support/tools.py's rule)."""
 
 from __future__ import annotations
 

