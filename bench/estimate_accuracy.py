@@ -10,8 +10,8 @@ real engine on this CPU, with its repack rule. Prints every row, the worst error
 and whether each kind meets its target (weights and KV within 1 MiB, compute within 2 %,
 total within 1 %).
 
-``tf`` rows: the transformers engine (its venv built as the tests build it, tests/support/tf_engine.py):
-SmolLM2 as float32 and bfloat16 safetensors folders and all-MiniLM-L6-v2, each loaded by a
+``tf`` rows: the transformers engine (its venv built as the tests build it,
+tests/support/tf_engine.py): SmolLM2 as float32 and bfloat16 safetensors folders and all-MiniLM-L6-v2, each loaded by a
 real child on the CPU (the ram-only rung); the safetensors header's weights against the
 child's counted weights (``/props``: params + buffers, tied tensors once). The 4-bit row
 loads the float32 folder with ``--load-in-4bit`` and compares ``four_bit_weights``
