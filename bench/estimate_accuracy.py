@@ -11,14 +11,14 @@ and whether each kind meets its target (weights and KV within 1 MiB, compute wit
 total within 1 %).
 
 ``tf`` rows: the transformers engine (its venv built as the tests build it,
-tests/support/tf_engine.py): SmolLM2 as float32 and bfloat16 safetensors folders and all-MiniLM-L6-v2, each loaded by a
-real child on the CPU (the ram-only rung); the safetensors header's weights against the
-child's counted weights (``/props``: params + buffers, tied tensors once). The 4-bit row
-loads the float32 folder with ``--load-in-4bit`` and compares ``four_bit_weights``
-(FORMULAS.md §4-bit in place) with what the child counted (its bitsandbytes scales too).
-The test venv leaves bitsandbytes out; recent bitsandbytes (0.48+) has a CPU backend, so
-``--bnb DIR`` (a ``pip install --target DIR bitsandbytes``) puts it on the child's path;
-without it, or where it cannot run, the row is reported as not measured.
+tests/support/tf_engine.py): SmolLM2 as float32 and bfloat16 safetensors folders and all-
+MiniLM-L6-v2, each loaded by a real child on the CPU (the ram-only rung); the safetensors
+header's weights against the child's counted weights (``/props``: params + buffers, tied
+tensors once). The 4-bit row loads the float32 folder with ``--load-in-4bit`` and compares
+``four_bit_weights`` (FORMULAS.md §4-bit in place) with what the child counted (its
+bitsandbytes scales too). The test venv leaves bitsandbytes out; recent bitsandbytes (0.48+)
+has a CPU backend, so ``--bnb DIR`` (a ``pip install --target DIR bitsandbytes``) puts it on
+the child's path; without it, or where it cannot run, the row is reported as not measured.
 
     python bench/estimate_accuracy.py --only tf [--bnb /tmp/bnb]
 """
