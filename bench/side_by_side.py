@@ -119,6 +119,9 @@ def added_latency(systems: list[Served], model: str, rounds: int) -> dict[str, d
             chat(client, served.url, model)  # loaded and its prompt cached, for every system
         for i in range(rounds):
             for served in rotated(systems, i):
+                # quiet first: a rotation keeps who follows whom, so without it the system
+                # after the router's (or another's) still-spinning engine paid for it
+                time.sleep(QUIET_S)
                 try:
                     took, status, _ = chat(client, served.url, model)
                 except httpx.TransportError as exc:  # named, not fatal: whose connection broke
