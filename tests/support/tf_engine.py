@@ -209,31 +209,23 @@ def tf_venv() -> Path:
 
 def smol_folder(python: Path, gguf: Path) -> Path:
     """SmolLM2 as a float32 transformers folder, rebuilt from the GGUF once per cache."""
-    out = CACHE / "tf-models" / "SmolLM2-135M-Instruct-f32"
-    with _locked(out.with_suffix(".lock")):
-        if not (out / "model.safetensors").is_file():
-            building = out.with_name(out.name + ".building")
-            shutil.rmtree(building, ignore_errors=True)
-            subprocess.run(
-                [str(python), "-c", REBUILD, str(gguf), str(building)],
-                check=True,
-                timeout=600,
-                capture_output=True,
-            )
-            shutil.rmtree(out, ignore_errors=True)
-            os.rename(building, out)
-    return out
+    return _made_once(python, REBUILD, gguf, CACHE / "tf-models" / "SmolLM2-135M-Instruct-f32")
 
 
 def tiny_llava_folder(python: Path, smol: Path) -> Path:
     """The tiny random vision-language folder (MAKE_LLAVA), built once per cache."""
-    out = CACHE / "tf-models" / "tiny-llava"
+    return _made_once(python, MAKE_LLAVA, smol, CACHE / "tf-models" / "tiny-llava")
+
+
+def _made_once(python: Path, script: str, source: Path, out: Path) -> Path:
+    """``out``, made once per cache by ``script`` (run in the engine venv on ``source``)
+    into a ``.building`` folder renamed into place: a build cut off leaves no half folder."""
     with _locked(out.with_suffix(".lock")):
         if not (out / "model.safetensors").is_file():
             building = out.with_name(out.name + ".building")
             shutil.rmtree(building, ignore_errors=True)
             subprocess.run(
-                [str(python), "-c", MAKE_LLAVA, str(smol), str(building)],
+                [str(python), "-c", script, str(source), str(building)],
                 check=True,
                 timeout=600,
                 capture_output=True,

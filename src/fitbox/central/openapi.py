@@ -10,7 +10,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import fitbox
-from fitbox.server.views.openapi import CHAT, COMPLETION, COMPONENTS, EMBEDDING, operation, query
+from fitbox.server.views.openapi import (
+    CHAT,
+    COMPLETION,
+    COMPONENTS,
+    EMBEDDING,
+    operation,
+    path_param,
+    query,
+)
 
 INFERENCE = "a central key with the inference scope, or none from the central's own host"
 MANAGEMENT = "the central's own host, or a central key with the admin scope"
@@ -21,7 +29,7 @@ ROUTED = (
     "model, else where its file is; retried once on the next box before the first "
     "byte; x-fitbox-box, x-fitbox-route and a box entry in Server-Timing say which. "
 )
-BOX_ID = {"name": "box_id", "in": "path", "required": True, "schema": {"type": "string"}}
+BOX_ID = path_param("box_id")
 LIMITS = {
     "type": "object",
     "properties": {name: {} for name in ("ram_max", "vram_max", "cpu_max", "storage_max")},

@@ -156,9 +156,15 @@ KEY = {
         "expires_in_s": {"type": "number"},
     },
 }
-MODEL_PATH = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def path_param(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+MODEL_PATH = path_param("model")
 TRANSFER_FILE = [MODEL_PATH, query("path", "string", True)]
-KEY_ID = [{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+KEY_ID = [path_param("key_id")]
 ACTION = [
     {
         "name": "action",
@@ -262,7 +268,7 @@ COMPONENTS: dict[str, Any] = {
 
 
 # Parameters and bodies the route table (server/routes.py) names.
-MODEL_ID = [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+MODEL_ID = [path_param("model_id")]
 MODEL_NAMED = [query("model", "string", True)]
 MODEL_PARAM = [query("model", "string")]
 KEY_PARAM = [query("key", "string")]
