@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fitbox.core.types import ResidentState
@@ -33,6 +33,7 @@ from fitbox.errors import (
     FitboxError,
     InvalidRequest,
     ModelNotFound,
+    ModelNotServable,
     PermissionDenied,
     RouteNotServed,
 )
@@ -115,6 +116,7 @@ class Serving:
         refused when the key may not use it or no variant serves the route."""
         self.check_allowed(order.allowed, asked)
         named, headers = self.routed(asked)
+        named = self.loadable(named)
         if named.asked != asked:
             self.check_allowed(order.allowed, named.asked)  # a key's limit holds for what serves
         check_served(named, order.endpoint, self.engines, order.images)
@@ -146,6 +148,25 @@ class Serving:
                     param="model",
                 ) from None
             return named, {"x-fitbox-default-model": default}
+
+    def loadable(self, named: Named) -> Named:
+        """``named`` without the variants whose file fitbox can no longer read, unless a
+        child holds one (it serves on); refused with the reason when none is left."""
+        usable = tuple(
+            a
+            for a in named.artifacts
+            if self.catalog.problem(a.name) is None or self.registry.get(a.key) is not None
+        )
+        if usable == named.artifacts:
+            return named
+        if not usable:
+            reason = self.catalog.problem(named.first.name)
+            raise ModelNotServable(
+                f"The model '{named.asked}' is on this box but cannot be loaded: {reason}.",
+                param="model",
+                code="model_unreadable",
+            )
+        return replace(named, artifacts=usable)
 
     def must_load(self, named: Named) -> bool:
         """Whether a call on ``named`` would wait for a load: none of its variants is ready,

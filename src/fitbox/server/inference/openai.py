@@ -222,7 +222,9 @@ async def health(request: Request) -> Response:
         for g in box.gpus.read()
     ]
     store: Store = request.app.state.store
-    problems = store.problems()  # still 200: a box whose drive is full serves, unrecorded
+    # still 200: a box whose drive is full serves, unrecorded; one with an unreadable
+    # models folder serves the models it can read
+    problems = store.problems() + [bad.reason for bad in box.catalog.unreadable()]
     return JSONResponse(
         {
             "status": "degraded" if problems else "ok",
