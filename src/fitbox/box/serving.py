@@ -101,6 +101,7 @@ class Serving:
         served = Served(self, call, order)
         try:
             served.named, served.headers = self._routed(order, asked)
+            check_conversation(order)
             served.slots = self.needs.choices(order.body)  # an n no child gives: before any 200
             served.waits = call.stream and self.must_load(served.named)
         except FitboxError as refusal:
@@ -177,6 +178,22 @@ class Serving:
             if resident is not None and resident.state is ResidentState.READY:
                 return False
         return not any(self.crashes.failed(a.key) for a in named.artifacts)
+
+
+CONVERSATIONS = ("/v1/chat/completions", "/v1/messages")  # routes whose messages a reply answers
+
+
+def check_conversation(order: Order) -> None:
+    """A conversation with no message is refused, as OpenAI and Anthropic refuse it:
+    llama-server renders it as a bare generation prompt and, without max_tokens, writes
+    until the window is full, a reply to nothing. Checked once the name resolved, so an
+    unknown model is still a 404 first."""
+    if order.endpoint in CONVERSATIONS and order.body.get("messages") == []:
+        raise InvalidRequest(
+            "'messages' is empty: send at least one message.",
+            param="messages",
+            code="empty_array",
+        )
 
 
 def check_served(named: Named, path: str, engines: EngineKinds, images: int = 0) -> None:
