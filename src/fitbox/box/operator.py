@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fitbox.core.types import ResidentState
-from fitbox.errors import Conflict
+from fitbox.errors import Conflict, FitboxError
 from fitbox.models.catalog import Catalog
 
 from .admit import Admission
@@ -22,7 +22,12 @@ class Operator:
         self.admission, self.supervisor = admission, supervisor
 
     async def load(self, name: str) -> Resident:
-        """Load ``name`` now (or find it loaded) and leave it resident and idle."""
+        """Load ``name`` now (or find it loaded) and leave it resident. A model already
+        ready is found at once: it needs no call slot, so one busy with calls answers
+        without waiting for a slot to free (a pin or load of it never queues behind them)."""
+        ready = self._ready(name)
+        if ready is not None:
+            return ready
         lease = await self.admission.acquire(name)
         lease.release()
         return lease.resident
@@ -50,6 +55,15 @@ class Operator:
         artifact = self.catalog.resolve(name)
         keys = {artifact.key} | {r.artifact.key for r in self._copies_of(artifact.name)}
         return any([self.supervisor.crashes.clear(key) for key in keys])
+
+    def _ready(self, name: str) -> Resident | None:
+        """The ready resident serving ``name`` (a file's name or an alias); None for any
+        other name (a family, pins) or a model not ready: those go through admission."""
+        try:
+            resident = self.resident_named(name)
+        except FitboxError:
+            return None
+        return resident if resident.state is ResidentState.READY else None
 
     def resident_named(self, name: str) -> Resident:
         """The resident serving ``name``: the file it names, or its copy on another drive
