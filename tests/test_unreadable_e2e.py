@@ -83,6 +83,9 @@ def test_a_loaded_model_serves_on_when_its_folder_turns_unreadable(
 ) -> None:
     assert _chat(box, "tiny").status_code == 200  # loaded while readable
     models.chmod(0)
+    health = httpx.get(f"{box.url}/health", timeout=30).json()  # before any rescan
+    assert health["status"] == "degraded"
+    assert any(str(models) in p for p in health["problems"])
     rescan = httpx.post(f"{box.url}/v1/operator/refresh-models", json={}, timeout=30)
     assert rescan.status_code == 200, rescan.text  # the folder refuses fitbox now
     listed = _listed(box)
@@ -91,10 +94,9 @@ def test_a_loaded_model_serves_on_when_its_folder_turns_unreadable(
     assert str(models) in {bad["path"] for bad in listed["not_servable"]}
     served = _chat(box, "tiny")
     assert served.status_code == 200, served.text
-    health = httpx.get(f"{box.url}/health", timeout=30).json()
-    assert health["status"] == "degraded"
-    assert any(str(models) in p for p in health["problems"])
     unloaded = httpx.post(f"{box.url}/v1/operator/unload", json={"model": "tiny"}, timeout=60)
     assert unloaded.status_code == 200, unloaded.text
     again = _chat(box, "tiny")  # no child holds it now: a load could not read it
     assert again.status_code == 503 and again.json()["error"]["code"] == "model_unreadable"
+    load = httpx.post(f"{box.url}/v1/operator/load", json={"model": "tiny"}, timeout=60)
+    assert load.status_code == 503 and "Permission denied" in load.json()["error"]["message"]

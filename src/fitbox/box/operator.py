@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fitbox.core.types import ResidentState
-from fitbox.errors import Conflict, FitboxError
+from fitbox.errors import Conflict, FitboxError, ModelNotServable
 from fitbox.models.catalog import Catalog
 
 from .admit import Admission
@@ -28,6 +28,7 @@ class Operator:
         ready = self._ready(name)
         if ready is not None:
             return ready
+        self._check_readable(name)
         lease = await self.admission.acquire(name)
         lease.release()
         return lease.resident
@@ -55,6 +56,21 @@ class Operator:
         artifact = self.catalog.resolve(name)
         keys = {artifact.key} | {r.artifact.key for r in self._copies_of(artifact.name)}
         return any([self.supervisor.crashes.clear(key) for key in keys])
+
+    def _check_readable(self, name: str) -> None:
+        """Refuse, with the reason, a load of a model whose file fitbox can no longer read
+        (a launch could only fail on it)."""
+        try:
+            artifact = self.catalog.resolve(name)
+        except FitboxError:
+            return  # a family or pinned name: admission resolves and refuses it
+        problem = self.catalog.problem(artifact.name)
+        if problem is not None:
+            raise ModelNotServable(
+                f"The model '{name}' is on this box but cannot be loaded: {problem}.",
+                param="model",
+                code="model_unreadable",
+            )
 
     def _ready(self, name: str) -> Resident | None:
         """The ready resident serving ``name`` (a file's name or an alias); None for any

@@ -242,7 +242,11 @@ def _add_folder(path: Path, found: dict[str, Artifact], rejected: list[Unservabl
         rejected.append(Unservable(path, f"not a usable transformers model: {exc}"))
         return
     except OSError as exc:
-        rejected.append(Unservable(path, f"not readable: {exc}"))
+        if is_unreadable(exc):
+            reason = unreadable_reason(path, exc)
+            rejected.append(Unservable(path, reason, folder_name(path), True))
+        else:
+            rejected.append(Unservable(path, f"not readable: {exc}"))
         return
     name = folder_name(path)
     if name in found:
@@ -323,6 +327,17 @@ class Catalog:
     def unreadable(self) -> list[Unservable]:
         """Every models root, folder or GGUF the last scan could not read."""
         return [r for r in self.rejected if r.unreadable]
+
+    def unreadable_now(self) -> list[str]:
+        """Why each path the last scan could not read cannot be, and each models root
+        that refuses a listing now (its mode changed since the scan): one stat and one
+        open per root, cheap enough for every /health."""
+        found = self.unreadable()
+        seen = {r.path for r in found}
+        for root in self.roots:
+            if root not in seen:
+                _root_refused(root, found)
+        return [r.reason for r in found]
 
     def _unservable(self, name: str) -> Unservable | None:
         target = self._aliases.get(name, name)

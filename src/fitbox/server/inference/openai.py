@@ -229,7 +229,7 @@ async def health(request: Request) -> Response:
     store: Store = request.app.state.store
     # still 200: a box whose drive is full serves, unrecorded; one with an unreadable
     # models folder serves the models it can read
-    problems = store.problems() + [bad.reason for bad in box.catalog.unreadable()]
+    problems = store.problems() + box.catalog.unreadable_now()
     return JSONResponse(
         {
             "status": "degraded" if problems else "ok",
