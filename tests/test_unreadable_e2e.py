@@ -4,6 +4,10 @@ model already loaded from one serves on. fitbox runs bound by file modes
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,3 +104,17 @@ def test_a_loaded_model_serves_on_when_its_folder_turns_unreadable(
     assert again.status_code == 503 and again.json()["error"]["code"] == "model_unreadable"
     load = httpx.post(f"{box.url}/v1/operator/load", json={"model": "tiny"}, timeout=60)
     assert load.status_code == 503 and "Permission denied" in load.json()["error"]["message"]
+
+
+def test_fitbox_models_lists_what_it_cannot_read(tmp_path: Path, models: Path) -> None:
+    argv = [sys.executable, "-m", "fitbox", "models", "--json", "--models", str(models)]
+    env = {**os.environ, "FITBOX_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [*without_read_override(), *argv], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {row["path"]: row for row in json.loads(done.stdout)}
+    assert rows[str(models / "tiny.gguf")]["name"] == "tiny"
+    locked = rows[str(models / "locked.gguf")]
+    assert locked["name"] == "locked" and "(0000)" in locked["rejected"]
+    assert "Permission denied" in rows[str(models / "private")]["rejected"]
