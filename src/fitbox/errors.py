@@ -87,6 +87,15 @@ class ModelNotFound(FitboxError):
     code = "model_not_found"
 
 
+class ModelNotServable(FitboxError):
+    """A model the box has a file for that it cannot serve (its file unreadable: code
+    ``model_unreadable``; or not a GGUF it can size). The operator fixes it, not a retry."""
+
+    status = 503
+    type = "server_error"
+    code = "model_not_servable"
+
+
 class RouteNotFound(FitboxError):
     status = 404
     type = "invalid_request_error"

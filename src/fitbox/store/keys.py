@@ -25,6 +25,17 @@ class KeyError_(ValueError):
     """A key operation that cannot be done (bad scope, unknown id)."""
 
 
+class BoxKeyHeld(KeyError_):
+    """The live box key cannot be revoked alone: the box (its key file, its central) holds
+    it as its root. Rotating it mints the new one first, then retires it."""
+
+
+ROTATE_HINT = (
+    "rotate it instead: 'fitbox keys rotate-box' mints a new box key, writes the key file "
+    "and retires this one"
+)
+
+
 @dataclass(frozen=True)
 class ApiKey:
     key_id: str
@@ -134,6 +145,13 @@ def create_key(
 
 
 def revoke_key(conn: sqlite3.Connection, key_id: str) -> ApiKey:
+    """Revoke ``key_id``; refused (BoxKeyHeld) for the live box key."""
+    held = find_key(conn, key_id)
+    if held is not None and held.is_box_key and held.revoked_at is None:
+        raise BoxKeyHeld(
+            f"key {key_id!r} is the box key, the box's own admin key (its key file, the "
+            f"central it registers with): revoking it would lock the box out; {ROTATE_HINT}"
+        )
     cur = conn.execute(
         "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
         (time.time(), key_id),
@@ -144,6 +162,24 @@ def revoke_key(conn: sqlite3.Connection, key_id: str) -> ApiKey:
     if not cur.rowcount and found.revoked_at is None:
         raise KeyError_(f"key {key_id!r} could not be revoked")
     return found
+
+
+def rotate_box_key(conn: sqlite3.Connection) -> tuple[ApiKey, str, list[str]]:
+    """A new box key, and every live box key before it revoked, in the caller's
+    transaction: the new key, its secret, the ids retired."""
+    conn.row_factory = sqlite3.Row
+    retired = [
+        str(r["key_id"])
+        for r in conn.execute(
+            "SELECT key_id FROM api_keys WHERE is_box_key = 1 AND revoked_at IS NULL"
+        )
+    ]
+    key, secret = create_key(conn, "box key", ("admin",), is_box_key=True)
+    conn.executemany(
+        "UPDATE api_keys SET revoked_at = ? WHERE key_id = ?",
+        [(time.time(), key_id) for key_id in retired],
+    )
+    return key, secret, retired
 
 
 def find_key(conn: sqlite3.Connection, key_id: str) -> ApiKey | None:

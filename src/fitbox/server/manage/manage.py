@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
-from fitbox.errors import InvalidRequest
+from fitbox.errors import Conflict, InvalidRequest
 from fitbox.errors import RouteNotFound as NotFound
 from fitbox.server.door.bodies import json_body
 from fitbox.store import keys as keydb
@@ -63,6 +63,8 @@ async def revoke_key(request: Request) -> Response:
     key_id = request.path_params["key_id"]
     try:
         key = _key_store(request).run(lambda conn: keydb.revoke_key(conn, key_id))
+    except keydb.BoxKeyHeld as exc:
+        raise Conflict(f"{exc}.", param="key_id", code="box_key_held") from None
     except keydb.KeyError_ as exc:
         raise NotFound(str(exc), param="key_id") from None
     return JSONResponse(key.public())
