@@ -15,6 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
+from fitbox import config
+from fitbox.models.catalog import Catalog
+
+from .support.clients import app_client
 from .support.ggufs import write_tiny_llama
 from .support.processes import FitboxProcess, running_fitbox
 from .support.unprivileged import without_read_override
@@ -80,6 +84,44 @@ def test_unreadable_files_are_listed_and_refused_with_why(box: FitboxProcess, mo
     missing = _chat(box, "hidden")  # in a folder fitbox cannot list: not seen, and why
     assert missing.status_code == 404
     assert f"fitbox cannot read {models / 'private'}" in missing.json()["error"]["message"]
+
+
+def test_an_outsider_is_told_what_but_not_the_paths(box: FitboxProcess, models: Path) -> None:
+    """An inference key is not the operator: the refusal, the listing and /health say a file
+    cannot be read, without the box's paths, owners and modes."""
+    made = httpx.post(
+        f"{box.url}/v1/keys", json={"name": "app", "scopes": ["inference"]}, timeout=30
+    )
+    assert made.status_code in (200, 201), made.text
+    key = {"authorization": f"Bearer {made.json()['key']}"}
+    body = {"model": "locked", "messages": HELLO, "max_tokens": 2}
+    refused = httpx.post(f"{box.url}/v1/chat/completions", json=body, headers=key, timeout=120)
+    assert refused.status_code == 503, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "model_unreadable" and "operator_reason" not in error
+    assert "shown to the box itself and to admin keys" in error["message"]
+    listed = httpx.get(f"{box.url}/v1/models", headers=key, timeout=30)
+    health = httpx.get(f"{box.url}/health", headers=key, timeout=30)
+    for answer in (refused, listed):
+        assert str(models) not in answer.text and "(0000)" not in answer.text, answer.text
+    assert {bad["name"] for bad in listed.json()["not_servable"]} == {"locked"}
+    assert health.json()["status"] == "degraded"  # on the box itself: insider, with paths
+
+
+def test_health_tells_the_network_a_count_and_the_box_itself_the_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "models").mkdir()
+    reason = "fitbox cannot read the folder /srv/secret-models: Permission denied"
+    monkeypatch.setattr(Catalog, "unreadable_now", lambda self: [reason])
+    cfg = config.load({"home": str(tmp_path), "models": str(tmp_path / "models")}, env={})
+    with app_client(cfg, ("203.0.113.5", 5000)) as outside:
+        far = outside.get("/health").json()
+    with app_client(cfg) as local:
+        near = local.get("/health").json()
+    assert far["status"] == near["status"] == "degraded"
+    assert "/srv/secret-models" not in json.dumps(far) and "cannot read 1 " in far["problems"][0]
+    assert reason in near["problems"]
 
 
 def test_a_loaded_model_serves_on_when_its_folder_turns_unreadable(

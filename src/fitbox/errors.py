@@ -95,6 +95,20 @@ class ModelNotServable(FitboxError):
     type = "server_error"
     code = "model_not_servable"
 
+    @classmethod
+    def because(
+        cls, name: str, reason: str, *, unreadable: bool, doing: str = "loaded"
+    ) -> ModelNotServable:
+        """The refusal of ``name``: its ``reason`` names paths, owners and modes, so it
+        goes in ``operator_reason``, shown to the box itself and to admin keys only
+        (server/door/errors.py body_for)."""
+        return cls(
+            f"The model '{name}' is on this box but cannot be {doing}",
+            param="model",
+            code="model_unreadable" if unreadable else "model_not_servable",
+            operator_reason=reason,
+        )
+
 
 class RouteNotFound(FitboxError):
     status = 404

@@ -66,11 +66,7 @@ class Operator:
             return  # a family or pinned name: admission resolves and refuses it
         problem = self.catalog.problem(artifact.name)
         if problem is not None:
-            raise ModelNotServable(
-                f"The model '{name}' is on this box but cannot be loaded: {problem}.",
-                param="model",
-                code="model_unreadable",
-            )
+            raise ModelNotServable.because(name, problem, unreadable=True)
 
     def _ready(self, name: str) -> Resident | None:
         """The ready resident serving ``name`` (a file's name or an alias); None for any

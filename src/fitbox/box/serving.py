@@ -161,12 +161,8 @@ class Serving:
         if usable == named.artifacts:
             return named
         if not usable:
-            reason = self.catalog.problem(named.first.name)
-            raise ModelNotServable(
-                f"The model '{named.asked}' is on this box but cannot be loaded: {reason}.",
-                param="model",
-                code="model_unreadable",
-            )
+            reason = self.catalog.problem(named.first.name) or "its file cannot be read"
+            raise ModelNotServable.because(named.asked, reason, unreadable=True)
         return replace(named, artifacts=usable)
 
     def must_load(self, named: Named) -> bool:

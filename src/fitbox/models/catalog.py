@@ -386,10 +386,8 @@ class Catalog:
         which folders fitbox could not look into)."""
         bad = self._unservable(name)
         if bad is not None:
-            return ModelNotServable(
-                f"The model '{name}' is on this box but cannot be served: {bad.reason}.",
-                param="model",
-                code="model_unreadable" if bad.unreadable else "model_not_servable",
+            return ModelNotServable.because(
+                name, bad.reason, unreadable=bad.unreadable, doing="served"
             )
         known = ", ".join(sorted(self._by_name)[:10]) or "none"
         blind = "; ".join(str(r.path) for r in self.unreadable() if r.name is None)

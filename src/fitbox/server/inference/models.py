@@ -16,11 +16,17 @@ from fitbox.box.box import Box
 from fitbox.box.resident import Resident
 from fitbox.errors import FitboxError, ModelNotFound, ModelNotServable
 from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S, Artifact
+from fitbox.server.door.auth import is_insider
 from fitbox.server.inference.openai import allowed_models
 
+UNSERVABLE_FOR_OUTSIDERS = (
+    "fitbox cannot serve this file (why is shown to the box itself and to admin keys)"
+)
 
-def _entry(box: Box, artifact: Artifact, r: Resident | None) -> dict[str, Any]:
+
+def _entry(box: Box, artifact: Artifact, r: Resident | None, insider: bool) -> dict[str, Any]:
     shape = artifact.facts.shape
+    problem = box.catalog.problem(artifact.name)
     try:
         created = artifact.identity().mtime_ns // 1_000_000_000
     except OSError:  # gone since the scan: its entry goes at the next one
@@ -29,7 +35,7 @@ def _entry(box: Box, artifact: Artifact, r: Resident | None) -> dict[str, Any]:
         "id": artifact.name,
         "object": "model",
         "created": created,
-        "problem": box.catalog.problem(artifact.name),
+        "problem": problem if insider or problem is None else UNSERVABLE_FOR_OUTSIDERS,
         "owned_by": "fitbox",
         "aliases": box.catalog.aliases_of(artifact.name),
         "resident": r is not None,
@@ -58,16 +64,25 @@ async def list_models(request: Request) -> Response:
     box.catalog.refresh(max_age=RESCAN_AT_MOST_EVERY_S)
     resident = {r.key: r for r in box.residents()}
     allowed = allowed_models(request)
+    insider = is_insider(request)  # a reason names the box's paths, owners and modes
     data = [
-        _entry(box, artifact, resident.get(artifact.key))
+        _entry(box, artifact, resident.get(artifact.key), insider)
         for artifact in box.catalog.artifacts()
         if allowed is None or artifact.name in allowed
     ]
-    not_servable = [
+    not_servable: list[dict[str, str | None]] = [
         {"name": bad.name, "path": str(bad.path), "reason": bad.reason}
+        if insider
+        else {"name": bad.name, "reason": UNSERVABLE_FOR_OUTSIDERS}
         for bad in box.catalog.rejected
-        if allowed is None or bad.name in allowed
+        if bad.name is not None and (allowed is None or bad.name in allowed)
     ]
+    if insider:  # a folder fitbox cannot list has no model name: the operator's alone
+        not_servable += [
+            {"name": None, "path": str(bad.path), "reason": bad.reason}
+            for bad in box.catalog.rejected
+            if bad.name is None
+        ]
     return JSONResponse({"object": "list", "data": data, "not_servable": not_servable})
 
 
@@ -89,6 +104,6 @@ async def show_model(request: Request) -> Response:
     if allowed is not None and not {asked, artifact.name} & set(allowed):
         raise ModelNotFound(f"The model '{asked}' does not exist for this key.", param="model")
     resident = next((r for r in box.residents() if r.key == artifact.key), None)
-    entry = _entry(box, artifact, resident)
+    entry = _entry(box, artifact, resident, is_insider(request))
     entry["id"] = asked
     return JSONResponse(entry, headers={"x-fitbox-model": artifact.name})

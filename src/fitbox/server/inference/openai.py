@@ -229,7 +229,7 @@ async def health(request: Request) -> Response:
     store: Store = request.app.state.store
     # still 200: a box whose drive is full serves, unrecorded; one with an unreadable
     # models folder serves the models it can read
-    problems = store.problems() + box.catalog.unreadable_now()
+    problems = store.problems() + _unreadable(box, is_insider(request))
     return JSONResponse(
         {
             "status": "degraded" if problems else "ok",
@@ -241,6 +241,18 @@ async def health(request: Request) -> Response:
             "store": store.health(),
         }
     )
+
+
+def _unreadable(box: Box, insider: bool) -> list[str]:
+    """What the box cannot read, each with its path, owner and mode for an insider; a count
+    for anyone else (a keyless /health is the network's to read)."""
+    found = box.catalog.unreadable_now()
+    if insider or not found:
+        return found
+    return [
+        f"fitbox cannot read {len(found)} of its models' files or folders (which, and why, "
+        "is shown to the box itself and to admin keys)"
+    ]
 
 
 def bound(
