@@ -88,6 +88,25 @@ _CALL_COLUMNS = frozenset(
 )
 
 
+def _interrupt_pending(conn: sqlite3.Connection, ended_at: float | None) -> int:
+    """Close call rows left pending as interrupted, each stamped with an event as every
+    change of a cursor table is: a central's mirror then replays its final form (an
+    unstamped change keeps the old seq, below the mirror's cursor, and is never seen)."""
+    now = time.time()
+    pending = [int(r[0]) for r in conn.execute("SELECT id FROM call_log WHERE outcome = 'pending'")]
+    for row_id in pending:
+        seq = conn.execute(
+            "INSERT INTO events (at, kind, tbl, row_id) VALUES (?, 'interrupted', 'call_log', ?)",
+            (now, row_id),
+        ).lastrowid
+        conn.execute(
+            "UPDATE call_log SET outcome = 'interrupted', seq = ?,"
+            " last_byte_at = COALESCE(?, last_byte_at) WHERE id = ?",
+            (seq, ended_at, row_id),
+        )
+    return len(pending)
+
+
 @dataclass
 class CallStart:
     request_id: str
@@ -117,9 +136,7 @@ class Store(History, FactRows):
             conn = self._open_checked(path)
             try:
                 migrate(conn, load_migrations())
-                closed = conn.execute(
-                    "UPDATE call_log SET outcome = 'interrupted' WHERE outcome = 'pending'"
-                ).rowcount
+                closed = _interrupt_pending(conn, None)
             except BaseException:
                 conn.close()
                 raise
@@ -287,12 +304,6 @@ class Store(History, FactRows):
     def close(self) -> None:
         """Close rows still pending as interrupted, drain the queue, stop the writer."""
         now = time.time()
-        self._submit(
-            lambda conn: conn.execute(
-                "UPDATE call_log SET outcome = 'interrupted', last_byte_at = ?"
-                " WHERE outcome = 'pending'",
-                (now,),
-            )
-        )
+        self._submit(lambda conn: _interrupt_pending(conn, now))
         self._writer.stop()
         self._conn.close()
