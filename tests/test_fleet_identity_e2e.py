@@ -7,6 +7,7 @@ own, the original untouched."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,3 +139,62 @@ def test_a_call_in_flight_on_a_killed_box_reaches_the_central_as_interrupted(
         own = [r for r in again.calls() if r["id"] == call_id]
         assert own and own[0]["outcome"] == "interrupted"
         assert row["seq"] == own[0]["seq"]
+
+
+def test_a_box_restarted_elsewhere_with_its_secret_moves_and_a_borrowed_id_cannot(
+    site: Site, tmp_path: Path
+) -> None:
+    """The box keeps the proof it was given at its first join (0600, beside its box key) and
+    moves with it; the worker key and the box's public id alone are refused, the box left
+    where it is."""
+    home = tmp_path / "box"
+    with _joined(site, home) as box:
+        box_id = _box_id(box)
+        until(lambda: _up_at(site.central, box_id, box.url), "the box registered and up")
+        secret = home / "central.secret"
+        until(secret.is_file, "the box's proof kept in its home")
+        assert secret.stat().st_mode & 0o777 == 0o600
+        health = httpx.get(f"{box.url}/health", timeout=10).json()
+        thief = {
+            "box_id": box_id,
+            "name": health["name"],
+            "version": health["version"],
+            "url": "http://127.0.0.1:9",
+            "admin_key": "fb_000000000000_" + "t" * 43,
+        }
+        auth = {"Authorization": f"Bearer {site.key}"}
+        refused = httpx.post(f"{site.central.url}/v1/boxes", json=thief, headers=auth)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["code"] == "box_identity_unproven"
+        assert site.central.fleet()[box_id]["url"] == box.url
+    with _joined(site, home) as moved:
+        assert _box_id(moved) == box_id and moved.url != box.url
+        until(lambda: _up_at(site.central, box_id, moved.url), "the box followed at its new port")
+
+
+def test_a_copy_of_a_box_s_home_joins_as_a_box_of_its_own(site: Site, tmp_path: Path) -> None:
+    """A home copied (stopped, cp -a, as a cloned VM's disk) and served beside the original:
+    the copy finds its id was made elsewhere, takes a new one and says why; the central
+    lists both, each at its own address, each with its own calls."""
+    home = tmp_path / "original"
+    with _joined(site, home) as box:
+        box_id = _box_id(box)
+        until(lambda: _up_at(site.central, box_id, box.url), "the original registered")
+    copy_home = tmp_path / "copy"
+    shutil.copytree(home, copy_home, symlinks=True)
+    with _joined(site, home) as original, _joined(site, copy_home) as copy:
+        copy_id = _box_id(copy)
+        assert _box_id(original) == box_id and copy_id != box_id
+        assert f"a copy of box {box_id}" in copy.log()
+        until(lambda: _up_at(site.central, box_id, original.url), "the original, where it is")
+        until(lambda: _up_at(site.central, copy_id, copy.url), "the copy, as itself")
+        with openai_client(copy.url, max_retries=0) as direct:
+            direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
+        (made,) = [r for r in copy.calls() if r["outcome"] == "ok"][-1:]
+        until(
+            lambda: _mirrored_call(site.central, copy_id, int(made["id"])),
+            "the copy's call mirrored under the copy's id",
+        )
+        assert site.central.fleet()[box_id]["url"] == original.url
+        said = (site.central.home / "central.log").read_text()
+        assert f"Box {box_id} is registered" not in said and f"Box {copy_id}" not in said

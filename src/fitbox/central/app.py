@@ -27,6 +27,7 @@ import fitbox
 from fitbox.central import boxes, openapi, routing
 from fitbox.central.backend import StoreTarget
 from fitbox.central.facts import FactOffers
+from fitbox.central.identity import BoxIdentityRefused
 from fitbox.central.mirror import MIRRORED_TABLES, Fleet
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
@@ -123,7 +124,8 @@ async def health(request: Request) -> Response:
 
 
 async def register(request: Request) -> Response:
-    """POST /v1/boxes {box_id, name, version, url, admin_key}: add a box, or move one."""
+    """POST /v1/boxes {box_id, name, version, url, admin_key, box_secret?}: add a box, or
+    update (move) one that proves it is that box (central/identity.py)."""
     try:
         body = await request.json()
     except ValueError:
@@ -132,9 +134,40 @@ async def register(request: Request) -> Response:
     for name in fields:
         if not isinstance(body, dict) or not isinstance(body.get(name), str) or not body[name]:
             raise InvalidRequest(f"The registration needs '{name}' (text).", param=name)
-    url = body["url"].rstrip("/")
+    proof = body.get("box_secret")
+    if proof is not None and not isinstance(proof, str):
+        raise InvalidRequest("'box_secret' is text when given.", param="box_secret")
+    url = _box_url(body["url"], request.app.state.config)
+    store: CentralStore = request.app.state.store
+    try:
+        taken = await asyncio.to_thread(
+            store.register,
+            body["box_id"],
+            body["name"],
+            body["version"],
+            url,
+            body["admin_key"],
+            proof,
+        )
+    except BoxIdentityRefused as exc:
+        _refused_once(request, body["box_id"], url, exc)
+        raise
+    fleet = _fleet(request)
+    record = next(r for r in await asyncio.to_thread(store.boxes) if r.box_id == body["box_id"])
+    if taken.moved or body["box_id"] not in fleet.links:
+        fleet.follow(record)
+    else:
+        fleet.links[record.box_id].record = record  # a new key, name or version
+    log.info("box %s (%s) registered at %s", record.box_id, record.name, url)
+    answer: dict[str, Any] = {"box_id": record.box_id, "registered": True, "moved": taken.moved}
+    if taken.secret is not None:
+        answer["box_secret"] = taken.secret  # the one time it is told
+    return JSONResponse(answer, status_code=201 if taken.moved else 200)
+
+
+def _box_url(given: str, config: Config) -> str:
+    url = given.rstrip("/")
     host = urlsplit(url).hostname or ""
-    config: Config = request.app.state.config
     if not url.startswith(("http://", "https://")) or not host:
         raise InvalidRequest(f"'url' must be http://HOST:PORT; got {url!r}.", param="url")
     if is_loopback(host) and not is_loopback(config.host):
@@ -145,21 +178,16 @@ async def register(request: Request) -> Response:
             param="url",
             code="box_unreachable",
         )
-    store: CentralStore = request.app.state.store
-    moved = await asyncio.to_thread(
-        store.register, body["box_id"], body["name"], body["version"], url, body["admin_key"]
-    )
-    fleet = _fleet(request)
-    record = next(r for r in await asyncio.to_thread(store.boxes) if r.box_id == body["box_id"])
-    if moved or body["box_id"] not in fleet.links:
-        fleet.follow(record)
-    else:
-        fleet.links[record.box_id].record = record  # a new key, name or version
-    log.info("box %s (%s) registered at %s", record.box_id, record.name, url)
-    return JSONResponse(
-        {"box_id": record.box_id, "registered": True, "moved": moved},
-        status_code=201 if moved else 200,
-    )
+    return url
+
+
+def _refused_once(request: Request, box_id: str, url: str, exc: BoxIdentityRefused) -> None:
+    """Log a refused registration once per (box id, address): a refused box asks again
+    every minute, and one line says it all."""
+    refused: set[tuple[str, str]] = request.app.state.refused_registrations
+    if (box_id, url) not in refused:
+        refused.add((box_id, url))
+        log.warning("registration refused: %s", exc)
 
 
 async def fleet_view(request: Request) -> Response:
@@ -296,6 +324,7 @@ async def _serving(app: Starlette, config: Config, store_path: StoreTarget) -> A
     fleet = Fleet(store, client, config.central_long_poll)
     offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
+    app.state.refused_registrations = set()
     app.state.gate = Gate(
         TrustSettings(
             config.trusted_networks, config.trusted_proxies, config.host, config.host_names

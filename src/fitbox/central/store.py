@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fitbox.central import identity
 from fitbox.central.backend import StoreTarget, open_backend
 from fitbox.store.keys import KeyChecker
 from fitbox.store.migrations import load_migrations, migrations_dir
@@ -42,6 +43,7 @@ class BoxRecord:
     registered_at: float
     last_seen_at: float | None
     counter: int | None
+    secret_hash: str | None = None  # of the box's proof of identity; never shown
 
     def public(self) -> dict[str, Any]:
         """Without its key: the box's admin key never leaves the central."""
@@ -54,6 +56,12 @@ class BoxRecord:
             "last_seen_at": self.last_seen_at,
             "counter": self.counter,
         }
+
+
+@dataclass(frozen=True)
+class Registered:
+    moved: bool  # new, or at another address
+    secret: str | None  # minted now: the box's proof, told to it this once
 
 
 def rejection(row: object, cursor: str) -> str | None:
@@ -119,18 +127,31 @@ class CentralStore:
 
     # -- boxes ---------------------------------------------------------------------
 
-    def register(self, box_id: str, name: str, version: str, url: str, admin_key: str) -> bool:
-        """Add or update a box by its id; True when its address changed (or it is new)."""
+    def register(
+        self,
+        box_id: str,
+        name: str,
+        version: str,
+        url: str,
+        admin_key: str,
+        proof: str | None = None,
+    ) -> Registered:
+        """Add a box, or update one that proves it is that box (central/identity.py: raises
+        BoxIdentityRefused, the row untouched, when it does not)."""
         with self._transaction() as conn:
-            old = conn.execute("SELECT url FROM boxes WHERE box_id = ?", (box_id,)).fetchone()
+            old = conn.execute(
+                "SELECT url, secret_hash FROM boxes WHERE box_id = ?", (box_id,)
+            ).fetchone()
+            needs_secret = old is None or identity.check(box_id, url, proof, old[1], old[0])
+            secret, secret_hash = identity.mint() if needs_secret else (None, old[1])
             conn.execute(
-                "INSERT INTO boxes (box_id, name, version, url, admin_key, registered_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (box_id) DO UPDATE SET name = "
-                "excluded.name, version = excluded.version, url = excluded.url, "
-                "admin_key = excluded.admin_key",
-                (box_id, name, version, url, admin_key, time.time()),
+                "INSERT INTO boxes (box_id, name, version, url, admin_key, registered_at, "
+                "secret_hash) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (box_id) DO UPDATE SET "
+                "name = excluded.name, version = excluded.version, url = excluded.url, "
+                "admin_key = excluded.admin_key, secret_hash = excluded.secret_hash",
+                (box_id, name, version, url, admin_key, time.time(), secret_hash),
             )
-        return old is None or old[0] != url
+        return Registered(moved=old is None or old[0] != url, secret=secret)
 
     def boxes(self) -> list[BoxRecord]:
         with self._reading() as conn:

@@ -1,0 +1,66 @@
+"""A box's proof of identity at the central. Box ids are public (``x-fitbox-box``,
+``/health``) and a worker key sits on every box's command line, so neither proves which box
+is registering: at a box's first registration the central mints a secret, returns it once
+(the box keeps it beside its box key, mode 0600) and keeps only its sha256. Every later
+registration of that id must present it; one that does not is refused and the box on record
+is left as it was.
+
+A box registered before the central kept secrets has none on record: its first register
+from the address on record is taken and given one (that box was already there); one from
+any other address is refused, since a move and a takeover look alike without proof. A box
+that lost its secret is removed by a person (``fitbox central boxes remove ID``) and joins
+again."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from fitbox.errors import PermissionDenied
+
+SECRET_PREFIX = "fbx_box_"  # noqa: S105 (a prefix that names what the text is, no secret)
+
+
+class BoxIdentityRefused(PermissionDenied):
+    """A registration names a box id the central knows without that box's proof."""
+
+    code = "box_identity_unproven"
+
+
+def mint() -> tuple[str, str]:
+    """A new secret and the hash the central keeps of it."""
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    return secret, digest(secret)
+
+
+def digest(secret: str) -> str:
+    # 256 random bits: a plain hash is enough, nothing to stretch against guessing
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def proven(presented: str | None, on_record: str) -> bool:
+    """Whether ``presented`` is the secret whose hash is on record (constant time)."""
+    return hmac.compare_digest(digest(presented or ""), on_record)
+
+
+def check(
+    box_id: str, url: str, presented: str | None, on_record: str | None, url_on_record: str
+) -> bool:
+    """Raise BoxIdentityRefused unless this registration may speak for ``box_id``; True
+    when the box needs a secret minted (it has none on record)."""
+    if on_record is not None:
+        if proven(presented, on_record):
+            return False
+        why = "presented a wrong secret" if presented else "presented no secret"
+    elif url == url_on_record:
+        return True
+    else:
+        why = f"has no secret on record and this registration comes from {url}"
+    raise BoxIdentityRefused(
+        f"Box {box_id} is registered at {url_on_record}, and this registration {why}: "
+        "only that box can register its id again (it keeps its secret in its home, "
+        "central.secret). A copy of a box's home must not reuse its id; a box that lost its "
+        f"secret is removed first: fitbox central boxes remove {box_id}.",
+        param="box_id",
+    )
