@@ -166,6 +166,12 @@ def test_a_box_restarted_elsewhere_with_its_secret_moves_and_a_borrowed_id_canno
         refused = httpx.post(f"{site.central.url}/v1/boxes", json=thief, headers=auth)
         assert refused.status_code == 403, refused.text
         assert refused.json()["error"]["code"] == "box_identity_unproven"
+        # with the secret too (a disk cloned whole): the box on record still answers as it
+        twin = {**thief, "box_secret": secret.read_text().strip()}
+        in_use = httpx.post(f"{site.central.url}/v1/boxes", json=twin, headers=auth)
+        assert in_use.status_code == 409, in_use.text
+        assert in_use.json()["error"]["code"] == "box_id_in_use"
+        assert "systemd-machine-id-setup" in in_use.json()["error"]["message"]
         assert site.central.fleet()[box_id]["url"] == box.url
     with _joined(site, home) as moved:
         assert _box_id(moved) == box_id and moved.url != box.url

@@ -24,10 +24,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import fitbox
-from fitbox.central import boxes, openapi, routing
+from fitbox.central import boxes, identity, openapi, routing
 from fitbox.central.backend import StoreTarget
 from fitbox.central.facts import FactOffers
-from fitbox.central.identity import BoxIdentityRefused
+from fitbox.central.identity import BoxIdentityRefused, BoxIdInUse
 from fitbox.central.mirror import MIRRORED_TABLES, Fleet
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
@@ -139,7 +139,13 @@ async def register(request: Request) -> Response:
         raise InvalidRequest("'box_secret' is text when given.", param="box_secret")
     url = _box_url(body["url"], request.app.state.config)
     store: CentralStore = request.app.state.store
+    fleet = _fleet(request)
+    link = fleet.links.get(body["box_id"])
     try:
+        on_record = link.record if link is not None else None
+        if on_record and on_record.url != url and identity.proven(proof, on_record.secret_hash):
+            # proven, from elsewhere: a move, or a twin with the same secret
+            await identity.refuse_a_live_twin(fleet.client, body["box_id"], on_record.url, url)
         taken = await asyncio.to_thread(
             store.register,
             body["box_id"],
@@ -149,10 +155,9 @@ async def register(request: Request) -> Response:
             body["admin_key"],
             proof,
         )
-    except BoxIdentityRefused as exc:
+    except (BoxIdentityRefused, BoxIdInUse) as exc:
         _refused_once(request, body["box_id"], url, exc)
         raise
-    fleet = _fleet(request)
     record = next(r for r in await asyncio.to_thread(store.boxes) if r.box_id == body["box_id"])
     if taken.moved or body["box_id"] not in fleet.links:
         fleet.follow(record)
@@ -181,7 +186,7 @@ def _box_url(given: str, config: Config) -> str:
     return url
 
 
-def _refused_once(request: Request, box_id: str, url: str, exc: BoxIdentityRefused) -> None:
+def _refused_once(request: Request, box_id: str, url: str, exc: FitboxError) -> None:
     """Log a refused registration once per (box id, address): a refused box asks again
     every minute, and one line says it all."""
     refused: set[tuple[str, str]] = request.app.state.refused_registrations

@@ -17,8 +17,11 @@ import hashlib
 import hmac
 import secrets
 
-from fitbox.errors import PermissionDenied
+import httpx
 
+from fitbox.errors import Conflict, PermissionDenied
+
+TWIN_PROBE_S = 3.0  # the box on record is asked this long whether it still answers
 SECRET_PREFIX = "fbx_box_"  # noqa: S105 (a prefix that names what the text is, no secret)
 
 
@@ -39,9 +42,9 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def proven(presented: str | None, on_record: str) -> bool:
+def proven(presented: str | None, on_record: str | None) -> bool:
     """Whether ``presented`` is the secret whose hash is on record (constant time)."""
-    return hmac.compare_digest(digest(presented or ""), on_record)
+    return on_record is not None and hmac.compare_digest(digest(presented or ""), on_record)
 
 
 def check(
@@ -62,5 +65,36 @@ def check(
         "only that box can register its id again (it keeps its secret in its home, "
         "central.secret). A copy of a box's home must not reuse its id; a box that lost its "
         f"secret is removed first: fitbox central boxes remove {box_id}.",
+        param="box_id",
+    )
+
+
+class BoxIdInUse(Conflict):
+    """A box answering at its address on record presents the id another registers."""
+
+    code = "box_id_in_use"
+
+
+async def refuse_a_live_twin(
+    client: httpx.AsyncClient, box_id: str, url_on_record: str, url: str
+) -> None:
+    """A registration of ``box_id`` from ``url`` while the box on record still answers as
+    that id at ``url_on_record`` (and names another address than ``url`` as its own): two
+    boxes with one id and one secret, a whole disk cloned (same machine id, path and inode,
+    which box_identity.py cannot tell apart). The second is refused; nothing is mixed."""
+    try:
+        response = await client.get(f"{url_on_record}/health", timeout=TWIN_PROBE_S)
+        health = response.json()
+    except (httpx.HTTPError, ValueError):
+        return  # gone: a box that moved
+    if not isinstance(health, dict) or health.get("box_id") != box_id:
+        return  # another box took its old port
+    if health.get("address") == url:
+        return  # the same box, now named by another of its addresses
+    raise BoxIdInUse(
+        f"Box {box_id} answers at {url_on_record}, and a box at {url} registers the same id "
+        "with the same proof: a copy of its disk (a cloned machine). Give the copy a machine "
+        "id of its own (systemd-machine-id-setup) and restart it: it then takes an id of its "
+        "own; or stop the box at the old address if this is a move.",
         param="box_id",
     )
