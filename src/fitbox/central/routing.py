@@ -86,6 +86,14 @@ async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Cand
         if link is not None:
             return [Candidate(link, rest, "named")]
     holders = [link for link in fleet.links.values() if holding(link, model) is not None]
+    drained = [link.record.box_id for link in holders if link.record.draining]
+    holders = [link for link in holders if not link.record.draining]
+    if drained and not holders:
+        raise ModelNotFound(
+            f"The model '{model}' is only on draining boxes ({', '.join(drained)}): "
+            "name one as BOX/MODEL, or undrain it (fitbox central boxes undrain BOX).",
+            param="model",
+        )
     if not holders:
         names = sorted({e["id"] for link in fleet.links.values() for e in link.models})
         raise ModelNotFound(

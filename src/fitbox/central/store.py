@@ -44,12 +44,20 @@ class BoxRecord:
     last_seen_at: float | None
     counter: int | None
     secret_hash: str | None = None  # of the box's proof of identity; never shown
+    label: str | None = None  # a person's name for it (fitbox central boxes rename)
+    draining: int = 0  # bare-name calls go elsewhere (fitbox central boxes drain)
+
+    @property
+    def shown_name(self) -> str:
+        return self.label or self.name
 
     def public(self) -> dict[str, Any]:
         """Without its key: the box's admin key never leaves the central."""
         return {
             "box_id": self.box_id,
-            "name": self.name,
+            "name": self.shown_name,
+            "host_name": self.name,
+            "draining": bool(self.draining),
             "version": self.version,
             "url": self.url,
             "registered_at": self.registered_at,
@@ -157,6 +165,26 @@ class CentralStore:
         with self._reading() as conn:
             rows = conn.execute("SELECT * FROM boxes ORDER BY registered_at").fetchall()
         return [BoxRecord(**dict(r)) for r in rows]
+
+    def remove(self, box_id: str) -> bool:
+        """Forget a box: its row (its key and proof) and its cursors. Its mirrored rows stay
+        as history; a box that joins again under that id is replayed from the start, each
+        row upserted over its earlier copy."""
+        with self._transaction() as conn:
+            gone = conn.execute("DELETE FROM boxes WHERE box_id = ?", (box_id,)).rowcount
+            conn.execute("DELETE FROM mirror_cursors WHERE box_id = ?", (box_id,))
+        return bool(gone)
+
+    def set_box(self, box_id: str, column: str, value: object) -> bool:
+        """Set a person's ``label`` (None clears it) or ``draining`` of a box; False when
+        there is no such box."""
+        assert column in ("label", "draining")
+        with self._transaction() as conn:
+            changed = conn.execute(
+                f"UPDATE boxes SET {column} = ? WHERE box_id = ?",  # noqa: S608
+                (value, box_id),
+            ).rowcount
+        return bool(changed)
 
     def seen(self, box_id: str, counter: int) -> None:
         with self._transaction() as conn:
