@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import psutil
 import pytest
 
-from .support.central import Central, worker_key
+from .support.central import CENTRAL, Central, worker_key
 from .support.clients import openai_client
 from .support.holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
 from .support.processes import FitboxProcess, start_fitbox, stop_fitbox
@@ -204,3 +206,43 @@ def test_a_copy_of_a_box_s_home_joins_as_a_box_of_its_own(site: Site, tmp_path: 
         assert site.central.fleet()[box_id]["url"] == original.url
         said = (site.central.home / "central.log").read_text()
         assert f"Box {box_id} is registered" not in said and f"Box {copy_id}" not in said
+
+
+def _boxes(site: Site, *argv: str) -> str:
+    made = subprocess.run(
+        [*CENTRAL, "boxes", *argv, "--home", str(site.central.home)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout
+
+
+def test_a_person_drains_renames_and_removes_a_box_from_the_central_s_host(
+    site: Site, tmp_path: Path
+) -> None:
+    """`fitbox central boxes` on the central's host (no key): a drained box takes no
+    bare-name call (BOX/MODEL still reaches it), a renamed one is listed and named by its
+    new name, a removed one is no longer followed."""
+    with _joined(site, tmp_path / "box") as box:
+        box_id = _box_id(box)
+        until(lambda: _up_at(site.central, box_id, box.url), "the box registered and up")
+        for gone in set(site.central.fleet()) - {box_id}:  # the earlier tests' boxes
+            assert f"removed {gone}" in _boxes(site, "remove", gone)
+        assert list(site.central.fleet()) == [box_id] and box_id in _boxes(site, "list")
+        until(lambda: SMOL in str(site.central.get("/v1/models")), "its models mirrored")
+        _boxes(site, "drain", box_id)
+        with site.central.client() as client:
+            with pytest.raises(openai.NotFoundError, match="only on draining boxes"):
+                client.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
+            _boxes(site, "rename", box_id, "rack-7")
+            assert "rack-7" in _boxes(site, "list")
+            named = client.completions.with_raw_response.create(
+                model=f"rack-7/{SMOL}", prompt="Hi", max_tokens=2
+            )
+            assert named.headers["x-fitbox-box"] == box_id
+            _boxes(site, "undrain", "rack-7")
+            client.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
+        assert f"removed {box_id}" in _boxes(site, "remove", box_id)
+        assert site.central.fleet() == {}
