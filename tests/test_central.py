@@ -153,8 +153,14 @@ def test_a_box_registered_before_secrets_gets_one_from_its_own_address_only(
             store.register("old", "n", "0.1", "http://203.0.113.66:1", "stolen")
         minted = store.register("old", "n", "0.2", "http://198.51.100.3:1", "k")
         assert minted.secret is not None and minted.moved is False
+        with pytest.raises(BoxIdentityRefused):  # now it needs it, or its box key
+            store.register("old", "n", "0.2", "http://198.51.100.3:1", "another key")
+        # the answer that told it lost: the same address and box key are given another
+        lost = store.register("old", "n", "0.2", "http://198.51.100.3:1", "k")
+        assert lost.secret not in (None, minted.secret)
         with pytest.raises(BoxIdentityRefused):
-            store.register("old", "n", "0.2", "http://198.51.100.3:1", "k")  # now it needs it
+            store.register("old", "n", "0.2", "http://198.51.100.3:1", "k", minted.secret)
+        minted = lost
         moved = store.register("old", "n", "0.2", "http://198.51.100.4:1", "k", minted.secret)
         assert moved.moved and moved.secret is None
         (record,) = store.boxes()

@@ -8,8 +8,9 @@ is left as it was.
 A box registered before the central kept secrets has none on record: its first register
 from the address on record is taken and given one (that box was already there); one from
 any other address is refused, since a move and a takeover look alike without proof. A box
-that lost its secret is removed by a person (``fitbox central boxes remove ID``) and joins
-again."""
+that never kept the secret it was minted (the answer lost) asks again from the same address
+with the same box key, and is given another. A box that lost its secret and moved is
+removed by a person (``fitbox central boxes remove ID``) and joins again."""
 
 from __future__ import annotations
 
@@ -48,13 +49,22 @@ def proven(presented: str | None, on_record: str | None) -> bool:
 
 
 def check(
-    box_id: str, url: str, presented: str | None, on_record: str | None, url_on_record: str
+    box_id: str,
+    url: str,
+    presented: str | None,
+    on_record: str | None,
+    url_on_record: str,
+    same_box_key: bool,
 ) -> bool:
     """Raise BoxIdentityRefused unless this registration may speak for ``box_id``; True
-    when the box needs a secret minted (it has none on record)."""
+    when the box needs a secret minted: it has none on record, or it never got the one
+    minted (an answer lost, a crash before the box wrote it) and proves itself by the
+    address and the box key on record, which a borrower of the public id does not have."""
     if on_record is not None:
         if proven(presented, on_record):
             return False
+        if presented is None and url == url_on_record and same_box_key:
+            return True
         why = "presented a wrong secret" if presented else "presented no secret"
     elif url == url_on_record:
         return True

@@ -7,6 +7,7 @@ what "nothing lost, nothing twice" rests on."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import math
 import threading
@@ -148,9 +149,11 @@ class CentralStore:
         BoxIdentityRefused, the row untouched, when it does not)."""
         with self._transaction() as conn:
             old = conn.execute(
-                "SELECT url, secret_hash FROM boxes WHERE box_id = ?", (box_id,)
+                "SELECT url, secret_hash, admin_key FROM boxes WHERE box_id = ?", (box_id,)
             ).fetchone()
-            needs_secret = old is None or identity.check(box_id, url, proof, old[1], old[0])
+            needs_secret = old is None or identity.check(
+                box_id, url, proof, old[1], old[0], hmac.compare_digest(old[2], admin_key)
+            )
             secret, secret_hash = identity.mint() if needs_secret else (None, old[1])
             conn.execute(
                 "INSERT INTO boxes (box_id, name, version, url, admin_key, registered_at, "
