@@ -121,3 +121,33 @@ def test_central_keys_are_listed_and_a_revoked_one_is_refused_at_once(
     assert fitbox_main(made) == 0
     assert fitbox_main(["central", "keys", "create", "--expires-in", "soon", *home]) == 1
     assert "not a duration" in capsys.readouterr().err
+
+
+def test_a_central_key_limited_to_a_model_asks_for_that_model_only(
+    central: tuple[TestClient, StoreTarget],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    client, target = central
+    if isinstance(target, str):
+        monkeypatch.setenv("FITBOX_CENTRAL_DB", target)
+    else:
+        monkeypatch.delenv("FITBOX_CENTRAL_DB", raising=False)
+    home = ["--home", str(target.parent if isinstance(target, Path) else tmp_path)]
+    made = ["central", "keys", "create", "--model", "smol", "--model", "tiny", *home]
+    assert fitbox_main(made) == 0
+    limited = {"Authorization": f"Bearer {capsys.readouterr().out.strip()}"}
+    assert fitbox_main(["central", "keys", "list", *home]) == 0
+    assert "models smol,tiny" in capsys.readouterr().out
+    asked = {"messages": [{"role": "user", "content": "hi"}]}
+    error = _error(
+        client.post("/v1/chat/completions", json={**asked, "model": "big"}, headers=limited),
+        403,
+        "model_not_allowed",
+    )
+    assert "smol, tiny" in error["message"] and error["param"] == "model"
+    # an allowed name passes the key, and meets the fleet (no box has it here)
+    allowed = client.post("/v1/chat/completions", json={**asked, "model": "smol"}, headers=limited)
+    _error(allowed, 404, "model_not_found")
+    assert client.get("/v1/models", headers=limited).status_code == 200

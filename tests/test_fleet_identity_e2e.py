@@ -244,5 +244,16 @@ def test_a_person_drains_renames_and_removes_a_box_from_the_central_s_host(
             assert named.headers["x-fitbox-box"] == box_id
             _boxes(site, "undrain", "rack-7")
             client.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
+        limited = subprocess.run(
+            [*CENTRAL, "keys", "create", "--model", "tiny", "--home", str(site.central.home)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        with openai_client(site.central.url, api_key=limited, max_retries=0) as client:
+            assert [m.id for m in client.models.list()] == []  # SmolLM2 is not its to see
+            with pytest.raises(openai.PermissionDeniedError, match="may not use"):
+                client.completions.create(model=f"rack-7/{SMOL}", prompt="Hi", max_tokens=2)
         assert f"removed {box_id}" in _boxes(site, "remove", box_id)
         assert site.central.fleet() == {}

@@ -36,6 +36,7 @@ from fitbox.server.door import errors
 from fitbox.server.door.auth import Gate, TrustSettings, admit, origin_of, presented_key
 from fitbox.server.manage.joining import is_loopback
 from fitbox.server.routes import ACCESS
+from fitbox.store.keys import ApiKey
 
 log = logging.getLogger(__name__)
 REGISTER = "/v1/boxes"
@@ -45,9 +46,10 @@ MAX_ROWS = 1000
 
 def admit_central(
     path: str, method: str, peer: str | None, headers: dict[str, str], gate: Gate
-) -> None:
+) -> ApiKey | None:
     """Registration: a worker or admin key, or no key from the central's own host. Every
-    other route: the box's rules (a worker key has none of their scopes)."""
+    other route: the box's rules (a worker key has none of their scopes). The key the call
+    runs under (None when trust alone admits it)."""
     if path == REGISTER and method == "POST":
         presented = presented_key(headers)
         key = gate.checker.verify(presented, time.time()) if presented else None
@@ -59,15 +61,15 @@ def admit_central(
                     "Registering a box needs a worker (or admin) key: "
                     "'fitbox central keys create --scope worker'."
                 )
-            return
+            return key
         if origin_of(peer, headers, gate.settings).local:
-            return
+            return None
         raise AuthenticationFailed(
             "Registering a box needs the worker key the central "
             "printed: fitbox serve --central URL --central-key KEY.",
             code="missing_api_key",
         )
-    admit(path, peer, headers, gate, method)
+    return admit(path, peer, headers, gate, method)
 
 
 class CentralAuth:
@@ -95,12 +97,13 @@ class CentralAuth:
                     # a key is read from the store: on PostgreSQL a round trip or a wait on a
                     # lock, never on the loop every other call shares. anyio's threads, not the
                     # loop's executor the store's reads and writes go through
-                    await anyio.to_thread.run_sync(door)
+                    key = await anyio.to_thread.run_sync(door)
                 else:
-                    door()  # trust alone decides: nothing read
+                    key = door()  # trust alone decides: nothing read
             except FitboxError as exc:
                 await errors.error_response(exc)(scope, receive, send)
                 return
+            scope.setdefault("state", {})["api_key"] = key  # its model limits (routing.py)
         await self.app(scope, receive, send)
 
 
@@ -276,7 +279,7 @@ async def table_rows(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    return JSONResponse(routing.model_list(_fleet(request)))
+    return JSONResponse(routing.model_list(_fleet(request), routing.allowed_models(request)))
 
 
 def _forwarded(path: str) -> Any:

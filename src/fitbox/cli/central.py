@@ -56,6 +56,9 @@ def add_arguments(central: argparse.ArgumentParser) -> None:
     )
     create.add_argument("--name", default="unnamed")
     create.add_argument("--expires-in", help="e.g. 3600s, 90m, 12h, 30d")
+    create.add_argument(
+        "--model", action="append", help="limit the key to a model, on any box (repeatable)"
+    )
     listing = key_verbs.add_parser("list", help="every key, without secrets")
     revoke = key_verbs.add_parser("revoke", help="revoke a key: refused from the next request")
     revoke.add_argument("key_id")
@@ -101,7 +104,12 @@ def _create_key(home: CentralHome, target: StoreTarget, args: argparse.Namespace
     try:
         key, secret = store.run(
             lambda conn: create_key(
-                conn, args.name, scopes, expires_at=expires_at, known=CENTRAL_SCOPES
+                conn,
+                args.name,
+                scopes,
+                tuple(args.model) if args.model else None,
+                expires_at=expires_at,
+                known=CENTRAL_SCOPES,
             )
         )
     except KeyError_ as exc:
@@ -156,7 +164,8 @@ def _keys(target: StoreTarget, args: argparse.Namespace) -> int:
     for key in keys:
         expired = key.expires_at is not None and key.expires_at < now
         state = "revoked" if key.revoked_at is not None else "expired" if expired else "active"
-        print(f"{key.key_id}  {state:<7} {','.join(key.scopes):<16} {key.name}")
+        models = f" models {','.join(key.models)}" if key.models else ""
+        print(f"{key.key_id}  {state:<7} {','.join(key.scopes):<16} {key.name}{models}")
     return 0
 
 
