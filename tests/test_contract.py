@@ -63,6 +63,8 @@ def test_a_settings_body_is_as_strict_as_its_parser() -> None:
         ("DELETE", "/v1/keys", {"GET", "HEAD", "POST"}),  # a path split over two entries
         ("PUT", "/v1/chat/completions", {"POST"}),
         ("POST", "/v1/keys/abc", {"GET", "HEAD", "DELETE"}),
+        ("GET", "/mcp", {"POST"}),  # stateless: no server events; was a stream sending nothing
+        ("DELETE", "/mcp", {"POST"}),  # no session to end
     ],
 )
 def test_a_method_the_path_does_not_answer_is_405_with_allow(

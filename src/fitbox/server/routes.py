@@ -183,12 +183,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "get": Op("The dashboard's updates: an SSE event with the re-rendered page body on "
                   "each change, nothing between", params=SINCE)},
         json_api=False),
+    # stateless: no session to end (DELETE) and no server events to stream (GET), so those
+    # are 405, as the MCP spec allows, not a stream that never sends anything
     Endpoint("/mcp", door, Access.MCP, {
-        "get": Op("MCP over Streamable HTTP: a session's server events"),
         "post": Op("MCP over Streamable HTTP (JSON-RPC; needs 'fitbox[mcp]'): tools "
                    "list_models, residents, queue, plan, load, unload, recent_calls, "
-                   "box_limits, each needing what the route it mirrors needs"),
-        "delete": Op("MCP over Streamable HTTP: end a session")},
+                   "box_limits, each needing what the route it mirrors needs; stateless, "
+                   "so GET (server events) and DELETE (end a session) are 405")},
         json_api=False),
     Endpoint("/v1/residents", operate.residents, ADMIN, {
         "get": Op("Loaded models: device, bytes, state, calls")}),
