@@ -1,0 +1,121 @@
+"""A store file damaged, deleted or replaced under a running store: the writer lives on,
+says so, makes a new file with what can still be read, and every later row lands in it."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+from fitbox.store.db import CallStart, Store
+from fitbox.store.keys import KeyChecker, create_key, find_key
+
+from .support.holds import until
+from .support.store_faults import checkpointed, delete_store, overwrite_pages, root_page
+
+
+def _calls(store: Store, count: int, prefix: str) -> list[int]:
+    made = []
+    for i in range(count):
+        call = store.call_started(CallStart(f"{prefix}{i}", "/x", "m" * 200, False, float(i)))
+        store.call_updated(call, outcome="ok")
+        made.append(call)
+    return made
+
+
+def _rows(path: Path) -> dict[str, str]:
+    with sqlite3.connect(path) as conn:
+        return dict(conn.execute("SELECT request_id, outcome FROM call_log").fetchall())
+
+
+def test_a_store_whose_pages_are_overwritten_keeps_writing_into_a_new_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.sqlite3"
+    store = Store(path)
+    try:
+        _, secret = store.run(lambda conn: create_key(conn, "kept", ("read",)))
+        _calls(store, 300, "before")
+        running = store.call_started(CallStart("running", "/x", "m", False, 0.0))
+        store.flush()
+        checkpointed(path)  # the writer reads the file again at its next transaction
+        for table in ("call_log", "events"):  # every write of a call meets the damage
+            overwrite_pages(path, root_page(path, table), 1)
+        _calls(store, 5, "after")
+        store.call_updated(running, outcome="ok")  # a call that ran across the fault ends
+        store.flush()
+        assert store._writer._thread.is_alive()
+        recent = {r["request_id"]: r["outcome"] for r in asyncio.run(store.recent_calls())}
+        assert {f"after{i}" for i in range(5)} <= set(recent) and recent["running"] == "ok"
+        health = store.health()
+        assert "damaged" in (health["file_problem"] or "")
+        assert any("damaged" in problem for problem in store.problems())
+        aside = Path(health["damaged_file_set_aside"])
+        assert aside.exists() and aside != path
+        assert store.counter > 300  # event ids go on, never back (cursors follow them)
+        key_id = secret.split("_")[1]
+        assert store.run(lambda conn: find_key(conn, key_id)) is not None  # salvaged
+    finally:
+        store.close()
+    rows = _rows(path)
+    assert all(rows[f"after{i}"] == "ok" for i in range(5)) and rows["running"] == "ok"
+    checker = KeyChecker(path)
+    assert checker.verify(secret) is not None
+    checker.close()
+
+
+def test_a_store_file_deleted_while_running_is_made_again_with_every_row(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.sqlite3"
+    store = Store(path)
+    checker = KeyChecker(path)
+    try:
+        _, secret = store.run(lambda conn: create_key(conn, "kept", ("read",)))
+        _calls(store, 50, "before")
+        running = store.call_started(CallStart("running", "/x", "m", False, 0.0))
+        store.flush()
+        assert checker.verify(secret) is not None
+        delete_store(path)
+        _calls(store, 5, "during")  # land on the deleted file until the store notices
+        assert checker.verify(secret) is not None  # the file still open answers meanwhile
+        until(lambda: store.health()["file_problem"], "the store noticed its file was gone")
+        assert "deleted" in store.health()["file_problem"]
+        assert any("deleted" in problem for problem in store.problems())
+        _calls(store, 5, "after")
+        store.call_updated(running, outcome="ok")
+        store.flush()
+        assert store._writer._thread.is_alive()
+        assert checker.verify(secret) is not None  # the new file, opened again
+    finally:
+        checker.close()
+        store.close()
+    rows = _rows(path)
+    for prefix in ("before", "during", "after"):
+        assert all(rows[f"{prefix}{i}"] == "ok" for i in range(5)), prefix
+    assert rows["running"] == "ok"
+
+
+def test_a_store_file_replaced_while_running_is_set_aside_and_ours_put_back(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.sqlite3"
+    store = Store(path)
+    try:
+        _calls(store, 5, "before")
+        store.flush()
+        stranger = tmp_path / "stranger.sqlite3"
+        with sqlite3.connect(stranger) as conn:
+            conn.execute("CREATE TABLE api_keys (key_id TEXT)")
+        stranger.replace(path)
+        until(lambda: store.health()["file_problem"], "the store noticed another file")
+        assert "replaced" in store.health()["file_problem"]
+        aside = Path(store.health()["damaged_file_set_aside"])
+        with sqlite3.connect(aside) as conn:  # the stranger, kept for whoever looks
+            assert conn.execute("SELECT name FROM sqlite_schema").fetchall() == [("api_keys",)]
+        _calls(store, 5, "after")
+        store.flush()
+    finally:
+        store.close()
+    rows = _rows(path)
+    assert all(rows[f"{p}{i}"] == "ok" for p in ("before", "after") for i in range(5))
