@@ -7,11 +7,18 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+import pytest
+
+from fitbox import config
 from fitbox.store.db import CallStart, Store
 from fitbox.store.keys import KeyChecker, create_key, find_key
 
+from .support.clients import app_client
+from .support.ggufs import write_tiny_llama
 from .support.holds import until
 from .support.store_faults import checkpointed, delete_store, overwrite_pages, root_page
+
+OUTSIDE = ("203.0.113.5", 5000)  # a peer that needs a key for everything
 
 
 def _calls(store: Store, count: int, prefix: str) -> list[int]:
@@ -119,3 +126,26 @@ def test_a_store_file_replaced_while_running_is_set_aside_and_ours_put_back(
         store.close()
     rows = _rows(path)
     assert all(rows[f"{p}{i}"] == "ok" for p in ("before", "after") for i in range(5))
+
+
+@pytest.mark.parametrize("fault", ["deleted", "damaged"])
+def test_a_restart_on_a_lost_store_keeps_the_box_key_and_says_what_was_lost(
+    tmp_path: Path, fault: str
+) -> None:
+    (tmp_path / "models").mkdir()
+    write_tiny_llama(tmp_path / "models" / "tiny.gguf")
+    cfg = config.load({"home": str(tmp_path), "models": str(tmp_path / "models")}, env={})
+    with app_client(cfg):
+        pass  # the first start makes the store and the box key
+    box_key = cfg.box_key_file.read_text().strip()
+    if fault == "deleted":
+        delete_store(cfg.store_path)
+    else:
+        cfg.store_path.write_bytes(b"this was never a database" * 100)
+    with app_client(cfg, OUTSIDE) as outside:
+        answer = outside.get("/v1/keys", headers={"Authorization": f"Bearer {box_key}"})
+        assert answer.status_code == 200, answer.text
+        lost = outside.get("/health").json()["store"]["lost_at_start"]
+        assert "box key" in lost and "history" in lost
+        assert ("set aside" in lost) == (fault == "damaged")
+    assert cfg.box_key_file.read_text().strip() == box_key  # never a new one

@@ -213,14 +213,20 @@ def list_keys(conn: sqlite3.Connection) -> list[ApiKey]:
     return [_row(r) for r in conn.execute("SELECT * FROM api_keys ORDER BY created_at")]
 
 
+_UNREADABLE = object()  # what KeyChecker._lookup finds in a store it cannot read
+
+
 class KeyChecker:
     """Verifies presented keys against the store, read fresh on every call. The file is
     opened again when another is at its path (the store replaced one deleted or damaged
     while the box ran, store/store_file.py), and never made here: while the path has no
-    file, the one open still answers (a deleted file's rows are all there)."""
+    file, the one open still answers (a deleted file's rows are all there). While the store
+    cannot be read at all (damaged, before the writer replaces it), the box key's file still
+    opens: it is the root of trust, kept outside the store (store/box_key.py)."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, path: Path, box_key_file: Path | None = None) -> None:
+        self._path, self._box_key_file = path, box_key_file
+        self._revoked: set[str] = set()  # box keys seen revoked: the file never opens them
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._opened: tuple[int, int] | None = None
@@ -249,24 +255,44 @@ class KeyChecker:
         if not match:
             return None
         row = self._lookup(match.group(1))
+        if row is _UNREADABLE:
+            return self._box_key(presented)
         salt = row["salt"] if row else bytes(16)  # an unknown id costs the same work
         expected = row["digest"] if row else bytes(32)
         ok = hmac.compare_digest(_digest(salt, match.group(2)), expected)
         if not row or not ok:
             return None
         key = _row(row)
+        if key.is_box_key and key.revoked_at is not None:
+            self._revoked.add(key.key_id)
         return key if key.active(now if now is not None else time.time()) else None
 
+    def _box_key(self, presented: str) -> ApiKey | None:
+        """The box key, when ``presented`` is the one in its file (and not seen revoked)."""
+        if self._box_key_file is None:
+            return None
+        try:
+            kept = self._box_key_file.read_text().strip()
+        except OSError:
+            return None
+        match = _KEY.match(kept)
+        if not match or match.group(1) in self._revoked:
+            return None
+        if not hmac.compare_digest(kept.encode(), presented.encode()):
+            return None
+        return ApiKey(match.group(1), "box key", ("admin",), None, LONG_AGO, None, None, True)
+
     def _lookup(self, key_id: str) -> Any:
-        """The stored row of ``key_id`` (read by name), or None; an unreadable store is
-        None too (fails closed). The central's PostgreSQL store overrides this."""
+        """The stored row of ``key_id`` (read by name), or None; ``_UNREADABLE`` when the
+        store cannot be read (only the box key's file opens then). The central's PostgreSQL
+        store overrides this (None for an unreadable store: it fails closed)."""
         try:
             conn = self._connection()
             if conn is None:
-                return None
+                return _UNREADABLE
             return conn.execute("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
         except sqlite3.Error:
-            return None
+            return _UNREADABLE
 
     def close(self) -> None:
         with self._lock:
