@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fitbox import config
+from fitbox.store import writer
 from fitbox.store.db import CallStart, Store
 from fitbox.store.keys import KeyChecker, create_key, find_key
 
@@ -72,8 +73,10 @@ def test_a_store_whose_pages_are_overwritten_keeps_writing_into_a_new_file(
 
 
 def test_a_store_file_deleted_while_running_is_made_again_with_every_row(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(writer, "CHECK_S", 0.1)  # the store looks at its file often
+    monkeypatch.setattr(writer, "LOOK_ALONE_S", 0.2)
     path = tmp_path / "s.sqlite3"
     store = Store(path)
     checker = KeyChecker(path)
@@ -104,8 +107,10 @@ def test_a_store_file_deleted_while_running_is_made_again_with_every_row(
 
 
 def test_a_store_file_replaced_while_running_is_set_aside_and_ours_put_back(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(writer, "CHECK_S", 0.1)  # the store looks at its file often
+    monkeypatch.setattr(writer, "LOOK_ALONE_S", 0.2)
     path = tmp_path / "s.sqlite3"
     store = Store(path)
     try:

@@ -32,7 +32,11 @@ from fitbox.store.sqlite_file import connect
 
 log = logging.getLogger("fitbox.store.db")
 HEADER = b"SQLite format 3\x00"
-CHECK_S = 2.0  # how often the writer looks at its file while nothing fails
+# how often the writer looks at its file while nothing fails: with the first batch at least
+# CHECK_S after its last look (the readings' commit, once per LAZY_S in store/writer.py), or
+# on its own after LOOK_ALONE_S with no batch, so a box's writer wakes no more than before
+CHECK_S = 2.5
+LOOK_ALONE_S = 10.0
 # copied first from a damaged file: what a box cannot rebuild by serving (who may call,
 # how it is set, who it is); the rest of the history follows, as far as it can be read
 KEPT_FIRST = ("api_keys", "box_identity", "settings")

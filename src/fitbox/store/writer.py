@@ -18,11 +18,11 @@ replaces them. An awaited job is never kept: its caller hears :class:`StoreUnava
 Every failed write is counted once; the log says when writing stopped, at most once per
 ``LOG_EVERY_S`` while it stays stopped, and when it resumed.
 
-The thread never dies: the file is looked at on every failure and every ``CHECK_S``, and one
-deleted, replaced or damaged is replaced (store/store_file.py) with the batch that failed
-tried again in the new one and ``on_new_file`` told (the store puts back the rows of calls
-still running); anything else that escapes a batch is logged, its waiting callers told,
-and the thread goes on.
+The thread never dies: the file is looked at on every failure and every ``CHECK_S`` (with a
+batch, or alone after ``LOOK_ALONE_S``); one deleted, replaced or damaged is replaced
+(store/store_file.py), the batch that failed tried again in the new one and ``on_new_file``
+told (the store puts back the rows of the calls it knows); anything else that escapes a
+batch is logged, its waiting callers told, and the thread goes on.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fitbox.store.failures import StoreUnavailable, drive_free, is_resource_failure, primary_code
-from fitbox.store.store_file import CHECK_S, FileId, is_damage, replace, trouble
+from fitbox.store.store_file import CHECK_S, LOOK_ALONE_S, FileId, is_damage, replace, trouble
 from fitbox.units import format_bytes
 
 log = logging.getLogger("fitbox.store.db")  # the store's one voice, whichever module speaks
@@ -149,7 +149,10 @@ class Writer:
 
     def _loop(self) -> None:
         while True:
-            self._wake.wait(timeout=RETRY_S if self._kept else CHECK_S)  # kept writes retry
+            # kept writes retry; else wake for a look at the file (store_file.py) that no
+            # batch took: a box committing readings never wakes for it alone
+            look_in = self._checked_at + LOOK_ALONE_S - time.monotonic()
+            self._wake.wait(timeout=RETRY_S if self._kept else max(look_in, 0.0))
             self._wake.clear()  # before draining: a later submit wakes us again
             self._hurry.wait(LINGER_S)
             self._hurry.clear()  # before draining: what is queued now goes in this batch
