@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,69 @@ def test_a_restart_on_a_lost_store_keeps_the_box_key_and_says_what_was_lost(
         assert "box key" in lost and "history" in lost
         assert ("set aside" in lost) == (fault == "damaged")
     assert cfg.box_key_file.read_text().strip() == box_key  # never a new one
+
+
+def test_a_change_listener_that_raises_never_stops_the_writer(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite3")
+    heard: list[int] = []
+
+    def closed_loop(counter: int) -> None:  # call_soon_threadsafe once the loop has closed
+        raise RuntimeError("Event loop is closed")
+
+    store.on_change(closed_loop)
+    store.on_change(heard.append)
+    try:
+        _calls(store, 3, "first")
+        store.flush()
+        _calls(store, 3, "then")
+        store.flush()
+        assert store._writer._thread.is_alive() and heard and heard[-1] == store.counter
+        assert {f"then{i}" for i in range(3)} <= set(_rows(store.path))
+    finally:
+        store.close()
+
+
+def test_a_wait_cancelled_by_its_caller_never_stops_the_writer(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite3")
+    busy, release = threading.Event(), threading.Event()
+
+    def held(conn: sqlite3.Connection) -> None:  # the writer is in here until released
+        busy.set()
+        release.wait(30)
+
+    try:
+        store._submit(held)
+        assert busy.wait(30)
+        barrier = store.barrier()
+        assert barrier.cancel()  # still queued behind the held job: a caller gave up
+        release.set()
+        _calls(store, 3, "after")
+        store.flush()
+        assert store._writer._thread.is_alive()
+        assert {f"after{i}" for i in range(3)} <= set(_rows(store.path))
+    finally:
+        release.set()
+        store.close()
+
+
+def test_whatever_a_batch_raises_the_writer_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failures = iter([RuntimeError("a bug no batch should raise")])
+
+    def broken_look(path: Path, opened: object) -> None:  # a fault no real file shows
+        raise next(failures, None) or AssertionError("looked once")
+
+    monkeypatch.setattr(writer, "CHECK_S", 0.0)  # a look after every batch
+    monkeypatch.setattr(writer, "trouble", broken_look)
+    store = Store(tmp_path / "s.sqlite3")
+    try:
+        _calls(store, 3, "first")
+        store.flush()
+        monkeypatch.setattr(writer, "trouble", lambda path, opened: None)
+        _calls(store, 3, "then")
+        store.flush()
+        assert store._writer._thread.is_alive()
+        assert {f"then{i}" for i in range(3)} <= set(_rows(store.path))
+    finally:
+        store.close()

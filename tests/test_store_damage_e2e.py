@@ -72,6 +72,7 @@ def test_a_store_file_lost_under_a_serving_box(
         assert client.get("/v1/keys", headers=auth).status_code == 200
         calls = client.get("/v1/telemetry", params={"table": "call_log"}, headers=auth)
         assert calls.status_code == 200 and calls.json()["rows"]
+        assert client.get("/metrics", headers=auth).status_code == 200
         assert fault in client.get("/", headers=auth).text  # the dashboard says it too
         if fault == "deleted":  # every row was still there to copy: keys made before too
             assert _chat(client, earlier).status_code == 200

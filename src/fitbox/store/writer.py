@@ -312,7 +312,11 @@ class Writer:
         if self.batch_counter != self.counter:
             self.counter = self.batch_counter
             for listener in self.listeners:
-                listener(self.counter)
+                try:
+                    listener(self.counter)
+                except Exception as exc:  # a closed event loop: the writer is not its to stop
+                    if self._bugs.allow(time.monotonic()):
+                        log.error("store: a change listener failed (%r)", exc)
 
     def _broke(self, batch: list[Queued], exc: Exception) -> None:
         """Something no batch should raise: every caller still waiting hears it, the file is
@@ -343,7 +347,7 @@ class Writer:
 
     def _settle(self, results: list[Result]) -> None:
         for item, value, error in results:
-            if item.future is None:
+            if item.future is None or item.future.done():  # done: cancelled by its caller
                 continue
             if error is None:
                 item.future.set_result(value)
