@@ -221,3 +221,28 @@ def test_whatever_a_batch_raises_the_writer_goes_on(
         assert {f"then{i}" for i in range(3)} <= set(_rows(store.path))
     finally:
         store.close()
+
+
+def test_a_store_locked_by_another_process_keeps_its_writes_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+    store = Store(path)
+    store.run(lambda conn: conn.execute("PRAGMA busy_timeout = 50"))  # refused at once
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        _calls(store, 3, "locked")
+        store.flush()
+        assert store._writer._thread.is_alive() and not store.health()["writing"]
+        assert any("cannot write" in problem for problem in store.problems())
+        other.execute("ROLLBACK")
+
+        def landed() -> bool:
+            store.flush()
+            return bool(store.health()["writing"])
+
+        until(landed, "the kept writes landed once the lock was let go")
+        assert {f"locked{i}" for i in range(3)} <= set(_rows(path))
+        assert store.health()["file_problem"] is None  # a lock is not a lost file
+    finally:
+        other.close()
+        store.close()
