@@ -1,7 +1,8 @@
 """The store: one SQLite file, one writer thread that owns the connection (store/writer.py).
-This module opens the file (setting a damaged one aside) and keeps the call log; the box's
-history rows are in history.py, its measured facts in fact_rows.py, the queue they all
-write through in queue.py.
+This module keeps the call log (and, in memory, the rows of the latest calls, put back into
+a file made while they run); the file itself is opened, watched and replaced in
+store_file.py, the box's history rows are in history.py, its measured facts in
+fact_rows.py, the queue they all write through in queue.py.
 
 Callers never wait for a write: they enqueue it and go on; reads are awaited. A failed
 write (disk full, a damaged file) is counted and logged; it never fails the call that
