@@ -1,5 +1,7 @@
 """Box routes beyond the OpenAI surface: the dry-run plan and API keys (management:
-the box itself or an admin key, enforced by server/door/auth.py)."""
+the box itself or an admin key, enforced by server/door/auth.py). Keys are read and written
+through store/waits.py: a store that does not answer in time is a 503 ``store_busy`` with
+``Retry-After``, and a key it refused that way is never made."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from fitbox.box.box import Box
 from fitbox.errors import InvalidRequest
 from fitbox.store.db import CURSOR_TABLES, READING_TABLES, Store
-from fitbox.store.waits import read
+from fitbox.store.waits import read, writing
 
 MAX_WAIT_S = 60.0
 MAX_ROWS = 1000
@@ -166,7 +166,9 @@ async def rows(request: Request) -> Response:
         )
     since = int(_number(request, "since", 0, 0, 2**62))
     limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
-    if table in READING_TABLES:  # readings are committed lazily: the ones taken so far first
+    # readings are committed lazily: the ones taken so far first (unless writes are being
+    # refused now: they wait in memory, and waiting here would only delay the answer)
+    if table in READING_TABLES and writing(store):
         await store.committed(store.barrier(), COMMIT_WAIT_S)
     page = await read(store.path, lambda conn: _page(conn, table, since, limit), "read rows")
     return JSONResponse(page)
