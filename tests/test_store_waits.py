@@ -9,14 +9,19 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from fitbox import config
 from fitbox.errors import StoreBusy
 from fitbox.store import keys, waits
 from fitbox.store.db import Store
+
+from .support.clients import app_client, assert_error
 
 HOLD_S = 30.0  # a failure bound: how long a held read or lock may wait for the test
 
@@ -115,3 +120,36 @@ def test_a_damaged_store_read_is_an_error_a_person_can_act_on(tmp_path: Path) ->
         asyncio.run(waits.read(path, keys.list_keys, "list the keys"))
     assert getattr(failed.value, "code", None) == "store_unreadable"
     assert str(path) in str(failed.value) and "list the keys" in str(failed.value)
+
+
+def test_a_stuck_writer_refuses_changes_with_503_and_health_says_so(tmp_path: Path) -> None:
+    """The writer's thread held by a job that waits on the test (a hung drive): a key
+    answers 503 store_busy and is never made, reads and /health answer, and /health names
+    the late writer. On main the key's handler held the loop for 30 s and answered 500."""
+    models = tmp_path / "models"
+    models.mkdir()
+    cfg = config.load({"home": str(tmp_path / "home"), "models": str(models)}, env={})
+    stuck = threading.Event()
+    with app_client(cfg) as client:
+        store: Store = client.app.state.store  # type: ignore[attr-defined]
+        store._submit(lambda conn: stuck.wait(HOLD_S))
+        try:
+            refused = client.post("/v1/keys", json={"name": "refused"})
+            assert_error(refused, 503, "store_busy")
+            assert int(refused.headers["retry-after"]) >= 1
+            assert client.get("/v1/keys").status_code == 200
+            deadline = time.monotonic() + HOLD_S  # a failure bound: the writer is late by then
+            while not any("has not finished a write" in p for p in health(client)["problems"]):
+                assert time.monotonic() < deadline, health(client)
+        finally:
+            stuck.set()
+        store.flush(timeout=HOLD_S)
+        assert "refused" not in [k["name"] for k in client.get("/v1/keys").json()["data"]]
+        assert health(client)["status"] == "ok"
+
+
+def health(client: Any) -> dict[str, Any]:
+    response = client.get("/health")
+    assert response.status_code == 200
+    body: dict[str, Any] = response.json()
+    return body

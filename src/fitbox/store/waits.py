@@ -24,8 +24,10 @@ import contextlib
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -157,6 +159,7 @@ async def write(store: Store, job: Callable[[sqlite3.Connection], T], what: str 
     future = store._submit(waited, wait=True)
     assert future is not None
     landing = asyncio.wrap_future(future)
+    landing.add_done_callback(_heard)  # an abandoned one's end is heard by no one else
     try:
         try:
             # shielded: cancelling the writer's own future would make its settling raise in
@@ -184,6 +187,11 @@ async def write(store: Store, job: Callable[[sqlite3.Connection], T], what: str 
     except asyncio.CancelledError:
         waited.abandon()  # the client is gone: it never hears of the change, so none is made
         raise
+
+
+def _heard(landing: asyncio.Future[Any]) -> None:
+    if not landing.cancelled():
+        landing.exception()
 
 
 def writing(store: Store) -> bool:
@@ -217,12 +225,44 @@ def lock_holder(path: Path) -> bool:
     return True
 
 
+@dataclass
+class _Heartbeat:
+    """A no-op job sent to the writer by ``/health``, and when: one out at a time."""
+
+    landed: Future[Any]
+    sent: float  # time.monotonic()
+
+
+_heartbeats: weakref.WeakKeyDictionary[Store, _Heartbeat] = weakref.WeakKeyDictionary()
+
+
+def writer_late(store: Store) -> float | None:
+    """Seconds the writer has left ``/health``'s last no-op job waiting, once that is more
+    than ``STORE_WAIT_S`` (stuck on a lock, a hung drive, a job that never ends); else
+    None, and a new one is sent when none is out. Never waits."""
+    now, beat = time.monotonic(), _heartbeats.get(store)
+    if beat is not None and not beat.landed.done():
+        late = now - beat.sent
+        return late if late > STORE_WAIT_S else None
+    landed = store._submit(lambda conn: None, wait=True)
+    assert landed is not None
+    _heartbeats[store] = _Heartbeat(landed, now)
+    return None
+
+
 async def problems(store: Store) -> list[str]:
-    """``Store.problems()`` and a write lock held outside fitbox, looked at off the loop
-    (the drive's free space is a system call a hung drive can hold)."""
+    """``Store.problems()``, a writer that is late, and a write lock held outside fitbox,
+    looked at off the loop (the drive's free space is a system call a hung drive can hold)."""
+    late = writer_late(store)
 
     def look() -> list[str]:
         found = store.problems()
+        if late is not None:
+            found.append(
+                f"the store {store.path} has not finished a write for {late:.0f} s: changes "
+                "(keys, settings) answer 503 store_busy until it does. Another problem here, "
+                "else its drive or the box's log, says why"
+            )
         if lock_holder(store.path):
             found.append(
                 f"the store {store.path} is locked by another connection (an operator's "
