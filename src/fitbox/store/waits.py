@@ -13,8 +13,9 @@ queued, inside a savepoint of its own. Both answer within ``STORE_WAIT_S`` or ra
 never lands later: a write that has not run when its caller stops waiting (the bound, or a
 client gone) is skipped, and one that was running then is rolled back to its savepoint.
 
-``lock_holder`` tells ``/health`` whether something outside fitbox's writer holds the
-store's write lock right now, without waiting for it.
+``problems`` is what ``/health`` says of the store, looked at off the loop: the store's own
+problems, a write lock something outside fitbox holds now (``lock_holder``, which never
+waits for it), and a writer that has not run a no-op job within the bound (``writer_late``).
 """
 
 from __future__ import annotations
@@ -65,11 +66,12 @@ def busy(path: Path, doing: str) -> StoreBusy:
     )
 
 
-async def off_loop(work: Callable[[], T], bound: float = STORE_WAIT_S) -> T:
-    """``work()`` in a reader thread, awaited for at most ``bound`` s (TimeoutError past
-    it; a read not yet begun is then dropped, one already running ends on its own)."""
-    loop = asyncio.get_running_loop()
-    async with asyncio.timeout(bound):  # not wait_for: it can swallow a cancel
+async def off_loop(work: Callable[[], T], bound: float | None = None) -> T:
+    """``work()`` in a reader thread, awaited for at most ``bound`` s (``STORE_WAIT_S``;
+    TimeoutError past it: a read not yet begun is then dropped, one running ends on its
+    own)."""
+    loop, limit = asyncio.get_running_loop(), STORE_WAIT_S if bound is None else bound
+    async with asyncio.timeout(limit):  # not wait_for: it can swallow a cancel
         return await loop.run_in_executor(_readers, work)
 
 
