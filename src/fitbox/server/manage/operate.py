@@ -220,9 +220,9 @@ async def _apply(box: Box, action: str, target: str | None) -> dict[str, Any]:
         return {"resident": (await box.load(target)).describe()}
     if action == "pin":  # kept across restarts: a pinned model is loaded again at start
         resident = await box.pin(target)
-        box.update_settings("pair", target, {"pinned": True})
+        await box.update_settings("pair", target, {"pinned": True})
         return {"resident": resident.describe()}
     if action == "unpin":
-        box.update_settings("pair", target, {"pinned": None})
+        await box.update_settings("pair", target, {"pinned": None})
         return {"resident": (await box.pin(target, pinned=False)).describe()}
     return {"resident": (await box.unload(target)).describe()}
