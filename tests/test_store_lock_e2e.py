@@ -95,7 +95,9 @@ def test_a_write_lock_held_outside_never_freezes_the_box(
 
         after = client.post("/v1/keys", json={"name": "after", "scopes": ["read"]}, timeout=30)
         assert after.status_code == 201, after.text
-        names = [k["name"] for k in client.get("/v1/keys", timeout=30).json()["data"]]
+        got = client.get("/v1/keys", timeout=30)
+        assert got.status_code == 200, got.text
+        names = [k["name"] for k in got.json()["data"]]
         assert "before" in names and "after" in names and "refused" not in names
         assert "goal" not in client.get("/v1/settings/box", timeout=30).json()["own"]
         deadline = time.monotonic() + CALL_S  # a failure bound: kept rows retry each second

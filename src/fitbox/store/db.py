@@ -288,4 +288,4 @@ class Store(History, FactRows):
             )
         )
         self._writer.stop()
-        self._writer.conn.close()
+        self._writer.closed()

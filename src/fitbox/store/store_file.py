@@ -54,10 +54,37 @@ def file_id(path: Path) -> FileId | None:
     return found.st_dev, found.st_ino
 
 
-def trouble(path: Path, opened: FileId | None) -> tuple[str, bool] | None:
+def held(path: Path, opened: FileId | None) -> int | None:
+    """A read-only descriptor of the store file ``opened`` names, kept for as long as the
+    writer's connection to it, for :func:`trouble` to read its header through. The file is
+    never opened and closed per look: closing any descriptor of a file drops every POSIX
+    lock this process holds on it, SQLite's included, and another process's connection
+    would then take itself for the last one and delete the -wal and -shm fitbox writes
+    through (https://sqlite.org/howtocorrupt.html, 2.2). None when it is not that file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    found = os.fstat(fd)
+    if (found.st_dev, found.st_ino) != opened:
+        os.close(fd)  # another inode: no lock of ours is on it
+        return None
+    return fd
+
+
+def let_go(fd: int | None) -> None:
+    """Close a descriptor from :func:`held`, once no connection of this process holds the
+    file it names (the writer's own is closed first)."""
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def trouble(path: Path, opened: FileId | None, fd: int | None) -> tuple[str, bool] | None:
     """Why the file at ``path`` is no longer the store the writer holds open (and whether
-    that is damage), or None. A file that cannot be looked at (a drive gone) is no reason:
-    its writes fail and are kept (store/writer.py)."""
+    that is damage), or None; ``fd``: the file held open (:func:`held`), whose header is
+    read. A file that cannot be looked at (a drive gone) is no reason: its writes fail and
+    are kept (store/writer.py)."""
     try:
         found = os.stat(path)
     except FileNotFoundError:
@@ -66,9 +93,10 @@ def trouble(path: Path, opened: FileId | None) -> tuple[str, bool] | None:
         return None
     if (found.st_dev, found.st_ino) != opened:
         return f"the store file {path} was replaced by another file while fitbox ran", False
+    if fd is None:
+        return None
     try:
-        with open(path, "rb") as f:
-            head = f.read(len(HEADER))
+        head = os.pread(fd, len(HEADER), 0)
     except OSError:
         return None
     if head != HEADER:

@@ -40,7 +40,16 @@ from pathlib import Path
 from typing import Any
 
 from fitbox.store.failures import StoreUnavailable, drive_free, is_resource_failure, primary_code
-from fitbox.store.store_file import CHECK_S, LOOK_ALONE_S, FileId, is_damage, replace, trouble
+from fitbox.store.store_file import (
+    CHECK_S,
+    LOOK_ALONE_S,
+    FileId,
+    held,
+    is_damage,
+    let_go,
+    replace,
+    trouble,
+)
 from fitbox.units import format_bytes
 
 log = logging.getLogger("fitbox.store.db")  # the store's one voice, whichever module speaks
@@ -101,6 +110,7 @@ class Writer:
         self, conn: sqlite3.Connection, path: Path, counter: int, file: FileId | None = None
     ) -> None:
         self.conn, self.path, self.file = conn, path, file
+        self.held = held(path, file)  # its header is read through this (store_file.held)
         self.counter = counter  # the change counter: the newest committed event id
         self.batch_counter = counter  # moved by Queued._event (store/queue.py) inside a batch
         self.state = WriteState()
@@ -139,6 +149,12 @@ class Writer:
         """Commit what is queued without lingering."""
         self._hurry.set()
         self._wake.set()
+
+    def closed(self) -> None:
+        """The connection closed: the file is let go (see store_file.held)."""
+        self.conn.close()
+        let_go(self.held)
+        self.held = None
 
     def stop(self, timeout: float = 30.0) -> None:
         self._queue.append(_STOP)
@@ -259,14 +275,14 @@ class Writer:
         if now - self._checked_at < CHECK_S:
             return
         self._checked_at = now
-        found = trouble(self.path, self.file)
+        found = trouble(self.path, self.file, self.held)
         if found is not None and self._replace(*found):
             self._tell_new_file()
 
     def _replaced_for(self, errors: list[sqlite3.Error]) -> bool:
         """After failed writes: True when the file was the cause and has been replaced."""
         self._checked_at = time.monotonic()
-        found = trouble(self.path, self.file)
+        found = trouble(self.path, self.file, self.held)
         damage = next((error for error in errors if is_damage(error)), None)
         if damage is not None:
             reason = found[0] if found else f"the store file {self.path} is damaged ({damage})"
@@ -284,7 +300,9 @@ class Writer:
             if self._bugs.allow(time.monotonic()):
                 log.error("store: %s", self.state.file_problem)
             return False
+        let_go(self.held)  # the old file's: replace() closed the connection to it
         self.conn, self.file = made.conn, made.id
+        self.held = held(self.path, self.file)
         self.state.file_problem, self.state.set_aside = made.said(), made.set_aside
         return True
 
