@@ -233,7 +233,8 @@ def test_a_store_locked_by_another_process_keeps_its_writes_and_says_so(tmp_path
         _calls(store, 3, "locked")
         store.flush()
         assert store._writer._thread.is_alive() and not store.health()["writing"]
-        assert any("cannot write" in problem for problem in store.problems())
+        said = [problem for problem in store.problems() if "cannot write" in problem]
+        assert said and "Another connection holds its write lock" in said[0], said
         other.execute("ROLLBACK")
 
         def landed() -> bool:

@@ -155,10 +155,14 @@ class Store(History, FactRows):
                 "may write there); a restart clears this"
             )
         if (free is None or free >= FULL_BELOW) and state.failing is not None:
-            found.append(
-                f"the store {self.path} cannot write ({state.failing}): {held}. "
-                "Check the drive holding it"
+            locked = state.failing_code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            fix = (
+                "Another connection holds its write lock: end that transaction (an "
+                "operator's sqlite3, a backup tool)"
+                if locked
+                else "Check the drive holding it"
             )
+            found.append(f"the store {self.path} cannot write ({state.failing}): {held}. {fix}")
         return found
 
     # -- the call log ------------------------------------------------------------
