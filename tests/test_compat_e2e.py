@@ -378,22 +378,24 @@ def test_props_and_slots_by_the_model_query_parameter(pair: Pair) -> None:
 
 
 def test_routes_the_model_does_not_serve_are_not_retried(pair: Pair) -> None:
-    """Infill (no FIM tokens) and embeddings (a chat model): the engine's 501, with a
-    reason about the model and x-should-retry: false, so the SDK (default retries) asks
-    once."""
+    """Infill (no FIM tokens) and embeddings (a chat model): the engine's 501 is the
+    client's mistake (it named a model for a route the model does not serve), so a 400
+    invalid_request_error with a code naming the mismatch, a reason about the model and
+    x-should-retry: false, so the SDK (default retries) asks once."""
     _, fitbox = pair.clients()  # max_retries left at the SDK's default
     before = pair.rows("/v1/embeddings")
-    with pytest.raises(openai.APIStatusError) as refused:
+    with pytest.raises(openai.BadRequestError) as refused:
         fitbox.embeddings.create(model=SMOL, input="hi")
-    assert refused.value.status_code == 501
+    assert refused.value.code == "not_an_embeddings_model"
     assert refused.value.response.headers["x-should-retry"] == "false"
     assert f"'{SMOL}' is not an embeddings model" in refused.value.message
     assert pair.rows("/v1/embeddings") == before + 1  # the SDK did not retry
     body = {"input_prefix": "def f(", "input_suffix": "):"}
     a = httpx.post(f"{pair.direct}/infill", json=body, timeout=60)
     b = httpx.post(f"{pair.box.url}/infill", json={"model": SMOL, **body}, timeout=60)
-    assert b.status_code == a.status_code == 501
-    assert b.json()["error"]["type"] == a.json()["error"]["type"] == "not_supported_error"
+    assert a.status_code == 501 and b.status_code == 400  # the engine's words, a client's status
+    assert b.json()["error"]["type"] == "invalid_request_error"
+    assert b.json()["error"]["code"] == "no_fill_in_the_middle_tokens"
     assert b.headers["x-should-retry"] == "false" and SMOL in b.json()["error"]["message"]
 
 

@@ -25,7 +25,7 @@ CHAT = "/v1/chat/completions"
 def must_load(box: Box, name: str) -> bool:
     """Whether a streamed chat on ``name`` gets its 200 before its model loads, as the box
     opens it (box/serving.py)."""
-    body = {"model": name, "messages": [], "stream": True}
+    body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "stream": True}
     return box.serving.open(Order(CHAT, body, b"{}", "req")).waits
 
 

@@ -16,7 +16,11 @@ from starlette.testclient import TestClient
 from fitbox import config
 from fitbox.box.calls import stream_ended, usage_of
 from fitbox.models.gguf_facts import read_facts
-from fitbox.server.inference.engine_errors import engine_error_body, retry_cannot_help
+from fitbox.server.inference.engine_errors import (
+    client_status,
+    engine_error_body,
+    retry_cannot_help,
+)
 from fitbox.server.streams.names import NameRewrite, rewrite_for
 from fitbox.server.streams.reshape import Pass
 from fitbox.store.keys import create_key
@@ -56,9 +60,20 @@ def test_an_engine_error_that_is_not_json_or_has_nested_fields() -> None:
 
 
 def test_an_unserved_route_names_the_model_not_the_engines_flag() -> None:
-    error = engine_error_body(501, NO_EMBEDDINGS, "smol")["error"]
+    body = engine_error_body(501, NO_EMBEDDINGS, "smol")
+    error = body["error"]
     assert error["message"].startswith("'smol' is not an embeddings model on this box")
-    assert error["type"] == "not_supported_error"
+    # the client named a chat model for embeddings: its mistake, a 400 naming the mismatch
+    assert error["type"] == "invalid_request_error" and error["param"] == "model"
+    assert error["code"] == "not_an_embeddings_model"
+    assert client_status(501, body) == 400
+
+
+def test_an_engine_501_that_names_no_model_mismatch_stays_501() -> None:
+    unknown = b'{"error":{"code":501,"message":"no such thing","type":"not_supported_error"}}'
+    body = engine_error_body(501, unknown, "smol")
+    assert body["error"]["type"] == "not_supported_error"
+    assert client_status(501, body) == 501
 
 
 @pytest.mark.parametrize(

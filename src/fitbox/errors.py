@@ -87,6 +87,29 @@ class ModelNotFound(FitboxError):
     code = "model_not_found"
 
 
+class ModelNotServable(FitboxError):
+    """A model the box has a file for that it cannot serve (its file unreadable: code
+    ``model_unreadable``; or not a GGUF it can size). The operator fixes it, not a retry."""
+
+    status = 503
+    type = "server_error"
+    code = "model_not_servable"
+
+    @classmethod
+    def because(
+        cls, name: str, reason: str, *, unreadable: bool, doing: str = "loaded"
+    ) -> ModelNotServable:
+        """The refusal of ``name``: its ``reason`` names paths, owners and modes, so it
+        goes in ``operator_reason``, shown to the box itself and to admin keys only
+        (server/door/errors.py body_for)."""
+        return cls(
+            f"The model '{name}' is on this box but cannot be {doing}",
+            param="model",
+            code="model_unreadable" if unreadable else "model_not_servable",
+            operator_reason=reason,
+        )
+
+
 class RouteNotFound(FitboxError):
     status = 404
     type = "invalid_request_error"
@@ -155,6 +178,24 @@ class StorageFailed(FitboxError):
     status = 507
     type = "server_error"
     code = "storage_full"
+
+
+class StoreBusy(FitboxError):
+    """The store did not answer within its bound (another process holds its write lock, or
+    its drive is slow): nothing was changed, and a retry after ``Retry-After`` can succeed."""
+
+    status = 503
+    type = "server_error"
+    code = "store_busy"
+    retry = True
+
+
+class StoreUnreadable(FitboxError):
+    """The store could not be read for a reason a retry does not cure (a damaged file)."""
+
+    status = 503
+    type = "server_error"
+    code = "store_unreadable"
 
 
 class PathNotOffered(FitboxError):

@@ -53,13 +53,15 @@ def start_fitbox(
     *extra: str,
     env: dict[str, str] | None = None,
     log_path: Path | None = None,
+    wrap: tuple[str, ...] = (),
 ) -> FitboxProcess:
     """``log_path``: where fitbox's own output goes when not in the home (a home on a drive
-    the test fills, or one fitbox must make itself)."""
+    the test fills, or one fitbox must make itself); ``wrap``: a command fitbox is started
+    through (tests/support/unprivileged.py)."""
     if log_path is None:
         home.mkdir(parents=True, exist_ok=True)
         log_path = home / "serve.log"
-    argv = [sys.executable, "-m", "fitbox", "serve", "--port", "auto", "--home", str(home)]
+    argv = [*wrap, sys.executable, "-m", "fitbox", "serve", "--port", "auto", "--home", str(home)]
     for root in models:
         argv += ["--models", str(root)]
     argv += list(extra)
@@ -122,8 +124,9 @@ def running_fitbox(
     *extra: str,
     env: dict[str, str] | None = None,
     log_path: Path | None = None,
+    wrap: tuple[str, ...] = (),
 ) -> Iterator[FitboxProcess]:
-    box = start_fitbox(home, models, *extra, env=env, log_path=log_path)
+    box = start_fitbox(home, models, *extra, env=env, log_path=log_path, wrap=wrap)
     try:
         yield box
     finally:

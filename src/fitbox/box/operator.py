@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fitbox.core.types import ResidentState
-from fitbox.errors import Conflict
+from fitbox.errors import Conflict, FitboxError, ModelNotServable
 from fitbox.models.catalog import Catalog
 
 from .admit import Admission
@@ -22,7 +22,13 @@ class Operator:
         self.admission, self.supervisor = admission, supervisor
 
     async def load(self, name: str) -> Resident:
-        """Load ``name`` now (or find it loaded) and leave it resident and idle."""
+        """Load ``name`` now (or find it loaded) and leave it resident. A model already
+        ready is found at once: it needs no call slot, so one busy with calls answers
+        without waiting for a slot to free (a pin or load of it never queues behind them)."""
+        ready = self._ready(name)
+        if ready is not None:
+            return ready
+        self._check_readable(name)
         lease = await self.admission.acquire(name)
         lease.release()
         return lease.resident
@@ -50,6 +56,26 @@ class Operator:
         artifact = self.catalog.resolve(name)
         keys = {artifact.key} | {r.artifact.key for r in self._copies_of(artifact.name)}
         return any([self.supervisor.crashes.clear(key) for key in keys])
+
+    def _check_readable(self, name: str) -> None:
+        """Refuse, with the reason, a load of a model whose file fitbox can no longer read
+        (a launch could only fail on it)."""
+        try:
+            artifact = self.catalog.resolve(name)
+        except FitboxError:
+            return  # a family or pinned name: admission resolves and refuses it
+        problem = self.catalog.problem(artifact.name)
+        if problem is not None:
+            raise ModelNotServable.because(name, problem, unreadable=True)
+
+    def _ready(self, name: str) -> Resident | None:
+        """The ready resident serving ``name`` (a file's name or an alias); None for any
+        other name (a family, pins) or a model not ready: those go through admission."""
+        try:
+            resident = self.resident_named(name)
+        except FitboxError:
+            return None
+        return resident if resident.state is ResidentState.READY else None
 
     def resident_named(self, name: str) -> Resident:
         """The resident serving ``name``: the file it names, or its copy on another drive

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fitbox.core.types import ResidentState
@@ -33,6 +33,7 @@ from fitbox.errors import (
     FitboxError,
     InvalidRequest,
     ModelNotFound,
+    ModelNotServable,
     PermissionDenied,
     RouteNotServed,
 )
@@ -100,6 +101,7 @@ class Serving:
         served = Served(self, call, order)
         try:
             served.named, served.headers = self._routed(order, asked)
+            check_conversation(order)
             served.slots = self.needs.choices(order.body)  # an n no child gives: before any 200
             served.waits = call.stream and self.must_load(served.named)
         except FitboxError as refusal:
@@ -115,6 +117,7 @@ class Serving:
         refused when the key may not use it or no variant serves the route."""
         self.check_allowed(order.allowed, asked)
         named, headers = self.routed(asked)
+        named = self.loadable(named)
         if named.asked != asked:
             self.check_allowed(order.allowed, named.asked)  # a key's limit holds for what serves
         check_served(named, order.endpoint, self.engines, order.images)
@@ -147,6 +150,21 @@ class Serving:
                 ) from None
             return named, {"x-fitbox-default-model": default}
 
+    def loadable(self, named: Named) -> Named:
+        """``named`` without the variants whose file fitbox can no longer read, unless a
+        child holds one (it serves on); refused with the reason when none is left."""
+        usable = tuple(
+            a
+            for a in named.artifacts
+            if self.catalog.problem(a.name) is None or self.registry.get(a.key) is not None
+        )
+        if usable == named.artifacts:
+            return named
+        if not usable:
+            reason = self.catalog.problem(named.first.name) or "its file cannot be read"
+            raise ModelNotServable.because(named.asked, reason, unreadable=True)
+        return replace(named, artifacts=usable)
+
     def must_load(self, named: Named) -> bool:
         """Whether a call on ``named`` would wait for a load: none of its variants is ready,
         and none has failed (a failed model is refused at once, with its status). Asked
@@ -156,6 +174,22 @@ class Serving:
             if resident is not None and resident.state is ResidentState.READY:
                 return False
         return not any(self.crashes.failed(a.key) for a in named.artifacts)
+
+
+CONVERSATIONS = ("/v1/chat/completions", "/v1/messages")  # routes whose messages a reply answers
+
+
+def check_conversation(order: Order) -> None:
+    """A conversation with no message is refused, as OpenAI and Anthropic refuse it:
+    llama-server renders it as a bare generation prompt and, without max_tokens, writes
+    until the window is full, a reply to nothing. Checked once the name resolved, so an
+    unknown model is still a 404 first."""
+    if order.endpoint in CONVERSATIONS and order.body.get("messages") == []:
+        raise InvalidRequest(
+            "'messages' is empty: send at least one message.",
+            param="messages",
+            code="empty_array",
+        )
 
 
 def check_served(named: Named, path: str, engines: EngineKinds, images: int = 0) -> None:

@@ -16,7 +16,7 @@ from fitbox.config import Config
 from fitbox.listening import published_url
 from fitbox.store import keys as keydb
 
-HELP = "API keys: create, list, show, revoke"
+HELP = "API keys: create, list, show, revoke, rotate-box"
 
 
 def add_arguments(keys: argparse.ArgumentParser) -> None:
@@ -34,7 +34,11 @@ def add_arguments(keys: argparse.ArgumentParser) -> None:
     )
     create.add_argument("--expires-in", help="e.g. 3600s, 90m, 12h, 30d")
     listing = keys_sub.add_parser("list", help="every key, without secrets")
-    verbs = [create, listing]
+    rotate = keys_sub.add_parser(
+        "rotate-box",
+        help="mint a new box key, write it to the box key file, retire the old one",
+    )
+    verbs = [create, listing, rotate]
     for verb in ("show", "revoke"):
         one = keys_sub.add_parser(verb)
         one.add_argument("key_id")
@@ -110,8 +114,27 @@ def _online(url: str, args: argparse.Namespace, body: dict[str, Any]) -> Any:
     return data
 
 
+def rotate_box(config: Config) -> dict[str, Any]:
+    """The box key rotated straight in the store, also with the service running (each
+    request's key is read fresh): the new key and the retirement of the old one commit
+    together, and only once the key file holds the new secret."""
+    from fitbox.store.box_key import write_secret
+    from fitbox.store.db import Store
+
+    if not config.store_path.exists():
+        Store(config.store_path).close()  # make and migrate it; no service is running
+    with sqlite3.connect(config.store_path) as conn:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        key, secret, retired = keydb.rotate_box_key(conn)
+        write_secret(config.box_key_file, secret)  # raises before the commit: nothing changed
+    return {**key.public(), "key_file": str(config.box_key_file), "retired": retired}
+
+
 def run(config: Config, args: argparse.Namespace) -> int:
     import httpx  # here, not above: every fitbox command imports this module to parse
+
+    if args.keys_command == "rotate-box":
+        return _rotated(config, args.json)
 
     body: dict[str, Any] = {}
     if args.keys_command == "create":
@@ -151,4 +174,21 @@ def run(config: Config, args: argparse.Namespace) -> int:
             )
             models = f" models {','.join(key['models'])}" if key["models"] else ""
             print(f"{key['id']}  {state:<7} {','.join(key['scopes']):<16} {key['name']}{models}")
+    return 0
+
+
+def _rotated(config: Config, as_json: bool) -> int:
+    try:
+        result = rotate_box(config)
+    except (sqlite3.Error, OSError) as exc:
+        print(f"fitbox keys rotate-box: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return 0
+    retired = ", ".join(result["retired"]) or "none"
+    print(
+        f"new box key {result['id']} written to {result['key_file']}; retired: {retired}. "
+        "A central this box registers with gets the new key at fitbox's next start."
+    )
     return 0

@@ -43,7 +43,7 @@ def list_models(config: settings.Config, as_json: bool) -> int:
         for a in catalog.artifacts()
     ]
     rejected: list[dict[str, Any]] = [
-        {"name": None, "path": str(r.path), "rejected": r.reason} for r in catalog.rejected
+        {"name": r.name, "path": str(r.path), "rejected": r.reason} for r in catalog.rejected
     ]
     if as_json:
         print(json.dumps(rows + rejected, indent=2))

@@ -24,13 +24,14 @@ from pathlib import Path
 
 from fitbox.core.projector import ProjectorShape
 from fitbox.core.shard_names import shard_of_stem
-from fitbox.errors import ModelNotFound
+from fitbox.errors import ModelNotFound, ModelNotServable
 from fitbox.models.facts_cache import FactsCache
 from fitbox.models.gguf_facts import GGUFFacts
-from fitbox.models.gguf_header import NotGGUF, has_gguf_magic
+from fitbox.models.gguf_header import MAGIC, NotGGUF
 from fitbox.models.hf_folders import FORMAT as FOLDER_FORMAT
 from fitbox.models.hf_folders import folder_facts, folder_name, is_snapshot_entry
 from fitbox.models.identity import Identity, identity_of
+from fitbox.models.readable import is_unreadable, unreadable_reason
 from fitbox.models.transformers_facts import BadModelDir
 from fitbox.models.vision import pair_projectors
 
@@ -63,6 +64,7 @@ class Artifact:
     format: str = "gguf"  # which engine kinds can load it (engines/seam.py ``serves``)
     mmproj: Path | None = None  # the vision projector launched beside it
     projector: ProjectorShape | None = None  # that projector's header facts (its bytes)
+    seen: Identity | None = None  # the file as the scan that found it saw it
 
     @property
     def vision(self) -> bool:
@@ -75,8 +77,15 @@ class Artifact:
         return str(self.path)
 
     def identity(self) -> Identity:
-        """One stat of the file now; raises OSError when it is gone."""
-        return identity_of(self.path)
+        """One stat of the file now; raises OSError when it is gone. A file that became
+        unreadable (its folder's mode changed) is still the file the scan saw: a resident
+        child holds it open and serves on, so its facts stay keyed as they were."""
+        try:
+            return identity_of(self.path)
+        except OSError as exc:
+            if self.seen is None or not is_unreadable(exc):
+                raise
+            return self.seen
 
     def projector_identity(self) -> str | None:
         """The projector launched beside it, as a measurement records it
@@ -95,12 +104,13 @@ def _is_transformers_dir(dirpath: Path, filenames: list[str]) -> bool:
     return any(dirpath.glob("*.safetensors")) or any(dirpath.glob("*/*.safetensors"))
 
 
-def _walk(root: Path) -> Iterator[tuple[str, Path]]:
+def _walk(root: Path, refused: list[OSError]) -> Iterator[tuple[str, Path]]:
     """("gguf?", file) for every candidate file, ("dir", path) for a transformers model
     directory (not descended into). In a Hugging Face cache, ``blobs/`` is skipped: the
-    files are reached, with their real names, through ``snapshots/``."""
+    files are reached, with their real names, through ``snapshots/``. A folder that cannot
+    be listed lands in ``refused``."""
     seen: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=refused.append, followlinks=True):
         try:
             st = os.stat(dirpath)
         except OSError:
@@ -136,10 +146,39 @@ def _model_name(path: Path) -> str | None:
 
 @dataclass(frozen=True)
 class Unservable:
-    """A file that looks like a model but cannot be served, and why."""
+    """A file that looks like a model (or a folder under a root) that cannot be served, and
+    why; ``name`` is the model it would be, when its name is known; ``unreadable``: fitbox
+    may not read it (an operator's chmod or chown fixes it)."""
 
     path: Path
     reason: str
+    name: str | None = None
+    unreadable: bool = False
+
+
+def _opened(path: Path, name: str, rejected: list[Unservable]) -> bool:
+    """Whether ``path`` starts with the GGUF magic; a ``.gguf`` file fitbox may not read
+    is listed with why (any other unreadable file is not taken for a model)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == MAGIC
+    except OSError as exc:
+        if is_unreadable(exc) and path.name.lower().endswith(".gguf"):
+            rejected.append(Unservable(path, unreadable_reason(path, exc), name, True))
+        return False
+
+
+def _root_refused(root: Path, rejected: list[Unservable]) -> bool:
+    """Whether ``root`` is no folder fitbox can walk (an unreadable one is listed)."""
+    try:
+        if not root.is_dir():
+            return True
+        os.scandir(root).close()
+    except OSError as exc:
+        if is_unreadable(exc):
+            rejected.append(Unservable(root, unreadable_reason(root, exc), unreadable=True))
+        return True
+    return False
 
 
 def scan(
@@ -151,17 +190,18 @@ def scan(
     rejected: list[Unservable] = []
     projectors: dict[Path, ProjectorShape] = {}
     for root in roots:
-        if not root.is_dir():
+        if _root_refused(root, rejected):
             continue
-        for kind, path in _walk(root):
+        refused: list[OSError] = []
+        for kind, path in _walk(root, refused):
             if kind == "dir":
                 _add_folder(path, found, rejected)
                 continue
             name = _model_name(path)
-            if name is None or not has_gguf_magic(path):
+            if name is None or not _opened(path, name, rejected):
                 continue
             try:
-                facts = cache.facts(path)
+                facts, seen = cache.facts(path), identity_of(path)
             except (NotGGUF, OSError) as exc:
                 rejected.append(Unservable(path, f"not a readable GGUF: {exc}"))
                 continue
@@ -181,7 +221,8 @@ def scan(
             if name in found:
                 log.warning("%s: name %r already taken by %s", path, name, found[name].path)
                 continue
-            found[name] = Artifact(name=name, path=path, facts=facts)
+            found[name] = Artifact(name=name, path=path, facts=facts, seen=seen)
+        rejected += [_folder_refused(exc) for exc in refused if is_unreadable(exc)]
     cache.save()
     ggufs = {a.path: a for a in found.values() if a.format == "gguf"}
     for model, projector in pair_projectors(ggufs, projectors).items():
@@ -201,13 +242,22 @@ def _add_folder(path: Path, found: dict[str, Artifact], rejected: list[Unservabl
         rejected.append(Unservable(path, f"not a usable transformers model: {exc}"))
         return
     except OSError as exc:
-        rejected.append(Unservable(path, f"not readable: {exc}"))
+        if is_unreadable(exc):
+            reason = unreadable_reason(path, exc)
+            rejected.append(Unservable(path, reason, folder_name(path), True))
+        else:
+            rejected.append(Unservable(path, f"not readable: {exc}"))
         return
     name = folder_name(path)
     if name in found:
         log.warning("%s: name %r already taken by %s", path, name, found[name].path)
         return
     found[name] = Artifact(name=name, path=facts.path, facts=facts, format=FOLDER_FORMAT)
+
+
+def _folder_refused(exc: OSError) -> Unservable:
+    folder = Path(str(exc.filename))
+    return Unservable(folder, unreadable_reason(folder, exc), unreadable=True)
 
 
 def read_aliases(path: Path) -> dict[str, str]:
@@ -234,6 +284,7 @@ class Catalog:
         self._by_name: dict[str, Artifact] = {}
         self._aliases: dict[str, str] = {}
         self.rejected: list[Unservable] = []
+        self._problems: dict[str, str] = {}  # a known model's file turned unreadable: why
         self._scanned_at = float("-inf")
         self.refresh()
 
@@ -247,12 +298,50 @@ class Catalog:
             return
         self._scanned_at = now
         artifacts, self.rejected = scan(self.roots, self._cache)
-        self._by_name = {a.name: a for a in artifacts}
+        self._by_name, self._problems = self._kept({a.name: a for a in artifacts})
         # what `fitbox pull NAME` fetched answers to NAME; the aliases file may override
         self._aliases = {**builtin_aliases(), **read_aliases(self.aliases_file)}
 
+    def _kept(self, found: dict[str, Artifact]) -> tuple[dict[str, Artifact], dict[str, str]]:
+        """The scan's models, plus each model known before whose file fitbox may no longer
+        read (its folder's or its own mode changed): it keeps its name, so a child that
+        holds it open serves on; its problem says why no new load can read it."""
+        by_name, problems = dict(found), {}
+        refused = {r.name: r.reason for r in self.rejected if r.unreadable and r.name}
+        for name, known in self._by_name.items():
+            if name in by_name:
+                continue
+            reason = refused.get(name) or _stat_refused(known.path)
+            if reason is not None:
+                by_name[name], problems[name] = known, reason
+        return dict(sorted(by_name.items())), problems
+
     def artifacts(self) -> list[Artifact]:
         return list(self._by_name.values())
+
+    def problem(self, name: str) -> str | None:
+        """Why the known model ``name`` cannot be loaded again (its file became
+        unreadable); None when nothing is known against it."""
+        return self._problems.get(name)
+
+    def unreadable(self) -> list[Unservable]:
+        """Every models root, folder or GGUF the last scan could not read."""
+        return [r for r in self.rejected if r.unreadable]
+
+    def unreadable_now(self) -> list[str]:
+        """Why each path the last scan could not read cannot be, and each models root
+        that refuses a listing now (its mode changed since the scan): one stat and one
+        open per root, cheap enough for every /health."""
+        found = self.unreadable()
+        seen = {r.path for r in found}
+        for root in self.roots:
+            if root not in seen:
+                _root_refused(root, found)
+        return [r.reason for r in found]
+
+    def _unservable(self, name: str) -> Unservable | None:
+        target = self._aliases.get(name, name)
+        return next((r for r in self.rejected if r.name == target), None)
 
     def aliases_of(self, name: str) -> list[str]:
         return sorted(
@@ -288,11 +377,34 @@ class Catalog:
             self.refresh(max_age=RESCAN_AT_MOST_EVERY_S)
             artifact = self._lookup(name)
         if artifact is None:
-            known = ", ".join(sorted(self._by_name)[:10]) or "none"
-            raise ModelNotFound(
-                f"The model '{name}' does not exist on this box. Known models: {known}. "
-                f"Put its GGUF under {os.pathsep.join(map(str, self.roots))} or run "
-                f"'fitbox pull'.",
-                param="model",
-            )
+            raise self._missing(name)
         return artifact
+
+    def _missing(self, name: str) -> ModelNotFound | ModelNotServable:
+        """The refusal for a name the catalog has no servable file for: the reason its
+        file cannot be served when one by that name was found, else not found (saying
+        which folders fitbox could not look into)."""
+        bad = self._unservable(name)
+        if bad is not None:
+            return ModelNotServable.because(
+                name, bad.reason, unreadable=bad.unreadable, doing="served"
+            )
+        known = ", ".join(sorted(self._by_name)[:10]) or "none"
+        blind = "; ".join(str(r.path) for r in self.unreadable() if r.name is None)
+        unseen = f" fitbox cannot read {blind}: a model there is not seen." if blind else ""
+        return ModelNotFound(
+            f"The model '{name}' does not exist on this box. Known models: {known}. "
+            f"Put its GGUF under {os.pathsep.join(map(str, self.roots))} or run "
+            f"'fitbox pull'.{unseen}",
+            param="model",
+        )
+
+
+def _stat_refused(path: Path) -> str | None:
+    """Why ``path`` cannot be read when a stat is refused by permissions; None when it
+    can be stat'ed or is gone."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return unreadable_reason(path, exc) if is_unreadable(exc) else None
+    return None

@@ -31,12 +31,19 @@ class ErrorJSON(JSONResponse):
 
 INTERNAL = ("log_tail",)  # engine internals: paths, ports, slot state
 WITHHELD = " (the engine's log lines are shown to the box itself and to admin keys)"
+# a reason naming the box's own paths, owners and modes: the message's end for an insider
+OPERATOR_REASON = "operator_reason"
+REASON_WITHHELD = " (why is shown to the box itself and to admin keys)."
 
 
 def body_for(error: FitboxError, insider: bool) -> dict[str, Any]:
     """The error's body as this caller may see it: an outsider (an inference key, a trusted
-    network) gets the reason without the engine's internals (server/door/auth.py: insider)."""
+    network) gets the reason without the engine's internals or the box's paths
+    (server/door/auth.py: insider)."""
     body = error.body()
+    reason = body["error"].pop(OPERATOR_REASON, None)
+    if reason is not None:
+        body["error"]["message"] += f": {reason}." if insider else REASON_WITHHELD
     found = [k for k in INTERNAL if k in body["error"]]
     if found and not insider:
         for k in found:

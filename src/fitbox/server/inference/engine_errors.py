@@ -16,17 +16,21 @@ from typing import Any
 OPENAI_CODES = {"exceed_context_size_error": "context_length_exceeded"}
 ENVELOPE = ("message", "type", "code", "param")
 # What llama-server tells its own operator ("Start it with `--embeddings`"): fitbox starts
-# the engine, so the reason a client needs is which model does not serve the route
-NOT_SERVED = {  # a word of the engine's message -> what the model is not, and the fix
+# the engine, so the reason a client needs is which model does not serve the route. The
+# engine says 501 (it lacks the feature); the client named a model for a route it does not
+# serve, a mistake of the call: 400 invalid_request_error, with a code naming the mismatch
+NOT_SERVED = {  # a word of the engine's message -> what the model is not, its code, the fix
     "embeddings": (
         "an embeddings model",
+        "not_an_embeddings_model",
         ' POST /v1/settings/pair {"model": "{model}", '
         '"embeddings": true} makes a decoder serve mean-pooled embeddings from its '
         "next load.",
     ),
-    "reranking": ("a reranker", ""),
-    "infill": ("a model with fill-in-the-middle tokens", ""),
+    "reranking": ("a reranker", "not_a_reranker", ""),
+    "infill": ("a model with fill-in-the-middle tokens", "no_fill_in_the_middle_tokens", ""),
 }
+MISMATCHES = frozenset(code for _, code, _ in NOT_SERVED.values())
 
 
 def retry_cannot_help(status: int) -> bool:
@@ -38,6 +42,13 @@ def retry_cannot_help(status: int) -> bool:
 
 def retry_headers(status: int) -> dict[str, str]:
     return {"x-should-retry": "false"} if retry_cannot_help(status) else {}
+
+
+def client_status(status: int, error: dict[str, Any]) -> int:
+    """The status the client gets for the engine's ``status`` and its reshaped ``error``
+    body: 400 for a route the named model does not serve (the engine's 501), else the
+    engine's own."""
+    return 400 if status == 501 and error["error"]["code"] in MISMATCHES else status
 
 
 def _scalar(value: object) -> bool:
@@ -59,9 +70,11 @@ def engine_error_body(status: int, content: bytes, model: str) -> dict[str, Any]
     code = said.get("code")
     if not isinstance(code, str) or not code:
         code = OPENAI_CODES.get(kind or "", kind or f"engine_http_{status}")
-    if status == 501:
-        message = _not_served(message, model)
     param = said.get("param") if isinstance(said.get("param"), str) else None
+    if status == 501:
+        message, mismatch = _not_served(message, model)
+        if mismatch is not None:  # the model named is what does not fit the route
+            kind, code, param = "invalid_request_error", mismatch, "model"
     extra = {k: v for k, v in said.items() if k not in ENVELOPE and _scalar(v)}
     return {
         "error": {
@@ -75,12 +88,15 @@ def engine_error_body(status: int, content: bytes, model: str) -> dict[str, Any]
     }
 
 
-def _not_served(message: str, model: str) -> str:
+def _not_served(message: str, model: str) -> tuple[str, str | None]:
+    """The engine's 501 said of the model, and the code of the mismatch (None when the
+    message names no known one)."""
     lowered = message.lower()
-    for word, (what, fix) in NOT_SERVED.items():
+    for word, (what, code, fix) in NOT_SERVED.items():
         if word in lowered:
-            return (
+            said = (
                 f"'{model}' is not {what} on this box, so it does not serve this route "
                 f"(engine: {message}).{fix.replace('{model}', model)}"
             )
-    return f"'{model}' does not serve this route on this box (engine: {message})"
+            return said, code
+    return f"'{model}' does not serve this route on this box (engine: {message})", None

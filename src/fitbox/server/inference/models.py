@@ -1,6 +1,9 @@
 """``GET /v1/models`` and ``GET /v1/models/{id}``: OpenAI's model objects, with fitbox's own
 fields beside them and llama-server's ``meta`` (from the header facts fitbox already has;
-``n_ctx`` only while a child holds a window)."""
+``n_ctx`` only while a child holds a window). Files and folders the box cannot serve (one
+it may not read, a GGUF it cannot size) are listed beside ``data`` in ``not_servable``,
+with why; a known model whose file turned unreadable keeps its entry, with its
+``problem``."""
 
 from __future__ import annotations
 
@@ -11,17 +14,28 @@ from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
 from fitbox.box.resident import Resident
-from fitbox.errors import FitboxError, ModelNotFound
+from fitbox.errors import FitboxError, ModelNotFound, ModelNotServable
 from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S, Artifact
+from fitbox.server.door.auth import is_insider
 from fitbox.server.inference.openai import allowed_models
 
+UNSERVABLE_FOR_OUTSIDERS = (
+    "fitbox cannot serve this file (why is shown to the box itself and to admin keys)"
+)
 
-def _entry(box: Box, artifact: Artifact, r: Resident | None) -> dict[str, Any]:
+
+def _entry(box: Box, artifact: Artifact, r: Resident | None, insider: bool) -> dict[str, Any]:
     shape = artifact.facts.shape
+    problem = box.catalog.problem(artifact.name)
+    try:
+        created = artifact.identity().mtime_ns // 1_000_000_000
+    except OSError:  # gone since the scan: its entry goes at the next one
+        created = 0
     return {
         "id": artifact.name,
         "object": "model",
-        "created": int(artifact.path.stat().st_mtime),
+        "created": created,
+        "problem": problem if insider or problem is None else UNSERVABLE_FOR_OUTSIDERS,
         "owned_by": "fitbox",
         "aliases": box.catalog.aliases_of(artifact.name),
         "resident": r is not None,
@@ -50,12 +64,26 @@ async def list_models(request: Request) -> Response:
     box.catalog.refresh(max_age=RESCAN_AT_MOST_EVERY_S)
     resident = {r.key: r for r in box.residents()}
     allowed = allowed_models(request)
+    insider = is_insider(request)  # a reason names the box's paths, owners and modes
     data = [
-        _entry(box, artifact, resident.get(artifact.key))
+        _entry(box, artifact, resident.get(artifact.key), insider)
         for artifact in box.catalog.artifacts()
         if allowed is None or artifact.name in allowed
     ]
-    return JSONResponse({"object": "list", "data": data})
+    not_servable: list[dict[str, str | None]] = [
+        {"name": bad.name, "path": str(bad.path), "reason": bad.reason}
+        if insider
+        else {"name": bad.name, "reason": UNSERVABLE_FOR_OUTSIDERS}
+        for bad in box.catalog.rejected
+        if bad.name is not None and (allowed is None or bad.name in allowed)
+    ]
+    if insider:  # a folder fitbox cannot list has no model name: the operator's alone
+        not_servable += [
+            {"name": None, "path": str(bad.path), "reason": bad.reason}
+            for bad in box.catalog.rejected
+            if bad.name is None
+        ]
+    return JSONResponse({"object": "list", "data": data, "not_servable": not_servable})
 
 
 async def show_model(request: Request) -> Response:
@@ -65,6 +93,8 @@ async def show_model(request: Request) -> Response:
     asked = request.path_params["model_id"]
     try:
         artifact = box.catalog.variants(asked)[0]
+    except ModelNotServable:
+        raise
     except FitboxError:
         raise ModelNotFound(
             f"The model '{asked}' does not exist on this box; GET /v1/models lists those it has.",
@@ -74,6 +104,6 @@ async def show_model(request: Request) -> Response:
     if allowed is not None and not {asked, artifact.name} & set(allowed):
         raise ModelNotFound(f"The model '{asked}' does not exist for this key.", param="model")
     resident = next((r for r in box.residents() if r.key == artifact.key), None)
-    entry = _entry(box, artifact, resident)
+    entry = _entry(box, artifact, resident, is_insider(request))
     entry["id"] = asked
     return JSONResponse(entry, headers={"x-fitbox-model": artifact.name})

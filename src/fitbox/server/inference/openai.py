@@ -35,12 +35,17 @@ from fitbox.server.door.auth import is_insider
 from fitbox.server.door.bodies import IMAGE_ROUTES, Kinds, check_fields, check_images, json_object
 from fitbox.server.door.errors import body_for
 from fitbox.server.inference import progress
-from fitbox.server.inference.engine_errors import engine_error_body, retry_headers
+from fitbox.server.inference.engine_errors import (
+    client_status,
+    engine_error_body,
+    retry_headers,
+)
 from fitbox.server.streams import Reshape, Thinking, request_body, target
 from fitbox.server.streams.events import done_frame
 from fitbox.server.streams.reshape import Count
 from fitbox.server.streams.thinking import ROUTES as THINKING_ROUTES
 from fitbox.store.db import Store
+from fitbox.store.waits import problems as store_problems
 
 log = logging.getLogger(__name__)
 __all__ = ["allowed_models", "engine_error_body", "forward", "refused"]
@@ -140,7 +145,7 @@ def _waiting(request: Request, served: Served, field: Thinking | None) -> Respon
             return
         content = await call.read(response)  # the engine refused it: its error, as an event
         error = engine_error_body(response.status, content, answer.resident.artifact.name)
-        call.refused_by_engine(response.status, error["error"]["code"])
+        call.refused_by_engine(client_status(response.status, error), error["error"]["code"])
         await call.finished()
         yield b"data: " + json.dumps(error).encode() + b"\n\n" + done_frame(call.stamps)
 
@@ -169,10 +174,11 @@ async def _whole(
         raise
     if response.status >= 400:
         body = engine_error_body(response.status, content, call.resident.artifact.name)
-        call.refused_by_engine(response.status, body["error"]["code"])
+        status = client_status(response.status, body)
+        call.refused_by_engine(status, body["error"]["code"])
         await call.finished()
-        headers.update(retry_headers(response.status))
-        return JSONResponse(body, status_code=response.status, headers=headers)
+        headers.update(retry_headers(status))
+        return JSONResponse(body, status_code=status, headers=headers)
     call.answered(response.status, content)
     content = Reshape(call.endpoint, call.resident.artifact.name, asked, field).whole(content)
     await call.finished()  # a whole reply's first byte is its last: it leaves once stored
@@ -222,7 +228,9 @@ async def health(request: Request) -> Response:
         for g in box.gpus.read()
     ]
     store: Store = request.app.state.store
-    problems = store.problems()  # still 200: a box whose drive is full serves, unrecorded
+    # still 200: a box whose drive is full or whose store is locked serves, unrecorded;
+    # one with an unreadable models folder serves the models it can read
+    problems = await store_problems(store) + _unreadable(box, is_insider(request))
     return JSONResponse(
         {
             "status": "degraded" if problems else "ok",
@@ -234,6 +242,18 @@ async def health(request: Request) -> Response:
             "store": store.health(),
         }
     )
+
+
+def _unreadable(box: Box, insider: bool) -> list[str]:
+    """What the box cannot read, each with its path, owner and mode for an insider; a count
+    for anyone else (a keyless /health is the network's to read)."""
+    found = box.catalog.unreadable_now()
+    if insider or not found:
+        return found
+    return [
+        f"fitbox cannot read {len(found)} of its models' files or folders (which, and why, "
+        "is shown to the box itself and to admin keys)"
+    ]
 
 
 def bound(

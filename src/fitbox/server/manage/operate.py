@@ -15,7 +15,7 @@ from fitbox.box.drives import role_of
 from fitbox.box.transfers import pull_from_box
 from fitbox.core.reap import DriveRole
 from fitbox.errors import Conflict, EngineFailed, FitboxError, InvalidRequest, RouteNotFound
-from fitbox.models.box_pull import PullRefused
+from fitbox.models.box_pull import PullRefused, parse_box_spec
 from fitbox.models.pull import PullError
 from fitbox.probe.disk import read_drive
 from fitbox.server.door.bodies import json_body
@@ -133,6 +133,15 @@ async def _pull_model(box: Box, store: Store, spec: str, key: object) -> dict[st
     """{"model": "box://HOST:PORT/MODEL", "source_key": KEY?}: into the first model root."""
     if key is not None and not isinstance(key, str):
         raise InvalidRequest("'source_key' must be a string.", param="source_key")
+    try:  # a spec that names no box is the caller's mistake, refused before any transfer
+        parse_box_spec(spec)
+    except PullError as exc:
+        raise InvalidRequest(
+            f"{exc}: pull-model takes another fitbox's model as box://HOST:PORT/MODEL "
+            "(e.g. box://10.0.0.5:8080/Qwen3-8B-Q4_K_M).",
+            param="model",
+            code="invalid_pull_spec",
+        ) from None
     dest = box.catalog.roots[0]
     limit = box.prefs.cap("storage_max")
     make_room = None
@@ -213,9 +222,9 @@ async def _apply(box: Box, action: str, target: str | None) -> dict[str, Any]:
         return {"resident": (await box.load(target)).describe()}
     if action == "pin":  # kept across restarts: a pinned model is loaded again at start
         resident = await box.pin(target)
-        box.update_settings("pair", target, {"pinned": True})
+        await box.update_settings("pair", target, {"pinned": True})
         return {"resident": resident.describe()}
     if action == "unpin":
-        box.update_settings("pair", target, {"pinned": None})
+        await box.update_settings("pair", target, {"pinned": None})
         return {"resident": (await box.pin(target, pinned=False)).describe()}
     return {"resident": (await box.unload(target)).describe()}

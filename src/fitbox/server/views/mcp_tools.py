@@ -30,6 +30,7 @@ from fitbox.server.door.auth import admit
 from fitbox.server.door.errors import error_response
 from fitbox.server.inference import models
 from fitbox.server.manage.operate import perform
+from fitbox.server.views import calls_page
 from fitbox.store.db import Store
 
 try:
@@ -175,7 +176,7 @@ def _reading_tools(server: MCPServer) -> None:
     async def recent_calls(ctx: Context, limit: int = 20) -> dict[str, Any]:
         if not 1 <= limit <= MAX_CALLS:
             raise ToolError(f"invalid_request: 'limit' must be within 1..{MAX_CALLS}.")
-        return _listing(await _store(ctx).recent_calls(limit))
+        return _listing(await calls_page.recent_calls(_store(ctx), limit))
 
 
 def _changing_tools(server: MCPServer) -> None:
