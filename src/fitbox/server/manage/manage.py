@@ -95,7 +95,9 @@ async def create_key(request: Request) -> Response:
         isinstance(models, list) and all(isinstance(m, str) for m in models)
     ):
         raise InvalidRequest("'models' must be a list of model names.", param="models")
-    if expires_in is not None and (not isinstance(expires_in, int | float) or expires_in <= 0):
+    if expires_in is not None and (
+        isinstance(expires_in, bool) or not isinstance(expires_in, int | float) or expires_in <= 0
+    ):
         raise InvalidRequest("'expires_in_s' must be a positive number.", param="expires_in_s")
     expires_at = time.time() + expires_in if expires_in else None
     try:

@@ -92,6 +92,8 @@ async def operator_action(request: Request) -> Response:
     elif action not in NO_MODEL:
         _, body = await json_body(request, {"model": str}, empty=True)
         target = body["model"]
+    else:  # read all the same: a body that is no JSON object is refused here as anywhere
+        await json_body(request, empty=True)
     key = getattr(request.state, "api_key", None)
     origin = request.client.host if request.client else None
     result = await perform(box, store, action, target, origin, key.key_id if key else None, body)

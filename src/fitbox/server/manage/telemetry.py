@@ -55,8 +55,8 @@ def _number(request: Request, name: str, default: float, low: float, high: float
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = float(raw)
+    try:  # a whole number exactly: as a float, 2**62 + 1 would pass for 2**62
+        value = int(raw) if raw.isascii() and raw.lstrip("-").isdigit() else float(raw)
     except ValueError:
         raise InvalidRequest(f"Query parameter '{name}' must be a number.", param=name) from None
     if not low <= value <= high:
