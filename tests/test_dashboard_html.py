@@ -111,3 +111,10 @@ def test_everything_a_client_chose_is_escaped_and_one_line() -> None:
     assert "<script" not in text and "<img" not in text
     assert "\n" not in text  # an SSE data line cannot carry a raw line break
     assert [t for t, _ in parsed(text)].count("div") == 3  # the device, its bar, one segment
+
+
+def test_what_health_says_to_fix_is_on_the_dashboard_and_escaped() -> None:
+    problem = "the store file /home/<x>/fitbox.sqlite3 was deleted while fitbox ran"
+    text = dashboard_html.main(view(problems=[problem]))
+    assert "Problems" in text and "/home/&lt;x&gt;/fitbox.sqlite3 was deleted" in text
+    assert "Problems" not in dashboard_html.main(view())

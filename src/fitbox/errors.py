@@ -180,6 +180,24 @@ class StorageFailed(FitboxError):
     code = "storage_full"
 
 
+class StoreBusy(FitboxError):
+    """The store did not answer within its bound (another process holds its write lock, or
+    its drive is slow): nothing was changed, and a retry after ``Retry-After`` can succeed."""
+
+    status = 503
+    type = "server_error"
+    code = "store_busy"
+    retry = True
+
+
+class StoreUnreadable(FitboxError):
+    """The store could not be read for a reason a retry does not cure (a damaged file)."""
+
+    status = 503
+    type = "server_error"
+    code = "store_unreadable"
+
+
 class PathNotOffered(FitboxError):
     """A transfer path outside the model's own files (``..``, absolute, hidden, a link out)."""
 

@@ -21,6 +21,8 @@ _UNITS = {
     "tib": 1024**4,
 }
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+# what parse_size reads, as a JSON schema pattern (/openapi.json's size settings)
+SIZE_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*([bB]|[kKmMgGtT]([iI]?[bB])?)?\s*$"
 
 
 def parse_size(text: str) -> int:

@@ -35,6 +35,7 @@ from fitbox.models.catalog import Artifact, Catalog
 from fitbox.probe.gpus import GpuProbe
 from fitbox.store.db import MeasuredFootprint, Store
 from fitbox.store.settings import read_settings, write_settings
+from fitbox.store.waits import write
 
 from . import planning
 from .admit import Admission
@@ -188,10 +189,15 @@ class Box:
 
     # -- settings --------------------------------------------------------------------------
 
-    def update_settings(self, scope: str, model: str, values: dict[str, Any]) -> None:
-        """Persist, then apply: a knob the store could not keep is not applied."""
+    async def update_settings(self, scope: str, model: str, values: dict[str, Any]) -> None:
+        """Persist, then apply: a knob the store could not keep (or did not keep in time:
+        ``StoreBusy``, store/waits.py) is not applied."""
         if self.store is not None:
-            self.store.run(lambda conn: write_settings(conn, scope, model, values))
+            await write(
+                self.store,
+                lambda conn: write_settings(conn, scope, model, values),
+                "keep the setting",
+            )
         self.prefs.apply(scope, model, values)
         self.registry.notify()
 

@@ -28,6 +28,7 @@ from typing import Any
 from fitbox.engines.http1 import EngineConnectionError, EngineResponse
 from fitbox.errors import EngineFailed, EngineTimeout, FitboxError
 from fitbox.store.db import CallStart, Store
+from fitbox.store.waits import writing
 
 from .asks import Named
 from .lease import Lease
@@ -128,8 +129,11 @@ class Call:
 
     async def _committed(self, row: Future[Any]) -> None:
         """A store that cannot commit within ``ROW_WAIT_S`` is not waited for longer: its
-        failures are counted, and the call goes on."""
-        await self.desk.store.committed(row, ROW_WAIT_S)
+        failures are counted, and the call goes on. One whose writes are being refused now
+        (a full drive, a lock held outside) is not waited for at all: the row waits in
+        memory, and the wait would only delay the answer."""
+        if writing(self.desk.store):
+            await self.desk.store.committed(row, ROW_WAIT_S)
 
     def _record(self, **values: Any) -> None:
         self.stamps.update((k, v) for k, v in values.items() if k.endswith("_at"))

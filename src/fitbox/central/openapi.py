@@ -10,15 +10,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import fitbox
-from fitbox.server.views.openapi import (
-    CHAT,
-    COMPLETION,
-    COMPONENTS,
-    EMBEDDING,
-    operation,
-    path_param,
-    query,
-)
+from fitbox.server.views.openapi import COMPONENTS, operation, path_param, query
+from fitbox.server.views.openapi_shapes import CHAT, COMPLETION, EMBEDDING
 
 INFERENCE = "a central key with the inference scope, or none from the central's own host"
 MANAGEMENT = "the central's own host, or a central key with the admin scope"

@@ -83,12 +83,24 @@ def serve(config: settings.Config, log_level: str) -> int:
 
 def _http_protocol() -> Any:
     """uvicorn's httptools protocol with ``sendfile`` for transfers (server/manage/zerocopy.py), or
-    uvicorn's own choice where httptools is missing."""
+    its h11 protocol where httptools is missing; either answers a request it cannot parse
+    with an OpenAI error body (server/door/framing.py)."""
+    from fitbox.server.door.framing import JsonFramingErrors
+
     try:
         from fitbox.server.manage.zerocopy import ZeroCopyHttpToolsProtocol
     except ImportError:
-        return "auto"
-    return ZeroCopyHttpToolsProtocol
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        class H11(JsonFramingErrors, H11Protocol):
+            pass
+
+        return H11
+
+    class HttpTools(JsonFramingErrors, ZeroCopyHttpToolsProtocol):
+        pass
+
+    return HttpTools
 
 
 def _start(config: settings.Config) -> tuple[Any, socket.socket, dict[str, Any]] | int:

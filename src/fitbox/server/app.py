@@ -77,7 +77,7 @@ async def _serving(
         TrustSettings(
             config.trusted_networks, config.trusted_proxies, config.host, config.host_names
         ),
-        KeyChecker(config.store_path),
+        KeyChecker(config.store_path, config.box_key_file),
         config.require_keys,
         ACCESS,
     )

@@ -10,14 +10,15 @@ Adding a route is one entry here and its handler: see docs/design/path-of-a-call
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import ASGIApp
+from starlette.routing import Route, request_response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fitbox.server.door.auth import Access, AccessMap
 from fitbox.server.inference import models, openai
@@ -26,26 +27,30 @@ from fitbox.server.views import calls_page, openapi
 from fitbox.server.views.dashboard import dashboard, events
 from fitbox.server.views.mcp_tools import door
 from fitbox.server.views.metrics import scrape
-from fitbox.server.views.openapi import (
+from fitbox.server.views.openapi import Op
+from fitbox.server.views.openapi_shapes import (
     ACTION,
+    APPLY_TEMPLATE,
     ARTIFACT,
     BOX_BODY,
     CHAT,
     COMPLETION,
+    DETOKENIZE,
     EMBEDDING,
     FACTS_BODY,
+    INFILL,
     KEY,
     KEY_BODY,
     KEY_ID,
     KEY_PARAM,
     LIMITS_BODY,
     MESSAGES,
-    MODEL_BODY,
     MODEL_ID,
     MODEL_NAMED,
     MODEL_PARAM,
     MODEL_PATH,
     MODEL_QUERY,
+    OPERATOR_BODY,
     PAIR_BODY,
     PLAN,
     REPLAY,
@@ -56,9 +61,8 @@ from fitbox.server.views.openapi import (
     SCOUT,
     SINCE,
     STATE,
+    TOKENIZE,
     TRANSFER_FILE,
-    Op,
-    engine_body,
 )
 
 # a request handler, or an ASGI app of its own (MCP's door); a route a child answers is
@@ -130,17 +134,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "post": Op("Rerank documents: /v1/rerank's alias", RERANK, MODEL_QUERY)},
         engine="/v1/rerank"),
     Endpoint("/tokenize", openai.tokenize, INFERENCE, {
-        "post": Op("The model's tokens for content", engine_body("content"), MODEL_QUERY)},
+        "post": Op("The model's tokens for content", TOKENIZE, MODEL_QUERY)},
         engine="/tokenize"),
     Endpoint("/detokenize", openai.detokenize, INFERENCE, {
-        "post": Op("Text for tokens", engine_body("tokens"), MODEL_QUERY)},
+        "post": Op("Text for tokens", DETOKENIZE, MODEL_QUERY)},
         engine="/detokenize"),
     Endpoint("/apply-template", openai.apply_template, INFERENCE, {
         "post": Op("The prompt the model's chat template makes of messages",
-                   engine_body("messages"), MODEL_QUERY)},
+                   APPLY_TEMPLATE, MODEL_QUERY)},
         engine="/apply-template"),
     Endpoint("/infill", openai.infill, INFERENCE, {
-        "post": Op("Fill in the middle (models with FIM tokens)", engine_body(), MODEL_QUERY)},
+        "post": Op("Fill in the middle (models with FIM tokens)", INFILL, MODEL_QUERY)},
         engine="/infill"),
     Endpoint("/health", openai.health, Access.OPEN, {
         "get": Op("Liveness (200; status ok or degraded, with the problems to fix), version, "
@@ -179,12 +183,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "get": Op("The dashboard's updates: an SSE event with the re-rendered page body on "
                   "each change, nothing between", params=SINCE)},
         json_api=False),
+    # stateless: no session to end (DELETE) and no server events to stream (GET), so those
+    # are 405, as the MCP spec allows, not a stream that never sends anything
     Endpoint("/mcp", door, Access.MCP, {
-        "get": Op("MCP over Streamable HTTP: a session's server events"),
         "post": Op("MCP over Streamable HTTP (JSON-RPC; needs 'fitbox[mcp]'): tools "
                    "list_models, residents, queue, plan, load, unload, recent_calls, "
-                   "box_limits, each needing what the route it mirrors needs"),
-        "delete": Op("MCP over Streamable HTTP: end a session")},
+                   "box_limits, each needing what the route it mirrors needs; stateless, "
+                   "so GET (server events) and DELETE (end a session) are 405")},
         json_api=False),
     Endpoint("/v1/residents", operate.residents, ADMIN, {
         "get": Op("Loaded models: device, bytes, state, calls")}),
@@ -197,10 +202,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/limits", settings.limits, ADMIN, {
         "get": Op("Capacity tiers: device, box, central, effective"),
         "post": Op("Set box limits, or with tier: central the central tier (a central's "
-                   "allotment); a value above its parent tier is refused", LIMITS_BODY)}),
+                   "allotment); a value above its parent tier is refused", LIMITS_BODY,
+                   body_optional=True)}),
     Endpoint("/v1/settings/box", settings.box_settings, ADMIN, {
         "get": Op("Box-wide knobs: own, default, effective"),
-        "post": Op("Set box-wide knobs (null clears one)", BOX_BODY)}),
+        "post": Op("Set box-wide knobs (null clears one)", BOX_BODY, body_optional=True)}),
     Endpoint("/v1/settings/pair", settings.pair_settings, ADMIN, {
         "get": Op("Per-model knobs: own, box-wide, effective", params=MODEL_PARAM),
         "post": Op("Set a model's knobs (null clears one)", PAIR_BODY)}),
@@ -211,7 +217,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "get": Op("Every variant x rung x K/V type priced now, and the Auto pick",
                   params=MODEL_PARAM)}),
     Endpoint("/v1/operator/{action}", operate.operator_action, ADMIN, {
-        "post": Op("Operator action, recorded", MODEL_BODY, ACTION)}),
+        "post": Op("Operator action, recorded. reap-to-fit takes bytes (to free on the worker "
+                   "drive), refresh-models nothing, pull-model a model (box://HOST:PORT/MODEL) "
+                   "and a source_key, every other action a model", OPERATOR_BODY, ACTION,
+                   body_optional=True)}),
     Endpoint("/openapi.json", openapi_json, Access.OPEN, {
         "get": Op("This document")}),
     Endpoint("/v1/transfer/{model}/manifest", transfer.manifest, ADMIN, {
@@ -221,7 +230,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                   params=TRANSFER_FILE)}),
     Endpoint("/v1/transfer/{model}/file", transfer.file, ADMIN, {
         "get": Op("One of the model's files, streamed; Range: bytes=… answered 206; 429 with "
-                  "Retry-After beyond the transfer cap", params=TRANSFER_FILE)}),
+                  "Retry-After beyond the transfer cap", params=TRANSFER_FILE, ok=(200, 206))}),
     Endpoint("/v1/hashes", transfer.kept_hashes, ADMIN, {
         "get": Op("Every weight file's kept sha256 (hashed once); ?artifact=PATH hashes that "
                   "model file of the catalog once and lists it alone", params=ARTIFACT)}),
@@ -233,7 +242,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/keys", manage.list_keys, ADMIN, {
         "get": Op("API keys, without secrets")}),
     Endpoint("/v1/keys", manage.create_key, ADMIN, {
-        "post": Op("Create a key (the secret is shown once)", KEY)}),
+        "post": Op("Create a key (the secret is shown once)", KEY, ok=(201,),
+                   body_optional=True)}),
     Endpoint("/v1/keys/{key_id}", manage.show_key, ADMIN, {
         "get": Op("One key", params=KEY_ID)}),
     Endpoint("/v1/keys/{key_id}", manage.revoke_key, ADMIN, {
@@ -255,7 +265,39 @@ def _endpoint(entry: Endpoint) -> Handler:
     return openai.bound(cast(Forwarding, entry.handler), entry.engine)
 
 
-ROUTES = tuple(Route(e.path, _endpoint(e), methods=e.methods) for e in ENDPOINTS)
+class _ByMethod:
+    """One path's handlers, each for its own methods (``HEAD`` is ``GET``'s): a path split over
+    entries (``/v1/keys``: list and create) is one Starlette route, so a method it does not
+    answer gets one 405 whose ``Allow`` names every method it does."""
+
+    def __init__(self, entries: list[Endpoint]) -> None:
+        self.apps: dict[str, ASGIApp] = {}
+        for entry in entries:
+            handler = _endpoint(entry)
+            app = request_response(handler) if inspect.isfunction(handler) else handler
+            for method in entry.methods:
+                self.apps[method] = cast(ASGIApp, app)
+        if "GET" in self.apps:
+            self.apps.setdefault("HEAD", self.apps["GET"])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.apps[scope["method"]](scope, receive, send)  # Route checked the method
+
+
+def _routes(endpoints: tuple[Endpoint, ...]) -> tuple[Route, ...]:
+    """One Starlette route per path, answering each method an entry of that path declares."""
+    by_path: dict[str, list[Endpoint]] = {}
+    for entry in endpoints:
+        by_path.setdefault(entry.path, []).append(entry)
+    routes = []
+    for path, entries in by_path.items():
+        methods = [method for entry in entries for method in entry.methods]
+        handler = _endpoint(entries[0]) if len(entries) == 1 else _ByMethod(entries)
+        routes.append(Route(path, handler, methods=methods))
+    return tuple(routes)
+
+
+ROUTES = _routes(ENDPOINTS)
 ACCESS = AccessMap((e.path, e.access) for e in ENDPOINTS)
 PATHS = openapi.paths(ENDPOINTS)
 OTHER_PROTOCOLS = frozenset(e.doc_path for e in ENDPOINTS if not e.json_api)

@@ -1,7 +1,8 @@
 """The store: one SQLite file, one writer thread that owns the connection (store/writer.py).
-This module opens the file (setting a damaged one aside) and keeps the call log; the box's
-history rows are in history.py, its measured facts in fact_rows.py, the queue they all
-write through in queue.py.
+This module keeps the call log (and, in memory, the rows of the latest calls, put back into
+a file made while they run); the file itself is opened, watched and replaced in
+store_file.py, the box's history rows are in history.py, its measured facts in
+fact_rows.py, the queue they all write through in queue.py.
 
 Callers never wait for a write: they enqueue it and go on; reads are awaited. A failed
 write (disk full, a damaged file) is counted and logged; it never fails the call that
@@ -11,10 +12,11 @@ caused it, and a write a full drive refused is kept and written when room return
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
-import os
 import sqlite3
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,17 +29,11 @@ from fitbox.store.facts import (
     MeasuredSpeed,
     read_measured,
 )
-from fitbox.store.failures import (
-    DAMAGE_CODES,
-    StoreUnavailable,
-    drive_free,
-    is_resource_failure,
-    primary_code,
-)
+from fitbox.store.failures import StoreUnavailable, drive_free
 from fitbox.store.history import History
-from fitbox.store.migrations import load_migrations, migrate
 from fitbox.store.queue import CURSOR_TABLES, READING_TABLES
 from fitbox.store.sqlite_file import connect
+from fitbox.store.store_file import interrupt_pending, open_store
 from fitbox.store.writer import Writer
 from fitbox.units import format_bytes
 
@@ -54,6 +50,7 @@ __all__ = [
     "read_measured",
 ]
 log = logging.getLogger(__name__)
+CALLS_REMEMBERED = 1024  # ended calls whose rows are kept in memory (running ones all are)
 FULL_BELOW = 1024 * 1024  # a drive with less than this free is full to the store (a WAL frame
 # is 4 KiB, but a checkpoint, a migration or a log line each want more)
 
@@ -88,25 +85,6 @@ _CALL_COLUMNS = frozenset(
 )
 
 
-def _interrupt_pending(conn: sqlite3.Connection, ended_at: float | None) -> int:
-    """Close call rows left pending as interrupted, each stamped with an event as every
-    change of a cursor table is: a central's mirror then replays its final form (an
-    unstamped change keeps the old seq, below the mirror's cursor, and is never seen)."""
-    now = time.time()
-    pending = [int(r[0]) for r in conn.execute("SELECT id FROM call_log WHERE outcome = 'pending'")]
-    for row_id in pending:
-        seq = conn.execute(
-            "INSERT INTO events (at, kind, tbl, row_id) VALUES (?, 'interrupted', 'call_log', ?)",
-            (now, row_id),
-        ).lastrowid
-        conn.execute(
-            "UPDATE call_log SET outcome = 'interrupted', seq = ?,"
-            " last_byte_at = COALESCE(?, last_byte_at) WHERE id = ?",
-            (seq, ended_at, row_id),
-        )
-    return len(pending)
-
-
 @dataclass
 class CallStart:
     request_id: str
@@ -121,72 +99,26 @@ class Store(History, FactRows):
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.set_aside: Path | None = None  # where a damaged store file was moved, if one was
-        conn = self._open(path)
+        opened = open_store(path)
+        if opened.closed:
+            log.warning("closed %d call rows left pending by an earlier run", opened.closed)
+        self.set_aside = opened.set_aside  # where a damaged store file was moved, if one was
+        self.new = opened.new  # no store file was there at this start
+        conn = opened.conn
         row = conn.execute("SELECT COALESCE(MAX(id), 0) FROM call_log").fetchone()
         self._next_call_id = int(row[0]) + 1
         counter = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
-        self._conn = conn
-        self._writer = Writer(conn, path, counter)
-
-    def _open(self, path: Path) -> sqlite3.Connection:
-        """Open, check and migrate the store. Raises :class:`StoreUnavailable` when the
-        drive, not the file, is the problem (full, failing, not ours): nothing is moved."""
-        try:
-            conn = self._open_checked(path)
-            try:
-                migrate(conn, load_migrations())
-                closed = _interrupt_pending(conn, None)
-            except BaseException:
-                conn.close()
-                raise
-        except (sqlite3.Error, OSError) as exc:
-            if isinstance(exc, StoreUnavailable) or not is_resource_failure(exc):
-                raise
-            raise StoreUnavailable(path, "open", exc) from exc
-        if closed:
-            log.warning("closed %d call rows left pending by an earlier run", closed)
-        return conn
-
-    def _open_checked(self, path: Path) -> sqlite3.Connection:
-        """A file that fails its check when it *could* be read is damaged: it is moved aside
-        and a new one started, so damage costs the history, never the service. An error
-        reading it (full drive, I/O error, permission) is not damage and is raised."""
-        try:
-            conn = connect(path)
-        except sqlite3.DatabaseError as exc:
-            if primary_code(exc) not in DAMAGE_CODES:  # "file is not a database", malformed
-                raise
-            return self._set_aside(path, str(exc))
-        try:
-            result = conn.execute("PRAGMA quick_check").fetchone()[0]
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            if primary_code(exc) not in DAMAGE_CODES:
-                raise
-            return self._set_aside(path, str(exc))
-        if result == "ok":
-            return conn
-        conn.close()
-        return self._set_aside(path, str(result))
-
-    def _set_aside(self, path: Path, problem: str) -> sqlite3.Connection:
-        stamp = time.strftime("%Y%m%dT%H%M%S")
-        self.set_aside = path.with_name(f"{path.name}.damaged-{stamp}")
-        for suffix in ("", "-wal", "-shm"):
-            source = Path(f"{path}{suffix}")
-            if source.exists():
-                os.replace(source, Path(f"{self.set_aside}{suffix}"))
-        log.error(
-            "store %s failed its check (%s); moved it to %s and started a new one",
-            path,
-            problem,
-            self.set_aside,
-        )
-        return connect(path)
+        # the rows of the latest calls as the box knows them, to put back into a file made
+        # while they run (store/store_file.py): their end must land somewhere
+        self._calls: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
+        self._calls_lock = threading.Lock()
+        self.lost_at_start: str | None = None  # what this start found missing (box_key.py)
+        self._writer = Writer(conn, path, counter, opened.id)
+        self._writer.on_new_file.append(self._put_calls_back)
 
     def health(self) -> dict[str, Any]:
         state = self._writer.state
+        aside = state.set_aside or self.set_aside
         return {
             "path": str(self.path),
             "write_failures": state.failures,
@@ -194,7 +126,9 @@ class Store(History, FactRows):
             "writes_lost": state.lost,
             "writing": state.failing is None,
             "last_write_error": state.failing,
-            "damaged_file_set_aside": str(self.set_aside) if self.set_aside else None,
+            "damaged_file_set_aside": str(aside) if aside else None,
+            "file_problem": state.file_problem,
+            "lost_at_start": self.lost_at_start,
         }
 
     def problems(self) -> list[str]:
@@ -215,11 +149,20 @@ class Store(History, FactRows):
                 f"free): {held}; keys and settings cannot change and engine logs lose "
                 "lines. Free space on it"
             )
-        elif state.failing is not None:
+        if state.file_problem is not None:
             found.append(
-                f"the store {self.path} cannot write ({state.failing}): {held}. "
-                "Check the drive holding it"
+                f"{state.file_problem}. Find what touched {self.path.parent} (only fitbox "
+                "may write there); a restart clears this"
             )
+        if (free is None or free >= FULL_BELOW) and state.failing is not None:
+            locked = state.failing_code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            fix = (
+                "Another connection holds its write lock: end that transaction (an "
+                "operator's sqlite3, a backup tool)"
+                if locked
+                else "Check the drive holding it"
+            )
+            found.append(f"the store {self.path} cannot write ({state.failing}): {held}. {fix}")
         return found
 
     # -- the call log ------------------------------------------------------------
@@ -229,23 +172,59 @@ class Store(History, FactRows):
         call_id = self._next_call_id
         self._next_call_id += 1
 
+        row = {
+            "request_id": start.request_id,
+            "endpoint": start.endpoint,
+            "model_asked": start.model_asked,
+            "stream": int(start.stream),
+            "received_at": start.received_at,
+        }
+
         def insert(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT INTO call_log (id, request_id, endpoint, model_asked, stream, "
                 "received_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    call_id,
-                    start.request_id,
-                    start.endpoint,
-                    start.model_asked,
-                    int(start.stream),
-                    start.received_at,
-                ),
+                (call_id, *row.values()),
             )
             self._event(conn, "call", "call_log", call_id)
 
+        self._remember(call_id, row)
         self._submit(insert)
         return call_id
+
+    def _remember(self, call_id: int, values: dict[str, Any]) -> None:
+        with self._calls_lock:
+            known = self._calls.get(call_id)
+            if known is None and "request_id" not in values:
+                return  # a call ended long ago: its row is the file's alone
+            self._calls[call_id] = {**(known or {}), **values}
+            if len(self._calls) > CALLS_REMEMBERED:  # forget the older half of the ended
+                ended = [
+                    k
+                    for k, row in self._calls.items()
+                    if row.get("outcome", "pending") != "pending"
+                ]
+                for old in ended[: len(ended) // 2 + 1]:
+                    del self._calls[old]
+
+    def _put_calls_back(self, conn: sqlite3.Connection) -> None:
+        """Into a new store file (the writer's thread): the rows of the calls the box knows
+        of, as it knows them, so a running call's end lands in the file it writes to."""
+        with self._calls_lock:
+            calls = [(call_id, dict(row)) for call_id, row in self._calls.items()]
+        for call_id, row in calls:
+            names = ", ".join(row)
+            marks = ", ".join("?" * len(row))
+            assignments = ", ".join(f"{name} = ?" for name in row)
+            conn.execute(  # the columns are call_log's own (call_started, _CALL_COLUMNS)
+                f"INSERT OR IGNORE INTO call_log (id, {names}) VALUES (?, {marks})",  # noqa: S608
+                (call_id, *row.values()),
+            )
+            conn.execute(
+                f"UPDATE call_log SET {assignments} WHERE id = ?",  # noqa: S608
+                (*row.values(), call_id),
+            )
+            self._event(conn, "call", "call_log", call_id)
 
     def call_updated(self, call_id: int, **values: Any) -> None:
         unknown = set(values) - _CALL_COLUMNS
@@ -257,6 +236,7 @@ class Store(History, FactRows):
         assignments = ", ".join(f"{column} = ?" for column in values)
         sql = f"UPDATE call_log SET {assignments} WHERE id = ?"  # noqa: S608 - whitelisted
         params = (*values.values(), call_id)
+        self._remember(call_id, values)
 
         def update(conn: sqlite3.Connection) -> None:
             if conn.execute(sql, params).rowcount:
@@ -304,6 +284,6 @@ class Store(History, FactRows):
     def close(self) -> None:
         """Close rows still pending as interrupted, drain the queue, stop the writer."""
         now = time.time()
-        self._submit(lambda conn: _interrupt_pending(conn, now))
+        self._submit(lambda conn: interrupt_pending(conn, now))
         self._writer.stop()
-        self._conn.close()
+        self._writer.closed()

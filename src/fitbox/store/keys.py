@@ -9,9 +9,11 @@ import hashlib
 import hmac
 import json
 import math
+import os
 import re
 import secrets
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +146,24 @@ def create_key(
     return key, f"fb_{key_id}_{secret}"
 
 
+def adopt_key(
+    conn: sqlite3.Connection, presented: str, name: str, scopes: tuple[str, ...]
+) -> ApiKey | None:
+    """Store ``presented`` (a full key kept outside the store: the box key's file) under its
+    own id, for a store that has no record of it; None when it is not a key's form or the
+    store knows its id (revoked or not: a known key is never replaced)."""
+    match = _KEY.match(presented)
+    if not match or find_key(conn, match.group(1)) is not None:
+        return None
+    key_id, salt, now = match.group(1), secrets.token_bytes(16), time.time()
+    conn.execute(
+        "INSERT INTO api_keys (key_id, name, scopes, salt, digest, created_at, is_box_key) "
+        "VALUES (?, ?, ?, ?, ?, ?, 1)",
+        (key_id, name, json.dumps(list(scopes)), salt, _digest(salt, match.group(2)), now),
+    )
+    return ApiKey(key_id, name, scopes, None, now, None, None, True)
+
+
 def revoke_key(conn: sqlite3.Connection, key_id: str) -> ApiKey:
     """Revoke ``key_id``; refused (BoxKeyHeld) for the live box key."""
     held = find_key(conn, key_id)
@@ -193,13 +213,41 @@ def list_keys(conn: sqlite3.Connection) -> list[ApiKey]:
     return [_row(r) for r in conn.execute("SELECT * FROM api_keys ORDER BY created_at")]
 
 
-class KeyChecker:
-    """Verifies presented keys against the store, read fresh on every call."""
+_UNREADABLE = object()  # what KeyChecker._lookup finds in a store it cannot read
 
-    def __init__(self, path: Path) -> None:
-        self._conn = sqlite3.connect(path, check_same_thread=False)
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA busy_timeout = 2000")
+
+class KeyChecker:
+    """Verifies presented keys against the store, read fresh on every call. The file is
+    opened again when another is at its path (the store replaced one deleted or damaged
+    while the box ran, store/store_file.py), and never made here: while the path has no
+    file, the one open still answers (a deleted file's rows are all there). While the store
+    cannot be read at all (damaged, before the writer replaces it), the box key's file still
+    opens: it is the root of trust, kept outside the store (store/box_key.py)."""
+
+    def __init__(self, path: Path, box_key_file: Path | None = None) -> None:
+        self._path, self._box_key_file = path, box_key_file
+        self._revoked: set[str] = set()  # box keys seen revoked: the file never opens them
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._opened: tuple[int, int] | None = None
+
+    def _connection(self) -> sqlite3.Connection | None:
+        try:
+            found = os.stat(self._path)
+        except OSError:
+            return self._conn
+        with self._lock:
+            if self._conn is None or self._opened != (found.st_dev, found.st_ino):
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                conn = sqlite3.connect(
+                    f"{self._path.resolve().as_uri()}?mode=rw", uri=True, check_same_thread=False
+                )
+                conn.row_factory = sqlite3.Row
+                conn.execute("PRAGMA busy_timeout = 2000")
+                self._conn, self._opened = conn, (found.st_dev, found.st_ino)
+            return self._conn
 
     def verify(self, presented: str, now: float | None = None) -> ApiKey | None:
         """The key's record if ``presented`` is a live key, else None. Constant-time."""
@@ -207,23 +255,47 @@ class KeyChecker:
         if not match:
             return None
         row = self._lookup(match.group(1))
+        if row is _UNREADABLE:
+            return self._box_key(presented)
         salt = row["salt"] if row else bytes(16)  # an unknown id costs the same work
         expected = row["digest"] if row else bytes(32)
         ok = hmac.compare_digest(_digest(salt, match.group(2)), expected)
         if not row or not ok:
             return None
         key = _row(row)
+        if key.is_box_key and key.revoked_at is not None:
+            self._revoked.add(key.key_id)
         return key if key.active(now if now is not None else time.time()) else None
 
-    def _lookup(self, key_id: str) -> Any:
-        """The stored row of ``key_id`` (read by name), or None; an unreadable store is
-        None too (fails closed). The central's PostgreSQL store overrides this."""
-        try:
-            return self._conn.execute(
-                "SELECT * FROM api_keys WHERE key_id = ?", (key_id,)
-            ).fetchone()
-        except sqlite3.Error:
+    def _box_key(self, presented: str) -> ApiKey | None:
+        """The box key, when ``presented`` is the one in its file (and not seen revoked)."""
+        if self._box_key_file is None:
             return None
+        try:
+            kept = self._box_key_file.read_text().strip()
+        except OSError:
+            return None
+        match = _KEY.match(kept)
+        if not match or match.group(1) in self._revoked:
+            return None
+        if not hmac.compare_digest(kept.encode(), presented.encode()):
+            return None
+        return ApiKey(match.group(1), "box key", ("admin",), None, LONG_AGO, None, None, True)
+
+    def _lookup(self, key_id: str) -> Any:
+        """The stored row of ``key_id`` (read by name), or None; ``_UNREADABLE`` when the
+        store cannot be read (only the box key's file opens then). The central's PostgreSQL
+        store overrides this (None for an unreadable store: it fails closed)."""
+        try:
+            conn = self._connection()
+            if conn is None:
+                return _UNREADABLE
+            return conn.execute("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
+        except sqlite3.Error:
+            return _UNREADABLE
 
     def close(self) -> None:
-        self._conn.close()
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

@@ -58,6 +58,10 @@ class Queued:
         """Call ``listener(counter)`` (from the writer thread) after each commit that moved it."""
         self._writer.listeners.append(listener)
 
+    def on_new_file(self, job: Job) -> None:
+        """Run ``job`` (in the writer's thread) on each store file made while the box runs."""
+        self._writer.on_new_file.append(job)
+
     def _submit(
         self, job: Job, wait: bool = False, keep: bool = True, lazy: bool = False
     ) -> Future[Any] | None:

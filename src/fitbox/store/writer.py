@@ -17,11 +17,18 @@ the oldest are dropped and counted as lost). Sensor readings are not kept: the n
 replaces them. An awaited job is never kept: its caller hears :class:`StoreUnavailable`.
 Every failed write is counted once; the log says when writing stopped, at most once per
 ``LOG_EVERY_S`` while it stays stopped, and when it resumed.
+
+The thread never dies: the file is looked at on every failure and every ``CHECK_S`` (with a
+batch, or alone after ``LOOK_ALONE_S``); one deleted, replaced or damaged is replaced
+(store/store_file.py), the batch that failed tried again in the new one and ``on_new_file``
+told (the store puts back the rows of the calls it knows); anything else that escapes a
+batch is logged, its waiting callers told, and the thread goes on.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -33,6 +40,16 @@ from pathlib import Path
 from typing import Any
 
 from fitbox.store.failures import StoreUnavailable, drive_free, is_resource_failure, primary_code
+from fitbox.store.store_file import (
+    CHECK_S,
+    LOOK_ALONE_S,
+    FileId,
+    held,
+    is_damage,
+    let_go,
+    replace,
+    trouble,
+)
 from fitbox.units import format_bytes
 
 log = logging.getLogger("fitbox.store.db")  # the store's one voice, whichever module speaks
@@ -83,16 +100,23 @@ class WriteState:
     failing_code: int | None = None
     failing_since: float | None = None  # time.time()
     waiting: int = 0  # writes kept in memory, to be tried again
+    file_problem: str | None = None  # what became of the file while the box ran, if anything
+    set_aside: Path | None = None  # where the file that went wrong was moved, if it was
     throttle: Throttle = field(default_factory=lambda: Throttle(LOG_EVERY_S))
 
 
 class Writer:
-    def __init__(self, conn: sqlite3.Connection, path: Path, counter: int) -> None:
-        self.conn, self.path = conn, path
+    def __init__(
+        self, conn: sqlite3.Connection, path: Path, counter: int, file: FileId | None = None
+    ) -> None:
+        self.conn, self.path, self.file = conn, path, file
+        self.held = held(path, file)  # its header is read through this (store_file.held)
         self.counter = counter  # the change counter: the newest committed event id
         self.batch_counter = counter  # moved by Queued._event (store/queue.py) inside a batch
         self.state = WriteState()
         self.listeners: list[Callable[[int], None]] = []
+        self.on_new_file: list[Job] = []  # run (in one transaction) on a file made meanwhile
+        self._checked_at = time.monotonic()
         self._queue: collections.deque[Queued] = collections.deque()  # appends are atomic
         self._kept: collections.deque[Queued] = collections.deque()
         self._retry_at = 0.0
@@ -126,6 +150,12 @@ class Writer:
         self._hurry.set()
         self._wake.set()
 
+    def closed(self) -> None:
+        """The connection closed: the file is let go (see store_file.held)."""
+        self.conn.close()
+        let_go(self.held)
+        self.held = None
+
     def stop(self, timeout: float = 30.0) -> None:
         self._queue.append(_STOP)
         self._wake.set()
@@ -135,7 +165,10 @@ class Writer:
 
     def _loop(self) -> None:
         while True:
-            self._wake.wait(timeout=RETRY_S if self._kept else None)  # kept writes retry
+            # kept writes retry; else wake for a look at the file (store_file.py) that no
+            # batch took: a box committing readings never wakes for it alone
+            look_in = self._checked_at + LOOK_ALONE_S - time.monotonic()
+            self._wake.wait(timeout=RETRY_S if self._kept else max(look_in, 0.0))
             self._wake.clear()  # before draining: a later submit wakes us again
             self._hurry.wait(LINGER_S)
             self._hurry.clear()  # before draining: what is queued now goes in this batch
@@ -144,7 +177,12 @@ class Writer:
             while self._queue:
                 batch.append(self._queue.popleft())
             stop = any(item is _STOP for item in batch)
-            self._apply([item for item in batch if item is not _STOP], last=stop)
+            batch = [item for item in batch if item is not _STOP]
+            try:
+                self._apply(batch, last=stop)
+                self._watch()
+            except Exception as exc:  # a writer that died would leave the box unrecorded
+                self._broke(batch, exc)
             if stop:
                 self._give_up()
                 return
@@ -166,6 +204,10 @@ class Writer:
         changes = self.conn.total_changes
         results = self._transaction(batch)
         wrote = self.conn.total_changes != changes
+        failed = [error for _, _, error in results if isinstance(error, sqlite3.Error)]
+        if failed and self._replaced_for(failed):
+            results, wrote = self._again(results), True
+            self._tell_new_file()
         refused = [error for _, _, error in results if error and is_resource_failure(error)]
         for item, _, error in results:
             if error is not None and is_resource_failure(error):
@@ -179,10 +221,7 @@ class Writer:
         elif wrote and not self._kept:
             self._resumed()
         self._settle(results)  # first: a call waiting on its row goes before the watchers
-        if self.batch_counter != self.counter:
-            self.counter = self.batch_counter
-            for listener in self.listeners:
-                listener(self.counter)
+        self._moved()
 
     def _transaction(self, batch: list[Queued]) -> list[Result]:
         """Run a batch in one transaction. A job that fails on its own is its caller's and
@@ -204,8 +243,9 @@ class Writer:
                     self.conn.execute("BEGIN")
             self.conn.execute("COMMIT")
         except sqlite3.Error as exc:  # the commit itself failed: nothing in it landed
-            if self.conn.in_transaction:
-                self.conn.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):  # a damaged file may refuse it too
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
             untried: list[Result] = [(item, None, exc) for item in batch[len(results) :]]
             results = self._lost(results, exc) + untried
         return results
@@ -218,10 +258,99 @@ class Writer:
 
     def _lost(self, results: list[Result], exc: BaseException) -> list[Result]:
         """Writes that had succeeded inside a transaction that was then rolled back."""
-        self.batch_counter = int(
-            self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
-        )
+        try:
+            self.batch_counter = int(
+                self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+            )
+        except sqlite3.Error:  # a damaged file: what it committed is as unknown as lost
+            self.batch_counter = self.counter
         return [(item, None, error or exc) for item, _, error in results]
+
+    # -- the file --------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Look at the file every ``CHECK_S``: a deleted or replaced one fails no write (they
+        land on the old inode, never to be read), so only looking finds it."""
+        now = time.monotonic()
+        if now - self._checked_at < CHECK_S:
+            return
+        self._checked_at = now
+        found = trouble(self.path, self.file, self.held)
+        if found is not None and self._replace(*found):
+            self._tell_new_file()
+
+    def _replaced_for(self, errors: list[sqlite3.Error]) -> bool:
+        """After failed writes: True when the file was the cause and has been replaced."""
+        self._checked_at = time.monotonic()
+        found = trouble(self.path, self.file, self.held)
+        damage = next((error for error in errors if is_damage(error)), None)
+        if damage is not None:
+            reason = found[0] if found else f"the store file {self.path} is damaged ({damage})"
+            return self._replace(reason, True)
+        return found is not None and self._replace(*found)
+
+    def _replace(self, reason: str, damaged: bool) -> bool:
+        with contextlib.suppress(sqlite3.Error):
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+        try:
+            made = replace(self.conn, self.path, reason, damaged, self.counter)
+        except (sqlite3.Error, OSError) as exc:  # tried again at the next failure or look
+            self.state.file_problem = f"{reason}; a new file could not be made yet ({exc})"
+            if self._bugs.allow(time.monotonic()):
+                log.error("store: %s", self.state.file_problem)
+            return False
+        let_go(self.held)  # the old file's: replace() closed the connection to it
+        self.conn, self.file = made.conn, made.id
+        self.held = held(self.path, self.file)
+        self.state.file_problem, self.state.set_aside = made.said(), made.set_aside
+        return True
+
+    def _again(self, results: list[Result]) -> list[Result]:
+        """The jobs of a batch that failed in the old file, run in the new one (those that
+        succeeded there were copied with it, as far as it could be read)."""
+        failed = [item for item, _, error in results if error is not None]
+        redone = {id(result[0]): result for result in self._transaction(failed)}
+        return [redone.get(id(result[0]), result) for result in results]
+
+    def _tell_new_file(self) -> None:
+        for job in self.on_new_file:
+            try:
+                self.conn.execute("BEGIN")
+                job(self.conn)
+                self.conn.execute("COMMIT")
+            except Exception as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    if self.conn.in_transaction:
+                        self.conn.execute("ROLLBACK")
+                log.error("store: a new file could not be filled in (%s)", exc)
+        self._moved()
+
+    def _moved(self) -> None:
+        if self.batch_counter != self.counter:
+            self.counter = self.batch_counter
+            for listener in self.listeners:
+                try:
+                    listener(self.counter)
+                except Exception as exc:  # a closed event loop: the writer is not its to stop
+                    if self._bugs.allow(time.monotonic()):
+                        log.error("store: a change listener failed (%r)", exc)
+
+    def _broke(self, batch: list[Queued], exc: Exception) -> None:
+        """Something no batch should raise: every caller still waiting hears it, the file is
+        looked at, and the writer goes on."""
+        self.state.failures += len(batch)
+        if self._bugs.allow(time.monotonic()):
+            log.exception("store writer: a batch of %d jobs failed (%s)", len(batch), exc)
+        with contextlib.suppress(sqlite3.Error):
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+        for item in batch:
+            if item.future is not None and not item.future.done():
+                item.future.set_exception(exc)
+        with contextlib.suppress(Exception):
+            self._checked_at = 0.0
+            self._watch()
 
     def _keep(self, item: Queued) -> None:
         if not item.counted:
@@ -236,7 +365,7 @@ class Writer:
 
     def _settle(self, results: list[Result]) -> None:
         for item, value, error in results:
-            if item.future is None:
+            if item.future is None or item.future.done():  # done: cancelled by its caller
                 continue
             if error is None:
                 item.future.set_result(value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -51,8 +52,11 @@ def body_for(error: FitboxError, insider: bool) -> dict[str, Any]:
     return body
 
 
-def error_response(error: FitboxError, insider: bool = False) -> JSONResponse:
-    headers = {"x-should-retry": "true" if error.retry else "false"}
+def error_response(
+    error: FitboxError, insider: bool = False, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """``headers``: the answer's own besides those the error decides (a 405's ``Allow``)."""
+    headers = {**(headers or {}), "x-should-retry": "true" if error.retry else "false"}
     if error.closes:
         headers["connection"] = "close"
     if error.retry and error.retry_after is not None:
@@ -66,15 +70,19 @@ async def on_fitbox_error(request: Request, exc: Exception) -> Response:
 
 
 async def on_http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route, a method the route does not answer), with
+    their headers: a 405 keeps the ``Allow`` that names the methods that are answered."""
     assert isinstance(exc, HTTPException)
     codes = {404: "not_found", 405: "method_not_allowed"}
-    error = FitboxError(
-        f"{request.method} {request.url.path}: {exc.detail}",
-    )
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    allowed = (exc.headers or {}).get("Allow")
+    if exc.status_code == 405 and allowed:
+        message += f"; this path answers {allowed}"
+    error = FitboxError(message)
     error.status = exc.status_code
     error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
     error.code = codes.get(exc.status_code, "http_error")
-    return error_response(error)
+    return error_response(error, headers=exc.headers)
 
 
 async def on_store_unavailable(request: Request, exc: Exception) -> Response:

@@ -45,6 +45,7 @@ from fitbox.server.streams.events import done_frame
 from fitbox.server.streams.reshape import Count
 from fitbox.server.streams.thinking import ROUTES as THINKING_ROUTES
 from fitbox.store.db import Store
+from fitbox.store.waits import problems as store_problems
 
 log = logging.getLogger(__name__)
 __all__ = ["allowed_models", "engine_error_body", "forward", "refused"]
@@ -227,9 +228,9 @@ async def health(request: Request) -> Response:
         for g in box.gpus.read()
     ]
     store: Store = request.app.state.store
-    # still 200: a box whose drive is full serves, unrecorded; one with an unreadable
-    # models folder serves the models it can read
-    problems = store.problems() + _unreadable(box, is_insider(request))
+    # still 200: a box whose drive is full or whose store is locked serves, unrecorded;
+    # one with an unreadable models folder serves the models it can read
+    problems = await store_problems(store) + _unreadable(box, is_insider(request))
     return JSONResponse(
         {
             "status": "degraded" if problems else "ok",

@@ -21,7 +21,6 @@ from fitbox.box.imports import BadFact, footprint, refused_window, same_bytes, s
 from fitbox.errors import InvalidRequest, RouteNotFound
 from fitbox.server.door.bodies import json_body
 from fitbox.server.manage.transfer import hash_keeper
-from fitbox.store.db import Store
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MOST_ROWS = 1000
@@ -77,9 +76,9 @@ def _offer(body: dict[str, Any], own_id: str | None) -> tuple[str, str, dict[str
 
 async def import_facts(request: Request) -> Response:
     box: Box = request.app.state.box
-    store: Store = request.app.state.store
     _, body = await json_body(request)
-    origin, sha256, offered, size = _offer(body, store.box_id())
+    this_box: dict[str, str | None] = request.app.state.identity  # read once, at start
+    origin, sha256, offered, size = _offer(body, this_box["box_id"])
     keeper, artifacts = hash_keeper(request), box.catalog.artifacts()
     files, checked = await anyio.to_thread.run_sync(  # stats, and hashing a file once
         lambda: same_bytes(artifacts, size, sha256, keeper.kept)

@@ -1,5 +1,7 @@
 """Box routes beyond the OpenAI surface: the dry-run plan and API keys (management:
-the box itself or an admin key, enforced by server/door/auth.py)."""
+the box itself or an admin key, enforced by server/door/auth.py). Keys are read and written
+through store/waits.py: a store that does not answer in time is a 503 ``store_busy`` with
+``Retry-After``, and a key it refused that way is never made."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from fitbox.errors import RouteNotFound as NotFound
 from fitbox.server.door.bodies import json_body
 from fitbox.store import keys as keydb
 from fitbox.store.db import Store
+from fitbox.store.waits import read, write
 
 
 def _positive(request: Request, name: str) -> int | None:
@@ -47,13 +50,15 @@ def _key_store(request: Request) -> Store:
 
 
 async def list_keys(request: Request) -> Response:
-    keys = _key_store(request).run(keydb.list_keys)
+    store = _key_store(request)
+    keys = await read(store.path, keydb.list_keys, "list the keys")
     return JSONResponse({"object": "list", "data": [k.public() for k in keys]})
 
 
 async def show_key(request: Request) -> Response:
     key_id = request.path_params["key_id"]
-    key = _key_store(request).run(lambda conn: keydb.find_key(conn, key_id))
+    store = _key_store(request)
+    key = await read(store.path, lambda conn: keydb.find_key(conn, key_id), "read the key")
     if key is None:
         raise NotFound(f"No key with id {key_id!r}.", param="key_id")
     return JSONResponse(key.public())
@@ -62,7 +67,9 @@ async def show_key(request: Request) -> Response:
 async def revoke_key(request: Request) -> Response:
     key_id = request.path_params["key_id"]
     try:
-        key = _key_store(request).run(lambda conn: keydb.revoke_key(conn, key_id))
+        key = await write(
+            _key_store(request), lambda conn: keydb.revoke_key(conn, key_id), "revoke the key"
+        )
     except keydb.BoxKeyHeld as exc:
         raise Conflict(f"{exc}.", param="key_id", code="box_key_held") from None
     except keydb.KeyError_ as exc:
@@ -88,14 +95,18 @@ async def create_key(request: Request) -> Response:
         isinstance(models, list) and all(isinstance(m, str) for m in models)
     ):
         raise InvalidRequest("'models' must be a list of model names.", param="models")
-    if expires_in is not None and (not isinstance(expires_in, int | float) or expires_in <= 0):
+    if expires_in is not None and (
+        isinstance(expires_in, bool) or not isinstance(expires_in, int | float) or expires_in <= 0
+    ):
         raise InvalidRequest("'expires_in_s' must be a positive number.", param="expires_in_s")
     expires_at = time.time() + expires_in if expires_in else None
     try:
-        key, secret = _key_store(request).run(
+        key, secret = await write(
+            _key_store(request),
             lambda conn: keydb.create_key(
                 conn, name, tuple(scopes), tuple(models) if models is not None else None, expires_at
-            )
+            ),
+            "make the key",
         )
     except keydb.KeyError_ as exc:
         raise InvalidRequest(str(exc), param="scopes") from None

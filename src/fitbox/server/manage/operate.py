@@ -92,6 +92,8 @@ async def operator_action(request: Request) -> Response:
     elif action not in NO_MODEL:
         _, body = await json_body(request, {"model": str}, empty=True)
         target = body["model"]
+    else:  # read all the same: a body that is no JSON object is refused here as anywhere
+        await json_body(request, empty=True)
     key = getattr(request.state, "api_key", None)
     origin = request.client.host if request.client else None
     result = await perform(box, store, action, target, origin, key.key_id if key else None, body)
@@ -220,9 +222,9 @@ async def _apply(box: Box, action: str, target: str | None) -> dict[str, Any]:
         return {"resident": (await box.load(target)).describe()}
     if action == "pin":  # kept across restarts: a pinned model is loaded again at start
         resident = await box.pin(target)
-        box.update_settings("pair", target, {"pinned": True})
+        await box.update_settings("pair", target, {"pinned": True})
         return {"resident": resident.describe()}
     if action == "unpin":
-        box.update_settings("pair", target, {"pinned": None})
+        await box.update_settings("pair", target, {"pinned": None})
         return {"resident": (await box.pin(target, pinned=False)).describe()}
     return {"resident": (await box.unload(target)).describe()}

@@ -30,6 +30,7 @@ from fitbox.probe.host import read_core_busy
 from fitbox.server.door.bodies import json_body
 from fitbox.store.db import Store
 from fitbox.store.keys import find_key
+from fitbox.store.waits import read
 from fitbox.units import format_bytes
 
 
@@ -56,7 +57,7 @@ async def box_settings(request: Request) -> Response:
     box = _box(request)
     if request.method == "POST":
         values = parse(BOX_KNOBS, await _body(request))
-        box.update_settings("box", "", values)
+        await box.update_settings("box", "", values)
         _record(request, "settings-box", None, values)
     defaults = {k: v for k, v in box.prefs.defaults().items() if k in BOX_KNOBS}
     effective = {k: v for k, v in box.prefs.effective().items() if k in BOX_KNOBS}
@@ -82,7 +83,7 @@ async def pair_settings(request: Request) -> Response:
             raise InvalidRequest("Field 'model' is required.", param="model")
         box.catalog.variants(parse_pins(model).name)  # an unknown model is a 404, not a row
         values = parse(PAIR_KNOBS, body)
-        box.update_settings("pair", model, values)
+        await box.update_settings("pair", model, values)
         _record(request, "settings-pair", model, values)
         return JSONResponse(_pair_view(box, model))
     model = request.query_params.get("model")
@@ -130,7 +131,7 @@ async def limits(request: Request) -> Response:
                 param=next(iter(values), None),
                 code="above_parent_tier",
             )
-        box.update_settings("limits", "", stored)
+        await box.update_settings("limits", "", stored)
         _record(request, "limits" if tier == "box" else "limits-central", None, values)
     found = box_limits.describe(
         box_limits.on_this_box(
@@ -244,14 +245,14 @@ async def key_settings(request: Request) -> Response:
             )
         store: Store = request.app.state.store
         asked: str = key_id
-        if store.run(lambda conn: find_key(conn, asked)) is None:
+        if await read(store.path, lambda conn: find_key(conn, asked), "find the key") is None:
             raise InvalidRequest(
                 f"No key with id {key_id!r}; /v1/keys lists them.",
                 param="key",
                 code="key_not_found",
             )
         values = parse(KEY_KNOBS, body)
-        box.update_settings("key", key_id, values)
+        await box.update_settings("key", key_id, values)
         _record(request, "settings-key", key_id, values)
         return JSONResponse(_key_view(box, key_id))
     key_id = request.query_params.get("key")

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from fitbox.box.box import Box
 from fitbox.errors import InvalidRequest
 from fitbox.store.db import CURSOR_TABLES, READING_TABLES, Store
+from fitbox.store.waits import read, writing
 
 MAX_WAIT_S = 60.0
 MAX_ROWS = 1000
@@ -54,8 +55,8 @@ def _number(request: Request, name: str, default: float, low: float, high: float
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = float(raw)
+    try:  # a whole number exactly: as a float, 2**62 + 1 would pass for 2**62
+        value = int(raw) if raw.isascii() and raw.lstrip("-").isdigit() else float(raw)
     except ValueError:
         raise InvalidRequest(f"Query parameter '{name}' must be a number.", param=name) from None
     if not low <= value <= high:
@@ -82,13 +83,17 @@ async def state(request: Request) -> Response:
     while store.counter <= since and loop.time() < deadline and not leaving.is_set():
         await signal.wait(deadline - loop.time(), leaving)
     counter = store.counter  # before the reads: a row changed after it is read again
-    with contextlib.closing(_reader(store)) as conn:
+
+    def replay(conn: sqlite3.Connection) -> tuple[list[str], dict[str, dict[str, object]]]:
         changed = _changed_since(conn, since)
         pages = {
             table: _page(conn, table, cursors[table], MAX_ROWS)
             for table in changed
             if table in cursors
         }
+        return changed, pages
+
+    changed, pages = await read(store.path, replay, "read the changed rows")
     answer: dict[str, object] = {
         "counter": counter,
         "changed": changed,
@@ -135,15 +140,6 @@ def _changed_since(conn: sqlite3.Connection, since: int) -> list[str]:
     return [t for t in CURSOR_TABLES if t in found]
 
 
-def _reader(store: Store) -> sqlite3.Connection:
-    """A read-only connection of the request's own: never the writer's, never a write.
-    Text that is not UTF-8 (written by hand) reads with replacement characters."""
-    conn = sqlite3.connect(f"{store.path.as_uri()}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
-    return conn
-
-
 def _as_json(row: sqlite3.Row) -> dict[str, object]:
     """A stored row as JSON can carry it: blobs as hex, a number that is not finite (SQLite
     keeps Infinity; JSON has no word for it) as null. A bad row never breaks a listing."""
@@ -170,10 +166,12 @@ async def rows(request: Request) -> Response:
         )
     since = int(_number(request, "since", 0, 0, 2**62))
     limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
-    if table in READING_TABLES:  # readings are committed lazily: the ones taken so far first
+    # readings are committed lazily: the ones taken so far first (unless writes are being
+    # refused now: they wait in memory, and waiting here would only delay the answer)
+    if table in READING_TABLES and writing(store):
         await store.committed(store.barrier(), COMMIT_WAIT_S)
-    with contextlib.closing(_reader(store)) as conn:
-        return JSONResponse(_page(conn, table, since, limit))
+    page = await read(store.path, lambda conn: _page(conn, table, since, limit), "read rows")
+    return JSONResponse(page)
 
 
 def _page(conn: sqlite3.Connection, table: str, since: int, limit: int) -> dict[str, object]:
@@ -212,8 +210,7 @@ def _catalog(conn: sqlite3.Connection) -> dict[str, dict[str, object]]:
 async def tables(request: Request) -> Response:
     """GET /v1/telemetry/tables: every table and view, with the columns a reader may see."""
     store: Store = request.app.state.store
-    with contextlib.closing(_reader(store)) as conn:
-        found = _catalog(conn)
+    found = await read(store.path, _catalog, "list the tables")
     return JSONResponse({"object": "list", "data": [{"name": n, **v} for n, v in found.items()]})
 
 
@@ -222,30 +219,30 @@ async def table_rows(request: Request) -> Response:
     view, read-only, secrets withheld; ordering only by one of its visible columns."""
     store: Store = request.app.state.store
     table = request.query_params.get("table", "")
-    with contextlib.closing(_reader(store)) as conn:
-        known = _catalog(conn)
-        if table not in known:
-            raise InvalidRequest(
-                f"No table or view {table!r}; GET /v1/telemetry/tables lists them.", param="table"
-            )
-        columns = list(known[table]["columns"])  # type: ignore[call-overload]
-        order = request.query_params.get("order") or columns[0]
-        if order not in columns:
-            raise InvalidRequest(
-                f"Rows of {table} can be ordered by {', '.join(columns)}.", param="order"
-            )
-        desc = request.query_params.get("desc", "").lower() in ("1", "true", "yes")
-        limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
-        offset = int(_number(request, "offset", 0, 0, 2**62))
-        select = ", ".join(f'"{c}"' for c in columns)
-        found = [
-            _as_json(r)
-            for r in conn.execute(
-                f'SELECT {select} FROM "{table}" ORDER BY "{order}" {"DESC" if desc else "ASC"} '  # noqa: S608
-                "LIMIT ? OFFSET ?",
-                (limit, offset),
-            )
-        ]
+    known = await read(store.path, _catalog, "list the tables")
+    if table not in known:
+        raise InvalidRequest(
+            f"No table or view {table!r}; GET /v1/telemetry/tables lists them.", param="table"
+        )
+    columns = list(known[table]["columns"])  # type: ignore[call-overload]
+    order = request.query_params.get("order") or columns[0]
+    if order not in columns:
+        raise InvalidRequest(
+            f"Rows of {table} can be ordered by {', '.join(columns)}.", param="order"
+        )
+    desc = request.query_params.get("desc", "").lower() in ("1", "true", "yes")
+    limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
+    offset = int(_number(request, "offset", 0, 0, 2**62))
+    select = ", ".join(f'"{c}"' for c in columns)
+    sql = (
+        f'SELECT {select} FROM "{table}" ORDER BY "{order}" {"DESC" if desc else "ASC"} '  # noqa: S608
+        "LIMIT ? OFFSET ?"
+    )
+    found = await read(
+        store.path,
+        lambda conn: [_as_json(r) for r in conn.execute(sql, (limit, offset))],
+        "read rows",
+    )
     return JSONResponse({"table": table, "rows": found})
 
 
@@ -256,12 +253,10 @@ async def scout_findings(request: Request) -> Response:
     limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
     only = request.query_params.get("servable", "").lower() in ("1", "true", "yes")
     where = "WHERE servable = 1 " if only else ""
-    with contextlib.closing(_reader(store)) as conn:
-        found = [
-            _as_json(r)
-            for r in conn.execute(
-                f"SELECT * FROM scout_findings {where}ORDER BY id DESC LIMIT ?",  # noqa: S608
-                (limit,),
-            )
-        ]
+    sql = f"SELECT * FROM scout_findings {where}ORDER BY id DESC LIMIT ?"  # noqa: S608
+    found = await read(
+        store.path,
+        lambda conn: [_as_json(r) for r in conn.execute(sql, (limit,))],
+        "read the findings",
+    )
     return JSONResponse({"object": "list", "data": found})

@@ -21,6 +21,7 @@ from fitbox.errors import PathNotOffered, RangeNotSatisfiable, RouteNotFound, To
 from fitbox.models.transfer import READ_BLOCK, OfferedFile, PathRefused, model_files, offered
 from fitbox.store import hashes
 from fitbox.store.db import Store
+from fitbox.store.waits import read
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 RETRY_AFTER_S = 2.0
@@ -238,7 +239,7 @@ async def kept_hashes(request: Request) -> Response:
     store: Store = request.app.state.store
     wanted = request.query_params.get("artifact")
     if wanted is None:
-        found = store.run(hashes.every)
+        found = await read(store.path, hashes.every, "list the kept hashes")
         return JSONResponse({"object": "list", "data": [k.public() for k in found]})
     box: Box = request.app.state.box
     artifact = next((a for a in box.catalog.artifacts() if a.key == wanted), None)

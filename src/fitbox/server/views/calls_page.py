@@ -7,6 +7,7 @@ box; anyone else gets a 403 OpenAI error body from the door (server/door/auth.py
 from __future__ import annotations
 
 import html
+import sqlite3
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from fitbox.store.db import Store
+from fitbox.store.waits import read
 
 COLUMNS = (
     ("id", "#"),
@@ -51,10 +53,21 @@ def _cells(row: dict[str, Any]) -> dict[str, str]:
     }
 
 
+async def recent_calls(store: Store, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` call rows, newest first, read off the loop (store/waits.py). A
+    call whose client got its answer whole is in them: its row was committed first."""
+
+    def select(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+        rows = conn.execute("SELECT * FROM call_log ORDER BY id DESC LIMIT ?", (limit,))
+        return [dict(row) for row in rows]
+
+    return await read(store.path, select, "read the call log")
+
+
 async def calls_page(request: Request) -> Response:
     store: Store = request.app.state.store
     limit = 200
-    calls = await store.recent_calls(limit)
+    calls = await recent_calls(store, limit)
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in COLUMNS)
     body = []
     for row in calls:

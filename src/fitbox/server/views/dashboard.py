@@ -86,7 +86,10 @@ async def gather(box: Box, store: Store) -> View:
         devices.append(
             DeviceView(device.id, device.kind.value, device.capacity, device.simulated, holders)
         )
-    return View(counter, devices, described, box.queue(), calls, evictions, refusals)
+    queued = box.queue()
+    return View(
+        counter, devices, described, queued, calls, evictions, refusals, problems=store.problems()
+    )
 
 
 async def dashboard(request: Request) -> Response:

@@ -61,6 +61,7 @@ class View:
     evictions: Sequence[dict[str, Any]]
     refusals: Sequence[dict[str, Any]]
     now: float = field(default_factory=time.time)
+    problems: Sequence[str] = ()  # what /health says to fix (the store's, store/db.py)
 
 
 def _e(value: Any) -> str:
@@ -253,9 +254,16 @@ def refusals(view: View) -> str:
     )
 
 
+def problems(view: View) -> str:
+    if not view.problems:
+        return ""
+    items = "".join(f"<li>{_e(problem)}</li>" for problem in view.problems)
+    return f'<h2 class="error">Problems</h2><ul class="error problems">{items}</ul>'
+
+
 def main(view: View) -> str:
     """The part the server re-sends over SSE on each change."""
-    sections = (devices, residents, queue, calls, evictions, refusals)
+    sections = (problems, devices, residents, queue, calls, evictions, refusals)
     return (
         f'<main data-counter="{view.counter}">'
         + "".join(section(view) for section in sections)

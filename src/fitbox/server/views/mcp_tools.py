@@ -18,8 +18,9 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from fitbox import __version__
 from fitbox.box.box import Box
@@ -29,6 +30,7 @@ from fitbox.server.door.auth import admit
 from fitbox.server.door.errors import error_response
 from fitbox.server.inference import models
 from fitbox.server.manage.operate import perform
+from fitbox.server.views import calls_page
 from fitbox.store.db import Store
 
 try:
@@ -174,7 +176,7 @@ def _reading_tools(server: MCPServer) -> None:
     async def recent_calls(ctx: Context, limit: int = 20) -> dict[str, Any]:
         if not 1 <= limit <= MAX_CALLS:
             raise ToolError(f"invalid_request: 'limit' must be within 1..{MAX_CALLS}.")
-        return _listing(await _store(ctx).recent_calls(limit))
+        return _listing(await calls_page.recent_calls(_store(ctx), limit))
 
 
 def _changing_tools(server: MCPServer) -> None:
@@ -223,7 +225,45 @@ class McpDoor:
             )
             await error_response(missing)(scope, receive, send)
             return
-        await self.manager.handle_request(scope, receive, send)
+        await self.manager.handle_request(scope, receive, _openai_errors(scope, send))
+
+
+def _openai_errors(scope: Scope, send: Send) -> Send:
+    """``send``, with the SDK's plain-text refusals (a Content-Type that is not JSON, a body
+    over its limit) turned into OpenAI error bodies of the same status. Its JSON answers,
+    JSON-RPC errors included, pass as they are: a client of the protocol reads those."""
+    held: dict[str, Any] = {}
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            kind = Headers(raw=message.get("headers", [])).get("content-type", "")
+            if message["status"] >= 400 and not kind.startswith("application/json"):
+                held["start"], held["text"] = message, b""
+                return
+        if "start" not in held:
+            await send(message)
+            return
+        held["text"] += message.get("body", b"")
+        if not message.get("more_body", False):
+            await _send_error(scope, held["start"]["status"], held["text"], send)
+
+    return sending
+
+
+async def _send_error(scope: Scope, status: int, text: bytes, send: Send) -> None:
+    reason = text.decode("utf-8", "replace").strip() or "refused"
+    error = FitboxError(f"{scope['method']} {scope['path']}: {reason}")
+    error.status = status
+    error.type = "invalid_request_error" if status < 500 else "server_error"
+    error.code = _MCP_CODES.get(status, "invalid_request")
+    await error_response(error)(scope, _no_body, send)
+
+
+_MCP_CODES = {400: "invalid_request", 413: "request_too_large", 421: "misdirected_request"}
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
 
 
 class _Door:

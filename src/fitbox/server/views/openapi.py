@@ -1,6 +1,6 @@
 """The machine-readable surface: /openapi.json, made from the route table (server/routes.py:
 each route's access class and operation, ``Op``) with the request bodies and parameters
-declared here."""
+declared in openapi_shapes.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import fitbox
-from fitbox.box.preferences import BOX_KNOBS, KEY_KNOBS, LIMIT_KNOBS, PAIR_KNOBS
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 TIMING = {
@@ -21,7 +20,6 @@ TIMING = {
         "schema": {"type": "string"},
     }
 }
-MODEL_BODY = {"type": "object", "required": ["model"], "properties": {"model": {"type": "string"}}}
 
 
 def operation(
@@ -29,12 +27,17 @@ def operation(
     access: str,
     body: dict[str, Any] | None = None,
     params: list[dict[str, Any]] | None = None,
+    ok: tuple[int, ...] = (200,),
+    body_optional: bool = False,
 ) -> dict[str, Any]:
+    """One operation: each status it answers with on success (``ok``), and an OpenAI error
+    body for any other. ``body_optional``: no body reads as ``{}``."""
+    answer = {"description": "OK", "headers": TIMING}
     operation: dict[str, Any] = {
         "summary": summary,
         "description": f"Access: {access}.",
         "responses": {
-            "200": {"description": "OK", "headers": TIMING},
+            **{str(status): answer for status in ok},
             "default": {
                 "description": "An OpenAI error body",
                 "headers": TIMING,
@@ -44,7 +47,7 @@ def operation(
     }
     if body is not None:
         operation["requestBody"] = {
-            "required": True,
+            "required": not body_optional,
             "content": {"application/json": {"schema": body}},
         }
     if params:
@@ -56,146 +59,8 @@ def query(name: str, kind: str, required: bool = False) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": required, "schema": {"type": kind}}
 
 
-CHAT = {
-    "type": "object",
-    "required": ["model", "messages"],
-    "properties": {
-        "model": {"type": "string"},
-        "messages": {"type": "array"},
-        "stream": {"type": "boolean"},
-        "max_tokens": {"type": "integer"},
-        "metadata": {
-            "type": "object",
-            "properties": {
-                "fitbox_progress": {
-                    "type": "string",
-                    "enum": ["true", "false"],
-                    "description": "A stream that waits for a load gets progress chunks: "
-                    "choices [] and fitbox_progress {state, queue_position, bytes_loaded, "
-                    "bytes_total, seconds}",
-                }
-            },
-        },
-        "reasoning_format": {
-            "type": "string",
-            "enum": ["none"],
-            "description": "none: the model's thinking stays in content",
-        },
-    },
-}
-REPLY = (
-    "The reply. A model's thinking is in message.reasoning_content (delta. when "
-    "streamed), or reasoning, or left in content: the key's reasoning_field setting, "
-    "else the box's"
-)
-COMPLETION = {
-    "type": "object",
-    "required": ["model", "prompt"],
-    "properties": {
-        "model": {"type": "string"},
-        "prompt": {"type": "string"},
-        "stream": {"type": "boolean"},
-        "max_tokens": {"type": "integer"},
-    },
-}
-EMBEDDING = {
-    "type": "object",
-    "required": ["model", "input"],
-    "properties": {"model": {"type": "string"}, "input": {"type": "string"}},
-}
-RESPONSES = {
-    "type": "object",
-    "required": ["model", "input"],
-    "properties": {
-        "model": {"type": "string"},
-        "input": {"type": "string"},
-        "stream": {"type": "boolean"},
-        "max_output_tokens": {"type": "integer"},
-    },
-}
-MESSAGES = {
-    "type": "object",
-    "required": ["model", "messages", "max_tokens"],
-    "properties": {
-        "model": {"type": "string"},
-        "messages": {"type": "array"},
-        "max_tokens": {"type": "integer"},
-        "stream": {"type": "boolean"},
-    },
-}
-RERANK = {
-    "type": "object",
-    "required": ["model", "query", "documents"],
-    "properties": {
-        "model": {"type": "string"},
-        "query": {"type": "string"},
-        "documents": {"type": "array", "items": {"type": "string"}},
-    },
-}
-
-
-def engine_body(*required: str) -> dict[str, Any]:
-    """A body llama-server reads, plus the ``model`` fitbox places it by (or ``?model=``)."""
-    return {
-        "type": "object",
-        "required": list(required),
-        "properties": {"model": {"type": "string"}, **{r: {} for r in required}},
-    }
-
-
-MODEL_QUERY = [query("model", "string")]  # instead of the body's model
-KEY = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "scopes": {
-            "type": "array",
-            "items": {"type": "string", "enum": ["admin", "inference", "read"]},
-        },
-        "models": {"type": "array", "items": {"type": "string"}},
-        "expires_in_s": {"type": "number"},
-    },
-}
-
-
 def path_param(name: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-
-
-MODEL_PATH = path_param("model")
-TRANSFER_FILE = [MODEL_PATH, query("path", "string", True)]
-KEY_ID = [path_param("key_id")]
-ACTION = [
-    {
-        "name": "action",
-        "in": "path",
-        "required": True,
-        "schema": {
-            "type": "string",
-            "enum": [
-                "load",
-                "unload",
-                "pin",
-                "unpin",
-                "refresh-models",
-                "clear-failed",
-                "pull-model",
-            ],
-        },
-    }
-]
-
-
-def knobs(names: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": list(required),
-        "properties": {name: {} for name in names},
-    }
-
-
-PAIR_BODY = knobs({"model": None, **PAIR_KNOBS}, ("model",))
-KEY_BODY = knobs({"key": None, **KEY_KNOBS}, ("key",))
 
 
 @dataclass(frozen=True)
@@ -208,6 +73,8 @@ class Op:
     body: dict[str, Any] | None = None
     params: list[dict[str, Any]] | None = None
     who: str | None = None
+    ok: tuple[int, ...] = (200,)  # the statuses of a success (201 for a created key)
+    body_optional: bool = False  # no body reads as {} (server/door/bodies.py ``empty``)
 
 
 class Documented(Protocol):
@@ -227,7 +94,7 @@ def paths(endpoints: Iterable[Documented]) -> dict[str, dict[str, Any]]:
     for endpoint in endpoints:
         for method, op in endpoint.ops.items():
             found.setdefault(endpoint.doc_path, {})[method] = operation(
-                op.summary, op.who or endpoint.who, op.body, op.params
+                op.summary, op.who or endpoint.who, op.body, op.params, op.ok, op.body_optional
             )
     return found
 
@@ -263,44 +130,5 @@ COMPONENTS: dict[str, Any] = {
     "securitySchemes": {
         "bearer": {"type": "http", "scheme": "bearer"},
         "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
-    },
-}
-
-
-# Parameters and bodies the route table (server/routes.py) names.
-MODEL_ID = [path_param("model_id")]
-MODEL_NAMED = [query("model", "string", True)]
-MODEL_PARAM = [query("model", "string")]
-KEY_PARAM = [query("key", "string")]
-SINCE = [query("since", "integer")]
-ARTIFACT = [query("artifact", "string")]
-PLAN = [
-    query("model", "string", True),
-    query("ctx", "integer"),
-    query("parallel", "integer"),
-    query("kv", "string"),
-    query("max_tokens", "integer"),
-]
-STATE = [query("since", "integer"), query("wait", "number"), query("cursors", "string")]
-REPLAY = [query("table", "string", True), query("since", "integer"), query("limit", "integer")]
-ROWS = [
-    query("table", "string", True),
-    query("order", "string"),
-    query("desc", "boolean"),
-    query("limit", "integer"),
-    query("offset", "integer"),
-]
-SCOUT = [query("limit", "integer"), query("servable", "boolean")]
-LIMITS_BODY = knobs({"tier": None, **LIMIT_KNOBS})
-BOX_BODY = knobs(BOX_KNOBS)
-FACTS_BODY = {
-    "type": "object",
-    "required": ["origin_box", "sha256"],
-    "properties": {
-        "origin_box": {"type": "string"},
-        "sha256": {"type": "string"},
-        "footprints": {"type": "array", "items": {"type": "object"}},
-        "refused_windows": {"type": "array", "items": {"type": "object"}},
-        "speeds": {"type": "array", "items": {"type": "object"}},
     },
 }
