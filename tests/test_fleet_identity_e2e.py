@@ -153,9 +153,6 @@ def test_a_box_restarted_elsewhere_with_its_secret_moves_and_a_borrowed_id_canno
     with _joined(site, home) as box:
         box_id = _box_id(box)
         until(lambda: _up_at(site.central, box_id, box.url), "the box registered and up")
-        secret = home / "central.secret"
-        until(secret.is_file, "the box's proof kept in its home")
-        assert secret.stat().st_mode & 0o777 == 0o600
         health = httpx.get(f"{box.url}/health", timeout=10).json()
         thief = {
             "box_id": box_id,
@@ -168,6 +165,10 @@ def test_a_box_restarted_elsewhere_with_its_secret_moves_and_a_borrowed_id_canno
         refused = httpx.post(f"{site.central.url}/v1/boxes", json=thief, headers=auth)
         assert refused.status_code == 403, refused.text
         assert refused.json()["error"]["code"] == "box_identity_unproven"
+        assert site.central.fleet()[box_id]["url"] == box.url
+        secret = home / "central.secret"
+        until(secret.is_file, "the box's proof kept in its home")
+        assert secret.stat().st_mode & 0o777 == 0o600
         # with the secret too (a disk cloned whole): the box on record still answers as it
         twin = {**thief, "box_secret": secret.read_text().strip()}
         in_use = httpx.post(f"{site.central.url}/v1/boxes", json=twin, headers=auth)
