@@ -17,7 +17,8 @@ from starlette.testclient import TestClient
 from fitbox import config as settings
 from fitbox.central.app import create_central_app
 from fitbox.central.backend import StoreTarget, StoreUnavailable, redact, to_postgres
-from fitbox.central.store import CentralStore, rejection
+from fitbox.central.identity import BoxIdentityRefused
+from fitbox.central.store import BoxRecord, CentralStore, rejection
 from fitbox.cli import main as fitbox_main
 from fitbox.cli.central import CENTRAL_SCOPES
 from fitbox.server.manage.joining import Registration
@@ -98,14 +99,18 @@ def test_a_worker_key_registers_and_can_do_nothing_else(
     client, store_path = central
     auth = {"Authorization": f"Bearer {_key(store_path, 'worker')}"}
     taken = client.post("/v1/boxes", json=BOX, headers=auth)
-    assert taken.status_code == 201 and taken.json() == {
+    answer = taken.json()
+    proof = answer.pop("box_secret")
+    assert taken.status_code == 201 and answer == {
         "box_id": BOX["box_id"],
         "registered": True,
         "moved": True,
     }
-    again = client.post("/v1/boxes", json=BOX, headers=auth)  # same address: not moved
+    mine = {**BOX, "box_secret": proof}
+    again = client.post("/v1/boxes", json=mine, headers=auth)  # same address: not moved
     assert again.status_code == 200 and again.json()["moved"] is False
-    moved = client.post("/v1/boxes", json={**BOX, "url": "http://198.51.100.7:9000"}, headers=auth)
+    assert "box_secret" not in again.json()  # told once
+    moved = client.post("/v1/boxes", json={**mine, "url": "http://198.51.100.7:9000"}, headers=auth)
     assert moved.status_code == 201 and moved.json()["moved"] is True
     for path in ("/v1/fleet", "/v1/telemetry/tables", "/v1/models"):
         _error(client.get(path, headers=auth), 403, "insufficient_scope")
@@ -113,6 +118,63 @@ def test_a_worker_key_registers_and_can_do_nothing_else(
     fleet = client.get("/v1/fleet", headers=admin).json()["data"]
     assert [b["url"] for b in fleet] == ["http://198.51.100.7:9000"]  # one box, moved
     assert "admin_key" not in fleet[0]
+
+
+def test_a_worker_key_and_a_known_box_id_cannot_take_the_box_over(
+    central: tuple[TestClient, StoreTarget], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Box ids are public and the worker key is on every box's command line: a register
+    naming a known id from elsewhere without that box's secret (or with a wrong one) is
+    refused, logged once, and the box on record keeps its address and key."""
+    client, store_path = central
+    auth = {"Authorization": f"Bearer {_key(store_path, 'worker')}"}
+    assert client.post("/v1/boxes", json=BOX, headers=auth).status_code == 201
+    thief = {**BOX, "url": "http://203.0.113.66:8484", "admin_key": "fb_thief"}
+    for attempt in (thief, thief, {**thief, "box_secret": "fbx_box_guessed"}):
+        error = _error(
+            client.post("/v1/boxes", json=attempt, headers=auth), 403, "box_identity_unproven"
+        )
+        assert BOX["url"] in error["message"] and error["param"] == "box_id"
+        assert "fitbox central boxes remove" in error["message"]
+    logged = [r for r in caplog.records if "registration refused" in r.getMessage()]
+    assert len(logged) == 1, logged  # once per (box, address), however often it asks
+    (record,) = _stored_boxes(store_path)
+    assert (record.url, record.admin_key) == (BOX["url"], BOX["admin_key"])
+
+
+def test_a_box_registered_before_secrets_gets_one_from_its_own_address_only(
+    target: StoreTarget,
+) -> None:
+    store = CentralStore(target)
+    try:
+        store.register("old", "n", "0.1", "http://198.51.100.3:1", "k")
+        store.run(lambda conn: conn.execute("UPDATE boxes SET secret_hash = NULL"))
+        with pytest.raises(BoxIdentityRefused, match="no secret on record"):
+            store.register("old", "n", "0.1", "http://203.0.113.66:1", "stolen")
+        minted = store.register("old", "n", "0.2", "http://198.51.100.3:1", "k")
+        assert minted.secret is not None and minted.moved is False
+        with pytest.raises(BoxIdentityRefused):  # now it needs it, or its box key
+            store.register("old", "n", "0.2", "http://198.51.100.3:1", "another key")
+        # the answer that told it lost: the same address and box key are given another
+        lost = store.register("old", "n", "0.2", "http://198.51.100.3:1", "k")
+        assert lost.secret not in (None, minted.secret)
+        with pytest.raises(BoxIdentityRefused):
+            store.register("old", "n", "0.2", "http://198.51.100.3:1", "k", minted.secret)
+        minted = lost
+        moved = store.register("old", "n", "0.2", "http://198.51.100.4:1", "k", minted.secret)
+        assert moved.moved and moved.secret is None
+        (record,) = store.boxes()
+        assert record.url == "http://198.51.100.4:1" and "secret_hash" not in record.public()
+    finally:
+        store.close()
+
+
+def _stored_boxes(target: StoreTarget) -> list[BoxRecord]:
+    store = CentralStore(target)
+    try:
+        return store.boxes()
+    finally:
+        store.close()
 
 
 def test_a_loopback_box_is_refused_by_a_central_elsewhere(
@@ -279,9 +341,10 @@ def test_a_page_and_its_cursor_land_together_or_not_at_all(target: StoreTarget) 
 def test_boxes_rows_and_columns_read_the_same_on_both_stores(target: StoreTarget) -> None:
     store = CentralStore(target)
     try:
-        assert store.register("box-2", "n2", "0.1", "http://198.51.100.2:1", "k2") is True
-        assert store.register("box-1", "n1", "0.1", "http://198.51.100.1:1", "k1") is True
-        assert store.register("box-2", "n2", "0.2", "http://198.51.100.2:1", "k2") is False
+        proof = store.register("box-2", "n2", "0.1", "http://198.51.100.2:1", "k2").secret
+        assert store.register("box-1", "n1", "0.1", "http://198.51.100.1:1", "k1").moved
+        again = store.register("box-2", "n2", "0.2", "http://198.51.100.2:1", "k2", proof)
+        assert again.moved is False and again.secret is None
         store.seen("box-2", 41)
         (two, one) = store.boxes()  # in order of registration
         assert (two.box_id, two.version, two.counter, one.counter) == ("box-2", "0.2", 41, None)

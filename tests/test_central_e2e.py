@@ -15,12 +15,10 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,62 +29,17 @@ import pytest
 
 from fitbox.home import Home
 
+from .support.central import Central, worker_key
 from .support.clients import openai_client
 from .support.ggufs import two_models_one_at_a_time
 from .support.holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
 from .support.postgres import PostgresCluster
-from .support.processes import FitboxProcess, answering_url, start_fitbox, stop_fitbox
+from .support.processes import FitboxProcess, start_fitbox, stop_fitbox
 
 pytestmark = pytest.mark.engine
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 TINY = "tiny"  # the generated llama beside SmolLM2 in every box's model root
 HELLO: list[Any] = [{"role": "user", "content": "Say hello."}]
-
-
-@dataclass
-class Central:
-    home: Path
-    proc: subprocess.Popen[bytes] | None = None
-    url: str = ""
-    env: dict[str, str] = field(default_factory=dict)  # FITBOX_CENTRAL_DB for PostgreSQL
-
-    def start(self) -> None:
-        log_path = self.home / "central.log"
-        argv = [
-            sys.executable,
-            "-m",
-            "fitbox",
-            "central",
-            "serve",
-            "--port",
-            "auto",
-            "--home",
-            str(self.home),
-        ]
-        with log_path.open("ab") as log_file:
-            self.proc = subprocess.Popen(
-                argv, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
-            )
-        self.url = answering_url(self.proc, self.home / "central-endpoint.json", log_path)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=20)
-
-    def get(self, path: str, **params: Any) -> Any:
-        response = httpx.get(f"{self.url}{path}", params=params, timeout=30)
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def fleet(self) -> dict[str, dict[str, Any]]:
-        return {b["box_id"]: b for b in self.get("/v1/fleet")["data"]}
-
-    def mirrored(self, table: str, box_id: str) -> list[dict[str, Any]]:
-        return list(self.get("/v1/telemetry/rows", table=table, box_id=box_id, limit=1000)["rows"])
-
-    def client(self) -> openai.OpenAI:
-        return openai_client(self.url, max_retries=0)
 
 
 @dataclass
@@ -129,25 +82,7 @@ def fleet(
 ) -> Iterator[Fleet]:
     # a 5 s long-poll (25 s by default): a box frozen for 30 s outlasts its 15 s answer bound
     central = Central(tmp_path_factory.mktemp("central"), env={"FITBOX_CENTRAL_LONG_POLL": "5"})
-    made = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fitbox",
-            "central",
-            "keys",
-            "create",
-            "--scope",
-            "worker",
-            "--home",
-            str(central.home),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    worker_key = made.stdout.strip()
+    key = worker_key(central.home)
     models = tmp_path_factory.mktemp("models") / "root"
     cap = two_models_one_at_a_time(models, smollm2)
     central.start()
@@ -155,7 +90,7 @@ def fleet(
     try:
         homes = [tmp_path_factory.mktemp(f"box-{name}") for name in ("a", "b", "c")]
         starting = [
-            Background(lambda h=h: _join(h, models, central, worker_key))  # type: ignore[misc]
+            Background(lambda h=h: _join(h, models, central, key))  # type: ignore[misc]
             for h in homes
         ]  # started side by side: a start is mostly imports
         for start in starting:
@@ -165,7 +100,7 @@ def fleet(
         boxes.sort(key=_box_id)  # ids[0] is the lowest id: the one a tie goes to first
         ids = [_box_id(b) for b in boxes]
         until(lambda: _all_up(central, ids), "the three boxes registered and mirrored")
-        yield Fleet(central, boxes, ids, worker_key, models, cap)
+        yield Fleet(central, boxes, ids, key, models, cap)
     finally:
         for box in boxes:
             _stop_box(box)

@@ -86,6 +86,10 @@ class Config:
         return Home(self.home).box_key
 
     @property
+    def central_secret_file(self) -> Path:
+        return Home(self.home).central_secret
+
+    @property
     def log_dir(self) -> Path:
         return Home(self.home).logs
 

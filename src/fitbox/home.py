@@ -23,6 +23,17 @@ class Home:
         return self.path / "box.key"
 
     @property
+    def central_secret(self) -> Path:
+        """The box's proof of identity at its central, minted there at its first join
+        (central/identity.py); mode 0600 like the box key."""
+        return self.path / "central.secret"
+
+    @property
+    def identity(self) -> Path:
+        """The box's id with where it was made (server/manage/box_identity.py)."""
+        return self.path / "identity.json"
+
+    @property
     def endpoint(self) -> Path:
         """Written by a serving fitbox: the url, host, port and pid it answers on."""
         return self.path / "endpoint.json"

@@ -24,9 +24,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import fitbox
-from fitbox.central import boxes, openapi, routing
+from fitbox.central import boxes, identity, openapi, routing
 from fitbox.central.backend import StoreTarget
 from fitbox.central.facts import FactOffers
+from fitbox.central.identity import BoxIdentityRefused, BoxIdInUse
 from fitbox.central.mirror import MIRRORED_TABLES, Fleet
 from fitbox.central.store import CentralStore
 from fitbox.config import Config
@@ -35,6 +36,7 @@ from fitbox.server.door import errors
 from fitbox.server.door.auth import Gate, TrustSettings, admit, origin_of, presented_key
 from fitbox.server.manage.joining import is_loopback
 from fitbox.server.routes import ACCESS
+from fitbox.store.keys import ApiKey
 
 log = logging.getLogger(__name__)
 REGISTER = "/v1/boxes"
@@ -44,9 +46,10 @@ MAX_ROWS = 1000
 
 def admit_central(
     path: str, method: str, peer: str | None, headers: dict[str, str], gate: Gate
-) -> None:
+) -> ApiKey | None:
     """Registration: a worker or admin key, or no key from the central's own host. Every
-    other route: the box's rules (a worker key has none of their scopes)."""
+    other route: the box's rules (a worker key has none of their scopes). The key the call
+    runs under (None when trust alone admits it)."""
     if path == REGISTER and method == "POST":
         presented = presented_key(headers)
         key = gate.checker.verify(presented, time.time()) if presented else None
@@ -58,15 +61,15 @@ def admit_central(
                     "Registering a box needs a worker (or admin) key: "
                     "'fitbox central keys create --scope worker'."
                 )
-            return
+            return key
         if origin_of(peer, headers, gate.settings).local:
-            return
+            return None
         raise AuthenticationFailed(
             "Registering a box needs the worker key the central "
             "printed: fitbox serve --central URL --central-key KEY.",
             code="missing_api_key",
         )
-    admit(path, peer, headers, gate, method)
+    return admit(path, peer, headers, gate, method)
 
 
 class CentralAuth:
@@ -94,12 +97,13 @@ class CentralAuth:
                     # a key is read from the store: on PostgreSQL a round trip or a wait on a
                     # lock, never on the loop every other call shares. anyio's threads, not the
                     # loop's executor the store's reads and writes go through
-                    await anyio.to_thread.run_sync(door)
+                    key = await anyio.to_thread.run_sync(door)
                 else:
-                    door()  # trust alone decides: nothing read
+                    key = door()  # trust alone decides: nothing read
             except FitboxError as exc:
                 await errors.error_response(exc)(scope, receive, send)
                 return
+            scope.setdefault("state", {})["api_key"] = key  # its model limits (routing.py)
         await self.app(scope, receive, send)
 
 
@@ -123,7 +127,8 @@ async def health(request: Request) -> Response:
 
 
 async def register(request: Request) -> Response:
-    """POST /v1/boxes {box_id, name, version, url, admin_key}: add a box, or move one."""
+    """POST /v1/boxes {box_id, name, version, url, admin_key, box_secret?}: add a box, or
+    update (move) one that proves it is that box (central/identity.py)."""
     try:
         body = await request.json()
     except ValueError:
@@ -132,9 +137,45 @@ async def register(request: Request) -> Response:
     for name in fields:
         if not isinstance(body, dict) or not isinstance(body.get(name), str) or not body[name]:
             raise InvalidRequest(f"The registration needs '{name}' (text).", param=name)
-    url = body["url"].rstrip("/")
+    proof = body.get("box_secret")
+    if proof is not None and not isinstance(proof, str):
+        raise InvalidRequest("'box_secret' is text when given.", param="box_secret")
+    url = _box_url(body["url"], request.app.state.config)
+    store: CentralStore = request.app.state.store
+    fleet = _fleet(request)
+    link = fleet.links.get(body["box_id"])
+    try:
+        on_record = link.record if link is not None else None
+        if on_record and on_record.url != url and identity.proven(proof, on_record.secret_hash):
+            # proven, from elsewhere: a move, or a twin with the same secret
+            await identity.refuse_a_live_twin(fleet.client, body["box_id"], on_record.url, url)
+        taken = await asyncio.to_thread(
+            store.register,
+            body["box_id"],
+            body["name"],
+            body["version"],
+            url,
+            body["admin_key"],
+            proof,
+        )
+    except (BoxIdentityRefused, BoxIdInUse) as exc:
+        _refused_once(request, body["box_id"], url, exc)
+        raise
+    record = next(r for r in await asyncio.to_thread(store.boxes) if r.box_id == body["box_id"])
+    if taken.moved or body["box_id"] not in fleet.links:
+        fleet.follow(record)
+    else:
+        fleet.links[record.box_id].record = record  # a new key, name or version
+    log.info("box %s (%s) registered at %s", record.box_id, record.name, url)
+    answer: dict[str, Any] = {"box_id": record.box_id, "registered": True, "moved": taken.moved}
+    if taken.secret is not None:
+        answer["box_secret"] = taken.secret  # the one time it is told
+    return JSONResponse(answer, status_code=201 if taken.moved else 200)
+
+
+def _box_url(given: str, config: Config) -> str:
+    url = given.rstrip("/")
     host = urlsplit(url).hostname or ""
-    config: Config = request.app.state.config
     if not url.startswith(("http://", "https://")) or not host:
         raise InvalidRequest(f"'url' must be http://HOST:PORT; got {url!r}.", param="url")
     if is_loopback(host) and not is_loopback(config.host):
@@ -145,21 +186,16 @@ async def register(request: Request) -> Response:
             param="url",
             code="box_unreachable",
         )
-    store: CentralStore = request.app.state.store
-    moved = await asyncio.to_thread(
-        store.register, body["box_id"], body["name"], body["version"], url, body["admin_key"]
-    )
-    fleet = _fleet(request)
-    record = next(r for r in await asyncio.to_thread(store.boxes) if r.box_id == body["box_id"])
-    if moved or body["box_id"] not in fleet.links:
-        fleet.follow(record)
-    else:
-        fleet.links[record.box_id].record = record  # a new key, name or version
-    log.info("box %s (%s) registered at %s", record.box_id, record.name, url)
-    return JSONResponse(
-        {"box_id": record.box_id, "registered": True, "moved": moved},
-        status_code=201 if moved else 200,
-    )
+    return url
+
+
+def _refused_once(request: Request, box_id: str, url: str, exc: FitboxError) -> None:
+    """Log a refused registration once per (box id, address): a refused box asks again
+    every minute, and one line says it all."""
+    refused: set[tuple[str, str]] = request.app.state.refused_registrations
+    if (box_id, url) not in refused:
+        refused.add((box_id, url))
+        log.warning("registration refused: %s", exc)
 
 
 async def fleet_view(request: Request) -> Response:
@@ -243,7 +279,7 @@ async def table_rows(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    return JSONResponse(routing.model_list(_fleet(request)))
+    return JSONResponse(routing.model_list(_fleet(request), routing.allowed_models(request)))
 
 
 def _forwarded(path: str) -> Any:
@@ -259,6 +295,8 @@ ROUTES = (
     Route(REGISTER, register, methods=["POST"]),
     Route("/v1/fleet", fleet_view, methods=["GET"]),
     Route("/v1/fleet/models", fleet_models, methods=["GET"]),
+    Route("/v1/fleet/boxes/{box_id}", boxes.change, methods=["PATCH"]),
+    Route("/v1/fleet/boxes/{box_id}", boxes.remove, methods=["DELETE"]),
     Route("/v1/fleet/boxes/{box_id}/limits", boxes.limits, methods=["GET", "POST"]),
     Route("/v1/telemetry/tables", tables, methods=["GET"]),
     Route("/v1/telemetry/rows", table_rows, methods=["GET"]),
@@ -296,6 +334,7 @@ async def _serving(app: Starlette, config: Config, store_path: StoreTarget) -> A
     fleet = Fleet(store, client, config.central_long_poll)
     offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
+    app.state.refused_registrations = set()
     app.state.gate = Gate(
         TrustSettings(
             config.trusted_networks, config.trusted_proxies, config.host, config.host_names

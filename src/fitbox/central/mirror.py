@@ -149,8 +149,19 @@ class Fleet:
         """A box by its id, or by its name when only one box has that name."""
         if name in self.links:
             return self.links[name]
-        named = [link for link in self.links.values() if link.record.name == name]
+        named = [link for link in self.links.values() if link.record.shown_name == name]
         return named[0] if len(named) == 1 else None
+
+    async def forget(self, box_id: str) -> None:
+        """Stop following a box (removed): its task ends, its connections close."""
+        task = self._tasks.pop(box_id, None)
+        link = self.links.pop(box_id, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if link is not None:
+            await link.http.close()
 
     async def close(self) -> None:
         for task in self._tasks.values():

@@ -31,8 +31,13 @@ REGISTRATION = {
     "type": "object",
     "required": ["box_id", "name", "version", "url", "admin_key"],
     "properties": {
-        name: {"type": "string"} for name in ("box_id", "name", "version", "url", "admin_key")
+        name: {"type": "string"}
+        for name in ("box_id", "name", "version", "url", "admin_key", "box_secret")
     },
+}
+BOX_CHANGE = {
+    "type": "object",
+    "properties": {"name": {"type": ["string", "null"]}, "draining": {"type": "boolean"}},
 }
 
 PATHS: dict[str, dict[str, Any]] = {
@@ -40,8 +45,10 @@ PATHS: dict[str, dict[str, Any]] = {
     "/openapi.json": {"get": operation("This document", "open")},
     "/v1/boxes": {
         "post": operation(
-            "Register a box (or move one) by its persistent id; a loopback box is refused unless "
-            "the central is on loopback too",
+            "Register a box (or move one) by its persistent id; a known id needs the box_secret "
+            "its first registration was given (403 box_identity_unproven), and is refused while "
+            "the box on record still answers as it (409 box_id_in_use); a loopback box is "
+            "refused unless the central is on loopback too",
             "a worker or admin key, or none from the central's own host",
             REGISTRATION,
         )
@@ -55,6 +62,21 @@ PATHS: dict[str, dict[str, Any]] = {
             "boxes' own plans)",
             MANAGEMENT,
         )
+    },
+    "/v1/fleet/boxes/{box_id}": {
+        "patch": operation(
+            "Name a box (null: the host name it registers) or drain it (bare-name calls go "
+            "to other boxes; BOX/MODEL still reaches it)",
+            MANAGEMENT,
+            BOX_CHANGE,
+            [BOX_ID],
+        ),
+        "delete": operation(
+            "Forget a box: its key, its proof of identity and its cursors (its mirrored rows "
+            "stay); it joins again as new",
+            MANAGEMENT,
+            params=[BOX_ID],
+        ),
     },
     "/v1/fleet/boxes/{box_id}/limits": {
         "get": operation(

@@ -24,7 +24,7 @@ from starlette.responses import Response, StreamingResponse
 from fitbox.central.box_link import relayed
 from fitbox.central.mirror import BoxLink, Fleet
 from fitbox.engines.http1 import EngineConnectionError, EngineResponse
-from fitbox.errors import EngineFailed, InvalidRequest, ModelNotFound
+from fitbox.errors import EngineFailed, InvalidRequest, ModelNotFound, PermissionDenied
 
 HOP_BY_HOP = frozenset(
     {
@@ -86,6 +86,14 @@ async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Cand
         if link is not None:
             return [Candidate(link, rest, "named")]
     holders = [link for link in fleet.links.values() if holding(link, model) is not None]
+    drained = [link.record.box_id for link in holders if link.record.draining]
+    holders = [link for link in holders if not link.record.draining]
+    if drained and not holders:
+        raise ModelNotFound(
+            f"The model '{model}' is only on draining boxes ({', '.join(drained)}): "
+            "name one as BOX/MODEL, or undrain it (fitbox central boxes undrain BOX).",
+            param="model",
+        )
     if not holders:
         names = sorted({e["id"] for link in fleet.links.values() for e in link.models})
         raise ModelNotFound(
@@ -113,6 +121,31 @@ async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Cand
     return found
 
 
+def allowed_models(request: Request) -> tuple[str, ...] | None:
+    """The models the caller's central key is limited to; None when any may be asked for."""
+    key = getattr(request.state, "api_key", None)
+    models: tuple[str, ...] | None = key.models if key is not None else None
+    return models
+
+
+def bare_name(fleet: Fleet, model: str) -> str:
+    """The model's name without a BOX/ in front (a box's id or a name only it has)."""
+    box_name, _, rest = model.partition("/")
+    return rest if rest and fleet.find(box_name) is not None else model
+
+
+def check_allowed(fleet: Fleet, allowed: tuple[str, ...] | None, model: str) -> None:
+    """A key limited to some models (keys create --model) asks for those only, on any box:
+    the limit names models, not boxes."""
+    if allowed is None or model in allowed or bare_name(fleet, model) in allowed:
+        return
+    raise PermissionDenied(
+        f"This key may not use the model '{model}' (it may use: {', '.join(allowed)}).",
+        param="model",
+        code="model_not_allowed",
+    )
+
+
 def _passed_headers(
     response: EngineResponse, candidate: Candidate, tried: list[str], started: float
 ) -> dict[str, str]:
@@ -137,6 +170,7 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
     model = body.get("model") if isinstance(body, dict) else None
     if not isinstance(model, str) or not model:
         raise InvalidRequest("The body needs 'model': a model name or BOX/MODEL.", param="model")
+    check_allowed(fleet, allowed_models(request), model)
     found = await candidates(fleet, model, enough=1)
     tried: list[str] = []
     started = time.perf_counter()
@@ -189,13 +223,16 @@ async def _relay(response: EngineResponse, link: BoxLink) -> AsyncIterator[bytes
         response.close()
 
 
-def model_list(fleet: Fleet) -> dict[str, Any]:
-    """Every model of the fleet once by its bare name, and once per box as BOX/MODEL."""
+def model_list(fleet: Fleet, allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Every model of the fleet once by its bare name, and once per box as BOX/MODEL (those
+    a limited key may use)."""
     bare: dict[str, dict[str, Any]] = {}
     per_box: list[dict[str, Any]] = []
     for link in fleet.links.values():
         for entry in link.models:
             name = entry["id"]
+            if allowed is not None and name not in allowed:
+                continue
             one = bare.setdefault(
                 name,
                 {

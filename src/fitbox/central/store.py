@@ -7,6 +7,7 @@ what "nothing lost, nothing twice" rests on."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import math
 import threading
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fitbox.central import identity
 from fitbox.central.backend import StoreTarget, open_backend
 from fitbox.store.keys import KeyChecker
 from fitbox.store.migrations import load_migrations, migrations_dir
@@ -42,18 +44,33 @@ class BoxRecord:
     registered_at: float
     last_seen_at: float | None
     counter: int | None
+    secret_hash: str | None = None  # of the box's proof of identity; never shown
+    label: str | None = None  # a person's name for it (fitbox central boxes rename)
+    draining: int = 0  # bare-name calls go elsewhere (fitbox central boxes drain)
+
+    @property
+    def shown_name(self) -> str:
+        return self.label or self.name
 
     def public(self) -> dict[str, Any]:
         """Without its key: the box's admin key never leaves the central."""
         return {
             "box_id": self.box_id,
-            "name": self.name,
+            "name": self.shown_name,
+            "host_name": self.name,
+            "draining": bool(self.draining),
             "version": self.version,
             "url": self.url,
             "registered_at": self.registered_at,
             "last_seen_at": self.last_seen_at,
             "counter": self.counter,
         }
+
+
+@dataclass(frozen=True)
+class Registered:
+    moved: bool  # new, or at another address
+    secret: str | None  # minted now: the box's proof, told to it this once
 
 
 def rejection(row: object, cursor: str) -> str | None:
@@ -119,23 +136,58 @@ class CentralStore:
 
     # -- boxes ---------------------------------------------------------------------
 
-    def register(self, box_id: str, name: str, version: str, url: str, admin_key: str) -> bool:
-        """Add or update a box by its id; True when its address changed (or it is new)."""
+    def register(
+        self,
+        box_id: str,
+        name: str,
+        version: str,
+        url: str,
+        admin_key: str,
+        proof: str | None = None,
+    ) -> Registered:
+        """Add a box, or update one that proves it is that box (central/identity.py: raises
+        BoxIdentityRefused, the row untouched, when it does not)."""
         with self._transaction() as conn:
-            old = conn.execute("SELECT url FROM boxes WHERE box_id = ?", (box_id,)).fetchone()
-            conn.execute(
-                "INSERT INTO boxes (box_id, name, version, url, admin_key, registered_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (box_id) DO UPDATE SET name = "
-                "excluded.name, version = excluded.version, url = excluded.url, "
-                "admin_key = excluded.admin_key",
-                (box_id, name, version, url, admin_key, time.time()),
+            old = conn.execute(
+                "SELECT url, secret_hash, admin_key FROM boxes WHERE box_id = ?", (box_id,)
+            ).fetchone()
+            needs_secret = old is None or identity.check(
+                box_id, url, proof, old[1], old[0], hmac.compare_digest(old[2], admin_key)
             )
-        return old is None or old[0] != url
+            secret, secret_hash = identity.mint() if needs_secret else (None, old[1])
+            conn.execute(
+                "INSERT INTO boxes (box_id, name, version, url, admin_key, registered_at, "
+                "secret_hash) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (box_id) DO UPDATE SET "
+                "name = excluded.name, version = excluded.version, url = excluded.url, "
+                "admin_key = excluded.admin_key, secret_hash = excluded.secret_hash",
+                (box_id, name, version, url, admin_key, time.time(), secret_hash),
+            )
+        return Registered(moved=old is None or old[0] != url, secret=secret)
 
     def boxes(self) -> list[BoxRecord]:
         with self._reading() as conn:
             rows = conn.execute("SELECT * FROM boxes ORDER BY registered_at").fetchall()
         return [BoxRecord(**dict(r)) for r in rows]
+
+    def remove(self, box_id: str) -> bool:
+        """Forget a box: its row (its key and proof) and its cursors. Its mirrored rows stay
+        as history; a box that joins again under that id is replayed from the start, each
+        row upserted over its earlier copy."""
+        with self._transaction() as conn:
+            gone = conn.execute("DELETE FROM boxes WHERE box_id = ?", (box_id,)).rowcount
+            conn.execute("DELETE FROM mirror_cursors WHERE box_id = ?", (box_id,))
+        return bool(gone)
+
+    def set_box(self, box_id: str, column: str, value: object) -> bool:
+        """Set a person's ``label`` (None clears it) or ``draining`` of a box; False when
+        there is no such box."""
+        assert column in ("label", "draining")
+        with self._transaction() as conn:
+            changed = conn.execute(
+                f"UPDATE boxes SET {column} = ? WHERE box_id = ?",  # noqa: S608
+                (value, box_id),
+            ).rowcount
+        return bool(changed)
 
     def seen(self, box_id: str, counter: int) -> None:
         with self._transaction() as conn:

@@ -1,4 +1,5 @@
-"""`fitbox central serve | keys create`: the central's commands. The central's rooms are
+"""`fitbox central serve | keys create|list|revoke | boxes list|remove|drain|undrain|rename`:
+the central's commands. The central's rooms are
 imported when one of them runs, not when any command parses."""
 
 from __future__ import annotations
@@ -8,15 +9,18 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import fitbox
+from fitbox.cli.central_boxes import add_box_arguments, run_boxes
 from fitbox.cli.command import add_log_level, add_setting_flags
+from fitbox.cli.keys import parse_duration
 from fitbox.config import Config
 from fitbox.home import CentralHome, default_home, make_private
 from fitbox.listening import endpoint_of, listen_socket, publish_endpoint, published_url
-from fitbox.store.keys import SCOPES, KeyError_, create_key
+from fitbox.store.keys import SCOPES, KeyError_, create_key, list_keys, revoke_key
 
 if TYPE_CHECKING:
     from fitbox.central.backend import StoreTarget
@@ -51,15 +55,28 @@ def add_arguments(central: argparse.ArgumentParser) -> None:
         help="repeatable; worker keys can only register a box",
     )
     create.add_argument("--name", default="unnamed")
-    create.add_argument("--home", metavar="DIR", help="its data dir (FITBOX_HOME)")
-    create.add_argument("--json", action="store_true")
+    create.add_argument("--expires-in", help="e.g. 3600s, 90m, 12h, 30d")
+    create.add_argument(
+        "--model", action="append", help="limit the key to a model, on any box (repeatable)"
+    )
+    listing = key_verbs.add_parser("list", help="every key, without secrets")
+    revoke = key_verbs.add_parser("revoke", help="revoke a key: refused from the next request")
+    revoke.add_argument("key_id")
+    for verb in (create, listing, revoke):
+        verb.add_argument("--home", metavar="DIR", help="its data dir (FITBOX_HOME)")
+        verb.add_argument("--json", action="store_true")
+    add_box_arguments(verbs)
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
     home = central_home(args)
     store = store_target(config, home)
     if args.central_command == "keys":
-        return _create_key(home, store, args)
+        if args.keys_command == "create":
+            return _create_key(home, store, args)
+        return _keys(store, args)
+    if args.central_command == "boxes":
+        return run_boxes(home, args)
     return _serve(config, home, store, args.log_level)
 
 
@@ -75,13 +92,25 @@ def _create_key(home: CentralHome, target: StoreTarget, args: argparse.Namespace
     make_private(home.path)
     scopes = tuple(args.scope or ["inference"])
     try:
+        expires_at = time.time() + parse_duration(args.expires_in) if args.expires_in else None
+    except ValueError as exc:
+        print(f"fitbox central keys: {exc}", file=sys.stderr)
+        return 1
+    try:
         store = CentralStore(target)
     except (StoreUnavailable, RuntimeError) as exc:  # SchemaTooNew too; no password in them
         print(f"fitbox central keys: {exc}", file=sys.stderr)
         return 1
     try:
         key, secret = store.run(
-            lambda conn: create_key(conn, args.name, scopes, known=CENTRAL_SCOPES)
+            lambda conn: create_key(
+                conn,
+                args.name,
+                scopes,
+                tuple(args.model) if args.model else None,
+                expires_at=expires_at,
+                known=CENTRAL_SCOPES,
+            )
         )
     except KeyError_ as exc:
         print(f"fitbox central keys: {exc}", file=sys.stderr)
@@ -103,6 +132,40 @@ def _create_key(home: CentralHome, target: StoreTarget, args: argparse.Namespace
             f"--central-key {secret}",
             file=sys.stderr,
         )
+    return 0
+
+
+def _keys(target: StoreTarget, args: argparse.Namespace) -> int:
+    """``keys list`` and ``keys revoke``, on the store itself: a running central reads each
+    key from it at every request, so a revoked key is refused from the next one."""
+    from fitbox.central.backend import StoreUnavailable
+    from fitbox.central.store import CentralStore
+
+    try:
+        store = CentralStore(target)
+    except (StoreUnavailable, RuntimeError) as exc:
+        print(f"fitbox central keys: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if args.keys_command == "revoke":
+            keys = [store.run(lambda conn: revoke_key(conn, args.key_id))]
+        else:
+            keys = store.run(list_keys)
+    except KeyError_ as exc:
+        print(f"fitbox central keys: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    if args.json:
+        shown = [k.public() for k in keys]
+        print(json.dumps(shown[0] if args.keys_command == "revoke" else shown, indent=2))
+        return 0
+    now = time.time()
+    for key in keys:
+        expired = key.expires_at is not None and key.expires_at < now
+        state = "revoked" if key.revoked_at is not None else "expired" if expired else "active"
+        models = f" models {','.join(key.models)}" if key.models else ""
+        print(f"{key.key_id}  {state:<7} {','.join(key.scopes):<16} {key.name}{models}")
     return 0
 
 

@@ -18,12 +18,13 @@ import fitbox
 from fitbox.box.box import Box
 from fitbox.config import Config
 from fitbox.errors import FitboxError
+from fitbox.home import Home
 from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import GpuReading, open_gpu_probe
 from fitbox.server.door import cors, errors
 from fitbox.server.door.auth import AuthMiddleware, Gate, TrustSettings
 from fitbox.server.door.timing import ServerTimingMiddleware
-from fitbox.server.manage import joining, telemetry
+from fitbox.server.manage import box_identity, joining, telemetry
 from fitbox.server.routes import ACCESS, ROUTES
 from fitbox.server.views.leaving import Leaving
 from fitbox.server.views.mcp_tools import McpDoor
@@ -115,7 +116,9 @@ def _identity(config: Config, store: Store, address: str | None) -> dict[str, st
             config.host, int(where.rsplit(":", 1)[1]), config.central_url
         )
     return {
-        "box_id": store.box_id(),
+        "box_id": box_identity.checked_box_id(
+            store, config.home, Home(config.home).identity, config.central_secret_file
+        ),
         "name": socket.gethostname(),
         "version": fitbox.__version__,
         "address": where,
@@ -136,7 +139,13 @@ def _join_central(config: Config, identity: dict[str, str | None]) -> asyncio.Ta
         log.error("not registering with the central: the box key cannot be read (%s)", exc)
         return None
     registration = joining.Registration(
-        config.central_url, config.central_key, box_id, name, address, box_key
+        config.central_url,
+        config.central_key,
+        box_id,
+        name,
+        address,
+        box_key,
+        config.central_secret_file,
     )
     return asyncio.get_running_loop().create_task(joining.keep_registering(registration))
 

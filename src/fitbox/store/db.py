@@ -33,7 +33,7 @@ from fitbox.store.failures import StoreUnavailable, drive_free
 from fitbox.store.history import History
 from fitbox.store.queue import CURSOR_TABLES, READING_TABLES
 from fitbox.store.sqlite_file import connect
-from fitbox.store.store_file import open_store
+from fitbox.store.store_file import interrupt_pending, open_store
 from fitbox.store.writer import Writer
 from fitbox.units import format_bytes
 
@@ -284,12 +284,6 @@ class Store(History, FactRows):
     def close(self) -> None:
         """Close rows still pending as interrupted, drain the queue, stop the writer."""
         now = time.time()
-        self._submit(
-            lambda conn: conn.execute(
-                "UPDATE call_log SET outcome = 'interrupted', last_byte_at = ?"
-                " WHERE outcome = 'pending'",
-                (now,),
-            )
-        )
+        self._submit(lambda conn: interrupt_pending(conn, now))
         self._writer.stop()
         self._writer.closed()

@@ -108,6 +108,25 @@ def is_damage(error: BaseException) -> bool:
     return primary_code(error) in DAMAGE_CODES
 
 
+def interrupt_pending(conn: sqlite3.Connection, ended_at: float | None) -> int:
+    """Close call rows left pending as interrupted, each stamped with an event as every
+    change of a cursor table is: a central's mirror then replays its final form (an
+    unstamped change keeps the old seq, below the mirror's cursor, and is never seen)."""
+    now = time.time()
+    pending = [int(r[0]) for r in conn.execute("SELECT id FROM call_log WHERE outcome = 'pending'")]
+    for row_id in pending:
+        seq = conn.execute(
+            "INSERT INTO events (at, kind, tbl, row_id) VALUES (?, 'interrupted', 'call_log', ?)",
+            (now, row_id),
+        ).lastrowid
+        conn.execute(
+            "UPDATE call_log SET outcome = 'interrupted', seq = ?,"
+            " last_byte_at = COALESCE(?, last_byte_at) WHERE id = ?",
+            (seq, ended_at, row_id),
+        )
+    return len(pending)
+
+
 @dataclass
 class Opened:
     conn: sqlite3.Connection
@@ -125,9 +144,7 @@ def open_store(path: Path) -> Opened:
         conn, aside = _open_checked(path)
         try:
             migrate(conn, load_migrations())
-            closed = conn.execute(
-                "UPDATE call_log SET outcome = 'interrupted' WHERE outcome = 'pending'"
-            ).rowcount
+            closed = interrupt_pending(conn, None)
         except BaseException:
             conn.close()
             raise

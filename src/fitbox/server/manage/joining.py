@@ -10,11 +10,13 @@ import ipaddress
 import logging
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 
 import fitbox
+from fitbox.store.box_key import write_secret
 
 log = logging.getLogger(__name__)
 RETRY_FIRST_S = 1.0
@@ -55,15 +57,39 @@ class Registration:
     name: str
     address: str
     box_key: str
+    secret_file: Path | None = None  # the box's proof of identity (central/identity.py)
 
     def body(self) -> dict[str, str]:
-        return {
+        found = {
             "box_id": self.box_id,
             "name": self.name,
             "version": fitbox.__version__,
             "url": self.address,
             "admin_key": self.box_key,
         }
+        secret = self.secret()
+        if secret:
+            found["box_secret"] = secret
+        return found
+
+    def secret(self) -> str | None:
+        if self.secret_file is None:
+            return None
+        try:
+            return self.secret_file.read_text().strip() or None
+        except FileNotFoundError:
+            return None  # never joined: the central mints one
+        except OSError as exc:  # the central refuses a known id without it, and says so
+            log.warning("this box's proof of identity cannot be read: %s", exc)
+            return None
+
+    def keep_secret(self, answer: object) -> None:
+        """Write the secret a first registration was given (told this once)."""
+        secret = answer.get("box_secret") if isinstance(answer, dict) else None
+        if self.secret_file is None or not isinstance(secret, str):
+            return
+        write_secret(self.secret_file, secret)
+        log.info("the central's proof of this box's identity written to %s", self.secret_file)
 
     def loopback_problem(self) -> str | None:
         """Why a central elsewhere could never call this box back, if it could not."""
@@ -97,6 +123,12 @@ async def register_once(reg: Registration) -> tuple[bool, str]:
             f"the central at {reg.central_url} refused this box (HTTP "
             f"{response.status_code}): {reason}"
         )
+    try:
+        reg.keep_secret(response.json())
+    except (ValueError, OSError) as exc:
+        # the central holds this box's secret now, and the box does not: it will be refused
+        # until a person removes it there (fitbox central boxes remove ID)
+        log.error("the central's proof of this box's identity could not be kept: %s", exc)
     return True, f"registered with the central at {reg.central_url} as {reg.box_id}"
 
 

@@ -1,0 +1,78 @@
+"""A real `fitbox central serve` for the fleet tests: its own home, a loopback port, and
+what the tests ask of it (the fleet view, mirrored rows, a worker key)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from .clients import openai_client
+from .processes import answering_url
+
+CENTRAL = (sys.executable, "-m", "fitbox", "central")
+
+
+@dataclass
+class Central:
+    home: Path
+    proc: subprocess.Popen[bytes] | None = None
+    url: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # FITBOX_CENTRAL_DB for PostgreSQL
+
+    def start(self) -> None:
+        log_path = self.home / "central.log"
+        argv = [
+            sys.executable,
+            "-m",
+            "fitbox",
+            "central",
+            "serve",
+            "--port",
+            "auto",
+            "--home",
+            str(self.home),
+        ]
+        with log_path.open("ab") as log_file:
+            self.proc = subprocess.Popen(
+                argv, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+            )
+        self.url = answering_url(self.proc, self.home / "central-endpoint.json", log_path)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=20)
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = httpx.get(f"{self.url}{path}", params=params, timeout=30)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def fleet(self) -> dict[str, dict[str, Any]]:
+        return {b["box_id"]: b for b in self.get("/v1/fleet")["data"]}
+
+    def mirrored(self, table: str, box_id: str) -> list[dict[str, Any]]:
+        return list(self.get("/v1/telemetry/rows", table=table, box_id=box_id, limit=1000)["rows"])
+
+    def client(self) -> openai.OpenAI:
+        return openai_client(self.url, max_retries=0)
+
+
+def worker_key(home: Path) -> str:
+    """A new worker key of the central whose home is ``home`` (its store need not be open)."""
+    made = subprocess.run(
+        [*CENTRAL, "keys", "create", "--scope", "worker", "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return made.stdout.strip()
