@@ -74,7 +74,11 @@ async def _serving(
     ensure_box_key(store, config.box_key_file)
     app.state.gate = Gate(
         TrustSettings(
-            config.trusted_networks, config.trusted_proxies, config.host, config.host_names
+            config.trusted_networks,
+            config.trusted_proxies,
+            config.host,
+            config.host_names,
+            allowed_origins=config.cors_origins,  # pages the operator let in, keyless too
         ),
         KeyChecker(config.store_path, config.box_key_file),
         config.require_keys,
