@@ -13,6 +13,7 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect
 
 import fitbox
 from fitbox.box.box import Box
@@ -54,6 +55,7 @@ def create_app(config: Config, store: Store | None = None, address: str | None =
             FitboxError: errors.on_fitbox_error,
             HTTPException: errors.on_http_exception,
             StoreUnavailable: errors.on_store_unavailable,
+            ClientDisconnect: errors.on_client_gone,
             Exception: errors.on_unexpected,
         },
     )
