@@ -7,8 +7,9 @@ with bounds on what a client can hold.
   it can refuse anyone).
 - A head must arrive within ``request_head_timeout`` seconds of the connection (or of its
   first byte, on a kept-alive one): a connection that sends nothing is closed, a slow head
-  answered 408. A body must arrive within ``request_body_timeout`` of its head; time the
-  server itself is not reading (a body the app has not asked for yet) does not count.
+  answered 408. A body must arrive within ``request_body_timeout`` of its head; a deadline
+  that falls while the server is the one waiting (not reading a body the app has not asked
+  for yet, or not yet having said "100 Continue") starts again.
 - A response that waits ``send_stall_timeout`` seconds on a client that takes none of it
   (the socket's buffer full) is cut off, so a reader that stops frees what it held.
 - At most ``connections_max`` connections are open (default: half the open-file limit
@@ -51,7 +52,8 @@ class _TooManyHeaders(Exception):
     """Raised from the parser's header callback: it stops the parse where it is."""
 
 
-_cut_off = Hushed(log, WARN_EVERY_S)
+_over_cap = Hushed(log, WARN_EVERY_S)
+_stalls = Hushed(log, WARN_EVERY_S)
 
 
 def http_protocol(limits: ConnectionLimits, zerocopy: bool = False) -> type[HttpToolsProtocol]:
@@ -83,7 +85,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         cap = self.limits.connections
         if cap is not None and len(self.connections) > cap:
-            _cut_off.warn("refused connections over the cap of %d (connections_max)", cap)
+            _over_cap.warn("refused connections over the cap of %d (connections_max)", cap)
             self._refuse(
                 TooManyConnections(
                     f"This box has {cap} connections open, its cap (connections_max); try "
@@ -191,7 +193,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _stalled(self) -> None:
         self._stall = None
         if not self.transport.is_closing():
-            _cut_off.warn(
+            _stalls.warn(
                 "cut off clients that took no bytes for %.0f s (send_stall_timeout)",
                 self.limits.send_stall_timeout,
             )
