@@ -191,9 +191,7 @@ def test_accept_failures_are_logged_once_not_per_attempt(
     launcher = ("prlimit", "--nofile=1024:1024", "--")
     env = {**SHORT, "FITBOX_CONNECTIONS_MAX": "5000"}
     (tmp_path / "models").mkdir()
-    with running_fitbox(
-        tmp_path / "home", [tmp_path / "models"], env=env, wrap=launcher
-    ) as box:
+    with running_fitbox(tmp_path / "home", [tmp_path / "models"], env=env, wrap=launcher) as box:
         idle = [connect(box) for _ in range(IDLE)]  # the kernel queues what is not accepted
         try:
             until(lambda: "cannot accept connections" in box.log(), "an accept failure")
@@ -219,9 +217,7 @@ def test_connections_over_the_cap_are_answered_503(tmp_path: Path) -> None:
     launcher = ("prlimit", "--nofile=1024:1024", "--")
     env = {"FITBOX_REQUEST_HEAD_TIMEOUT": "600"}  # the held ones stay until the test lets go
     (tmp_path / "models").mkdir()
-    with running_fitbox(
-        tmp_path / "home", [tmp_path / "models"], env=env, wrap=launcher
-    ) as box:
+    with running_fitbox(tmp_path / "home", [tmp_path / "models"], env=env, wrap=launcher) as box:
         held = [connect(box) for _ in range(448)]
         try:
             until(lambda: _unaccepted(box) == 0, "the box accepting the 448 it holds")
