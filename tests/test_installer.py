@@ -159,6 +159,7 @@ def test_the_units_verify_and_enable(tmp_path: Path) -> None:
         "StateDirectory=fitbox",
         "Restart=on-failure",
         "StartLimitBurst=5",
+        "LimitNOFILE=65536",
     ):
         assert hardening in text
     assert "EnvironmentFile=/etc/fitbox/fitbox.env" in text  # real paths, not the scratch root
@@ -294,6 +295,7 @@ def test_the_central_s_system_unit_verifies(tmp_path: Path) -> None:
         "StateDirectory=fitbox-central",
         "ProtectSystem=strict",
         "EnvironmentFile=/etc/fitbox/fitbox-central.env",
+        "LimitNOFILE=65536",
     ):
         assert line in text
     assert "CacheDirectory" not in text  # the central keeps no cache

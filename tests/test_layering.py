@@ -37,6 +37,7 @@ LEAVES = frozenset(
         "fitbox.setting_values",
         "fitbox.setting_api",
         "fitbox.setting_table",
+        "fitbox.setting_connections",
         "fitbox.listening",
         "fitbox.quiet_server",
     }

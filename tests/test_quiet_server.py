@@ -3,6 +3,8 @@ the moment it is told to: its main loop waits on an event, not a 0.1 s poll."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import socket
 import threading
 import time
@@ -82,3 +84,24 @@ def test_told_to_exit_it_exits_without_waiting_for_its_tick(
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+def test_accept_failures_are_logged_once_a_minute_not_per_attempt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """asyncio retries a listener out of descriptors (EMFILE) many times a second, each a
+    call to the loop's exception handler; the log hears of it once, other errors as ever."""
+    loop = asyncio.new_event_loop()
+    try:
+        quiet_server.hush_accept_failures(loop)
+        with caplog.at_level(logging.WARNING):
+            for _ in range(1000):
+                loop.call_exception_handler(
+                    {"message": quiet_server.ACCEPT_FAILED, "exception": OSError(24, "EMFILE")}
+                )
+            loop.call_exception_handler({"message": "something else"})
+    finally:
+        loop.close()
+    accepts = [r for r in caplog.records if "cannot accept" in r.getMessage()]
+    assert len(accepts) == 1
+    assert any("something else" in r.getMessage() for r in caplog.records)

@@ -68,6 +68,12 @@ class Config:
     central_db: str = ""
     central_long_poll: float = 25.0
     max_image: int = 20 << 20
+    request_head_max: int = 64 << 10
+    request_headers_max: int = 100
+    request_head_timeout: float = 30.0
+    request_body_timeout: float = 300.0
+    send_stall_timeout: float = 120.0
+    connections_max: int | None = None
     tf_python: str = ""
     index_url: str = "https://pypi.org/simple"
     source_key: str = ""

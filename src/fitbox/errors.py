@@ -219,3 +219,32 @@ class TooManyTransfers(FitboxError):
     type = "rate_limit_error"
     code = "too_many_transfers"
     retry = True
+
+
+class HeadersTooLarge(FitboxError):
+    """A request's line and headers over the box's limits, refused before they are read
+    whole (server/door/connections.py)."""
+
+    status = 431
+    type = "invalid_request_error"
+    code = "headers_too_large"
+    closes = True
+
+
+class RequestTimeout(FitboxError):
+    """A request's head or body that did not arrive in time (server/door/connections.py)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+    closes = True
+
+
+class TooManyConnections(FitboxError):
+    """The box holds as many connections as its cap allows (connections_max)."""
+
+    status = 503
+    type = "server_error"
+    code = "too_many_connections"
+    retry = True
+    closes = True

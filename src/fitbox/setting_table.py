@@ -12,6 +12,7 @@ import json
 from fitbox import setting_api as api
 from fitbox import setting_values as values
 from fitbox.networks import DEFAULT_TRUSTED_NETWORKS, parse_networks
+from fitbox.setting_connections import CONNECTIONS
 from fitbox.setting_values import BOX, KEY, LIMITS, PAIR, Setting
 
 SETTINGS: tuple[Setting, ...] = (
@@ -392,6 +393,7 @@ SETTINGS: tuple[Setting, ...] = (
         "larger one is refused with 400 before any model is placed",
         values.positive_size,
     ),
+    *CONNECTIONS,  # what one connection may cost the box (setting_connections.py)
     Setting(
         "cors_origins",
         "FITBOX_CORS_ORIGINS",

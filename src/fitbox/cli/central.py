@@ -175,13 +175,16 @@ def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: st
     from fitbox.central.app import create_central_app
     from fitbox.central.backend import StoreUnavailable
     from fitbox.central.store import CentralStore
+    from fitbox.cli.serve import http_protocol_for
     from fitbox.quiet_server import QuietServer
+    from fitbox.server.door.limits import raise_open_files
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     make_private(home.path)
+    open_files = raise_open_files()  # before anything is opened or listens
     try:
         store = CentralStore(target)  # made and migrated before anything listens
         where = store.where
@@ -205,6 +208,7 @@ def _serve(config: Config, home: CentralHome, target: StoreTarget, log_level: st
             lifespan="on",
             timeout_graceful_shutdown=5,
             proxy_headers=False,  # the door judges forwarding (server/door/auth.py), not uvicorn
+            http=http_protocol_for(config, open_files, zerocopy=False),
         )
     )
     server.run(sockets=[sock])

@@ -36,11 +36,13 @@ def serve(config: settings.Config, log_level: str) -> int:
 
     from fitbox.quiet_server import QuietServer
     from fitbox.server.app import create_app
+    from fitbox.server.door.limits import raise_open_files
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per proxied call is noise
+    open_files = raise_open_files()  # before anything is opened or listens
     started = _start(config)
     if isinstance(started, int):
         return started
@@ -63,7 +65,7 @@ def serve(config: settings.Config, log_level: str) -> int:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
-            http=_http_protocol(),
+            http=http_protocol_for(config, open_files, zerocopy=True),
             # forwarding headers are the door's to judge (server/door/auth.py, with
             # FITBOX_TRUSTED_PROXIES); uvicorn's own middleware, believing 127.0.0.1 by
             # default, would swap in the forwarded client before the door saw the proxy
@@ -81,26 +83,25 @@ def serve(config: settings.Config, log_level: str) -> int:
     return 0
 
 
-def _http_protocol() -> Any:
-    """uvicorn's httptools protocol with ``sendfile`` for transfers (server/manage/zerocopy.py), or
-    its h11 protocol where httptools is missing; either answers a request it cannot parse
-    with an OpenAI error body (server/door/framing.py)."""
-    from fitbox.server.door.framing import JsonFramingErrors
+def http_protocol_for(config: settings.Config, open_files: int, zerocopy: bool) -> Any:
+    """uvicorn's httptools protocol guarded by the connection limits (server/door/connections.py),
+    with ``sendfile`` for transfers when ``zerocopy``; uvicorn's h11 protocol where httptools
+    is missing (unguarded: h11 bounds only an incomplete event's size). Either answers a
+    request it cannot parse with an OpenAI error body (server/door/framing.py)."""
+    from fitbox.server.door.limits import limits_of
 
     try:
-        from fitbox.server.manage.zerocopy import ZeroCopyHttpToolsProtocol
+        from fitbox.server.door.connections import http_protocol
     except ImportError:
         from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        from fitbox.server.door.framing import JsonFramingErrors
 
         class H11(JsonFramingErrors, H11Protocol):
             pass
 
         return H11
-
-    class HttpTools(JsonFramingErrors, ZeroCopyHttpToolsProtocol):
-        pass
-
-    return HttpTools
+    return http_protocol(limits_of(config, open_files), zerocopy=zerocopy)
 
 
 def _start(config: settings.Config) -> tuple[Any, socket.socket, dict[str, Any]] | int:

@@ -25,6 +25,9 @@ class ServiceLayout:
     cache: Path
 
 
+OPEN_FILES = 65536  # the units' open-file limit (soft and hard): sockets, engines' pipes, logs
+
+
 def _under(root: Path, path: Path) -> Path:
     return root / path.relative_to(path.anchor) if root != Path("/") else path
 
@@ -94,6 +97,9 @@ def unit_text(
         "RestartSec=3",
         "KillMode=control-group",  # engine children stop with the service, never linger
         "TimeoutStopSec=30",
+        # systemd's default soft limit is 1,024 open files: about as many idle sockets would
+        # take the box offline (fitbox also raises its soft limit to the hard one at start)
+        f"LimitNOFILE={OPEN_FILES}",
         "NoNewPrivileges=yes",
         "PrivateTmp=yes",
     ]

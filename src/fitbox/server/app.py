@@ -13,6 +13,7 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect
 
 import fitbox
 from fitbox.box.box import Box
@@ -55,6 +56,7 @@ def create_app(config: Config, store: Store | None = None, address: str | None =
             FitboxError: errors.on_fitbox_error,
             HTTPException: errors.on_http_exception,
             StoreUnavailable: errors.on_store_unavailable,
+            ClientDisconnect: errors.on_client_gone,
             Exception: errors.on_unexpected,
         },
     )
@@ -75,7 +77,11 @@ async def _serving(
     ensure_box_key(store, config.box_key_file)
     app.state.gate = Gate(
         TrustSettings(
-            config.trusted_networks, config.trusted_proxies, config.host, config.host_names
+            config.trusted_networks,
+            config.trusted_proxies,
+            config.host,
+            config.host_names,
+            allowed_origins=config.cors_origins,  # pages the operator let in, keyless too
         ),
         KeyChecker(config.store_path, config.box_key_file),
         config.require_keys,

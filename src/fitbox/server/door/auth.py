@@ -16,9 +16,13 @@ Each route of the table (server/routes.py) names its access class (``Access``); 
   reaches this box under its own name. So a keyless call from the box itself to
   inference, management, the dashboard, telemetry or MCP must send a Host that names the
   box (``box_host()``: an address, localhost, the box's hostname, FITBOX_HOST or
-  FITBOX_HOST_NAMES; a keyless caller on a trusted network keeps its names), and a
-  state-changing one (POST, PUT, PATCH, DELETE) that carries an Origin must come from the
-  box's own origin (the Host it was sent to): another page's form or fetch is refused.
+  FITBOX_HOST_NAMES; a keyless caller on a trusted network keeps its names).
+- A keyless state-changing call (POST, PUT, PATCH, DELETE) that carries an Origin, to any
+  route and from anywhere, must come from the box's own origin: the scheme it was served on
+  (a trusted proxy's X-Forwarded-Proto) and the Host it was sent to, port included; or from
+  an origin the operator listed in FITBOX_CORS_ORIGINS. Another page's form or fetch (a
+  CORS-simple ``text/plain`` POST needs no preflight) would otherwise load models and evict
+  the operator's, or change the box.
 - `/calls` is for the box itself only, key or not (a loopback peer, the same Host rule).
 - `/health` is open. A presented fitbox key (``fb_…``) that is not valid is refused even
   where no key is needed: a client that sends a revoked key should hear about it. Any other
@@ -29,123 +33,33 @@ Each route of the table (server/routes.py) names its access class (``Access``); 
   itself wherever it comes from; a trusted network without a key is no insider. Routes and
   error handlers read ``request.state.insider``.
 
-Who is calling (``origin_of``, pure): the box itself, a trusted network, or the outside.
-
-- The box itself: a peer at 127.0.0.1 / ::1, or at the address the service listens on.
-- A request carrying forwarding headers counts as outside unless its immediate peer is a
-  trusted proxy; only then is X-Forwarded-For believed (walked from the right, skipping
-  trusted proxies). A public proxy can never make the internet local.
+Who is calling is server/door/trust.py's to say; whether a browser page could have sent
+a keyless call, server/door/browser.py's.
 """
 
 from __future__ import annotations
 
-import functools
-import ipaddress
-import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fitbox.errors import AuthenticationFailed, FitboxError, PermissionDenied
-from fitbox.networks import Network
+from fitbox.server.door.browser import (
+    address_host,
+    check_browser,
+    check_origin,
+    names_box,
+    served_scheme,
+)
 from fitbox.server.door.errors import INSIDER, error_response
+from fitbox.server.door.trust import Origin
+from fitbox.server.door.trust import TrustSettings as TrustSettings  # where callers find it
+from fitbox.server.door.trust import origin_of as origin_of
 from fitbox.store.keys import ApiKey, KeyChecker
-
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
-_SELF = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
-
-
-@functools.lru_cache(maxsize=1024)  # every request parses its peer: ipaddress is slow
-def _address(text: str | None) -> Address | None:
-    if not text:
-        return None
-    try:
-        address = ipaddress.ip_address(text.strip().strip("[]"))
-    except ValueError:
-        return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        return address.ipv4_mapped
-    return address
-
-
-def _within(address: Address | None, networks: tuple[Network, ...]) -> bool:
-    return address is not None and any(address in net for net in networks)
-
-
-@dataclass(frozen=True, eq=False)  # hashed by identity: a cache key each request, made once
-class TrustSettings:
-    trusted_networks: tuple[Network, ...]
-    trusted_proxies: tuple[Network, ...]
-    listen_host: str
-    host_names: tuple[str, ...] = ()  # FITBOX_HOST_NAMES: what a keyless Host may name
-
-
-@dataclass(frozen=True)
-class Origin:
-    address: Address | None
-    local: bool  # the box itself
-    trusted: bool  # inside a trusted network
-    forwarded: bool  # forwarding headers were present
-    reason: str  # how it was classified, for refusals a person can act on
-
-
-def origin_of(peer: str | None, headers: Mapping[str, str], settings: TrustSettings) -> Origin:
-    peer_address = _address(peer)
-    forwarded = any(h in headers for h in FORWARDING_HEADERS)
-    if forwarded and not _within(peer_address, settings.trusted_proxies):
-        return Origin(
-            peer_address,
-            local=False,
-            trusted=False,
-            forwarded=True,
-            reason=f"forwarded by {peer}, which is not a trusted proxy",
-        )
-    if not forwarded:
-        return _classified(peer_address, settings)
-    address = peer_address
-    if forwarded:
-        hops = [h.strip() for h in headers.get("x-forwarded-for", "").split(",") if h.strip()]
-        client = None
-        for hop in reversed(hops):
-            hop_address = _address(hop)
-            if hop_address is None:
-                break  # garbage in the chain: trust nothing further left
-            client = hop_address
-            if not _within(hop_address, settings.trusted_proxies):
-                break
-        address = client
-        if address is None:
-            return Origin(
-                None,
-                local=False,
-                trusted=False,
-                forwarded=True,
-                reason="a trusted proxy sent no usable X-Forwarded-For",
-            )
-    return _classified(address, settings, forwarded=True)
-
-
-@functools.lru_cache(maxsize=1024)  # a client's peer address, classified once
-def _classified(
-    address: Address | None, settings: TrustSettings, forwarded: bool = False
-) -> Origin:
-    local = address is not None and (address in _SELF or address == _address(settings.listen_host))
-    trusted = _within(address, settings.trusted_networks)
-    where = (
-        "the box itself"
-        if local
-        else ("a trusted network" if trusted else "outside the trusted networks")
-    )
-    return Origin(
-        address, local=local, trusted=trusted, forwarded=forwarded, reason=f"{address} is {where}"
-    )
 
 
 class Access(StrEnum):
@@ -207,11 +121,6 @@ class AccessMap:
         return Access.ADMIN if path.startswith("/v1") else None
 
 
-CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-# the box's own name names it: a rebinding page sends the attacker's name, never this one
-_OWN_NAME = socket.gethostname().lower().rstrip(".")
-
-
 @dataclass
 class Gate:
     settings: TrustSettings
@@ -235,9 +144,11 @@ def admit(
     gate: Gate,
     method: str = "GET",
     origin: Origin | None = None,
+    scheme: str = "http",
 ) -> ApiKey | None:
     """The key the call runs under (None when trust alone admits it); raises if refused.
-    ``origin``: the caller's, when the door has classified it already (once per request)."""
+    ``origin``: the caller's, when the door has classified it already (once per request);
+    ``scheme``: the one the request reached this server on (the ASGI scope's)."""
     access = gate.access(path)
     if access is None or access is Access.OPEN:
         return None
@@ -245,7 +156,9 @@ def admit(
     key = gate.checker.verify(presented, time.time()) if presented else None
     if presented and key is None:
         raise AuthenticationFailed("The API key is not valid: unknown, revoked or expired.")
-    call = _Caller(path, key, origin or origin_of(peer, headers, gate.settings), headers, method)
+    origin = origin or origin_of(peer, headers, gate.settings)
+    served = served_scheme(scheme, peer, headers, gate.settings)
+    call = _Caller(path, key, origin, headers, method, served)
     return _RULES[access](call, gate)
 
 
@@ -256,6 +169,7 @@ class _Caller:
     origin: Origin
     headers: dict[str, str]
     method: str
+    scheme: str  # the box's own, as the caller's browser saw it
 
 
 def _box_only(call: _Caller, gate: Gate) -> ApiKey | None:
@@ -265,7 +179,7 @@ def _box_only(call: _Caller, gate: Gate) -> ApiKey | None:
             code="loopback_only",
         )
     if call.key is None:
-        check_browser(call.headers, call.method, gate.settings)
+        check_browser(call.headers, call.method, gate.settings, call.scheme)
     return call.key
 
 
@@ -277,7 +191,7 @@ def _mcp(call: _Caller, gate: Gate) -> ApiKey | None:
         raise AuthenticationFailed(
             f"MCP needs an API key: {call.origin.reason}.", code="missing_api_key"
         )
-    if not _address_host(call.headers.get("host", "")):
+    if not address_host(call.headers.get("host", "")):
         # a web page whose name was rebound to this box would send its own name here:
         # without a key, its tools (load, unload) are the box's own
         raise PermissionDenied(
@@ -285,7 +199,7 @@ def _mcp(call: _Caller, gate: Gate) -> ApiKey | None:
             "localhost), not a host name: send a key.",
             code="host_not_allowed",
         )
-    check_browser(call.headers, call.method, gate.settings)
+    check_browser(call.headers, call.method, gate.settings, call.scheme)
     return None
 
 
@@ -317,6 +231,7 @@ def _inference(call: _Caller, gate: Gate) -> ApiKey | None:
             param="host",
         )
     if origin.local or origin.trusted:
+        check_origin(call.headers, call.method, gate.settings, call.scheme)
         return None
     raise AuthenticationFailed(f"An API key is required: {origin.reason}.", code="missing_api_key")
 
@@ -328,7 +243,7 @@ def _read(call: _Caller, gate: Gate) -> ApiKey | None:
     if key is not None:
         return key
     if call.origin.local:
-        check_browser(call.headers, call.method, gate.settings)
+        check_browser(call.headers, call.method, gate.settings, call.scheme)
         return None
     raise AuthenticationFailed(
         f"Telemetry needs a read key unless called from the box itself: {call.origin.reason}.",
@@ -342,7 +257,7 @@ def _admin(call: _Caller, gate: Gate) -> ApiKey | None:
             raise PermissionDenied("Management routes need a key with the admin scope.")
         return call.key
     if call.origin.local:
-        check_browser(call.headers, call.method, gate.settings)
+        check_browser(call.headers, call.method, gate.settings, call.scheme)
         return None
     raise AuthenticationFailed(
         "Management routes need an admin key unless called from the box itself: "
@@ -358,72 +273,6 @@ _RULES: dict[Access, Callable[[_Caller, Gate], ApiKey | None]] = {
     Access.READ: _read,
     Access.ADMIN: _admin,
 }
-
-
-def _host_name(host: str) -> str:
-    """The name in a Host header (or an Origin's netloc), without its port or brackets."""
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or "]" in host else host
-    return name.strip().strip("[]").lower().rstrip(".")
-
-
-def _address_host(host: str) -> bool:
-    """Whether a Host header names an address or localhost (not a name DNS could rebind)."""
-    name = _host_name(host)
-    if name == "localhost":
-        return True
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
-def box_host(host: str, settings: TrustSettings) -> bool:
-    """Whether a Host header names this box: an address (a browser sends the one in its
-    address bar, which no DNS answer can change), localhost or ``*.localhost`` (browsers
-    resolve those to loopback themselves), FITBOX_HOST, or a name in FITBOX_HOST_NAMES."""
-    name = _host_name(host)
-    return (
-        _address_host(host)
-        or name.endswith(".localhost")
-        or name == _OWN_NAME
-        or name == _host_name(settings.listen_host)
-        or name in settings.host_names
-    )
-
-
-def check_browser(headers: Mapping[str, str], method: str, settings: TrustSettings) -> None:
-    """Refuse a keyless call from the box itself that a web page could have made (see the
-    module's rule on DNS rebinding); a call with no Host or Origin (curl, a script) passes."""
-    host = headers.get("host")
-    if not names_box(headers, settings):
-        raise PermissionDenied(
-            f"The Host header {host!r} does not name this box: without a key, a call from "
-            "the box itself is served only to an address, localhost, FITBOX_HOST or a name "
-            "in FITBOX_HOST_NAMES (a web page whose name was rebound to this box would send "
-            "its own). Use http://127.0.0.1:PORT, add the name to FITBOX_HOST_NAMES, or send "
-            "an admin key.",
-            code="host_not_allowed",
-            param="host",
-        )
-    origin = headers.get("origin")
-    if method.upper() not in CHANGES or origin is None:
-        return
-    netloc = urlsplit(origin).netloc if origin.startswith(("http://", "https://")) else ""
-    if not netloc or host is None or netloc.lower() != host.strip().lower():
-        raise PermissionDenied(
-            f"A {method.upper()} without a key from the page at {origin!r} is refused: "
-            f"only the box's own pages ({host or 'no Host sent'}) may change it without a "
-            "key, so another page open in your browser cannot. Send an admin key.",
-            code="origin_not_allowed",
-            param="origin",
-        )
-
-
-def names_box(headers: Mapping[str, str], settings: TrustSettings) -> bool:
-    """Whether the request's Host (if it sent one: curl over HTTP/1.0 may not) names the box."""
-    host = headers.get("host")
-    return host is None or box_host(host, settings)
 
 
 def insider(key: ApiKey | None, origin: Origin, named_box: bool = True) -> bool:
@@ -450,7 +299,9 @@ class AuthMiddleware:
             peer = client[0] if client else None
             origin = origin_of(peer, headers, gate.settings)  # once: the check and insider
             try:
-                key = admit(scope["path"], peer, headers, gate, scope.get("method", "GET"), origin)
+                method = scope.get("method", "GET")
+                scheme = scope.get("scheme", "http")
+                key = admit(scope["path"], peer, headers, gate, method, origin, scheme)
             except FitboxError as exc:
                 await error_response(exc)(scope, receive, send)
                 return

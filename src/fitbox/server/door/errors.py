@@ -94,6 +94,12 @@ async def on_store_unavailable(request: Request, exc: Exception) -> Response:
     return error_response(error)
 
 
+async def on_client_gone(request: Request, exc: Exception) -> Response:
+    """A client that went away before its body arrived (or was cut off for being slow:
+    server/door/connections.py): nobody reads a reply, and it is no error of the box's."""
+    return Response(status_code=499)
+
+
 async def on_unexpected(request: Request, exc: Exception) -> Response:
     """A bug: the body says so, and ``Connection: close`` says the connection ends with it
     (the server closes it after an unhandled exception; a client that is not told would
