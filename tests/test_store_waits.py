@@ -11,6 +11,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +154,37 @@ def health(client: Any) -> dict[str, Any]:
     assert response.status_code == 200
     body: dict[str, Any] = response.json()
     return body
+
+
+def test_a_key_check_the_store_does_not_answer_is_503_and_holds_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key's row read held by the test (a hung drive): the keyed request answers 503
+    store_busy once the store's bound passes, and /health answers while the read still
+    hangs. On main the door read the key on the event loop: both waited for the drive."""
+    models = tmp_path / "models"
+    models.mkdir()
+    cfg = config.load({"home": str(tmp_path / "home"), "models": str(models)}, env={})
+    hung, entered = threading.Event(), threading.Event()
+    looked_up = keys.KeyChecker._lookup
+
+    def held(self: keys.KeyChecker, key_id: str) -> Any:
+        entered.set()
+        hung.wait(HOLD_S)
+        return looked_up(self, key_id)
+
+    with app_client(cfg) as client, ThreadPoolExecutor(2) as pool:
+        made = client.post("/v1/keys", json={"name": "app", "scopes": ["read"]})
+        bearer = {"authorization": f"Bearer {made.json()['key']}"}
+        monkeypatch.setattr(waits, "STORE_WAIT_S", 0.2)  # the bound the door waits within
+        monkeypatch.setattr(keys.KeyChecker, "_lookup", held)
+        try:
+            keyed = pool.submit(client.get, "/v1/telemetry/tables", headers=bearer)
+            assert entered.wait(HOLD_S)
+            assert_error(keyed.result(timeout=HOLD_S), 503, "store_busy")
+            assert pool.submit(health, client).result(timeout=HOLD_S)["service"] == "fitbox"
+            assert not hung.is_set()  # the key's read still hangs, and nothing waited for it
+        finally:
+            hung.set()
+        monkeypatch.setattr(keys.KeyChecker, "_lookup", looked_up)
+        assert client.get("/v1/telemetry/tables", headers=bearer).status_code == 200

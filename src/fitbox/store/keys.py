@@ -231,6 +231,10 @@ class KeyChecker:
         self._conn: sqlite3.Connection | None = None
         self._opened: tuple[int, int] | None = None
 
+    @property
+    def path(self) -> Path:
+        return self._path
+
     def _connection(self) -> sqlite3.Connection | None:
         try:
             found = os.stat(self._path)

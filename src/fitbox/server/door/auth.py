@@ -39,6 +39,7 @@ a keyless call, server/door/browser.py's.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from fitbox.server.door.trust import Origin
 from fitbox.server.door.trust import TrustSettings as TrustSettings  # where callers find it
 from fitbox.server.door.trust import origin_of as origin_of
 from fitbox.store.keys import ApiKey, KeyChecker
+from fitbox.store.waits import busy, off_loop
 
 
 class Access(StrEnum):
@@ -137,6 +139,23 @@ def presented_key(headers: dict[str, str]) -> str | None:
     return value if value.startswith("fb_") else None
 
 
+Verify = Callable[[str, float], ApiKey | None]  # a presented key and the time: its record
+
+
+async def verified(gate: Gate, path: str, headers: dict[str, str]) -> Verify:
+    """The presented key checked against the store in a store reader thread, within the
+    store's bound (store/waits.py), for ``admit`` to use: the event loop never waits on
+    SQLite, so a hung drive answers a keyed request 503 and leaves every other one be."""
+    presented = presented_key(headers)
+    if presented is None or gate.access(path) in (None, Access.OPEN):
+        return gate.checker.verify  # admit asks nothing of it
+    try:
+        found = await off_loop(functools.partial(gate.checker.verify, presented, time.time()))
+    except TimeoutError:
+        raise busy(gate.checker.path, "check the API key") from None
+    return lambda _presented, _now: found
+
+
 def admit(
     path: str,
     peer: str | None,
@@ -145,15 +164,18 @@ def admit(
     method: str = "GET",
     origin: Origin | None = None,
     scheme: str = "http",
+    verify: Verify | None = None,
 ) -> ApiKey | None:
     """The key the call runs under (None when trust alone admits it); raises if refused.
     ``origin``: the caller's, when the door has classified it already (once per request);
-    ``scheme``: the one the request reached this server on (the ASGI scope's)."""
+    ``scheme``: the one the request reached this server on (the ASGI scope's); ``verify``:
+    the presented key's check, when it was made already (off the loop: ``verified``), else
+    ``gate.checker.verify``."""
     access = gate.access(path)
     if access is None or access is Access.OPEN:
         return None
     presented = presented_key(headers)
-    key = gate.checker.verify(presented, time.time()) if presented else None
+    key = (verify or gate.checker.verify)(presented, time.time()) if presented else None
     if presented and key is None:
         raise AuthenticationFailed("The API key is not valid: unknown, revoked or expired.")
     origin = origin or origin_of(peer, headers, gate.settings)
@@ -301,7 +323,8 @@ class AuthMiddleware:
             try:
                 method = scope.get("method", "GET")
                 scheme = scope.get("scheme", "http")
-                key = admit(scope["path"], peer, headers, gate, method, origin, scheme)
+                verify = await verified(gate, scope["path"], headers)
+                key = admit(scope["path"], peer, headers, gate, method, origin, scheme, verify)
             except FitboxError as exc:
                 await error_response(exc)(scope, receive, send)
                 return

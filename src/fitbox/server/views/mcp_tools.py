@@ -62,7 +62,9 @@ def _admitted(ctx: Context, route: str) -> Request:
     headers = {k.lower(): v for k, v in request.headers.items()}
     peer = request.client.host if request.client else None
     try:
-        admit(route, peer, headers, request.app.state.gate)
+        # the door checked the presented key for /mcp (off the loop): the same key's record
+        known = getattr(request.state, "api_key", None)
+        admit(route, peer, headers, request.app.state.gate, verify=lambda *_: known)
     except FitboxError as exc:
         raise ToolError(_readable(exc)) from None
     return request
