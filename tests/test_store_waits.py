@@ -19,6 +19,7 @@ import pytest
 
 from fitbox import config
 from fitbox.errors import StoreBusy
+from fitbox.server.views.tally import Tally
 from fitbox.store import keys, waits
 from fitbox.store.db import Store
 
@@ -188,3 +189,28 @@ def test_a_key_check_the_store_does_not_answer_is_503_and_holds_nothing_else(
             hung.set()
         monkeypatch.setattr(keys.KeyChecker, "_lookup", looked_up)
         assert client.get("/v1/telemetry/tables", headers=bearer).status_code == 200
+
+
+def test_a_metrics_scrape_the_store_does_not_answer_is_503(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scrape's count of new rows held by the test (a hung drive): /metrics answers 503
+    store_busy once the store's bound passes, instead of hanging the scrape."""
+    models = tmp_path / "models"
+    models.mkdir()
+    cfg = config.load({"home": str(tmp_path / "home"), "models": str(models)}, env={})
+    hung = threading.Event()
+    caught_up = Tally.catch_up
+
+    def held(self: Tally, *args: Any) -> None:
+        hung.wait(HOLD_S)
+        caught_up(self, *args)
+
+    with app_client(cfg) as client:
+        assert client.get("/metrics").status_code == 200
+        monkeypatch.setattr(waits, "STORE_WAIT_S", 0.2)
+        monkeypatch.setattr(Tally, "catch_up", held)
+        try:
+            assert_error(client.get("/metrics"), 503, "store_busy")
+        finally:
+            hung.set()

@@ -75,6 +75,15 @@ async def off_loop(work: Callable[[], T], bound: float | None = None) -> T:
         return await loop.run_in_executor(_readers, work)
 
 
+async def bounded(work: Callable[[], T], path: Path, doing: str) -> T:
+    """``work()`` (reads of the store ``path`` among its steps) off the loop within the
+    bound, else :class:`StoreBusy` saying fitbox did not ``doing``."""
+    try:
+        return await off_loop(work)
+    except TimeoutError:
+        raise busy(path, doing) from None
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     """A read-only connection of the request's own: never the writer's, never a write.
     Text that is not UTF-8 (written by hand) reads with replacement characters."""

@@ -61,7 +61,7 @@ from fitbox.server.door.trust import Origin
 from fitbox.server.door.trust import TrustSettings as TrustSettings  # where callers find it
 from fitbox.server.door.trust import origin_of as origin_of
 from fitbox.store.keys import ApiKey, KeyChecker
-from fitbox.store.waits import busy, off_loop
+from fitbox.store.waits import bounded
 
 
 class Access(StrEnum):
@@ -149,10 +149,8 @@ async def verified(gate: Gate, path: str, headers: dict[str, str]) -> Verify:
     presented = presented_key(headers)
     if presented is None or gate.access(path) in (None, Access.OPEN):
         return gate.checker.verify  # admit asks nothing of it
-    try:
-        found = await off_loop(functools.partial(gate.checker.verify, presented, time.time()))
-    except TimeoutError:
-        raise busy(gate.checker.path, "check the API key") from None
+    check = functools.partial(gate.checker.verify, presented, time.time())
+    found = await bounded(check, gate.checker.path, "check the API key")
     return lambda _presented, _now: found
 
 

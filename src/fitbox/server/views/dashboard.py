@@ -23,9 +23,11 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 
 from fitbox.box.box import Box
 from fitbox.core.types import ResidentState
+from fitbox.errors import StoreBusy
 from fitbox.server.inference.progress import loaded_bytes
 from fitbox.server.manage.telemetry import ChangeSignal
 from fitbox.store.db import Store
+from fitbox.store.waits import bounded
 
 from . import dashboard_html
 from .dashboard_html import DeviceView, View
@@ -66,7 +68,9 @@ def _rows(store: Store) -> tuple[list[dict[str, Any]], ...]:
 
 async def gather(box: Box, store: Store) -> View:
     counter = store.counter  # read first: a change after it is sent again, never missed
-    calls, evictions, refusals = await asyncio.to_thread(_rows, store)
+    calls, evictions, refusals = await bounded(
+        lambda: _rows(store), store.path, "read the recent calls for the dashboard"
+    )
     described = []
     for resident in box.residents():
         row = resident.describe()
@@ -154,9 +158,13 @@ async def events(request: Request) -> Response:
             if store.counter != shown or _states(box) != states or _loading(box):
                 await _settled(signal, store, leaving)
                 states = _states(box)
-                view = await gather(box, store)
-                shown = view.counter
-                yield _event(view)
+                try:
+                    view = await gather(box, store)
+                except StoreBusy:  # the page keeps what it shows; tried after the spacing
+                    view = None
+                if view is not None:
+                    shown = view.counter
+                    yield _event(view)
                 # changes meanwhile are gathered together, once the spacing has passed
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(SPACING_S):  # not wait_for: it can lose a cancel

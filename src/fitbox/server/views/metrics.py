@@ -15,6 +15,7 @@ One ``CollectorRegistry`` per app: two apps in one process (tests) never share a
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Iterable, Iterator
 
@@ -31,6 +32,7 @@ from fitbox.core.types import ResidentState
 from fitbox.engines.http1 import EngineConnectionError
 from fitbox.probe.host import read_host
 from fitbox.store.db import Store
+from fitbox.store.waits import bounded
 
 from .tally import Tally
 
@@ -129,6 +131,7 @@ class Metrics:
     def __init__(self, box: Box, store: Store) -> None:
         self.box, self.registry = box, CollectorRegistry(auto_describe=False)
         self.tally = Tally(store, self.registry)
+        self.store_path = store.path
         self.now = BoxCollector(box, store)
         self.registry.register(self.now)
         self.child_failures = Counter(
@@ -154,7 +157,8 @@ class Metrics:
         }
         children = await self._children()
         self.now.read()
-        return await asyncio.to_thread(self._page, names, asked, children)
+        page = functools.partial(self._page, names, asked, children)
+        return await bounded(page, self.store_path, "count the calls for /metrics")
 
     def _page(
         self, names: dict[str, str], asked: dict[str, str], children: list[tuple[str, str]]
