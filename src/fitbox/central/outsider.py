@@ -18,10 +18,16 @@ import re
 from typing import Any
 
 from fitbox.server.door.errors import INTERNAL, OPERATOR_REASON, WITHHELD
+from fitbox.server.routes import ENDPOINTS
 
 # an absolute path of two parts or more (``/srv/models``, ``/home/a/b.gguf``), alone or in a
-# list joined by ':' (os.pathsep): a URL's path is not one (it follows a host, not a space)
-_PATH = re.compile(r"(?<![\w:/.])/(?:[^\s/:;,'\")]+/)+[^\s/:;,'\")]*(?::/[^\s;,'\")]*)*")
+# list joined by ':' (os.pathsep): a URL's path is not one (it follows a host, not a space),
+# nor is a route of the box a message names (``GET /v1/fleet``, ``/tokenize?model=``)
+_ROUTE_ROOTS = sorted({e.path.split("/")[1].split("{")[0] for e in ENDPOINTS} - {""})
+_PATH = re.compile(
+    r"(?<![\w:/.])/(?!(?:" + "|".join(map(re.escape, _ROUTE_ROOTS)) + r")(?:[/?\s]|$))"
+    r"(?:[^\s/:;,'\")]+/)+[^\s/:;,'\")]*(?::/[^\s;,'\")]*)*"
+)
 PATH_WITHHELD = "(a path on the box, shown to the box itself and to admin keys)"
 ENGINE_PATHS = ("model_path",)  # /props fields naming the box's files
 WHOLE = ("/props",)  # a reply read whole and rewritten for an outsider, error or not
@@ -34,7 +40,9 @@ def rewritten(path: str, status: int) -> bool:
 
 
 def withhold_paths(text: str) -> str:
-    return _PATH.sub(PATH_WITHHELD, text)
+    """``text`` with each path of the box's filesystem replaced (a sentence's last full stop
+    kept)."""
+    return _PATH.sub(lambda m: PATH_WITHHELD + "." * m.group().endswith("."), text)
 
 
 def error_body(raw: bytes) -> bytes:
