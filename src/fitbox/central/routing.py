@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import httpx
 from starlette.requests import Request
@@ -180,7 +180,7 @@ class Asked:
 
     def for_box(self, model: str) -> tuple[str, bytes]:
         """The target and body for the box that knows the model as ``model``."""
-        path = self.path.replace("{model_id:path}", model)
+        path = self.path.replace("{model_id:path}", quote(model, safe="/"))
         content = self.raw
         if self.body is not None and model != self.model:
             content = json.dumps({**self.body, "model": model}).encode()
