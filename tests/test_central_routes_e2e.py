@@ -190,3 +190,11 @@ def test_a_box_s_404_through_the_central_names_none_of_the_box_s_paths(site: Sit
     assert error["code"] == "model_not_found" and "no-such-model" in error["message"]
     assert str(site.models) not in answer.text and str(site.box.home) not in answer.text
     assert not re.search(r"(?<![\w:/.])/(?:tmp|home|root|srv|var)/", error["message"]), error
+
+
+def test_a_head_of_a_forwarded_get_is_answered_as_its_get(site: Site) -> None:
+    headers = {"Authorization": f"Bearer {site.central_key}"}
+    url = f"{site.central.url}/v1/models/{site.model}"
+    head = httpx.head(url, headers=headers, timeout=60)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["x-fitbox-box"] == site.box_id
