@@ -66,10 +66,11 @@ class Central:
         return openai_client(self.url, max_retries=0)
 
 
-def worker_key(home: Path) -> str:
-    """A new worker key of the central whose home is ``home`` (its store need not be open)."""
+def worker_key(home: Path, scope: str = "worker") -> str:
+    """A new key (a worker key unless ``scope`` says) of the central whose home is ``home``
+    (its store need not be open)."""
     made = subprocess.run(
-        [*CENTRAL, "keys", "create", "--scope", "worker", "--home", str(home)],
+        [*CENTRAL, "keys", "create", "--scope", scope, "--home", str(home)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import fitbox
 from fitbox.central import boxes, identity, openapi, routing
-from fitbox.central.backend import StoreTarget
+from fitbox.central.backend import StoreTarget, StoreUnavailable
 from fitbox.central.facts import FactOffers
 from fitbox.central.identity import BoxIdentityRefused, BoxIdInUse
 from fitbox.central.mirror import MIRRORED_TABLES, Fleet
@@ -33,7 +33,16 @@ from fitbox.central.store import CentralStore
 from fitbox.config import Config
 from fitbox.errors import AuthenticationFailed, FitboxError, InvalidRequest, PermissionDenied
 from fitbox.server.door import errors
-from fitbox.server.door.auth import Gate, TrustSettings, admit, origin_of, presented_key
+from fitbox.server.door.auth import (
+    Gate,
+    TrustSettings,
+    admit,
+    insider,
+    origin_of,
+    presented_key,
+)
+from fitbox.server.door.browser import names_box
+from fitbox.server.door.errors import INSIDER
 from fitbox.server.manage.joining import is_loopback
 from fitbox.server.routes import ACCESS
 from fitbox.store.keys import ApiKey
@@ -42,6 +51,7 @@ log = logging.getLogger(__name__)
 REGISTER = "/v1/boxes"
 REJECTS = "mirror_rejects"
 MAX_ROWS = 1000
+HEALTH_STORE_S = 3.0  # /health answers within this even while the store hangs
 
 
 def admit_central(
@@ -103,7 +113,11 @@ class CentralAuth:
             except FitboxError as exc:
                 await errors.error_response(exc)(scope, receive, send)
                 return
-            scope.setdefault("state", {})["api_key"] = key  # its model limits (routing.py)
+            state = scope.setdefault("state", {})
+            state["api_key"] = key  # its model limits (routing.py)
+            # who may see a box's paths and engine internals (central/outsider.py)
+            origin = origin_of(client[0] if client else None, headers, gate.settings)
+            state[INSIDER] = insider(key, origin, names_box(headers, gate.settings))
         await self.app(scope, receive, send)
 
 
@@ -113,17 +127,36 @@ def _fleet(request: Request) -> Fleet:
 
 
 async def health(request: Request) -> Response:
+    """Liveness, and what is wrong (status degraded, the problems named): a store that
+    cannot be read refuses every keyed call (503 store_unavailable)."""
     fleet = _fleet(request)
     states = [link.state for link in fleet.links.values()]
+    store_state, problems = await _store_state(request.app.state.store)
     return JSONResponse(
         {
-            "status": "ok",
+            "status": "degraded" if problems else "ok",
+            "problems": problems,
             "service": "fitbox-central",
             "version": fitbox.__version__,
+            "store": store_state,
             "boxes": len(states),
             "boxes_up": states.count("up"),
         }
     )
+
+
+async def _store_state(store: CentralStore) -> tuple[str, list[str]]:
+    """``up`` or ``down``, and why it is down."""
+    try:
+        await asyncio.wait_for(asyncio.to_thread(store.check), HEALTH_STORE_S)
+    except StoreUnavailable as exc:
+        return "down", [f"{exc.message}; keyed calls are refused (503) until it answers"]
+    except TimeoutError:
+        return "down", [
+            f"the central's store {store.where} did not answer within {HEALTH_STORE_S:g} s; "
+            "keyed calls wait on it"
+        ]
+    return "up", []
 
 
 async def register(request: Request) -> Response:
@@ -289,6 +322,11 @@ def _forwarded(path: str) -> Any:
     return route
 
 
+FORWARDED_ROUTES = tuple(
+    Route(e.path, _forwarded(e.path), methods=e.methods) for e in openapi.FORWARDED
+)
+
+
 ROUTES = (
     Route("/health", health, methods=["GET"]),
     Route("/openapi.json", openapi.document, methods=["GET"]),
@@ -301,10 +339,7 @@ ROUTES = (
     Route("/v1/telemetry/tables", tables, methods=["GET"]),
     Route("/v1/telemetry/rows", table_rows, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
-    *(
-        Route(p, _forwarded(p), methods=["POST"])
-        for p in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
-    ),
+    *FORWARDED_ROUTES,
 )
 
 

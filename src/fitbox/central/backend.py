@@ -300,29 +300,36 @@ class PostgresKeyChecker(KeyChecker):
         self._lock = threading.Lock()
         self._pg = PostgresConnection(_open_postgres(url))
         self._refused_until = 0.0
+        self._refused_why = ""
 
     def _lookup(self, key_id: str) -> Any:
         """A dropped connection (a database restart) is opened again and the read tried
-        once more. While the database cannot be reached, keys fail closed at once for a
-        few seconds rather than each request waiting out a connect (verify runs in a
-        thread of its own, central/app.py CentralAuth: each waiting request holds one)."""
+        once more. While the database cannot be reached, a presented key is neither
+        admitted nor called invalid: StoreUnavailable (503, naming the store), at once for a
+        few seconds rather than each request waiting out a connect (verify runs in a thread
+        of its own, central/app.py CentralAuth: each waiting request holds one)."""
         psycopg = _psycopg()
         with self._lock:
             for attempt in (1, 2):
                 try:
                     if self._pg.raw.broken or self._pg.raw.closed:
                         if time.monotonic() < self._refused_until:
-                            return None
+                            raise StoreUnavailable(self._refused_why)
                         self._pg = PostgresConnection(_open_postgres(self._url))
                     return self._pg.execute(
                         "SELECT * FROM api_keys WHERE key_id = ?", (key_id,)
                     ).fetchone()
-                except StoreUnavailable:
-                    self._refused_until = time.monotonic() + KEYS_REFUSED_S
-                    return None  # fails closed: an unreadable store admits no key
-                except psycopg.Error:
+                except StoreUnavailable as exc:
+                    if time.monotonic() >= self._refused_until:
+                        self._refused_until = time.monotonic() + KEYS_REFUSED_S
+                        self._refused_why = str(exc)
+                    raise
+                except psycopg.Error as exc:
                     if attempt == 2 or not self._pg.raw.broken:
-                        return None
+                        raise StoreUnavailable(
+                            f"the central's store {redact(self._url)} could not check the "
+                            f"key: {_scrub(str(exc), self._url).strip()}"
+                        ) from None
             return None
 
     def close(self) -> None:

@@ -10,8 +10,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import fitbox
+from fitbox.server import routes
+from fitbox.server.door.auth import Access
 from fitbox.server.views.openapi import COMPONENTS, operation, path_param, query
-from fitbox.server.views.openapi_shapes import CHAT, COMPLETION, EMBEDDING
 
 INFERENCE = "a central key with the inference scope, or none from the central's own host"
 MANAGEMENT = "the central's own host, or a central key with the admin scope"
@@ -108,11 +109,26 @@ PATHS: dict[str, dict[str, Any]] = {
     "/v1/models": {
         "get": operation("Every model of the fleet by bare name and as BOX/MODEL", INFERENCE)
     },
-    "/v1/chat/completions": {
-        "post": operation(ROUTED + "Chat (SSE passes through)", INFERENCE, CHAT)
-    },
-    "/v1/completions": {"post": operation(ROUTED + "Text completion", INFERENCE, COMPLETION)},
-    "/v1/embeddings": {"post": operation(ROUTED + "Embeddings", INFERENCE, EMBEDDING)},
+}
+# Every inference route a box serves, the central forwards (its own /v1/models aside): read
+# from the box's route table, so a route a box gains is forwarded and documented here too
+FORWARDED = tuple(
+    e for e in routes.ENDPOINTS if e.access is Access.INFERENCE and e.path != "/v1/models"
+)
+
+
+def _forwarded_op(op: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **op,
+        "summary": ROUTED + op["summary"],
+        "description": f"Access: {INFERENCE}. The box's errors pass through, without the "
+        "box's paths and engine internals for a caller who is no insider of the central.",
+    }
+
+
+PATHS |= {
+    e.doc_path: {m: _forwarded_op(op) for m, op in routes.PATHS[e.doc_path].items()}
+    for e in FORWARDED
 }
 
 

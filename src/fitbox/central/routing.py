@@ -16,15 +16,18 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from fitbox.central import outsider
 from fitbox.central.box_link import relayed
 from fitbox.central.mirror import BoxLink, Fleet
 from fitbox.engines.http1 import EngineConnectionError, EngineResponse
 from fitbox.errors import EngineFailed, InvalidRequest, ModelNotFound, PermissionDenied
+from fitbox.server.door.auth import is_insider
 
 HOP_BY_HOP = frozenset(
     {
@@ -38,6 +41,9 @@ HOP_BY_HOP = frozenset(
         "proxy-authorization",
     }
 )
+# uvicorn sends the central's own date and server: the box's would make two of each
+DROPPED = HOP_BY_HOP | {"date", "server"}
+PASSED = ("x-request-id",)  # the client's own id: the box records it on its call row
 TRIES = 2  # the first candidate and, when it fails before its first byte, the next
 PLAN_TIMEOUT_S = 30.0  # a plan prices, it loads nothing; a loaded box may be slow to
 
@@ -149,7 +155,7 @@ def check_allowed(fleet: Fleet, allowed: tuple[str, ...] | None, model: str) -> 
 def _passed_headers(
     response: EngineResponse, candidate: Candidate, tried: list[str], started: float
 ) -> dict[str, str]:
-    headers = {k: v for k, v in response.headers.items() if k not in HOP_BY_HOP}
+    headers = {k: v for k, v in response.headers.items() if k not in DROPPED}
     box_id = candidate.link.record.box_id
     timing = f'box;desc="{box_id}";dur={(time.perf_counter() - started) * 1000:.1f}'
     headers["server-timing"] = ", ".join(filter(None, [headers.get("server-timing"), timing]))
@@ -160,16 +166,62 @@ def _passed_headers(
     return headers
 
 
-async def forward(request: Request, fleet: Fleet, path: str) -> Response:
-    """POST ``path`` (chat, completions, embeddings) to the box that takes its model."""
-    raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise InvalidRequest("The body is not JSON.") from None
-    model = body.get("model") if isinstance(body, dict) else None
+@dataclass(frozen=True)
+class Asked:
+    """A call as the client made it: where its model was named (the body's ``model``, else
+    the ``model`` query parameter, as the box reads it; or the path: /v1/models/{id})."""
+
+    method: str
+    path: str
+    model: str
+    raw: bytes
+    body: dict[str, Any] | None  # None: the model is not in the body
+    query: list[tuple[str, str]]
+
+    def for_box(self, model: str) -> tuple[str, bytes]:
+        """The target and body for the box that knows the model as ``model``."""
+        path = self.path.replace("{model_id:path}", quote(model, safe="/"))
+        content = self.raw
+        if self.body is not None and model != self.model:
+            content = json.dumps({**self.body, "model": model}).encode()
+        query = [(k, model if k == "model" and self.body is None else v) for k, v in self.query]
+        return (f"{path}?{urlencode(query)}" if query else path), content
+
+
+async def asked(request: Request, path: str) -> Asked:
+    query = list(request.query_params.multi_items())
+    model: object = request.query_params.get("model")
+    body: dict[str, Any] | None = None
+    raw = b""
+    if "{model_id:path}" in path:
+        model = request.path_params["model_id"]
+    elif request.method == "POST":
+        raw = await request.body()
+        try:
+            found = json.loads(raw)
+        except ValueError:
+            raise InvalidRequest("The body is not JSON.") from None
+        if isinstance(found, dict) and "model" in found:
+            model, body = found.get("model"), found
     if not isinstance(model, str) or not model:
-        raise InvalidRequest("The body needs 'model': a model name or BOX/MODEL.", param="model")
+        raise InvalidRequest(
+            "The call needs 'model' (in its body, or ?model= where the body names none): a "
+            "model name or BOX/MODEL.",
+            param="model",
+        )
+    return Asked(request.method, path, model, raw, body, query)
+
+
+async def forward(request: Request, fleet: Fleet, path: str) -> Response:
+    """``path`` (a box's inference route) to the box that takes its model."""
+    if path in outsider.INSIDER_ONLY and not is_insider(request):
+        raise PermissionDenied(
+            f"{path} shows every caller's prompts on the box: through the central it needs a "
+            "central admin key, or a call from the central's own host.",
+            code="insider_only",
+        )
+    call = await asked(request, path)
+    model = call.model
     check_allowed(fleet, allowed_models(request), model)
     found = await candidates(fleet, model, enough=1)
     tried: list[str] = []
@@ -181,19 +233,14 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
             break
         candidate = found[attempt]
         link = candidate.link
-        content = (
-            raw
-            if candidate.model == model
-            else json.dumps({**body, "model": candidate.model}).encode()
-        )
-        headers = {
-            **link.headers,
-            "content-type": "application/json",
-            "accept": request.headers.get("accept", "*/*"),
-        }
+        target, content = call.for_box(candidate.model)
+        headers = {**link.headers, "accept": request.headers.get("accept", "*/*")}
+        headers |= {k: request.headers[k] for k in PASSED if k in request.headers}
+        if call.method == "POST":
+            headers["content-type"] = "application/json"
         link.call_started()
         try:
-            response = await link.http.send("POST", path, content, headers)
+            response = await link.http.send(call.method, target, content, headers)
         except (EngineConnectionError, TimeoutError) as exc:  # before the first byte
             link.call_ended()
             link.refused_calls = True
@@ -202,16 +249,28 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
         except BaseException:  # the client went away while the box was asked
             link.call_ended()
             raise
-        return StreamingResponse(
-            _relay(response, link),
-            status_code=response.status,
-            headers=_passed_headers(response, candidate, tried, started),
-        )
+        passed = _passed_headers(response, candidate, tried, started)
+        if is_insider(request) or not outsider.rewritten(path, response.status):
+            return StreamingResponse(
+                _relay(response, link), status_code=response.status, headers=passed
+            )
+        return await _as_outsider(response, link, path, passed)
     raise EngineFailed(
         f"No box could take the call for '{model}': tried {', '.join(tried)}; "
         "GET /v1/fleet shows each box's state.",
         param="model",
     )
+
+
+async def _as_outsider(
+    response: EngineResponse, link: BoxLink, path: str, headers: dict[str, str]
+) -> Response:
+    """A box's answer a whole body at a time (an error, /props: small), as the central's
+    outsider may see it (central/outsider.py)."""
+    raw = b"".join([piece async for piece in _relay(response, link)])
+    headers.pop("content-length", None)
+    body = outsider.props_body(raw) if response.status < 400 else outsider.error_body(raw)
+    return Response(body, status_code=response.status, headers=headers)
 
 
 async def _relay(response: EngineResponse, link: BoxLink) -> AsyncIterator[bytes]:

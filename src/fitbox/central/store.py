@@ -125,6 +125,11 @@ class CentralStore:
         with self._lock, self._backend.reading() as conn:
             yield conn
 
+    def check(self) -> None:
+        """Raises StoreUnavailable (naming the store) when it cannot be read now."""
+        with self._reading() as conn:
+            conn.execute("SELECT 1").fetchone()
+
     def key_checker(self) -> KeyChecker:
         """A checker reading this store's keys fresh on every call (on its own connection)."""
         return self._backend.key_checker()
