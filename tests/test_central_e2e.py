@@ -639,7 +639,10 @@ def test_a_box_dead_before_the_first_byte_is_retried_on_the_next(fleet: Fleet) -
         )
         assert raw.headers["x-fitbox-box"] == other
         assert raw.headers["x-fitbox-retried-from"].startswith(first)
+        # once the central sees it unreachable, the box by name is a 503 to retry later
+        until(lambda: _in_state(fleet.central, first, "unreachable"), "the dead box unreachable")
         with pytest.raises(openai.InternalServerError) as caught:
             client.chat.completions.create(model=f"{first}/{SMOL}", messages=HELLO)
-    assert caught.value.status_code == 502
+    assert caught.value.status_code == 503
+    assert caught.value.response.headers["x-should-retry"] == "true"
     assert isinstance(caught.value.body, dict) and "GET /v1/fleet" in caught.value.body["message"]
