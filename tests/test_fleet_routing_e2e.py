@@ -23,7 +23,7 @@ import pytest
 
 from .support.central import Central, worker_key
 from .support.clients import openai_client
-from .support.holds import HOLD_IDLE_TIMEOUT, Background, resident, until
+from .support.holds import HOLD_IDLE_TIMEOUT, Background, engine_stopped, resident, until
 from .support.processes import FitboxProcess, start_fitbox, stop_fitbox
 
 pytestmark = pytest.mark.engine
@@ -97,19 +97,19 @@ def site(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> Iterator[Si
         central.stop()
 
 
+def _resident_on(site: Site, ids: list[str]) -> bool:
+    models = site.central.get("/v1/models")["data"]
+    entry: dict[str, Any] = next((m for m in models if m["id"] == SMOL), {})
+    return set(entry.get("resident_on", [])) == set(ids)
+
+
 def _resident_on_both(site: Site) -> None:
     """SMOL resident on both boxes, and the central knowing it: a bare name goes to the
     lower id first (both idle)."""
     for box in site.boxes:
         with openai_client(box.url) as direct:
             direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
-
-    def known() -> bool:
-        models = site.central.get("/v1/models")["data"]
-        entry: dict[str, Any] = next((m for m in models if m["id"] == SMOL), {})
-        return set(entry.get("resident_on", [])) == set(site.ids)
-
-    until(known, "the model resident on both boxes, as the central sees it")
+    until(lambda: _resident_on(site, site.ids), "the model resident on both, as the central sees")
 
 
 def _restart(site: Site, index: int) -> None:
@@ -206,6 +206,35 @@ def test_a_box_killed_mid_stream_ends_the_stream_with_an_error_event_and_done(
     assert {"type", "param"} <= set(error)
     assert all("choices" in json.loads(e) for e in rest[:-2])  # whole events before it
     _restart(site, 0)
+
+
+def test_a_call_spills_to_a_box_where_it_fits_when_every_slot_of_the_resident_is_taken(
+    site: Site,
+) -> None:
+    """The model is resident on box a only, its engine stopped with every slot holding a
+    call through the central: a bare name goes to box b, where the model fits without
+    evicting anything (route spill), instead of waiting behind them on box a."""
+    _resident_on_both(site)
+    busy, busy_id, other_id = site.boxes[0], site.ids[0], site.ids[1]
+    unloaded = httpx.post(
+        f"{site.boxes[1].url}/v1/operator/unload", json={"model": SMOL}, timeout=60
+    )
+    assert unloaded.status_code == 200, unloaded.text
+    until(lambda: _resident_on(site, [busy_id]), "the model resident on box a only")
+    slots = int(resident(busy, SMOL)["parallel"])
+    with engine_stopped(busy, SMOL):
+        held = [Background(lambda: _call(site, f"{busy_id}/{SMOL}")) for _ in range(slots)]
+        until(
+            lambda: site.central.fleet()[busy_id]["in_flight"] == slots,
+            "every slot of box a holding a call through the central",
+        )
+        answer = _call(site, SMOL)
+    assert answer.status_code == 200, answer.text
+    assert (answer.headers["x-fitbox-box"], answer.headers["x-fitbox-route"]) == (
+        other_id,
+        "spill",
+    )
+    assert all(call.result().status_code == 200 for call in held)
 
 
 def test_after_a_restart_of_the_central_a_known_model_is_503_until_its_box_syncs(

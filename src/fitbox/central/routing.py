@@ -1,8 +1,10 @@
 """Calls through the central: which box takes a model, and the forwarding itself.
 
 ``box/model`` goes to that box (by id, or by a name only one box has). A bare name goes,
-in this order, to the boxes where it is resident (least busy first), then where it fits
-without evicting a serving model (by the box's own ``/v1/plan``), then where its file is.
+in this order, to the boxes where it is resident with a slot free (least busy first), then
+where it fits without evicting a serving model (by the box's own ``/v1/plan``; a "spill"
+when a resident has every slot taken), then to the resident ones whose slots are all
+taken, then where its file is.
 A box that fails before the first byte of its answer (refused, reset, no reply) is retried
 once on the next candidate and left out of bare-name routing until its mirror hears from
 it again; after the first byte the box's answer, error or not, is the client's. Bytes pass
@@ -145,22 +147,36 @@ async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Cand
     if not ready:
         raise _not_ready(model, holders)
     usable = [link for link in ready if not link.refused_calls] or ready
-
-    def order(link: BoxLink) -> tuple[int, str]:
-        return link.busy(), link.record.box_id
-
     resident = sorted(
-        (link for link in usable if (holding(link, model) or {}).get("resident")), key=order
+        (link for link in usable if (holding(link, model) or {}).get("resident")), key=_order
     )
-    found = [Candidate(link, model, "resident") for link in resident]
-    if len(found) < enough:
-        others = sorted((link for link in usable if link not in resident), key=order)
-        fits = await fits_where(fleet, others, model)
-        found += [Candidate(link, model, "fits") for link in others if fits[link.record.box_id]]
-        found += [
-            Candidate(link, model, "on_disk") for link in others if not fits[link.record.box_id]
-        ]
+    free = [link for link in resident if not _slots_full(link, model)]
+    found = [Candidate(link, model, "resident") for link in free]
+    if len(found) >= enough:
+        return found
+    # fewer free than wanted: where it fits without evicting a serving model comes before a
+    # resident whose slots are all taken (a spill: loading there beats queueing here)
+    full = [link for link in resident if link not in free]
+    others = sorted((link for link in usable if link not in resident), key=_order)
+    fits = await fits_where(fleet, others, model)
+    placed = "spill" if full else "fits"
+    found += [Candidate(link, model, placed) for link in others if fits[link.record.box_id]]
+    found += [Candidate(link, model, "resident") for link in full]
+    found += [Candidate(link, model, "on_disk") for link in others if not fits[link.record.box_id]]
     return found
+
+
+def _order(link: BoxLink) -> tuple[int, str]:
+    return link.busy(), link.record.box_id
+
+
+def _slots_full(link: BoxLink, model: str) -> bool:
+    """Every slot of the model's resident on the box is taken, as far as the central knows:
+    its own calls in flight there (on any model of the box: it counts per box) and the
+    box's queue, against the resident's ``parallel``. A new call would wait there."""
+    name = (holding(link, model) or {}).get("id", model)
+    slots = [int(r.get("parallel") or 1) for r in link.residents if r.get("model") == name]
+    return bool(slots) and link.busy() >= max(slots)
 
 
 def _not_ready(model: str, links: list[BoxLink]) -> BoxesNotReady:
