@@ -18,6 +18,7 @@ from fitbox import config as settings
 from fitbox.central.app import create_central_app
 from fitbox.central.backend import StoreTarget, StoreUnavailable, redact, to_postgres
 from fitbox.central.identity import BoxIdentityRefused
+from fitbox.central.mirror import last_known_models
 from fitbox.central.store import BoxRecord, CentralStore, rejection
 from fitbox.cli import main as fitbox_main
 from fitbox.cli.central import CENTRAL_SCOPES
@@ -647,3 +648,22 @@ def test_speeds_are_offered_while_a_box_would_still_read_them() -> None:
     assert quota.take("box-a", [other]) == [other]  # each rung its own
     later = {"artifact": "/m/a.gguf", "rung": "ram-only", "id": 5}
     assert [r["id"] for r in newest_speeds([*rows, other, later], most=2)] == [2, 9, 5]
+
+
+def test_a_box_s_last_known_models_outlive_the_store_being_opened_again(
+    target: StoreTarget,
+) -> None:
+    """What a restart of the central knows of a box's models before its first sync."""
+    store = CentralStore(target)
+    try:
+        store.register("box-1", "n1", "0.1", "http://198.51.100.1:1", "k1")
+        assert last_known_models(store.boxes()[0]) == []  # never synced: nothing known
+        store.keep_models("box-1", [{"id": "smol", "resident": True}])
+    finally:
+        store.close()
+    again = CentralStore(target)
+    try:
+        assert last_known_models(again.boxes()[0]) == [{"id": "smol", "resident": True}]
+        assert "models" not in again.boxes()[0].public()
+    finally:
+        again.close()

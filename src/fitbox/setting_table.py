@@ -450,8 +450,8 @@ SETTINGS: tuple[Setting, ...] = (
         "FITBOX_CENTRAL_LONG_POLL",
         "25",
         "seconds the central's mirror asks each box to hold a long-poll with nothing new "
-        "(fitbox central serve); a box that has not answered 10 s after that is marked "
-        "unreachable and asked again",
+        "(fitbox central serve); a box that has not answered 3 s after that is suspected "
+        "(no new calls), and 10 s after it marked unreachable and asked again",
         values.positive_float,
     ),
     Setting(

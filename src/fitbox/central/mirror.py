@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ log = logging.getLogger(__name__)
 LONG_POLL_S = 25.0  # the box answers at most after this long with nothing new (the default
 # of FITBOX_CENTRAL_LONG_POLL)
 ANSWER_MARGIN_S = 10.0  # a long-poll not answered this long after its wait: the box is frozen
+# a long-poll not answered this long after its wait: the box is suspected (no new calls) while
+# the mirror still waits for it; a box answers a long-poll when its wait ends, at the latest
+SUSPECT_MARGIN_S = 3.0
 PAGE = 1000  # the box's MAX_ROWS
 RETRY_MOST_S = 5.0
 CALLS_SETTLE_S = 1.0  # how long a call-only change waits for the central's own calls to end
@@ -38,7 +42,8 @@ CALL_TABLES = frozenset({"call_log", "measured_speeds"})
 @dataclass
 class BoxLink:
     """What the central knows of one box now. Owned by its follower task, except
-    ``in_flight`` and ``refused_calls`` (routing's, on the same loop)."""
+    ``in_flight`` and ``refused_calls`` (routing's, on the same loop). Routing sends new
+    calls only to a box that ``takes_calls``: up, and not suspected."""
 
     record: BoxRecord
     state: str = "connecting"  # connecting | up | unreachable
@@ -54,6 +59,9 @@ class BoxLink:
     # each table's cursor as last stored (take_page), read from the store once
     cursors: dict[str, int] = field(default_factory=dict)
     seen_stored_at: float = 0.0
+    # when the long-poll now waiting was sent (monotonic), and when its answer is due by
+    polling_since: float | None = None
+    answer_due_s: float = LONG_POLL_S + SUSPECT_MARGIN_S
     http: BoxHttp = field(init=False)  # kept connections to the box at record.url
     no_calls: asyncio.Event = field(init=False)  # set while in_flight is 0
 
@@ -83,13 +91,25 @@ class BoxLink:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.record.admin_key}"}
 
+    def suspected(self) -> bool:
+        """Its long-poll is late: a frozen box, seen within seconds, long before the mirror
+        gives up on that poll (``ANSWER_MARGIN_S``) and marks it unreachable."""
+        since = self.polling_since
+        return since is not None and time.monotonic() - since > self.answer_due_s
+
+    def takes_calls(self) -> bool:
+        return self.state == "up" and not self.suspected()
+
+    def shown_state(self) -> str:
+        return "suspected" if self.state == "up" and self.suspected() else self.state
+
     def busy(self) -> int:
         return self.waiting + self.in_flight
 
     def describe(self) -> dict[str, Any]:
         return {
             **self.record.public(),
-            "state": self.state,
+            "state": self.shown_state(),
             "last_error": self.last_error,
             "devices": self.health.get("gpus", []),
             "residents": self.residents,
@@ -98,6 +118,15 @@ class BoxLink:
             "synced_at": self.synced_at,
             "last_seen_at": self.record.last_seen_at if self.synced_at is None else self.synced_at,
         }
+
+
+def last_known_models(record: BoxRecord) -> list[dict[str, Any]]:
+    """The box's model list as stored at its last sync (none when never synced)."""
+    try:
+        models = json.loads(record.models) if record.models else []
+    except ValueError:
+        return []
+    return [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
 
 
 class Listener(Protocol):
@@ -135,6 +164,7 @@ class Fleet:
         link = self.links.get(record.box_id)
         if link is None:
             link = self.links[record.box_id] = BoxLink(record)
+            link.models = last_known_models(record)
         else:
             moved = link.record.url != record.url
             link.record, link.state, link.counter = record, "connecting", -1
@@ -184,6 +214,8 @@ class Fleet:
             try:
                 wait_s = self.long_poll_s
                 cursors = [f"{t}:{await self._cursor(link, t)}" for t in CURSOR_TABLES]
+                link.polling_since = time.monotonic()
+                link.answer_due_s = wait_s + SUSPECT_MARGIN_S
                 # the answer carries each changed table's first page from these cursors: one
                 # request a change (a box that does not know them answers without pages)
                 state = await self._get(
@@ -194,6 +226,7 @@ class Fleet:
                     wait=wait_s,
                     cursors=",".join(cursors),
                 )
+                link.polling_since = None
                 counter = int(state["counter"])
                 was = link.state
                 link.state, link.last_error, link.refused_calls = "up", None, False
@@ -226,6 +259,7 @@ class Fleet:
                         "box %s (%s) unreachable: %r", link.record.box_id, link.record.url, exc
                     )
                 link.state, link.last_error = "unreachable", repr(exc)
+                link.polling_since = None
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, RETRY_MOST_S)
 
@@ -253,7 +287,10 @@ class Fleet:
             self._get(link, "/v1/residents"),
             self._get(link, "/v1/models"),
         )
+        known = link.models
         link.health, link.residents, link.models = health, residents["data"], models["data"]
+        if link.models != known:  # kept for a restart of the central (migration central/0004)
+            await asyncio.to_thread(self.store.keep_models, link.record.box_id, link.models)
 
     async def _cursor(self, link: BoxLink, table: str) -> int:
         """The table's cursor as last stored, read from the store once per box."""

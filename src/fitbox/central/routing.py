@@ -1,12 +1,20 @@
 """Calls through the central: which box takes a model, and the forwarding itself.
 
 ``box/model`` goes to that box (by id, or by a name only one box has). A bare name goes,
-in this order, to the boxes where it is resident (least busy first), then where it fits
-without evicting a serving model (by the box's own ``/v1/plan``), then where its file is.
+in this order, to the boxes where it is resident with a slot free (least busy first), then
+where it fits without evicting a serving model (by the box's own ``/v1/plan``; a "spill"
+when a resident has every slot taken), then to the resident ones whose slots are all
+taken, then where its file is.
 A box that fails before the first byte of its answer (refused, reset, no reply) is retried
 once on the next candidate and left out of bare-name routing until its mirror hears from
 it again; after the first byte the box's answer, error or not, is the client's. Bytes pass
-through as they come (SSE included)."""
+through as they come (SSE whole events at a time, so a stream its box cut off mid-way ends
+with an error event and ``data: [DONE]``, not a broken one).
+
+Only a box the mirror hears from takes new calls (``BoxLink.takes_calls``): not one that
+is unreachable, still connecting, or suspected (its long-poll late). A model the central
+knows of (from a box's last-known list, kept across a restart of the central) whose boxes
+take no calls now is a 503 with ``Retry-After``, not a 404: a retry can help."""
 
 from __future__ import annotations
 
@@ -26,7 +34,13 @@ from fitbox.central import outsider
 from fitbox.central.box_link import relayed
 from fitbox.central.mirror import BoxLink, Fleet
 from fitbox.engines.http1 import EngineConnectionError, EngineResponse
-from fitbox.errors import EngineFailed, InvalidRequest, ModelNotFound, PermissionDenied
+from fitbox.errors import (
+    EngineFailed,
+    FitboxError,
+    InvalidRequest,
+    ModelNotFound,
+    PermissionDenied,
+)
 from fitbox.server.door.auth import is_insider
 
 HOP_BY_HOP = frozenset(
@@ -46,6 +60,31 @@ DROPPED = HOP_BY_HOP | {"date", "server"}
 PASSED = ("x-request-id",)  # the client's own id: the box records it on its call row
 TRIES = 2  # the first candidate and, when it fails before its first byte, the next
 PLAN_TIMEOUT_S = 30.0  # a plan prices, it loads nothing; a loaded box may be slow to
+RETRY_AFTER_S = 5.0  # the mirror asks an unreachable box again at least this often
+SSE = "text/event-stream"
+
+
+class BoxesNotReady(FitboxError):
+    """The boxes that have the model take no calls now (unreachable, not synced since the
+    central started, or suspected): a retry once the mirror hears from one can succeed."""
+
+    status = 503
+    type = "server_error"
+    code = "box_unavailable"
+    retry = True
+
+
+class NoBoxTook(EngineFailed):
+    """Every box tried failed before its first byte: none took the call, so a retry is safe
+    and may find one back (or another) up."""
+
+    retry = True
+
+
+class BoxLost(EngineFailed):
+    """A box that stopped answering mid-stream (the error event a cut stream ends with)."""
+
+    code = "box_lost"
 
 
 @dataclass(frozen=True)
@@ -90,6 +129,8 @@ async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Cand
         box_name, _, rest = model.partition("/")
         link = fleet.find(box_name)
         if link is not None:
+            if not link.takes_calls():
+                raise _not_ready(model, [link])
             return [Candidate(link, rest, "named")]
     holders = [link for link in fleet.links.values() if holding(link, model) is not None]
     drained = [link.record.box_id for link in holders if link.record.draining]
@@ -108,23 +149,50 @@ async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Cand
             "Name one box's as BOX/MODEL.",
             param="model",
         )
-    usable = [link for link in holders if not link.refused_calls] or holders
-
-    def order(link: BoxLink) -> tuple[int, str]:
-        return link.busy(), link.record.box_id
-
+    ready = [link for link in holders if link.takes_calls()]
+    if not ready:
+        raise _not_ready(model, holders)
+    usable = [link for link in ready if not link.refused_calls] or ready
     resident = sorted(
-        (link for link in usable if (holding(link, model) or {}).get("resident")), key=order
+        (link for link in usable if (holding(link, model) or {}).get("resident")), key=_order
     )
-    found = [Candidate(link, model, "resident") for link in resident]
-    if len(found) < enough:
-        others = sorted((link for link in usable if link not in resident), key=order)
-        fits = await fits_where(fleet, others, model)
-        found += [Candidate(link, model, "fits") for link in others if fits[link.record.box_id]]
-        found += [
-            Candidate(link, model, "on_disk") for link in others if not fits[link.record.box_id]
-        ]
+    free = [link for link in resident if not _slots_full(link, model)]
+    found = [Candidate(link, model, "resident") for link in free]
+    if len(found) >= enough:
+        return found
+    # fewer free than wanted: where it fits without evicting a serving model comes before a
+    # resident whose slots are all taken (a spill: loading there beats queueing here)
+    full = [link for link in resident if link not in free]
+    others = sorted((link for link in usable if link not in resident), key=_order)
+    fits = await fits_where(fleet, others, model)
+    placed = "spill" if full else "fits"
+    found += [Candidate(link, model, placed) for link in others if fits[link.record.box_id]]
+    found += [Candidate(link, model, "resident") for link in full]
+    found += [Candidate(link, model, "on_disk") for link in others if not fits[link.record.box_id]]
     return found
+
+
+def _order(link: BoxLink) -> tuple[int, str]:
+    return link.busy(), link.record.box_id
+
+
+def _slots_full(link: BoxLink, model: str) -> bool:
+    """Every slot of the model's resident on the box is taken, as far as the central knows:
+    its own calls in flight there (on any model of the box: it counts per box) and the
+    box's queue, against the resident's ``parallel``. A new call would wait there."""
+    name = (holding(link, model) or {}).get("id", model)
+    slots = [int(r.get("parallel") or 1) for r in link.residents if r.get("model") == name]
+    return bool(slots) and link.busy() >= max(slots)
+
+
+def _not_ready(model: str, links: list[BoxLink]) -> BoxesNotReady:
+    states = ", ".join(f"{link.record.box_id} ({link.shown_state()})" for link in links)
+    return BoxesNotReady(
+        f"The model '{model}' is on boxes that take no calls now: {states}. Retry in a few "
+        "seconds; GET /v1/fleet shows each box's state.",
+        param="model",
+        retry_after=RETRY_AFTER_S,
+    )
 
 
 def allowed_models(request: Request) -> tuple[str, ...] | None:
@@ -255,10 +323,11 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
                 _relay(response, link), status_code=response.status, headers=passed
             )
         return await _as_outsider(response, link, path, passed)
-    raise EngineFailed(
+    raise NoBoxTook(
         f"No box could take the call for '{model}': tried {', '.join(tried)}; "
         "GET /v1/fleet shows each box's state.",
         param="model",
+        retry_after=RETRY_AFTER_S,
     )
 
 
@@ -274,12 +343,40 @@ async def _as_outsider(
 
 
 async def _relay(response: EngineResponse, link: BoxLink) -> AsyncIterator[bytes]:
+    """The box's body as it comes; an event stream whole events at a time, so that one the
+    box cut off ends with an error event and ``data: [DONE]`` (a stream's status line is
+    long gone: this is the only way left to tell the client)."""
+    sse = response.headers.get("content-type", "").startswith(SSE)
+    held = b""  # an event stream's bytes after its last whole event
     try:
         async for chunk in relayed(response):
-            yield chunk
+            if not sse:
+                yield chunk
+                continue
+            held += chunk
+            end = held.rfind(b"\n\n") + 2
+            if end > 1:
+                yield held[:end]
+                held = held[end:]
+        if held:
+            yield held
+    except (EngineConnectionError, TimeoutError) as exc:
+        if not sse:
+            raise
+        link.refused_calls = True  # until its mirror hears from it again
+        yield _cut_off(link, exc)
     finally:
         link.call_ended()
         response.close()
+
+
+def _cut_off(link: BoxLink, exc: BaseException) -> bytes:
+    lost = BoxLost(
+        f"The box {link.record.box_id} stopped answering mid-stream "
+        f"({exc or type(exc).__name__}): the reply above is incomplete. "
+        "GET /v1/fleet shows each box's state.",
+    )
+    return b"data: " + json.dumps(lost.body()).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 def model_list(fleet: Fleet, allowed: tuple[str, ...] | None = None) -> dict[str, Any]:

@@ -47,6 +47,7 @@ class BoxRecord:
     secret_hash: str | None = None  # of the box's proof of identity; never shown
     label: str | None = None  # a person's name for it (fitbox central boxes rename)
     draining: int = 0  # bare-name calls go elsewhere (fitbox central boxes drain)
+    models: str | None = None  # its /v1/models list as last read (JSON): known before a sync
 
     @property
     def shown_name(self) -> str:
@@ -193,6 +194,14 @@ class CentralStore:
                 (value, box_id),
             ).rowcount
         return bool(changed)
+
+    def keep_models(self, box_id: str, models: list[dict[str, Any]]) -> None:
+        """The box's model list as the mirror read it: what a restart knows before a sync."""
+        with self._transaction() as conn:
+            conn.execute(
+                "UPDATE boxes SET models = ? WHERE box_id = ?",
+                (json.dumps(models, sort_keys=True), box_id),
+            )
 
     def seen(self, box_id: str, counter: int) -> None:
         with self._transaction() as conn:
