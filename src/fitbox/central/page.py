@@ -120,11 +120,23 @@ def _devices(link: BoxLink, readings: list[dict[str, Any]]) -> list[DeviceReadin
     ]
 
 
-def _box_view(link: BoxLink, rows: dict[str, list[dict[str, Any]]]) -> BoxView:
+def labels(links: list[BoxLink]) -> dict[str, str]:
+    """Each box's name as the page shows it: with the start of its id where boxes share
+    a name (machines made from one image all call themselves the same)."""
+    names = [link.record.shown_name for link in links]
+    return {
+        link.record.box_id: (
+            name if names.count(name) == 1 else f"{name} ({link.record.box_id[:8]})"
+        )
+        for link, name in zip(links, names, strict=True)
+    }
+
+
+def _box_view(link: BoxLink, label: str, rows: dict[str, list[dict[str, Any]]]) -> BoxView:
     residents = [{**r, "idle_since": _idle_since(r, rows)} for r in link.residents]
     return BoxView(
         link.record.box_id,
-        link.record.shown_name,
+        label,
         state_of(link),
         link.record.version,
         link.record.url,
@@ -155,14 +167,18 @@ async def gather(fleet: Fleet) -> FleetView:
     }
     per_box = [rows.get(k.record.box_id, empty) for k in links]
     every = {t: [row for box in per_box for row in box[t]] for t in empty}
+    names = labels(links)
     return FleetView(
         version,
-        [_box_view(link, box) for link, box in zip(links, per_box, strict=True)],
+        [
+            _box_view(link, names[link.record.box_id], box)
+            for link, box in zip(links, per_box, strict=True)
+        ],
         _newest(every["call_log"], "received_at"),
         _newest(every["children"], "started_at"),
         _newest(every["evictions"], "at"),
         problems,
-        {k.record.box_id: k.record.shown_name for k in links},
+        names,
     )
 
 

@@ -4,7 +4,8 @@ dashboard's helpers, server/views/dashboard_html.py).
 
 The page works without JavaScript (a reload shows the same); with it, a few lines replace
 ``<main>`` with each fragment the central sends over SSE, and tick each idle resident's
-"idle for" seconds locally from the moment it went idle (no request is made for that)."""
+"idle for" seconds and each "s ago" locally from the moment they count from (no request is
+made for that)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ setInterval(() => {
   for (const el of document.querySelectorAll("[data-idle-since]")) {
     const s = Date.now() / 1000 - Number(el.dataset.idleSince);
     el.textContent = "idle for " + Math.max(0, s).toFixed(0) + " s";
+  }
+  for (const el of document.querySelectorAll("[data-ago]")) {
+    const s = Date.now() / 1000 - Number(el.dataset.ago);
+    el.textContent = Math.max(0, s).toFixed(0) + " s ago";
   }
 }, 1000);
 """
@@ -74,7 +79,10 @@ class FleetView:
 
 
 def _ago(view: FleetView, stamp: float | None) -> str:
-    return f"{max(view.now - stamp, 0):.0f} s ago" if stamp else "never"
+    """How long ago, counted on in the browser (``data-ago``) until the next update."""
+    if not stamp:
+        return "never"
+    return f'<span data-ago="{stamp:.3f}">{max(view.now - stamp, 0):.0f} s ago</span>'
 
 
 def _box(view: FleetView, row: dict[str, Any]) -> str:
@@ -94,7 +102,7 @@ def boxes(view: FleetView) -> str:
                 _e(b.in_flight),
                 _e(b.version),
                 _e(b.url),
-                _e(_ago(view, b.last_seen_at)),
+                _ago(view, b.last_seen_at),
                 f'<span class="error">{_e(b.last_error)}</span>' if b.last_error else "",
             ]
         )
@@ -112,17 +120,20 @@ def memory(view: FleetView) -> str:
     for b in view.boxes:
         for d in b.devices:
             total = d.total or 0
-            free = f", {format_bytes(d.free)} free ({_ago(view, d.read_at)})" if d.free else ""
-            words = f"{format_bytes(d.held)} held by fitbox of {format_bytes(total)}{free}"
+            words = f"{format_bytes(d.held)} held by fitbox of {format_bytes(total)}"
+            if d.free:
+                words = f"{_e(words)}, {_e(format_bytes(d.free))} free ({_ago(view, d.read_at)})"
+            else:
+                words = _e(words)
             bar = (
                 f'<div class="seg" style="width:{_share(d.held, total)}">'
                 f"{_e(format_bytes(d.held))}</div>"
-                if total
+                if total and d.held
                 else ""
             )
             parts.append(
                 f'<div class="device" data-box="{_e(b.box_id)}" data-device="{_e(d.device)}">'
-                f"<b>{_e(b.name)} {_e(d.device)}</b> {_e(words)}"
+                f"<b>{_e(b.name)} {_e(d.device)}</b> {words}"
                 f'<div class="bar">{bar}</div></div>'
             )
     return "<h2>Memory</h2>" + ("".join(parts) or '<p class="muted">no readings yet</p>')
