@@ -6,7 +6,9 @@ counted when it ends)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ from starlette.testclient import TestClient
 
 from fitbox import config as settings
 from fitbox.central.app import create_central_app
-from fitbox.central.store import CentralStore
+from fitbox.central.mirror import BoxLink
+from fitbox.central.page import state_of
+from fitbox.central.store import BoxRecord, CentralStore
 from fitbox.cli.central import CENTRAL_SCOPES
 from fitbox.store.keys import create_key
 
@@ -132,3 +136,46 @@ def test_metrics_parse_with_per_box_series_and_count_each_call_once(
     _mirror(central, [_call(2, "ok"), _call(4, "ok")])  # it ended; another came
     assert _calls(central.get("/metrics").text) == {"ok": 3, "error": 1}
     assert _calls(central.get("/metrics").text) == {"ok": 3, "error": 1}  # never twice
+
+
+def test_idle_and_serving_come_from_the_mirrored_rows_not_the_box_snapshot(
+    central: TestClient,
+) -> None:
+    """The residents snapshot is read again only on a change that is not a call's: the
+    one the central holds says what the box said then (here: serving one call, idle 0 s)."""
+    artifact = "/models/tiny.gguf"
+    link: BoxLink = central.app.state.fleet.links[BOX["box_id"]]  # type: ignore[attr-defined]
+    link.residents = [
+        {
+            "model": "tiny",
+            "artifact": artifact,
+            "state": "ready",
+            "device": "host",
+            "bytes": 2 << 20,
+            "window": 512,
+            "calls": 1,
+            "idle_for_s": 0,
+            "devices": {"host": 2 << 20},
+        }
+    ]
+    ended = time.time() - 300
+    _mirror(central, [{**_call(1, "ok"), "artifact": artifact, "last_byte_at": ended}])
+    page = central.get("/").text
+    assert f'data-idle-since="{ended:.3f}"' in page and "serving" not in page
+    _mirror(central, [{**_call(2, "pending"), "artifact": artifact}])
+    page = central.get("/").text
+    assert "serving 1 call(s)" in page and "data-idle-since=" not in page
+
+
+def test_a_box_state_word() -> None:
+    record = BoxRecord("b", "n", "0.1.0", "http://198.51.100.8:1", "k", 0.0, None, None)
+    link = BoxLink(record)
+    assert state_of(link) == "connecting"
+    link.state = "up"
+    assert state_of(link) == "up"
+    link.refused_calls = True  # a call failed before its first byte there
+    assert state_of(link) == "suspected"
+    link.record = dataclasses.replace(record, draining=1)
+    assert state_of(link) == "draining"
+    link.state = "unreachable"
+    assert state_of(link) == "unreachable"

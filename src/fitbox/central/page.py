@@ -7,8 +7,9 @@ What changes it lives in the central's memory (each box's link: its state, count
 residents), so the stream compares a fingerprint of that once per ``SPACING_S`` and reads
 the store (recent rows) only when it moved. Idle times are not the box's ``idle_for_s`` as
 it was when the snapshot was read (minutes old on a quiet box): each is the moment the
-resident went idle, from the mirrored rows (its newest call's last byte, else its engine's
-start), and the page counts from there at render time and in the browser."""
+resident went idle, from the mirrored rows (its newest call's last byte or its engine's
+start, whichever came later), and the page counts from there at render time and in the
+browser; whether it is serving is its calls still open in the mirrored rows."""
 
 from __future__ import annotations
 
@@ -80,22 +81,29 @@ def _rows(store: CentralStore, box_ids: list[str]) -> dict[str, dict[str, list[d
     }
 
 
-def _idle_since(resident: dict[str, Any], rows: dict[str, list[dict[str, Any]]]) -> float | None:
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def fresh(resident: dict[str, Any], rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The box's snapshot of a resident with what its mirrored rows say now: ``calls``, its
+    calls still open (the snapshot's count is as of the last change that was not a call's),
+    and ``idle_since``, the newest of its calls' last bytes and its engine's start."""
     artifact = resident.get("artifact")
-    ends = [
-        c["last_byte_at"]
-        for c in rows["call_log"]
-        if c.get("artifact") == artifact and isinstance(c.get("last_byte_at"), int | float)
-    ]
-    starts = [
+    calls = [c for c in rows["call_log"] if c.get("artifact") == artifact]
+    stamps = [c["last_byte_at"] for c in calls if _number(c.get("last_byte_at"))]
+    stamps += [
         c["started_at"]
         for c in rows["children"]
         if c.get("artifact") == artifact
         and c.get("ended_at") is None
-        and isinstance(c.get("started_at"), int | float)
+        and _number(c.get("started_at"))
     ]
-    found = ends or starts
-    return float(max(found)) if found else None
+    return {
+        **resident,
+        "calls": sum(1 for c in calls if c.get("outcome") == "pending"),
+        "idle_since": float(max(stamps)) if stamps else None,
+    }
 
 
 def _devices(link: BoxLink, readings: list[dict[str, Any]]) -> list[DeviceReading]:
@@ -133,7 +141,7 @@ def labels(links: list[BoxLink]) -> dict[str, str]:
 
 
 def _box_view(link: BoxLink, label: str, rows: dict[str, list[dict[str, Any]]]) -> BoxView:
-    residents = [{**r, "idle_since": _idle_since(r, rows)} for r in link.residents]
+    residents = [fresh(r, rows) for r in link.residents]
     return BoxView(
         link.record.box_id,
         label,
