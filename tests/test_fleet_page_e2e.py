@@ -2,7 +2,8 @@
 serve` and three `fitbox serve` boxes joined to it, each with a generated tiny llama (real
 llama-server children). The page in real headless Chromium shows the three boxes up, and a
 call made through the central appears on it without a reload (SSE), with the model loaded
-on the box that took it and its idle time; a screenshot is kept in the test's tmp dir.
+on the box that took it and its idle time, then its eviction when the box unloads it; a
+screenshot is kept in the test's tmp dir. With JavaScript off the page shows the same.
 /metrics parses with prometheus_client's parser, has series for each box (the call counted
 on the box that took it), and passes `promtool check metrics`."""
 
@@ -124,6 +125,23 @@ def test_three_boxes_and_a_call_shown_without_a_reload(
     page.screenshot(shot)
     assert shot.stat().st_size > 1000
     print(f"fleet page screenshot: {shot}")
+    box = fleet.boxes[fleet.ids.index(took)]
+    unloaded = httpx.post(f"{box.url}/v1/operator/unload", json={"model": TINY}, timeout=60)
+    assert unloaded.status_code == 200, unloaded.text
+    page.wait_for(
+        f"[...document.querySelectorAll('h2')].find(h => h.textContent === 'Evictions')"
+        f".nextElementSibling.rows?.[1]?.cells[0].textContent === {name!r}",
+        "the eviction on the page",
+        60,
+    )
+    assert page.eval("document.querySelectorAll('tr.resident').length") == 0
+    assert page.eval("window.notReloaded") is True
+
+
+def test_the_same_page_with_javascript_off(fleet: Fleet, browser: Browser) -> None:
+    page = browser.open(f"{fleet.central.url}/", javascript=False)
+    assert sorted(page.eval(f"[...{BOXES}].map(r => r.cells[1].textContent)")) == sorted(fleet.ids)
+    assert page.eval("document.querySelectorAll('.device').length") >= 3  # each box's host
 
 
 def test_metrics_have_each_box_and_pass_promtool(fleet: Fleet) -> None:
@@ -131,22 +149,21 @@ def test_metrics_have_each_box_and_pass_promtool(fleet: Fleet) -> None:
 
     def counted() -> str | None:
         text = httpx.get(f"{fleet.central.url}/metrics", timeout=30).text
-        done = [
-            s
+        found = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text)
             for s in family.samples
-            if s.name == "fitbox_central_calls_total" and s.labels == {"box": took, "outcome": "ok"}
-        ]
-        return text if done and done[0].value >= 1 else None
+        }
+        done = found.get(("fitbox_central_calls_total", (("box", took), ("outcome", "ok"))), 0)
+        key = ("fitbox_central_residents", (("box", took), ("model", TINY), ("state", "ready")))
+        return text if done >= 1 and found.get(key) == 1 else None
 
-    text = until(counted, "the call counted on the box that took it", 60)
+    text = until(counted, "the call counted and the model ready on the box that took it", 60)
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in ("fitbox_central_box_up", "fitbox_central_box_state", "fitbox_central_box_info"):
         assert {s.labels["box"] for s in families[name].samples} == set(fleet.ids), name
     up = {s.labels["box"]: s.value for s in families["fitbox_central_box_up"].samples}
     assert up == dict.fromkeys(fleet.ids, 1.0)
-    residents = families["fitbox_central_residents"].samples
-    assert any(s.labels == {"box": took, "model": TINY, "state": "ready"} for s in residents)
     held = families["fitbox_central_device_held_bytes"].samples
     assert any(s.labels["box"] == took and s.value > 0 for s in held)
     free = families["fitbox_central_device_free_bytes"].samples

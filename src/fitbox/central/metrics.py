@@ -35,7 +35,10 @@ STATES = ("up", "suspected", "connecting", "unreachable", "draining")
 
 
 class CallTally:
-    """Calls by outcome per box, from the mirrored call_log (rows by id, oldest first)."""
+    """Calls by outcome per box, from the mirrored call_log (rows by id, oldest first). A
+    box's rows reach the mirror in id order (its one writer gives a row its id and its first
+    seq together, and the mirror replays by seq), so the rows already counted keep their
+    places and the next scrape starts after them."""
 
     def __init__(self, store: CentralStore) -> None:
         self.store = store
