@@ -24,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import fitbox
-from fitbox.central import boxes, identity, openapi, routing
+from fitbox.central import boxes, identity, metrics, openapi, page, routing
 from fitbox.central.backend import StoreTarget, StoreUnavailable
 from fitbox.central.facts import FactOffers
 from fitbox.central.identity import BoxIdentityRefused, BoxIdInUse
@@ -330,6 +330,9 @@ FORWARDED_ROUTES = tuple(
 ROUTES = (
     Route("/health", health, methods=["GET"]),
     Route("/openapi.json", openapi.document, methods=["GET"]),
+    Route("/", page.fleet_page, methods=["GET"]),
+    Route("/dashboard/events", page.events, methods=["GET"]),
+    Route("/metrics", metrics.scrape, methods=["GET"]),
     Route(REGISTER, register, methods=["POST"]),
     Route("/v1/fleet", fleet_view, methods=["GET"]),
     Route("/v1/fleet/models", fleet_models, methods=["GET"]),

@@ -44,6 +44,26 @@ BOX_CHANGE = {
 PATHS: dict[str, dict[str, Any]] = {
     "/health": {"get": operation("Liveness, version, how many boxes and how many are up", "open")},
     "/openapi.json": {"get": operation("This document", "open")},
+    "/": {
+        "get": operation(
+            "The fleet page (HTML, live over SSE; whole with JavaScript off)", MANAGEMENT
+        )
+    },
+    "/dashboard/events": {
+        "get": operation(
+            "The fleet page's updates: an SSE event with the re-rendered page body on each "
+            "change of the fleet",
+            MANAGEMENT,
+            params=[query("since", "string")],
+        )
+    },
+    "/metrics": {
+        "get": operation(
+            "Prometheus text: every box's state, queue, residents, memory and calls by outcome "
+            "(a box label)",
+            READ,
+        )
+    },
     "/v1/boxes": {
         "post": operation(
             "Register a box (or move one) by its persistent id; a known id needs the box_secret "
