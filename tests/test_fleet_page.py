@@ -173,6 +173,9 @@ def test_a_box_state_word() -> None:
     assert state_of(link) == "connecting"
     link.state = "up"
     assert state_of(link) == "up"
+    link.polling_since = time.monotonic() - link.answer_due_s - 1  # its long-poll is late
+    assert state_of(link) == "suspected"
+    link.polling_since = None
     link.refused_calls = True  # a call failed before its first byte there
     assert state_of(link) == "suspected"
     link.record = dataclasses.replace(record, draining=1)

@@ -65,7 +65,13 @@ def _request(body: dict[str, object]) -> Request:
     async def receive() -> dict[str, object]:
         return {"type": "http.request", "body": raw, "more_body": False}
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "headers": [],
+        "query_string": b"",
+    }
     return Request(scope, receive)
 
 

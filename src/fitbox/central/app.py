@@ -130,7 +130,7 @@ async def health(request: Request) -> Response:
     """Liveness, and what is wrong (status degraded, the problems named): a store that
     cannot be read refuses every keyed call (503 store_unavailable)."""
     fleet = _fleet(request)
-    states = [link.state for link in fleet.links.values()]
+    states = [link.shown_state() for link in fleet.links.values()]  # a late poll: suspected
     store_state, problems = await _store_state(request.app.state.store)
     return JSONResponse(
         {

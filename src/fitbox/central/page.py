@@ -35,13 +35,14 @@ SPACING_S = 1.0  # the least time between two updates to one page
 
 def state_of(link: BoxLink) -> str:
     """The word the page and /metrics give a box: unreachable (its long-poll failed),
-    draining (a person drained it), suspected (a call failed before its first byte: left
-    out of bare-name routing until its mirror hears from it), connecting, or up."""
+    draining (a person drained it), suspected (its long-poll is late, or a call failed
+    before its first byte: no new calls until its mirror hears from it), connecting, or
+    up."""
     if link.state == "unreachable":
         return "unreachable"
     if link.record.draining:
         return "draining"
-    if link.refused_calls:
+    if link.refused_calls or link.shown_state() == "suspected":
         return "suspected"
     return "up" if link.state == "up" else "connecting"
 
