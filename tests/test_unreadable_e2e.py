@@ -102,7 +102,10 @@ def test_an_outsider_is_told_what_but_not_the_paths(box: FitboxProcess, models: 
     assert "shown to the box itself and to admin keys" in error["message"]
     listed = httpx.get(f"{box.url}/v1/models", headers=key, timeout=30)
     health = httpx.get(f"{box.url}/health", headers=key, timeout=30)
-    for answer in (refused, listed):
+    unknown = {"model": "nope", "messages": HELLO, "max_tokens": 2}
+    missing = httpx.post(f"{box.url}/v1/chat/completions", json=unknown, headers=key, timeout=60)
+    assert missing.status_code == 404 and "Known models: tiny." in missing.text, missing.text
+    for answer in (refused, listed, missing):
         assert str(models) not in answer.text and "(0000)" not in answer.text, answer.text
     assert {bad["name"] for bad in listed.json()["not_servable"]} == {"locked"}
     assert health.json()["status"] == "degraded"  # on the box itself: insider, with paths

@@ -392,11 +392,11 @@ class Catalog:
         known = ", ".join(sorted(self._by_name)[:10]) or "none"
         blind = "; ".join(str(r.path) for r in self.unreadable() if r.name is None)
         unseen = f" fitbox cannot read {blind}: a model there is not seen." if blind else ""
-        return ModelNotFound(
-            f"The model '{name}' does not exist on this box. Known models: {known}. "
-            f"Put its GGUF under {os.pathsep.join(map(str, self.roots))} or run "
-            f"'fitbox pull'.{unseen}",
+        return ModelNotFound(  # where its file goes names the box's folders: insiders only
+            f"The model '{name}' does not exist on this box. Known models: {known}.",
             param="model",
+            operator_reason=f"Put its GGUF under {os.pathsep.join(map(str, self.roots))} or "
+            f"run 'fitbox pull'.{unseen}",
         )
 
 

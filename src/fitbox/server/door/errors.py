@@ -33,7 +33,7 @@ INTERNAL = ("log_tail",)  # engine internals: paths, ports, slot state
 WITHHELD = " (the engine's log lines are shown to the box itself and to admin keys)"
 # a reason naming the box's own paths, owners and modes: the message's end for an insider
 OPERATOR_REASON = "operator_reason"
-REASON_WITHHELD = " (why is shown to the box itself and to admin keys)."
+REASON_WITHHELD = " (the box's own paths are shown to the box itself and to admin keys)"
 
 
 def body_for(error: FitboxError, insider: bool) -> dict[str, Any]:
@@ -43,7 +43,12 @@ def body_for(error: FitboxError, insider: bool) -> dict[str, Any]:
     body = error.body()
     reason = body["error"].pop(OPERATOR_REASON, None)
     if reason is not None:
-        body["error"]["message"] += f": {reason}." if insider else REASON_WITHHELD
+        said = body["error"]["message"]
+        if not insider:
+            said += REASON_WITHHELD
+        else:  # a sentence goes on with another; a clause with its reason
+            said += f" {reason}" if said.endswith(".") else f": {reason}."
+        body["error"]["message"] = said
     found = [k for k in INTERNAL if k in body["error"]]
     if found and not insider:
         for k in found:
