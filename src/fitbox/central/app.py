@@ -148,7 +148,8 @@ async def health(request: Request) -> Response:
 async def _store_state(store: CentralStore) -> tuple[str, list[str]]:
     """``up`` or ``down``, and why it is down."""
     try:
-        await asyncio.wait_for(asyncio.to_thread(store.check), HEALTH_STORE_S)
+        async with asyncio.timeout(HEALTH_STORE_S):  # not wait_for: it can lose a cancel
+            await asyncio.to_thread(store.check)
     except StoreUnavailable as exc:
         return "down", [f"{exc.message}; keyed calls are refused (503) until it answers"]
     except TimeoutError:
