@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fitbox.server.views.dashboard_html import STYLE as BOX_STYLE
-from fitbox.server.views.dashboard_html import _e, _ms, _share, _table, _when
+from fitbox.server.views.dashboard_html import _e, _ms, _share, _table, _when, problems_list
 from fitbox.units import format_bytes
 
 STYLE = (
@@ -231,10 +231,7 @@ def evictions(view: FleetView) -> str:
 
 
 def problems(view: FleetView) -> str:
-    if not view.problems:
-        return ""
-    items = "".join(f"<li>{_e(problem)}</li>" for problem in view.problems)
-    return f'<h2 class="error">Problems</h2><ul class="error problems">{items}</ul>'
+    return problems_list(view.problems)
 
 
 def main(view: FleetView) -> str:

@@ -255,9 +255,15 @@ def refusals(view: View) -> str:
 
 
 def problems(view: View) -> str:
-    if not view.problems:
+    return problems_list(view.problems)
+
+
+def problems_list(problems: Sequence[str]) -> str:
+    """What an operator must fix, as the box's page and the central's show it (nothing
+    when all is well)."""
+    if not problems:
         return ""
-    items = "".join(f"<li>{_e(problem)}</li>" for problem in view.problems)
+    items = "".join(f"<li>{_e(problem)}</li>" for problem in problems)
     return f'<h2 class="error">Problems</h2><ul class="error problems">{items}</ul>'
 
 
