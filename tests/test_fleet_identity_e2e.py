@@ -16,10 +16,9 @@ from typing import Any
 
 import httpx
 import openai
-import psutil
 import pytest
 
-from .support.central import CENTRAL, Central, worker_key
+from .support.central import CENTRAL, Central, kill_box, up_at, worker_key
 from .support.clients import openai_client
 from .support.holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
 from .support.processes import FitboxProcess, start_fitbox, stop_fitbox
@@ -64,21 +63,6 @@ def _box_id(box: FitboxProcess) -> str:
     return str(httpx.get(f"{box.url}/health", timeout=10).json()["box_id"])
 
 
-def _up_at(central: Central, box_id: str, url: str) -> bool:
-    found = central.fleet().get(box_id, {})
-    return found.get("state") == "up" and found.get("url") == url
-
-
-def _kill(box: FitboxProcess) -> None:
-    """SIGKILL the box and then its children (a stopped engine among them)."""
-    children = psutil.Process(box.proc.pid).children(recursive=True)
-    box.proc.kill()
-    box.proc.wait()
-    for child in children:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-
-
 @contextlib.contextmanager
 def _joined(site: Site, home: Path) -> Iterator[FitboxProcess]:
     box = _join(site, home)
@@ -104,7 +88,7 @@ def test_a_call_in_flight_on_a_killed_box_reaches_the_central_as_interrupted(
     box = _join(site, home)
     try:
         box_id = _box_id(box)
-        until(lambda: _up_at(site.central, box_id, box.url), "the box registered and up")
+        until(lambda: up_at(site.central, box_id, box.url), "the box registered and up")
         with openai_client(box.url, max_retries=0) as direct:
             direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)  # loaded
             with engine_stopped(box, SMOL):
@@ -123,10 +107,10 @@ def test_a_call_in_flight_on_a_killed_box_reaches_the_central_as_interrupted(
                     ],
                     "the central's copy of the call, pending",
                 )
-                _kill(box)
+                kill_box(box)
     finally:
         if box.proc.poll() is None:
-            _kill(box)
+            kill_box(box)
     call_id = int(pending[0]["id"])
     with _joined(site, home) as again:
         assert _box_id(again) == box_id
@@ -152,7 +136,7 @@ def test_a_box_restarted_elsewhere_with_its_secret_moves_and_a_borrowed_id_canno
     home = tmp_path / "box"
     with _joined(site, home) as box:
         box_id = _box_id(box)
-        until(lambda: _up_at(site.central, box_id, box.url), "the box registered and up")
+        until(lambda: up_at(site.central, box_id, box.url), "the box registered and up")
         health = httpx.get(f"{box.url}/health", timeout=10).json()
         thief = {
             "box_id": box_id,
@@ -178,7 +162,7 @@ def test_a_box_restarted_elsewhere_with_its_secret_moves_and_a_borrowed_id_canno
         assert site.central.fleet()[box_id]["url"] == box.url
     with _joined(site, home) as moved:
         assert _box_id(moved) == box_id and moved.url != box.url
-        until(lambda: _up_at(site.central, box_id, moved.url), "the box followed at its new port")
+        until(lambda: up_at(site.central, box_id, moved.url), "the box followed at its new port")
 
 
 def test_a_copy_of_a_box_s_home_joins_as_a_box_of_its_own(site: Site, tmp_path: Path) -> None:
@@ -188,15 +172,15 @@ def test_a_copy_of_a_box_s_home_joins_as_a_box_of_its_own(site: Site, tmp_path: 
     home = tmp_path / "original"
     with _joined(site, home) as box:
         box_id = _box_id(box)
-        until(lambda: _up_at(site.central, box_id, box.url), "the original registered")
+        until(lambda: up_at(site.central, box_id, box.url), "the original registered")
     copy_home = tmp_path / "copy"
     shutil.copytree(home, copy_home, symlinks=True)
     with _joined(site, home) as original, _joined(site, copy_home) as copy:
         copy_id = _box_id(copy)
         assert _box_id(original) == box_id and copy_id != box_id
         assert f"a copy of box {box_id}" in copy.log()
-        until(lambda: _up_at(site.central, box_id, original.url), "the original, where it is")
-        until(lambda: _up_at(site.central, copy_id, copy.url), "the copy, as itself")
+        until(lambda: up_at(site.central, box_id, original.url), "the original, where it is")
+        until(lambda: up_at(site.central, copy_id, copy.url), "the copy, as itself")
         with openai_client(copy.url, max_retries=0) as direct:
             direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
         (made,) = [r for r in copy.calls() if r["outcome"] == "ok"][-1:]
@@ -228,7 +212,7 @@ def test_a_person_drains_renames_and_removes_a_box_from_the_central_s_host(
     new name, a removed one is no longer followed."""
     with _joined(site, tmp_path / "box") as box:
         box_id = _box_id(box)
-        until(lambda: _up_at(site.central, box_id, box.url), "the box registered and up")
+        until(lambda: up_at(site.central, box_id, box.url), "the box registered and up")
         for gone in set(site.central.fleet()) - {box_id}:  # the earlier tests' boxes
             assert f"removed {gone}" in _boxes(site, "remove", gone)
         assert list(site.central.fleet()) == [box_id] and box_id in _boxes(site, "list")

@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 
-from .support.central import Central, worker_key
+from .support.central import Central, kill_box, up_at, worker_key
 from .support.clients import openai_client
 from .support.holds import HOLD_IDLE_TIMEOUT, Background, engine_stopped, resident, until
 from .support.processes import FitboxProcess, start_fitbox, stop_fitbox
@@ -53,21 +52,6 @@ def _join(site_key: str, central: Central, models: Path, home: Path) -> FitboxPr
 def _state(central: Central, box_id: str) -> str | None:
     found: str | None = central.fleet().get(box_id, {}).get("state")
     return found
-
-
-def _up_at(central: Central, box: FitboxProcess, box_id: str) -> bool:
-    found = central.fleet().get(box_id, {})
-    return found.get("state") == "up" and found.get("url") == box.url
-
-
-def _kill(box: FitboxProcess) -> None:
-    """SIGKILL the box, then its children (a stopped engine among them)."""
-    children = psutil.Process(box.proc.pid).children(recursive=True)
-    box.proc.kill()
-    box.proc.wait()
-    for child in children:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +101,7 @@ def _restart(site: Site, index: int) -> None:
     box = site.boxes[index]
     site.boxes[index] = _join(site.key, site.central, site.models, box.home)
     until(
-        lambda: _up_at(site.central, site.boxes[index], site.ids[index]),
+        lambda: up_at(site.central, site.ids[index], site.boxes[index].url),
         "the restarted box followed at its new address",
         60,
     )
@@ -160,7 +144,7 @@ def test_an_unreachable_box_gets_no_new_calls(site: Site) -> None:
     without trying box a first; box a by name is a 503 to retry, not a 502 not to."""
     _resident_on_both(site)
     dead_id, other_id = site.ids[0], site.ids[1]
-    _kill(site.boxes[0])
+    kill_box(site.boxes[0])
     until(lambda: _state(site.central, dead_id) == "unreachable", "box a unreachable")
     answer = _call(site, SMOL)
     assert answer.status_code == 200, answer.text
@@ -196,7 +180,7 @@ def test_a_box_killed_mid_stream_ends_the_stream_with_an_error_event_and_done(
         events = _events(response.iter_lines())
         assert "choices" in json.loads(next(events))
         os.kill(engine, signal.SIGSTOP)
-        _kill(box)
+        kill_box(box)
         with contextlib.suppress(ProcessLookupError):
             os.kill(engine, signal.SIGKILL)
         rest = list(events)

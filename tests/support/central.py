@@ -3,6 +3,7 @@ what the tests ask of it (the fleet view, mirrored rows, a worker key)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,9 +14,10 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 
 from .clients import openai_client
-from .processes import answering_url
+from .processes import FitboxProcess, answering_url
 
 CENTRAL = (sys.executable, "-m", "fitbox", "central")
 
@@ -77,3 +79,19 @@ def worker_key(home: Path, scope: str = "worker") -> str:
         check=True,
     )
     return made.stdout.strip()
+
+
+def up_at(central: Central, box_id: str, url: str) -> bool:
+    """Whether the central shows ``box_id`` up at ``url``."""
+    found = central.fleet().get(box_id, {})
+    return found.get("state") == "up" and found.get("url") == url
+
+
+def kill_box(box: FitboxProcess) -> None:
+    """SIGKILL the box, then its children (a stopped engine among them)."""
+    children = psutil.Process(box.proc.pid).children(recursive=True)
+    box.proc.kill()
+    box.proc.wait()
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
