@@ -95,6 +95,15 @@ def test_a_box_is_named_drained_and_removed_and_joins_again_as_new(
     assert again.status_code == 201 and again.json()["box_secret"] != first
 
 
+def _cli_home(target: StoreTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``fitbox central keys`` pointed at the test's store: its home, or its database."""
+    if isinstance(target, str):
+        monkeypatch.setenv("FITBOX_CENTRAL_DB", target)
+    else:
+        monkeypatch.delenv("FITBOX_CENTRAL_DB", raising=False)
+    return ["--home", str(target.parent if isinstance(target, Path) else tmp_path)]
+
+
 def test_central_keys_are_listed_and_a_revoked_one_is_refused_at_once(
     central: tuple[TestClient, StoreTarget],
     tmp_path: Path,
@@ -102,11 +111,7 @@ def test_central_keys_are_listed_and_a_revoked_one_is_refused_at_once(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     client, target = central
-    if isinstance(target, str):
-        monkeypatch.setenv("FITBOX_CENTRAL_DB", target)
-    else:
-        monkeypatch.delenv("FITBOX_CENTRAL_DB", raising=False)
-    home = ["--home", str(target.parent if isinstance(target, Path) else tmp_path)]
+    home = _cli_home(target, tmp_path, monkeypatch)
     key_id, secret = _key(target, "admin")
     admin = {"Authorization": f"Bearer {secret}"}
     assert client.get("/v1/fleet", headers=admin).status_code == 200
@@ -130,11 +135,7 @@ def test_a_central_key_limited_to_a_model_asks_for_that_model_only(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     client, target = central
-    if isinstance(target, str):
-        monkeypatch.setenv("FITBOX_CENTRAL_DB", target)
-    else:
-        monkeypatch.delenv("FITBOX_CENTRAL_DB", raising=False)
-    home = ["--home", str(target.parent if isinstance(target, Path) else tmp_path)]
+    home = _cli_home(target, tmp_path, monkeypatch)
     made = ["central", "keys", "create", "--model", "smol", "--model", "tiny", *home]
     assert fitbox_main(made) == 0
     limited = {"Authorization": f"Bearer {capsys.readouterr().out.strip()}"}
