@@ -130,3 +130,28 @@ def test_a_reply_the_client_got_whole_is_stored_ok_before_its_last_byte(
                 assert reply.status_code == 200, reply.text
                 row = row_of(box.home, request_id)
                 assert row is not None and row["outcome"] == "ok", (request_id, row)
+
+
+def test_a_stream_whose_client_asked_no_usage_is_counted_from_the_engine_s_own_figures(
+    tmp_path: Path, smollm2: Path
+) -> None:
+    """Most chat UIs stream without ``stream_options.include_usage``: the engine's last
+    chunk still carries its timings, and the row counts the tokens from them, as many as
+    the engine's usage says when a client does ask."""
+    with running_fitbox(tmp_path / "home", [smollm2.parent]) as box:
+        rows = []
+        for asks in ({}, {"stream_options": {"include_usage": True}}):
+            body = chat(max_tokens=6, stream=True, ignore_eos=True, **asks)
+            with httpx.stream(
+                "POST", f"{box.url}/v1/chat/completions", json=body, timeout=60
+            ) as response:
+                events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+            rows.append(box.calls()[-1])
+        usage = json.loads(events[-2])["usage"]  # the second stream's: the engine's count
+        for row in rows:
+            assert (row["outcome"], row["prompt_tokens"], row["completion_tokens"]) == (
+                "ok",
+                usage["prompt_tokens"],
+                usage["completion_tokens"],
+            )
+        assert usage["completion_tokens"] == 6

@@ -81,6 +81,13 @@ def usage_of(tail: bytes) -> dict[str, Any]:
     return usage
 
 
+def _counted(usage: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+    }
+
+
 @dataclass
 class CallDesk:
     """Opens calls; holds what every call needs from the box."""
@@ -297,9 +304,7 @@ class Call:
             error_code=error_code,
             first_byte_at=first_byte_at,
             last_byte_at=time.time(),
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"),
-            **(self._measured(tail) if outcome == "ok" else {}),
+            **(self._measured(tail, usage) if outcome == "ok" else _counted(usage)),
         )
 
     def answered(self, status: int, content: bytes) -> None:
@@ -311,9 +316,7 @@ class Call:
             http_status=status,
             first_byte_at=done,
             last_byte_at=done,
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"),
-            **self._measured(tail),
+            **self._measured(tail, usage),
         )
 
     def refused_by_engine(self, status: int, error_code: str) -> None:
@@ -327,13 +330,22 @@ class Call:
             last_byte_at=done,
         )
 
-    def _measured(self, tail: bytes) -> dict[str, Any]:
-        """The engine's timings as call-log columns; they also become a measured speed."""
+    def _measured(self, tail: bytes, usage: dict[str, Any]) -> dict[str, Any]:
+        """The reply's token counts and the engine's timings as call-log columns; the
+        timings also become a measured speed. A stream whose client did not ask for usage
+        (``stream_options.include_usage``, which most chat UIs leave off) carries none,
+        so its counts come from the engine's own timings: every stream is counted."""
+        tokens = _counted(usage)
         timings = self.resident.engine.timings(tail)
         if timings is None:
-            return {}
+            return tokens
+        if tokens["prompt_tokens"] is None and timings.prompt_ms is not None:
+            tokens["prompt_tokens"] = (timings.cache_n or 0) + timings.prompt_n
+        if tokens["completion_tokens"] is None and timings.decode_ms is not None:
+            tokens["completion_tokens"] = timings.decode_n
         self.desk.speeds.record(self.resident, timings, self.id)
         return {
+            **tokens,
             "cache_tokens": timings.cache_n,
             "prompt_ms": timings.prompt_ms,
             "prompt_per_token_ms": timings.prompt_per_token_ms,
