@@ -28,6 +28,7 @@ class Central:
     proc: subprocess.Popen[bytes] | None = None
     url: str = ""
     env: dict[str, str] = field(default_factory=dict)  # FITBOX_CENTRAL_DB for PostgreSQL
+    host: str = ""  # where it listens (a bridge's address, tests/support/netns.py): loopback
 
     def start(self) -> None:
         log_path = self.home / "central.log"
@@ -41,6 +42,7 @@ class Central:
             "auto",
             "--home",
             str(self.home),
+            *(("--host", self.host) if self.host else ()),
         ]
         with log_path.open("ab") as log_file:
             self.proc = subprocess.Popen(
@@ -68,15 +70,16 @@ class Central:
         return openai_client(self.url, max_retries=0)
 
 
-def worker_key(home: Path, scope: str = "worker") -> str:
+def worker_key(home: Path, scope: str = "worker", env: dict[str, str] | None = None) -> str:
     """A new key (a worker key unless ``scope`` says) of the central whose home is ``home``
-    (its store need not be open)."""
+    (its store need not be open); ``env``: the central's (FITBOX_CENTRAL_DB)."""
     made = subprocess.run(
         [*CENTRAL, "keys", "create", "--scope", scope, "--home", str(home)],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
+        env={**os.environ, **(env or {})},
     )
     return made.stdout.strip()
 
