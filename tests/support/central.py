@@ -98,3 +98,18 @@ def kill_box(box: FitboxProcess) -> None:
     for child in children:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
+
+
+def mirrored_exactly(central: Central, box: FitboxProcess, box_id: str) -> bool:
+    """The central holds every call row of the box once, each in its final form (a row it
+    kept raw as a reject is in neither list)."""
+    rejects = central.get("/v1/telemetry/rows", table="mirror_rejects")["rows"]
+    kept_raw = {int(r["source_id"]) for r in rejects if r["box_id"] == box_id}
+    own = {r["id"]: r for r in box.calls() if r["id"] not in kept_raw}
+    theirs = central.mirrored("call_log", box_id)
+    ids = [r["id"] for r in theirs]
+    assert len(ids) == len(set(ids)), f"a row came twice: {ids}"
+    assert all(r["box_id"] == box_id for r in theirs)
+    return {r["id"]: (r["outcome"], r["seq"]) for r in theirs} == {
+        i: (r["outcome"], r["seq"]) for i, r in own.items()
+    }
