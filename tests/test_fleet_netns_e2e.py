@@ -140,11 +140,11 @@ def _restart(site: Site, index: int) -> None:
     )
 
 
-def _direct(box: FitboxProcess, body: dict[str, Any] | None = None) -> httpx.Response:
+def _direct(box: FitboxProcess) -> httpx.Response:
     """A call on the box itself, from the host (with its admin key)."""
     return httpx.post(
         f"{box.url}/v1/completions",
-        json=body or {"model": SMOL, **HI},
+        json={"model": SMOL, **HI},
         headers=box.headers,
         timeout=120,
     )
