@@ -29,7 +29,7 @@ import pytest
 
 from fitbox.home import Home
 
-from .support.central import Central, worker_key
+from .support.central import Central, mirrored_exactly, worker_key
 from .support.clients import openai_client
 from .support.ggufs import two_models_one_at_a_time
 from .support.holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
@@ -120,21 +120,6 @@ def _stop_box(box: FitboxProcess, sig: int = signal.SIGTERM) -> None:
     for child in children:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-
-
-def _mirrored_exactly(central: Central, box: FitboxProcess, box_id: str) -> bool:
-    """The central holds every call row of the box once, each in its final form (a row it
-    kept raw as a reject is in neither list)."""
-    rejects = central.get("/v1/telemetry/rows", table="mirror_rejects")["rows"]
-    kept_raw = {int(r["source_id"]) for r in rejects if r["box_id"] == box_id}
-    own = {r["id"]: r for r in box.calls() if r["id"] not in kept_raw}
-    theirs = central.mirrored("call_log", box_id)
-    ids = [r["id"] for r in theirs]
-    assert len(ids) == len(set(ids)), f"a row came twice: {ids}"
-    assert all(r["box_id"] == box_id for r in theirs)
-    return {r["id"]: (r["outcome"], r["seq"]) for r in theirs} == {
-        i: (r["outcome"], r["seq"]) for i, r in own.items()
-    }
 
 
 def test_boxes_register_with_a_persistent_id_reported_by_health(fleet: Fleet) -> None:
@@ -422,7 +407,7 @@ def test_every_call_is_mirrored_once_in_its_final_form(fleet: Fleet) -> None:
                 direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
     for box, box_id in zip(fleet.boxes, fleet.ids, strict=True):
         until(
-            lambda b=box, i=box_id: _mirrored_exactly(fleet.central, b, i),  # type: ignore[misc]
+            lambda b=box, i=box_id: mirrored_exactly(fleet.central, b, i),  # type: ignore[misc]
             "every call row mirrored once",
         )
     tables = {t["name"]: t for t in fleet.central.get("/v1/telemetry/tables")["data"]}
@@ -454,7 +439,7 @@ def test_a_box_frozen_for_30_s_and_thawed_loses_nothing_and_repeats_nothing(
     other, other_id = fleet.boxes[0], fleet.ids[0]
     with openai_client(frozen.url) as direct:
         direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
-    until(lambda: _mirrored_exactly(fleet.central, frozen, frozen_id), "box c's rows mirrored")
+    until(lambda: mirrored_exactly(fleet.central, frozen, frozen_id), "box c's rows mirrored")
     os.kill(frozen.proc.pid, signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
@@ -477,7 +462,7 @@ def test_a_box_frozen_for_30_s_and_thawed_loses_nothing_and_repeats_nothing(
         with openai_client(other.url) as direct:
             direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
         until(
-            lambda: _mirrored_exactly(fleet.central, other, other_id),
+            lambda: mirrored_exactly(fleet.central, other, other_id),
             "the rest of the fleet mirrored while box c is frozen",
         )
         seen = until(
@@ -496,7 +481,7 @@ def test_a_box_frozen_for_30_s_and_thawed_loses_nothing_and_repeats_nothing(
         assert answer.status_code == 200, answer.text
     assert len(frozen.calls()) >= 3
     until(
-        lambda: _mirrored_exactly(fleet.central, frozen, frozen_id),
+        lambda: mirrored_exactly(fleet.central, frozen, frozen_id),
         "box c's rows, the ones taken while frozen too, mirrored once each",
     )
     until(lambda: fleet.central.fleet()[frozen_id]["state"] == "up", "box c up again")
@@ -547,7 +532,7 @@ def test_the_mirror_resumes_after_a_kill_9_of_the_central(fleet: Fleet) -> None:
     until(lambda: _all_up(central, fleet.ids), "the boxes followed again after the restart")
     for box, box_id in zip(fleet.boxes, fleet.ids, strict=True):
         until(
-            lambda b=box, i=box_id: _mirrored_exactly(central, b, i),  # type: ignore[misc]
+            lambda b=box, i=box_id: mirrored_exactly(central, b, i),  # type: ignore[misc]
             "every call row mirrored once after the restart",
         )
 
@@ -582,11 +567,11 @@ def test_a_central_on_postgresql_mirrors_a_box_s_calls_exactly_once(
         with openai_client(box.url) as direct:
             for _ in range(2):
                 direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
-            until(lambda: _mirrored_exactly(central, box, box_id), "every call row, once")
+            until(lambda: mirrored_exactly(central, box, box_id), "every call row, once")
             central.stop(signal.SIGKILL)
             direct.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
         central.start()  # the registration and the cursors were in the database
-        until(lambda: _mirrored_exactly(central, box, box_id), "every call row once, again")
+        until(lambda: mirrored_exactly(central, box, box_id), "every call row once, again")
         with psycopg.connect(postgres.url(), autocommit=True) as admin:
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
             admin.execute(
@@ -600,7 +585,7 @@ def test_a_central_on_postgresql_mirrors_a_box_s_calls_exactly_once(
                 "the central's mirror meeting its database gone",
             )
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
-        until(lambda: _mirrored_exactly(central, box, box_id), "every call row once, after")
+        until(lambda: mirrored_exactly(central, box, box_id), "every call row once, after")
     finally:
         central.stop()
 
@@ -616,7 +601,7 @@ def test_a_box_that_moves_port_reregisters_under_the_same_id(fleet: Fleet, tmp_p
     until(lambda: fleet.central.fleet()[fleet.ids[1]]["url"] == moved.url, "the new address")
     assert len(fleet.central.fleet()) == len(fleet.ids)
     until(
-        lambda: _mirrored_exactly(fleet.central, moved, fleet.ids[1]),
+        lambda: mirrored_exactly(fleet.central, moved, fleet.ids[1]),
         "the moved box's rows, once each",
     )
 

@@ -1,18 +1,15 @@
 """The central and a box on real, non-loopback addresses: the box in a network namespace of
-its own (``ip netns``, a veth pair), the central on the host's end of the pair. The box
+its own (tests/support/netns.py: a veth pair to a bridge), the central on the bridge. The box
 registers with its own address and the central follows it across the link; a box bound to
 loopback only is refused with the reason, by the box before it asks and by the central when
-asked. Needs root and iproute2 (.ci/run runs as root): skipped with the reason elsewhere,
-failed under FITBOX_REQUIRE_TOOLS=1."""
+asked. Needs root and iproute2 (the helper says what a machine without them is told)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -23,48 +20,14 @@ from fitbox.cli.central import CENTRAL_SCOPES
 from fitbox.store.keys import create_key
 
 from .support.holds import Background, until
+from .support.netns import Network, network
 from .support.processes import answering_url
-from .support.tools import required_tool
-
-
-@dataclass(frozen=True)
-class Link:
-    namespace: str
-    central_host: str  # the host's end of the veth pair
-    box_host: str  # the namespace's end
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
 @pytest.fixture(scope="module")
-def link() -> Iterator[Link]:
-    required_tool("ip", "iproute2")
-    if os.geteuid() != 0:
-        why = "network namespaces need root (ip netns add)"
-        if os.environ.get("FITBOX_REQUIRE_TOOLS"):
-            pytest.fail(why)
-        pytest.skip(why)
-    tag = os.getpid() % 250  # one pair per test process: runs side by side do not meet
-    namespace, outer, inner = f"fbns{tag}", f"fbh{tag}", f"fbb{tag}"
-    central_host, box_host = f"10.213.{tag}.1", f"10.213.{tag}.2"
-    _ip("netns", "add", namespace)
-    try:
-        _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-        _ip("link", "set", inner, "netns", namespace)
-        _ip("addr", "add", f"{central_host}/30", "dev", outer)
-        _ip("link", "set", outer, "up")
-        for args in (
-            ("addr", "add", f"{box_host}/30", "dev", inner),
-            ("link", "set", inner, "up"),
-            ("link", "set", "lo", "up"),
-        ):
-            _ip("netns", "exec", namespace, "ip", *args)
-        yield Link(namespace, central_host, box_host)
-    finally:
-        subprocess.run(["ip", "link", "del", outer], capture_output=True, timeout=30)
-        subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
+def net() -> Iterator[Network]:
+    with network(["box"]) as made:
+        yield made
 
 
 def _serve(argv: list[str], home: Path, endpoint: str) -> tuple[subprocess.Popen[bytes], str]:
@@ -91,7 +54,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def test_a_box_on_its_own_address_joins_and_a_loopback_one_is_refused(
-    link: Link, tmp_path: Path
+    net: Network, tmp_path: Path
 ) -> None:
     fitbox = [sys.executable, "-m", "fitbox"]
     central_home, models = tmp_path / "central", tmp_path / "models"
@@ -111,7 +74,7 @@ def test_a_box_on_its_own_address_joins_and_a_loopback_one_is_refused(
             "central",
             "serve",
             "--host",
-            link.central_host,
+            net.address,
             "--port",
             "auto",
             "--home",
@@ -122,8 +85,9 @@ def test_a_box_on_its_own_address_joins_and_a_loopback_one_is_refused(
     )
     procs = [central]
     try:
-        assert central_url.startswith(f"http://{link.central_host}:")
-        in_namespace = ["ip", "netns", "exec", link.namespace, *fitbox, "serve"]
+        assert central_url.startswith(f"http://{net.address}:")
+        (space,) = net.namespaces
+        in_namespace = [*space.wrap(), *fitbox, "serve"]
         joins = [f"--models={models}", f"--central={central_url}", f"--central-key={key}"]
         starting = [  # side by side: a start is mostly imports
             Background(
@@ -131,7 +95,7 @@ def test_a_box_on_its_own_address_joins_and_a_loopback_one_is_refused(
                     [
                         *in_namespace,
                         "--host",
-                        link.box_host,
+                        space.address,
                         "--port",
                         "auto",
                         "--home",
@@ -172,7 +136,7 @@ def test_a_box_on_its_own_address_joins_and_a_loopback_one_is_refused(
             return found[0] if found else None
 
         seen = until(joined, "the box in its namespace registered and followed", within=60)
-        assert seen["url"] == box_url and box_url.startswith(f"http://{link.box_host}:")
+        assert seen["url"] == box_url and box_url.startswith(f"http://{space.address}:")
         said = until(
             lambda: "loopback only" in (tmp_path / "lo" / "serve.log").read_text(),
             "the loopback box saying why it does not register",

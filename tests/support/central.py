@@ -28,6 +28,7 @@ class Central:
     proc: subprocess.Popen[bytes] | None = None
     url: str = ""
     env: dict[str, str] = field(default_factory=dict)  # FITBOX_CENTRAL_DB for PostgreSQL
+    host: str = ""  # where it listens (a bridge's address, tests/support/netns.py): loopback
 
     def start(self) -> None:
         log_path = self.home / "central.log"
@@ -41,6 +42,7 @@ class Central:
             "auto",
             "--home",
             str(self.home),
+            *(("--host", self.host) if self.host else ()),
         ]
         with log_path.open("ab") as log_file:
             self.proc = subprocess.Popen(
@@ -68,15 +70,16 @@ class Central:
         return openai_client(self.url, max_retries=0)
 
 
-def worker_key(home: Path, scope: str = "worker") -> str:
+def worker_key(home: Path, scope: str = "worker", env: dict[str, str] | None = None) -> str:
     """A new key (a worker key unless ``scope`` says) of the central whose home is ``home``
-    (its store need not be open)."""
+    (its store need not be open); ``env``: the central's (FITBOX_CENTRAL_DB)."""
     made = subprocess.run(
         [*CENTRAL, "keys", "create", "--scope", scope, "--home", str(home)],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
+        env={**os.environ, **(env or {})},
     )
     return made.stdout.strip()
 
@@ -95,3 +98,18 @@ def kill_box(box: FitboxProcess) -> None:
     for child in children:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
+
+
+def mirrored_exactly(central: Central, box: FitboxProcess, box_id: str) -> bool:
+    """The central holds every call row of the box once, each in its final form (a row it
+    kept raw as a reject is in neither list)."""
+    rejects = central.get("/v1/telemetry/rows", table="mirror_rejects")["rows"]
+    kept_raw = {int(r["source_id"]) for r in rejects if r["box_id"] == box_id}
+    own = {r["id"]: r for r in box.calls() if r["id"] not in kept_raw}
+    theirs = central.mirrored("call_log", box_id)
+    ids = [r["id"] for r in theirs]
+    assert len(ids) == len(set(ids)), f"a row came twice: {ids}"
+    assert all(r["box_id"] == box_id for r in theirs)
+    return {r["id"]: (r["outcome"], r["seq"]) for r in theirs} == {
+        i: (r["outcome"], r["seq"]) for i, r in own.items()
+    }

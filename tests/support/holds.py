@@ -54,14 +54,15 @@ def until(check: Callable[[], T | None], what: str, within: float = 30.0) -> T:
 
 
 def resident(box: FitboxProcess, model: str) -> dict[str, Any]:
-    data: list[dict[str, Any]] = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
+    answer = httpx.get(f"{box.url}/v1/residents", headers=box.headers, timeout=30)
+    data: list[dict[str, Any]] = answer.json()["data"]
     (found,) = [r for r in data if r["model"] == model]
     return found
 
 
 def calls_on(box: FitboxProcess, model: str) -> int:
     """How many calls the resident serving ``model`` holds (0 when none is resident)."""
-    data = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
+    data = httpx.get(f"{box.url}/v1/residents", headers=box.headers, timeout=30).json()["data"]
     return sum(int(r["calls"]) for r in data if r["model"] == model)
 
 

@@ -141,34 +141,49 @@ class PostgresCluster:
         log = self.root / "server.log"
         for _ in range(5):
             self.port = _free_port()
-            options = [
-                "-k",
-                str(self.root),
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-p",
-                str(self.port),
-                *(() if durable else FAST),
-            ]
-            started = self._run(
-                str(self.bin / "pg_ctl"),
-                "-D",
-                str(self.data),
-                "-l",
-                str(log),
-                "-w",
-                "-t",
-                "60",
-                "-o",
-                " ".join(options),
-                "start",
-            )
+            started = self._start(durable)
             if started.returncode == 0:
                 return
             text = log.read_text(errors="replace") if log.exists() else ""
             if "could not bind" not in text and "already in use" not in text:
                 raise RuntimeError(f"PostgreSQL did not start:\n{started.stderr}{text}")
         raise RuntimeError("PostgreSQL found no free port in 5 tries")
+
+    def _start(self, durable: bool = False) -> subprocess.CompletedProcess[str]:
+        options = [
+            "-k",
+            str(self.root),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-p",
+            str(self.port),
+            *(() if durable else FAST),
+        ]
+        return self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            " ".join(options),
+            "start",
+        )
+
+    def halt(self) -> None:
+        """The server stopped (an outage), its data kept: ``resume`` starts it again."""
+        stopped = self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "stop")
+        if stopped.returncode != 0:
+            raise RuntimeError(f"PostgreSQL did not stop:\n{stopped.stderr}")
+
+    def resume(self) -> None:
+        """The server started again after ``halt``, on its port (the URLs stand)."""
+        started = self._start()
+        if started.returncode != 0:
+            raise RuntimeError(f"PostgreSQL did not start again:\n{started.stderr}")
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
