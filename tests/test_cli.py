@@ -114,3 +114,41 @@ def test_every_command_is_registered_once_and_settings_never_prints_a_secret(
     printed = capsys.readouterr().out
     assert "central_key = (set)" in printed and "fbk_worker_secret" not in printed
     assert f"home = {tmp_path!r}" in printed  # what is not secret is shown
+
+
+def test_a_plan_that_refuses_exits_1_with_each_rung_s_reason(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    write_tiny_llama(root / "tiny.gguf")
+    refused = fitbox("plan", "tiny@gpu", "--models", str(root), home=tmp_path)
+    assert refused.returncode == 1, refused.stdout
+    assert "needs 0 B" not in refused.stdout  # no rung was sized: nothing to weigh
+    assert "no_candidate: no rung of it can be placed on this box" in refused.stdout
+    assert "gpu-only tiny: no_gpu (this box has no GPU)" in refused.stdout
+    as_json = fitbox("plan", "tiny@gpu", "--json", "--models", str(root), home=tmp_path)
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["decision"] == "refuse"
+    placed = fitbox("plan", "tiny", "--models", str(root), home=tmp_path)
+    assert placed.returncode == 0, placed.stdout
+
+
+def test_output_piped_into_a_reader_that_left_ends_quietly(tmp_path: Path) -> None:
+    """``fitbox models --json | head -1``: the reader gone before fitbox writes (its end of
+    the pipe closed first, so the write fails whatever the buffer holds) ends without a
+    traceback, with the status a shell gives a tool a closed pipe stopped."""
+    root = tmp_path / "models"
+    root.mkdir()
+    write_tiny_llama(root / "tiny.gguf")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        gone = subprocess.run(
+            [sys.executable, "-m", "fitbox", "models", "--json", "--models", str(root)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env={**os.environ, "FITBOX_HOME": str(tmp_path)},
+        )
+    finally:
+        os.close(write_end)
+    assert gone.stderr == "" and gone.returncode == 141

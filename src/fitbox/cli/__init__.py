@@ -5,6 +5,8 @@ settings and runs the one named. Thin: the work is in the rooms below."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -64,4 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fitbox: {exc}", file=sys.stderr)
         return 2
     by_name = {command.name: command for command in COMMANDS}
-    return by_name[args.command].run(settings, args)
+    try:
+        return by_name[args.command].run(settings, args)
+    except BrokenPipeError:
+        # the reader of its output left (`fitbox models --json | head -1`): not fitbox's
+        # error; stdout goes to /dev/null so Python's own flush at exit cannot raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE  # what a shell reports for a tool a closed pipe stopped

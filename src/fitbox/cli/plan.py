@@ -67,9 +67,9 @@ def run(config: settings.Config, args: argparse.Namespace) -> int:
         return 1
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0
-    _print_plan(report)
-    return 0
+    else:
+        _print_plan(report)
+    return 1 if report["decision"] == "refuse" else 0  # a script can tell it would not load
 
 
 def _print_plan(report: dict[str, Any]) -> None:
@@ -114,9 +114,11 @@ def _print_plan(report: dict[str, Any]) -> None:
     for key in ("victims", "blockers"):
         if report.get(key):
             print(f"  {key}: {', '.join(report[key])}")
-    if report["decision"] == "refuse":
+    if report["decision"] == "refuse" and report.get("needed_bytes"):
         needed, held = format_bytes(report["needed_bytes"]), format_bytes(report["available_bytes"])
         print(f"  {report['reason']}: needs {needed} on {report['device']}, which holds {held}")
+    elif report["decision"] == "refuse":  # no rung was ever sized: their reasons say why
+        print(f"  {report['reason']}: no rung of it can be placed on this box, because:")
     for r in report.get("rejected", []):
         print(f"  - {r['rung']} {r['artifact']}: {r['reason']} ({r['detail']})")
     print(f"  ({report['source']})")
