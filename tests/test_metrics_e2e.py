@@ -19,6 +19,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import fitbox
+
 from .support.holds import engine_stopped, until
 from .support.paths import REPO
 from .support.processes import FitboxProcess, running_fitbox
@@ -47,8 +49,11 @@ FAMILIES = {
     "fitbox_residents",
     "fitbox_queue_length",
     "fitbox_store_write_failures",
-    "fitbox_change_counter",
+    "fitbox_store_changes",
+    "fitbox_build_info",
     "fitbox_child_scrape_failures",
+    "process_start_time_seconds",
+    "process_cpu_seconds",
 }
 
 
@@ -174,23 +179,25 @@ def test_every_family_after_one_call_with_the_childs_own(box: FitboxProcess) -> 
     assert held > 50 * 2**20  # SmolLM2's weights and cache are somewhere
     assert samples(families, "fitbox_residents", state="ready")[0].value == 1
     # the child's own figures, with the model they are about
-    child = [name for name in families if name.startswith("llamacpp:")]
+    child = [name for name in families if name.startswith("llamacpp_")]
     assert child, sorted(families)
     for name in child:
         for sample in families[name].samples:
             assert sample.labels["model"] == SMOL
-    assert samples(families, "fitbox_change_counter")[0].value > 0
+    assert samples(families, "fitbox_store_changes")[0].value > 0
+    (build,) = samples(families, "fitbox_build_info")
+    assert build.labels["version"] == fitbox.__version__
 
 
 def test_a_child_that_does_not_answer_is_left_out(box: FitboxProcess) -> None:
     assert chat(box).status_code == 200
     with engine_stopped(box, SMOL):  # SIGSTOP: it cannot answer its /metrics
         families = scrape(box)
-    assert not [name for name in families if name.startswith("llamacpp:")]
+    assert not [name for name in families if name.startswith("llamacpp_")]
     (failed,) = samples(families, "fitbox_child_scrape_failures", model=SMOL)
     assert failed.value >= 1
     assert samples(families, "fitbox_residents", state="ready")  # the box's own are there
-    assert any(n.startswith("llamacpp:") for n in scrape(box))  # and back once it answers
+    assert any(n.startswith("llamacpp_") for n in scrape(box))  # and back once it answers
 
 
 def test_an_eviction_is_counted_by_reason(box: FitboxProcess) -> None:
@@ -285,7 +292,7 @@ def test_scraped_by_the_real_prometheus(box: FitboxProcess, read_key: str, tmp_p
         assert float(calls[0]["value"][1]) >= 1
         devices = until(lambda: query(url, "fitbox_device_capacity_bytes"), "the devices")
         assert {d["metric"]["device"] for d in devices} >= {"gpu0", "host"}
-        until(lambda: query(url, "llamacpp:requests_processing"), "the child's own")
+        until(lambda: query(url, "llamacpp_requests_processing"), "the child's own")
         # every query of the shipped Grafana dashboard is one Prometheus accepts, and each
         # names families fitbox (or its child) exports
         exported = set(scrape(box))
@@ -294,7 +301,7 @@ def test_scraped_by_the_real_prometheus(box: FitboxProcess, read_key: str, tmp_p
             assert reply.json()["status"] == "success", (title, expr, reply.text)
             named = {
                 re.sub(r"_(total|bucket|sum|count)$", "", name)
-                for name in re.findall(r"\b(fitbox_[a-z_]+|llamacpp:[a-z_]+)", expr)
+                for name in re.findall(r"\b((?:fitbox|llamacpp)_[a-z_]+)", expr)
             }
             assert named <= exported, (title, named - exported)
 
@@ -305,7 +312,23 @@ def dashboard_queries() -> list[tuple[str, str]]:
     found = []
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
-            expr = target["expr"].replace("$__rate_interval", "1m").replace("$model", ".*")
+            expr = target["expr"].replace("$__rate_interval", "1m")
+            expr = expr.replace("$model", ".*").replace("$instance", ".*")
             found.append((expr, panel["title"]))
     assert len(found) >= 20
     return found
+
+
+def test_the_page_passes_promtool_with_no_created_twins(box: FitboxProcess) -> None:
+    """Prometheus' own linter over the whole page with a child's figures in it: no colons
+    in a name (the child's ``llamacpp:*`` re-exported as ``llamacpp_*``), no type in a name,
+    counters ending ``_total``, and no ``*_created`` twin beside each counter."""
+    assert chat(box).status_code == 200
+    text = httpx.get(f"{box.url}/metrics", timeout=30).text
+    assert "llamacpp_" in text and "llamacpp:" not in text
+    assert not [line for line in text.splitlines() if "_created" in line.split(" ")[0]]
+    promtool = required_tool("promtool", "prometheus")
+    checked = subprocess.run(
+        [str(promtool), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert (checked.returncode, checked.stdout + checked.stderr) == (0, "")

@@ -194,7 +194,9 @@ def build_argv(engine: EngineInfo, intent: LaunchIntent) -> list[str]:
         if not intent.gpu_layers and engine.has("--no-mmproj-offload"):
             argv.append("--no-mmproj-offload")  # in RAM with the model, as it was priced
     if engine.has("--metrics"):
-        argv.append("--metrics")  # its llamacpp:* figures, re-exported by fitbox's /metrics
+        argv.append(
+            "--metrics"
+        )  # its llamacpp:* figures, re-exported by fitbox's /metrics as llamacpp_*
     if engine.has("--no-webui"):
         argv.append("--no-webui")
     if engine.has("--reasoning-format"):

@@ -175,8 +175,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "get": Op("An HTML page of the latest calls")}),
     Endpoint("/metrics", scrape, READ, {
         "get": Op("Prometheus text: calls, errors, tokens and times per model, devices, "
-                  "loads, evictions, refusals, estimate errors, and each child's llamacpp:* "
-                  "with a model label")}),
+                  "loads, evictions, refusals, estimate errors, the build and the process, "
+                  "and each child's llamacpp:* as llamacpp_* with a model label")}),
     Endpoint("/", dashboard, ADMIN, {
         "get": Op("The live dashboard (HTML; whole with JavaScript off)")}),
     Endpoint("/dashboard/events", events, ADMIN, {

@@ -1,13 +1,16 @@
 """GET /metrics: Prometheus text exposition (read scope or the box itself: server/door/auth.py).
 
-Three sources, one page:
+Four sources, one page:
 - the tally (server/views/tally.py): calls, errors, tokens, times, loads, evictions, refusals and
   estimate errors, counted from the store's rows;
 - the box as it is now: each device's capacity, free bytes, what fitbox holds and reserves
-  there, each resident's state, the queue, the store's write failures and change counter;
+  there, each resident's state, the queue, the store's write failures and changes, the build;
+- the process: CPU, memory, open files, start time (uptime is
+  ``time() - process_start_time_seconds``);
 - each ready child's own ``/metrics`` (llama-server's ``llamacpp:*``), fetched at scrape
-  time with a short bound and re-exported with a ``model`` label; a child that does not
-  answer in time is left out, and counted in ``fitbox_child_scrape_failures_total``.
+  time with a short bound and re-exported as ``llamacpp_*`` with a ``model`` label; a child
+  that does not answer in time is left out, and counted in
+  ``fitbox_child_scrape_failures_total``.
 
 One ``CollectorRegistry`` per app: two apps in one process (tests) never share a figure.
 """
@@ -16,16 +19,29 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import platform
 import threading
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+import fitbox
 from fitbox.box.box import Box
 from fitbox.box.resident import Resident
 from fitbox.core.types import ResidentState
@@ -37,6 +53,10 @@ from fitbox.store.waits import bounded
 from .tally import Tally
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# a counter's ``*_created`` twin doubles the series for a start time the process family
+# already says (process_start_time_seconds); off for the process, as Prometheus' own
+# exporters leave it
+disable_created_metrics()  # type: ignore[no-untyped-call]
 CHILD_TIMEOUT_S = 0.5  # a scrape is not held up by a child that does not answer
 
 
@@ -95,16 +115,19 @@ class BoxCollector(Collector):
         yield GaugeMetricFamily(
             "fitbox_queue_length", "Calls waiting for room.", value=len(self.box.queue())
         )
-        yield GaugeMetricFamily(
+        yield CounterMetricFamily(
             "fitbox_store_write_failures",
             "Store writes that failed since start (health: /v1/telemetry/state).",
             value=self.store.write_failures,
         )
-        yield GaugeMetricFamily(
-            "fitbox_change_counter",
-            "The store's change counter: the newest committed event.",
+        yield CounterMetricFamily(
+            "fitbox_store_changes",
+            "Changes the store has committed: its newest event's number.",
             value=self.store.counter,
         )
+        info = InfoMetricFamily("fitbox_build", "The fitbox serving, and the Python it runs on.")
+        info.add_metric([], {"version": fitbox.__version__, "python": platform.python_version()})
+        yield info
 
 
 def _per_device(residents: Iterable[Resident]) -> dict[str, int]:
@@ -134,6 +157,7 @@ class Metrics:
         self.store_path = store.path
         self.now = BoxCollector(box, store)
         self.registry.register(self.now)
+        ProcessCollector(registry=self.registry)  # CPU, memory, open files, start time
         self.child_failures = Counter(
             "fitbox_child_scrape_failures",
             "Child /metrics fetches that failed or timed "
@@ -206,15 +230,22 @@ class Metrics:
 
 
 def _relabelled(children: list[tuple[str, str]]) -> list[Metric]:
-    """Each child's own families, merged by name, every sample labelled with its model."""
+    """Each child's own families, merged by name, every sample labelled with its model and
+    its name's colons made underscores (llama-server's ``llamacpp:prompt_tokens_total``
+    becomes ``llamacpp_prompt_tokens_total``: colons are for recording rules, and
+    ``promtool check metrics`` refuses them in an exporter's names)."""
     merged: dict[str, Metric] = {}
     for model, text in children:
         for family in text_string_to_metric_families(text):
-            into = merged.setdefault(
-                family.name, Metric(family.name, family.documentation, family.type)
-            )
+            name = family.name.replace(":", "_")
+            into = merged.setdefault(name, Metric(name, family.documentation, family.type))
             for sample in family.samples:
-                into.samples.append(sample._replace(labels={**sample.labels, "model": model}))
+                into.samples.append(
+                    sample._replace(
+                        name=sample.name.replace(":", "_"),
+                        labels={**sample.labels, "model": model},
+                    )
+                )
     return list(merged.values())
 
 
