@@ -335,3 +335,24 @@ def test_multi_gpu_shares_follow_the_engines_order_past_gpu9() -> None:
     decision = place(snap, Ask("m", (model("m", 12 * GiB),), rungs=(Rung.GPU_ONLY,)))
     assert decision.devices == ("gpu2", "gpu10", "host")
     assert decision.tensor_split == (7 * GiB, 8 * GiB)
+
+
+# -- a lowered cap --------------------------------------------------------------------------
+
+
+def test_a_lowered_cap_stops_the_cheapest_idle_set_and_names_what_it_cannot() -> None:
+    from fitbox.core.evict import over_caps
+
+    idle_old = resident("old", 3 * GiB, reload_seconds=1.0, last_used=1.0)
+    idle_new = resident("new", 3 * GiB, reload_seconds=1.0, last_used=5.0)
+    serving = resident("busy", 4 * GiB, calls=1)
+    pinned = resident("keep", 2 * GiB, pinned=True)
+    on_gpu = resident("gpu", 6 * GiB, device="gpu0")
+    everyone = (idle_old, idle_new, serving, pinned, on_gpu)
+    assert over_caps({"host": 12 * GiB}, everyone) == ([], {})  # 12 GiB held: fits
+    leaving, still = over_caps({"host": 9 * GiB}, everyone)  # 3 GiB over: one idle one
+    assert [r.key for r in leaving] == ["old"] and still == {}
+    leaving, still = over_caps({"host": 4 * GiB}, everyone)  # 8 over: both idle, 2 remain
+    assert [r.key for r in leaving] == ["old", "new"] and still == {"host": 2 * GiB}
+    leaving, still = over_caps({"host": 6 * GiB, "gpu0": 1 * GiB}, (serving, pinned, on_gpu))
+    assert [r.key for r in leaving] == ["gpu"] and still == {}

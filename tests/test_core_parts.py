@@ -188,6 +188,14 @@ def test_claims_cores_busy_with_other_work_are_taken_last() -> None:
     assert claims.claim(range(2), (1,), [], (), weights_in_ram=False, floor=1) == claims.Claim((1,))
     busy = resident("b", GiB, calls=1, cores=(1,))
     assert claims.claim(range(2), (), [busy], (), weights_in_ram=True, floor=1) is None
+    # an idle engine's core that other work keeps busy is taken last, as its other cores
+    # are (it is told); a serving engine's never
+    idle = resident("i", GiB, cores=(1,))
+    got = claims.claim(range(3), (1, 2), [idle], (), weights_in_ram=False, floor=1)
+    assert got == claims.Claim((2,))  # the busy core no engine holds comes first
+    got = claims.claim(range(2), (1,), [idle], (), weights_in_ram=False, floor=1)
+    assert got == claims.Claim((1,), taken_from=("i",))
+    assert claims.claim(range(2), (1,), [busy], (), weights_in_ram=False, floor=1) is None
 
 
 def test_claims_widen_an_idle_engine_only_onto_free_cores() -> None:

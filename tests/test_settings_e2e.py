@@ -11,6 +11,7 @@ import httpx
 import psutil
 import pytest
 
+from .support.holds import Background, calls_on, engine_stopped, until
 from .support.processes import running_fitbox
 
 pytestmark = pytest.mark.engine
@@ -183,3 +184,29 @@ def test_a_model_loaded_below_its_window_grows_back_when_room_lasts(
             time.sleep(0.2)
         assert "room for a 4096-token window has lasted" in box.log()
         assert chat(box.url).status_code == 200
+
+
+def test_a_lowered_ram_cap_evicts_an_idle_resident_and_waits_for_a_serving_one(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    """A cap lowered below what is held: a serving resident is never stopped for it, the
+    box says so in /health until it fits, and the resident leaves once its call ends."""
+    with running_fitbox(tmp_path / "home", [smollm2.parent]) as box:
+        assert chat(box.url).status_code == 200
+        with engine_stopped(box, SMOL):  # its engine frozen: the call stays in flight
+            held = Background(lambda: chat(box.url))
+            until(lambda: calls_on(box, SMOL) == 1 or None, "the call on the resident")
+            assert post(box.url, "/v1/limits", {"ram_max": "64MiB"}).status_code == 200
+            health = until(
+                lambda: (h := httpx.get(f"{box.url}/health").json())["problems"] and h,
+                "the cap named in /health",
+            )
+            (problem,) = health["problems"]
+            assert health["status"] == "degraded" and problem.startswith("host: the residents")
+            assert "64.00 MiB cap (ram_max)" in problem and f"{SMOL} (ready, 1 call(s))" in problem
+            assert calls_on(box, SMOL) == 1  # still there: it serves
+        assert held.result().status_code == 200  # the call finished whole
+        until(lambda: not httpx.get(f"{box.url}/v1/residents").json()["data"], "the eviction")
+        assert httpx.get(f"{box.url}/health").json()["problems"] == []
+        rows = httpx.get(f"{box.url}/v1/telemetry", params={"table": "evictions"}).json()["rows"]
+        assert [r["reason"] for r in rows] == ["cap_lowered"]

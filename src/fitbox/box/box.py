@@ -199,7 +199,13 @@ class Box:
                 "keep the setting",
             )
         self.prefs.apply(scope, model, values)
+        if scope == "limits":
+            self.warmth.limits_changed()  # a lowered cap evicts idle residents down to it
         self.registry.notify()
+
+    def problems(self) -> list[str]:
+        """What the box knows is wrong now: residents over a lowered cap."""
+        return list(self.warmth.cap_problems)
 
     # -- plans -----------------------------------------------------------------------------
 

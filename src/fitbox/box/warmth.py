@@ -10,8 +10,10 @@ import logging
 import time
 
 from fitbox.config import Config
+from fitbox.core.evict import over_caps
 from fitbox.core.types import ResidentState
 from fitbox.errors import FitboxError
+from fitbox.units import format_bytes
 
 from .admit import Admission
 from .asks import Asks
@@ -38,6 +40,14 @@ class Warmth:
     ) -> None:
         self.config, self.registry, self.asks = config, registry, asks
         self.admission, self.supervisor, self.operator = admission, supervisor, operator
+        self.cap_problems: list[str] = []  # what a lowered cap cannot evict yet (/health)
+        # caps are enforced on residents only after a change of limits, until all fit: a
+        # resident whose measured bytes outgrew a cap it was placed under stays (its next
+        # placement is priced on them)
+        self._enforcing = False
+
+    def limits_changed(self) -> None:
+        self._enforcing = True
 
     async def warm_up(self) -> None:
         """Load every model marked preload or pinned, one at a time (each may evict)."""
@@ -103,10 +113,51 @@ class Warmth:
                 widened += 1
         return widened
 
+    def over_caps(self) -> list[Resident]:
+        """Under the lock: idle residents that leave because a cap was lowered below what
+        the residents hold (``/v1/limits``, a central's allotment), marked stopping; what
+        those cannot free (residents serving, loading or pinned: never stopped for it) is
+        kept in ``cap_problems`` until it fits."""
+        if not self._enforcing:
+            return []
+        prefs = self.asks.prefs
+        staying = [r for r in self.registry if r.state is not S.STOPPING]
+        ram, vram = prefs.cap("ram_max"), prefs.cap("vram_max")
+        caps = {} if ram is None else {"host": int(ram)}
+        if vram is not None:
+            caps |= {d: int(vram) for r in staying for d in r.holdings() if d != "host"}
+        views = {r.key: r for r in staying}
+        leaving, still = over_caps(caps, [r.view() for r in staying])
+        found = [views[v.key] for v in leaving]
+        for resident in found:
+            self.registry.move(resident, S.STOPPING)
+        self._enforcing = bool(still)
+        self.cap_problems = [
+            self._over(device, caps[device], bytes_over, [r for r in staying if r not in found])
+            for device, bytes_over in still.items()
+        ]
+        return found
+
+    @staticmethod
+    def _over(device: str, cap: int, bytes_over: int, kept: list[Resident]) -> str:
+        held = [
+            f"{r.artifact.name} ({'pinned' if r.pinned else r.state.value}"
+            f"{f', {r.calls} call(s)' if r.calls else ''})"
+            for r in kept
+            if r.holdings().get(device)
+        ]
+        setting = "ram_max" if device == "host" else "vram_max"
+        return (
+            f"{device}: the residents hold {format_bytes(bytes_over)} more than its "
+            f"{format_bytes(cap)} cap ({setting}), held by {', '.join(held)}; a serving or "
+            "loading one leaves once idle, a pinned one only when unpinned or the cap is raised"
+        )
+
     async def unload_idle(self) -> None:
         while True:
             await asyncio.sleep(IDLE_CHECK_EVERY_S)
             async with self.registry.lock:
+                lowered = self.over_caps()
                 expired = self.idle_expired(time.monotonic())
                 grow = self.to_grow()
                 self.widen_idle()
@@ -125,3 +176,6 @@ class Warmth:
             for resident in expired:
                 log.info("%s idle past its TTL: unloading", resident.artifact.name)
                 await self.supervisor.stop(resident, "idle_ttl")
+            for resident in lowered:
+                log.info("%s: a lowered cap no longer holds it; unloading", resident.artifact.name)
+                await self.supervisor.stop(resident, "cap_lowered")

@@ -9,8 +9,9 @@
 - An idle engine's cores can be taken (it is told, in ``Claim.taken_from``, and re-pinned to
   what it keeps).
 - Cores kept busy by other work (a sustained reading, box/sensors.py) are taken last: only
-  when the free and idle cores are fewer than the engine needs. Foreign work is not an
-  engine; refusing to serve because something else computes would help no one.
+  when the free and idle cores are fewer than the engine needs, an idle engine's after
+  those no engine holds. Foreign work is not an engine; refusing to serve because
+  something else computes would help no one.
 - A GPU-only engine gets one core. An engine reading weights from RAM gets as many as still
   make it faster: from its measured bandwidth curve when it reaches that many cores (the
   fewest within 1 % of the best measured rate), else every free core; at least ``floor``.
@@ -88,10 +89,19 @@ def foreign_busy(
     busy_cores: Collection[int],
     residents: Sequence[ResidentView],
     leaving: Collection[str],
-) -> list[int]:
-    """Cores busy with other work that no engine holds: claimed last, only to reach a need."""
+) -> list[tuple[int, str | None]]:
+    """Cores busy with other work that no busy or loading engine holds, each with the idle
+    engine holding it (None: no engine): claimed last, only to reach a need, the ones no
+    engine holds first. An idle engine's busy core is taken as its other cores are (it is
+    told), or a snapshot where other work shares an idle engine's cores would refuse a
+    model that evicting that idle engine would have placed."""
     keep, held = reserved_core(cores), _holders(residents, leaving)
-    return [c for c in sorted(cores) if c in busy_cores and c != keep and c not in held]
+    found = [
+        (c, held[c].key if c in held else None)
+        for c in sorted(cores)
+        if c in busy_cores and c != keep and (c not in held or held[c].idle)
+    ]
+    return sorted(found, key=lambda f: (f[1] is not None, f[0]))
 
 
 def lendable(
@@ -148,8 +158,8 @@ def claim(
     taken = idle[: max(count - len(picked), 0)]
     crowded = foreign[: max(count - len(picked) - len(taken), 0)]
     return Claim(
-        tuple(sorted(picked + [core for core, _ in taken] + crowded)),
-        tuple(sorted({key for _, key in taken})),
+        tuple(sorted(picked + [core for core, _ in taken] + [core for core, _ in crowded])),
+        tuple(sorted({key for _, key in taken} | {holder for _, holder in crowded if holder})),
     )
 
 

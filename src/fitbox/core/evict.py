@@ -84,3 +84,29 @@ def choose(short: Mapping[str, int], candidates: Sequence[ResidentView]) -> list
             chosen = rest
     chosen.sort(key=lambda r: (r.last_used, r.key))  # stop the longest idle first
     return [Victim(r.key, r.bytes, VictimReason.LEAST_COST, price[id(r)]) for r in chosen]
+
+
+def over_caps(
+    caps: Mapping[str, int], residents: Sequence[ResidentView]
+) -> tuple[list[ResidentView], dict[str, int]]:
+    """A cap lowered below what residents hold (``/v1/limits``): the idle residents that
+    leave so each device fits its cap (the cheapest covering set; all of those that help
+    when they cannot cover it), and the bytes still over each cap after them, held by
+    residents that serve or are pinned (they are never stopped for it)."""
+    held: dict[str, int] = {}
+    for r in residents:
+        for device, size in r.holdings():
+            held[device] = held.get(device, 0) + size
+    short = {d: held[d] - cap for d, cap in caps.items() if held.get(d, 0) > cap}
+    if not short:
+        return [], {}
+    candidates = [r for r in residents if r.evictable]
+    victims = choose(short, candidates)
+    if victims is None:
+        leaving = [r for r in candidates if any(r.bytes_on(d) for d in short)]
+    else:
+        keys = {v.key for v in victims}
+        leaving = [r for r in candidates if r.key in keys]
+    leaving.sort(key=lambda r: (r.last_used, r.key))
+    still = {d: b - sum(r.bytes_on(d) for r in leaving) for d, b in short.items()}
+    return leaving, {d: b for d, b in still.items() if b > 0}

@@ -230,7 +230,7 @@ async def health(request: Request) -> Response:
     store: Store = request.app.state.store
     # still 200: a box whose drive is full or whose store is locked serves, unrecorded;
     # one with an unreadable models folder serves the models it can read
-    problems = await store_problems(store) + _unreadable(box, is_insider(request))
+    problems = await store_problems(store) + box.problems() + _unreadable(box, is_insider(request))
     return JSONResponse(
         {
             "status": "degraded" if problems else "ok",

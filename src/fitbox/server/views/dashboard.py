@@ -92,7 +92,14 @@ async def gather(box: Box, store: Store) -> View:
         )
     queued = box.queue()
     return View(
-        counter, devices, described, queued, calls, evictions, refusals, problems=store.problems()
+        counter,
+        devices,
+        described,
+        queued,
+        calls,
+        evictions,
+        refusals,
+        problems=store.problems() + box.problems(),
     )
 
 
