@@ -50,6 +50,8 @@ class Config:
     engine_idle_timeout: float
     reading_interval: float
     reading_retention: float
+    log_retention: float
+    log_max: int
     grow_cooldown: float
     stop_grace: float
     crash_limit: int

@@ -116,6 +116,14 @@ class RouteNotFound(FitboxError):
     code = "not_found"
 
 
+class LogNotFound(FitboxError):
+    """No engine log file has that name (GET /v1/logs lists them)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "log_not_found"
+
+
 class RouteNotServed(FitboxError):
     """The model's engine kind has no such route (engines/seam.py ``routes()``)."""
 

@@ -320,6 +320,20 @@ SETTINGS: tuple[Setting, ...] = (
         values.positive_float,
     ),
     Setting(
+        "log_retention",
+        "FITBOX_LOG_RETENTION",
+        "1209600",
+        "seconds an engine child's log file is kept (14 days); pruned before each launch",
+        values.positive_float,
+    ),
+    Setting(
+        "log_max",
+        "FITBOX_LOG_MAX",
+        "512MiB",
+        "the engine children's log files in all; the oldest go first, a running child's never",
+        values.positive_size,
+    ),
+    Setting(
         "engine_idle_timeout",
         "FITBOX_ENGINE_IDLE_TIMEOUT",
         "60",

@@ -55,6 +55,7 @@ from .snapshot import Snapshots
 from .speeds import SpeedBook
 from .supervision import Supervisor, Watchdog
 from .supervision.crashes import CrashLedger
+from .supervision.logs import LogFile, LogPiece
 from .tasks import Tasks
 from .warmth import Warmth
 
@@ -186,6 +187,13 @@ class Box:
 
     def clear_failed(self, name: str) -> bool:
         return self.operator.clear_failed(name)
+
+    def child_logs(self) -> list[LogFile]:
+        """The engine children's log files, newest first (box/supervision/logs.py)."""
+        return self.supervisor.logs.files(self.supervisor.running_logs())
+
+    def child_log(self, name: str, offset: int | None, tail_lines: int) -> LogPiece | None:
+        return self.supervisor.logs.read(name, offset, tail_lines)
 
     # -- settings --------------------------------------------------------------------------
 

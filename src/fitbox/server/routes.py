@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fitbox.server.door.auth import Access, AccessMap
 from fitbox.server.inference import models, openai
-from fitbox.server.manage import facts, manage, operate, settings, telemetry, transfer
+from fitbox.server.manage import facts, logs, manage, operate, settings, telemetry, transfer
 from fitbox.server.views import calls_page, openapi
 from fitbox.server.views.dashboard import dashboard, events
 from fitbox.server.views.mcp_tools import door
@@ -44,6 +44,7 @@ from fitbox.server.views.openapi_shapes import (
     KEY_ID,
     KEY_PARAM,
     LIMITS_BODY,
+    LOG_READ,
     MESSAGES,
     MODEL_ID,
     MODEL_NAMED,
@@ -239,6 +240,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                    "with this sha256 (one list at least), filed under this box's file with "
                    "their origin; plans price from them (basis imported, refused_windows, "
                    "speeds_measured_by) until this box measures its own", FACTS_BODY)}),
+    Endpoint("/v1/logs", logs.list_logs, ADMIN, {
+        "get": Op("The engine children's log files (one per launch), newest first: name, "
+                  "model, bytes, modified_at, running")}),
+    Endpoint("/v1/logs/{name}", logs.read_log, ADMIN, {
+        "get": Op("One child log as text: its last ?tail= lines (200), or from byte ?offset= "
+                  "on (a follower's next read: x-fitbox-log-offset), 4 MiB at most",
+                  params=LOG_READ)}),
     Endpoint("/v1/keys", manage.list_keys, ADMIN, {
         "get": Op("API keys, without secrets")}),
     Endpoint("/v1/keys", manage.create_key, ADMIN, {

@@ -35,6 +35,7 @@ from ..resident import Resident
 from ..residents import Registry
 from ..tasks import Tasks
 from .crashes import CrashLedger
+from .logs import ChildLogs
 from .memory import await_free
 from .pagecache import warm
 from .pinning import pin_threads
@@ -95,6 +96,7 @@ class Supervisor:
         self.crashes = CrashLedger(config.crash_limit, config.crash_window, config.crash_backoff)
         launchers()  # found and checked now, not inside the first load's clock
         self.started_pids: set[int] = set()  # every engine pid this fitbox started
+        self.logs = ChildLogs(config.log_dir, config.log_retention, config.log_max)
 
     # -- crashes ---------------------------------------------------------------------
 
@@ -169,6 +171,7 @@ class Supervisor:
         except EngineNotFound as exc:
             raise EngineFailed(str(exc)) from None
         spec = resident.engine.launch(intent_for(resident, free_port(), self.config.warmup))
+        await asyncio.to_thread(self.logs.prune, self.running_logs())  # before one more
         child = Child(
             list(spec.argv),
             spec.port,
@@ -434,6 +437,10 @@ class Supervisor:
                 log.warning("stopped engine pid %d left running by an earlier fitbox", pid)
             self.store.child_row_ended(row_id, "reaped at start" if ours else "gone")
         return reaped
+
+    def running_logs(self) -> list[Path]:
+        """The log files of the children alive now (never pruned)."""
+        return [r.child.log_path for r in self.registry if r.child is not None and r.child.alive]
 
     def _log_path(self, resident: Resident, port: int) -> Path:
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", resident.artifact.name)

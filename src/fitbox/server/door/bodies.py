@@ -307,3 +307,20 @@ def check_images(path: str, body: dict[str, Any], limit: int) -> int:
         decode_data_url(url, where, limit, param)
         count += 1
     return count
+
+
+def query_number(request: Request, name: str, default: float, low: float, high: float) -> float:
+    """A query parameter read as a number within ``low..high`` (``default`` when absent),
+    or a 400 naming it."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:  # a whole number exactly: as a float, 2**62 + 1 would pass for 2**62
+        value = int(raw) if raw.isascii() and raw.lstrip("-").isdigit() else float(raw)
+    except ValueError:
+        raise InvalidRequest(f"Query parameter '{name}' must be a number.", param=name) from None
+    if not low <= value <= high:
+        raise InvalidRequest(
+            f"Query parameter '{name}' must be within {low:g}..{high:g}.", param=name
+        )
+    return value

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
 from fitbox.errors import InvalidRequest
+from fitbox.server.door.bodies import query_number
 from fitbox.store.db import CURSOR_TABLES, READING_TABLES, Store
 from fitbox.store.waits import read, writing
 
@@ -51,21 +52,6 @@ class ChangeSignal:
                 waiting.cancel()
 
 
-def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:  # a whole number exactly: as a float, 2**62 + 1 would pass for 2**62
-        value = int(raw) if raw.isascii() and raw.lstrip("-").isdigit() else float(raw)
-    except ValueError:
-        raise InvalidRequest(f"Query parameter '{name}' must be a number.", param=name) from None
-    if not low <= value <= high:
-        raise InvalidRequest(
-            f"Query parameter '{name}' must be within {low:g}..{high:g}.", param=name
-        )
-    return value
-
-
 async def state(request: Request) -> Response:
     """GET /v1/telemetry/state?since=K&wait=N: answers once the counter passes K, or after
     N seconds (at most 60) with the counter as it is, or at once when the box is stopping
@@ -75,8 +61,8 @@ async def state(request: Request) -> Response:
     box: Box = request.app.state.box
     signal: ChangeSignal = request.app.state.changes
     leaving: asyncio.Event = request.app.state.leaving.event
-    since = int(_number(request, "since", -1, -1, 2**62))
-    wait = _number(request, "wait", 0, 0, MAX_WAIT_S)
+    since = int(query_number(request, "since", -1, -1, 2**62))
+    wait = query_number(request, "wait", 0, 0, MAX_WAIT_S)
     cursors = _cursors(request)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
@@ -164,8 +150,8 @@ async def rows(request: Request) -> Response:
         raise InvalidRequest(
             f"Query parameter 'table' must be one of {', '.join(tables)}.", param="table"
         )
-    since = int(_number(request, "since", 0, 0, 2**62))
-    limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
+    since = int(query_number(request, "since", 0, 0, 2**62))
+    limit = int(query_number(request, "limit", 100, 1, MAX_ROWS))
     # readings are committed lazily: the ones taken so far first (unless writes are being
     # refused now: they wait in memory, and waiting here would only delay the answer)
     if table in READING_TABLES and writing(store):
@@ -231,8 +217,8 @@ async def table_rows(request: Request) -> Response:
             f"Rows of {table} can be ordered by {', '.join(columns)}.", param="order"
         )
     desc = request.query_params.get("desc", "").lower() in ("1", "true", "yes")
-    limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
-    offset = int(_number(request, "offset", 0, 0, 2**62))
+    limit = int(query_number(request, "limit", 100, 1, MAX_ROWS))
+    offset = int(query_number(request, "offset", 0, 0, 2**62))
     select = ", ".join(f'"{c}"' for c in columns)
     sql = (
         f'SELECT {select} FROM "{table}" ORDER BY "{order}" {"DESC" if desc else "ASC"} '  # noqa: S608
@@ -250,7 +236,7 @@ async def scout_findings(request: Request) -> Response:
     """GET /v1/telemetry/scout[?limit=L&servable=true]: the newest findings of `fitbox scout`
     (migrations/0016), newest first; a mirror replays them by seq through /v1/telemetry."""
     store: Store = request.app.state.store
-    limit = int(_number(request, "limit", 100, 1, MAX_ROWS))
+    limit = int(query_number(request, "limit", 100, 1, MAX_ROWS))
     only = request.query_params.get("servable", "").lower() in ("1", "true", "yes")
     where = "WHERE servable = 1 " if only else ""
     sql = f"SELECT * FROM scout_findings {where}ORDER BY id DESC LIMIT ?"  # noqa: S608

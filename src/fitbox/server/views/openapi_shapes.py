@@ -158,6 +158,11 @@ MODEL_NAMED = [query_param("model", NAME, True)]
 MODEL_PARAM = [query_param("model", {"type": "string"})]
 KEY_PARAM = [query_param("key", {"type": "string"})]
 SINCE = [query_param("since", {"type": "integer"})]
+LOG_READ = [
+    path_param("name"),
+    query_param("tail", {"type": "integer", "minimum": 1, "maximum": 100000}),
+    query_param("offset", {"type": "integer", "minimum": 0}),
+]
 ARTIFACT = [query_param("artifact", {"type": "string"})]
 POSITIVE = {"type": "integer", "minimum": 1}
 PLAN = [
