@@ -123,9 +123,8 @@ def routes_page() -> str:
                 lines += ["", f"Placed like chat, then forwarded to the engine's `{reached}`."]
             if params := op.get("parameters"):
                 lines += ["", *_params_table(params)]
-            if body := op.get("requestBody"):
-                if table := _body_table(body):
-                    lines += ["", *table]
+            if (body := op.get("requestBody")) and (table := _body_table(body)):
+                lines += ["", *table]
     lines += [
         "",
         "## The central",
@@ -160,9 +159,7 @@ class Raised:
 
 def error_classes() -> list[type[errors.FitboxError]]:
     return [
-        c
-        for c in vars(errors).values()
-        if inspect.isclass(c) and issubclass(c, errors.FitboxError)
+        c for c in vars(errors).values() if inspect.isclass(c) and issubclass(c, errors.FitboxError)
     ]
 
 
@@ -171,9 +168,7 @@ def _message(node: ast.expr | None) -> str:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(
-            v.value if isinstance(v, ast.Constant) else "…" for v in node.values
-        )
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "…" for v in node.values)
     if isinstance(node, ast.BinOp):
         return _message(node.left) + _message(node.right)
     return "…"
@@ -199,11 +194,18 @@ def raised_codes(src: Path = SRC) -> Iterator[Raised]:
                 args = [a.arg for a in node.args.args]
                 if node.returns.id in names and "code" in args:
                     helpers[node.name] = (node.returns.id, args)
+        own: dict[int, str] = {}  # a class's ``cls(...)`` in its own classmethods
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name in names:
+                for inner in ast.walk(node):
+                    own[id(inner)] = node.name
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "cls" and id(node) in own:
+                name = own[id(node)]
             code: ast.expr | None = next((k.value for k in node.keywords if k.arg == "code"), None)
             if name in helpers:
                 cls, args = helpers[name]
@@ -257,9 +259,8 @@ def errors_page() -> str:
             lines += ["", "Also raised with these codes (the message as the source writes it):", ""]
             lines += ["| code | message | raised in |", "| --- | --- | --- |"]
             for code, raised in sorted(others.items()):
-                lines.append(
-                    f"| `{code}` | {_cell(raised.message)} | `src/fitbox/{raised.where.split(':')[0]}` |"
-                )
+                source = raised.where.split(":")[0]
+                lines.append(f"| `{code}` | {_cell(raised.message)} | `src/fitbox/{source}` |")
     return "\n".join(lines) + "\n"
 
 
