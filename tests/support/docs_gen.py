@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from fitbox import errors
+from fitbox.errors import ContextExceeded
 from fitbox.central.openapi import PATHS as CENTRAL_PATHS
 from fitbox.cli import parser
 from fitbox.cli.settings import reference as settings_reference
+from fitbox.server.inference.engine_errors import NOT_SERVED, OPENAI_CODES
 from fitbox.server.routes import ENDPOINTS
 from fitbox.server.views.openapi import spec
 
@@ -261,6 +263,30 @@ def errors_page() -> str:
             for code, raised in sorted(others.items()):
                 source = raised.where.split(":")[0]
                 lines.append(f"| `{code}` | {_cell(raised.message)} | `src/fitbox/{source}` |")
+    lines += [
+        "",
+        "## The engine's own errors",
+        "",
+        "An error an engine child answers keeps its type and every plain field it added "
+        "(`src/fitbox/server/inference/engine_errors.py`); its `code` becomes OpenAI's name "
+        "where one exists, else the engine's type, else `engine_http_STATUS`. A route the "
+        "named model does not serve (the engine's 501) is the caller's mistake: 400 "
+        "`invalid_request_error`, with a code naming the mismatch.",
+        "",
+        "| engine type or feature | code | status | what happened | what to do |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for kind, code in OPENAI_CODES.items():
+        lines.append(
+            f"| `{kind}` | `{code}` | 400 | the prompt is longer than the loaded window "
+            "(`n_prompt_tokens`, `n_ctx` say by how much) | "
+            f"{_cell(ContextExceeded.remedy)} |"
+        )
+    for feature, (what, code, fix) in NOT_SERVED.items():
+        todo = fix.strip().replace('"{model}"', "MODEL") or f"name {what}"
+        lines.append(
+            f"| `{feature}` | `{code}` | 400 | the model named is not {what} | {_cell(todo)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
