@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from fitbox import errors
-from fitbox.errors import ContextExceeded
 from fitbox.central.openapi import PATHS as CENTRAL_PATHS
 from fitbox.cli import parser
 from fitbox.cli.settings import reference as settings_reference
+from fitbox.errors import ContextExceeded
 from fitbox.server.inference.engine_errors import NOT_SERVED, OPENAI_CODES
 from fitbox.server.routes import ENDPOINTS
 from fitbox.server.views.openapi import spec
