@@ -1,16 +1,29 @@
 """The user guide: the site builds with ``mkdocs build --strict`` (no broken link or anchor,
-no page left out of the navigation), its reference pages are what the code's tables write
-(tests/support/docs_gen.py), and README stays one screen that points into it."""
+no page left out of the navigation) and opens in a real Chromium, its reference pages are
+what the code's tables write (tests/support/docs_gen.py), and README stays one screen that
+points into it. The screenshots of the built site's home page and settings reference are
+kept in ``FITBOX_SITE_SHOTS`` (default /tmp): fitbox-site-home.png, fitbox-site-settings.png."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
 import re
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
+from .support.browser import chromium
 from .support.docs_gen import pages, raised_codes
 from .support.paths import REPO
+
+SHOTS = Path(os.environ.get("FITBOX_SITE_SHOTS", "/tmp"))
 
 README = REPO / "README.md"
 CI_COMMAND = (
@@ -19,9 +32,12 @@ CI_COMMAND = (
 )
 
 
-def test_the_site_builds_strict_without_a_warning(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as ``mkdocs build --strict`` writes it; any warning fails the build."""
+    out = tmp_path_factory.mktemp("docs") / "site"
     built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -30,8 +46,45 @@ def test_the_site_builds_strict_without_a_warning(tmp_path: Path) -> None:
     output = built.stdout + built.stderr
     assert built.returncode == 0, output
     assert not re.search(r"^(WARNING|ERROR)\b", output, re.M), output
-    assert (tmp_path / "site" / "index.html").is_file()
-    assert (tmp_path / "site" / "reference" / "settings" / "index.html").is_file()
+    return out
+
+
+@contextlib.contextmanager
+def served(root: Path) -> Iterator[str]:
+    """``root`` over HTTP on a free loopback port, as a reader's browser would fetch it."""
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign, assignment]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow
+def test_the_site_builds_strict_without_a_warning(site: Path) -> None:
+    assert (site / "index.html").is_file()
+    for page in ("guide/api", "reference/settings", "reference/routes", "reference/errors"):
+        assert (site / page / "index.html").is_file(), page
+
+
+@pytest.mark.slow
+def test_the_built_site_opens_in_chromium(site: Path, tmp_path: Path) -> None:
+    with served(site) as url, chromium(tmp_path / "profile") as browser:
+        home = browser.open(f"{url}/")
+        assert "evict-to-fit" in home.eval("document.body.innerText")
+        assert home.eval("document.querySelector('nav.md-nav') !== null")  # Material's theme
+        home.screenshot(SHOTS / "fitbox-site-home.png")
+        settings = browser.open(f"{url}/reference/settings/")
+        rows = settings.eval("document.querySelectorAll('article table tbody tr').length")
+        assert rows >= 40, rows
+        assert "FITBOX_WAIT_TIMEOUT" in settings.eval("document.body.innerText")
+        settings.screenshot(SHOTS / "fitbox-site-settings.png")
+    assert (SHOTS / "fitbox-site-home.png").stat().st_size > 10_000
+    assert (SHOTS / "fitbox-site-settings.png").stat().st_size > 10_000
 
 
 def test_every_generated_page_is_current() -> None:
