@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,11 +50,15 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per request on the test's output."""
+
+
 @contextlib.contextmanager
 def served(root: Path) -> Iterator[str]:
     """``root`` over HTTP on a free loopback port, as a reader's browser would fetch it."""
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None  # type: ignore[method-assign, assignment]
+    handler = functools.partial(_Quiet, directory=str(root))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
