@@ -1,7 +1,7 @@
 """The route table (server/routes.py) is the one declaration of a route: every route the app
 serves has an access class and an OpenAPI operation for each of its methods, the door and
-/openapi.json read the same table, README names every route, and every route a child
-answers is one an engine kind serves (and the other way round)."""
+/openapi.json read the same table, the user guide (docs/guide/) names every route, and every
+route a child answers is one an engine kind serves (and the other way round)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,12 @@ from fitbox.server.routes import ACCESS, ENDPOINTS, PATHS, ROUTES, Endpoint
 from fitbox.server.views.mcp_tools import MIRRORED, build
 from fitbox.server.views.openapi import spec
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide"
+
+
+def guide_text() -> str:
+    """The hand-written guide, every page (the reference pages are generated from the table)."""
+    return "\n".join(page.read_text() for page in sorted(GUIDE.glob("*.md")))
 
 
 def undeclared(routes: Iterable[BaseRoute], endpoints: Sequence[Endpoint]) -> list[str]:
@@ -84,24 +89,24 @@ def test_paths_no_route_has_meet_their_family_s_door() -> None:
     assert ACCESS("/nothing") is None  # the router's 404, no door
 
 
-def test_readme_names_every_route() -> None:
-    readme = README.read_text()
+def test_the_guide_names_every_route() -> None:
+    readme = guide_text()
     missing = [e.doc_path for e in ENDPOINTS if f"`{e.doc_path}" not in readme]
     missing = [
         p for p in missing if not re.search(rf"`(GET|POST|DELETE)[^`]* {re.escape(p)}", readme)
     ]
-    assert missing == [], f"README.md does not name these routes: {missing}"
+    assert missing == [], f"docs/guide/ does not name these routes: {missing}"
 
 
-def test_readme_names_no_route_the_table_lacks() -> None:
-    """Every ``METHOD /path`` README writes is a route of the table (or of the central's
-    own app, which README describes beside the box)."""
-    readme = README.read_text()
-    named = re.findall(r"`(?:GET|POST|DELETE)(?:\|POST)? (/[^`\s\[]*)", readme)
+def test_the_guide_names_no_route_the_table_lacks() -> None:
+    """Every ``METHOD /path`` the guide writes is a route of the table (or of the central's
+    own app, which the guide describes beside the box)."""
+    readme = guide_text()
+    named = re.findall(r"`(?:GET|POST|DELETE)(?:\|POST)? (/[^`\s\[?]*)", readme)
     known = {e.doc_path for e in ENDPOINTS} | {r.path for r in CENTRAL_ROUTES}
     templated = [re.compile(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(p)) + "$") for p in known]
     unknown = [p for p in named if p not in known and not any(t.match(p) for t in templated)]
-    assert unknown == [], f"README.md names routes the table does not have: {unknown}"
+    assert unknown == [], f"docs/guide/ names routes the table does not have: {unknown}"
 
 
 def test_every_engine_route_is_one_an_engine_kind_serves_and_back() -> None:

@@ -10,9 +10,15 @@ from typing import Any
 
 
 class FitboxError(Exception):
+    """Any failure a client can see; as itself, a fault of the box's own."""
+
     status = 500
     type = "server_error"
     code = "internal_error"
+    remedy = (
+        "Retry once; if it comes back, read fitbox's log (journalctl -u fitbox for the service, "
+        "else the terminal running fitbox serve) and report it."
+    )
     retry = False  # tells OpenAI SDKs (x-should-retry) whether retrying can help
     closes = False  # the connection is not reused after it (its request was not read whole)
 
@@ -45,9 +51,15 @@ class FitboxError(Exception):
 
 
 class InvalidRequest(FitboxError):
+    """The request itself is wrong: a field missing or of the wrong type, a value out of range."""
+
     status = 400
     type = "invalid_request_error"
     code = "invalid_request"
+    remedy = (
+        "Fix the field the message (and param) names; the same request sent again fails the "
+        "same way."
+    )
 
 
 class ContextExceeded(InvalidRequest):
@@ -56,6 +68,10 @@ class ContextExceeded(InvalidRequest):
 
     type = "exceed_context_size_error"
     code = "context_length_exceeded"
+    remedy = (
+        "Shorten the prompt (trim history) below n_ctx, or raise the model's window (the window"
+        " setting)."
+    )
 
 
 class BodyTooLarge(FitboxError):
@@ -64,6 +80,7 @@ class BodyTooLarge(FitboxError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+    remedy = "Send a smaller body, or raise FITBOX_MAX_BODY on the box."
     closes = True
 
 
@@ -73,18 +90,35 @@ class AuthenticationFailed(FitboxError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+    remedy = (
+        "Send Authorization: Bearer fb_<id>_<secret> with a key that is not revoked or expired "
+        "(fitbox keys create)."
+    )
 
 
 class PermissionDenied(FitboxError):
+    """The caller is known but may not do this: its key's scope or model limit, or a call from
+    outside the box to a route for the box itself."""
+
     status = 403
     type = "permission_error"
     code = "insufficient_scope"
+    remedy = (
+        "Use a key with the scope the message names (admin for management), call from the box "
+        "itself, or name the box in Host / send no foreign Origin."
+    )
 
 
 class ModelNotFound(FitboxError):
+    """No model of the catalog has this name, alias or family name."""
+
     status = 404
     type = "invalid_request_error"
     code = "model_not_found"
+    remedy = (
+        "GET /v1/models (or fitbox models) lists the names; put the GGUF in a model root, or "
+        "add an alias."
+    )
 
 
 class ModelNotServable(FitboxError):
@@ -94,6 +128,10 @@ class ModelNotServable(FitboxError):
     status = 503
     type = "server_error"
     code = "model_not_servable"
+    remedy = (
+        "Fix the file (its owner, mode or format) as operator_reason says, then POST "
+        "/v1/operator/refresh-models."
+    )
 
     @classmethod
     def because(
@@ -111,9 +149,15 @@ class ModelNotServable(FitboxError):
 
 
 class RouteNotFound(FitboxError):
+    """No such route, or no such thing at it (a box, a file, an optional extra)."""
+
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+    remedy = (
+        "Check the path against the route reference (GET /openapi.json); install the extra the "
+        "message names."
+    )
 
 
 class LogNotFound(FitboxError):
@@ -130,6 +174,10 @@ class RouteNotServed(FitboxError):
     status = 501
     type = "not_supported_error"
     code = "route_not_served"
+    remedy = (
+        "Send the call to a model whose engine serves that route (a GGUF for the engine's own "
+        "routes)."
+    )
 
 
 class DoesNotFit(FitboxError):
@@ -138,6 +186,10 @@ class DoesNotFit(FitboxError):
     status = 507
     type = "insufficient_capacity_error"
     code = "does_not_fit"
+    remedy = (
+        "Use a smaller variant or window, raise the box's limits, or free the pinned models the"
+        " message names."
+    )
 
 
 class ModelBusy(FitboxError):
@@ -146,6 +198,9 @@ class ModelBusy(FitboxError):
     status = 503
     type = "server_error"
     code = "model_busy"
+    remedy = (
+        "Retry after Retry-After, or raise max_wait (FITBOX_WAIT_TIMEOUT) so calls wait longer."
+    )
     retry = True
 
 
@@ -155,12 +210,22 @@ class Conflict(FitboxError):
     status = 409
     type = "invalid_request_error"
     code = "conflict"
+    remedy = (
+        "Wait for the state the message names (the model idle, loaded, or failed) and try again."
+    )
 
 
 class EngineFailed(FitboxError):
+    """The engine child failed: it exited or refused to load, or a box or source the call went to
+    did not answer."""
+
     status = 502
     type = "server_error"
     code = "engine_failed"
+    remedy = (
+        "Read the engine's last log lines (log_tail, shown to insiders) and fix what they say;"
+        ' POST /v1/operator/clear-failed {"model": …} retries a model marked failed.'
+    )
 
 
 class EngineTimeout(FitboxError):
@@ -169,13 +234,17 @@ class EngineTimeout(FitboxError):
     status = 504
     type = "server_error"
     code = "engine_timeout"
+    remedy = "Retry: the box stops the hung child and loads it again on the next call."
     retry = True
 
 
 class ShuttingDown(FitboxError):
+    """The box is stopping and takes no new calls."""
+
     status = 503
     type = "server_error"
     code = "shutting_down"
+    remedy = "Retry once it is back (systemd restarts the service), or at another box."
     retry = True
 
 
@@ -186,6 +255,7 @@ class StorageFailed(FitboxError):
     status = 507
     type = "server_error"
     code = "storage_full"
+    remedy = "Free space on the drive holding the data dir (or fix the drive), then retry."
 
 
 class StoreBusy(FitboxError):
@@ -195,6 +265,9 @@ class StoreBusy(FitboxError):
     status = 503
     type = "server_error"
     code = "store_busy"
+    remedy = (
+        "Retry after Retry-After; stop the other process holding fitbox.sqlite3 if it persists."
+    )
     retry = True
 
 
@@ -204,6 +277,10 @@ class StoreUnreadable(FitboxError):
     status = 503
     type = "server_error"
     code = "store_unreadable"
+    remedy = (
+        "Restart fitbox: a damaged store is set aside and a new one made (/health says what was"
+        " lost)."
+    )
 
 
 class PathNotOffered(FitboxError):
@@ -212,12 +289,18 @@ class PathNotOffered(FitboxError):
     status = 403
     type = "permission_error"
     code = "path_not_offered"
+    remedy = (
+        "Ask only for the paths the model's manifest lists (GET /v1/transfer/{model}/manifest)."
+    )
 
 
 class RangeNotSatisfiable(FitboxError):
+    """A Range header past the file's end, or not one fitbox reads."""
+
     status = 416
     type = "invalid_request_error"
     code = "range_not_satisfiable"
+    remedy = "Ask for bytes within the file's size, as bytes=START- or bytes=START-END."
 
 
 class TooManyTransfers(FitboxError):
@@ -226,6 +309,7 @@ class TooManyTransfers(FitboxError):
     status = 429
     type = "rate_limit_error"
     code = "too_many_transfers"
+    remedy = "Retry after Retry-After, or raise FITBOX_TRANSFER_MAX on the source box."
     retry = True
 
 
@@ -236,6 +320,10 @@ class HeadersTooLarge(FitboxError):
     status = 431
     type = "invalid_request_error"
     code = "headers_too_large"
+    remedy = (
+        "Send fewer or shorter headers, or raise FITBOX_REQUEST_HEAD_MAX / "
+        "FITBOX_REQUEST_HEADERS_MAX."
+    )
     closes = True
 
 
@@ -245,6 +333,10 @@ class RequestTimeout(FitboxError):
     status = 408
     type = "invalid_request_error"
     code = "request_timeout"
+    remedy = (
+        "Send the request whole within FITBOX_REQUEST_HEAD_TIMEOUT / "
+        "FITBOX_REQUEST_BODY_TIMEOUT, or raise them."
+    )
     closes = True
 
 
@@ -254,5 +346,6 @@ class TooManyConnections(FitboxError):
     status = 503
     type = "server_error"
     code = "too_many_connections"
+    remedy = "Retry: close idle connections, or raise FITBOX_CONNECTIONS_MAX."
     retry = True
     closes = True

@@ -87,6 +87,10 @@ def reference(top: argparse.ArgumentParser) -> str:
     ``top`` (fitbox.cli.parser()) whose flags set it."""
     commands = commands_by_setting(top)
     lines = [
+        "---",
+        "hide: [toc]  # the user guide's theme: the table takes the page's width",
+        "---",
+        "",
         "# Settings",
         "",
         "Every setting fitbox has, generated from its settings table "

@@ -2,8 +2,8 @@
 class, server/door/auth.py ``Access``), its OpenAPI operation per method (``Op``,
 server/views/openapi.py) and, for a route a child answers, the engine route it reaches
 (each engine kind's ``routes()`` says which it serves). The app's routes, the door's access
-classes and /openapi.json are made from it; README's route list is checked against it
-(tests/test_route_table.py).
+classes, /openapi.json and docs/reference/routes.md are made from it; the guide's route
+list is checked against it (tests/test_route_table.py).
 
 Adding a route is one entry here and its handler: see docs/design/path-of-a-call.md.
 """
