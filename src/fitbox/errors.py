@@ -166,6 +166,7 @@ class LogNotFound(FitboxError):
     status = 404
     type = "invalid_request_error"
     code = "log_not_found"
+    remedy = "Take a name from GET /v1/logs: a log may have been pruned since it was listed."
 
 
 class RouteNotServed(FitboxError):

@@ -79,15 +79,17 @@ class ChildLogs:
         """Remove logs older than ``max_age_s``, then the oldest until the rest fit in
         ``max_bytes``; a running child's are kept whatever they hold. The names removed."""
         now = time.time() if now is None else now
-        removed, total = [], 0
-        for log in self.files(running):  # newest first: what fits is the newest
-            total += log.size
-            too_old = now - log.modified > self.max_age_s
-            if not log.running and (too_old or total > self.max_bytes):
+        found = self.files(running)
+        total = sum(log.size for log in found if log.running)  # kept whatever they hold
+        removed, full = [], False
+        for log in (log for log in found if not log.running):  # newest first: they stay
+            full = full or total + log.size > self.max_bytes  # and every older one goes
+            if full or now - log.modified > self.max_age_s:
                 with contextlib.suppress(FileNotFoundError):
                     (self.directory / log.name).unlink()
                 removed.append(log.name)
-                total -= log.size
+            else:
+                total += log.size
         return removed
 
     def path_of(self, name: str) -> Path | None:
