@@ -20,6 +20,7 @@ from fitbox.cli import (
     models,
     plan,
     pull,
+    runtime,
     scout,
     serve,
 )
@@ -40,6 +41,13 @@ COMMANDS: tuple[Command, ...] = (
     Command("pull", pull.HELP, pull.add_arguments, pull.run),
     Command("scout", scout.HELP, scout.add_arguments, scout.run),
     Command("central", central.HELP, central.add_arguments, central.run),
+    Command("ps", runtime.PS_HELP, runtime.add_ps_arguments, runtime.run_ps),
+    *(
+        Command(action, help, runtime.add_action_arguments, runtime.run_action(action))
+        for action, help in runtime.ACTION_HELPS.items()
+    ),
+    Command("logs", runtime.LOGS_HELP, runtime.add_logs_arguments, runtime.run_logs),
+    Command("status", runtime.STATUS_HELP, runtime.add_status_arguments, runtime.run_status),
     Command(
         "settings",
         settings_command.HELP,

@@ -92,6 +92,7 @@ async def _serving(
     app.state.config, app.state.store, app.state.box = config, store, box
     app.state.metrics, app.state.mcp = Metrics(box, store), McpDoor()
     app.state.leaving = Leaving()  # told by `fitbox serve` when a stop signal comes
+    app.state.started_at = time.time()  # /health's uptime
     app.state.identity = _identity(config, store, address)
     box.start()
     _log_models(catalog, config)

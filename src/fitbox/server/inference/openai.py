@@ -17,6 +17,7 @@ import itertools
 import json
 import logging
 import os
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import urlencode
@@ -237,6 +238,7 @@ async def health(request: Request) -> Response:
             "problems": problems,
             "service": "fitbox",
             "version": fitbox.__version__,
+            "uptime_s": round(time.time() - request.app.state.started_at, 1),
             "gpus": gpus,
             **getattr(request.app.state, "identity", {}),
             "store": store.health(),
