@@ -42,6 +42,7 @@ from .admit import Admission
 from .asks import Asks
 from .calls import CallDesk
 from .facts import Facts, priced
+from .helper import Helper
 from .lease import Lease
 from .movers import Movers
 from .needs import Needs
@@ -121,6 +122,7 @@ class Box:
             self.supervisor.crashes,
             config.default_model,
         )
+        self.helper = Helper(self)  # fitbox-helper's menus (box/helper/)
 
     def _cpu(self, artifact: Artifact) -> CpuFeatures | None:
         """The CPU features of the engine that would load ``artifact`` (read once per binary)."""
