@@ -61,6 +61,8 @@ class Helper:
             found = await mapped(self.box, model, text, caller)
             if found.action is None:
                 return Reply(f"{NOT_UNDERSTOOD} ({found.problem})\n\n{menu_text()}", "")
+            if found.action.name == "menu":  # the assist model's "anything else"
+                return Reply(f"{NOT_UNDERSTOOD}\n\n{menu_text()}", "")
             action = found.action
             lead = f"(read as `{action.text()}` by the assist model {model})\n\n"
         return Reply(lead + await self.answer(action, caller, change), action.name)
