@@ -16,7 +16,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from fitbox import config
-from fitbox.box.helper import HELPER
+from fitbox.box.helper import HELPER, ConfigTarget
 from fitbox.box.helper.assist import commands, read_answer
 from fitbox.box.helper.menu import Action, parse
 from fitbox.cli.plan import _print_plan
@@ -189,3 +189,43 @@ def test_the_grammar_reads_only_menu_actions() -> None:
     assert read_answer(reply('{"command": "why tiny"}'), offered).action == Action("why", ("tiny",))
     for answer in ('{"command": "set window 1"}', '{"command": "rm -rf /"}', "residents", "{}"):
         assert read_answer(reply(answer), offered).action is None
+
+
+def test_config_points_a_tool_at_the_box_with_the_plans_window(home: Path) -> None:
+    with box_client(home, ram_max="8GiB") as local:
+        report = local.get("/v1/plan", params={"model": "tiny"}).json()
+        assert report["decision"] == "place"
+        block = ask(sdk(local), "5 aider tiny")
+        assert f"OPENAI_BASE_URL={BOX}/v1" in block and "FITBOX_MODEL=tiny" in block
+        assert f"FITBOX_CONTEXT_WINDOW={report['window']}" in block
+        assert "no key needed" in block
+        box = local.app.state.box  # type: ignore[attr-defined]
+        seen: list[ConfigTarget] = []
+
+        def blocks(target: ConfigTarget) -> str:  # fitbox config's renderer, at its call site
+            seen.append(target)
+            return f"BLOCK {target.tool}"
+
+        box.helper.blocks = blocks
+        parts = [{"type": "text", "text": "config"}, {"type": "text", "text": "opencode"}]
+        reply = sdk(local).chat.completions.create(
+            model=HELPER,
+            messages=[{"role": "user", "content": parts}],  # type: ignore[list-item]
+        )
+        assert reply.choices[0].message.content == "BLOCK opencode"
+        assert seen == [  # no model named: the first in the catalog
+            ConfigTarget(
+                "opencode", "other", f"{BOX}/v1", report["window"], report["window"], False
+            )
+        ]
+
+
+def test_a_streamed_refusal_is_said_in_the_reply(home: Path) -> None:
+    with box_client(home):
+        pass
+    inference = make_key(home, "inference")
+    with box_client(home, OUTSIDE) as outside:
+        text, usage = ask_streamed(sdk(outside, inference), "set goal fast for tiny")
+        assert text.startswith("Not changed:") and "403 insufficient_scope" in text
+        assert usage is not None
+        assert "goal = quality" in ask(sdk(outside, inference), "settings tiny")

@@ -122,7 +122,10 @@ class Box:
             self.supervisor.crashes,
             config.default_model,
         )
-        self.helper = Helper(self)  # fitbox-helper's menus (box/helper/)
+        # fitbox-helper's menus (box/helper/). MERGE(launch): hand ``fitbox config``'s
+        # renderer in here as ``blocks=`` (box/helper/answers.py ConfigBlocks, the one call
+        # site); until then every tool gets the plain-env block
+        self.helper = Helper(self)
 
     def _cpu(self, artifact: Artifact) -> CpuFeatures | None:
         """The CPU features of the engine that would load ``artifact`` (read once per binary)."""
