@@ -13,6 +13,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionUserMessageParam
 from starlette.testclient import TestClient
 
 from fitbox import config
@@ -207,11 +208,11 @@ def test_config_points_a_tool_at_the_box_with_the_plans_window(home: Path) -> No
             return f"BLOCK {target.tool}"
 
         box.helper.blocks = blocks
-        parts = [{"type": "text", "text": "config"}, {"type": "text", "text": "opencode"}]
-        reply = sdk(local).chat.completions.create(
-            model=HELPER,
-            messages=[{"role": "user", "content": parts}],  # type: ignore[list-item]
-        )
+        message: ChatCompletionUserMessageParam = {
+            "role": "user",
+            "content": [{"type": "text", "text": "config"}, {"type": "text", "text": "opencode"}],
+        }
+        reply = sdk(local).chat.completions.create(model=HELPER, messages=[message])
         assert reply.choices[0].message.content == "BLOCK opencode"
         assert seen == [  # no model named: the first in the catalog
             ConfigTarget(
