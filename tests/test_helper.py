@@ -17,9 +17,9 @@ from openai.types.chat import ChatCompletionUserMessageParam
 from starlette.testclient import TestClient
 
 from fitbox import config
-from fitbox.box.helper import HELPER, ConfigTarget
+from fitbox.box.helper.answers import ConfigTarget
 from fitbox.box.helper.assist import commands, read_answer
-from fitbox.box.helper.menu import Action, parse
+from fitbox.box.helper.menu import HELPER, Action, parse
 from fitbox.cli.plan import _print_plan
 from fitbox.store.keys import create_key
 
@@ -197,17 +197,17 @@ def test_config_points_a_tool_at_the_box_with_the_plans_window(home: Path) -> No
         report = local.get("/v1/plan", params={"model": "tiny"}).json()
         assert report["decision"] == "place"
         block = ask(sdk(local), "5 aider tiny")
-        assert f"OPENAI_BASE_URL={BOX}/v1" in block and "FITBOX_MODEL=tiny" in block
-        assert f"FITBOX_CONTEXT_WINDOW={report['window']}" in block
+        assert f"OPENAI_BASE_URL={BOX}/v1" in block and "OPENAI_MODEL=tiny" in block
+        assert f"tiny: context window {report['window']} tokens" in block
         assert "no key needed" in block
-        box = local.app.state.box  # type: ignore[attr-defined]
+        helper = local.app.state.helper  # type: ignore[attr-defined]
         seen: list[ConfigTarget] = []
 
         def blocks(target: ConfigTarget) -> str:  # fitbox config's renderer, at its call site
             seen.append(target)
             return f"BLOCK {target.tool}"
 
-        box.helper.blocks = blocks
+        helper.blocks = blocks
         message: ChatCompletionUserMessageParam = {
             "role": "user",
             "content": [{"type": "text", "text": "config"}, {"type": "text", "text": "opencode"}],

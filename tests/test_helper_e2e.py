@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fitbox.box.helper import HELPER
 from fitbox.box.helper.assist import commands
+from fitbox.box.helper.menu import HELPER
 
 from .support.clients import openai_client
 from .support.processes import running_fitbox

@@ -42,7 +42,6 @@ from .admit import Admission
 from .asks import Asks
 from .calls import CallDesk
 from .facts import Facts, priced
-from .helper import Helper
 from .lease import Lease
 from .movers import Movers
 from .needs import Needs
@@ -122,10 +121,6 @@ class Box:
             self.supervisor.crashes,
             config.default_model,
         )
-        # fitbox-helper's menus (box/helper/). MERGE(launch): hand ``fitbox config``'s
-        # renderer in here as ``blocks=`` (box/helper/answers.py ConfigBlocks, the one call
-        # site); until then every tool gets the plain-env block
-        self.helper = Helper(self)
 
     def _cpu(self, artifact: Artifact) -> CpuFeatures | None:
         """The CPU features of the engine that would load ``artifact`` (read once per binary)."""

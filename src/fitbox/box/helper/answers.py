@@ -60,12 +60,12 @@ def plain_env_block(target: ConfigTarget) -> str:
         (
             f"# {target.tool} -> fitbox (plain environment; the tool's own block comes with "
             "fitbox config)",
+            f"# {target.model}: context window {target.window} tokens, output up to "
+            f"{target.output_limit} tokens (the box's plan now)",
             f"export OPENAI_BASE_URL={target.base_url}",
             f"export OPENAI_API_BASE={target.base_url}",
             key,
-            f"export FITBOX_MODEL={target.model}",
-            f"export FITBOX_CONTEXT_WINDOW={target.window}",
-            f"export FITBOX_MAX_OUTPUT_TOKENS={target.output_limit}",
+            f"export OPENAI_MODEL={target.model}",
         )
     )
 

@@ -19,7 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from fitbox.box.box import Box
-from fitbox.box.helper import HELPER, Caller, Changer, Reply
+from fitbox.box.helper.answers import Caller
+from fitbox.box.helper.helper import Changer, Helper, Reply
+from fitbox.box.helper.menu import HELPER
 from fitbox.errors import FitboxError
 from fitbox.server.door import timing
 from fitbox.server.door.auth import admit
@@ -33,11 +35,12 @@ async def helper_reply(
     request: Request, path: str, body: dict[str, Any], request_id: str
 ) -> Response:
     box: Box = request.app.state.box
+    helper: Helper = request.app.state.helper
     stream = body.get("stream") is True
     call = box.calls.open(path, HELPER, stream, request_id)
     setattr(request.state, timing.STAMPS_STATE, call.stamps)
     try:
-        reply = await box.helper.reply(
+        reply = await helper.reply(
             body["messages"], _caller(request, request_id), _changer(request)
         )
     except FitboxError as error:

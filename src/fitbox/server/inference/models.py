@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
-from fitbox.box.helper import HELPER
+from fitbox.box.helper.menu import HELPER
 from fitbox.box.resident import Resident
 from fitbox.errors import FitboxError, ModelNotFound, ModelNotServable
 from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S, Artifact

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from fitbox.box.box import Box
-from fitbox.box.helper import HELPER
+from fitbox.box.helper.menu import HELPER
 from fitbox.box.resident import Resident
 from fitbox.core.types import ResidentState
 from fitbox.engines.http1 import EngineConnectionError
