@@ -127,6 +127,9 @@ async def mapped(box: Box, model: str, sentence: str, caller: Caller) -> Mapped:
         served.call.failed(error)
         await served.call.finished()
         return Mapped(None, "", f"{model} could not answer: {error.message}")
+    except BaseException:  # the helper's caller left: this call ends with it
+        served.call.interrupted()
+        raise
     if answer.response.status >= 400:
         served.call.refused_by_engine(answer.response.status, "assist_refused")
         await served.call.finished()
