@@ -21,9 +21,8 @@ from starlette.testclient import TestClient
 
 from fitbox import cli, config
 from fitbox.server.routes import ROUTES, is_inference
-from fitbox.store.keys import create_key
 
-from .support.clients import app_client
+from .support.clients import app_client, make_key
 from .support.ggufs import write_tiny_llama
 from .support.paths import BOX
 
@@ -41,13 +40,6 @@ def home(tmp_path: Path) -> Path:
 def client(home: Path, peer: tuple[str, int], **settings: str) -> TestClient:
     cfg = config.load({"home": str(home), "models": str(home / "models"), **settings}, env={})
     return app_client(cfg, peer)
-
-
-def make_key(
-    home: Path, *scopes: str, models: tuple[str, ...] | None = None, expires_at: float | None = None
-) -> str:
-    with sqlite3.connect(home / "fitbox.sqlite3") as conn:
-        return create_key(conn, "test", scopes, models, expires_at)[1]
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -6,7 +6,6 @@ call rows. No engine is launched: the helper never places anything."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,9 @@ from fitbox.box.helper.answers import ConfigTarget
 from fitbox.box.helper.assist import commands, read_answer
 from fitbox.box.helper.menu import HELPER, Action, parse
 from fitbox.cli.plan import _print_plan
-from fitbox.store.keys import create_key
 
 from .support.boxes import actions
-from .support.clients import app_client, call_rows
+from .support.clients import app_client, call_rows, make_key
 from .support.ggufs import write_tiny_llama
 from .support.paths import BOX
 
@@ -51,11 +49,6 @@ def box_client(home: Path, peer: tuple[str, int] = LOCAL, **settings: str) -> Te
 def local(home: Path) -> Iterator[TestClient]:
     with box_client(home) as client:
         yield client
-
-
-def make_key(home: Path, *scopes: str) -> str:
-    with sqlite3.connect(home / "fitbox.sqlite3") as conn:
-        return create_key(conn, "test", scopes, None, None)[1]
 
 
 def sdk(client: TestClient, key: str = "unused") -> openai.OpenAI:
