@@ -39,7 +39,7 @@ def test_health(client: TestClient) -> None:
 
 def test_models_lists_the_catalog(client: TestClient) -> None:
     data = client.get("/v1/models").json()["data"]
-    assert [m["id"] for m in data] == ["tiny"]
+    assert [m["id"] for m in data] == ["tiny", "fitbox-helper"]  # the helper: always, last
     assert data[0]["resident"] is False and data[0]["object"] == "model"
 
 

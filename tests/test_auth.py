@@ -21,9 +21,8 @@ from starlette.testclient import TestClient
 
 from fitbox import cli, config
 from fitbox.server.routes import ROUTES, is_inference
-from fitbox.store.keys import create_key
 
-from .support.clients import app_client
+from .support.clients import app_client, make_key
 from .support.ggufs import write_tiny_llama
 from .support.paths import BOX
 
@@ -41,13 +40,6 @@ def home(tmp_path: Path) -> Path:
 def client(home: Path, peer: tuple[str, int], **settings: str) -> TestClient:
     cfg = config.load({"home": str(home), "models": str(home / "models"), **settings}, env={})
     return app_client(cfg, peer)
-
-
-def make_key(
-    home: Path, *scopes: str, models: tuple[str, ...] | None = None, expires_at: float | None = None
-) -> str:
-    with sqlite3.connect(home / "fitbox.sqlite3") as conn:
-        return create_key(conn, "test", scopes, models, expires_at)[1]
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -264,7 +256,7 @@ def test_a_key_limited_to_models_sees_and_uses_only_those(started: Path) -> None
     key = make_key(started, "inference", models=("tiny",))
     with client(started, OUTSIDE) as outside:
         names = [m["id"] for m in outside.get("/v1/models", headers=bearer(key)).json()["data"]]
-        assert names == ["tiny"]
+        assert names == ["tiny", "fitbox-helper"]  # the helper is no model a key limits
         refused = outside.post(
             "/v1/chat/completions",
             headers=bearer(key),

@@ -65,7 +65,7 @@ def _listed(box: FitboxProcess) -> dict[str, Any]:
 
 def test_unreadable_files_are_listed_and_refused_with_why(box: FitboxProcess, models: Path) -> None:
     listed = _listed(box)
-    assert [m["id"] for m in listed["data"]] == ["tiny"]
+    assert [m["id"] for m in listed["data"]] == ["tiny", "fitbox-helper"]
     reasons = {bad["path"]: bad for bad in listed["not_servable"]}
     locked = reasons[str(models / "locked.gguf")]
     assert locked["name"] == "locked"

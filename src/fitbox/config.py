@@ -65,6 +65,7 @@ class Config:
     cors_origins: tuple[str, ...] = ()
     host_names: tuple[str, ...] = ()
     default_model: str = ""
+    assist_model: str = ""
     central_url: str = ""
     central_key: str = ""
     central_db: str = ""
@@ -137,6 +138,7 @@ def load(
             "FITBOX_REQUIRE_KEYS=true, or list the origins."
         )
     values["default_model"] = values["default_model"].strip()
+    values["assist_model"] = values["assist_model"].strip()
     values["central_url"] = values["central_url"].strip().rstrip("/")
     if values["central_url"] and not values["central_url"].startswith(("http://", "https://")):
         raise ConfigError(

@@ -107,6 +107,13 @@ def quant(value: Any) -> str:
     return value.upper()
 
 
+@_takes(lambda: {"type": "string", "minLength": 1, "maxLength": 256})
+def model_name(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 256:
+        raise ValueError("a model name as GET /v1/models lists it")
+    return value.strip()
+
+
 @_takes(lambda: _enum(("eta", "smart", "fifo")))
 def admission(value: Any) -> str:
     if value not in ("eta", "smart", "fifo"):

@@ -435,6 +435,16 @@ SETTINGS: tuple[Setting, ...] = (
         "x-fitbox-default-model; default: off",
     ),
     Setting(
+        "assist_model",
+        "FITBOX_ASSIST_MODEL",
+        "",
+        "the model the helper (fitbox-helper) asks to map a plain sentence onto one of its "
+        "menu actions, placed like any model; only a menu action it answers is ever run; "
+        "default: none (the helper takes numbers and command words only)",
+        scopes=(BOX,),
+        api=api.model_name,
+    ),
+    Setting(
         "central_url",
         "FITBOX_CENTRAL_URL",
         "",

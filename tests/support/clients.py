@@ -4,6 +4,7 @@ OpenAI SDK pointed at a running fitbox."""
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -11,6 +12,7 @@ from starlette.testclient import TestClient
 
 from fitbox.config import Config
 from fitbox.server.app import create_app
+from fitbox.store.keys import create_key
 
 from .paths import BOX
 
@@ -22,6 +24,14 @@ def app_client(config: Config, peer: tuple[str, int] = LOOPBACK, **options: Any)
     """The app built from ``config``, called in process from ``peer`` at the box's own Host.
     Use it as a context manager to run the app's lifespan (the Box opens and closes)."""
     return TestClient(create_app(config), base_url=BOX, client=peer, **options)
+
+
+def make_key(
+    home: Path, *scopes: str, models: tuple[str, ...] | None = None, expires_at: float | None = None
+) -> str:
+    """A key's secret, made in the store of the box whose home is ``home`` (started once)."""
+    with sqlite3.connect(home / "fitbox.sqlite3") as conn:
+        return create_key(conn, "test", scopes, models, expires_at)[1]
 
 
 def openai_client(url: str, api_key: str = "unused", **options: Any) -> openai.OpenAI:

@@ -319,6 +319,11 @@ class Call:
             **self._measured(tail, usage),
         )
 
+    def helped(self, status: int = 200) -> None:
+        """A reply the box wrote itself (the helper, box/helper/): no engine, no speed."""
+        done = time.time()
+        self._record(outcome="ok", http_status=status, first_byte_at=done, last_byte_at=done)
+
     def refused_by_engine(self, status: int, error_code: str) -> None:
         """The engine answered with an error body of its own."""
         done = time.time()

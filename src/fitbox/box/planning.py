@@ -199,3 +199,59 @@ def refusal_error(decision: Refuse, names: Mapping[str, str], first: Artifact) -
     if decision.reason is RefuseReason.BAD_ARTIFACT:
         return EngineFailed(f"'{first.name}' cannot be loaded: {decision.detail}")
     return InvalidRequest(f"'{first.name}': {decision.detail}", param="model", code="no_candidate")
+
+
+def lines(report: Mapping[str, Any]) -> list[str]:
+    """A report in words, as ``fitbox plan`` prints it and the helper's ``why`` answers:
+    the decision, its window, bytes per device, and every placement rejected, with why."""
+    out: list[str] = []
+    simulated = {d["device"] for d in report["box"] if d["simulated"]}
+    label = f"{report['decision']} on {report['device']}"
+    if report.get("rung"):
+        label += f" ({report['rung']})"
+    out.append(
+        f"{report['model']} ({report['architecture']}, {report['quant']}): {label}, "
+        f"{report['basis']}"
+    )
+    band = report.get("band")
+    band_text = f", band {band['kind']} {band['min']}..{band['max']}" if band else ""
+    out.append(
+        f"  window {report['window']} x {report['parallel']} slot(s), "
+        f"K {report['type_k']} / V {report['type_v']}{band_text}"
+    )
+    if report.get("device_counts"):  # the window each GPU count would have given
+        counts = [
+            f"{c['count']} -> {c['window'] or 'none'} ({c['reason']})"
+            for c in report["device_counts"]
+        ]
+        out.append(f"  by GPU count: {', '.join(counts)}")
+    if report.get("repack") in ("on", "ram_bound"):
+        out.append(
+            "  weights in RAM: repacked (faster)"
+            if report["repack"] == "on"
+            else "  weights in RAM: --no-repack (ram_bound: the repacked copy does not fit)"
+        )
+    for row in report["devices"]:
+        tag = " (SIMULATED)" if row["device"] in simulated else ""
+        b = {k: format_bytes(v) for k, v in row.items() if k.endswith("_bytes")}
+        out.append(
+            f"  {row['device']}{tag}: weights {b['weights_bytes']} + kv {b['kv_bytes']} + "
+            f"compute {b['compute_bytes']} + output {b['output_bytes']} = "
+            f"{b['total_bytes']}"
+        )
+    if report.get("cores"):
+        layers = f", {report['gpu_layers']} layers on GPU" if report.get("gpu_layers") else ""
+        out.append(f"  cores {', '.join(map(str, report['cores']))}{layers}")
+    for key in ("victims", "blockers"):
+        if report.get(key):
+            out.append(f"  {key}: {', '.join(report[key])}")
+    if report["decision"] == "refuse" and report.get("needed_bytes"):
+        needed, held = format_bytes(report["needed_bytes"]), format_bytes(report["available_bytes"])
+        out.append(
+            f"  {report['reason']}: needs {needed} on {report['device']}, which holds {held}"
+        )
+    elif report["decision"] == "refuse":  # no rung was ever sized: their reasons say why
+        out.append(f"  {report['reason']}: no rung of it can be placed on this box, because:")
+    for r in report.get("rejected", []):
+        out.append(f"  - {r['rung']} {r['artifact']}: {r['reason']} ({r['detail']})")
+    return out

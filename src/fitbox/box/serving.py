@@ -41,6 +41,7 @@ from fitbox.models.catalog import Artifact, Catalog
 
 from .asks import Asks, Named
 from .calls import Call, CallDesk
+from .helper.menu import HELPER
 from .needs import Needs, PromptSize, fits
 from .resident import Resident
 from .residents import Registry
@@ -115,6 +116,13 @@ class Serving:
     def _routed(self, order: Order, asked: str) -> tuple[Named, dict[str, str]]:
         """The name the call is placed under, resolved once, with the headers that say so;
         refused when the key may not use it or no variant serves the route."""
+        if asked == HELPER:  # a chat naming it never comes here (server/inference/helper.py)
+            raise InvalidRequest(
+                f"'{HELPER}' is fitbox's helper menu, not weights: it answers "
+                f"/v1/chat/completions only, not {order.endpoint}.",
+                param="model",
+                code="helper_chat_only",
+            )
         self.check_allowed(order.allowed, asked)
         named, headers = self.routed(asked)
         named = self.loadable(named)

@@ -10,7 +10,6 @@ from typing import Any
 from fitbox import config as settings
 from fitbox.cli.command import add_catalog_options
 from fitbox.listening import published_url
-from fitbox.units import format_bytes
 
 HELP = "what fitbox would load for a model, and where, without loading it"
 
@@ -73,52 +72,10 @@ def run(config: settings.Config, args: argparse.Namespace) -> int:
 
 
 def _print_plan(report: dict[str, Any]) -> None:
-    """``fitbox plan`` in words: the decision, its window, bytes per device, and why not."""
-    simulated = {d["device"] for d in report["box"] if d["simulated"]}
-    label = f"{report['decision']} on {report['device']}"
-    if report.get("rung"):
-        label += f" ({report['rung']})"
-    print(
-        f"{report['model']} ({report['architecture']}, {report['quant']}): {label}, "
-        f"{report['basis']}"
-    )
-    band = report.get("band")
-    band_text = f", band {band['kind']} {band['min']}..{band['max']}" if band else ""
-    print(
-        f"  window {report['window']} x {report['parallel']} slot(s), "
-        f"K {report['type_k']} / V {report['type_v']}{band_text}"
-    )
-    if report.get("device_counts"):  # the window each GPU count would have given
-        counts = [
-            f"{c['count']} -> {c['window'] or 'none'} ({c['reason']})"
-            for c in report["device_counts"]
-        ]
-        print(f"  by GPU count: {', '.join(counts)}")
-    if report.get("repack") in ("on", "ram_bound"):
-        print(
-            "  weights in RAM: repacked (faster)"
-            if report["repack"] == "on"
-            else "  weights in RAM: --no-repack (ram_bound: the repacked copy does not fit)"
-        )
-    for row in report["devices"]:
-        tag = " (SIMULATED)" if row["device"] in simulated else ""
-        b = {k: format_bytes(v) for k, v in row.items() if k.endswith("_bytes")}
-        print(
-            f"  {row['device']}{tag}: weights {b['weights_bytes']} + kv {b['kv_bytes']} + "
-            f"compute {b['compute_bytes']} + output {b['output_bytes']} = "
-            f"{b['total_bytes']}"
-        )
-    if report.get("cores"):
-        layers = f", {report['gpu_layers']} layers on GPU" if report.get("gpu_layers") else ""
-        print(f"  cores {', '.join(map(str, report['cores']))}{layers}")
-    for key in ("victims", "blockers"):
-        if report.get(key):
-            print(f"  {key}: {', '.join(report[key])}")
-    if report["decision"] == "refuse" and report.get("needed_bytes"):
-        needed, held = format_bytes(report["needed_bytes"]), format_bytes(report["available_bytes"])
-        print(f"  {report['reason']}: needs {needed} on {report['device']}, which holds {held}")
-    elif report["decision"] == "refuse":  # no rung was ever sized: their reasons say why
-        print(f"  {report['reason']}: no rung of it can be placed on this box, because:")
-    for r in report.get("rejected", []):
-        print(f"  - {r['rung']} {r['artifact']}: {r['reason']} ({r['detail']})")
+    """``fitbox plan`` in words (box/planning.py ``lines``: the helper's ``why`` says the
+    same), and where the plan came from."""
+    from fitbox.box.planning import lines
+
+    for line in lines(report):
+        print(line)
     print(f"  ({report['source']})")

@@ -38,6 +38,7 @@ from fitbox.server.views.openapi_shapes import (
     DETOKENIZE,
     EMBEDDING,
     FACTS_BODY,
+    HELPER_CHAT,
     INFILL,
     KEY,
     KEY_BODY,
@@ -110,7 +111,7 @@ async def openapi_json(request: Request) -> Response:
 # fmt: off
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/chat/completions", openai.chat_completions, INFERENCE, {
-        "post": Op("Chat (SSE with stream: true). " + REPLY, CHAT)},
+        "post": Op("Chat (SSE with stream: true). " + REPLY + ". " + HELPER_CHAT, CHAT)},
         engine="/v1/chat/completions"),
     Endpoint("/v1/completions", openai.completions, INFERENCE, {
         "post": Op("Text completion. A model's thinking is in the choice's reasoning_content "

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
+from fitbox.box.helper.menu import HELPER
 from fitbox.box.resident import Resident
 from fitbox.errors import FitboxError, ModelNotFound, ModelNotServable
 from fitbox.models.catalog import RESCAN_AT_MOST_EVERY_S, Artifact
@@ -83,7 +84,31 @@ async def list_models(request: Request) -> Response:
             for bad in box.catalog.rejected
             if bad.name is None
         ]
+    data.append(helper_entry())  # always: any caller may chat with it
     return JSONResponse({"object": "list", "data": data, "not_servable": not_servable})
+
+
+def helper_entry() -> dict[str, Any]:
+    """fitbox-helper's entry: a model name with no weights behind it (box/helper/)."""
+    return {
+        "id": HELPER,
+        "object": "model",
+        "created": 0,
+        "owned_by": "fitbox",
+        "weights": False,  # not a model file: chat with it for menus over this box
+        "description": "fitbox's helper: menus over this box (what is resident and why, why "
+        "a model is refused, settings, tool configs); chat with it, say 'menu'",
+        "aliases": [],
+        "resident": False,
+        "state": "helper",
+        "device": None,
+        "simulated": False,
+        "footprint_bytes": None,
+        "size_bytes": 0,
+        "architecture": None,
+        "vision": False,
+        "meta": None,
+    }
 
 
 async def show_model(request: Request) -> Response:
@@ -91,6 +116,8 @@ async def show_model(request: Request) -> Response:
     name is its first variant. The entry keeps the name asked as its ``id``."""
     box: Box = request.app.state.box
     asked = request.path_params["model_id"]
+    if asked == HELPER:
+        return JSONResponse(helper_entry())
     try:
         artifact = box.catalog.variants(asked)[0]
     except ModelNotServable:

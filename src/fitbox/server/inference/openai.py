@@ -41,6 +41,7 @@ from fitbox.server.inference.engine_errors import (
     engine_error_body,
     retry_headers,
 )
+from fitbox.server.inference.helper import HELPER, helper_reply
 from fitbox.server.streams import Reshape, Thinking, request_body, target
 from fitbox.server.streams.events import done_frame
 from fitbox.server.streams.reshape import Count
@@ -50,6 +51,7 @@ from fitbox.store.waits import problems as store_problems
 
 log = logging.getLogger(__name__)
 __all__ = ["allowed_models", "engine_error_body", "forward", "refused"]
+CHAT = "/v1/chat/completions"
 
 
 def allowed_models(request: Request) -> tuple[str, ...] | None:
@@ -100,6 +102,8 @@ async def forward(
 ) -> Response:
     """Open the call on ``body["model"]``, have the box serve it (box/serving.py), frame
     its answer: a stream, a whole reply, or a stream that waits for its model's load."""
+    if body.get("model") == HELPER and path == CHAT:  # a menu, not weights: no placement
+        return await helper_reply(request, path, body, _request_id(request))
     box: Box = request.app.state.box
     field = thinking_for(request, path, body)
     order = Order(

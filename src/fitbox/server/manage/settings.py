@@ -56,12 +56,29 @@ async def box_settings(request: Request) -> Response:
     """GET|POST /v1/settings/box: own (what was set), default (start-up), effective."""
     box = _box(request)
     if request.method == "POST":
-        values = parse(BOX_KNOBS, await _body(request))
-        await box.update_settings("box", "", values)
-        _record(request, "settings-box", None, values)
+        await set_box(request, await _body(request))
     defaults = {k: v for k, v in box.prefs.defaults().items() if k in BOX_KNOBS}
     effective = {k: v for k, v in box.prefs.effective().items() if k in BOX_KNOBS}
     return JSONResponse({"own": box.prefs.box, "default": defaults, "effective": effective})
+
+
+async def set_box(request: Request, body: Any) -> dict[str, Any]:
+    """POST /v1/settings/box's change (the helper's ``set`` makes it too, once the door
+    admitted its caller for this route): parsed, kept, applied, recorded."""
+    values = parse(BOX_KNOBS, body)
+    await _box(request).update_settings("box", "", values)
+    _record(request, "settings-box", None, values)
+    return values
+
+
+async def set_pair(request: Request, model: str, body: Any) -> dict[str, Any]:
+    """POST /v1/settings/pair's change for ``model`` (the helper's ``set … for MODEL``)."""
+    box = _box(request)
+    box.catalog.variants(parse_pins(model).name)  # an unknown model is a 404, not a row
+    values = parse(PAIR_KNOBS, body)
+    await box.update_settings("pair", model, values)
+    _record(request, "settings-pair", model, values)
+    return values
 
 
 def _pair_view(box: Box, model: str) -> dict[str, Any]:
@@ -81,10 +98,7 @@ async def pair_settings(request: Request) -> Response:
         model = body.pop("model", None) if isinstance(body, dict) else None
         if not isinstance(model, str) or not model:
             raise InvalidRequest("Field 'model' is required.", param="model")
-        box.catalog.variants(parse_pins(model).name)  # an unknown model is a 404, not a row
-        values = parse(PAIR_KNOBS, body)
-        await box.update_settings("pair", model, values)
-        _record(request, "settings-pair", model, values)
+        await set_pair(request, model, body)
         return JSONResponse(_pair_view(box, model))
     model = request.query_params.get("model")
     if model:

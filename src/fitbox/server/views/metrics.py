@@ -43,6 +43,7 @@ from starlette.responses import Response
 
 import fitbox
 from fitbox.box.box import Box
+from fitbox.box.helper.menu import HELPER
 from fitbox.box.resident import Resident
 from fitbox.core.types import ResidentState
 from fitbox.engines.http1 import EngineConnectionError
@@ -179,6 +180,7 @@ class Metrics:
             for a in catalog.artifacts()
             for alias in (a.name, *catalog.aliases_of(a.name))
         }
+        asked[HELPER] = HELPER  # the helper's calls (box/helper/): no artifact, its own label
         children = await self._children()
         self.now.read()
         page = functools.partial(self._page, names, asked, children)

@@ -74,6 +74,11 @@ REPLY = (
     "streamed), or reasoning, or left in content: the key's reasoning_field setting, "
     "else the box's"
 )
+HELPER_CHAT = (
+    "The model fitbox-helper is no weights: it answers with menus over this box (residents, "
+    "why a model is refused, settings, set, config), placing nothing; only this route takes "
+    "it (another route naming it is a 400 helper_chat_only)"
+)
 STREAMED = {"stream": {"type": "boolean"}, "max_tokens": {"type": "integer"}}
 COMPLETION = body({"model": NAME, "prompt": TEXT_OR_LIST}, STREAMED)
 EMBEDDING = body({"model": NAME, "input": TEXT_OR_LIST})
