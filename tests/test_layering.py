@@ -38,6 +38,7 @@ LEAVES = frozenset(
         "fitbox.setting_api",
         "fitbox.setting_table",
         "fitbox.setting_connections",
+        "fitbox.setting_central",
         "fitbox.listening",
         "fitbox.quiet_server",
     }

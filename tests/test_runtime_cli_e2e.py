@@ -28,7 +28,7 @@ def fitbox(box: FitboxProcess, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=300,
-        env={k: v for k, v in os.environ.items() if k != "FITBOX_KEY"},
+        env={k: v for k, v in os.environ.items() if k != "FITBOX_KEY"},  # none: the box itself
     )
 
 

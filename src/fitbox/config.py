@@ -80,6 +80,7 @@ class Config:
     tf_python: str = ""
     index_url: str = "https://pypi.org/simple"
     source_key: str = ""
+    admin_key: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -12,6 +12,7 @@ import json
 from fitbox import setting_api as api
 from fitbox import setting_values as values
 from fitbox.networks import DEFAULT_TRUSTED_NETWORKS, parse_networks
+from fitbox.setting_central import CENTRAL
 from fitbox.setting_connections import CONNECTIONS
 from fitbox.setting_values import BOX, KEY, LIMITS, PAIR, Setting
 
@@ -444,40 +445,7 @@ SETTINGS: tuple[Setting, ...] = (
         scopes=(BOX,),
         api=api.model_name,
     ),
-    Setting(
-        "central_url",
-        "FITBOX_CENTRAL_URL",
-        "",
-        "a fitbox central to register with at start (and whenever this box's address "
-        "changes); default: none. A central that refuses or is down never stops the box",
-        flag="--central URL",
-    ),
-    Setting(
-        "central_key",
-        "FITBOX_CENTRAL_KEY",
-        "",
-        "the worker key the central printed for this box (fitbox central keys create)",
-        flag="--central-key KEY",
-        secret=True,
-    ),
-    Setting(
-        "central_db",
-        "FITBOX_CENTRAL_DB",
-        "",
-        "the central's store (fitbox central serve): a postgresql://USER:PASSWORD@HOST:PORT/DB "
-        "URL for a fleet that outgrows one file (psycopg 3: pip install 'fitbox[central-pg]'); "
-        "default: central.sqlite3 in the central's home",
-        secret=True,
-    ),
-    Setting(
-        "central_long_poll",
-        "FITBOX_CENTRAL_LONG_POLL",
-        "25",
-        "seconds the central's mirror asks each box to hold a long-poll with nothing new "
-        "(fitbox central serve); a box that has not answered 3 s after that is suspected "
-        "(no new calls), and 10 s after it marked unreachable and asked again",
-        values.positive_float,
-    ),
+    *CENTRAL,  # joining a central, and the central's own (setting_central.py)
     Setting(
         "aliases",
         "FITBOX_ALIASES",
@@ -498,6 +466,15 @@ SETTINGS: tuple[Setting, ...] = (
         "an admin key of the source box for fitbox pull box://...; none is needed when the "
         "source is this machine",
         flag="--source-key KEY",
+        secret=True,
+    ),
+    Setting(
+        "admin_key",
+        "FITBOX_KEY",
+        "",
+        "an admin key the runtime commands (ps, load, unload, pin, logs, status) send to a "
+        "box elsewhere (--url); none is needed on the box itself",
+        flag="--key KEY",
         secret=True,
     ),
 )

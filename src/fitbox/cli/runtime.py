@@ -1,13 +1,12 @@
 """The running box's own commands: ``fitbox ps``, ``load``/``unload``/``pin``/``unpin MODEL``,
 ``logs [MODEL] [-f]`` and ``status``. Each asks the box's HTTP API: the box this home
-published (its endpoint.json), or ``--url`` with ``--key`` (or FITBOX_KEY) for another one. A
+published (its endpoint.json), or ``--url`` with ``--key`` (or ``FITBOX_KEY``) for another one. A
 refusal exits 1 with the box's own reason; no box answering exits 3."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -39,8 +38,7 @@ class NoBox(Exception):
 
 def add_box_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="the box's address (default: the one this home serves)")
-    parser.add_argument("--key", help="an admin key for a box elsewhere (default: FITBOX_KEY)")
-    add_setting_flags(parser, "home")
+    add_setting_flags(parser, "home", "admin_key")
 
 
 def add_ps_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +70,7 @@ class Box:
         url = args.url or published_url(config.endpoint_file)
         if url is None:
             raise NoBox(f"no running fitbox published its address under {config.home}")
-        key = args.key or os.environ.get("FITBOX_KEY")
+        key = config.admin_key
         self.url = url.rstrip("/")
         self.client = httpx.Client(
             base_url=self.url,
