@@ -4,6 +4,7 @@ upgraded in place, its ExecStart run as the fitbox user, removed and purged."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -105,6 +106,7 @@ def test_the_deb_installs_upgrades_serves_removes_and_purges(tmp_path: Path) -> 
                     assert time.monotonic() < deadline and proc.poll() is None
                     time.sleep(0.2)
             assert health["version"] == VERSION
+            _root_s_key_is_the_service_s(url)
         finally:
             proc.terminate()
             proc.wait(timeout=20)
@@ -134,3 +136,24 @@ def test_the_deb_installs_upgrades_serves_removes_and_purges(tmp_path: Path) -> 
         dpkg("-P", "fitbox")
         if created_state:
             shutil.rmtree("/var/lib/fitbox", ignore_errors=True)
+
+
+def _root_s_key_is_the_service_s(url: str) -> None:
+    """`sudo fitbox keys create` through /usr/bin/fitbox: the key lands in the service's own
+    store (the env file's home, written as the service's user), so the service accepts it,
+    and nothing in its home turns root's."""
+    made = subprocess.run(
+        ["/usr/bin/fitbox", "keys", "create", "--name", "ops", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"},
+    )
+    assert made.returncode == 0, made.stderr
+    made_id = json.loads(made.stdout)["id"]
+    listed = httpx.get(f"{url}/v1/keys").json()["data"]  # the service's own store's keys
+    assert made_id in {k["id"] for k in listed}, listed
+    owners = {
+        mode(str(p)).split()[1] for p in Path("/var/lib/fitbox").iterdir() if p.name != "models"
+    }
+    assert owners == {"fitbox:fitbox"}, owners

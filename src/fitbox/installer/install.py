@@ -9,6 +9,7 @@ offered instead of pretending the service started.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -121,6 +122,21 @@ def plan_install(
     return plan
 
 
+USUAL_PORT = 8484  # the port README and the guide name
+
+
+def usual_or_free_port(host: str) -> int:
+    """``--port auto``: the usual port when nothing holds it on ``host``, else a free one (a
+    second fitbox on the box, a test's, another program)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, USUAL_PORT))
+        except OSError:
+            return free_port(host)
+    return USUAL_PORT
+
+
 def service_env(
     env_file: Path,
     home: Path,
@@ -138,7 +154,7 @@ def service_env(
     elif "FITBOX_PORT" not in env:  # a re-run keeps the port an earlier install chose
         if port is None:
             raise InstallError("no port is assumed: give --port N, or --port auto for a free one")
-        env["FITBOX_PORT"] = str(free_port())
+        env["FITBOX_PORT"] = str(usual_or_free_port(env["FITBOX_HOST"]))
     env.update(extra_env)
     return env
 
