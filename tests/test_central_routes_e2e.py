@@ -35,6 +35,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "/v1/embeddings": {"input": "Hi"},
     "/v1/responses": {"input": "Hi", "max_output_tokens": 4},
     "/v1/messages": {"messages": HELLO, "max_tokens": 4},
+    "/v1/messages/count_tokens": {"messages": HELLO},
     "/v1/rerank": {"query": "hi", "documents": ["a", "b"]},
     "/rerank": {"query": "hi", "documents": ["a", "b"]},
     "/tokenize": {"content": "Hi"},

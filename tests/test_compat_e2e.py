@@ -317,6 +317,9 @@ def test_a_reply_that_opens_inside_a_character_still_opens_its_stream(pair: Pair
     opening = ("response.created", "response.in_progress")
     once = [k for i, k in enumerate(kinds) if k not in opening or k not in kinds[:i]]
     assert [e["type"] for e in through] == once
+    # llama-server's opening response has no output; OpenAI's (and what SDK stream helpers
+    # of openai-python 2.x and openai-node 6.x append each item to) has an empty one
+    assert "output" not in direct[0]["response"] and through[0]["response"]["output"] == []
     fitbox = pair.clients(max_retries=0)[1]
     with fitbox.responses.stream(
         model=SMOL, input=EMOJI, max_output_tokens=8, temperature=0
@@ -341,6 +344,8 @@ def test_tokenize_detokenize_apply_template(pair: Pair) -> None:
     text = both("/detokenize", {"tokens": tokens[0]["tokens"]})
     assert text[1] == text[0] and "Hello" in text[0]["content"]
     prompt = both("/apply-template", {"messages": HI})
+    counted = both("/v1/messages/count_tokens", {"messages": HI})
+    assert counted[1] == counted[0] and counted[0]["input_tokens"] > 0
     assert prompt[1] == prompt[0] and "Say hi." in prompt[0]["prompt"]
     # a model named in the query instead of the body
     by_query = httpx.post(

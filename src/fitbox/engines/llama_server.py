@@ -70,6 +70,7 @@ ROUTES = frozenset(
         "/v1/embeddings",
         "/v1/responses",
         "/v1/messages",
+        "/v1/messages/count_tokens",
         "/v1/rerank",
         "/tokenize",
         "/detokenize",

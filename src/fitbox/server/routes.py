@@ -35,6 +35,7 @@ from fitbox.server.views.openapi_shapes import (
     BOX_BODY,
     CHAT,
     COMPLETION,
+    COUNT_TOKENS,
     DETOKENIZE,
     EMBEDDING,
     FACTS_BODY,
@@ -129,6 +130,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "post": Op("Anthropic Messages API shape (SSE with stream: true); a model's thinking "
                    "is a thinking block", MESSAGES, MODEL_QUERY)},
         engine="/v1/messages"),
+    Endpoint("/v1/messages/count_tokens", openai.count_tokens, INFERENCE, {
+        "post": Op("Anthropic's token count for a Messages body: input_tokens", COUNT_TOKENS,
+                   MODEL_QUERY)},
+        engine="/v1/messages/count_tokens"),
     Endpoint("/v1/rerank", openai.rerank, INFERENCE, {
         "post": Op("Rerank documents (reranker models)", RERANK, MODEL_QUERY)},
         engine="/v1/rerank"),

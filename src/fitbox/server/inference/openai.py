@@ -335,6 +335,11 @@ async def messages(request: Request, engine: str) -> Response:
     return await _call(request, engine, {"messages": list, "max_tokens": int})
 
 
+async def count_tokens(request: Request, engine: str) -> Response:
+    """Anthropic's token count for a Messages body (``input_tokens``), the child's own."""
+    return await _call(request, engine, {"messages": list})
+
+
 async def tokenize(request: Request, engine: str) -> Response:
     return await _call(request, engine, {"content": (str, list)})
 

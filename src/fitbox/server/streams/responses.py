@@ -96,6 +96,11 @@ class ResponsesShaper(NamedShaper):
                 return []
             data["output_index"] = self._number(item_id)
             return [data]
+        if kind in ("response.created", "response.in_progress"):
+            response = data.get("response")
+            if isinstance(response, dict):  # llama-server's has none; OpenAI's SDK stream
+                response.setdefault("output", [])  # helpers append each item to it
+            return [data]
         if kind in ("response.completed", "response.incomplete", "response.failed"):
             response = data.get("response")
             if isinstance(response, dict):

@@ -89,6 +89,7 @@ RESPONSES = body(
 MESSAGES = body(
     {"model": NAME, "messages": MESSAGE_LIST, "max_tokens": {"type": "integer"}}, STREAMED
 )
+COUNT_TOKENS = body({"model": NAME, "messages": MESSAGE_LIST})
 RERANK = body(
     {"model": NAME, "query": NAME, "documents": {"type": "array", "items": {"type": "string"}}}
 )
