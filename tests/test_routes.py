@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from fitbox import config
-from fitbox.box.calls import stream_ended, usage_of
+from fitbox.box.calls import stream_ended, stream_error, usage_of
 from fitbox.models.gguf_facts import read_facts
 from fitbox.server.inference.engine_errors import (
     client_status,
@@ -133,6 +133,20 @@ def test_responses_and_messages_streams_end_at_their_last_event() -> None:
     assert stream_ended(b"data: {}\n\ndata: [DONE]\n\n")
     usage = usage_of(b'"usage":{"input_tokens":31,"output_tokens":4,"total_tokens":35}')
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (31, 4)
+
+
+def test_a_stream_the_engine_ended_with_its_error_event_is_that_error() -> None:
+    """llama-server's server-context.cpp ends a stream it cannot go on with one error event
+    and no [DONE]: ``format_oai_sse({"error": ...})``, or ``event: error`` for Anthropic's."""
+    chunk = b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n'
+    oai = chunk + b"data: " + OVERFLOW + b"\n\n"
+    assert stream_error(oai) == (400, "exceed_context_size_error")
+    error = b'{"code":500,"message":"Context size has been exceeded.","type":"server_error"}'
+    anthropic = b"event: content_block_delta\ndata: {}\n\nevent: error\ndata: " + error + b"\n\n"
+    assert stream_error(anthropic) == (500, "server_error")
+    assert stream_error(chunk + b"data: [DONE]\n\n") is None
+    assert stream_error(chunk) is None and stream_error(b"") is None
+    assert stream_error(b'data: {"error": "not an object"}\n\n') is None
 
 
 # -- settings --------------------------------------------------------------------------

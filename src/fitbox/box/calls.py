@@ -65,6 +65,28 @@ def stream_ended(tail: bytes | bytearray) -> bool:
     return tail.startswith(_LAST_EVENTS, start + 2 if start >= 0 else 0)
 
 
+def stream_error(tail: bytes) -> tuple[int, str] | None:
+    """(status, code) when a stream's last event is the engine's error: llama-server ends a
+    stream it cannot go on with one (``data: {"error": {...}}``, or an Anthropic ``event:
+    error``) and no ``[DONE]``, its HTTP status long sent as 200."""
+    events = [e for e in bytes(tail).split(b"\n\n") if e.strip()]
+    if not events:
+        return None
+    lines = events[-1].strip().split(b"\n")
+    named = any(line == b"event: error" for line in lines)
+    data = next((line[5:].strip() for line in lines if line.startswith(b"data:")), b"")
+    try:
+        found = json.loads(data)
+    except ValueError:
+        return None
+    error = found.get("error", found if named else None) if isinstance(found, dict) else None
+    if not isinstance(error, dict):
+        return None
+    code = error.get("code")
+    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+    return status, str(error.get("type") or "engine_error")
+
+
 def usage_of(tail: bytes) -> dict[str, Any]:
     matches = _USAGE.findall(tail)
     if not matches:
@@ -298,6 +320,9 @@ class Call:
         tail: bytes,
     ) -> None:
         usage = usage_of(tail)
+        failed = stream_error(tail) if outcome == "ok" else None
+        if failed is not None:  # the engine ended it with an error event: that is its end
+            outcome, (status, error_code) = "error", failed
         self._record(
             outcome=outcome,
             http_status=status,
