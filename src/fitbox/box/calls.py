@@ -394,6 +394,12 @@ class Call:
             last_byte_at=time.time(),
         )
 
+    def abandoned(self) -> None:
+        """Its client left before its whole reply; the engine was told (its connection
+        closed). Recorded after whatever the cancelled work recorded, so this stands."""
+        self._release()
+        self._record(outcome="abandoned", http_status=499, last_byte_at=time.time())
+
     def interrupted(self) -> None:
         self._release()
         self._record(outcome="interrupted", last_byte_at=time.time())

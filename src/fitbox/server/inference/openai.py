@@ -13,12 +13,13 @@ engine's own error body is put in the OpenAI error envelope, keeping what the en
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 from urllib.parse import urlencode
 
@@ -28,6 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 import fitbox
 from fitbox.box.box import Box
 from fitbox.box.calls import Call
+from fitbox.box.resident import Resident
 from fitbox.box.serving import Answer, Order, Served
 from fitbox.engines.http1 import EngineResponse
 from fitbox.errors import FitboxError, InvalidRequest, PermissionDenied
@@ -122,11 +124,12 @@ async def forward(
     setattr(request.state, timing.STAMPS_STATE, call.stamps)
     if served.waits:  # the 200 now, the load after it
         return _waiting(request, served, field)
+    if not call.stream:
+        return await _unless_abandoned(request, call, _answered_whole(served, field))
     answer = await served.serve()
     resident, response = answer.resident, answer.response
-    served_name = resident.artifact.name
-    headers = {**served.headers, "x-fitbox-model": served_name, "x-fitbox-device": resident.device}
-    if call.stream and response.status < 400:  # its row is stored: the status line may go
+    headers = _answer_headers(served, resident)
+    if response.status < 400:  # its row is stored: the status line may go
         return StreamingResponse(
             _sse(call, response, is_insider(request), served.prompt_count, call.model, field),
             status_code=response.status,
@@ -134,6 +137,50 @@ async def forward(
             media_type=response.headers.get("content-type", "text/event-stream"),
         )
     return await _whole(call, response, headers, call.model, field)
+
+
+def _answer_headers(served: Served, resident: Resident) -> dict[str, str]:
+    name = resident.artifact.name
+    return {**served.headers, "x-fitbox-model": name, "x-fitbox-device": resident.device}
+
+
+async def _answered_whole(served: Served, field: Thinking | None) -> Response:
+    answer = await served.serve()
+    headers = _answer_headers(served, answer.resident)
+    return await _whole(served.call, answer.response, headers, served.call.model, field)
+
+
+async def _unless_abandoned(
+    request: Request, call: Call, work: Coroutine[Any, Any, Response]
+) -> Response:
+    """A whole call runs only while its client waits for it. One whose client leaves (its
+    connection closed) is cancelled: the engine's connection is closed with it, which
+    llama-server takes as a stop (it cancels the task of a closed connection), its slot is
+    free for the next call, and the row says abandoned."""
+    answering = asyncio.ensure_future(work)
+    leaving = asyncio.ensure_future(_client_left(request))
+    try:
+        await asyncio.wait((answering, leaving), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # fitbox is stopping: both go
+        answering.cancel()
+        leaving.cancel()
+        await asyncio.gather(answering, leaving, return_exceptions=True)
+        raise
+    leaving.cancel()
+    if answering.done():
+        answered: Response = answering.result()
+        return answered
+    answering.cancel()
+    await asyncio.gather(answering, return_exceptions=True)
+    call.abandoned()
+    return Response(status_code=499)  # nobody reads it: the connection is gone
+
+
+async def _client_left(request: Request) -> None:
+    """Returns once the client has closed its connection (the body is read by then: what
+    the server receives next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _waiting(request: Request, served: Served, field: Thinking | None) -> Response:
