@@ -45,6 +45,7 @@ from fitbox.server.door.browser import names_box
 from fitbox.server.door.errors import INSIDER
 from fitbox.server.manage.joining import is_loopback
 from fitbox.server.routes import ACCESS
+from fitbox.server.views.leaving import Leaving
 from fitbox.store.keys import ApiKey
 
 log = logging.getLogger(__name__)
@@ -380,6 +381,7 @@ async def _serving(app: Starlette, config: Config, store_path: StoreTarget) -> A
     offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.refused_registrations = set()
+    app.state.leaving = Leaving()  # told by `fitbox central serve` when a stop signal comes
     app.state.gate = Gate(
         TrustSettings(
             config.trusted_networks, config.trusted_proxies, config.host, config.host_names

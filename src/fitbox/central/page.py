@@ -12,6 +12,7 @@ counts idle seconds on in the browser."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -132,21 +133,34 @@ def _event(view: FleetView) -> bytes:
     return f"event: update\nid: {view.version}\n{data}\n".encode()
 
 
+def _leaving(request: Request) -> asyncio.Event:
+    """Set once the central is stopping (server/views/leaving.py; never, for an app run
+    without its lifespan)."""
+    leaving = getattr(request.app.state, "leaving", None)
+    return leaving.event if leaving is not None else asyncio.Event()
+
+
 async def events(request: Request) -> Response:
     """GET /dashboard/events?since=VERSION: an update at once if the fleet changed since the
     page was rendered (``since``: its ``data-version``), then one per change."""
     fleet: Fleet = request.app.state.fleet
     since = request.query_params.get("since", "")
+    leaving = _leaving(request)
 
     async def stream() -> AsyncIterator[bytes]:
         shown = since
-        while True:  # a closed page ends it (starlette cancels on the disconnect)
+        # a closed page ends it (starlette cancels on the disconnect), and so does a stopping
+        # central (uvicorn waits for open responses before a stop completes): the page's
+        # EventSource connects again to whatever answers next
+        while not leaving.is_set():
             if fingerprint(fleet) != shown:
                 view = await gather(fleet)
                 # a store that did not answer: tried again after the spacing
                 shown = "" if view.problems else view.version
                 yield _event(view)
-            await asyncio.sleep(SPACING_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SPACING_S):
+                    await leaving.wait()
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"cache-control": "no-store"}
