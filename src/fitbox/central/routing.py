@@ -42,6 +42,7 @@ from fitbox.errors import (
     PermissionDenied,
 )
 from fitbox.server.door.auth import is_insider
+from fitbox.server.manage.joining import CENTRAL_KEY_HEADER, central_key_header
 
 HOP_BY_HOP = frozenset(
     {
@@ -234,6 +235,17 @@ def _passed_headers(
     return headers
 
 
+def _key_said(request: Request) -> dict[str, str]:
+    """Which central key made the call, for the box's call row (its id and name, never its
+    secret). The box believes it only on a request made with its own key, which it handed
+    this central alone (server/manage/joining.py central_key_of): a client's own header of
+    that name is not passed on, and one sent to a box directly is ignored there."""
+    key = getattr(request.state, "api_key", None)
+    if key is None:  # admitted without a key (the central's own host): none to name
+        return {}
+    return {CENTRAL_KEY_HEADER: central_key_header(key.key_id, key.name)}
+
+
 @dataclass(frozen=True)
 class Asked:
     """A call as the client made it: where its model was named (the body's ``model``, else
@@ -304,6 +316,7 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
         target, content = call.for_box(candidate.model)
         headers = {**link.headers, "accept": request.headers.get("accept", "*/*")}
         headers |= {k: request.headers[k] for k in PASSED if k in request.headers}
+        headers |= _key_said(request)
         if call.method == "POST":
             headers["content-type"] = "application/json"
         link.call_started()

@@ -9,19 +9,44 @@ import asyncio
 import ipaddress
 import logging
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 
 import fitbox
 from fitbox.store.box_key import write_secret
+from fitbox.store.db import CentralKey
 
 log = logging.getLogger(__name__)
 RETRY_FIRST_S = 1.0
 RETRY_MOST_S = 30.0
 REFUSED_RETRY_S = 60.0  # a refusal (bad key, a loopback box) waits on a person: ask less often
+# which of the central's keys a call it forwards was made with: "KEY_ID NAME", the name
+# percent-encoded (server/inference/openai.py records it on the call's row)
+CENTRAL_KEY_HEADER = "x-fitbox-central-key"
+
+
+def central_key_header(key_id: str, name: str) -> str:
+    """The value the central sends in ``CENTRAL_KEY_HEADER`` for one of its keys."""
+    return f"{key_id} {quote(name, safe='')}"
+
+
+def central_key_of(headers: Mapping[str, str], api_key: Any) -> CentralKey | None:
+    """The central key a call was made with, as its central said it, or None. Believed
+    only on a request made with this box's own key (``api_key.is_box_key``): the box hands
+    it to its central at registration and to no one else, so the central's word cannot be
+    borrowed by another caller, whose header is ignored."""
+    said = headers.get(CENTRAL_KEY_HEADER)
+    if not said or api_key is None or not getattr(api_key, "is_box_key", False):
+        return None
+    key_id, _, name = said.strip().partition(" ")
+    if not key_id:
+        return None
+    return CentralKey(key_id[:64], unquote(name)[:256])
 
 
 def is_loopback(host: str) -> bool:
