@@ -61,6 +61,10 @@ class BoxLink:
     refused_calls: bool = False  # a call failed before its first byte; cleared when it answers
     synced_at: float | None = None
     snapshot_at: float | None = None  # when health, residents and models were read
+    # per resident model: the seconds a new call would wait for a slot, as the box said at
+    # its last long-poll answer (None: unmeasured there), and when that was (monotonic)
+    queue_eta: dict[str, float | None] = field(default_factory=dict)
+    queue_eta_at: float = 0.0
     readings_at: float = 0.0  # when the readings were last replayed (monotonic)
     # each table's cursor as last stored (take_page), read from the store once
     cursors: dict[str, int] = field(default_factory=dict)
@@ -111,6 +115,27 @@ class BoxLink:
 
     def busy(self) -> int:
         return self.waiting + self.in_flight
+
+    def predicted_wait(self, model: str) -> float | None:
+        """Seconds a new call to ``model`` (the name the box knows it by) would wait for a
+        slot here now: the box's figure, less the time since it said it; 0 for a model not
+        resident (nothing queues for its slots); None when the box could not say."""
+        if model not in self.queue_eta:
+            return None if any(r.get("model") == model for r in self.residents) else 0.0
+        said = self.queue_eta[model]
+        if said is None:
+            return None
+        return max(0.0, said - (time.monotonic() - self.queue_eta_at))
+
+    def heard(self, state: dict[str, Any]) -> None:
+        """What a long-poll answer says of the box's queue now."""
+        self.waiting = int(state.get("waiting", 0))
+        etas = state.get("queue_eta")
+        self.queue_eta = {
+            str(model): float(eta) if isinstance(eta, int | float) else None
+            for model, eta in (etas.items() if isinstance(etas, dict) else ())
+        }
+        self.queue_eta_at = time.monotonic()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -236,7 +261,7 @@ class Fleet:
                 counter = int(state["counter"])
                 was = link.state
                 link.state, link.last_error, link.refused_calls = "up", None, False
-                link.waiting = int(state.get("waiting", 0))
+                link.heard(state)
                 if counter != link.counter:
                     changed = state.get("changed", CURSOR_TABLES)
                     if set(changed) <= CALL_TABLES and link.synced_at is not None:
