@@ -45,6 +45,8 @@ def test_a_box_says_each_ready_resident_s_slot_wait(tmp_path: Path) -> None:
         resident = resident_of(box, "tiny")  # two slots
         assert box.queue_etas() == {"tiny": 0.0}
         resident.calls = resident.slots_taken = 2
+        resident.expected_ends = {1: time.monotonic() - 1, 2: time.monotonic() + 8}
+        assert box.queue_etas() == {"tiny": None}  # one overdue: its end is not known
         resident.expected_ends = {1: time.monotonic() + 20, 2: time.monotonic() + 8}
         return box.queue_etas()
 
@@ -87,6 +89,10 @@ def test_a_wait_said_earlier_is_counted_down() -> None:
     busy.queue_eta_at -= 25  # said 25 s ago
     wait = busy.predicted_wait("m")
     assert wait is not None and 4.5 <= wait <= 5.0
+    busy.queue_eta_at -= 10  # its moment passed, and the box said nothing since: overdue
+    assert busy.predicted_wait("m") is None
+    busy.heard({"queue_eta": {"m": 0.0}})  # a slot free
+    assert busy.predicted_wait("m") == 0.0
 
 
 async def _first(

@@ -155,7 +155,7 @@ class Box:
     def queue_etas(self) -> dict[str, float | None]:
         """Per ready resident, by model: the seconds a new call would wait for one of its
         slots, from the measured ends of its calls and of those waiting before it (None:
-        one of them is not measured; box/waiting.py slot_wait). A central compares them
+        one of them is not measured, or overdue; box/waiting.py slot_wait). A central compares them
         with another box's load to decide a spill."""
         now = time.monotonic()
         waiting = self.admission.waiting.ordered(self.admission.policy())
@@ -163,8 +163,10 @@ class Box:
         for resident in self.registry:
             if resident.state is not ResidentState.READY:
                 continue
+            # a call past its expected end (an engine stopped, a slower decode) says nothing
+            # of when it ends: unknown, as an unmeasured one
             ends = [
-                None if e is None else max(0.0, e - now) for e in resident.expected_ends.values()
+                None if e is None or e <= now else e - now for e in resident.expected_ends.values()
             ]
             ends += [None] * max(0, resident.calls - len(ends))  # a call not yet priced
             ahead = [w.output for w in waiting if w.model == resident.artifact.name]

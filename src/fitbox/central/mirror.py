@@ -119,13 +119,16 @@ class BoxLink:
     def predicted_wait(self, model: str) -> float | None:
         """Seconds a new call to ``model`` (the name the box knows it by) would wait for a
         slot here now: the box's figure, less the time since it said it; 0 for a model not
-        resident (nothing queues for its slots); None when the box could not say."""
+        resident (nothing queues for its slots); None when the box could not say, or when
+        the moment it said has passed without a word since (a call's end moves its counter,
+        and the box would have said again: the figure was wrong, a stopped engine, say)."""
         if model not in self.queue_eta:
             return None if any(r.get("model") == model for r in self.residents) else 0.0
         said = self.queue_eta[model]
         if said is None:
             return None
-        return max(0.0, said - (time.monotonic() - self.queue_eta_at))
+        left = said - (time.monotonic() - self.queue_eta_at)
+        return None if said > 0 and left <= 0 else max(0.0, left)
 
     def heard(self, state: dict[str, Any]) -> None:
         """What a long-poll answer says of the box's queue now."""
