@@ -75,7 +75,12 @@ PATHS: dict[str, dict[str, Any]] = {
         )
     },
     "/v1/fleet": {
-        "get": operation("Every box: state, last seen, devices, residents, queue", MANAGEMENT)
+        "get": operation(
+            "Every box: state, last seen, memory per device, residents (their calls, slots "
+            "and idle time counted as this is read), queue; each figure with when it was "
+            "read (read_at, *_age_s)",
+            MANAGEMENT,
+        )
     },
     "/v1/fleet/models": {
         "get": operation(
