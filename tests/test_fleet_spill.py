@@ -84,6 +84,14 @@ def test_unknown_figures_spill_as_before() -> None:
     assert weighed.taken and weighed.header().endswith("load=unknown; taken")
 
 
+def test_a_full_box_that_said_a_slot_was_free_said_so_before_its_slots_were_taken() -> None:
+    """The central counts every slot of the busy box taken by its own calls; the box's last
+    word came before the last of them took its slot (taking one moves no counter)."""
+    busy, other = _link("busy", "m", queue_eta={"m": 0.0}), _link("other")
+    weighed, _ = spill.decide([(busy, "m")], [(other, "m", {"predicted_seconds": 3.0})])
+    assert weighed.taken and "from=busy; wait=unknown" in weighed.header()
+
+
 def test_a_wait_said_earlier_is_counted_down() -> None:
     busy = _link("busy", "m", queue_eta={"m": 30.0})
     busy.queue_eta_at -= 25  # said 25 s ago

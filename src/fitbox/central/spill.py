@@ -63,6 +63,15 @@ def _soonest(links: list[BoxLink], wait: dict[str, float | None]) -> tuple[BoxLi
     return best, wait[best.record.box_id]
 
 
+def _busy_wait(link: BoxLink, model: str) -> float | None:
+    """The wait for a slot of a box the central counts full (its own calls there and the
+    box's queue, against the slots). A box that said a slot was free said so before the
+    central's calls took its slots (taking a slot moves no counter, so nothing newer came):
+    unknown, as is a wait that cannot be known."""
+    wait = link.predicted_wait(model)
+    return None if wait == 0.0 else wait
+
+
 def decide(
     busy: list[tuple[BoxLink, str]], placing: list[tuple[BoxLink, str, dict[str, Any]]]
 ) -> tuple[Spill, list[BoxLink]]:
@@ -70,7 +79,7 @@ def decide(
     it knows the model by, least busy first; ``placing``: those that place it without
     evicting a serving model, with their plans, in the order to try. The decision, and the
     placing boxes in the order to try them (the soonest ready first)."""
-    waits = {link.record.box_id: link.predicted_wait(name) for link, name in busy}
+    waits = {link.record.box_id: _busy_wait(link, name) for link, name in busy}
     loads = {
         link.record.box_id: _number(plan.get("predicted_seconds")) for link, _, plan in placing
     }
