@@ -559,6 +559,23 @@ def test_every_route_of_the_central_is_in_its_openapi(central: tuple[TestClient,
     documented = {(p, m) for p, ops in document["paths"].items() for m in ops}
     assert served == documented
     assert "Error" in document["components"]["schemas"]
+    forwarded = document["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert "box_unavailable" in forwarded["503"]["description"]
+    assert {"Retry-After", "x-should-retry"} <= set(forwarded["503"]["headers"])
+    assert {"Retry-After", "x-should-retry"} <= set(forwarded["502"]["headers"])
+    passed = forwarded["200"]["headers"]
+    assert "spill" in passed["x-fitbox-route"]["schema"]["enum"]
+    assert {"x-fitbox-box", "x-fitbox-spill", "Server-Timing"} <= set(passed)
+    from fitbox.central.openapi import FORWARDED
+
+    for endpoint in FORWARDED:  # every forwarded route, every method: the same words
+        for op in document["paths"][endpoint.doc_path].values():
+            assert "box_unavailable" in op["responses"]["503"]["description"]
+            assert all(
+                "x-fitbox-route" in answer.get("headers", {})
+                for status, answer in op["responses"].items()
+                if status.startswith("2")
+            )
 
 
 def test_limits_from_the_centre_say_why_they_cannot_be_set(tmp_path: Path) -> None:

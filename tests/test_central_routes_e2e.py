@@ -171,6 +171,42 @@ def test_the_client_s_request_id_reaches_the_box_s_call_row(site: Site) -> None:
     assert rows[0]["outcome"] == "ok"
 
 
+def test_the_central_key_is_on_the_box_s_row_and_no_other_caller_can_say_it(
+    site: Site,
+) -> None:
+    """The central names the key a call came with; the box keeps it on the call's row (and
+    the central's mirror of it). The same header sent to the box with another key of the
+    box is ignored."""
+    key_id = site.central_key.split("_")[1]
+    through, forged = f"through-{uuid.uuid4().hex}", f"forged-{uuid.uuid4().hex}"
+    body = {"model": site.model, "prompt": "Hi", "max_tokens": 2}
+    answer = httpx.post(
+        f"{site.central.url}/v1/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {site.central_key}", "x-request-id": through},
+        timeout=300,
+    )
+    assert answer.status_code == 200, answer.text
+    borrowed = {"x-fitbox-central-key": f"{key_id} borrowed", "x-request-id": forged}
+    direct = httpx.post(
+        f"{site.box.url}/v1/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {site.box_key}", **borrowed},
+        timeout=300,
+    )
+    assert direct.status_code == 200, direct.text
+    rows = {r["request_id"]: r for r in site.box.calls()}
+    assert rows[through]["central_key"] == key_id and rows[through]["central_key_name"]
+    assert (rows[forged]["central_key"], rows[forged]["central_key_name"]) == (None, None)
+    assert site.central_key.split("_")[2] not in str(rows[through])  # never the secret
+
+    def mirrored() -> bool:
+        found = site.central.mirrored("call_log", site.box_id)
+        return any(r["request_id"] == through and r["central_key"] == key_id for r in found)
+
+    until(mirrored, "the call's row, with its central key, in the central's mirror")
+
+
 def test_a_forwarded_reply_has_one_date_and_one_server(site: Site) -> None:
     for stream in (False, True):
         answer = _call(

@@ -88,6 +88,15 @@ class QuietServer(uvicorn.Server):
             with contextlib.suppress(RuntimeError):  # the loop has closed: nothing waits
                 loop.call_soon_threadsafe(self._exit.set)
 
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """A stop signal: the app's word that it is leaving (``app.state.leaving``,
+        server/views/leaving.py) first, so its endless streams end now, not at the grace
+        period's end (uvicorn waits for open responses before the app's shutdown runs)."""
+        leaving = getattr(getattr(self.config.app, "state", None), "leaving", None)
+        if leaving is not None:
+            leaving.now()
+        super().handle_exit(sig, frame)
+
     async def startup(self, sockets: list[Any] | None = None) -> None:
         hush_accept_failures(asyncio.get_running_loop())  # before the first accept
         await super().startup(sockets)

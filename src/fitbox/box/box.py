@@ -27,7 +27,7 @@ from fitbox.core.ask import Ask
 from fitbox.core.decide import decide
 from fitbox.core.decision import Place
 from fitbox.core.repack import CpuFeatures
-from fitbox.core.types import Snapshot
+from fitbox.core.types import ResidentState, Snapshot
 from fitbox.engines.kinds import EngineKinds, on_this_box
 from fitbox.engines.seam import Abilities
 from fitbox.errors import FitboxError, InvalidRequest
@@ -57,6 +57,7 @@ from .supervision import Supervisor, Watchdog
 from .supervision.crashes import CrashLedger
 from .supervision.logs import LogFile, LogPiece
 from .tasks import Tasks
+from .waiting import slot_wait
 from .warmth import Warmth
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,28 @@ class Box:
     def queue(self) -> list[dict[str, Any]]:
         """Calls waiting for room, in admission order (core/admission.py)."""
         return self.admission.waiting.view(self.admission.policy()) + self.movers.queue()
+
+    def queue_etas(self) -> dict[str, float | None]:
+        """Per ready resident, by model: the seconds a new call would wait for one of its
+        slots, from the measured ends of its calls and of those waiting before it (None:
+        one of them is not measured, or overdue; box/waiting.py slot_wait). A central compares them
+        with another box's load to decide a spill."""
+        now = time.monotonic()
+        waiting = self.admission.waiting.ordered(self.admission.policy())
+        etas: dict[str, float | None] = {}
+        for resident in self.registry:
+            if resident.state is not ResidentState.READY:
+                continue
+            # a call past its expected end (an engine stopped, a slower decode) says nothing
+            # of when it ends: unknown, as an unmeasured one
+            ends = [
+                None if e is None or e <= now else e - now for e in resident.expected_ends.values()
+            ]
+            ends += [None] * max(0, resident.calls - len(ends))  # a call not yet priced
+            ahead = [w.output for w in waiting if w.model == resident.artifact.name]
+            free = resident.parallel - resident.slots_taken
+            etas[resident.artifact.name] = slot_wait(ends, free, ahead)
+        return etas
 
     @property
     def crashes(self) -> CrashLedger:

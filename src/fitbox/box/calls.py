@@ -27,7 +27,7 @@ from typing import Any
 
 from fitbox.engines.http1 import EngineConnectionError, EngineResponse
 from fitbox.errors import EngineFailed, EngineTimeout, FitboxError
-from fitbox.store.db import CallStart, Store
+from fitbox.store.db import CallStart, CentralKey, Store
 from fitbox.store.waits import writing
 
 from .asks import Named
@@ -119,13 +119,26 @@ class CallDesk:
     watchdog: Watchdog
     acquire: Acquire
 
-    def open(self, endpoint: str, model: str, stream: bool, request_id: str) -> Call:
-        return Call(self, endpoint, model, stream, request_id)
+    def open(
+        self,
+        endpoint: str,
+        model: str,
+        stream: bool,
+        request_id: str,
+        central_key: CentralKey | None = None,
+    ) -> Call:
+        return Call(self, endpoint, model, stream, request_id, central_key)
 
 
 class Call:
     def __init__(
-        self, desk: CallDesk, endpoint: str, model: str, stream: bool, request_id: str
+        self,
+        desk: CallDesk,
+        endpoint: str,
+        model: str,
+        stream: bool,
+        request_id: str,
+        central_key: CentralKey | None = None,
     ) -> None:
         self.desk, self.endpoint, self.model, self.stream = desk, endpoint, model, stream
         received = time.time()
@@ -138,6 +151,8 @@ class Call:
                 model_asked=model[:256],  # a client chooses it: keep rows bounded
                 stream=stream,
                 received_at=received,
+                central_key=central_key.key_id if central_key else None,
+                central_key_name=central_key.name if central_key else None,
             )
         )
         self._row = desk.store.barrier()  # set once the row above is committed

@@ -38,6 +38,7 @@ from fitbox.errors import (
     RouteNotServed,
 )
 from fitbox.models.catalog import Artifact, Catalog
+from fitbox.store.db import CentralKey
 
 from .asks import Asks, Named
 from .calls import Call, CallDesk
@@ -63,6 +64,7 @@ class Order:
     accept: str = "*/*"
     method: str = "POST"
     query: str = ""  # the client's query string, passed on
+    central_key: CentralKey | None = None  # the central's key the call came through with
 
 
 @dataclass(slots=True)
@@ -97,7 +99,11 @@ class Serving:
         assert self.desk is not None, "calls are recorded: a box that serves has a store"
         asked = order.body["model"]
         call = self.desk.open(
-            order.endpoint, asked, bool(order.body.get("stream")), order.request_id
+            order.endpoint,
+            asked,
+            bool(order.body.get("stream")),
+            order.request_id,
+            order.central_key,
         )
         served = Served(self, call, order)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,3 +121,22 @@ def waiter_eta(
         return None, None
     output = max_tokens * rate.decode_ms / 1000 if max_tokens else None
     return facts.load_seconds(artifact), output
+
+
+def slot_wait(ends: list[float | None], free: int, ahead: list[float | None]) -> float | None:
+    """Seconds until a new call gets a slot of a resident: ``ends``, the seconds left of each
+    call it serves (None: unmeasured); ``free``, its slots no call holds; ``ahead``, how long
+    each call waiting for it before the new one should take (its output at the measured
+    rate). 0 when a slot is left after those ahead take theirs; None when the answer rests
+    on a figure not measured (a call asked for no ``max_tokens``, a model never timed)."""
+    if free > len(ahead):
+        return 0.0
+    if any(e is None for e in ends) or any(a is None for a in ahead):
+        return None
+    slots = [0.0] * max(free, 0) + sorted(float(e) for e in ends if e is not None)
+    if not slots:
+        return None
+    heapq.heapify(slots)
+    for seconds in ahead:  # each takes the slot that frees first, and holds it that long
+        heapq.heappush(slots, heapq.heappop(slots) + float(seconds or 0.0))
+    return heapq.heappop(slots)

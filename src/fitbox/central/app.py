@@ -24,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import fitbox
-from fitbox.central import boxes, identity, metrics, openapi, page, routing
+from fitbox.central import boxes, fresh, identity, metrics, openapi, page, routing
 from fitbox.central.backend import StoreTarget, StoreUnavailable
 from fitbox.central.facts import FactOffers
 from fitbox.central.identity import BoxIdentityRefused, BoxIdInUse
@@ -45,6 +45,7 @@ from fitbox.server.door.browser import names_box
 from fitbox.server.door.errors import INSIDER
 from fitbox.server.manage.joining import is_loopback
 from fitbox.server.routes import ACCESS
+from fitbox.server.views.leaving import Leaving
 from fitbox.store.keys import ApiKey
 
 log = logging.getLogger(__name__)
@@ -233,8 +234,14 @@ def _refused_once(request: Request, box_id: str, url: str, exc: FitboxError) -> 
 
 
 async def fleet_view(request: Request) -> Response:
-    links = _fleet(request).links.values()
-    return JSONResponse({"object": "list", "data": [link.describe() for link in links]})
+    """Every box as the central knows it now: idle times, slots and memory worked out from
+    the mirrored rows as this is read, each reading with its age (central/fresh.py)."""
+    fleet = _fleet(request)
+    links = list(fleet.links.values())
+    rows = await asyncio.to_thread(fresh.recent_rows, fleet.store, [k.record.box_id for k in links])
+    now = time.time()
+    data = [fresh.box_now(link, rows[link.record.box_id], now) for link in links]
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def fleet_models(request: Request) -> Response:
@@ -374,6 +381,7 @@ async def _serving(app: Starlette, config: Config, store_path: StoreTarget) -> A
     offers = FactOffers(fleet)
     app.state.config, app.state.store, app.state.fleet = config, store, fleet
     app.state.refused_registrations = set()
+    app.state.leaving = Leaving()  # told by `fitbox central serve` when a stop signal comes
     app.state.gate = Gate(
         TrustSettings(
             config.trusted_networks, config.trusted_proxies, config.host, config.host_names

@@ -17,6 +17,7 @@ URL's password is never printed: every message names the store by ``describe()``
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sqlite3
 import threading
@@ -41,6 +42,7 @@ _TYPE_WORDS = re.compile(r"\b(INTEGER|REAL|BLOB)\b")
 _DDL = re.compile(r"^\s*(?:--[^\n]*\n\s*)*(CREATE|ALTER)\s", re.IGNORECASE)
 _PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\?|%")  # a quoted literal is left as it is
 KEYS_REFUSED_S = 5.0  # after a failed connect, keys fail closed this long without trying
+SQLITE_BUSY_S = 2.0  # a key read waits this long on a file another connection locked
 _MIGRATION_LOCK = 0x66697462  # "fitb": one central migrates a database at a time
 
 
@@ -143,7 +145,11 @@ class PostgresConnection:
 
 
 class SqliteBackend:
-    """One owner-only WAL file, one connection behind the store's lock."""
+    """One owner-only WAL file, one connection behind the store's lock. The file is the one
+    opened at start for as long as the central runs: one deleted or put in its place meanwhile
+    (the rows written since would go to a file no one can open again), or one that cannot be
+    read (damaged, locked, unreadable), is StoreUnavailable, naming it: 503 on keyed calls,
+    ``store: down`` on /health."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -151,6 +157,7 @@ class SqliteBackend:
             self.conn = connect(path)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open the central's store {path}: {exc}") from None
+        self.opened = _identity(path)
 
     def describe(self) -> str:
         return str(self.path)
@@ -158,35 +165,103 @@ class SqliteBackend:
     def migrate(self, migrations: list[Migration]) -> list[int]:
         return migrate(self.conn, migrations)
 
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(f"the central's store {self.path}: {exc}")
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Any]:
+        still_there(self.path, self.opened)
         try:
             self.conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:  # locked past busy_timeout, disk gone
-            raise StoreUnavailable(f"the central's store {self.path}: {exc}") from None
+        except sqlite3.DatabaseError as exc:  # locked past busy_timeout, disk gone, damaged
+            raise self._unavailable(exc) from None
         try:
             yield self.conn
-        except sqlite3.OperationalError as exc:  # a disk I/O error mid-transaction
+        except sqlite3.DatabaseError as exc:  # a disk I/O error mid-transaction
             self.conn.execute("ROLLBACK")
-            raise StoreUnavailable(f"the central's store {self.path}: {exc}") from None
+            raise self._unavailable(exc) from None
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
         try:
             self.conn.execute("COMMIT")
-        except sqlite3.OperationalError as exc:  # a full disk refuses the commit
+        except sqlite3.DatabaseError as exc:  # a full disk refuses the commit
             self.conn.execute("ROLLBACK")
-            raise StoreUnavailable(f"the central's store {self.path}: {exc}") from None
+            raise self._unavailable(exc) from None
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Any]:
-        yield self.conn  # WAL: a read needs no transaction and takes no lock
+        still_there(self.path, self.opened)
+        try:
+            yield self.conn  # WAL: a read needs no transaction and takes no lock
+        except sqlite3.DatabaseError as exc:
+            raise self._unavailable(exc) from None
+
+    def check(self) -> None:
+        """Read the file as a new reader would (the store's own connection answers from
+        pages it holds, a damaged header unseen): StoreUnavailable when it cannot."""
+        still_there(self.path, self.opened)
+        _read_key(self.path, "")
 
     def key_checker(self) -> KeyChecker:
-        return KeyChecker(self.path)
+        return SqliteKeyChecker(self.path, self.opened)
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def still_there(path: Path, opened: tuple[int, int] | None) -> None:
+    """StoreUnavailable unless ``path`` is still the file the central opened."""
+    now = _identity(path)
+    if now is None:
+        raise StoreUnavailable(
+            f"the central's store {path} is gone (deleted or moved while the central ran): "
+            "put it back, or restart the central to start a new one"
+        )
+    if opened is not None and now != opened:
+        raise StoreUnavailable(
+            f"the central's store {path} is another file than the one the central opened "
+            "(replaced while it ran): restart the central to use it"
+        )
+
+
+def _read_key(path: Path, key_id: str) -> Any:
+    """The ``api_keys`` row of ``key_id`` (or None), read on a connection of its own, opened
+    for this read; StoreUnavailable when the file cannot be read."""
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_S * 1000)}")
+            return conn.execute("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"the central's store {path} could not be read: {exc}") from None
+
+
+class SqliteKeyChecker(KeyChecker):
+    """KeyChecker's constant-time verify over the central's SQLite file, each key read on a
+    connection opened for it (0.2 ms: a kept one answers from pages it holds, and would go
+    on admitting keys from a damaged file). A file that cannot be read is StoreUnavailable
+    (503, naming it), never an unknown key (401): the key was not found wrong, it was not
+    read. No box key file stands in for it, as it does on a box."""
+
+    def __init__(self, path: Path, opened: tuple[int, int] | None) -> None:
+        super().__init__(path)
+        self._opened_file = opened
+
+    def _lookup(self, key_id: str) -> Any:
+        still_there(self.path, self._opened_file)
+        return _read_key(self.path, key_id)
 
 
 def _psycopg() -> Any:
@@ -283,6 +358,10 @@ class PostgresBackend:
 
     def reading(self) -> contextlib.AbstractContextManager[Any]:
         return self.transaction()  # one snapshot, and a dropped connection is opened again
+
+    def check(self) -> None:
+        with self.reading() as conn:
+            conn.execute("SELECT 1").fetchone()
 
     def key_checker(self) -> KeyChecker:
         return PostgresKeyChecker(self.url)

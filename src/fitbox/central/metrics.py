@@ -25,8 +25,9 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from fitbox.central.fresh import READINGS_READ
 from fitbox.central.mirror import Fleet
-from fitbox.central.page import READINGS_READ, state_of
+from fitbox.central.page import state_of
 from fitbox.central.store import CentralStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -33,6 +33,10 @@ PAGE = 1000  # the box's MAX_ROWS
 RETRY_MOST_S = 5.0
 CALLS_SETTLE_S = 1.0  # how long a call-only change waits for the central's own calls to end
 SEEN_EVERY_S = 5.0  # the box's last-seen time and counter in the store: for a restart's view
+# readings (which move no counter) are taken with any change but a call's, and at a long-poll
+# answer when the last were taken longer ago than this: memory readings are never older than
+# this and a long-poll's wait together, on a quiet box or one busy with calls
+READINGS_EVERY_S = 10.0
 MIRRORED_TABLES = (*CURSOR_TABLES, *READING_TABLES)
 # what a call writes as it runs: its row, and the speeds its engine's timings measured. A
 # change of these alone changes no resident, model or health: no snapshot is read again
@@ -56,6 +60,12 @@ class BoxLink:
     in_flight: int = 0
     refused_calls: bool = False  # a call failed before its first byte; cleared when it answers
     synced_at: float | None = None
+    snapshot_at: float | None = None  # when health, residents and models were read
+    # per resident model: the seconds a new call would wait for a slot, as the box said at
+    # its last long-poll answer (None: unmeasured there), and when that was (monotonic)
+    queue_eta: dict[str, float | None] = field(default_factory=dict)
+    queue_eta_at: float = 0.0
+    readings_at: float = 0.0  # when the readings were last replayed (monotonic)
     # each table's cursor as last stored (take_page), read from the store once
     cursors: dict[str, int] = field(default_factory=dict)
     seen_stored_at: float = 0.0
@@ -105,6 +115,30 @@ class BoxLink:
 
     def busy(self) -> int:
         return self.waiting + self.in_flight
+
+    def predicted_wait(self, model: str) -> float | None:
+        """Seconds a new call to ``model`` (the name the box knows it by) would wait for a
+        slot here now: the box's figure, less the time since it said it; 0 for a model not
+        resident (nothing queues for its slots); None when the box could not say, or when
+        the moment it said has passed without a word since (a call's end moves its counter,
+        and the box would have said again: the figure was wrong, a stopped engine, say)."""
+        if model not in self.queue_eta:
+            return None if any(r.get("model") == model for r in self.residents) else 0.0
+        said = self.queue_eta[model]
+        if said is None:
+            return None
+        left = said - (time.monotonic() - self.queue_eta_at)
+        return None if said > 0 and left <= 0 else max(0.0, left)
+
+    def heard(self, state: dict[str, Any]) -> None:
+        """What a long-poll answer says of the box's queue now."""
+        self.waiting = int(state.get("waiting", 0))
+        etas = state.get("queue_eta")
+        self.queue_eta = {
+            str(model): float(eta) if isinstance(eta, int | float) else None
+            for model, eta in (etas.items() if isinstance(etas, dict) else ())
+        }
+        self.queue_eta_at = time.monotonic()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -230,13 +264,15 @@ class Fleet:
                 counter = int(state["counter"])
                 was = link.state
                 link.state, link.last_error, link.refused_calls = "up", None, False
-                link.waiting = int(state.get("waiting", 0))
+                link.heard(state)
                 if counter != link.counter:
                     changed = state.get("changed", CURSOR_TABLES)
                     if set(changed) <= CALL_TABLES and link.synced_at is not None:
                         await link.calls_settled()
                     await self.sync(link, changed, state.get("pages") or {})
                     link.counter = counter
+                if time.monotonic() - link.readings_at >= READINGS_EVERY_S:
+                    await self._readings(link)
                 link.synced_at = time.time()
                 if link.synced_at - link.seen_stored_at >= SEEN_EVERY_S or was != "up":
                     # not at every counter move: that was a store write for each, two a call
@@ -276,10 +312,11 @@ class Fleet:
         queue length comes with every long-poll answer."""
         tables = [t for t in changed if t in CURSOR_TABLES]
         calls_only = set(tables) <= CALL_TABLES and link.synced_at is not None
-        if not calls_only:
-            tables += list(READING_TABLES)
         carried = pages or {}
-        await asyncio.gather(*(self._replay(link, table, carried.get(table)) for table in tables))
+        await asyncio.gather(
+            *(self._replay(link, table, carried.get(table)) for table in tables),
+            *([] if calls_only else [self._readings(link)]),
+        )
         if calls_only:
             return
         health, residents, models = await asyncio.gather(
@@ -289,8 +326,14 @@ class Fleet:
         )
         known = link.models
         link.health, link.residents, link.models = health, residents["data"], models["data"]
+        link.snapshot_at = time.time()
         if link.models != known:  # kept for a restart of the central (migration central/0004)
             await asyncio.to_thread(self.store.keep_models, link.record.box_id, link.models)
+
+    async def _readings(self, link: BoxLink) -> None:
+        link.readings_at = time.monotonic()
+        for table in READING_TABLES:
+            await self._replay(link, table)
 
     async def _cursor(self, link: BoxLink, table: str) -> int:
         """The table's cursor as last stored, read from the store once per box."""

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 import fitbox
 from fitbox.server import routes
 from fitbox.server.door.auth import Access
-from fitbox.server.views.openapi import COMPONENTS, operation, path_param, query
+from fitbox.server.views.openapi import COMPONENTS, ERROR, operation, path_param, query
 
 INFERENCE = "a central key with the inference scope, or none from the central's own host"
 MANAGEMENT = "the central's own host, or a central key with the admin scope"
@@ -75,7 +75,12 @@ PATHS: dict[str, dict[str, Any]] = {
         )
     },
     "/v1/fleet": {
-        "get": operation("Every box: state, last seen, devices, residents, queue", MANAGEMENT)
+        "get": operation(
+            "Every box: state, last seen, memory per device, residents (their calls, slots "
+            "and idle time counted as this is read), queue; each figure with when it was "
+            "read (read_at, *_age_s)",
+            MANAGEMENT,
+        )
     },
     "/v1/fleet/models": {
         "get": operation(
@@ -137,12 +142,69 @@ FORWARDED = tuple(
 )
 
 
+def _header(description: str, **schema: Any) -> dict[str, Any]:
+    return {"description": description, "schema": {"type": "string", **schema}}
+
+
+ROUTE_HEADERS = {
+    "x-fitbox-box": _header("The id of the box that answered"),
+    "x-fitbox-route": _header(
+        "Why that box: named (BOX/MODEL), resident (a slot free there), fits (placed there "
+        "without evicting a serving model), spill (placed there: its predicted wait, load "
+        "included, was shorter than the wait behind the resident's full slots), on_disk",
+        enum=["named", "resident", "fits", "spill", "on_disk"],
+    ),
+    "x-fitbox-spill": _header(
+        "On a spill only, the predicted waits it compared, in seconds: "
+        "'from=BOX; wait=S; to=BOX; wait=S; load=S' (the busy box's queue, and the box "
+        "taken: its queue and its load, measured where a load of the model was)"
+    ),
+    "x-fitbox-retried-from": _header(
+        "The boxes tried first, each failed before its first byte (and why)"
+    ),
+}
+RETRY_HEADERS = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again",
+        "schema": {"type": "integer"},
+    },
+    "x-should-retry": _header("true: a retry can succeed", enum=["true"]),
+}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "headers": RETRY_HEADERS,
+        "content": {"application/json": {"schema": ERROR}},
+    }
+
+
 def _forwarded_op(op: dict[str, Any]) -> dict[str, Any]:
+    ok = {
+        status: {**answer, "headers": {**answer.get("headers", {}), **ROUTE_HEADERS}}
+        for status, answer in op["responses"].items()
+        if status != "default"
+    }
     return {
         **op,
         "summary": ROUTED + op["summary"],
         "description": f"Access: {INFERENCE}. The box's errors pass through, without the "
         "box's paths and engine internals for a caller who is no insider of the central.",
+        "responses": {
+            **op["responses"],
+            **ok,
+            "502": _error(
+                "No box could take the call (each tried failed before its first byte): "
+                "retry after Retry-After seconds"
+            ),
+            "503": _error(
+                "box_unavailable (with Retry-After): the boxes that have the model take no "
+                "calls now (unreachable, not synced since the central started, or suspected), "
+                "each named with its state; or store_unavailable: the central's store could "
+                "not check the key"
+            ),
+        },
     }
 
 

@@ -5,15 +5,14 @@ server, the same with JavaScript off, ``<main>`` re-sent when what it shows chan
 
 What changes it lives in the central's memory (each box's link: its state, counter, queue,
 residents), so the stream compares a fingerprint of that once per ``SPACING_S`` and reads
-the store (recent rows) only when it moved. Idle times are not the box's ``idle_for_s`` as
-it was when the snapshot was read (minutes old on a quiet box): each is the moment the
-resident went idle, from the mirrored rows (its newest call's last byte or its engine's
-start, whichever came later), and the page counts from there at render time and in the
-browser; whether it is serving is its calls still open in the mirrored rows."""
+the store (recent rows) only when it moved. Idle times, slots and memory are worked out from
+the mirrored rows at render time (central/fresh.py, as GET /v1/fleet does), and the page
+counts idle seconds on in the browser."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,13 +22,10 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 
 from fitbox.central import page_html
 from fitbox.central.backend import StoreUnavailable
+from fitbox.central.fresh import ROWS, Rows, devices, fresh, no_rows, recent_rows
 from fitbox.central.mirror import BoxLink, Fleet
-from fitbox.central.page_html import BoxView, DeviceReading, FleetView
-from fitbox.central.store import CentralStore
+from fitbox.central.page_html import BoxView, FleetView
 
-ROWS = 20  # calls, loads and evictions shown, across the boxes
-CALLS_READ = 200  # per box: enough to find each resident's newest call for its idle time
-READINGS_READ = 50  # per box: the newest resource reading of each device is among them
 SPACING_S = 1.0  # the least time between two updates to one page
 
 
@@ -66,69 +62,6 @@ def fingerprint(fleet: Fleet) -> str:
     return hashlib.sha256(repr(seen).encode()).hexdigest()[:16]
 
 
-def _rows(store: CentralStore, box_ids: list[str]) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """Per box, its newest mirrored rows of the tables the page shows."""
-    reads = {
-        "call_log": CALLS_READ,
-        "children": ROWS,
-        "evictions": ROWS,
-        "resource_log": READINGS_READ,
-    }
-    return {
-        box_id: {
-            table: store.mirrored(table, box_id, most, 0, True) for table, most in reads.items()
-        }
-        for box_id in box_ids
-    }
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def fresh(resident: dict[str, Any], rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The box's snapshot of a resident with what its mirrored rows say now: ``calls``, its
-    calls still open (the snapshot's count is as of the last change that was not a call's),
-    and ``idle_since``, the newest of its calls' last bytes and its engine's start."""
-    artifact = resident.get("artifact")
-    calls = [c for c in rows["call_log"] if c.get("artifact") == artifact]
-    stamps = [c["last_byte_at"] for c in calls if _number(c.get("last_byte_at"))]
-    stamps += [
-        c["started_at"]
-        for c in rows["children"]
-        if c.get("artifact") == artifact
-        and c.get("ended_at") is None
-        and _number(c.get("started_at"))
-    ]
-    return {
-        **resident,
-        "calls": sum(1 for c in calls if c.get("outcome") == "pending"),
-        "idle_since": float(max(stamps)) if stamps else None,
-    }
-
-
-def _devices(link: BoxLink, readings: list[dict[str, Any]]) -> list[DeviceReading]:
-    held: dict[str, int] = {}
-    for resident in link.residents:
-        for device, size in (resident.get("devices") or {}).items():
-            held[device] = held.get(device, 0) + int(size)
-    newest: dict[str, dict[str, Any]] = {}
-    for reading in readings:  # newest first
-        newest.setdefault(str(reading.get("device")), reading)
-    totals = {f"gpu{g.get('index')}": g.get("total_bytes") for g in link.health.get("gpus", [])}
-    names = sorted({*newest, *totals, *held}, key=lambda d: (d != "host", d))
-    return [
-        DeviceReading(
-            name,
-            newest.get(name, {}).get("total_bytes") or totals.get(name),
-            newest.get(name, {}).get("free_bytes"),
-            held.get(name, 0),
-            newest.get(name, {}).get("at"),
-        )
-        for name in names
-    ]
-
-
 def labels(links: list[BoxLink]) -> dict[str, str]:
     """Each box's name as the page shows it: with the start of its id where boxes share
     a name (machines made from one image all call themselves the same)."""
@@ -141,7 +74,7 @@ def labels(links: list[BoxLink]) -> dict[str, str]:
     }
 
 
-def _box_view(link: BoxLink, label: str, rows: dict[str, list[dict[str, Any]]]) -> BoxView:
+def _box_view(link: BoxLink, label: str, rows: Rows) -> BoxView:
     residents = [fresh(r, rows) for r in link.residents]
     return BoxView(
         link.record.box_id,
@@ -153,7 +86,7 @@ def _box_view(link: BoxLink, label: str, rows: dict[str, list[dict[str, Any]]]) 
         link.synced_at or link.record.last_seen_at,
         link.waiting,
         link.in_flight,
-        _devices(link, rows["resource_log"]),
+        devices(link, rows["resource_log"]),
         residents,
     )
 
@@ -167,13 +100,11 @@ async def gather(fleet: Fleet) -> FleetView:
     links = list(fleet.links.values())
     problems: list[str] = []
     try:
-        rows = await asyncio.to_thread(_rows, fleet.store, [k.record.box_id for k in links])
+        rows = await asyncio.to_thread(recent_rows, fleet.store, [k.record.box_id for k in links])
     except StoreUnavailable as exc:
         problems.append(f"The central's store did not answer; recent rows are not shown: {exc}")
         rows = {}
-    empty: dict[str, list[dict[str, Any]]] = {
-        t: [] for t in ("call_log", "children", "evictions", "resource_log")
-    }
+    empty = no_rows()
     per_box = [rows.get(k.record.box_id, empty) for k in links]
     every = {t: [row for box in per_box for row in box[t]] for t in empty}
     names = labels(links)
@@ -202,21 +133,34 @@ def _event(view: FleetView) -> bytes:
     return f"event: update\nid: {view.version}\n{data}\n".encode()
 
 
+def _leaving(request: Request) -> asyncio.Event:
+    """Set once the central is stopping (server/views/leaving.py; never, for an app run
+    without its lifespan)."""
+    leaving = getattr(request.app.state, "leaving", None)
+    return leaving.event if leaving is not None else asyncio.Event()
+
+
 async def events(request: Request) -> Response:
     """GET /dashboard/events?since=VERSION: an update at once if the fleet changed since the
     page was rendered (``since``: its ``data-version``), then one per change."""
     fleet: Fleet = request.app.state.fleet
     since = request.query_params.get("since", "")
+    leaving = _leaving(request)
 
     async def stream() -> AsyncIterator[bytes]:
         shown = since
-        while True:  # a closed page ends it (starlette cancels on the disconnect)
+        # a closed page ends it (starlette cancels on the disconnect), and so does a stopping
+        # central (uvicorn waits for open responses before a stop completes): the page's
+        # EventSource connects again to whatever answers next
+        while not leaving.is_set():
             if fingerprint(fleet) != shown:
                 view = await gather(fleet)
                 # a store that did not answer: tried again after the spacing
                 shown = "" if view.problems else view.version
                 yield _event(view)
-            await asyncio.sleep(SPACING_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SPACING_S):
+                    await leaving.wait()
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"cache-control": "no-store"}

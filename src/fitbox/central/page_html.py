@@ -186,11 +186,12 @@ def calls(view: FleetView) -> str:
                 _e(c.get("error_code")),
                 _e(_ms(c.get("load_start_at"), c.get("load_ready_at"))),
                 _e(_ms(c.get("received_at"), c.get("last_byte_at"))),
+                _e(c.get("central_key_name") or c.get("central_key")),  # the key that made it
             ]
         )
         css.append("call" + ("" if c.get("outcome") in ("ok", "pending") else " error"))
     return "<h2>Last calls</h2>" + _table(
-        ["box", "#", "received", "model", "outcome", "status", "error", "load", "total"],
+        ["box", "#", "received", "model", "outcome", "status", "error", "load", "total", "key"],
         rows,
         "No calls yet.",
         css,

@@ -2,9 +2,10 @@
 
 ``box/model`` goes to that box (by id, or by a name only one box has). A bare name goes,
 in this order, to the boxes where it is resident with a slot free (least busy first), then
-where it fits without evicting a serving model (by the box's own ``/v1/plan``; a "spill"
-when a resident has every slot taken), then to the resident ones whose slots are all
-taken, then where its file is.
+where it fits without evicting a serving model (by the box's own ``/v1/plan``) and to the
+resident ones whose slots are all taken, in the order their predicted waits say (a
+"spill" when a load elsewhere is sooner than the wait for a slot: central/spill.py), then
+where its file is.
 A box that fails before the first byte of its answer (refused, reset, no reply) is retried
 once on the next candidate and left out of bare-name routing until its mirror hears from
 it again; after the first byte the box's answer, error or not, is the client's. Bytes pass
@@ -30,9 +31,10 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from fitbox.central import outsider
+from fitbox.central import outsider, spill
 from fitbox.central.box_link import relayed
 from fitbox.central.mirror import BoxLink, Fleet
+from fitbox.central.spill import Spill
 from fitbox.engines.http1 import EngineConnectionError, EngineResponse
 from fitbox.errors import (
     EngineFailed,
@@ -42,6 +44,7 @@ from fitbox.errors import (
     PermissionDenied,
 )
 from fitbox.server.door.auth import is_insider
+from fitbox.server.manage.joining import CENTRAL_KEY_HEADER, central_key_header
 
 HOP_BY_HOP = frozenset(
     {
@@ -91,7 +94,8 @@ class BoxLost(EngineFailed):
 class Candidate:
     link: BoxLink
     model: str  # the name the box knows it by
-    why: str  # named | resident | fits | on_disk
+    why: str  # named | resident | fits | spill | on_disk
+    spill: Spill | None = None  # the waits compared, where a spill was weighed
 
 
 def holding(link: BoxLink, model: str) -> dict[str, Any] | None:
@@ -101,8 +105,8 @@ def holding(link: BoxLink, model: str) -> dict[str, Any] | None:
     return None
 
 
-async def _fits(fleet: Fleet, link: BoxLink, model: str) -> bool:
-    """The box's own plan says it places the model without evicting a serving one."""
+async def _placing(fleet: Fleet, link: BoxLink, model: str) -> dict[str, Any] | None:
+    """The box's own plan, when it places the model without evicting a serving one."""
     try:
         response = await fleet.client.get(
             f"{link.record.url}/v1/plan",
@@ -112,13 +116,23 @@ async def _fits(fleet: Fleet, link: BoxLink, model: str) -> bool:
         )
         plan = response.json()
     except (httpx.HTTPError, ValueError):
-        return False
-    return bool(plan.get("decision") == "place" and not plan.get("victims"))
+        return None
+    if isinstance(plan, dict) and plan.get("decision") == "place" and not plan.get("victims"):
+        return plan
+    return None
+
+
+async def plans_where(
+    fleet: Fleet, links: list[BoxLink], model: str
+) -> dict[str, dict[str, Any] | None]:
+    """Each box's plan for the model where it places it without evicting; None elsewhere."""
+    found = await asyncio.gather(*(_placing(fleet, link, model) for link in links))
+    return {link.record.box_id: plan for link, plan in zip(links, found, strict=True)}
 
 
 async def fits_where(fleet: Fleet, links: list[BoxLink], model: str) -> dict[str, bool]:
-    found = await asyncio.gather(*(_fits(fleet, link, model) for link in links))
-    return {link.record.box_id: ok for link, ok in zip(links, found, strict=True)}
+    plans = await plans_where(fleet, links, model)
+    return {box_id: plan is not None for box_id, plan in plans.items()}
 
 
 async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Candidate]:
@@ -160,16 +174,36 @@ async def candidates(fleet: Fleet, model: str, enough: int = TRIES) -> list[Cand
     found = [Candidate(link, model, "resident") for link in free]
     if len(found) >= enough:
         return found
-    # fewer free than wanted: where it fits without evicting a serving model comes before a
-    # resident whose slots are all taken (a spill: loading there beats queueing here)
+    # fewer free than wanted: where it fits without evicting a serving model, and the
+    # residents whose slots are all taken, in the order their predicted waits say (a spill
+    # when loading there is sooner than queueing here: central/spill.py)
     full = [link for link in resident if link not in free]
     others = sorted((link for link in usable if link not in resident), key=_order)
-    fits = await fits_where(fleet, others, model)
-    placed = "spill" if full else "fits"
-    found += [Candidate(link, model, placed) for link in others if fits[link.record.box_id]]
-    found += [Candidate(link, model, "resident") for link in full]
-    found += [Candidate(link, model, "on_disk") for link in others if not fits[link.record.box_id]]
+    plans = await plans_where(fleet, others, model)
+    fits = [link for link in others if plans[link.record.box_id] is not None]
+    found += _placed_or_queued(model, full, [(k, plans[k.record.box_id] or {}) for k in fits])
+    found += [Candidate(link, model, "on_disk") for link in others if link not in fits]
     return found
+
+
+def _placed_or_queued(
+    model: str, full: list[BoxLink], fits: list[tuple[BoxLink, dict[str, Any]]]
+) -> list[Candidate]:
+    """The boxes that place the model and the residents with every slot taken, in the order
+    to try: the placing ones first when the call spills (or when none is full), else the
+    busy ones (the wait for their slot is shorter than a load elsewhere)."""
+    if not full or not fits:
+        return [Candidate(link, model, "fits") for link, _ in fits] + [
+            Candidate(link, model, "resident") for link in full
+        ]
+    named = [(link, (holding(link, model) or {}).get("id", model)) for link in full]
+    weighed, order = spill.decide(named, [(link, model, plan) for link, plan in fits])
+    placing = [Candidate(link, model, "spill", weighed) for link in order]
+    queued = [
+        Candidate(link, model, "resident", weighed)
+        for link in sorted(full, key=lambda link: link.record.box_id != weighed.busy)
+    ]
+    return placing + queued if weighed.taken else queued + placing
 
 
 def _order(link: BoxLink) -> tuple[int, str]:
@@ -229,9 +263,22 @@ def _passed_headers(
     headers["server-timing"] = ", ".join(filter(None, [headers.get("server-timing"), timing]))
     headers["x-fitbox-box"] = box_id
     headers["x-fitbox-route"] = candidate.why
+    if candidate.spill is not None:  # the predicted waits the route was chosen by
+        headers[spill.HEADER] = candidate.spill.header()
     if tried:
         headers["x-fitbox-retried-from"] = ", ".join(tried)
     return headers
+
+
+def _key_said(request: Request) -> dict[str, str]:
+    """Which central key made the call, for the box's call row (its id and name, never its
+    secret). The box believes it only on a request made with its own key, which it handed
+    this central alone (server/manage/joining.py central_key_of): a client's own header of
+    that name is not passed on, and one sent to a box directly is ignored there."""
+    key = getattr(request.state, "api_key", None)
+    if key is None:  # admitted without a key (the central's own host): none to name
+        return {}
+    return {CENTRAL_KEY_HEADER: central_key_header(key.key_id, key.name)}
 
 
 @dataclass(frozen=True)
@@ -304,6 +351,7 @@ async def forward(request: Request, fleet: Fleet, path: str) -> Response:
         target, content = call.for_box(candidate.model)
         headers = {**link.headers, "accept": request.headers.get("accept", "*/*")}
         headers |= {k: request.headers[k] for k in PASSED if k in request.headers}
+        headers |= _key_said(request)
         if call.method == "POST":
             headers["content-type"] = "application/json"
         link.call_started()

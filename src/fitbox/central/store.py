@@ -128,8 +128,8 @@ class CentralStore:
 
     def check(self) -> None:
         """Raises StoreUnavailable (naming the store) when it cannot be read now."""
-        with self._reading() as conn:
-            conn.execute("SELECT 1").fetchone()
+        with self._lock:
+            self._backend.check()
 
     def key_checker(self) -> KeyChecker:
         """A checker reading this store's keys fresh on every call (on its own connection)."""

@@ -51,14 +51,7 @@ def serve(config: settings.Config, log_level: str) -> int:
 
     app = create_app(config, store, endpoint["url"])
 
-    class Server(QuietServer):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            leaving = getattr(app.state, "leaving", None)
-            if leaving is not None:
-                leaving.now()  # endless streams end now, not at the grace period's end
-            super().handle_exit(sig, frame)
-
-    server = Server(
+    server = QuietServer(  # a stop signal ends endless streams at once (app.state.leaving)
         uvicorn.Config(
             app,
             log_level=log_level,

@@ -158,6 +158,7 @@ def _join_central(config: Config, identity: dict[str, str | None]) -> asyncio.Ta
         address,
         box_key,
         config.central_secret_file,
+        config.box_key_file,
     )
     return asyncio.get_running_loop().create_task(joining.keep_registering(registration))
 

@@ -166,7 +166,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/telemetry/state", telemetry.state, READ, {
         "get": Op("The change counter; long-polls until it passes `since` or `wait` seconds "
                   "pass, or the box stops (stopping: true). `cursors=TABLE:CURSOR,…`: the "
-                  "answer carries each changed table's first page from its cursor (pages)",
+                  "answer carries each changed table's first page from its cursor (pages); "
+                  "queue_eta: per ready resident, the seconds a new call would wait for a "
+                  "slot (null: not measured)",
                   params=STATE)}),
     Endpoint("/v1/telemetry", telemetry.rows, READ, {
         "get": Op("Cursor replay of a table by seq", params=REPLAY)}),

@@ -85,6 +85,14 @@ _CALL_COLUMNS = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class CentralKey:
+    """Which central key a call through the central was made with (never its secret)."""
+
+    key_id: str
+    name: str
+
+
 @dataclass
 class CallStart:
     request_id: str
@@ -92,6 +100,8 @@ class CallStart:
     model_asked: str | None
     stream: bool
     received_at: float
+    central_key: str | None = None  # the central key a call through the central came with
+    central_key_name: str | None = None
 
 
 class Store(History, FactRows):
@@ -178,12 +188,14 @@ class Store(History, FactRows):
             "model_asked": start.model_asked,
             "stream": int(start.stream),
             "received_at": start.received_at,
+            "central_key": start.central_key,
+            "central_key_name": start.central_key_name,
         }
 
         def insert(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT INTO call_log (id, request_id, endpoint, model_asked, stream, "
-                "received_at) VALUES (?, ?, ?, ?, ?, ?)",
+                "received_at, central_key, central_key_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (call_id, *row.values()),
             )
             self._event(conn, "call", "call_log", call_id)

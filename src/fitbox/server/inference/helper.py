@@ -26,6 +26,7 @@ from fitbox.errors import FitboxError
 from fitbox.server.door import timing
 from fitbox.server.door.auth import admit
 from fitbox.server.manage import settings
+from fitbox.server.manage.joining import central_key_of
 from fitbox.server.streams.events import done_frame
 
 __all__ = ["HELPER", "helper_reply"]
@@ -37,7 +38,8 @@ async def helper_reply(
     box: Box = request.app.state.box
     helper: Helper = request.app.state.helper
     stream = body.get("stream") is True
-    call = box.calls.open(path, HELPER, stream, request_id)
+    said = central_key_of(request.headers, getattr(request.state, "api_key", None))
+    call = box.calls.open(path, HELPER, stream, request_id, said)
     setattr(request.state, timing.STAMPS_STATE, call.stamps)
     try:
         reply = await helper.reply(

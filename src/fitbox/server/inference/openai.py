@@ -44,11 +44,12 @@ from fitbox.server.inference.engine_errors import (
     retry_headers,
 )
 from fitbox.server.inference.helper import HELPER, helper_reply
+from fitbox.server.manage.joining import central_key_of
 from fitbox.server.streams import Reshape, Thinking, request_body, target
 from fitbox.server.streams.events import done_frame
 from fitbox.server.streams.reshape import Count
 from fitbox.server.streams.thinking import ROUTES as THINKING_ROUTES
-from fitbox.store.db import Store
+from fitbox.store.db import CentralKey, Store
 from fitbox.store.waits import problems as store_problems
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,12 @@ def _request_id(request: Request) -> str:
     return request.headers.get("x-request-id") or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
+def _central_key(request: Request) -> CentralKey | None:
+    """The central key a call through this box's central was made with (its word is taken
+    only on a request made with the box's own key: joining.central_key_of)."""
+    return central_key_of(request.headers, getattr(request.state, "api_key", None))
+
+
 def _query(request: Request) -> str:
     """The client's query string without ``model`` (which named the model, not the call)."""
     if not request.scope.get("query_string"):
@@ -89,6 +96,7 @@ def refused(request: Request, path: str, body: dict[str, Any], error: FitboxErro
         model if isinstance(model, str) else "",
         body.get("stream") is True,
         _request_id(request),
+        _central_key(request),
     )
     setattr(request.state, timing.STAMPS_STATE, call.stamps)
     call.failed(error)
@@ -118,6 +126,7 @@ async def forward(
         request.headers.get("accept", "*/*"),
         method,
         _query(request),
+        _central_key(request),
     )
     served = box.serving.open(order)
     call = served.call

@@ -8,20 +8,47 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import socket
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 
 import fitbox
 from fitbox.store.box_key import write_secret
+from fitbox.store.db import CentralKey
 
 log = logging.getLogger(__name__)
 RETRY_FIRST_S = 1.0
 RETRY_MOST_S = 30.0
+KEY_WATCH_S = 5.0  # how often the box key file is looked at for a rotated key (one stat)
 REFUSED_RETRY_S = 60.0  # a refusal (bad key, a loopback box) waits on a person: ask less often
+# which of the central's keys a call it forwards was made with: "KEY_ID NAME", the name
+# percent-encoded (server/inference/openai.py records it on the call's row)
+CENTRAL_KEY_HEADER = "x-fitbox-central-key"
+
+
+def central_key_header(key_id: str, name: str) -> str:
+    """The value the central sends in ``CENTRAL_KEY_HEADER`` for one of its keys."""
+    return f"{key_id} {quote(name, safe='')}"
+
+
+def central_key_of(headers: Mapping[str, str], api_key: Any) -> CentralKey | None:
+    """The central key a call was made with, as its central said it, or None. Believed
+    only on a request made with this box's own key (``api_key.is_box_key``): the box hands
+    it to its central at registration and to no one else, so the central's word cannot be
+    borrowed by another caller, whose header is ignored."""
+    said = headers.get(CENTRAL_KEY_HEADER)
+    if not said or api_key is None or not getattr(api_key, "is_box_key", False):
+        return None
+    key_id, _, name = said.strip().partition(" ")
+    if not key_id:
+        return None
+    return CentralKey(key_id[:64], unquote(name)[:256])
 
 
 def is_loopback(host: str) -> bool:
@@ -58,6 +85,7 @@ class Registration:
     address: str
     box_key: str
     secret_file: Path | None = None  # the box's proof of identity (central/identity.py)
+    box_key_file: Path | None = None  # watched: a rotated box key is registered again
 
     def body(self) -> dict[str, str]:
         found = {
@@ -133,11 +161,20 @@ async def register_once(reg: Registration) -> tuple[bool, str]:
 
 
 async def keep_registering(reg: Registration) -> None:
-    """Register until the central takes this box; a task the serve cancels at its end."""
+    """Register until the central takes this box, and again with each new box key (a task
+    the serve cancels at its end)."""
     problem = reg.loopback_problem()
     if problem:
         log.error("not registering with the central: %s", problem)
         return
+    while True:
+        await _until_taken(reg)
+        if reg.box_key_file is None:
+            return
+        reg = await _key_rotated(reg)
+
+
+async def _until_taken(reg: Registration) -> None:
     wait = RETRY_FIRST_S
     while True:
         taken, said = await register_once(reg)
@@ -148,3 +185,33 @@ async def keep_registering(reg: Registration) -> None:
         log.warning("%s; trying again in %.0f s", said, REFUSED_RETRY_S if refused else wait)
         await asyncio.sleep(REFUSED_RETRY_S if refused else wait)
         wait = min(wait * 2, RETRY_MOST_S)
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_ino, found.st_mtime_ns
+
+
+async def _key_rotated(reg: Registration) -> Registration:
+    """Once the box key file holds another key than the one registered (`fitbox keys
+    rotate-box` revokes the old one at once, and the central calls the box with it): the
+    registration with the new one, so the central has it within ``KEY_WATCH_S``, not at the
+    box's next start. One stat of the file each time; it is read only when it changed."""
+    assert reg.box_key_file is not None
+    seen = _stamp(reg.box_key_file)
+    while True:
+        await asyncio.sleep(KEY_WATCH_S)
+        now = _stamp(reg.box_key_file)
+        if now == seen:
+            continue
+        seen = now
+        try:
+            key = reg.box_key_file.read_text().strip()
+        except OSError:
+            continue
+        if key and key != reg.box_key:
+            log.info("the box key changed: registering the new one with the central")
+            return replace(reg, box_key=key)

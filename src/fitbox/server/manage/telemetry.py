@@ -85,6 +85,8 @@ async def state(request: Request) -> Response:
         "changed": changed,
         "residents": len(box.residents()),
         "waiting": len(box.queue()),
+        # per ready resident: the seconds a new call would wait for a slot (None: unmeasured)
+        "queue_eta": box.queue_etas(),
         "store": store.health(),
         "stopping": leaving.is_set(),
     }

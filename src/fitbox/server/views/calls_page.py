@@ -31,6 +31,7 @@ COLUMNS = (
     ("prompt_tokens", "prompt"),
     ("completion_tokens", "output"),
     ("decode", "tokens/s"),
+    ("central_key", "central key"),  # the central key a call through the central came with
 )
 STYLE = (
     "body{font:14px system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}"
@@ -50,6 +51,11 @@ def _cells(row: dict[str, Any]) -> dict[str, str]:
         "ttfb": ms(row.get("received_at"), row.get("first_byte_at")),
         "total": ms(row.get("received_at"), row.get("last_byte_at")),
         "decode": f"{1000 / decode:.1f}" if decode else "",
+        "central_key": (
+            f"{row.get('central_key_name') or ''} ({row['central_key']})"
+            if row.get("central_key")
+            else ""
+        ),
     }
 
 
