@@ -180,7 +180,7 @@ def test_json_and_toml_merges_keep_the_users_keys(tmp_path: Path) -> None:
     assert loaded["model_providers"]["fitbox"]["wire_api"] == "responses"
     clash = merge.merge(codex, 'model = "o3"\n')
     assert clash.text is None and clash.conflicts[0].startswith("model (yours")
-    (aider_conf, _, settings) = tool("aider").files(TARGET)
+    *_, settings = tool("aider").files(TARGET)
     listed = merge.merge(settings, "- name: gpt-4o\n  edit_format: diff\n")
     assert listed.text is not None
     assert [e["name"] for e in yaml.safe_load(listed.text)] == ["gpt-4o", "openai/smollm2"]

@@ -49,9 +49,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("logs", runtime.LOGS_HELP, runtime.add_logs_arguments, runtime.run_logs),
     Command("status", runtime.STATUS_HELP, runtime.add_status_arguments, runtime.run_status),
-    Command(
-        "launch", launch.LAUNCH_HELP, launch.add_launch_arguments, launch.run_launch, True
-    ),
+    Command("launch", launch.LAUNCH_HELP, launch.add_launch_arguments, launch.run_launch, True),
     Command("config", launch.CONFIG_HELP, launch.add_config_arguments, launch.run_config),
     Command(
         "settings",

@@ -33,18 +33,22 @@ class Refused(Exception):
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("tool", nargs="?", help=f"one of: {', '.join(t.name for t in TOOLS)}")
     parser.add_argument(
-        "--model", action="append", help="a model of the box's catalog (repeatable; default: "
-        "one it holds now, else the first it lists)"
+        "--model",
+        action="append",
+        help="a model of the box's catalog (repeatable; default: "
+        "one it holds now, else the first it lists)",
     )
     parser.add_argument("--url", help="the box (or a central) to point at (default: this home's)")
     parser.add_argument(
-        "--remote", action="store_true",
+        "--remote",
+        action="store_true",
         help="the tool runs off the box: mint an inference key for it (implied by a --url "
         "that is not loopback)",
     )
     parser.add_argument("--key", help="a key to give the tool instead of minting one")
     parser.add_argument(
-        "--admin-key", default=os.environ.get("FITBOX_ADMIN_KEY"),
+        "--admin-key",
+        default=os.environ.get("FITBOX_ADMIN_KEY"),
         help="an admin key for a box that is not this machine (FITBOX_ADMIN_KEY)",
     )
     add_setting_flags(parser, "home")
@@ -58,7 +62,10 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
     parser.add_argument(
-        "--write", nargs="?", const="", metavar="FILE",
+        "--write",
+        nargs="?",
+        const="",
+        metavar="FILE",
         help="merge into the tool's own file (or FILE), keeping yours, with a backup",
     )
     parser.add_argument("--force", action="store_true", help="replace entries that differ")

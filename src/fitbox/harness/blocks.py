@@ -54,7 +54,10 @@ def models_from(
             found = from_catalog_entry(name, entries[name])
         else:
             found = Unplaceable(name, "the box's catalog has no such model")
-        (placed if isinstance(found, ModelLimits) else left_out).append(found)  # type: ignore[arg-type]
+        if isinstance(found, ModelLimits):
+            placed.append(found)
+        else:
+            left_out.append(found)
     return Models(tuple(placed), tuple(left_out))
 
 

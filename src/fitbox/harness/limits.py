@@ -44,7 +44,9 @@ def from_plan(name: str, plan: Mapping[str, Any]) -> ModelLimits | Unplaceable:
     """``plan`` is ``/v1/plan``'s answer for ``name`` (or its error body)."""
     if "error" in plan:
         error = plan["error"]
-        return Unplaceable(name, str(error.get("message", error)) if isinstance(error, dict) else str(error))
+        return Unplaceable(
+            name, str(error.get("message", error)) if isinstance(error, dict) else str(error)
+        )
     decision = plan.get("decision")
     if decision == "refuse":
         detail = plan.get("detail") or ""

@@ -46,7 +46,12 @@ class Merged:
 
 
 def _deep(
-    mine: dict[str, Any], ours: dict[str, Any], prefix: str, soft: tuple[str, ...], force: bool, m: Merged
+    mine: dict[str, Any],
+    ours: dict[str, Any],
+    prefix: str,
+    soft: tuple[str, ...],
+    force: bool,
+    m: Merged,
 ) -> dict[str, Any]:
     out = dict(mine)
     for key, value in ours.items():
@@ -62,9 +67,13 @@ def _deep(
             out[key] = value
             m.replaced.append(where)
         elif not prefix and key in soft:
-            m.kept.append(f"{where} (yours: {json.dumps(mine[key])}; fitbox's: {json.dumps(value)})")
+            m.kept.append(
+                f"{where} (yours: {json.dumps(mine[key])}; fitbox's: {json.dumps(value)})"
+            )
         else:
-            m.conflicts.append(f"{where} (yours: {json.dumps(mine[key])}; fitbox's: {json.dumps(value)})")
+            m.conflicts.append(
+                f"{where} (yours: {json.dumps(mine[key])}; fitbox's: {json.dumps(value)})"
+            )
     return out
 
 
@@ -119,7 +128,9 @@ def _significant(lines: list[str]) -> list[str]:
 
 def _top_blocks(lines: list[str]) -> dict[str, tuple[int, int]]:
     """Each top-level key's lines [start, end)."""
-    starts = [(i, _unquote(m.group("key"))) for i, ln in enumerate(lines) if (m := _TOP_KEY.match(ln))]
+    starts = [
+        (i, _unquote(m.group("key"))) for i, ln in enumerate(lines) if (m := _TOP_KEY.match(ln))
+    ]
     blocks = {}
     for n, (i, key) in enumerate(starts):
         end = starts[n + 1][0] if n + 1 < len(starts) else len(lines)
@@ -179,7 +190,9 @@ def _merge_entries(
         if head in ("[]", "null", "~"):
             return [*lines[:start], *render.yaml_lines({key: ours}), *lines[end:]]
         if head:
-            raise MergeError(f"'{key}' is written inline (flow style): fitbox edits block lists only")
+            raise MergeError(
+                f"'{key}' is written inline (flow style): fitbox edits block lists only"
+            )
         start += 1
     else:
         start, end = 0, len(lines)
@@ -205,7 +218,9 @@ def _merge_entries(
             replace[a] = (b, text)
             m.replaced.append(where)
         else:
-            m.conflicts.append(f"{where} (an entry of that name is there already, with other values)")
+            m.conflicts.append(
+                f"{where} (an entry of that name is there already, with other values)"
+            )
     out: list[str] = []
     i = 0
     last = items[-1][1] if items else end

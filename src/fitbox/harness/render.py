@@ -101,9 +101,7 @@ def _is_table_array(value: Any) -> bool:
 
 
 def _toml_table(data: dict[str, Any], path: list[str], out: list[str]) -> None:
-    scalars = {
-        k: v for k, v in data.items() if not isinstance(v, dict) and not _is_table_array(v)
-    }
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and not _is_table_array(v)}
     header = bool(path) and (bool(scalars) or not any(isinstance(v, dict) for v in data.values()))
     if header:
         out.append(f"[{'.'.join(_toml_key(p) for p in path)}]")

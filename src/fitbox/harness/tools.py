@@ -372,9 +372,8 @@ def _qwen_files(t: Target) -> tuple[ConfigFile, ...]:
 
 
 def _qwen_launch(t: Target) -> Launch:
-    argv = ("qwen", "--auth-type", "openai", "--openai-base-url", t.v1)
-    argv += ("--openai-api-key", t.key_or_placeholder, "--model", t.default.name)
-    return Launch(argv)
+    argv = ("qwen", "--auth-type", "openai", "--openai-base-url", t.v1, "--openai-api-key")
+    return Launch((*argv, t.key_or_placeholder, "--model", t.default.name))
 
 
 # --- Gemini CLI: Google's Gemini API only ---
@@ -500,7 +499,9 @@ TOOLS: tuple[Tool, ...] = (
     Tool("codex", "Codex CLI", "npm @openai/codex", _codex_files, _codex_launch),
     Tool("opencode", "OpenCode", "npm opencode-ai", _opencode_files, _opencode_launch),
     Tool("aider", "aider", "pip aider-chat", _aider_files, _aider_launch),
-    Tool("continue", "Continue CLI (cn)", "npm @continuedev/cli", _continue_files, _continue_launch),
+    Tool(
+        "continue", "Continue CLI (cn)", "npm @continuedev/cli", _continue_files, _continue_launch
+    ),
     Tool(
         "pi",
         "pi",
@@ -511,7 +512,14 @@ TOOLS: tuple[Tool, ...] = (
         "fitbox's models.json: pi has no inline config",
     ),
     Tool("qwen", "Qwen Code", "npm @qwen-code/qwen-code", _qwen_files, _qwen_launch),
-    Tool("gemini", "Gemini CLI", "npm @google/gemini-cli", _none, _gemini_launch, unsupported=GEMINI_WHY),
+    Tool(
+        "gemini",
+        "Gemini CLI",
+        "npm @google/gemini-cli",
+        _none,
+        _gemini_launch,
+        unsupported=GEMINI_WHY,
+    ),
     Tool(
         "llm",
         "llm",
