@@ -184,3 +184,19 @@ def test_json_and_toml_merges_keep_the_users_keys(tmp_path: Path) -> None:
     listed = merge.merge(settings, "- name: gpt-4o\n  edit_format: diff\n")
     assert listed.text is not None
     assert [e["name"] for e in yaml.safe_load(listed.text)] == ["gpt-4o", "openai/smollm2"]
+
+
+def test_through_a_central_the_windows_come_from_its_catalog() -> None:
+    """A central plans nothing: a BOX/MODEL entry carries its box's entry (``meta``), and a
+    bare name takes the window of a box that has it."""
+    meta = {"n_ctx": None, "n_ctx_train": 8192}
+    catalog = {
+        "data": [
+            {"id": "smollm2", "boxes": ["b1"]},
+            {"id": "b1/smollm2", "box_id": "b1", "meta": meta},
+        ]
+    }
+    text = config_block_text("env", ["b1/smollm2", "smollm2"], {}, BASE, catalog=catalog)
+    assert "FITBOX_MODEL=b1/smollm2" in text and "FITBOX_MODEL_WINDOW=8192" in text
+    bare = config_block_text("env", ["smollm2"], {}, BASE, catalog=catalog)
+    assert "FITBOX_MODEL_WINDOW=8192" in bare

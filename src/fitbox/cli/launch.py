@@ -110,9 +110,9 @@ def _ask(config: Config, args: argparse.Namespace, chosen: Tool) -> Pointed:
         plans: dict[str, dict[str, Any]] = {}
         for name in names:
             answer = httpx.get(f"{url}/v1/plan", params={"model": name}, headers=admin, timeout=30)
-            if answer.status_code == 404 and "error" not in _json(answer):
-                continue  # a central: it plans nothing, its catalog says the windows
             body = _json(answer)
+            if answer.status_code == 404 and _code(body) != "model_not_found":
+                continue  # a central: it plans nothing, its catalog says the windows
             if answer.status_code in (401, 403):
                 raise Refused(f"{url} refused its plan for {name}: {_message(body)} (--admin-key)")
             plans[name] = body
@@ -136,6 +136,11 @@ def _json(response: Any) -> dict[str, Any]:
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
+
+
+def _code(body: dict[str, Any]) -> str | None:
+    error = body.get("error")
+    return str(error.get("code")) if isinstance(error, dict) else None
 
 
 def _message(body: dict[str, Any]) -> str:

@@ -50,8 +50,12 @@ def models_from(
     for name in names:
         if name in plans:
             found = from_plan(name, plans[name])
-        elif name in entries:
-            found = from_catalog_entry(name, entries[name])
+        elif name in entries:  # a central's bare name: the window of a box that has it
+            entry = entries[name]
+            on_boxes = [e for k, e in entries.items() if k.endswith(f"/{name}") and e.get("meta")]
+            found = from_catalog_entry(
+                name, entry if entry.get("meta") else next(iter(on_boxes), entry)
+            )
         else:
             found = Unplaceable(name, "the box's catalog has no such model")
         if isinstance(found, ModelLimits):
