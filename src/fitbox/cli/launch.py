@@ -47,9 +47,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--key", help="a key to give the tool instead of minting one")
     parser.add_argument(
-        "--admin-key",
-        default=os.environ.get("FITBOX_ADMIN_KEY"),
-        help="an admin key for a box that is not this machine (FITBOX_ADMIN_KEY)",
+        "--admin-key", help="an admin key of a box that is not this machine (to mint the key)"
     )
     add_setting_flags(parser, "home")
 

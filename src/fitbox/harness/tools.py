@@ -20,6 +20,8 @@ Format = Literal["json", "yaml", "toml", "text"]
 NO_KEY = "fitbox"  # what a tool that insists on a key is given on the box itself
 KEY_ENV = "FITBOX_API_KEY"  # where a tool that reads its key from the environment finds it
 PROVIDER = "fitbox"  # the provider id fitbox's entries go under
+# the variables fitbox sets for a tool (never reads: they are no settings of fitbox's)
+HANDED_ENV = (KEY_ENV, "FITBOX_MODEL", "FITBOX_MODEL_WINDOW", "FITBOX_MODEL_OUTPUT")
 
 
 @dataclass(frozen=True)
