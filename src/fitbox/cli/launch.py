@@ -64,7 +64,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         const="",
         metavar="FILE",
-        help="merge into the tool's own file (or FILE), keeping yours, with a backup",
+        help="merge into the tool's own files (or FILE: its first file, the others beside "
+        "it), keeping yours, with a backup",
     )
     parser.add_argument("--force", action="store_true", help="replace entries that differ")
 

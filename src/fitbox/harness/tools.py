@@ -10,6 +10,7 @@ only ``fb_…`` values are read as keys).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -149,8 +150,8 @@ def _codex_launch(t: Target) -> Launch:
     m = t.default
     argv = ["codex", "-c", f'model_provider="{PROVIDER}"', "-m", m.name]
     argv += ["-c", f"model_context_window={m.window}"]
-    for k, v in _codex_provider(t).items():
-        argv += ["-c", f'model_providers.{PROVIDER}.{k}="{v}"']
+    for k, v in _codex_provider(t).items():  # each value TOML, as -c reads it
+        argv += ["-c", f"model_providers.{PROVIDER}.{k}={json.dumps(v)}"]
     return Launch(tuple(argv), {KEY_ENV: t.key} if t.key else {})
 
 
@@ -188,8 +189,6 @@ def _opencode_files(t: Target) -> tuple[ConfigFile, ...]:
 
 
 def _opencode_launch(t: Target) -> Launch:
-    import json
-
     inline = json.dumps(_opencode_config(t))
     return Launch(("opencode",), {"OPENCODE_CONFIG_CONTENT": inline})
 
