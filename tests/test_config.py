@@ -70,7 +70,7 @@ def test_the_settings_reference_is_what_the_generator_writes() -> None:
 def test_every_environment_variable_fitbox_reads_is_a_setting() -> None:
     """So every one is in the reference: a FITBOX_ name in src/ that the table lacks fails
     (but those fitbox sets for the tools it points at a box, harness/tools.py HANDED_ENV)."""
-    from fitbox.harness.tools import HANDED_ENV
+    from fitbox.harness.shapes import HANDED_ENV
 
     named = set()
     for path in (REPO / "src" / "fitbox").rglob("*.py"):

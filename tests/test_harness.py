@@ -19,7 +19,8 @@ from fitbox.harness import merge
 from fitbox.harness.blocks import NothingToWrite, config_block_text
 from fitbox.harness.limits import ModelLimits, Unplaceable, from_plan, output_limit
 from fitbox.harness.render import to_toml, to_yaml
-from fitbox.harness.tools import TOOLS, Target, UnknownTool, tool
+from fitbox.harness.shapes import Target
+from fitbox.harness.tools import TOOLS, UnknownTool, tool
 
 BASE = "http://127.0.0.1:8484"
 PLACED: dict[str, Any] = {

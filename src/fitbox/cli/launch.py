@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 from fitbox.cli.command import add_setting_flags
 from fitbox.config import Config
 from fitbox.harness import blocks, merge
-from fitbox.harness.tools import TOOLS, Target, Tool, UnknownTool, tool
+from fitbox.harness.shapes import Target, Tool
+from fitbox.harness.tools import TOOLS, UnknownTool, tool
 from fitbox.listening import published_url
 
 LAUNCH_HELP = "run a coding agent or chat tool pointed at this box (nothing of yours changed)"

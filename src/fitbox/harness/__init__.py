@@ -5,6 +5,7 @@ its key, each model's window and output limit) and where it is told it.
   or why it has none (a model that cannot be placed is named with the reason).
 - ``tools``: the table, one entry per tool: how it is pointed at an OpenAI- or
   Anthropic-shaped base (environment, inline config, flags) and its own config file.
+- ``shapes``: what an entry is made of (``Target``, ``ConfigFile``, ``Launch``, ``Tool``).
 - ``render``: JSON, a small YAML and a small TOML written from plain data.
 - ``blocks``: the block ``fitbox config TOOL`` prints (``config_block_text``, pure: the
   helper model calls it too) and what ``fitbox launch TOOL`` runs.

@@ -14,7 +14,8 @@ from typing import Any
 
 from fitbox.harness import render
 from fitbox.harness.limits import ModelLimits, Unplaceable, from_catalog_entry, from_plan
-from fitbox.harness.tools import ConfigFile, Target, Tool, tool
+from fitbox.harness.shapes import ConfigFile, Target, Tool
+from fitbox.harness.tools import tool
 
 
 class NothingToWrite(ValueError):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fitbox.harness import render
-from fitbox.harness.tools import ConfigFile
+from fitbox.harness.shapes import ConfigFile
 
 
 class MergeError(ValueError):
@@ -221,16 +221,23 @@ def _merge_entries(
             m.conflicts.append(
                 f"{where} (an entry of that name is there already, with other values)"
             )
+    return _spliced(lines, replace, items[-1][1] if items else end, appended)
+
+
+def _spliced(
+    lines: list[str], replace: dict[int, tuple[int, list[str]]], at: int, appended: list[str]
+) -> list[str]:
+    """``lines`` with each replaced item's lines swapped for fitbox's, and ``appended`` put
+    in at line ``at`` (after the list's last item)."""
     out: list[str] = []
     i = 0
-    last = items[-1][1] if items else end
     while i < len(lines):
         if i in replace:
             stop, text = replace[i]
             out += text
             i = stop
             continue
-        if i == last:
+        if i == at:
             out += appended
             appended = []
         out.append(lines[i])
