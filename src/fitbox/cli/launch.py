@@ -46,11 +46,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="the tool runs off the box: mint an inference key for it (implied by a --url "
         "that is not loopback)",
     )
-    parser.add_argument("--key", help="a key to give the tool instead of minting one")
-    parser.add_argument(
-        "--admin-key", help="an admin key of a box that is not this machine (to mint the key)"
-    )
-    add_setting_flags(parser, "home")
+    parser.add_argument("--tool-key", help="a key to give the tool instead of minting one")
+    add_setting_flags(parser, "home", "admin_key")  # --key: an admin key of a box elsewhere
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,8 +92,8 @@ def _ask(config: Config, args: argparse.Namespace, chosen: Tool) -> Pointed:
     url = (args.url or published_url(config.endpoint_file) or "").rstrip("/")
     if not url:
         raise Refused("no fitbox is answering here: start it (fitbox serve) or name it with --url")
-    admin = {"authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
-    reader = admin or ({"authorization": f"Bearer {args.key}"} if args.key else {})
+    admin = {"authorization": f"Bearer {config.admin_key}"} if config.admin_key else {}
+    reader = admin or ({"authorization": f"Bearer {args.tool_key}"} if args.tool_key else {})
     try:
         listing = httpx.get(f"{url}/v1/models", headers=reader, timeout=15)
         catalog: dict[str, Any] = listing.json()
@@ -114,7 +111,7 @@ def _ask(config: Config, args: argparse.Namespace, chosen: Tool) -> Pointed:
             if answer.status_code == 404 and _code(body) != "model_not_found":
                 continue  # a central: it plans nothing, its catalog says the windows
             if answer.status_code in (401, 403):
-                raise Refused(f"{url} refused its plan for {name}: {_message(body)} (--admin-key)")
+                raise Refused(f"{url} refused its plan for {name}: {_message(body)} (--key)")
             plans[name] = body
     except httpx.HTTPError as exc:
         raise Refused(f"cannot reach {url}: {exc}") from None
@@ -122,7 +119,7 @@ def _ask(config: Config, args: argparse.Namespace, chosen: Tool) -> Pointed:
     if not found.placed:
         said = "; ".join(f"{m.name}: {m.reason}" for m in found.left_out)
         raise Refused(f"no model to point {chosen.name} at: {said}")
-    key, minted = args.key, None
+    key, minted = args.tool_key, None
     if key is None and (args.remote or not _loopback(url)):
         variants = sorted({v for m in found.placed for v in (m.name, *m.variants)})
         minted = _mint(url, admin, chosen.name, variants)
@@ -158,7 +155,7 @@ def _mint(url: str, admin: dict[str, str], tool_name: str, models: list[str]) ->
     if answer.status_code >= 400 or "key" not in data:
         raise Refused(
             f"{url} did not make a key for {tool_name}: {_message(data)} "
-            "(an admin key with --admin-key, or give one with --key)"
+            "(an admin key with --key, or give the tool one with --tool-key)"
         )
     return data
 
