@@ -20,6 +20,7 @@ from fitbox.box.helper.answers import ConfigTarget
 from fitbox.box.helper.assist import commands, read_answer
 from fitbox.box.helper.menu import HELPER, Action, parse
 from fitbox.cli.plan import _print_plan
+from fitbox.harness.blocks import config_block_text
 
 from .support.boxes import actions
 from .support.clients import app_client, call_rows, make_key
@@ -190,9 +191,11 @@ def test_config_points_a_tool_at_the_box_with_the_plans_window(home: Path) -> No
         report = local.get("/v1/plan", params={"model": "tiny"}).json()
         assert report["decision"] == "place"
         block = ask(sdk(local), "5 aider tiny")
-        assert f"OPENAI_BASE_URL={BOX}/v1" in block and "OPENAI_MODEL=tiny" in block
-        assert f"tiny: context window {report['window']} tokens" in block
-        assert "no key needed" in block
+        # fitbox config's own block (fitbox.harness), the window from the plan
+        assert block == config_block_text("aider", ["tiny"], {"tiny": report}, BOX)
+        assert f'openai-api-base: "{BOX}/v1"' in block and 'model: "openai/tiny"' in block
+        assert f'"max_input_tokens": {report["window"]}' in block
+        assert 'openai-api-key: "fitbox"' in block  # no key needed from the box itself
         helper = local.app.state.helper  # type: ignore[attr-defined]
         seen: list[ConfigTarget] = []
 

@@ -20,6 +20,7 @@ FLOORS: dict[str, int] = {
     "fitbox.server": 3,
     "fitbox.box": 2,
     "fitbox.models": 1,
+    "fitbox.harness": 1,  # the tools pointed at a box (pure; the helper model's blocks too)
     "fitbox.probe": 1,
     "fitbox.engines": 1,
     "fitbox.store": 1,

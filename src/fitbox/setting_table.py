@@ -472,8 +472,9 @@ SETTINGS: tuple[Setting, ...] = (
         "admin_key",
         "FITBOX_KEY",
         "",
-        "an admin key the runtime commands (ps, load, unload, pin, logs, status) send to a "
-        "box elsewhere (--url); none is needed on the box itself",
+        "an admin key the runtime commands (ps, load, unload, pin, logs, status), and launch "
+        "and config minting a tool's key, send to a box elsewhere (--url); none is needed on "
+        "the box itself",
         flag="--key KEY",
         secret=True,
     ),

@@ -17,6 +17,7 @@ from fitbox.cli import (
     engines,
     install,
     keys,
+    launch,
     models,
     plan,
     pull,
@@ -48,6 +49,8 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("logs", runtime.LOGS_HELP, runtime.add_logs_arguments, runtime.run_logs),
     Command("status", runtime.STATUS_HELP, runtime.add_status_arguments, runtime.run_status),
+    Command("launch", launch.LAUNCH_HELP, launch.add_launch_arguments, launch.run_launch, True),
+    Command("config", launch.CONFIG_HELP, launch.add_config_arguments, launch.run_config),
     Command(
         "settings",
         settings_command.HELP,
@@ -67,7 +70,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    handed_on: list[str] = []
+    passing = {c.name for c in COMMANDS if c.passthrough}
+    if words[:1] and words[0] in passing and "--" in words:
+        at = words.index("--")
+        words, handed_on = words[:at], words[at + 1 :]
+    args = parser().parse_args(words)
+    if args.command in passing:
+        args.args = handed_on
     try:
         settings = config.load(overrides(args))
     except config.ConfigError as exc:

@@ -26,6 +26,7 @@ class Command:
     help: str
     add_arguments: AddArguments
     run: Run
+    passthrough: bool = False  # what follows ``--`` is not parsed: it is handed on as ``args``
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, *names: str) -> None:

@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect
 
 import fitbox
 from fitbox.box.box import Box
+from fitbox.box.helper.answers import tool_block
 from fitbox.box.helper.helper import Helper
 from fitbox.config import Config
 from fitbox.errors import FitboxError
@@ -92,10 +93,9 @@ async def _serving(
         pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)
     app.state.config, app.state.store, app.state.box = config, store, box
     app.state.metrics, app.state.mcp = Metrics(box, store), McpDoor()
-    # fitbox-helper's menus over the box (box/helper/). MERGE(launch): hand ``fitbox
-    # config``'s renderer in here as ``blocks=`` (box/helper/answers.py ConfigBlocks, its one
-    # call site); until then every tool gets the plain-env block
-    app.state.helper = Helper(box)
+    # fitbox-helper's menus over the box (box/helper/); its config menu answers with
+    # ``fitbox config``'s own block (box/helper/answers.py tool_block)
+    app.state.helper = Helper(box, blocks=tool_block)
     app.state.leaving = Leaving()  # told by `fitbox serve` when a stop signal comes
     app.state.started_at = time.time()  # /health's uptime
     app.state.identity = _identity(config, store, address)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from fitbox.config import SETTINGS
 from fitbox.errors import FitboxError
+from fitbox.harness.blocks import NothingToWrite, config_block_text
+from fitbox.harness.tools import UnknownTool
 from fitbox.units import format_bytes
 
 from ..planning import lines
@@ -44,9 +46,23 @@ class ConfigTarget:
     keyed: bool  # the caller sent a key: the tool needs one too
 
 
-# The one call site of a tool's config block: ``fitbox config``'s renderer (branch launch)
-# is wired in here at the merge. Until then every tool gets the plain-env block.
+# The one call site of a tool's config block: ``tool_block`` (``fitbox config``'s own
+# renderer) in the app, ``plain_env_block`` where no renderer is handed in.
 ConfigBlocks = Callable[[ConfigTarget], str]
+KEY_PLACEHOLDER = "<an inference key: fitbox keys create --scope inference>"
+
+
+def tool_block(target: ConfigTarget) -> str:
+    """The block ``fitbox config TOOL --model MODEL`` prints for this box and window
+    (fitbox.harness.blocks ``config_block_text``); a caller with a key is shown where the
+    tool's key goes, never a key."""
+    plan = {"decision": "place", "model": target.model, "window": target.window}
+    base = target.base_url.removesuffix("/").removesuffix("/v1")
+    key = KEY_PLACEHOLDER if target.keyed else None
+    try:
+        return config_block_text(target.tool, [target.model], {target.model: plan}, base, key)
+    except (UnknownTool, NothingToWrite) as exc:
+        return str(exc)
 
 
 def plain_env_block(target: ConfigTarget) -> str:
