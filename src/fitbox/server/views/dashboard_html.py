@@ -24,6 +24,11 @@ from .dashboard_cells import _share as _share
 from .dashboard_cells import _table as _table
 from .dashboard_cells import _when as _when
 
+# the buttons send the session's CSRF token in a header: a form cannot, so they need scripts
+NOSCRIPT = (
+    '<noscript><p class="muted">The buttons need JavaScript; everything else is here without '
+    "it (reload to see what changed).</p></noscript>"
+)
 BEAT_S = 5.0  # a quiet event stream's beat: a page that hears none for three shows it is cut
 
 
@@ -265,5 +270,6 @@ def page(view: View, csrf: str | None = None) -> str:
         "reconnecting…</div>"
         f"<h1>fitbox</h1>{dashboard_parts.signed_in(csrf)}"
         '<p id="action-result" aria-live="polite"></p>'
-        f"{main(view)}<script>{SCRIPT}</script></body></html>"
+        + (NOSCRIPT if view.admin else "")
+        + f"{main(view)}<script>{SCRIPT}</script></body></html>"
     )
