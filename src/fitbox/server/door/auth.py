@@ -81,7 +81,6 @@ class Access(StrEnum):
     INFERENCE = "inference"  # an inference or admin key, or none from the box or a trusted net
     READ = "read"  # telemetry and metrics: a read or admin key, or none from the box itself
     ADMIN = "admin"  # management: an admin key, or none from the box itself
-    BOX_ONLY = "box-only"  # the box itself only, whatever key comes (no route today)
     MCP = "mcp"  # a key from anywhere, or none from the box or a trusted net; then per tool
 
     @property
@@ -96,7 +95,6 @@ _WHO = {
     "trusted network",
     Access.READ: "the box itself, or a key with the read or admin scope",
     Access.ADMIN: "the box itself, or a key with the admin scope",
-    Access.BOX_ONLY: "the box itself only",
     Access.MCP: "a key, or none from the box itself or a trusted network",
 }
 # A path no route has still meets the door its family would (a read key probing an unknown
@@ -235,17 +233,6 @@ class _Caller:
     scheme: str  # the box's own, as the caller's browser saw it
 
 
-def _box_only(call: _Caller, gate: Gate) -> ApiKey | None:
-    if not call.origin.local:
-        raise PermissionDenied(
-            f"{call.path} is served to the box itself only: {call.origin.reason}.",
-            code="loopback_only",
-        )
-    if call.key is None:
-        check_browser(call.headers, call.method, gate.settings, call.scheme)
-    return call.key
-
-
 def _mcp(call: _Caller, gate: Gate) -> ApiKey | None:
     """Each tool is admitted again as the route it mirrors (views/mcp_tools.py)."""
     if call.key is not None:
@@ -330,7 +317,6 @@ def _admin(call: _Caller, gate: Gate) -> ApiKey | None:
 
 
 _RULES: dict[Access, Callable[[_Caller, Gate], ApiKey | None]] = {
-    Access.BOX_ONLY: _box_only,
     Access.MCP: _mcp,
     Access.INFERENCE: _inference,
     Access.READ: _read,

@@ -25,7 +25,8 @@ STYLE = (
     " #fff}.seg.starting{background:repeating-linear-gradient(45deg,#e96,#e96 6px,#eb8 6px,"
     "#eb8 12px);color:#000}.seg.stopping{background:#999}.muted{color:#777}"
     "#disconnected{position:sticky;top:0;background:#a00;color:#fff;padding:.4em .8em;"
-    "font-weight:bold}pre.log{font-size:.8em;background:#f6f6f6;padding:.4em;margin:.2em 0;"
+    "font-weight:bold}#disconnected a{color:#fff}pre.log{font-size:.8em;background:#f6f6f6;"
+    "padding:.4em;margin:.2em 0;"
     "max-width:95vw;overflow:auto}td button{font-size:.85em}form.inline{display:inline}"
     "#action-result{min-height:1.2em}"
 )

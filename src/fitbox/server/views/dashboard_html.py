@@ -267,7 +267,7 @@ def page(view: View, csrf: str | None = None) -> str:
         f"<!doctype html><html lang=en><meta charset=utf-8>{meta}<title>fitbox</title>"
         f'<style>{STYLE}</style><body data-counter="{view.counter}" data-beat="{BEAT_S:g}">'
         '<div id="disconnected" role="alert" hidden>disconnected: the box does not answer; '
-        "reconnecting…</div>"
+        'reconnecting… (after the box restarted, <a href="/login">sign in</a> again)</div>'
         f"<h1>fitbox</h1>{dashboard_parts.signed_in(csrf)}"
         '<p id="action-result" aria-live="polite"></p>'
         + (NOSCRIPT if view.admin else "")
