@@ -91,7 +91,7 @@ def _plans(box: Box) -> list[dict[str, Any]]:
         try:
             entry["plan"] = box.plan_for(artifact.name)
             entry["lines"] = planning.lines(entry["plan"])
-        except FitboxError as exc:
+        except (FitboxError, OSError, ValueError) as exc:  # a file gone or unreadable meanwhile
             entry["error"] = str(exc)
         entries.append(entry)
     return entries
