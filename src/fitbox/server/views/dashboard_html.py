@@ -8,9 +8,7 @@ bytes of its weights read of all of them, in words and a ``<progress>`` bar."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from fitbox.units import format_bytes
@@ -23,6 +21,8 @@ from .dashboard_cells import _ms as _ms
 from .dashboard_cells import _share as _share
 from .dashboard_cells import _table as _table
 from .dashboard_cells import _when as _when
+from .dashboard_view import DeviceView as DeviceView  # where callers find them
+from .dashboard_view import View as View
 
 # the buttons send the session's CSRF token in a header: a form cannot, so they need scripts
 NOSCRIPT = (
@@ -30,33 +30,6 @@ NOSCRIPT = (
     "it (reload to see what changed).</p></noscript>"
 )
 BEAT_S = 5.0  # a quiet event stream's beat: a page that hears none for three shows it is cut
-
-
-@dataclass(frozen=True)
-class DeviceView:
-    id: str
-    kind: str
-    capacity: int
-    simulated: bool
-    holders: Sequence[tuple[str, str, int]]  # (model, state, bytes)
-
-
-@dataclass(frozen=True)
-class View:
-    counter: int
-    devices: Sequence[DeviceView]
-    residents: Sequence[dict[str, Any]]
-    queue: Sequence[dict[str, Any]]
-    calls: Sequence[dict[str, Any]]
-    evictions: Sequence[dict[str, Any]]
-    refusals: Sequence[dict[str, Any]]
-    now: float = field(default_factory=time.time)
-    problems: Sequence[str] = ()  # what /health says to fix (the store's, store/db.py)
-    admin: bool = False  # the caller may act: the buttons are shown (a read key only looks)
-    catalog: Sequence[dict[str, Any]] = ()  # each model on disk and its plan (dashboard.py)
-    logs: Mapping[str, tuple[str, Sequence[str]]] = field(default_factory=dict)  # admin only
-    version: str = ""
-    started_at: float | None = None  # the server's start (wall clock): its uptime
 
 
 def devices(view: View) -> str:

@@ -8,14 +8,12 @@ an engine or a client chose is escaped here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fitbox.units import format_bytes
 
 from .dashboard_cells import _e, _table
-
-if TYPE_CHECKING:
-    from .dashboard_html import View
+from .dashboard_view import View
 
 
 def _ago(seconds: float) -> str:
