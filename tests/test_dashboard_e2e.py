@@ -168,13 +168,16 @@ def test_a_refusal_and_an_eviction_with_their_reasons(box: FitboxProcess, browse
     assert reason == "larger_than_box"
 
 
-def test_the_outside_needs_an_admin_key(box: FitboxProcess) -> None:
+def test_the_outside_needs_a_key(box: FitboxProcess) -> None:
     outside = httpx.HTTPTransport(local_address=CLIENT)
     with httpx.Client(transport=outside, timeout=30) as client:
         for path in ("/", "/dashboard/events"):
             refused = client.get(f"{box.url}{path}")
             assert refused.status_code == 401, path
             assert refused.json()["error"]["code"] == "missing_api_key"
+        # a browser (it asks for HTML) is sent to the sign-in form instead
+        sent = client.get(f"{box.url}/", headers={"Accept": "text/html"})
+        assert sent.status_code == 303 and sent.headers["location"] == "/login"
         box_key = (box.home / "box.key").read_text().strip()
         page = client.get(f"{box.url}/", headers={"Authorization": f"Bearer {box_key}"})
         assert page.status_code == 200 and "<h2>Residents</h2>" in page.text

@@ -118,3 +118,55 @@ def test_what_health_says_to_fix_is_on_the_dashboard_and_escaped() -> None:
     text = dashboard_html.main(view(problems=[problem]))
     assert "Problems" in text and "/home/&lt;x&gt;/fitbox.sqlite3 was deleted" in text
     assert "Problems" not in dashboard_html.main(view())
+
+
+EVIL = '"><script>alert(1)</script>\n<img src=x>'
+
+
+def catalog_entry() -> dict[str, Any]:
+    plan = {"decision": "place", "rung": "gpu-only", "window": 4096}
+    plan["devices"] = [{"device": "gpu0", "total_bytes": 1 << 30}]
+    return {"model": "m", "state": "unloaded", "plan": plan, "lines": ["m: place", "  why"]}
+
+
+def test_the_catalog_says_each_model_s_plan_and_only_an_admin_gets_buttons() -> None:
+    failed = {"model": EVIL, "state": "failed", "error": EVIL}
+    shown = dashboard_html.main(view(catalog=[catalog_entry(), failed], admin=True))
+    assert "Models on disk" in shown and "1.00 GiB" in shown and "gpu-only" in shown
+    buttons = [(a["data-action"], a["data-model"]) for t, a in parsed(shown) if t == "button"]
+    assert buttons == [("load", "m"), ("pin", "m"), ("clear-failed", EVIL)]
+    assert "<script" not in shown and "<img" not in shown and "\n" not in shown
+    looked = dashboard_html.main(view(catalog=[catalog_entry(), failed], residents=[resident()]))
+    assert "<button" not in looked and "Models on disk" in looked  # a read key only looks
+    acted = dashboard_html.main(view(residents=[resident(pinned=True)], admin=True))
+    assert [a["data-action"] for t, a in parsed(acted) if t == "button"] == ["unload", "unpin"]
+
+
+def test_countdowns_idle_times_and_uptime_are_served_with_their_times() -> None:
+    queued = [{"call_id": 3, "model": "m", "since": 990.0, "deadline": 1030.0}]
+    idle = resident(idle_for_s=75.0)
+    text = dashboard_html.main(
+        view(queue=queued, residents=[idle], version="1.2.3", started_at=400.0)
+    )
+    tags = parsed(text)
+    assert ("span", {"data-deadline": "1030.000"}) in tags and "30 s" in text
+    assert ("span", {"class": "idle", "data-since": "925.000"}) in tags and "75 s" in text
+    assert "1.2.3" in text and ("span", {"class": "uptime", "data-since": "400.000"}) in tags
+    assert 'data-now="1000.000"' in text  # the box's clock: the page corrects for its own
+
+
+def test_engine_log_lines_are_an_admin_s_and_escaped() -> None:
+    logs = {"m": ("m-1.log", ["listening on http://127.0.0.1:1234", EVIL])}
+    shown = dashboard_html.main(view(logs=logs, admin=True))
+    assert "Engine logs" in shown and "listening on http://127.0.0.1:1234" in shown
+    assert "<script" not in shown and 'href="/v1/logs/m-1.log"' in shown
+    assert "Engine logs" not in dashboard_html.main(view(logs=logs))
+
+
+def test_the_page_holds_the_csrf_token_and_a_hidden_disconnected_banner() -> None:
+    page = dashboard_html.page(view(), csrf='t"<')
+    tags = parsed(page)
+    assert ("meta", {"name": "csrf-token", "content": 't"<'}) in tags
+    assert ("div", {"id": "disconnected", "role": "alert", "hidden": None}) in tags
+    assert ("input", {"type": "hidden", "name": "csrf", "value": 't"<'}) in tags
+    assert '<meta name="csrf-token"' not in dashboard_html.page(view())  # the box itself

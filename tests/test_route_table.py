@@ -14,7 +14,7 @@ from starlette.routing import BaseRoute, Route
 from fitbox.central.app import ROUTES as CENTRAL_ROUTES
 from fitbox.engines import llama_server, tf
 from fitbox.server.door.auth import Access
-from fitbox.server.routes import ACCESS, ENDPOINTS, PATHS, ROUTES, Endpoint
+from fitbox.server.routes import ACCESS, ENDPOINTS, PATHS, ROUTES, SESSION_ROUTES, Endpoint
 from fitbox.server.views.mcp_tools import MIRRORED, build
 from fitbox.server.views.openapi import spec
 
@@ -73,7 +73,9 @@ def test_the_door_and_the_document_read_the_table() -> None:
         for method, op in entry.ops.items():
             operation = PATHS[entry.doc_path][method]
             assert operation["summary"] == op.summary
-            assert operation["description"] == f"Access: {op.who or entry.access.who}."
+            assert operation["description"] == f"Access: {op.who or entry.who}."
+        # a signed-in browser's cookie counts exactly where the table says, as it says
+        assert SESSION_ROUTES(concrete) is entry.session, entry.path
     # entries of one path agree on who may call it (the door decides by path)
     by_path: dict[str, set[Access]] = {}
     for entry in ENDPOINTS:

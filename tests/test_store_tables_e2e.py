@@ -184,7 +184,7 @@ def test_tables_and_rows_are_read_only_and_withhold_secrets(tmp_path: Path) -> N
         assert refused.status_code == 401  # a read key, or the box itself
 
 
-def test_the_calls_page_is_for_the_box_itself(
+def test_the_calls_page_is_for_the_box_itself_and_admin_keys(
     tmp_path: Path, smollm2: Path, llama_server_bin: Path
 ) -> None:
     with running_fitbox(tmp_path / "home", [smollm2.parent]) as box:
@@ -201,12 +201,15 @@ def test_the_calls_page_is_for_the_box_itself(
         page = httpx.get(f"{box.url}/calls")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "smollm2" in page.text and "ram-only" in page.text
+        box_key = (box.home / "box.key").read_text().strip()
         with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3")) as outside:
             refused = outside.get(f"{box.url}/calls")
-        assert refused.status_code == 403
-        assert refused.json()["error"]["code"] == "loopback_only"
+            admin = outside.get(f"{box.url}/calls", headers={"Authorization": f"Bearer {box_key}"})
+        assert refused.status_code == 401  # another machine needs an admin key (or session)
+        assert refused.json()["error"]["code"] == "missing_api_key"
+        assert admin.status_code == 200 and "smollm2" in admin.text
         forwarded = httpx.get(f"{box.url}/calls", headers={"X-Forwarded-For": "203.0.113.9"})
-        assert forwarded.status_code == 403  # a forwarded request is never the box itself
+        assert forwarded.status_code == 401  # a forwarded request is never the box itself
 
 
 def test_a_process_appearing_on_or_leaving_a_gpu_is_an_event(

@@ -28,7 +28,7 @@ from fitbox.server.door import cors, errors
 from fitbox.server.door.auth import AuthMiddleware, Gate, TrustSettings
 from fitbox.server.door.timing import ServerTimingMiddleware
 from fitbox.server.manage import box_identity, joining, telemetry
-from fitbox.server.routes import ACCESS, ROUTES
+from fitbox.server.routes import ACCESS, ROUTES, SESSION_ROUTES
 from fitbox.server.views.leaving import Leaving
 from fitbox.server.views.mcp_tools import McpDoor
 from fitbox.server.views.metrics import Metrics
@@ -88,6 +88,7 @@ async def _serving(
         KeyChecker(config.store_path, config.box_key_file),
         config.require_keys,
         ACCESS,
+        SESSION_ROUTES,
     )
     async with anyio.create_task_group():
         pass  # imports anyio's backend now, not inside the first streamed reply (~0.4 s)

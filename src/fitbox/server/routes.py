@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from fitbox.server.door.auth import Access, AccessMap
 from fitbox.server.inference import models, openai
 from fitbox.server.manage import facts, logs, manage, operate, settings, telemetry, transfer
-from fitbox.server.views import calls_page, openapi
+from fitbox.server.views import calls_page, login, openapi
 from fitbox.server.views.dashboard import dashboard, events
 from fitbox.server.views.mcp_tools import door
 from fitbox.server.views.metrics import scrape
@@ -79,8 +79,11 @@ INFERENCE, READ, ADMIN = Access.INFERENCE, Access.READ, Access.ADMIN
 class Endpoint:
     """One route: ``path`` (Starlette's syntax), its handler, who may call it, an operation
     per method (the methods it answers), the engine route it reaches (None: the box answers
-    it), and whether it is plain JSON over HTTP (MCP and the dashboard's event stream are
-    not: they are documented, not fuzzed as JSON)."""
+    it), whether it is plain JSON over HTTP (MCP, the dashboard's event stream and its
+    sign-in are not: they are documented, not fuzzed as JSON), and, where a signed-in
+    browser's session cookie is a credential on it (server/door/sessions.py: the dashboard's
+    pages and the routes its buttons and links call), the class its session's key must meet
+    there (READ: a read key's session views the dashboard; ADMIN: it acts)."""
 
     path: str
     handler: Handler | Forwarding
@@ -88,6 +91,7 @@ class Endpoint:
     ops: Mapping[str, Op]
     engine: str | None = None
     json_api: bool = True
+    session: Access | None = None
 
     @property
     def methods(self) -> list[str]:
@@ -100,7 +104,10 @@ class Endpoint:
 
     @property
     def who(self) -> str:
-        return self.access.who
+        if self.session is None:
+            return self.access.who
+        scopes = "an admin" if self.session is Access.ADMIN else "a read or admin"
+        return f"{self.access.who}; or a browser signed in at /login with {scopes} key"
 
 
 async def openapi_json(request: Request) -> Response:
@@ -180,18 +187,28 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/v1/telemetry/scout", telemetry.scout_findings, READ, {
         "get": Op("The newest findings of `fitbox scout`: path, what led to it, live or "
                   "historical, servable once its header was read", params=SCOUT)}),
-    Endpoint("/calls", calls_page.calls_page, Access.BOX_ONLY, {
-        "get": Op("An HTML page of the latest calls")}),
+    Endpoint("/calls", calls_page.calls_page, ADMIN, {
+        "get": Op("An HTML page of the latest calls")}, session=ADMIN),
     Endpoint("/metrics", scrape, READ, {
         "get": Op("Prometheus text: calls, errors, tokens and times per model, devices, "
                   "loads, evictions, refusals, estimate errors, the build and the process, "
                   "and each child's llamacpp:* as llamacpp_* with a model label")}),
     Endpoint("/", dashboard, ADMIN, {
-        "get": Op("The live dashboard (HTML; whole with JavaScript off)")}),
+        "get": Op("The live dashboard (HTML; whole with JavaScript off); a browser that has "
+                  "not signed in is sent to /login")}, session=READ),
     Endpoint("/dashboard/events", events, ADMIN, {
         "get": Op("The dashboard's updates: an SSE event with the re-rendered page body on "
-                  "each change, nothing between", params=SINCE)},
-        json_api=False),
+                  "each change, a beat event between", params=SINCE)},
+        json_api=False, session=READ),
+    Endpoint("/login", login.login_form, Access.OPEN, {
+        "get": Op("The dashboard's sign-in form (HTML)")}, json_api=False),
+    Endpoint("/login", login.login, Access.OPEN, {
+        "post": Op("Sign in with a read or admin key (form field key): 303 to / with a "
+                   "session cookie (HttpOnly, SameSite=Strict), or the form again, 401",
+                   ok=(303,))}, json_api=False),
+    Endpoint("/logout", login.logout, Access.OPEN, {
+        "post": Op("Sign out: the session ends (form field csrf, or X-CSRF-Token); 303 to "
+                   "/login", ok=(303,))}, json_api=False),
     # stateless: no session to end (DELETE) and no server events to stream (GET), so those
     # are 405, as the MCP spec allows, not a stream that never sends anything
     Endpoint("/mcp", door, Access.MCP, {
@@ -229,7 +246,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "post": Op("Operator action, recorded. reap-to-fit takes bytes (to free on the worker "
                    "drive), refresh-models nothing, pull-model a model (box://HOST:PORT/MODEL) "
                    "and a source_key, every other action a model", OPERATOR_BODY, ACTION,
-                   body_optional=True)}),
+                   body_optional=True)}, session=ADMIN),
     Endpoint("/openapi.json", openapi_json, Access.OPEN, {
         "get": Op("This document")}),
     Endpoint("/v1/transfer/{model}/manifest", transfer.manifest, ADMIN, {
@@ -250,11 +267,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                    "speeds_measured_by) until this box measures its own", FACTS_BODY)}),
     Endpoint("/v1/logs", logs.list_logs, ADMIN, {
         "get": Op("The engine children's log files (one per launch), newest first: name, "
-                  "model, bytes, modified_at, running")}),
+                  "model, bytes, modified_at, running")}, session=ADMIN),
     Endpoint("/v1/logs/{name}", logs.read_log, ADMIN, {
         "get": Op("One child log as text: its last ?tail= lines (200), or from byte ?offset= "
                   "on (a follower's next read: x-fitbox-log-offset), 4 MiB at most",
-                  params=LOG_READ)}),
+                  params=LOG_READ)}, session=ADMIN),
     Endpoint("/v1/keys", manage.list_keys, ADMIN, {
         "get": Op("API keys, without secrets")}),
     Endpoint("/v1/keys", manage.create_key, ADMIN, {
@@ -317,6 +334,28 @@ ROUTES = _routes(ENDPOINTS)
 ACCESS = AccessMap((e.path, e.access) for e in ENDPOINTS)
 PATHS = openapi.paths(ENDPOINTS)
 OTHER_PROTOCOLS = frozenset(e.doc_path for e in ENDPOINTS if not e.json_api)
+
+
+class _SessionRoutes:
+    """The class a session's key must meet on a path (None: the cookie is no credential
+    there): an exact path of an entry with ``session``, or a templated one's
+    (``/v1/logs/{name}``) by its prefix."""
+
+    def __init__(self, endpoints: tuple[Endpoint, ...]) -> None:
+        marked = [(e.path, e.session) for e in endpoints if e.session is not None]
+        self.exact = {path: access for path, access in marked if "{" not in path}
+        self.prefixes = [
+            (path[: path.index("{")], access) for path, access in marked if "{" in path
+        ]
+
+    def __call__(self, path: str) -> Access | None:
+        found = self.exact.get(path)
+        if found is not None:
+            return found
+        return next((access for prefix, access in self.prefixes if path.startswith(prefix)), None)
+
+
+SESSION_ROUTES = _SessionRoutes(ENDPOINTS)
 
 
 def is_inference(path: str) -> bool:

@@ -271,6 +271,30 @@ class KeyChecker:
             self._revoked.add(key.key_id)
         return key if key.active(now if now is not None else time.time()) else None
 
+    def current(self, key_id: str, now: float | None = None) -> ApiKey | None:
+        """The record of ``key_id`` while it is live (not revoked, not expired), else None: a
+        dashboard session's key, proven once at sign-in, asked again on each use. While the
+        store cannot be read, only the box key's id answers (and only while its file holds
+        it), as ``verify`` lets only the box key in then."""
+        row = self._lookup(key_id)
+        if row is _UNREADABLE:
+            return self._box_key_by_id(key_id)
+        if not row:
+            return None
+        key = _row(row)
+        return key if key.active(now if now is not None else time.time()) else None
+
+    def _box_key_by_id(self, key_id: str) -> ApiKey | None:
+        if self._box_key_file is None or key_id in self._revoked:
+            return None
+        try:
+            match = _KEY.match(self._box_key_file.read_text().strip())
+        except OSError:
+            return None
+        if not match or not hmac.compare_digest(match.group(1), key_id):
+            return None
+        return ApiKey(key_id, "box key", ("admin",), None, LONG_AGO, None, None, True)
+
     def _box_key(self, presented: str) -> ApiKey | None:
         """The box key, when ``presented`` is the one in its file (and not seen revoked)."""
         if self._box_key_file is None:

@@ -23,7 +23,15 @@ Each route of the table (server/routes.py) names its access class (``Access``); 
   an origin the operator listed in FITBOX_CORS_ORIGINS. Another page's form or fetch (a
   CORS-simple ``text/plain`` POST needs no preflight) would otherwise load models and evict
   the operator's, or change the box.
-- `/calls` is for the box itself only, key or not (a loopback peer, the same Host rule).
+- `/calls` is management too (the box itself, or an admin key, from anywhere).
+- A browser signs in once at /login with a read or admin key and carries a session cookie
+  after (server/door/sessions.py): on the routes the table gives a ``session`` class (the
+  dashboard, /calls, and the operator actions and logs its buttons call) the cookie stands
+  for that key, re-checked against the store on each use, and meets that class (READ on
+  the dashboard's page and events: a read key's session views it; ADMIN elsewhere); a
+  state-changing call with it must carry the session's CSRF token, and its Origin, if
+  sent, must be the box's own. Elsewhere the cookie is no credential. A presented key wins
+  over a cookie.
 - `/health` is open. A presented fitbox key (``fb_…``) that is not valid is refused even
   where no key is needed: a client that sends a revoked key should hear about it. Any other
   bearer value (OpenAI SDKs insist on *some* api_key: "sk-no-key", "unused") is no key.
@@ -42,10 +50,11 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from starlette.requests import Request
+from starlette.responses import RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fitbox.errors import AuthenticationFailed, FitboxError, PermissionDenied
@@ -57,6 +66,7 @@ from fitbox.server.door.browser import (
     served_scheme,
 )
 from fitbox.server.door.errors import INSIDER, error_response
+from fitbox.server.door.sessions import CSRF_HEADER, Session, Sessions, check_csrf, cookie_value
 from fitbox.server.door.trust import Origin
 from fitbox.server.door.trust import TrustSettings as TrustSettings  # where callers find it
 from fitbox.server.door.trust import origin_of as origin_of
@@ -71,7 +81,6 @@ class Access(StrEnum):
     INFERENCE = "inference"  # an inference or admin key, or none from the box or a trusted net
     READ = "read"  # telemetry and metrics: a read or admin key, or none from the box itself
     ADMIN = "admin"  # management: an admin key, or none from the box itself
-    BOX_ONLY = "box-only"  # the box itself only, whatever key comes (/calls)
     MCP = "mcp"  # a key from anywhere, or none from the box or a trusted net; then per tool
 
     @property
@@ -86,7 +95,6 @@ _WHO = {
     "trusted network",
     Access.READ: "the box itself, or a key with the read or admin scope",
     Access.ADMIN: "the box itself, or a key with the admin scope",
-    Access.BOX_ONLY: "the box itself only",
     Access.MCP: "a key, or none from the box itself or a trusted network",
 }
 # A path no route has still meets the door its family would (a read key probing an unknown
@@ -123,12 +131,20 @@ class AccessMap:
         return Access.ADMIN if path.startswith("/v1") else None
 
 
+def _no_sessions(path: str) -> Access | None:
+    return None
+
+
 @dataclass
 class Gate:
     settings: TrustSettings
     checker: KeyChecker
     require_keys: bool
     access: Callable[[str], Access | None]  # a path's access class (server/routes.py ACCESS)
+    # the class a session's key meets on a path, None where a session cookie is no
+    # credential (server/routes.py SESSION_ROUTES)
+    session_routes: Callable[[str], Access | None] = _no_sessions
+    sessions: Sessions = field(default_factory=Sessions)
 
 
 def presented_key(headers: dict[str, str]) -> str | None:
@@ -154,6 +170,25 @@ async def verified(gate: Gate, path: str, headers: dict[str, str]) -> Verify:
     return lambda _presented, _now: found
 
 
+async def signed_in(
+    gate: Gate, path: str, headers: dict[str, str]
+) -> tuple[Session, ApiKey] | None:
+    """The session a browser's cookie names and its key, read again from the store (off the
+    loop, within the store's bound), on a route that takes a cookie and when no key was
+    presented; None otherwise. A session whose key is gone (revoked, expired) ends here."""
+    if presented_key(headers) is not None or gate.session_routes(path) is None:
+        return None
+    session = gate.sessions.find(cookie_value(headers))
+    if session is None:
+        return None
+    check = functools.partial(gate.checker.current, session.key_id, time.time())
+    key = await bounded(check, gate.checker.path, "check the session's key")
+    if key is None:
+        gate.sessions.close(session.id)
+        return None
+    return session, key
+
+
 def admit(
     path: str,
     peer: str | None,
@@ -163,12 +198,15 @@ def admit(
     origin: Origin | None = None,
     scheme: str = "http",
     verify: Verify | None = None,
+    session_key: ApiKey | None = None,
 ) -> ApiKey | None:
     """The key the call runs under (None when trust alone admits it); raises if refused.
     ``origin``: the caller's, when the door has classified it already (once per request);
     ``scheme``: the one the request reached this server on (the ASGI scope's); ``verify``:
     the presented key's check, when it was made already (off the loop: ``verified``), else
-    ``gate.checker.verify``."""
+    ``gate.checker.verify``; ``session_key``: a signed-in browser's key (``signed_in``; its
+    CSRF token checked already), which meets the Origin rule as a keyless call does, and
+    the route's session class."""
     access = gate.access(path)
     if access is None or access is Access.OPEN:
         return None
@@ -176,8 +214,11 @@ def admit(
     key = (verify or gate.checker.verify)(presented, time.time()) if presented else None
     if presented and key is None:
         raise AuthenticationFailed("The API key is not valid: unknown, revoked or expired.")
-    origin = origin or origin_of(peer, headers, gate.settings)
     served = served_scheme(scheme, peer, headers, gate.settings)
+    if key is None and session_key is not None:
+        check_origin(headers, method, gate.settings, served)
+        key, access = session_key, gate.session_routes(path) or access
+    origin = origin or origin_of(peer, headers, gate.settings)
     call = _Caller(path, key, origin, headers, method, served)
     return _RULES[access](call, gate)
 
@@ -190,17 +231,6 @@ class _Caller:
     headers: dict[str, str]
     method: str
     scheme: str  # the box's own, as the caller's browser saw it
-
-
-def _box_only(call: _Caller, gate: Gate) -> ApiKey | None:
-    if not call.origin.local:
-        raise PermissionDenied(
-            f"{call.path} is served to the box itself only: {call.origin.reason}.",
-            code="loopback_only",
-        )
-    if call.key is None:
-        check_browser(call.headers, call.method, gate.settings, call.scheme)
-    return call.key
 
 
 def _mcp(call: _Caller, gate: Gate) -> ApiKey | None:
@@ -287,7 +317,6 @@ def _admin(call: _Caller, gate: Gate) -> ApiKey | None:
 
 
 _RULES: dict[Access, Callable[[_Caller, Gate], ApiKey | None]] = {
-    Access.BOX_ONLY: _box_only,
     Access.MCP: _mcp,
     Access.INFERENCE: _inference,
     Access.READ: _read,
@@ -318,18 +347,42 @@ class AuthMiddleware:
             client = scope.get("client")
             peer = client[0] if client else None
             origin = origin_of(peer, headers, gate.settings)  # once: the check and insider
+            method, path = scope.get("method", "GET"), scope["path"]
             try:
-                method = scope.get("method", "GET")
                 scheme = scope.get("scheme", "http")
-                verify = await verified(gate, scope["path"], headers)
-                key = admit(scope["path"], peer, headers, gate, method, origin, scheme, verify)
+                verify = await verified(gate, path, headers)
+                signed = await signed_in(gate, path, headers)
+                if signed is not None:
+                    check_csrf(signed[0], headers.get(CSRF_HEADER), method)
+                session_key = signed[1] if signed else None
+                key = admit(path, peer, headers, gate, method, origin, scheme, verify, session_key)
             except FitboxError as exc:
-                await error_response(exc)(scope, receive, send)
+                await _refused(exc, method, path, headers)(scope, receive, send)
                 return
             state = scope.setdefault("state", {})
             state["api_key"] = key
+            state["session"] = signed[0] if signed else None
             state[INSIDER] = insider(key, origin, names_box(headers, gate.settings))
         await self.app(scope, receive, send)
+
+
+# pages a person opens in a browser: one who has not signed in is sent to the sign-in form
+_PAGES = frozenset({"/", "/calls"})
+
+
+def _refused(exc: FitboxError, method: str, path: str, headers: dict[str, str]) -> ASGIApp:
+    """The door's refusal: an error body, or, for a browser (it accepts HTML) that has not
+    signed in and asked for a page, a redirect to the sign-in form."""
+    page = method in ("GET", "HEAD") and path in _PAGES
+    if isinstance(exc, AuthenticationFailed) and page and "text/html" in headers.get("accept", ""):
+        return RedirectResponse("/login", status_code=303, headers={"cache-control": "no-store"})
+    return error_response(exc)
+
+
+def session_of(request: Request) -> Session | None:
+    """The signed-in browser's session the door admitted the call under, if any."""
+    found = getattr(request.state, "session", None)
+    return found if isinstance(found, Session) else None
 
 
 def is_insider(request: Request) -> bool:

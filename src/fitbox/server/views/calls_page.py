@@ -1,8 +1,7 @@
-"""GET /calls: a read-only HTML page of the latest calls, for the box itself only.
-
-It is not under /v1: no key opens it. Only a peer that is the box itself (loopback, or the
-address fitbox listens on, with no untrusted forwarding) gets it, under a Host naming the
-box; anyone else gets a 403 OpenAI error body from the door (server/door/auth.py: BOX_ONLY)."""
+"""GET /calls: a read-only HTML page of the latest calls, for management: the box itself
+(under a Host naming the box), an admin key from anywhere, or a browser signed in with one
+at /login (server/door/auth.py: ADMIN, and a session route). Anyone else gets the door's
+OpenAI error body (a browser that has not signed in is sent to /login)."""
 
 from __future__ import annotations
 

@@ -8,93 +8,28 @@ bytes of its weights read of all of them, in words and a ``<progress>`` bar."""
 
 from __future__ import annotations
 
-import html
-import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from fitbox.units import format_bytes
 
-STYLE = (
-    "body{font:14px system-ui,sans-serif;margin:1.2em;color:#222}h1{font-size:1.3em}"
-    "h2{font-size:1.05em;margin:1.2em 0 .4em}table{border-collapse:collapse}"
-    "td,th{padding:.2em .6em;border-bottom:1px solid #ddd;text-align:left;white-space:nowrap}"
-    ".num{text-align:right}.error{color:#a00}.bar{display:flex;width:40em;max-width:95vw;"
-    "height:1.4em;background:#eee;border:1px solid #bbb}.seg{background:#4a8;color:#fff;"
-    "overflow:hidden;white-space:nowrap;font-size:.8em;padding:0 .3em;border-right:1px solid"
-    " #fff}.seg.starting{background:repeating-linear-gradient(45deg,#e96,#e96 6px,#eb8 6px,"
-    "#eb8 12px);color:#000}.seg.stopping{background:#999}.muted{color:#777}"
+from . import dashboard_parts
+from .dashboard_assets import SCRIPT as SCRIPT
+from .dashboard_assets import STYLE as STYLE  # where the central's page finds it
+from .dashboard_cells import _e as _e
+from .dashboard_cells import _ms as _ms
+from .dashboard_cells import _share as _share
+from .dashboard_cells import _table as _table
+from .dashboard_cells import _when as _when
+from .dashboard_view import DeviceView as DeviceView  # where callers find them
+from .dashboard_view import View as View
+
+# the buttons send the session's CSRF token in a header: a form cannot, so they need scripts
+NOSCRIPT = (
+    '<noscript><p class="muted">The buttons need JavaScript; everything else is here without '
+    "it (reload to see what changed).</p></noscript>"
 )
-SCRIPT = """
-const events = new EventSource("/dashboard/events?since=" + document.body.dataset.counter);
-events.addEventListener("update", (e) => {
-  const main = document.querySelector("main");
-  main.outerHTML = e.data;
-  document.body.dataset.counter = document.querySelector("main").dataset.counter;
-});
-setInterval(() => {
-  for (const el of document.querySelectorAll("[data-loading-since]")) {
-    const s = Date.now() / 1000 - Number(el.dataset.loadingSince);
-    el.textContent = "loading for " + Math.max(0, s).toFixed(0) + " s";
-  }
-}, 1000);
-"""
-
-
-@dataclass(frozen=True)
-class DeviceView:
-    id: str
-    kind: str
-    capacity: int
-    simulated: bool
-    holders: Sequence[tuple[str, str, int]]  # (model, state, bytes)
-
-
-@dataclass(frozen=True)
-class View:
-    counter: int
-    devices: Sequence[DeviceView]
-    residents: Sequence[dict[str, Any]]
-    queue: Sequence[dict[str, Any]]
-    calls: Sequence[dict[str, Any]]
-    evictions: Sequence[dict[str, Any]]
-    refusals: Sequence[dict[str, Any]]
-    now: float = field(default_factory=time.time)
-    problems: Sequence[str] = ()  # what /health says to fix (the store's, store/db.py)
-
-
-def _e(value: Any) -> str:
-    """Escaped for text and attributes; line breaks as references, so a fragment is one line
-    (an SSE data line cannot carry a raw one)."""
-    text = html.escape("" if value is None else str(value))
-    return text.replace("\r", "&#13;").replace("\n", "&#10;")
-
-
-def _table(
-    heads: Sequence[str], rows: Iterable[Sequence[str]], empty: str, css: Sequence[str] = ()
-) -> str:
-    """Cells are HTML already escaped; ``css`` names a class per row (or "")."""
-    body = [
-        f"<tr{f' class={c!r}' if c else ''}>{''.join(f'<td>{cell}</td>' for cell in row)}</tr>"
-        for row, c in zip(rows, [*css, *([""] * 10_000)], strict=False)
-    ]
-    if not body:
-        return f'<p class="muted">{_e(empty)}</p>'
-    head = "".join(f"<th>{_e(h)}</th>" for h in heads)
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
-
-
-def _ms(start: Any, end: Any) -> str:
-    return f"{(end - start) * 1000:.0f} ms" if start and end else ""
-
-
-def _when(stamp: Any) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(stamp)) if stamp else ""
-
-
-def _share(size: int, capacity: int) -> str:
-    return f"{min(100 * size / max(capacity, 1), 100):.2f}%"
+BEAT_S = 5.0  # a quiet event stream's beat: a page that hears none for three shows it is cut
 
 
 def devices(view: View) -> str:
@@ -131,37 +66,46 @@ def _loaded(resident: dict[str, Any]) -> str:
     )
 
 
-def residents(view: View) -> str:
-    rows, css = [], []
-    for r in view.residents:
-        state = _e(r["state"])
-        if r["state"] == "starting" and r.get("load_started_at"):
-            since = r["load_started_at"]
-            state = (
-                f'<span data-loading-since="{since:.3f}">loading for '
-                f"{max(view.now - since, 0):.0f} s</span>{_loaded(r)}"
-            )
-        rows.append(
-            [
-                _e(r["model"]),
-                state,
-                _e(r["device"]),
-                _e(r["rung"]),
-                _e(r["window"]),
-                _e(format_bytes(r["bytes"])),
-                _e(r["basis"]),
-                _e(r["calls"]),
-                _e("yes" if r["pinned"] else ""),
-                _e(r["load_seconds"] and f"{r['load_seconds']:.1f} s"),
-            ]
+def _resident_row(r: dict[str, Any], view: View) -> list[str]:
+    state = _e(r["state"])
+    if r["state"] == "starting" and r.get("load_started_at"):
+        since = r["load_started_at"]
+        state = (
+            f'<span data-loading-since="{since:.3f}">loading for '
+            f"{max(view.now - since, 0):.0f} s</span>{_loaded(r)}"
         )
-        css.append(f"resident {r['state']}")
-    return "<h2>Residents</h2>" + _table(
-        ["model", "state", "device", "rung", "window", "bytes", "basis", "calls", "pinned", "load"],
-        rows,
-        "Nothing is loaded.",
-        css,
-    )
+    row = [
+        _e(r["model"]),
+        state,
+        _e(r["device"]),
+        _e(r["rung"]),
+        _e(r["window"]),
+        _e(format_bytes(r["bytes"])),
+        _e(r["basis"]),
+        _e(r["calls"]),
+        _e("yes" if r["pinned"] else ""),
+        _e(r["load_seconds"] and f"{r['load_seconds']:.1f} s"),
+        dashboard_parts.idle(r, view.now),
+    ]
+    if view.admin:
+        pin = "unpin" if r["pinned"] else "pin"
+        row.append(dashboard_parts.buttons(r["model"], ("unload", pin)))
+    return row
+
+
+def residents(view: View) -> str:
+    rows = [_resident_row(r, view) for r in view.residents]
+    css = [f"resident {r['state']}" for r in view.residents]
+    heads = ["model", "state", "device", "rung", "window", "bytes", "basis", "calls", "pinned"]
+    heads += ["load", "idle", *(["actions"] if view.admin else [])]
+    return "<h2>Residents</h2>" + _table(heads, rows, "Nothing is loaded.", css)
+
+
+def _gives_up_in(deadline: float | None, now: float) -> str:
+    """The seconds left, as served; the page's script counts them down from ``deadline``."""
+    if not deadline:
+        return ""
+    return f'<span data-deadline="{deadline:.3f}">{max(deadline - now, 0):.0f} s</span>'
 
 
 def queue(view: View) -> str:
@@ -170,7 +114,7 @@ def queue(view: View) -> str:
             _e(w.get("call_id")),
             _e(w.get("model")),
             _e(_when(w.get("since"))),
-            _e(f"{max(w['deadline'] - view.now, 0):.0f} s" if w.get("deadline") else ""),
+            _gives_up_in(w.get("deadline"), view.now),
             _e(", ".join(w.get("blocked_by") or [])),
         ]
         for w in view.queue
@@ -269,17 +213,36 @@ def problems_list(problems: Sequence[str]) -> str:
 
 def main(view: View) -> str:
     """The part the server re-sends over SSE on each change."""
-    sections = (problems, devices, residents, queue, calls, evictions, refusals)
+    sections = (
+        dashboard_parts.about,
+        problems,
+        devices,
+        residents,
+        dashboard_parts.engine_logs,
+        queue,
+        dashboard_parts.catalog,
+        calls,
+        evictions,
+        refusals,
+    )
     return (
-        f'<main data-counter="{view.counter}">'
+        f'<main data-counter="{view.counter}" data-now="{view.now:.3f}">'
         + "".join(section(view) for section in sections)
         + "</main>"
     )
 
 
-def page(view: View) -> str:
+def page(view: View, csrf: str | None = None) -> str:
+    """The whole page; ``csrf``: a signed-in browser's session token (its buttons send it,
+    its sign-out form carries it)."""
+    meta = f'<meta name="csrf-token" content="{_e(csrf)}">' if csrf else ""
     return (
-        f"<!doctype html><html lang=en><meta charset=utf-8><title>fitbox</title>"
-        f'<style>{STYLE}</style><body data-counter="{view.counter}"><h1>fitbox</h1>'
-        f"{main(view)}<script>{SCRIPT}</script></body></html>"
+        f"<!doctype html><html lang=en><meta charset=utf-8>{meta}<title>fitbox</title>"
+        f'<style>{STYLE}</style><body data-counter="{view.counter}" data-beat="{BEAT_S:g}">'
+        '<div id="disconnected" role="alert" hidden>disconnected: the box does not answer; '
+        'reconnecting… (after the box restarted, <a href="/login">sign in</a> again)</div>'
+        f"<h1>fitbox</h1>{dashboard_parts.signed_in(csrf)}"
+        '<p id="action-result" aria-live="polite"></p>'
+        + (NOSCRIPT if view.admin else "")
+        + f"{main(view)}<script>{SCRIPT}</script></body></html>"
     )
