@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import sqlite3
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,7 @@ import httpx
 import psutil
 
 from .support.holds import HOLD_IDLE_TIMEOUT, calls_on, engine_stopped, resident, until
-from .support.processes import FitboxProcess, start_fitbox, stop_fitbox
+from .support.processes import FitboxProcess, answering_url, start_fitbox, stop_fitbox
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 STOP_BOUND_S = 60
@@ -192,3 +196,95 @@ def test_after_kill_9_survivors_are_adopted_or_reaped_never_both(
         for pid in llama_servers_of(pids):  # never left behind by a failed test
             os.killpg(pid, signal.SIGKILL)
         stop_fitbox(box)
+
+
+# systemd's socket activation without systemd: the socket is the test's (as fitbox.socket
+# is systemd's), moved to fd 3 and announced to the very pid that runs fitbox
+EMULATED_ACTIVATION = """
+import os, sys
+fd = int(os.environ.pop("FD"))
+if fd != 3:
+    os.dup2(fd, 3)
+    os.close(fd)
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1")
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def serve_argv(home: Path, models: Path) -> list[str]:
+    serve = ["serve", "--port", "auto", "--home", str(home), "--models", str(models)]
+    return [sys.executable, "-m", "fitbox", *serve]
+
+
+def activated(home: Path, models: Path, sock: socket.socket) -> FitboxProcess:
+    """fitbox started as systemd starts a socket-activated service, on ``sock``."""
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / "serve.log"
+    fd = sock.fileno()
+    with log_path.open("ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", EMULATED_ACTIVATION, *serve_argv(home, models)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            pass_fds=(fd,),
+            env={**os.environ, "FD": str(fd), "PYTHONFAULTHANDLER": "1"},
+        )
+    url = answering_url(proc, home / "endpoint.json", log_path)
+    return FitboxProcess(proc, url, home, log_path)
+
+
+def test_a_socket_activated_fitbox_serves_on_the_socket_it_is_handed(
+    tmp_path: Path, smollm2: Path
+) -> None:
+    """systemd-socket-activate where it is installed (it starts fitbox on the first
+    connection, which waits in the backlog meanwhile); else the emulation above."""
+    home, tool = tmp_path / "home", shutil.which("systemd-socket-activate")
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    if tool is None:
+        with socket.create_server(("127.0.0.1", port), backlog=128) as sock:
+            box = activated(home, smollm2.parent, sock)
+        served = httpx.get(f"{box.url}/health", timeout=120)
+    else:
+        home.mkdir(parents=True)
+        with (home / "serve.log").open("wb") as log_file:
+            proc = subprocess.Popen(
+                [tool, "-l", f"127.0.0.1:{port}", *serve_argv(home, smollm2.parent)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+        box = FitboxProcess(proc, f"http://127.0.0.1:{port}", home, home / "serve.log")
+        # the first connection starts it: this call waits in the backlog, then is served
+        served = httpx.get(f"{box.url}/health", timeout=120)
+    try:
+        assert served.status_code == 200, box.log()
+        assert json.loads((home / "endpoint.json").read_text())["port"] == port
+        assert box.proc.pid == json.loads((home / "endpoint.json").read_text())["pid"]
+    finally:
+        code = stop_fitbox(box, timeout=STOP_BOUND_S)
+    assert code == -signal.SIGTERM, box.log()[-6000:]
+
+
+def test_the_socket_keeps_accepting_across_a_full_stop_and_start(
+    tmp_path: Path, smollm2: Path, llama_server_bin: Path
+) -> None:
+    """A call made while no fitbox runs waits in the held socket's backlog and is served by
+    the next one, as fitbox.socket holds the port across `systemctl restart fitbox`."""
+    home = tmp_path / "home"
+    with socket.create_server(("127.0.0.1", 0), backlog=128) as sock:
+        first = activated(home, smollm2.parent, sock)
+        try:
+            assert completion(first, SMOL).status_code == 200
+        finally:
+            assert stop_fitbox(first, timeout=STOP_BOUND_S) == -signal.SIGTERM, first.log()
+        waited, threads = in_threads(1, lambda: completion(first, SMOL))  # none serving
+        second = activated(home, smollm2.parent, sock)
+        try:
+            threads[0].join(timeout=300)
+            assert second.url == first.url
+            (answer,) = waited
+            assert not isinstance(answer, Exception), answer
+            assert answer.status_code == 200, answer.text
+        finally:
+            code = stop_fitbox(second, timeout=STOP_BOUND_S)
+    assert code == -signal.SIGTERM, second.log()[-6000:]
