@@ -39,6 +39,7 @@ HELP = "run the OpenAI-compatible front door"
 # a re-exec waits this long for the calls in flight (a stop waits uvicorn's 5 s): a long
 # generation finishes whole; past it what is left is cut, as a stop cuts it
 RELOAD_DRAIN_S = 600
+STOP_DRAIN_S = 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +78,7 @@ def serve(config: settings.Config, log_level: str) -> int:
             log_level=log_level,
             access_log=False,
             lifespan="on",
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=STOP_DRAIN_S,
             http=http_protocol_for(config, open_files, zerocopy=True),
             # forwarding headers are the door's to judge (server/door/auth.py, with
             # FITBOX_TRUSTED_PROXIES); uvicorn's own middleware, believing 127.0.0.1 by
@@ -94,7 +95,7 @@ def serve(config: settings.Config, log_level: str) -> int:
     atexit.register(last_resort)
     server.run(sockets=[sock])
     if server.reexec is not None:
-        _reexec(server.reexec, getattr(app.state, "box", None))
+        return _reexec(server.reexec, getattr(app.state, "box", None))
     return 0
 
 
@@ -107,6 +108,10 @@ def _server_class(app: Any, sock: socket.socket) -> Any:
         reexec: int | None = None
 
         def handle_exit(self, sig: int, frame: Any) -> None:  # QuietServer says leaving
+            if self.reexec is not None:  # a stop overrides a re-exec under way: once the
+                box = getattr(app.state, "box", None)  # drain ends, it stops, engines too
+                if box is not None and not box.handing_over:
+                    box.handing_over = None  # (those already handed over die with it)
             super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
@@ -122,8 +127,12 @@ def _server_class(app: Any, sock: socket.socket) -> Any:
             if self.should_exit:
                 return  # already stopping (or re-executing)
             box = getattr(app.state, "box", None)
-            if box is not None:
-                box.handing_over = {}
+            if box is None or not self.started:  # its engines are not all known yet
+                logging.getLogger("fitbox.serve").warning(
+                    "SIGHUP while starting: ignored; send it again once /health answers"
+                )
+                return
+            box.handing_over = {}
             self.reexec = kept_for_reexec(sock)
             self.config.timeout_graceful_shutdown = RELOAD_DRAIN_S
             logging.getLogger("fitbox.serve").info(
@@ -142,9 +151,10 @@ def _leave_now(app: Any) -> None:
         leaving.now()
 
 
-def _reexec(listen_fd: int, box: Any) -> None:
+def _reexec(listen_fd: int, box: Any) -> int:
     """The same pid runs the program again (the new code, after an upgrade), handed the
-    listening socket and the ready engines' output pipes; they are adopted there."""
+    listening socket and the ready engines' output pipes; they are adopted there. Returns
+    only if the exec failed (1: the engines then die with this process)."""
     from fitbox.box.supervision.adoption import PIPES_ENV
 
     pipes = dict(getattr(box, "handing_over", None) or {})
@@ -154,10 +164,13 @@ def _reexec(listen_fd: int, box: Any) -> None:
     logging.getLogger("fitbox.serve").info(
         "re-executing %s, %d engine(s) kept running", " ".join(argv), len(pipes)
     )
-    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, argv)  # noqa: S606 - this very program, argv as it started
+    try:
+        os.execv(sys.executable, argv)  # noqa: S606 - this very program, argv as it started
+    except OSError as exc:
+        logging.getLogger("fitbox.serve").error("cannot re-execute %s: %s", argv[0], exc)
+    return 1
 
 
 def http_protocol_for(config: settings.Config, open_files: int, zerocopy: bool) -> Any:
