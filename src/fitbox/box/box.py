@@ -79,9 +79,7 @@ class Box:
             with contextlib.suppress(Exception):  # a damaged store serves on with defaults
                 self.prefs.restore(store.run(read_settings))
         self.registry, self.tasks = Registry(), Tasks()
-        # set by `fitbox serve` before a re-exec: close() then fills it with the ready
-        # children left running (their output pipes, by pid) instead of stopping them
-        self.handing_over: dict[int, int] | None = None
+        self.handing_over: dict[int, int] | None = None  # a re-exec's (close() fills it)
         self.facts, self.speeds = Facts(store, measured), SpeedBook(store)
         self.engines = engines or on_this_box(config.engine_dir, config.home)
         self.asks = Asks(

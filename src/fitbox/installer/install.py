@@ -96,13 +96,7 @@ def plan_install(
             lambda: write_secret(target.env_file, render_env(env).rstrip("\n")),
         )
     )
-    unit, socket = render_unit(target), render_socket(env["FITBOX_HOST"], env["FITBOX_PORT"])
-    changed = _differs(target.unit_file, unit) or _differs(target.socket_file, socket)
-    changed = changed or read_env(target.env_file) != env
-    plan.steps.append(Step(f"write {target.unit_file}", lambda: target.unit_file.write_text(unit)))
-    plan.steps.append(
-        Step(f"write {target.socket_file}", lambda: target.socket_file.write_text(socket))
-    )
+    changed = _unit_steps(plan, target, env)
     plan.steps.append(
         Step(
             f"make the box key in {target.home.box_key} (kept if it exists)",
@@ -146,6 +140,18 @@ def usual_or_free_port(host: str) -> int:
         except OSError:
             return free_port(host)
     return USUAL_PORT
+
+
+def _unit_steps(plan: Plan, target: ServiceLayout, env: dict[str, str]) -> bool:
+    """The steps writing fitbox.service and fitbox.socket; whether either file or the
+    env file changes (a reload does not take new settings: the service is restarted)."""
+    unit, socket = render_unit(target), render_socket(env["FITBOX_HOST"], env["FITBOX_PORT"])
+    changed = _differs(target.unit_file, unit) or _differs(target.socket_file, socket)
+    plan.steps.append(Step(f"write {target.unit_file}", lambda: target.unit_file.write_text(unit)))
+    plan.steps.append(
+        Step(f"write {target.socket_file}", lambda: target.socket_file.write_text(socket))
+    )
+    return changed or read_env(target.env_file) != env
 
 
 def service_env(

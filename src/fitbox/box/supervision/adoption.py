@@ -232,6 +232,12 @@ def adopt_all(
     for row in sup.store.open_children():
         record = ChildRecord.of(row)
         done = judge(record, find, engine_for, sup.artifact_log, pipes)
+        if done.resident is not None and done.resident.key in sup.registry:
+            # a second live engine on a file already adopted: one resident per file
+            child = done.resident.child
+            if isinstance(child, AdoptedChild) and child._pipe_fd is not None:
+                pipes[record.pid] = child._pipe_fd  # closed by _reap
+            done = _reap(record, "another engine on its file was adopted first", pipes)
         judged.append(done)
         if done.resident is None:
             sup.store.child_row_ended(record.row_id, done.how)
