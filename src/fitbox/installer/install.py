@@ -119,7 +119,7 @@ def plan_install(
         target.env_file,
         "fitbox.service",
         exec_start(),
-        socket=target.socket_file.name,
+        socket_unit=target.socket_file.name,
         changed=changed,
     )
     if target.kind == "user":
@@ -145,11 +145,11 @@ def usual_or_free_port(host: str) -> int:
 def _unit_steps(plan: Plan, target: ServiceLayout, env: dict[str, str]) -> bool:
     """The steps writing fitbox.service and fitbox.socket; whether either file or the
     env file changes (a reload does not take new settings: the service is restarted)."""
-    unit, socket = render_unit(target), render_socket(env["FITBOX_HOST"], env["FITBOX_PORT"])
-    changed = _differs(target.unit_file, unit) or _differs(target.socket_file, socket)
+    unit, held = render_unit(target), render_socket(env["FITBOX_HOST"], env["FITBOX_PORT"])
+    changed = _differs(target.unit_file, unit) or _differs(target.socket_file, held)
     plan.steps.append(Step(f"write {target.unit_file}", lambda: target.unit_file.write_text(unit)))
     plan.steps.append(
-        Step(f"write {target.socket_file}", lambda: target.socket_file.write_text(socket))
+        Step(f"write {target.socket_file}", lambda: target.socket_file.write_text(held))
     )
     return changed or read_env(target.env_file) != env
 
@@ -227,20 +227,20 @@ def start_or_say_how(
     env_file: Path,
     unit: str,
     command: str,
-    socket: str | None = None,
+    socket_unit: str | None = None,
     changed: bool = True,
 ) -> None:
     """The step that (re)starts ``unit`` where systemd runs this root; else a note with the
-    foreground command, its env file's settings in front. With its ``socket`` unit and
+    foreground command, its env file's settings in front. With its ``socket_unit`` and
     nothing ``changed`` in its files (a package upgrade), a running service is reloaded:
     it re-executes the new code keeping its port and loaded models (cli/serve.py)."""
     if root == Path("/") and systemd_running():
         scope = ["--user"] if kind == "user" else []
-        how = "reload (or start)" if socket and not changed else "(re)start"
+        how = "reload (or start)" if socket_unit and not changed else "(re)start"
         plan.steps.append(
             Step(
                 f"systemctl daemon-reload, enable and {how} {unit}",
-                lambda: _systemctl(scope, unit, socket, changed),
+                lambda: _systemctl(scope, unit, socket_unit, changed),
             )
         )
         plan.starts_service = True
@@ -253,17 +253,17 @@ def start_or_say_how(
 
 
 def _systemctl(
-    scope: list[str], unit: str = "fitbox.service", socket: str | None = None, changed: bool = True
+    scope: list[str], unit: str = "fitbox.service", held: str | None = None, changed: bool = True
 ) -> None:
-    """Changed settings: the service and its socket (the port may be another) start anew;
-    unchanged ones (an upgrade): the socket stays, the service is reloaded (SIGHUP)."""
-    steps: list[list[str]] = [["daemon-reload"], ["enable", unit, *([socket] if socket else [])]]
-    if socket is None:
+    """Changed settings: the service and its socket unit ``held`` (the port may be another)
+    start anew; unchanged ones (an upgrade): the socket stays, the service is reloaded."""
+    steps: list[list[str]] = [["daemon-reload"], ["enable", unit, *([held] if held else [])]]
+    if held is None:
         steps.append(["restart", unit])
     elif changed:
-        steps += [["stop", unit], ["restart", socket], ["start", unit]]
+        steps += [["stop", unit], ["restart", held], ["start", unit]]
     else:
-        steps += [["start", socket], ["reload-or-restart", unit]]
+        steps += [["start", held], ["reload-or-restart", unit]]
     for args in steps:
         subprocess.run(["systemctl", *scope, *args], check=True)
 
