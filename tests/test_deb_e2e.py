@@ -80,6 +80,8 @@ def test_the_deb_installs_upgrades_serves_removes_and_purges(tmp_path: Path) -> 
         assert Path("/var/lib/fitbox/box.key").read_text() == key
         # the unit's ExecStart, as the unit's user, serves
         unit = Path("/etc/systemd/system/fitbox.service").read_text()
+        assert "ExecReload=/bin/kill -HUP $MAINPID" in unit  # a reload re-executes in place
+        assert Path("/etc/systemd/system/fitbox.socket").is_file()
         exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
         assert exec_start == "ExecStart=/opt/fitbox/venv/bin/python -m fitbox serve"
         proc = subprocess.Popen(
@@ -116,6 +118,7 @@ def test_the_deb_installs_upgrades_serves_removes_and_purges(tmp_path: Path) -> 
         for gone in (
             "/opt/fitbox",
             "/etc/systemd/system/fitbox.service",
+            "/etc/systemd/system/fitbox.socket",
             "/etc/fitbox/fitbox.env",
             "/usr/bin/fitbox",
         ):

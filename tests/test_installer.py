@@ -304,3 +304,37 @@ def test_the_central_s_system_unit_verifies(tmp_path: Path) -> None:
     )
     verify = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stderr
+
+
+def test_the_socket_unit_holds_the_port_and_a_reload_re_executes(tmp_path: Path) -> None:
+    """fitbox.socket beside fitbox.service: systemd holds the install's port (socket
+    activation), the service requires it and reloads with SIGHUP (cli/serve.py)."""
+    analyze, systemctl = shutil.which("systemd-analyze"), shutil.which("systemctl")
+    assert analyze and systemctl, "systemd-analyze and systemctl are needed to check units"
+    root = tmp_path / "root"
+    installed = fitbox(
+        tmp_path, "install", "--system", "--root", str(root), "--port", "8321", "--yes"
+    )
+    assert installed.returncode == 0, installed.stderr
+    units = root / "etc" / "systemd" / "system"
+    service, socket = (units / "fitbox.service").read_text(), units / "fitbox.socket"
+    assert "ListenStream=127.0.0.1:8321" in socket.read_text().splitlines()
+    for line in ("Requires=fitbox.socket", "After=fitbox.socket"):
+        assert line in service.splitlines()
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in service.splitlines()
+    verify = subprocess.run(
+        [analyze, "verify", str(units / "fitbox.service"), str(socket)],
+        capture_output=True,
+        text=True,
+    )
+    assert verify.returncode == 0, verify.stderr
+    enabled = subprocess.run(
+        [systemctl, f"--root={root}", "enable", "fitbox.socket"], capture_output=True, text=True
+    )
+    assert enabled.returncode == 0, enabled.stderr
+    assert (units / "sockets.target.wants" / "fitbox.socket").is_symlink()
+    assert fitbox(tmp_path, "install", "--user", "--port", "auto", "--yes").returncode == 0
+    user_socket = user_files(tmp_path)[1].with_suffix(".socket")
+    assert user_socket.is_file()
+    assert fitbox(tmp_path, "uninstall", "--user", "--yes").returncode == 0
+    assert not user_socket.exists()

@@ -87,6 +87,7 @@ def test_update_verifies_hashes_rolls_back_and_refuses_downgrades(
     assert told.returncode == 0 and f"fitbox {BAD_HASH} is available (installed: {OLD})" in (
         told.stdout
     )
+    assert f"run 'fitbox update --apply --index-url {url}'" in told.stdout  # the index kept
     assert version_in(python) == OLD  # without --apply nothing changes
 
     refused = update("--apply", "--version", BAD_HASH)

@@ -23,6 +23,41 @@ def listen_socket(host: str, port: int | None) -> socket.socket:
     return sock
 
 
+LISTEN_FD_ENV = "FITBOX_LISTEN_FD"  # the socket a re-exec of `fitbox serve` hands itself
+SD_LISTEN_FDS_START = 3  # systemd's first passed descriptor (sd_listen_fds(3))
+
+
+def inherited_socket() -> socket.socket | None:
+    """The listening socket this process was given, if any: the one an earlier image of
+    this same `fitbox serve` handed over across its re-exec (``FITBOX_LISTEN_FD``), else
+    systemd's socket activation (``LISTEN_FDS`` for this pid: fd 3). The variables are
+    removed, as sd_listen_fds does, so no process started from here takes them for its own;
+    the socket is not inherited by children."""
+    handed = os.environ.pop(LISTEN_FD_ENV, "")
+    listen_pid = os.environ.pop("LISTEN_PID", "")
+    listen_fds = os.environ.pop("LISTEN_FDS", "")
+    os.environ.pop("LISTEN_FDNAMES", None)
+    fd = None
+    if handed.isdigit():
+        fd = int(handed)
+    elif listen_pid == str(os.getpid()) and listen_fds.isdigit() and int(listen_fds) >= 1:
+        fd = SD_LISTEN_FDS_START
+    if fd is None:
+        return None
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)
+    return sock
+
+
+def kept_for_reexec(sock: socket.socket) -> int:
+    """A second descriptor of the listening socket, inheritable: the server closes its own
+    when it stops, and this one keeps the socket listening (the kernel queues what arrives
+    in its backlog) until the new image takes it (``FITBOX_LISTEN_FD``)."""
+    fd = os.dup(sock.fileno())
+    os.set_inheritable(fd, True)
+    return fd
+
+
 def endpoint_of(host: str, sock: socket.socket) -> dict[str, Any]:
     port = sock.getsockname()[1]
     url_host = f"[{host}]" if ":" in host else host

@@ -79,6 +79,7 @@ class Box:
             with contextlib.suppress(Exception):  # a damaged store serves on with defaults
                 self.prefs.restore(store.run(read_settings))
         self.registry, self.tasks = Registry(), Tasks()
+        self.handing_over: dict[int, int] | None = None  # a re-exec's (close() fills it)
         self.facts, self.speeds = Facts(store, measured), SpeedBook(store)
         self.engines = engines or on_this_box(config.engine_dir, config.home)
         self.asks = Asks(
@@ -321,7 +322,12 @@ class Box:
     # -- life ------------------------------------------------------------------------------
 
     def reap_orphans(self) -> int:
-        return self.supervisor.reap_orphans()
+        """Children an earlier image or fitbox left running: adopted as ready residents
+        where verified, else reaped (box/supervision/adoption.py). Returns how many were
+        adopted."""
+        by_path = {str(a.path): a for a in self.catalog.artifacts()}
+        judged = self.supervisor.adopt_or_reap(by_path.get, self.engines.for_artifact)
+        return sum(j.resident is not None for j in judged)
 
     def start(self) -> None:
         """Background work: preload and pinned models, the idle-TTL unloader, the sensors."""
@@ -340,12 +346,16 @@ class Box:
         )
 
     async def close(self) -> None:
-        """Stop every child, each bounded by the stop ladder."""
+        """Stop every child, each bounded by the stop ladder; before a re-exec
+        (``handing_over``) the ready ones are left running for the new image instead."""
         self.admission.closing = True
         began = time.monotonic()
         await self.tasks.cancel_all()
         log.info("stopping: background tasks ended after %.2f s", time.monotonic() - began)
-        residents = list(self.registry)
+        if self.handing_over is not None:
+            self.handing_over.update(self.supervisor.hand_over())
+        kept = set(self.handing_over or {})
+        residents = [r for r in self.registry if not (r.child and r.child.pid in kept)]
         ended = await asyncio.gather(
             *(self.supervisor.stop(r) for r in residents), return_exceptions=True
         )

@@ -233,8 +233,8 @@ def _run_central(args: argparse.Namespace) -> int:
 
 
 def run_update(config: Config, args: argparse.Namespace) -> int:
-    """Restart the installed service when there is one (user first, then system); else the
-    new version is checked on a scratch port (installer/update.py)."""
+    """Reload (SIGHUP) or restart the installed service when there is one (user first,
+    then system); else the new version is checked on a scratch port (installer/update.py)."""
     from fitbox.installer.install import read_env, systemd_running
     from fitbox.installer.units import service_layout
     from fitbox.installer.update import UpdateError, update
@@ -245,7 +245,9 @@ def run_update(config: Config, args: argparse.Namespace) -> int:
             target = service_layout(kind)
             if target.unit_file.is_file():
                 env = read_env(target.env_file)
-                restart = ["systemctl", *scope, "restart", "fitbox.service"]
+                # a unit with ExecReload re-executes in place (SIGHUP: socket and models
+                # kept, cli/serve.py); an older unit without one is restarted
+                restart = ["systemctl", *scope, "reload-or-restart", "fitbox.service"]
                 url = f"http://{env.get('FITBOX_HOST', '127.0.0.1')}:{env.get('FITBOX_PORT')}"
                 break
     try:

@@ -153,6 +153,7 @@ class _LogPump:
         self.loading = True
         self.printed = asyncio.Event()  # set by every chunk; the readiness wait clears it
         self.hurry = asyncio.Event()  # the child is stopping: no more pauses between reads
+        self.detached = False  # handed over to a new image (a re-exec): its pipe stays open
         self._write(header)
 
     async def run(self, fd: int) -> None:
@@ -176,7 +177,8 @@ class _LogPump:
                         async with asyncio.timeout(SETTLED_READ_PAUSE_S):
                             await self.hurry.wait()  # set by a stop: read the rest now
         finally:
-            os.close(fd)
+            if not self.detached:
+                os.close(fd)
             self.printed.set()  # the pipe closed: the child is exiting
             if self.file is not None:
                 with contextlib.suppress(OSError):
@@ -266,6 +268,7 @@ class Child:
         self.started_at = 0.0
         self._pump: _LogPump | None = None
         self._pump_task: asyncio.Task[None] | None = None
+        self._pipe_fd: int | None = None  # the read end of its output pipe
 
     @property
     def pid(self) -> int | None:
@@ -307,7 +310,25 @@ class Child:
             raise
         finally:
             os.close(write_end)  # the child's copy is its own: EOF comes when it exits
+        self._pipe_fd = read_end
         self._pump_task = asyncio.get_running_loop().create_task(self._pump.run(read_end))
+
+    async def wait_exit(self) -> int | None:
+        """Until the child exits; its exit code."""
+        assert self.proc is not None
+        return await self.proc.wait()
+
+    def hand_over(self) -> int | None:
+        """Before a re-exec keeps it running: the read end of its output pipe, left open and
+        made inheritable (what it prints meanwhile waits in the pipe) for the new image to
+        read on; None when there is none to hand."""
+        pump, fd = self._pump, self._pipe_fd
+        if pump is None or fd is None or self._pump_task is None or self._pump_task.done():
+            return None
+        pump.detached = True
+        self._pump_task.cancel()
+        os.set_inheritable(fd, True)
+        return fd
 
     async def wait_ready(self, limit_s: float) -> float:
         """Seconds from launch until /health answers 200, checked each time the child prints

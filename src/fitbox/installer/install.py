@@ -22,7 +22,7 @@ import httpx
 
 from fitbox.engines.child import free_port
 from fitbox.home import make_private
-from fitbox.installer.units import ServiceLayout, exec_start, render_unit
+from fitbox.installer.units import ServiceLayout, exec_start, render_socket, render_unit
 from fitbox.store.box_key import write_secret
 
 
@@ -96,9 +96,7 @@ def plan_install(
             lambda: write_secret(target.env_file, render_env(env).rstrip("\n")),
         )
     )
-    plan.steps.append(
-        Step(f"write {target.unit_file}", lambda: target.unit_file.write_text(render_unit(target)))
-    )
+    changed = _unit_steps(plan, target, env)
     plan.steps.append(
         Step(
             f"make the box key in {target.home.box_key} (kept if it exists)",
@@ -115,7 +113,14 @@ def plan_install(
             )
         )
     start_or_say_how(
-        plan, target.root, target.kind, target.env_file, "fitbox.service", exec_start()
+        plan,
+        target.root,
+        target.kind,
+        target.env_file,
+        "fitbox.service",
+        exec_start(),
+        socket_unit=target.socket_file.name,
+        changed=changed,
     )
     if target.kind == "user":
         plan.notes.append("to keep it running after you log out: loginctl enable-linger $USER")
@@ -135,6 +140,18 @@ def usual_or_free_port(host: str) -> int:
         except OSError:
             return free_port(host)
     return USUAL_PORT
+
+
+def _unit_steps(plan: Plan, target: ServiceLayout, env: dict[str, str]) -> bool:
+    """The steps writing fitbox.service and fitbox.socket; whether either file or the
+    env file changes (a reload does not take new settings: the service is restarted)."""
+    unit, held = render_unit(target), render_socket(env["FITBOX_HOST"], env["FITBOX_PORT"])
+    changed = _differs(target.unit_file, unit) or _differs(target.socket_file, held)
+    plan.steps.append(Step(f"write {target.unit_file}", lambda: target.unit_file.write_text(unit)))
+    plan.steps.append(
+        Step(f"write {target.socket_file}", lambda: target.socket_file.write_text(held))
+    )
+    return changed or read_env(target.env_file) != env
 
 
 def service_env(
@@ -204,16 +221,26 @@ def system_user() -> None:
 
 
 def start_or_say_how(
-    plan: Plan, root: Path, kind: str, env_file: Path, unit: str, command: str
+    plan: Plan,
+    root: Path,
+    kind: str,
+    env_file: Path,
+    unit: str,
+    command: str,
+    socket_unit: str | None = None,
+    changed: bool = True,
 ) -> None:
     """The step that (re)starts ``unit`` where systemd runs this root; else a note with the
-    foreground command, its env file's settings in front."""
+    foreground command, its env file's settings in front. With its ``socket_unit`` and
+    nothing ``changed`` in its files (a package upgrade), a running service is reloaded:
+    it re-executes the new code keeping its port and loaded models (cli/serve.py)."""
     if root == Path("/") and systemd_running():
         scope = ["--user"] if kind == "user" else []
+        how = "reload (or start)" if socket_unit and not changed else "(re)start"
         plan.steps.append(
             Step(
-                f"systemctl daemon-reload, enable and (re)start {unit}",
-                lambda: _systemctl(scope, unit),
+                f"systemctl daemon-reload, enable and {how} {unit}",
+                lambda: _systemctl(scope, unit, socket_unit, changed),
             )
         )
         plan.starts_service = True
@@ -225,9 +252,28 @@ def start_or_say_how(
     )
 
 
-def _systemctl(scope: list[str], unit: str = "fitbox.service") -> None:
-    for args in (["daemon-reload"], ["enable", unit], ["restart", unit]):
+def _systemctl(
+    scope: list[str], unit: str = "fitbox.service", held: str | None = None, changed: bool = True
+) -> None:
+    """Changed settings: the service and its socket unit ``held`` (the port may be another)
+    start anew; unchanged ones (an upgrade): the socket stays, the service is reloaded."""
+    steps: list[list[str]] = [["daemon-reload"], ["enable", unit, *([held] if held else [])]]
+    if held is None:
+        steps.append(["restart", unit])
+    elif changed:
+        steps += [["stop", unit], ["restart", held], ["start", unit]]
+    else:
+        steps += [["start", held], ["reload-or-restart", unit]]
+    for args in steps:
         subprocess.run(["systemctl", *scope, *args], check=True)
+
+
+def _differs(path: Path, text: str) -> bool:
+    """Whether ``path`` does not hold ``text`` now (missing or unreadable: it differs)."""
+    try:
+        return path.read_text() != text
+    except OSError:
+        return True
 
 
 def wait_for_health(url: str, limit_s: float) -> bool:
@@ -250,11 +296,12 @@ def plan_uninstall(target: ServiceLayout, purge: bool) -> Plan:
             Step(
                 "systemctl disable --now fitbox",
                 lambda: subprocess.run(
-                    ["systemctl", *scope, "disable", "--now", "fitbox.service"], check=False
+                    ["systemctl", *scope, "disable", "--now", "fitbox.service", "fitbox.socket"],
+                    check=False,
                 ),
             )
         )
-    for path in (target.unit_file, target.env_file):
+    for path in (target.unit_file, target.socket_file, target.env_file):
         plan.steps.append(Step(f"remove {path}", partial(path.unlink, missing_ok=True)))
     if purge:
         plan.steps.append(

@@ -24,6 +24,11 @@ class ServiceLayout:
     home: Home  # FITBOX_HOME: store, box key, logs, models
     cache: Path
 
+    @property
+    def socket_file(self) -> Path:
+        """fitbox.socket beside fitbox.service: systemd holds the port (socket activation)."""
+        return self.unit_file.with_suffix(".socket")
+
 
 OPEN_FILES = 65536  # the units' open-file limit (soft and hard): sockets, engines' pipes, logs
 
@@ -68,6 +73,30 @@ def render_unit(target: ServiceLayout, python: str = sys.executable) -> str:
         "fitbox: an evict-to-fit, OpenAI-compatible front door for local models",
         "fitbox",
         cache="fitbox",
+        socket=target.socket_file.name,
+    )
+
+
+def render_socket(host: str, port: str) -> str:
+    """fitbox.socket: systemd binds the port and hands it to `fitbox serve` (LISTEN_FDS), so
+    connections wait in its backlog across a stop and start of the service instead of being
+    refused; the service itself re-executes on reload (SIGHUP) keeping it as well."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return "\n".join(
+        [
+            "[Unit]",
+            "Description=fitbox's listening socket (connections wait here across restarts)",
+            "",
+            "[Socket]",
+            f"ListenStream={address}",
+            "Backlog=2048",  # as `fitbox serve` listens on its own socket (listening.py)
+            "NoDelay=yes",
+            "ReusePort=no",
+            "",
+            "[Install]",
+            "WantedBy=sockets.target",
+            "",
+        ]
     )
 
 
@@ -78,14 +107,18 @@ def unit_text(
     description: str,
     state: str,
     cache: str | None = None,
+    socket: str | None = None,
 ) -> str:
     """A service unit: restarted on failure, its children stopped with it; a system one
-    runs as the fitbox user, hardened, with its state in /var/lib/``state``."""
+    runs as the fitbox user, hardened, with its state in /var/lib/``state``. With a
+    ``socket`` unit it is handed its listening socket, and a reload sends SIGHUP (`fitbox
+    serve` re-executes itself, keeping the socket and its loaded engines)."""
     lines = [
         "[Unit]",
         f"Description={description}",
         "Wants=network-online.target",
         "After=network-online.target",
+        *([f"Requires={socket}", f"After={socket}"] if socket else []),
         "StartLimitIntervalSec=300",
         "StartLimitBurst=5",
         "",
@@ -93,6 +126,7 @@ def unit_text(
         "Type=simple",
         f"EnvironmentFile={env_file}",
         f"ExecStart={exec_line}",
+        *(["ExecReload=/bin/kill -HUP $MAINPID"] if socket else []),
         "Restart=on-failure",
         "RestartSec=3",
         "KillMode=control-group",  # engine children stop with the service, never linger

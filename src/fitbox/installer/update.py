@@ -1,9 +1,11 @@
 """`fitbox update [--apply] [--version X]`: the installed fitbox against the package index.
 
-The index is a PEP 503 "simple" repository (PyPI's, or a mirror: ``--index-url``), whose
-links carry ``#sha256=`` of each file. ``--apply``: download the new wheel and check its
-sha256 (a mismatch changes nothing), keep the running version's wheel for rollback (from the
-index, checked the same way), install the new one, restart the service and verify that
+The index is a PEP 503 "simple" repository (PyPI's by default, or the one fitbox is
+published to: ``--index-url URL`` or ``FITBOX_INDEX_URL``), whose links carry ``#sha256=``
+of each file. ``--apply``: download the new wheel and check its sha256 (a mismatch changes
+nothing), keep the running version's wheel for rollback (from the index, checked the same
+way), install the new one, reload the service (SIGHUP: it re-executes the new code keeping
+its socket and loaded models; a unit without ExecReload is restarted) and verify that
 ``/health`` reports the new version; on any failure, install the previous wheel again.
 Without a systemd service to restart (a container, a foreground install), the new
 version is verified by starting it on a free loopback port with an empty home.
@@ -34,6 +36,12 @@ _VERSION = re.compile(
     r"^(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.post(\d+))?(?:\.dev(\d+))?(?:\+[\w.]+)?$"
 )
 _WHEEL = re.compile(r"^fitbox-([^-]+)-py3-none-any\.whl$")
+
+
+_NAME_ONE = (
+    "name the index fitbox is published to with --index-url URL or FITBOX_INDEX_URL=URL "
+    "(in the service's env file too)"
+)
 
 
 class UpdateError(Exception):
@@ -76,9 +84,12 @@ def releases(index_url: str) -> list[Release]:
     try:
         response = httpx.get(page, timeout=30, follow_redirects=True)
     except httpx.HTTPError as exc:
-        raise UpdateError(f"cannot read the package index {page}: {exc}") from None
+        raise UpdateError(f"cannot read the package index {page}: {exc}; {_NAME_ONE}") from None
     if response.status_code != 200:
-        raise UpdateError(f"the package index answered {response.status_code} for {page}")
+        missing = " (it does not carry fitbox)" if response.status_code == 404 else ""
+        raise UpdateError(
+            f"the package index answered {response.status_code} for {page}{missing}; {_NAME_ONE}"
+        )
     links = _Links()
     links.feed(response.text)
     found = []
@@ -230,7 +241,7 @@ def update(
     current = fitbox.__version__
     available = releases(index_url)
     if not available:
-        raise UpdateError(f"no fitbox wheels with a sha256 on {index_url}")
+        raise UpdateError(f"no fitbox wheels with a sha256 on {index_url}; {_NAME_ONE}")
     if wanted is not None:
         target = next((r for r in available if r.version == wanted), None)
         if target is None:
@@ -247,9 +258,10 @@ def update(
     if target.version == current:
         return f"fitbox {current} is installed and is the newest on {index_url}"
     if not apply:
+        named = "" if index_url == DEFAULT_INDEX else f" --index-url {index_url}"
         return (
-            f"fitbox {target.version} is available (installed: {current}); "
-            "run 'fitbox update --apply' to install it"
+            f"fitbox {target.version} is available (installed: {current}) on {index_url}; "
+            f"run 'fitbox update --apply{named}' to install it"
         )
     updates = state / "updates"
     new = fetch(target, updates)

@@ -15,17 +15,25 @@ class History(Queued):
     """The box's event rows; each write is queued, never waited for."""
 
     def child_started(
-        self, pid: int, create_time: float, port: int, artifact: str, argv: list[str]
+        self,
+        pid: int,
+        create_time: float,
+        port: int,
+        artifact: str,
+        argv: list[str],
+        placement: dict[str, Any] | None = None,
     ) -> None:
+        """``placement``: what adopting it again needs (box/supervision/adoption.py)."""
         now = time.time()
+        placed = json.dumps(placement) if placement is not None else None
         self._submit(
             lambda conn: self._insert(
                 conn,
                 "child",
                 "children",
-                "INSERT INTO children (pid, create_time, port, artifact, argv, started_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (pid, create_time, port, artifact, json.dumps(argv), now),
+                "INSERT INTO children (pid, create_time, port, artifact, argv, started_at,"
+                " placement) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (pid, create_time, port, artifact, json.dumps(argv), now, placed),
             )
         )
 
@@ -41,6 +49,19 @@ class History(Queued):
 
         self._submit(end)
 
+    def child_ready(self, pid: int, create_time: float, placement: dict[str, Any]) -> None:
+        """The placement a child turned ready with: what adopting it needs."""
+        placed = json.dumps(placement)
+
+        def update(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE children SET placement = ? WHERE pid = ? AND create_time = ?"
+                " AND ended_at IS NULL",
+                (placed, pid, create_time),
+            )
+
+        self._submit(update)
+
     def child_row_ended(self, row_id: int, how: str) -> None:
         now = time.time()
         self._submit(lambda conn: self._ended(conn, row_id, how, now))
@@ -51,16 +72,29 @@ class History(Queued):
         )
         self._event(conn, "child", "children", row_id)
 
-    def open_children(self) -> list[tuple[int, int, float, str]]:
-        """(row id, pid, create_time, argv0) of children never recorded as ended."""
+    def open_children(self) -> list[dict[str, Any]]:
+        """Children never recorded as ended: row id, pid, create_time, port, artifact, argv
+        (a list) and placement (a dict, or None where an older fitbox recorded it)."""
 
-        def select(conn: sqlite3.Connection) -> list[tuple[int, int, float, str]]:
+        def select(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             rows = conn.execute(
-                "SELECT id, pid, create_time, argv FROM children WHERE ended_at IS NULL"
+                "SELECT id, pid, create_time, port, artifact, argv, placement FROM children"
+                " WHERE ended_at IS NULL ORDER BY id"
             )
-            return [(r[0], r[1], r[2], (json.loads(r[3]) or [""])[0]) for r in rows]
+            return [
+                {
+                    "row_id": r[0],
+                    "pid": r[1],
+                    "create_time": r[2],
+                    "port": r[3],
+                    "artifact": r[4],
+                    "argv": _json_or(r[5], []),
+                    "placement": _json_or(r[6], None),
+                }
+                for r in rows
+            ]
 
-        result: list[tuple[int, int, float, str]] = self.run(select)
+        result: list[dict[str, Any]] = self.run(select)
         return result
 
     def operator_action(
@@ -183,3 +217,11 @@ class History(Queued):
                 self._insert(conn, "scout", "scout_findings", sql, (now, *r)) for r in rows
             ]
         )
+
+
+def _json_or(text: str | None, default: Any) -> Any:
+    """A column's JSON, or ``default`` where it is missing or damaged."""
+    try:
+        return json.loads(text) if text else default
+    except ValueError:
+        return default

@@ -21,9 +21,10 @@ from fitbox.config import Config
 from fitbox.core.fourbit import FOUR_BIT_CLASS
 from fitbox.core.repack import NO_REPACK_CLASS
 from fitbox.core.types import Footprint, ResidentState, Rung
+from fitbox.engines.adopted import AdoptedChild
 from fitbox.engines.child import Child, ChildExited, ChildTimeout, free_port, launchers
-from fitbox.engines.orphans import ChildRecord, reap, start_time
-from fitbox.engines.seam import EngineNotFound, LaunchIntent
+from fitbox.engines.orphans import start_time
+from fitbox.engines.seam import Engine, EngineNotFound, LaunchIntent
 from fitbox.errors import EngineFailed, ShuttingDown
 from fitbox.models.catalog import Artifact
 from fitbox.probe.gpus import GpuProbe
@@ -34,6 +35,7 @@ from ..facts import Contract, Facts
 from ..resident import Resident
 from ..residents import Registry
 from ..tasks import Tasks
+from .adoption import Judged, adopt_all, placement_of
 from .crashes import CrashLedger
 from .logs import ChildLogs
 from .memory import await_free
@@ -150,6 +152,7 @@ class Supervisor:
                 return  # stopped while it loaded: the stopper owns it now
             await self._measure(resident, child)
             self.registry.move(resident, S.READY)
+            self._child_ready(resident, child)
             log.info(
                 "%s ready on port %d in %.2f s",
                 resident.artifact.name,
@@ -295,8 +298,8 @@ class Supervisor:
 
     async def _watch(self, resident: Resident) -> None:
         """A ready child that exits on its own is dropped, so the next call reloads it."""
-        assert resident.child is not None and resident.child.proc is not None
-        code = await resident.child.proc.wait()
+        assert resident.child is not None
+        code = await resident.child.wait_exit()
         if resident.state is S.READY and self.registry.holds(resident):
             log.error("%s exited unexpectedly with code %s", resident.artifact.name, code)
             self._child_ended(resident, f"exited with code {code}")
@@ -421,27 +424,45 @@ class Supervisor:
             child.argv,
         )
 
+    def _child_ready(self, resident: Resident, child: Child) -> None:
+        if self.store is not None and child.pid:
+            self.store.child_ready(child.pid, resident.child_start_time, placement_of(resident))
+
     def _child_ended(self, resident: Resident, how: str) -> None:
         if self.store is not None and resident.child is not None and resident.child.pid:
             self.store.child_ended(resident.child.pid, resident.child_start_time, how)
 
-    def reap_orphans(self) -> int:
-        """Stop children an earlier fitbox left behind (matched by pid and start time)."""
-        if self.store is None:
-            return 0
-        reaped = 0
-        for row_id, pid, created, argv0 in self.store.open_children():
-            ours = reap(ChildRecord(row_id, pid, created, argv0))
-            reaped += ours
-            if ours:
-                log.warning("stopped engine pid %d left running by an earlier fitbox", pid)
-            self.store.child_row_ended(row_id, "reaped at start" if ours else "gone")
-        return reaped
+    def adopt_or_reap(
+        self, find: Callable[[str], Artifact | None], engine_for: Callable[[Artifact], Engine]
+    ) -> list[Judged]:
+        """Children an earlier image or fitbox left running: each adopted as a ready
+        resident, or reaped, or closed as gone (box/supervision/adoption.py). ``find``: the
+        catalog's artifact at a path."""
+        return adopt_all(self, find, engine_for)
+
+    async def adopted_runs(self, resident: Resident, child: AdoptedChild) -> None:
+        await child.start()  # its output pipe, where a re-exec handed one over
+        await self._watch(resident)
+
+    def hand_over(self) -> dict[int, int]:
+        """Before a re-exec: every ready child is left running for the new image to adopt
+        (its record stays open), every other one is stopped now. Returns the output pipes
+        handed over, by pid (-1: none)."""
+        pipes: dict[int, int] = {}
+        for resident in list(self.registry):
+            child = resident.child
+            if resident.state is S.READY and child is not None and child.alive and child.pid:
+                fd = child.hand_over()
+                pipes[child.pid] = -1 if fd is None else fd
+        return pipes
 
     def running_logs(self) -> list[Path]:
         """The log files of the children alive now (never pruned)."""
         return [r.child.log_path for r in self.registry if r.child is not None and r.child.alive]
 
     def _log_path(self, resident: Resident, port: int) -> Path:
-        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", resident.artifact.name)
+        return self.artifact_log(resident.artifact, port)
+
+    def artifact_log(self, artifact: Artifact, port: int) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", artifact.name)
         return self.config.log_dir / f"{safe}-{port}.log"
