@@ -130,16 +130,18 @@ def plan_install(
 USUAL_PORT = 8484  # the port README and the guide name
 
 
-def usual_or_free_port(host: str) -> int:
+def usual_or_free_port(host: str, usual: int | None = USUAL_PORT) -> int:
     """``--port auto``: the usual port when nothing holds it on ``host``, else a free one (a
-    second fitbox on the box, a test's, another program)."""
+    second fitbox on the box, a test's, another program). ``usual`` None: a free one."""
+    if usual is None:
+        return free_port(host)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         try:
-            probe.bind((host, USUAL_PORT))
+            probe.bind((host, usual))
         except OSError:
             return free_port(host)
-    return USUAL_PORT
+    return usual
 
 
 def _unit_steps(plan: Plan, target: ServiceLayout, env: dict[str, str]) -> bool:
@@ -161,8 +163,10 @@ def service_env(
     host: str | None,
     port: str | None,
     extra_env: dict[str, str],
+    usual_port: int | None = USUAL_PORT,
 ) -> dict[str, str]:
-    """The env file's settings: an earlier install's, with what this run was given on top."""
+    """The env file's settings: an earlier install's, with what this run was given on top;
+    ``--port auto`` takes ``usual_port`` when it is free (None: any free port)."""
     env = read_env(env_file)
     env["FITBOX_HOME"] = str(home if root == Path("/") else Path("/") / home.relative_to(root))
     env["FITBOX_HOST"] = host or env.get("FITBOX_HOST", "127.0.0.1")
@@ -171,7 +175,7 @@ def service_env(
     elif "FITBOX_PORT" not in env:  # a re-run keeps the port an earlier install chose
         if port is None:
             raise InstallError("no port is assumed: give --port N, or --port auto for a free one")
-        env["FITBOX_PORT"] = str(usual_or_free_port(env["FITBOX_HOST"]))
+        env["FITBOX_PORT"] = str(usual_or_free_port(env["FITBOX_HOST"], usual_port))
     env.update(extra_env)
     return env
 
