@@ -7,9 +7,6 @@ joining task against a stdlib server that records the registrations."""
 from __future__ import annotations
 
 import asyncio
-import http.server
-import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,35 +16,22 @@ import pytest
 from fitbox.server.manage import joining
 from fitbox.store.box_key import write_secret
 
+from .support.local_http import JsonHandler, serve_handler
 
-class RecordingCentral(http.server.BaseHTTPRequestHandler):
+
+class RecordingCentral(JsonHandler):
     taken: ClassVar[list[dict[str, Any]]] = []
 
     def do_POST(self) -> None:
-        RecordingCentral.taken.append(
-            json.loads(self.rfile.read(int(self.headers["content-length"])))
-        )
-        body = json.dumps({"registered": True, "moved": False}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        RecordingCentral.taken.append(self.read_json())
+        self.send_json({"registered": True, "moved": False})
 
 
 @pytest.fixture
 def central() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RecordingCentral)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     RecordingCentral.taken.clear()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_handler(RecordingCentral) as url:
+        yield url
 
 
 async def _registrations(central: str, key_file: Path) -> list[str]:

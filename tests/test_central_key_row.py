@@ -9,10 +9,8 @@ central's forwarding to a stdlib server that records what it was sent."""
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import sqlite3
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,6 +29,7 @@ from fitbox.store.keys import ApiKey, create_key
 
 from .support.clients import app_client, call_rows
 from .support.ggufs import write_tiny_llama
+from .support.local_http import JsonHandler, serve_handler
 
 LOCAL, OUTSIDE = ("127.0.0.1", 5000), ("203.0.113.5", 5000)
 SAID = {CENTRAL_KEY_HEADER: central_key_header("0123456789ab", "alice's laptop")}
@@ -92,33 +91,20 @@ def test_the_calls_page_shows_the_central_key(home: Path) -> None:
     assert page.status_code == 200 and "alice&#x27;s laptop (0123456789ab)" in page.text
 
 
-class RecordingBox(http.server.BaseHTTPRequestHandler):
+class RecordingBox(JsonHandler):
     seen: ClassVar[list[dict[str, str]]] = []
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["content-length"]))
+        self.read_json()
         RecordingBox.seen.append({k.lower(): v for k, v in self.headers.items()})
-        body = b"{}"
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.send_json({})
 
 
 @pytest.fixture
 def recording() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RecordingBox)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     RecordingBox.seen.clear()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_handler(RecordingBox) as url:
+        yield url
 
 
 def _request(key: ApiKey | None, headers: dict[str, str]) -> Request:

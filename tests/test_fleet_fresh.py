@@ -8,9 +8,6 @@ brings no change, so a quiet box's memory is never older than a long-poll's wait
 from __future__ import annotations
 
 import asyncio
-import http.server
-import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +23,8 @@ from fitbox.central import mirror
 from fitbox.central.app import create_central_app
 from fitbox.central.mirror import BoxLink, Fleet
 from fitbox.central.store import BoxRecord, CentralStore
+
+from .support.local_http import JsonHandler, serve_handler
 
 LOCAL = ("127.0.0.1", 50000)
 HOST = "http://127.0.0.1"
@@ -128,7 +127,7 @@ def test_the_fleet_shows_memory_from_the_newest_reading_with_its_age(
     assert box["waiting_read_at"] is None and box["waiting_age_s"] is None  # never answered
 
 
-class QuietBox(http.server.BaseHTTPRequestHandler):
+class QuietBox(JsonHandler):
     """A box whose counter never moves: its long-poll answers after a short wait with no
     change, and each read of its readings finds one taken since."""
 
@@ -148,26 +147,13 @@ class QuietBox(http.server.BaseHTTPRequestHandler):
                 answer |= {"cursor": "id", "rows": [reading], "next": row}
         else:  # /health, /v1/residents, /v1/models
             answer = {"status": "ok", "data": []}
-        body = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.send_json(answer)
 
 
 @pytest.fixture
 def quiet_box() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietBox)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_handler(QuietBox) as url:
+        yield url
 
 
 async def _readings_taken(tmp_path: Path, url: str) -> list[float]:

@@ -8,10 +8,8 @@ or, with none, is a 502 to retry."""
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,30 +24,19 @@ from fitbox.central.store import BoxRecord, CentralStore
 from fitbox.errors import EngineFailed
 from fitbox.server.door.errors import error_response
 
+from .support.local_http import JsonHandler, serve_handler
 
-class AnsweringBox(http.server.BaseHTTPRequestHandler):
+
+class AnsweringBox(JsonHandler):
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["content-length"]))
-        body = json.dumps({"object": "text_completion", "choices": []}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.read_json()
+        self.send_json({"object": "text_completion", "choices": []})
 
 
 @pytest.fixture
 def answering() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), AnsweringBox)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_handler(AnsweringBox) as url:
+        yield url
 
 
 def _link(fleet: Fleet, box_id: str, url: str) -> BoxLink:
