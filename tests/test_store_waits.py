@@ -19,6 +19,7 @@ import pytest
 
 from fitbox import config
 from fitbox.errors import StoreBusy
+from fitbox.server.door.errors import body_for
 from fitbox.server.views.tally import Tally
 from fitbox.store import keys, waits
 from fitbox.store.db import Store
@@ -66,6 +67,10 @@ def test_a_write_its_caller_stopped_waiting_for_never_lands(
         asyncio.run(waits.write(store, lambda conn: keys.create_key(conn, "refused", ("read",))))
     assert refused.value.retry and refused.value.retry_after == waits.RETRY_AFTER_S
     assert refused.value.status == 503 and refused.value.code == "store_busy"
+    # the store's path is the box's own: an outsider's message goes without it
+    outsider = body_for(refused.value, insider=False)["error"]["message"]
+    assert str(store.path) not in outsider and "shown to the box itself" in outsider
+    assert str(store.path) in body_for(refused.value, insider=True)["error"]["message"]
     store.flush(timeout=HOLD_S)
     made = asyncio.run(waits.write(store, lambda conn: keys.create_key(conn, "after", ("read",))))
     assert made[0].name == "after"
@@ -139,6 +144,8 @@ def test_a_stuck_writer_refuses_changes_with_503_and_health_says_so(tmp_path: Pa
             refused = client.post("/v1/keys", json={"name": "refused"})
             assert_error(refused, 503, "store_busy")
             assert int(refused.headers["retry-after"]) >= 1
+            said = refused.json()["error"]["message"]  # the box itself: its store's path
+            assert said.endswith(f"The store is {store.path}.") and "operator_reason" not in said
             assert client.get("/v1/keys").status_code == 200
             deadline = time.monotonic() + HOLD_S  # a failure bound: the writer is late by then
             while not any("has not finished a write" in p for p in health(client)["problems"]):

@@ -58,11 +58,12 @@ _readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="fitbox-st
 
 def busy(path: Path, doing: str) -> StoreBusy:
     return StoreBusy(
-        f"The store {path} did not answer within {STORE_WAIT_S:g} s, so fitbox did not "
-        f"{doing}: another process holds its write lock (an operator's sqlite3 in a "
-        "transaction, a backup) or its drive is slow. Nothing was changed; retry after "
-        "Retry-After, and GET /health says what holds it.",
+        f"The store did not answer within {STORE_WAIT_S:g} s, so fitbox did not {doing}: "
+        "another process holds its write lock (an operator's sqlite3 in a transaction, a "
+        "backup) or its drive is slow. Nothing was changed; retry after Retry-After, and "
+        "GET /health says what holds it.",
         retry_after=RETRY_AFTER_S,
+        operator_reason=f"The store is {path}.",  # the box's own path: insiders only
     )
 
 
@@ -186,10 +187,11 @@ async def write(store: Store, job: Callable[[sqlite3.Connection], T], what: str 
             return result
     except TimeoutError:
         raise StoreBusy(
-            f"The store {store.path} took the change but has not committed it within "
+            f"The store took the change but has not committed it within "
             f"{2 * STORE_WAIT_S:g} s; whether it was kept is not known yet. Look before "
             "retrying (GET the same resource).",
             retry_after=RETRY_AFTER_S,
+            operator_reason=f"The store is {store.path}.",
         ) from None
     except sqlite3.Error as exc:
         if primary_code(exc) in BUSY_CODES:
