@@ -102,8 +102,9 @@ class BoxLink:
         return {"Authorization": f"Bearer {self.record.admin_key}"}
 
     def suspected(self) -> bool:
-        """Its long-poll is late: a frozen box, seen within seconds, long before the mirror
-        gives up on that poll (``ANSWER_MARGIN_S``) and marks it unreachable."""
+        """Its long-poll, or a request of the sync that follows it, is late: a frozen box,
+        seen within seconds, long before the mirror gives up on that request
+        (``ANSWER_MARGIN_S``, or a sync request's 10 s) and marks it unreachable."""
         since = self.polling_since
         return since is not None and time.monotonic() - since > self.answer_due_s
 
@@ -260,7 +261,6 @@ class Fleet:
                     wait=wait_s,
                     cursors=",".join(cursors),
                 )
-                link.polling_since = None
                 counter = int(state["counter"])
                 was = link.state
                 link.state, link.last_error, link.refused_calls = "up", None, False
@@ -269,10 +269,15 @@ class Fleet:
                     changed = state.get("changed", CURSOR_TABLES)
                     if set(changed) <= CALL_TABLES and link.synced_at is not None:
                         await link.calls_settled()
+                    # the sync's requests are due at once: a box frozen while it is synced
+                    # is suspected as soon as one of them is late, as a late long-poll is
+                    link.polling_since, link.answer_due_s = time.monotonic(), SUSPECT_MARGIN_S
                     await self.sync(link, changed, state.get("pages") or {})
                     link.counter = counter
                 if time.monotonic() - link.readings_at >= READINGS_EVERY_S:
+                    link.polling_since, link.answer_due_s = time.monotonic(), SUSPECT_MARGIN_S
                     await self._readings(link)
+                link.polling_since = None
                 link.synced_at = time.time()
                 if link.synced_at - link.seen_stored_at >= SEEN_EVERY_S or was != "up":
                     # not at every counter move: that was a store write for each, two a call
@@ -286,7 +291,7 @@ class Fleet:
                 raise
             except StoreUnavailable as exc:  # the box answered; the central's store did not
                 log.warning("box %s: not mirrored for now: %s", link.record.box_id, exc)
-                link.last_error = str(exc)
+                link.last_error, link.polling_since = str(exc), None
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, RETRY_MOST_S)
             except (EngineConnectionError, TimeoutError, ValueError, KeyError, TypeError) as exc:
