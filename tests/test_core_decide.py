@@ -356,3 +356,17 @@ def test_a_lowered_cap_stops_the_cheapest_idle_set_and_names_what_it_cannot() ->
     assert [r.key for r in leaving] == ["old", "new"] and still == {"host": 2 * GiB}
     leaving, still = over_caps({"host": 6 * GiB, "gpu0": 1 * GiB}, (serving, pinned, on_gpu))
     assert [r.key for r in leaving] == ["gpu"] and still == {}
+
+
+def test_a_model_a_loading_resident_keeps_off_the_only_gpu_that_holds_it_waits() -> None:
+    """hypothesis found it (test_invariants): the model fills an empty gpu0 exactly, a
+    resident still loading holds a little of gpu0, gpu1 is too small. The call waits for
+    the loading one to settle (then leave); the miss was explained by the roomiest GPU now,
+    gpu1, and refused as larger than the box."""
+    loading = resident("r1", GiB // 4, device="gpu0", state=ResidentState.STARTING)
+    snap = Snapshot((gpu(0, 6 * GiB), gpu(1, 4 * GiB)), (loading,), cores=CORES)
+    ask = Ask("m", (fixed("m", 6 * GiB, partial_offload=True),), max_wait=300.0)
+    decision = decide(snap, ask)
+    assert isinstance(decision, Wait) and decision.blockers == ("r1",), decision
+    too_big = decide(snap, Ask("m", (fixed("m", 7 * GiB, partial_offload=True),), max_wait=300.0))
+    assert isinstance(too_big, Refuse) and too_big.reason is RefuseReason.LARGER_THAN_BOX

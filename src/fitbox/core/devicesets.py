@@ -212,7 +212,7 @@ def place_on_sets(
     finder = SetSearch(search, splits, sets)
     found = finder.best()
     if found is None:
-        first = next((g for row in sets[0] for g in row if splits.reach(g) >= 0), None)
+        first = _explained_by(search, sizer, splits, windows[0], sets[0])
         if first is None and splits.refused is not None:
             return Rejected(key, Rung.GPU_ONLY, "", *splits.refused), None
         return None, splits.placement(sets[0][0][0] if first is None else first)
@@ -223,3 +223,20 @@ def place_on_sets(
     if counts:
         fit.counts = lambda: finder.counts(chosen, k, i)
     return fit, None
+
+
+def _explained_by(
+    search: Search, sizer: Sizer, splits: Splits, window: int, sets: GpuSets
+) -> tuple[str, ...] | None:
+    """The set a miss is explained by: the first offered one that would hold the model were
+    its devices empty (what holds them then says why: busy residents that settle, pinned
+    ones), else the first offered one (the box is too small for it). Explaining by the
+    roomiest set now would call a model larger than the box that a settling resident only
+    keeps off another device for now."""
+    offered = [g for row in sets for g in row if splits.reach(g) >= 0]
+    for gpus in offered:
+        wanted = need(sizer, splits.placement(gpus), window)
+        devices = {d.id: d.capacity for d in search.snapshot.devices}
+        if all(f.total <= devices.get(d, 0) for d, f in wanted.items()):
+            return gpus
+    return offered[0] if offered else None
