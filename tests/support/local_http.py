@@ -7,7 +7,7 @@ import contextlib
 import http.server
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +23,8 @@ def serve_directory(root: Path) -> Iterator[str]:
     def handler(*args: Any) -> Quiet:
         return Quiet(*args, directory=str(root))
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_handler(handler) as url:
+        yield url
 
 
 class JsonHandler(http.server.BaseHTTPRequestHandler):
@@ -51,8 +46,9 @@ class JsonHandler(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve_handler(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
-    """``handler`` served on loopback in a thread; yields the base URL, stopped at the end."""
+def serve_handler(handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` (a handler class, or what makes one) served on loopback in a thread;
+    yields the base URL, stopped at the end."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
