@@ -14,13 +14,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fitbox.config import Config
 from fitbox.core.ask import Ask
 from fitbox.core.claims import widened
 from fitbox.core.decide import decide
 from fitbox.core.decision import Place, Refuse, Wait
+from fitbox.core.slots import Demand
 from fitbox.core.types import WEIGHTS_IN_RAM, Device, ResidentState
 from fitbox.engines.kinds import EngineKinds
 from fitbox.errors import EngineFailed, ModelBusy, ShuttingDown
@@ -39,6 +40,17 @@ from .waiting import Waiter, WaitingRoom, waiter_eta
 log = logging.getLogger(__name__)
 S = ResidentState
 READY_SLACK_S = 30  # a call waits for a load this much past the load timeout
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What one call asks of admission: its window need and the reply's part of it, its
+    slots (``n``) and what it may hold of a shared pool of cells."""
+
+    need: int
+    max_tokens: int
+    slots: int
+    demand: Demand | None
 
 
 class Admission:
@@ -70,17 +82,19 @@ class Admission:
         need: int = 1,
         max_tokens: int = 0,
         slots: int = 1,
+        demand: Demand | None = None,
     ) -> Lease:
         """Find or load the model ``name`` and hold ``slots`` of its slots for one call (a
-        call asking for ``n`` choices takes ``n``). A load that runs out of memory refuses
-        its window; the call is placed once more against that fact (a smaller window or
-        the next rung), in the same request. ``name`` comes parsed (``Named``) from a call
-        that resolved it when it opened (box/serving.py)."""
+        call asking for ``n`` choices takes ``n``), and the cells of its shared pool
+        ``demand`` may come to hold (None: a call that generates nothing). A load that
+        runs out of memory refuses its window; the call is placed once more against that
+        fact (a smaller window or the next rung), in the same request. ``name`` comes
+        parsed (``Named``) from a call that resolved it when it opened (box/serving.py)."""
         named = name if isinstance(name, Named) else self.asks.named(name)
         if self.before_load is not None and self.joinable(named) is None:
             named = await self.before_load(named, call_id)
         try:
-            lease = await self._acquire(named, call_id, need, max_tokens, slots)
+            lease = await self._acquire(named, call_id, need, max_tokens, slots, demand)
             if lease.loaded and self.after_load is not None:
                 self.after_load(lease.resident.artifact)
             return lease
@@ -88,10 +102,16 @@ class Admission:
             if not exc.detail.get("out_of_memory"):
                 raise
             log.warning("placing '%s' again after an out-of-memory load", named.asked)
-            return await self._acquire(named, call_id, need, max_tokens, slots)
+            return await self._acquire(named, call_id, need, max_tokens, slots, demand)
 
     async def _acquire(
-        self, named: Named, call_id: int | None, need: int, max_tokens: int, slots: int
+        self,
+        named: Named,
+        call_id: int | None,
+        need: int,
+        max_tokens: int,
+        slots: int,
+        demand: Demand | None,
     ) -> Lease:
         if self.closing:
             raise ShuttingDown("fitbox is shutting down; retry against the restarted service")
@@ -104,7 +124,8 @@ class Admission:
             if delay > 0:
                 await asyncio.sleep(min(delay, max_wait))
                 self.supervisor.refuse_if_failed(named.first)
-        lease = await self._admitted(named, call_id, need, max_tokens, slots, deadline, max_wait)
+        asked = _Asked(need, max_tokens, slots, demand)
+        lease = await self._admitted(named, call_id, asked, deadline, max_wait)
         try:
             async with asyncio.timeout(self.config.load_timeout + READY_SLACK_S):
                 await asyncio.shield(lease.resident.ready)
@@ -117,9 +138,7 @@ class Admission:
         self,
         named: Named,
         call_id: int | None,
-        need: int,
-        max_tokens: int,
-        slots: int,
+        asked: _Asked,
         deadline: float,
         max_wait: float,
     ) -> Lease:
@@ -128,7 +147,7 @@ class Admission:
         try:
             while True:
                 async with self.registry.lock:
-                    lease, blockers = self._decide(named, call_id, waiter, need, max_tokens, slots)
+                    lease, blockers = self._decide(named, call_id, waiter, asked)
                     changed = self.registry.change()
                 if lease is not None:
                     return lease
@@ -142,9 +161,12 @@ class Admission:
                         retry_after=self._busy_for(blockers, max_wait),
                     )
                 if waiter is None:
-                    eta = waiter_eta(self.asks.speeds, self.asks.facts, named.first, max_tokens)
+                    eta = waiter_eta(
+                        self.asks.speeds, self.asks.facts, named.first, asked.max_tokens
+                    )
                     waiter = self.waiting.enter(named.first.name, call_id, remaining, max_wait, eta)
                 waiter.blocked_by = blockers
+                waiter.cells = self._cells_wanted(named, asked)
                 # asyncio.timeout, not wait_for: on Python 3.11 a wait_for whose wait has
                 # just ended swallows a cancel that comes with it, and a call whose client
                 # left would wait out its whole max_wait
@@ -155,6 +177,24 @@ class Admission:
             self.waiting.leave(waiter)
             if self.waiting:
                 self.registry.notify()  # the next in line may go now
+
+    def _cells_wanted(self, named: Named, asked: _Asked) -> dict[str, int] | None:
+        """What a waiting call needs of its resident's shared pool, and what is held of it
+        now (/v1/queue shows it); None where the pool is not what it waits for."""
+        resident = self.joinable(named)
+        pool = resident.slots.pool(resident.window) if resident is not None else None
+        if resident is None or pool is None or asked.demand is None:
+            return None
+        need = resident.cells_for(asked.demand)
+        return {"need": need, "pool": pool, "held": resident.cells_taken}
+
+    def eta(self, waiter: Waiter) -> float | None:
+        """Seconds until a waiting call is expected answered: its blockers' calls ended at
+        their measured rates, then its own reply; None when any of it is unmeasured."""
+        ends = [r.eta_idle() for r in self.registry if r.artifact.name in waiter.blocked_by]
+        if any(e is None for e in ends) or waiter.output is None:
+            return None
+        return max((e for e in ends if e is not None), default=0.0) + waiter.output
 
     def _busy_for(self, blockers: list[str], waited: float) -> float:
         """Seconds until the blockers are expected idle (their calls' measured ends), or the
@@ -176,19 +216,19 @@ class Admission:
         named: Named,
         call_id: int | None,
         waiter: Waiter | None,
-        need: int,
-        max_tokens: int,
-        slots: int,
+        asked: _Asked,
     ) -> tuple[Lease | None, list[str]]:
         """Under the lock: join a resident, place a new one, or say who blocks."""
+        slots, need, max_tokens = asked.slots, asked.need, asked.max_tokens
         existing = self.joinable(named)
         if existing is not None:  # the hot path: no pricing for a model already loaded
             if existing.state is S.STOPPING or self._outgrown(existing, max(need - max_tokens, 0)):
                 return None, [existing.artifact.name]
-            if not existing.has_slots(slots) or self._slot_waiter_ahead(named, waiter):
-                return None, [existing.artifact.name]  # a slot frees when a call ends
-            self.registry.join(existing, slots)
-            return Lease(existing, self.registry, slots=slots), []
+            cells = existing.cells_for(asked.demand)
+            if not existing.has_room(slots, cells) or self._slot_waiter_ahead(named, waiter):
+                return None, [existing.artifact.name]  # slots and cells free when calls end
+            self.registry.join(existing, slots, cells)
+            return Lease(existing, self.registry, slots=slots, cells=cells), []
         ask = self.asks.ask(named, need=need, max_tokens=max_tokens)
         devices = self.snapshots.devices()  # one probe reading: pricing, deciding, labelling
         decision = decide(self.snapshots.snapshot(devices), ask)
@@ -205,7 +245,7 @@ class Admission:
         if loaded is not None:  # the same file under another contract (rung, pins)
             why = f"loading it again as {decision.rung.value} (it was {loaded.rung.value})"
             return None, self._reload_when_idle(loaded, why)
-        return self._place(named, decision, ask, devices, call_id, slots), []
+        return self._place(named, decision, ask, devices, call_id, asked), []
 
     def _slot_waiter_ahead(self, named: Named, waiter: Waiter | None) -> bool:
         """Whether a call for the same model waits ahead of this one: a slot that frees
@@ -219,7 +259,7 @@ class Admission:
         ask: Ask,
         devices: list[Device],
         call_id: int | None,
-        slots: int,
+        asked: _Asked,
     ) -> Lease:
         """Apply a placement: victims leave, the new resident is registered and brought up."""
         victims = [r for v in decision.victims if (r := self.registry.get(v.key))]
@@ -248,11 +288,11 @@ class Admission:
             cpus=self.snapshots.cpus_of(decision.cores),
         )
         self.registry.add(resident)
-        self.registry.join(resident, slots)
+        cells = resident.cells_for(asked.demand)  # alone on it: capped at its pool, it fits
+        self.registry.join(resident, asked.slots, cells)
         self.tasks.spawn(self.supervisor.bring_up(resident, victims))
-        return Lease(
-            resident, self.registry, [v.artifact.name for v in victims], loaded=True, slots=slots
-        )
+        evicted = [v.artifact.name for v in victims]
+        return Lease(resident, self.registry, evicted, loaded=True, slots=asked.slots, cells=cells)
 
     def _take_cores(self, holder: Resident, taken: tuple[int, ...]) -> None:
         """Under the lock: a claim takes cores of the idle ``holder`` (FORMULAS.md §CPU

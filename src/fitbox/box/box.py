@@ -151,7 +151,12 @@ class Box:
 
     def queue(self) -> list[dict[str, Any]]:
         """Calls waiting for room, in admission order (core/admission.py)."""
-        return self.admission.waiting.view(self.admission.policy()) + self.movers.queue()
+        admission = self.admission
+        waiting = [
+            {**w.view(), "eta_s": admission.eta(w)}
+            for w in admission.waiting.ordered(admission.policy())
+        ]
+        return waiting + self.movers.queue()
 
     def queue_etas(self) -> dict[str, float | None]:
         """Per ready resident, by model: the seconds a new call would wait for one of its

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from fitbox.core.slots import Demand
 from fitbox.engines.http1 import EngineConnectionError, EngineResponse
 from fitbox.errors import EngineFailed, EngineTimeout, FitboxError
 from fitbox.store.db import CallStart, CentralKey, Store
@@ -39,7 +40,7 @@ from .supervision import Watchdog
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 KEEP_TAIL = 16 * 1024  # the end of a reply kept for its usage and timings
 ROW_WAIT_S = 5.0  # the longest a response waits for its row to be committed
-Acquire = Callable[[str | Named, int | None, int, int, int], Awaitable[Lease]]
+Acquire = Callable[[str | Named, int | None, int, int, int, Demand | None], Awaitable[Lease]]
 
 
 # The last event of the streams that end without ``data: [DONE]``: the Responses API's and
@@ -202,14 +203,16 @@ class Call:
         slots: int = 1,
         named: Named | None = None,
         counted: bool = False,
+        demand: Demand | None = None,
     ) -> Resident:
         """Hold ``slots`` slots of a ready resident for this call (loading, evicting or
         waiting as decided); ``named``: the name as the call resolved it when it opened
         (box/serving.py; a default model's when that serves), else the one asked;
-        ``counted``: ``prompt_tokens`` is the model's own count, not a bound."""
+        ``counted``: ``prompt_tokens`` is the model's own count, not a bound; ``demand``:
+        what a generating call may hold of a shared pool of cells (core/slots.py)."""
         self.prompt_tokens = prompt_tokens if counted else None
         self.lease = lease = await self.desk.acquire(
-            named or self.model, self.id, need, max_tokens, slots
+            named or self.model, self.id, need, max_tokens, slots, demand
         )
         r = lease.resident
         lease.expect(self.desk.speeds.of(r.artifact, r.rung.value), prompt_tokens, max_tokens)

@@ -20,6 +20,7 @@ class Lease:
     evicted: list[str] = field(default_factory=list)
     loaded: bool = False  # this call's placement loaded the model
     slots: int = 1  # the resident's slots this call holds (its ``n``)
+    cells: int = 0  # the cells of its shared pool this call holds (core/slots.py Demand)
     _released: bool = False
 
     @property
@@ -31,7 +32,7 @@ class Lease:
         if not self._released:
             self._released = True
             self.resident.expected_ends.pop(id(self), None)
-            self.registry.release(self.resident, self.slots)
+            self.registry.release(self.resident, self.slots, self.cells)
 
     def expect(self, speeds: Speeds, prompt_tokens: int, max_tokens: int) -> None:
         """When this call should be done, from the model's measured rates (None: unknown)."""

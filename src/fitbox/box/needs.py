@@ -27,7 +27,7 @@ from typing import Any
 
 from fitbox.core.image_tokens import ImageTokens
 from fitbox.core.prompts import image_payloads, prompt_bound
-from fitbox.core.slots import choose
+from fitbox.core.slots import Demand, choose
 from fitbox.core.types import ResidentState
 from fitbox.engines.http1 import EngineConnectionError
 from fitbox.errors import ContextExceeded, InvalidRequest
@@ -40,6 +40,10 @@ from .asks import Asks, Named
 from .resident import Resident
 
 COUNT_S = 10.0  # the longest a call waits for its engine to count its prompt
+# the routes whose calls write a reply into the engine's cells, beside their prompt's
+GENERATES = frozenset(
+    ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses", "/infill")
+)
 log = logging.getLogger(__name__)
 
 
@@ -106,11 +110,15 @@ class Needs:
             )
         return n
 
-    async def prompt(self, named: Named, path: str, raw: bytes, body: dict[str, Any]) -> PromptSize:
+    async def prompt(
+        self, named: Named, path: str, raw: bytes, body: dict[str, Any], reply: int = 0
+    ) -> PromptSize:
         """The prompt's size before placement: the bound when it already fits the slot of
         a loaded model, or when the loaded model's engine refuses a prompt too long for
         its slot with the prompt's count (no engine round trip before the call is sent),
-        else the loaded model's own count, else the bound."""
+        and the cells the bound would hold of a shared pool are no more than a slot's
+        share nor than what is free (``reply``: its max tokens, 0 for none); else the
+        loaded model's own count, else the bound."""
         trained = named.first.facts.shape.n_ctx_train
         largest = self.slots.window_each(trained) if trained > 0 else 0
         bound = PromptSize(
@@ -119,12 +127,39 @@ class Needs:
             largest,
         )
         resident = self.admission.joinable(named)
-        if resident is None or fits(bound, resident) or resident.engine.sends_on_bound(path):
+        if resident is None:
+            return bound
+        on_bound = fits(bound, resident) or resident.engine.sends_on_bound(path)
+        if on_bound and not self.holds_much(bound, resident, path, body, reply):
             return bound
         counted = await self.counted(resident, path, raw)
-        if counted is None:
-            return PromptSize(bound.tokens, False, largest, claimed=True)
+        if counted is None:  # counted for its cells only: the bound stands, as it was sent
+            return bound if on_bound else PromptSize(bound.tokens, False, largest, claimed=True)
         return PromptSize(counted, True, largest)
+
+    def demand(
+        self, path: str, size: PromptSize, body: dict[str, Any], reply: int
+    ) -> Demand | None:
+        """What a call may hold of a shared pool of cells: its prompt (counted, or its
+        bound), its reply budget (``reply``; 0: none asked, up to the window) and its
+        choices; None for a call that writes no reply (embeddings, tokenize)."""
+        if path not in GENERATES:
+            return None
+        return Demand(size.tokens, reply or None, self.choices(body))
+
+    def holds_much(
+        self, bound: PromptSize, resident: Resident, path: str, body: dict[str, Any], reply: int
+    ) -> bool:
+        """Whether the cells a prompt's bound would hold of ``resident``'s shared pool are
+        more than a slot's share of it or than its calls leave free: then its count is worth
+        a round trip to the engine (a bound of bytes, several times the tokens, would hold
+        calls back that fit). A call with no reply budget holds the pool whatever its count."""
+        pool = resident.slots.pool(resident.window)
+        demand = self.demand(path, bound, body, reply)
+        if pool is None or demand is None or demand.reply is None:
+            return False
+        share = pool // max(resident.slots.count, 1)
+        return demand.cells(pool) > min(share, pool - resident.cells_taken)
 
     def bounded(
         self, body: dict[str, Any], template_bytes: int, artifacts: Sequence[Artifact]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fitbox.core.decision import Place
-from fitbox.core.slots import Slots
+from fitbox.core.slots import Demand, Slots, admits
 from fitbox.core.types import Footprint, ResidentState, ResidentView, Rung
 from fitbox.engines.child import Child
 from fitbox.engines.seam import Engine
@@ -38,6 +38,7 @@ class Resident:
     _state: ResidentState = field(default=ResidentState.STARTING, init=False)
     calls: int = 0
     slots_taken: int = 0  # of ``parallel``: a call takes as many as the choices it asks for
+    cells_taken: int = 0  # of a unified pool: what its calls may come to hold (core/slots.py)
     last_used: float = field(default_factory=time.monotonic)
     # the last byte any of its calls received (monotonic): the engine's progress, which the
     # hang watchdog stamps and reads, so a call queued for a slot is not taken for a hang
@@ -127,6 +128,19 @@ class Resident:
         fitbox's door, never in the engine's queue)."""
         return self.slots_taken + wanted <= self.parallel
 
+    def cells_for(self, demand: Demand | None) -> int:
+        """The cells of its shared pool a call of ``demand`` holds; 0 where its slots have
+        cells of their own, or for a call that generates nothing (embeddings, tokenize)."""
+        pool = self.slots.pool(self.window)
+        return 0 if pool is None or demand is None else demand.cells(pool)
+
+    def has_room(self, wanted: int, cells: int) -> bool:
+        """Whether a call wanting ``wanted`` slots and ``cells`` cells of the shared pool may
+        start on it now: else it waits at fitbox's door, where the queue shows it, and
+        never meets another call in the engine's full pool (both would fail)."""
+        pool = self.slots.pool(self.window)
+        return self.has_slots(wanted) and (pool is None or admits(pool, self.cells_taken, cells))
+
     @property
     def type_k(self) -> str:
         return self.place.type_k if self.place else "f16"
@@ -192,6 +206,8 @@ class Resident:
             "parallel": self.parallel,
             "kv_unified": self.slots.unified,
             "slots_taken": self.slots_taken,
+            "cells": self.slots.pool(self.window),  # None: each slot has its own
+            "cells_taken": self.cells_taken,
             "rung": self.rung.value,
             "type_k": self.type_k,
             "type_v": self.type_v,

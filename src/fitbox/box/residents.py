@@ -96,19 +96,21 @@ class Registry:
             del self._residents[resident.key]
         self.notify()
 
-    def join(self, resident: Resident, slots: int = 1) -> None:
-        """A call starts on ``resident`` and takes ``slots`` of its slots (its ``n``): it
-        is now serving."""
+    def join(self, resident: Resident, slots: int = 1, cells: int = 0) -> None:
+        """A call starts on ``resident`` and takes ``slots`` of its slots (its ``n``) and
+        ``cells`` of its shared pool: it is now serving."""
         resident.calls += 1
         resident.slots_taken += slots
+        resident.cells_taken += cells
         resident.served += 1
         resident.last_used = time.monotonic()
 
-    def release(self, resident: Resident, slots: int = 1) -> None:
-        """A call on ``resident`` ended, giving back its slots; waiting calls may find a
-        free slot, or it idle, now."""
+    def release(self, resident: Resident, slots: int = 1, cells: int = 0) -> None:
+        """A call on ``resident`` ended, giving back its slots and cells; waiting calls may
+        find room, or it idle, now."""
         resident.calls -= 1
         resident.slots_taken -= slots
+        resident.cells_taken -= cells
         resident.last_used = time.monotonic()
         self.notify()
 

@@ -321,10 +321,12 @@ class Served:
         is ready and its engine cannot say a prompt is too long, else bounded. Returns the
         size it was first placed by."""
         needs, order, call = self.serving.needs, self.order, self.call
-        size = await needs.prompt(named, order.endpoint, order.raw, order.body)
+        asked = max_tokens(order.body)
+        size = await needs.prompt(named, order.endpoint, order.raw, order.body, asked)
         size.refuse_if_too_long(prompt_param(order.body))
-        need, reply = size.split(max_tokens(order.body))
-        resident = await call.place(need, reply, size.tokens, self.slots, named, size.exact)
+        need, reply = size.split(asked)
+        demand = needs.demand(order.endpoint, size, order.body, asked)
+        resident = await call.place(need, reply, size.tokens, self.slots, named, size.exact, demand)
         if size.exact or fits(size, resident) or resident.engine.sends_on_bound(order.endpoint):
             return resident, size
         counted = await needs.counted(resident, order.endpoint, order.raw)
@@ -336,10 +338,13 @@ class Served:
     async def _placed_by_count(self, named: Named, counted: int, largest: int) -> Resident:
         """Place again a call whose prompt its engine counted at ``counted`` tokens, more
         than the slot it had: a window that holds it, or refused with both numbers."""
+        order = self.order
         size = PromptSize(counted, True, largest)
-        size.refuse_if_too_long(prompt_param(self.order.body))
-        need, reply = size.split(max_tokens(self.order.body))
-        return await self.call.place(need, reply, counted, self.slots, named, counted=True)
+        size.refuse_if_too_long(prompt_param(order.body))
+        asked = max_tokens(order.body)
+        need, reply = size.split(asked)
+        demand = self.serving.needs.demand(order.endpoint, size, order.body, asked)
+        return await self.call.place(need, reply, counted, self.slots, named, True, demand)
 
     async def prompt_count(self) -> int | None:
         """The call's prompt tokens: as counted before placing, else by its engine now."""

@@ -29,6 +29,8 @@ class Waiter:
     load: float | None = None
     output: float | None = None
     blocked_by: list[str] = field(default_factory=list)
+    # what it needs of its resident's shared pool of cells, and what its calls hold now
+    cells: dict[str, int] | None = None
 
     def view(self) -> dict[str, Any]:
         return {
@@ -37,6 +39,7 @@ class Waiter:
             "since": self.since,
             "deadline": self.deadline,
             "blocked_by": self.blocked_by,
+            "cells": self.cells,
         }
 
 
@@ -89,10 +92,6 @@ class WaitingRoom:
             admission.Policy(policy),
         )
         return [by_arrival[t.id] for t in tickets]
-
-    def view(self, policy: str) -> list[dict[str, Any]]:
-        """Waiting calls in admission order, as /v1/queue shows them."""
-        return [w.view() for w in self.ordered(policy)]
 
     def ahead_of(self, waiter: Waiter | None, policy: str) -> list[str]:
         """Models of the calls admitted before ``waiter`` (all of them, for a new call)."""
