@@ -26,7 +26,7 @@ from fitbox.models.catalog import Catalog
 from fitbox.probe.gpus import open_gpu_probe
 from fitbox.probe.host import physical_cores
 
-from .support.cpus import allowed_cpus
+from .support.cpus import allowed_cpus, declare_load
 from .support.ggufs import write_tiny_llama
 
 pytestmark = pytest.mark.skipif(len(physical_cores()) < 2, reason="needs two physical cores")
@@ -71,6 +71,7 @@ def test_a_claim_that_takes_an_idle_engines_cores(tmp_path: Path) -> None:
     async def run() -> None:
         box, cores, every, cpus = _box_on_its_cores(config, catalog)
         rest = cpus - cores[0]
+        declare_load(box.snapshots.busy, 0.0)  # a box known quiet lends its reserved core
         try:
             lease = await box.acquire("tiny-a")
             first = lease.resident
@@ -171,6 +172,40 @@ def test_an_engine_loaded_beside_other_work_starts_again_on_every_core(tmp_path:
             assert status == 200
             lease.release()
             assert await checks(ROOM_CHECKS + 1) == 0  # it has every core: nothing more
+        finally:
+            await box.close()
+
+    asyncio.run(run())
+
+
+def test_busy_cores_shrink_a_claim_to_one_thread_and_an_unread_box_lends_nothing(
+    tmp_path: Path,
+) -> None:
+    """Every core kept busy by other work (a declared reading, the reserved one too): the
+    model is not refused, it gets one thread on one core (a thread per busy core waits on
+    spin barriers: a 1-token chat 290-400 ms at -t 2 on two busy cores, 30-60 ms at -t 1).
+    On a box whose load was never read the reserved core is not lent either."""
+    config, catalog = _two_tinies(tmp_path)
+
+    async def run() -> None:
+        box, cores, every, cpus = _box_on_its_cores(config, catalog)
+        try:
+            lease = await box.acquire("tiny-a")  # no reading yet: not known quiet
+            first = lease.resident
+            lease.release()
+            assert first.cores == every[1:] and first.threads == len(every) - 1
+            await box.supervisor.stop(first)
+
+            declare_load(box.snapshots.busy, 100.0)
+            assert box.snapshots.busy.busy() == every  # the reserved core too, box-wide
+            lease = await box.acquire("tiny-b")
+            busy = lease.resident
+            argv = busy.child.argv  # type: ignore[union-attr]
+            assert busy.cores == (every[1],) and argv[argv.index("-t") + 1] == "1"
+            assert threads_on(busy) == {cores[every[1]]}
+            status, _ = await busy.child.pool.get("/health")  # type: ignore[union-attr]
+            assert status == 200
+            lease.release()
         finally:
             await box.close()
 

@@ -175,12 +175,23 @@ def test_claims_never_lend_the_reserved_core_beside_another_engine() -> None:
 
 
 def test_claims_cores_busy_with_other_work_are_taken_last() -> None:
-    # free cores first; the busy one only to reach the floor
+    # free cores first; a claim short of its floor because other work keeps cores busy
+    # shrinks to the cores that are not (here the lent one), never crowds a busy one
     assert claims.claim(range(4), (2,), [], (), weights_in_ram=True, floor=1) == claims.Claim(
         (0, 1, 3)
     )
     assert claims.claim(range(4), (1, 2, 3), [], (), weights_in_ram=True, floor=2) == claims.Claim(
-        (0, 1)
+        (0,)
+    )
+    got = claims.claim(range(3), (2,), [], (), weights_in_ram=True, floor=2, lend=False)
+    assert got == claims.Claim((1,))
+    # every core busy (the reserved one too, box-wide): one thread on one busy core, the
+    # issue's 2-core box (-t 2 there made a 1-token chat 290-400 ms against 30-60 at -t 1)
+    assert claims.claim(range(2), (0, 1), [], (), weights_in_ram=True, floor=1) == claims.Claim(
+        (1,)
+    )
+    assert claims.claim(range(4), (1, 2, 3), [], (), weights_in_ram=True, floor=3, lend=False) == (
+        claims.Claim((1,))
     )
     # the reserved core is not lent while other work keeps it busy
     assert claims.claim(range(2), (0,), [], (), weights_in_ram=True, floor=1) == claims.Claim((1,))

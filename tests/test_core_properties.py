@@ -148,6 +148,21 @@ def _relaxing_the_constraint_helps(snapshot: Snapshot, ask: Ask, refusal: Refuse
         assert refusal.reason in (RefuseReason.NO_CANDIDATE, RefuseReason.BAD_ARTIFACT)
 
 
+@given(snapshot=snapshots(), ask=asks(), busy=st.lists(st.sampled_from(CORES), unique=True))
+def test_cores_busy_with_other_work_never_refuse_and_only_shrink_a_claim(
+    snapshot: Snapshot, ask: Ask, busy: list[int]
+) -> None:
+    """Other work on any cores never turns a placement or a wait into a refusal; a claim
+    that takes a busy core takes just that one, and only when no other is left."""
+    quiet = decide(replace(snapshot, busy_cores=()), ask)
+    loaded = replace(snapshot, busy_cores=tuple(busy))
+    decision = decide(loaded, ask)
+    if not isinstance(quiet, Refuse):
+        assert not isinstance(decision, Refuse) or decision.reason is not RefuseReason.NO_CORES
+    if isinstance(decision, Place) and set(decision.cores) & set(busy):
+        assert len(decision.cores) == 1
+
+
 @given(snapshot=snapshots(), ask=asks())
 def test_without_residents_nothing_is_evicted_and_waiting_never_happens(
     snapshot: Snapshot, ask: Ask

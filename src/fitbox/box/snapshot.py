@@ -69,7 +69,9 @@ class Snapshots:
             residents=tuple(r.view() for r in self.registry),
             cores=self.claimable_cores(),
             busy_cores=self.busy.busy(),
-            lend_reserved=self.prefs.cap("cpu_max") is None,  # a cap an operator set stands
+            # a cap an operator set stands; and the reserved core is lent only on a box
+            # known quiet (box/sensors.py settled), never on one whose load is not yet read
+            lend_reserved=self.prefs.cap("cpu_max") is None and self.busy.settled(),
         )
 
     def physical_cores(self) -> dict[int, frozenset[int]]:

@@ -8,10 +8,13 @@
 - Cores held by busy or loading engines are never claimed: two engines never share a core.
 - An idle engine's cores can be taken (it is told, in ``Claim.taken_from``, and re-pinned to
   what it keeps).
-- Cores kept busy by other work (a sustained reading, box/sensors.py) are taken last: only
-  when the free and idle cores are fewer than the engine needs, an idle engine's after
-  those no engine holds. Foreign work is not an engine; refusing to serve because
-  something else computes would help no one.
+- Cores kept busy by other work (a sustained reading, box/sensors.py) are taken last: a
+  claim short of its need because other work keeps cores busy shrinks to the cores that
+  are not (llama.cpp's threads on a core another process computes on wait on each other's
+  spin barriers: a 1-token chat took 290-400 ms at -t 2 on two busy cores, 30-60 ms at
+  -t 1); only when no other core is left does it take one busy core (one thread), one no
+  engine holds before an idle engine's. Foreign work is not an engine: a model is never
+  refused, nor made to wait, because something else computes.
 - A GPU-only engine gets one core. An engine reading weights from RAM gets as many as still
   make it faster: from its measured bandwidth curve when it reaches that many cores (the
   fewest within 1 % of the best measured rate), else every free core; at least ``floor``.
@@ -139,9 +142,11 @@ def claim(
     threads: Sequence[tuple[int, float]] = (),
     lend: bool = True,
 ) -> Claim | None:
-    """The cores a new engine gets, or None when fewer than it needs are free. ``lend``
-    False: an operator capped the cores engines claim (--cpu-max), the reserved core is
-    never lent."""
+    """The cores a new engine gets, or None when our own engines hold what it needs (it
+    waits for them, or is refused when they are pinned). ``lend`` False: an operator capped
+    the cores engines claim (--cpu-max), or the box is not known quiet: the reserved core is
+    not lent. Short of its need only because other work keeps cores busy, the claim shrinks
+    to the cores that are not, or to one busy core when none is left."""
     if not cores:
         return Claim(())  # the shell did not say: no claims are made
     free, idle = claimable(cores, busy_cores, residents, leaving)
@@ -154,6 +159,7 @@ def claim(
     if available + len(foreign) < need:
         return None
     count = max(need, wanted(threads, available)) if weights_in_ram else 1
+    count = min(count, available) if available else 1  # shrunk to the cores not kept busy
     picked = free[:count]
     taken = idle[: max(count - len(picked), 0)]
     crowded = foreign[: max(count - len(picked) - len(taken), 0)]
