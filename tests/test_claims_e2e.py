@@ -188,7 +188,7 @@ def test_busy_cores_shrink_a_claim_to_one_thread_and_an_unread_box_lends_nothing
     config, catalog = _two_tinies(tmp_path)
 
     async def run() -> None:
-        box, cores, every, cpus = _box_on_its_cores(config, catalog)
+        box, cores, every, _ = _box_on_its_cores(config, catalog)
         try:
             lease = await box.acquire("tiny-a")  # no reading yet: not known quiet
             first = lease.resident

@@ -17,12 +17,12 @@ import psutil
 import pytest
 
 from fitbox.core import sizing
-from fitbox.engines.llama_server import PROBE_S
 from fitbox.models.gguf_facts import read_facts
 
 from .support.ggufs import write_tiny_llama
 from .support.holds import (
     HOLD_IDLE_TIMEOUT,
+    SAFETY_S,
     Background,
     calls_on,
     engine_logs,
@@ -321,13 +321,15 @@ def test_kill_9_mid_stream_then_restart_leaves_no_child_and_an_interrupted_row(
                     children = engine_pids(box)
                     box.proc.kill()  # kill -9: no cleanup runs in fitbox
         box.proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while any(
-            psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-            for p in children
-        ):
-            assert time.monotonic() < deadline, "the engine outlived a kill -9 of fitbox"
-            time.sleep(0.1)
+        until(
+            lambda: (
+                not any(
+                    psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                    for p in children
+                )
+            ),
+            "the engine gone after a kill -9 of fitbox",
+        )
     finally:
         stop_fitbox(box)
     with running_fitbox(home, [smollm2.parent]) as again:
@@ -358,10 +360,7 @@ def test_sigterm_during_a_load_that_never_finishes_stops_everything_within_15_s(
         )
         caller.start()
         # the load, not a probe of the binary (its --port 0 start hangs too, for PROBE_S)
-        deadline = time.monotonic() + 10 + PROBE_S
-        while not loading(box):
-            assert time.monotonic() < deadline, "the fake engine never started"
-            time.sleep(0.05)
+        until(lambda: loading(box), "the fake engine started")
         children = engine_pids(box)
         box.proc.send_signal(signal.SIGTERM)
         box.proc.wait(timeout=15)  # the bound the name promises; the stop ladder takes ~5 s
@@ -453,13 +452,15 @@ def test_a_client_that_disconnects_mid_stream_cancels_the_generation_and_frees_t
                     break  # the client goes away mid-stream
         (resident,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
         engine = f"http://127.0.0.1:{resident['port']}"
-        deadline = time.monotonic() + 10
-        while True:  # llama-server's own view of its slots
-            slots = httpx.get(f"{engine}/slots", timeout=5).json()
-            if not any(slot["is_processing"] for slot in slots):
-                break
-            assert time.monotonic() < deadline, "the engine kept generating for nobody"
-            time.sleep(0.1)
+        until(  # llama-server's own view of its slots; the row's tokens say it stopped early
+            lambda: (
+                not any(
+                    slot["is_processing"]
+                    for slot in httpx.get(f"{engine}/slots", timeout=SAFETY_S).json()
+                )
+            ),
+            "the engine's slots idle once the client left",
+        )
         row = box.calls()[-1]
         assert row["outcome"] == "interrupted"
         assert (row["completion_tokens"] or 0) < 4000

@@ -26,7 +26,15 @@ from typing import Any
 import httpx
 import pytest
 
-from .support.holds import HOLD_IDLE_TIMEOUT, Background, engine_logs, gated_engine, resident, until
+from .support.holds import (
+    HOLD_IDLE_TIMEOUT,
+    SAFETY_S,
+    Background,
+    engine_logs,
+    gated_engine,
+    resident,
+    until,
+)
 from .support.processes import FitboxProcess, running_fitbox
 
 pytestmark = pytest.mark.engine
@@ -34,7 +42,6 @@ SMOL = "SmolLM2-135M-Instruct.Q4_1"
 PREFERRED = 512
 TEMPLATE = 30  # tokens the chat template adds to a one-message prompt, about
 HOLDING = "fake: holding a reply"
-SAFETY_S = 600  # a safety net for a loaded machine, never what is tested
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +131,7 @@ def test_two_prompts_that_fit_alone_are_both_answered_when_sent_at_once(
         return chat(box, prompt(pool, offset), stream)
 
     calls = [Background(functools.partial(call, offset)) for offset in (1, 4)]
-    answers = [c.result(within=SAFETY_S) for c in calls]
+    answers = [c.result() for c in calls]
     assert [status for status, _ in answers] == [200, 200], answers
     assert all(text for _, text in answers), answers
 
@@ -140,11 +147,11 @@ def test_the_second_waits_in_the_queue_for_the_cells_of_the_first(
     gate.unlink()
     try:
         first = Background(lambda: chat(box, prompt(pool, 2), stream))
-        until(lambda: engine_logs(box).count(HOLDING) > held, "the first reply held", SAFETY_S)
+        until(lambda: engine_logs(box).count(HOLDING) > held, "the first reply held")
         taken = resident(box, SMOL)
         assert taken["calls"] == 1 and taken["cells"] == pool
         second = Background(lambda: chat(box, prompt(pool, 5), stream))
-        (waiting,) = until(lambda: queued(box), "the second call waiting in /v1/queue", SAFETY_S)
+        (waiting,) = until(lambda: queued(box), "the second call waiting in /v1/queue")
         assert waiting["blocked_by"] == [SMOL] and "eta_s" in waiting
         cells = waiting["cells"]
         assert cells["pool"] == pool and cells["held"] == taken["cells_taken"]
@@ -152,7 +159,7 @@ def test_the_second_waits_in_the_queue_for_the_cells_of_the_first(
         assert resident(box, SMOL)["calls"] == 1  # the second never reached the engine
     finally:
         gate.touch()
-    answers = [first.result(within=SAFETY_S), second.result(within=SAFETY_S)]
+    answers = [first.result(), second.result()]
     assert [status for status, _ in answers] == [200, 200], answers
     assert all(text for _, text in answers), answers
     assert not queued(box)

@@ -10,7 +10,14 @@ import httpx
 import pytest
 
 from .support.ggufs import two_models_one_at_a_time
-from .support.holds import HOLD_IDLE_TIMEOUT, Background, calls_on, engine_stopped, until
+from .support.holds import (
+    HOLD_IDLE_TIMEOUT,
+    SAFETY_S,
+    Background,
+    calls_on,
+    engine_stopped,
+    until,
+)
 from .support.processes import running_fitbox
 
 pytestmark = pytest.mark.engine
@@ -19,7 +26,7 @@ SMOL = "SmolLM2-135M-Instruct.Q4_1"
 
 def act(url: str, action: str, model: str | None = None) -> httpx.Response:
     body = {"model": model} if model else None
-    return httpx.post(f"{url}/v1/operator/{action}", json=body, timeout=120)
+    return httpx.post(f"{url}/v1/operator/{action}", json=body, timeout=SAFETY_S)
 
 
 def test_operator_actions_keep_their_promises(
@@ -33,7 +40,7 @@ def test_operator_actions_keep_their_promises(
         assert act(box.url, "pin", "tiny").json()["resident"]["pinned"] is True
         held = httpx.post(
             f"{box.url}/v1/completions",
-            timeout=60,
+            timeout=SAFETY_S,
             json={"model": SMOL, "prompt": "hi", "max_tokens": 1},
         )
         assert held.status_code == 507 and held.json()["error"]["code"] == "held_by_pinned"
@@ -46,11 +53,12 @@ def test_operator_actions_keep_their_promises(
             body = {
                 "model": SMOL,
                 "prompt": "Tell a story",
-                "max_tokens": 64,
+                "max_tokens": 8,  # held by the stopped engine, not by its length
                 "stream": True,
                 "ignore_eos": True,
             }
-            with httpx.stream("POST", f"{box.url}/v1/completions", json=body, timeout=60) as r:
+            url = f"{box.url}/v1/completions"
+            with httpx.stream("POST", url, json=body, timeout=SAFETY_S) as r:
                 return list(r.iter_lines())
 
         # the stream's engine is stopped: the call is on the resident until the test lets it

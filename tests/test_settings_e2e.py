@@ -3,7 +3,6 @@ changes what the next call gets, survives a restart, and bad values are refused 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -136,10 +135,10 @@ def test_idle_ttl_unloads_and_a_pin_is_loaded_again_after_a_restart(
     with running_fitbox(home, [smollm2.parent]) as box:
         post(box.url, "/v1/settings/pair", {"model": "smollm2", "idle_ttl": 1})
         assert chat(box.url).status_code == 200
-        deadline = time.monotonic() + 15
-        while httpx.get(f"{box.url}/v1/residents").json()["data"]:
-            assert time.monotonic() < deadline, "not unloaded after its idle TTL"
-            time.sleep(0.2)
+        until(
+            lambda: not httpx.get(f"{box.url}/v1/residents").json()["data"],
+            "unloaded after its idle TTL",
+        )
         assert "idle past its TTL" in box.log()
         post(box.url, "/v1/settings/pair", {"model": "smollm2", "idle_ttl": None})
         assert (
@@ -149,13 +148,14 @@ def test_idle_ttl_unloads_and_a_pin_is_loaded_again_after_a_restart(
             == 200
         )
     with running_fitbox(home, [smollm2.parent]) as box:
-        deadline = time.monotonic() + 30
-        while True:
-            residents = httpx.get(f"{box.url}/v1/residents").json()["data"]
-            if residents and residents[0]["state"] == "ready":
-                break
-            assert time.monotonic() < deadline, "the pinned model was not loaded at start"
-            time.sleep(0.2)
+        residents = until(
+            lambda: (
+                (found := httpx.get(f"{box.url}/v1/residents").json()["data"])
+                and found[0]["state"] == "ready"
+                and found
+            ),
+            "the pinned model loaded at start",
+        )
         assert residents[0]["pinned"] is True
 
 
@@ -175,13 +175,14 @@ def test_a_model_loaded_below_its_window_grows_back_when_room_lasts(
         (small,) = httpx.get(f"{box.url}/v1/residents").json()["data"]
         assert small["window"] == 1024  # the band gave what fits
         assert post(box.url, "/v1/limits", {"ram_max": "4GiB"}).status_code == 200  # room
-        deadline = time.monotonic() + 30
-        while True:
-            residents = httpx.get(f"{box.url}/v1/residents").json()["data"]
-            if residents and residents[0]["window"] == 4096 and residents[0]["state"] == "ready":
-                break
-            assert time.monotonic() < deadline, "never grew back"
-            time.sleep(0.2)
+        until(
+            lambda: (
+                (found := httpx.get(f"{box.url}/v1/residents").json()["data"])
+                and found[0]["window"] == 4096
+                and found[0]["state"] == "ready"
+            ),
+            "grown back to a 4096 window",
+        )
         assert "room for a 4096-token window has lasted" in box.log()
         assert chat(box.url).status_code == 200
 

@@ -161,7 +161,6 @@ def test_four_streams_run_in_parallel_on_one_resident(box: FitboxProcess, gate: 
         until(
             lambda: engine_logs(box).count(HOLDING) == 4,
             "four replies held at the gate at once",
-            within=120,
         )
         assert resident(box, SMOL)["calls"] == 4
     finally:
@@ -196,7 +195,7 @@ def engine(smollm2: Path, llama_server_bin: Path) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        until(lambda: _healthy(url), "the engine answering /health", within=60)
+        until(lambda: _healthy(url), "the engine answering /health")
         yield url
     finally:
         proc.terminate()

@@ -27,7 +27,7 @@ def counter(box: FitboxProcess) -> int:
     return value
 
 
-def counter_reaches(box: FitboxProcess, expected: int, within: float = 10.0) -> int:
+def counter_reaches(box: FitboxProcess, expected: int, within: float = 120.0) -> int:
     """The counter once it shows ``expected`` (writes land a moment after the reply)."""
     deadline = time.monotonic() + within
     while (value := counter(box)) < expected and time.monotonic() < deadline:

@@ -31,7 +31,7 @@ class FitboxProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def calls(self, settle: float = 5.0) -> list[dict[str, Any]]:
+    def calls(self, settle: float = 120.0) -> list[dict[str, Any]]:
         """The call log, once no row is pending (the store writes a moment after a reply)."""
         import sqlite3
 
@@ -85,8 +85,9 @@ def start_fitbox(
 
 def answering_url(proc: subprocess.Popen[bytes], endpoint: Path, log_path: Path) -> str:
     """The URL once fitbox answers /health there. endpoint.json is written in place, so a
-    read can find it empty or half written: that is "not yet", like a missing file."""
-    deadline = time.monotonic() + 60
+    read can find it empty or half written: that is "not yet", like a missing file. The
+    bound is a net for a hang: a start on a loaded 2-core box can take a minute."""
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"fitbox exited early:\n{log_path.read_text()}")
