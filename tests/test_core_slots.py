@@ -10,7 +10,7 @@ from fitbox.core import sizing
 from fitbox.core.ask import Ask
 from fitbox.core.decide import decide
 from fitbox.core.decision import Place
-from fitbox.core.slots import MAX_SLOTS, Slots, choose
+from fitbox.core.slots import MAX_SLOTS, Demand, Slots, admits, choose
 from fitbox.core.types import Snapshot
 from tests.support.core_builders import GiB, host, smollm2
 
@@ -55,3 +55,47 @@ def test_a_placement_gives_the_child_its_slots_and_a_window_for_one_call() -> No
     assert priced.output == 4 * shape.n_vocab * 4
     split = decide(snapshot, Ask("smollm2", (smollm2(),), need=1500, window=512, parallel=1))
     assert isinstance(split, Place) and (split.slots, split.kv_unified) == (1, False)
+
+
+# -- cells of a shared pool (FORMULAS.md §KV cells) ------------------------------------------
+
+
+@given(
+    prompt=st.integers(0, 20_000),
+    reply=st.none() | st.integers(0, 20_000),
+    choices=st.integers(1, 8),
+    pool=st.integers(256, 40_000),
+)
+def test_a_call_holds_its_prompt_and_reply_never_more_than_the_pool(
+    prompt: int, reply: int | None, choices: int, pool: int
+) -> None:
+    cells = Demand(prompt, reply, choices).cells(pool)
+    assert 0 < cells <= pool
+    if reply is None:  # no max_tokens: it may write until the window is full
+        assert cells == pool
+    else:
+        assert cells == min(choices * (prompt + 1 + reply), pool)
+    assert admits(pool, 0, cells)  # alone it always starts: no call waits for nothing
+
+
+def test_two_long_prompts_that_fit_alone_do_not_start_together() -> None:
+    """The issue's case: two 2,331-token prompts at a 4096 window (unified), each with a
+    512-token reply budget, or none."""
+    pool = Slots(4, True).pool(4096)
+    assert pool == 4096 and Slots(1, False).pool(4096) is None
+    one = Demand(2331, 512).cells(pool)
+    assert one == 2844 and admits(pool, 0, one) and not admits(pool, one, one)
+    assert admits(pool, one, Demand(20, 64).cells(pool))  # a short call fits beside it
+    whole = Demand(20, None).cells(pool)
+    assert whole == pool and not admits(pool, Demand(20, 64).cells(pool), whole)
+
+
+@given(needs=st.lists(st.integers(1, 5000), min_size=1, max_size=12), pool=st.integers(256, 8192))
+def test_admitted_calls_never_hold_more_than_the_pool_unless_alone(
+    needs: list[int], pool: int
+) -> None:
+    held, running = 0, 0
+    for need in (min(n, pool) for n in needs):
+        if admits(pool, held, need):
+            held, running = held + need, running + 1
+    assert held <= pool or running == 1
