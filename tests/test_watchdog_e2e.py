@@ -144,8 +144,10 @@ def test_one_hang_seen_by_two_calls_is_one_crash(
     with running_fitbox(tmp_path / "home", [smollm2.parent], env=env) as box:
         warm = httpx.post(f"{box.url}/v1/chat/completions", json=chat(max_tokens=2), timeout=60)
         assert warm.status_code == 200, warm.text
+        # two replies whose cells fit the 4096 window together (FORMULAS.md §KV cells): two
+        # of 4000 tokens would wait for each other at the door
         streams = [
-            Stream(box, chat(max_tokens=4000, stream=True, ignore_eos=True)) for _ in range(2)
+            Stream(box, chat(max_tokens=2000, stream=True, ignore_eos=True)) for _ in range(2)
         ]
         for stream in streams:
             stream.start()
