@@ -163,3 +163,29 @@ def test_the_second_waits_in_the_queue_for_the_cells_of_the_first(
     assert [status for status, _ in answers] == [200, 200], answers
     assert all(text for _, text in answers), answers
     assert not queued(box)
+
+
+def test_a_call_whose_cells_never_free_within_its_wait_is_told_the_numbers(
+    box: FitboxProcess, gate: Path, pool: int
+) -> None:
+    """The first call's reply held at the gate for as long as the test wants; the second's
+    wait (a 1 s max wait for this model) runs out while it does: a 503 model_busy naming
+    the cells it needed, the pool and what was held, never a failure in the engine."""
+    pair = f"{box.url}/v1/settings/pair"
+    assert httpx.post(pair, json={"model": SMOL, "max_wait": 1}, timeout=30).is_success
+    held = engine_logs(box).count(HOLDING)
+    gate.unlink()
+    try:
+        first = Background(lambda: chat(box, prompt(pool, 3), stream=False))
+        until(lambda: engine_logs(box).count(HOLDING) > held, "the first reply held")
+        message = {"role": "user", "content": prompt(pool, 6)}
+        body = {"model": SMOL, "max_tokens": 8, "messages": [message]}
+        busy = httpx.post(f"{box.url}/v1/chat/completions", json=body, timeout=SAFETY_S)
+    finally:
+        gate.touch()
+        httpx.post(pair, json={"model": SMOL, "max_wait": None}, timeout=30)
+    assert busy.status_code == 503, busy.text
+    error = busy.json()["error"]
+    assert error["code"] == "model_busy" and f"of the {pool} KV cells" in error["message"]
+    assert "max_tokens" in error["message"] and busy.headers.get("retry-after")
+    assert first.result()[0] == 200

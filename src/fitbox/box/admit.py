@@ -42,6 +42,17 @@ S = ResidentState
 READY_SLACK_S = 30  # a call waits for a load this much past the load timeout
 
 
+def _cells_said(waiter: Waiter | None) -> str:
+    """What a call that waited for cells needed of its model's shared pool, in words."""
+    cells = waiter.cells if waiter is not None else None
+    if not cells:
+        return ""
+    return (
+        f"; it needs {cells['need']} of the {cells['pool']} KV cells the model's calls share "
+        f"and {cells['held']} were held (send a smaller max_tokens, or retry)"
+    )
+
+
 @dataclass(frozen=True)
 class _Asked:
     """What one call asks of admission: its window need and the reply's part of it, its
@@ -156,7 +167,7 @@ class Admission:
                     raise ModelBusy(
                         f"'{named.asked}' waited for models that are serving calls or being "
                         f"reloaded ({', '.join(blockers)}); they did not make way within "
-                        f"{max_wait:.0f} s",
+                        f"{max_wait:.0f} s{_cells_said(waiter)}",
                         blockers=blockers,
                         retry_after=self._busy_for(blockers, max_wait),
                     )
