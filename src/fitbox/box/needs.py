@@ -157,10 +157,13 @@ class Needs:
         """Whether the cells a prompt's bound would hold of ``resident``'s shared pool are
         more than a slot's share of it or than its calls leave free: then its count is worth
         a round trip to the engine (a bound of bytes, several times the tokens, would hold
-        calls back that fit). A call with no reply budget holds the pool whatever its count."""
+        calls back that fit). A call with no reply budget holds the pool whatever its count;
+        one with images keeps its bound (the engine's text count leaves their tokens out)."""
         pool = resident.slots.pool(resident.window)
         demand = self.demand(path, bound, body, reply)
         if pool is None or demand is None or demand.reply is None:
+            return False
+        if next(image_payloads(body.get("messages", body.get("input"))), None) is not None:
             return False
         share = pool // max(resident.slots.count, 1)
         return demand.cells(pool) > min(share, pool - resident.cells_taken)
