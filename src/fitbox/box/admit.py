@@ -21,7 +21,7 @@ from fitbox.core.ask import Ask
 from fitbox.core.claims import widened
 from fitbox.core.decide import decide
 from fitbox.core.decision import Place, Refuse, Wait
-from fitbox.core.slots import Demand
+from fitbox.core.slots import Demand, admits
 from fitbox.core.types import WEIGHTS_IN_RAM, Device, ResidentState
 from fitbox.engines.kinds import EngineKinds
 from fitbox.errors import EngineFailed, ModelBusy, ShuttingDown
@@ -191,13 +191,14 @@ class Admission:
 
     def _cells_wanted(self, named: Named, asked: _Asked) -> dict[str, int] | None:
         """What a waiting call needs of its resident's shared pool, and what is held of it
-        now (/v1/queue shows it); None where the pool is not what it waits for."""
+        now (/v1/queue shows it); None where the pool is not what it waits for (a slot, a
+        load, a reload)."""
         resident = self.joinable(named)
         pool = resident.slots.pool(resident.window) if resident is not None else None
         if resident is None or pool is None or asked.demand is None:
             return None
-        need = resident.cells_for(asked.demand)
-        return {"need": need, "pool": pool, "held": resident.cells_taken}
+        need, held = resident.cells_for(asked.demand), resident.cells_taken
+        return None if admits(pool, held, need) else {"need": need, "pool": pool, "held": held}
 
     def eta(self, waiter: Waiter) -> float | None:
         """Seconds until a waiting call is expected answered: its blockers' calls ended at
