@@ -73,6 +73,8 @@ def plan_install(
     extra_env: dict[str, str],
 ) -> Plan:
     """What installing means here, step by step; keeps what an earlier install chose."""
+    if target.kind == "system" and target.root == Path("/"):
+        refuse_unreachable()
     env = service_env(target.env_file, target.home.path, target.root, host, port, extra_env)
     plan = Plan(target, env)
     plan.steps.append(
@@ -125,6 +127,17 @@ def plan_install(
     if target.kind == "user":
         plan.notes.append("to keep it running after you log out: loginctl enable-linger $USER")
     return plan
+
+
+def refuse_unreachable(python: str = sys.executable) -> None:
+    """A system unit runs ``python`` as the fitbox user, with a private /tmp: refused (before
+    anything is written) when that user could not start it or import fitbox with it."""
+    import fitbox
+    from fitbox.installer.reach import account, unreachable
+
+    why = unreachable(Path(python), Path(fitbox.__file__).parent, account())
+    if why is not None:
+        raise InstallError(why)
 
 
 USUAL_PORT = 8484  # the port README and the guide name
