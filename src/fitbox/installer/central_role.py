@@ -95,8 +95,7 @@ def _hand_over(target: CentralLayout) -> None:
 def plan_central_install(
     target: CentralLayout, *, host: str | None, port: str | None, extra_env: dict[str, str]
 ) -> Plan:
-    if target.kind == "system" and target.root == Path("/"):
-        refuse_unreachable()
+    refuse_unreachable(target.kind, target.root)
     # a free port, not the box's usual one: a box installed beside it takes that one
     env = service_env(
         target.env_file, target.home.path, target.root, host, port, extra_env, usual_port=None

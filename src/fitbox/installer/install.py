@@ -66,15 +66,10 @@ def render_env(env: dict[str, str]) -> str:
 
 
 def plan_install(
-    target: ServiceLayout,
-    *,
-    host: str | None,
-    port: str | None,
-    extra_env: dict[str, str],
+    target: ServiceLayout, *, host: str | None, port: str | None, extra_env: dict[str, str]
 ) -> Plan:
     """What installing means here, step by step; keeps what an earlier install chose."""
-    if target.kind == "system" and target.root == Path("/"):
-        refuse_unreachable()
+    refuse_unreachable(target.kind, target.root)
     env = service_env(target.env_file, target.home.path, target.root, host, port, extra_env)
     plan = Plan(target, env)
     plan.steps.append(
@@ -129,12 +124,14 @@ def plan_install(
     return plan
 
 
-def refuse_unreachable(python: str = sys.executable) -> None:
+def refuse_unreachable(kind: str, root: Path, python: str = sys.executable) -> None:
     """A system unit runs ``python`` as the fitbox user, with a private /tmp: refused (before
     anything is written) when that user could not start it or import fitbox with it."""
     import fitbox
     from fitbox.installer.reach import account, unreachable
 
+    if kind != "system" or root != Path("/"):
+        return  # a user's own unit runs as them; a --root tree's users are not ours to ask
     why = unreachable(Path(python), Path(fitbox.__file__).parent, account())
     if why is not None:
         raise InstallError(why)
