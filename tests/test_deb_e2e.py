@@ -25,6 +25,7 @@ import pytest
 from .support.chroots import clean_root, in_root
 from .support.paths import REPO
 from .support.tools import required_tool
+from .support.unit_security import GOOD_LEVELS, rate, unjustified
 from .support.wheels import build_wheel
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chroot and mount need root")
@@ -69,6 +70,21 @@ def mode(root: Path, path: str) -> str:
     return ok(in_root(root, "stat", "-c", "%a %U:%G", path)).strip()
 
 
+def test_lintian_finds_no_error_or_warning(debs: tuple[Path, Path]) -> None:
+    """`lintian --pedantic`: what is left is informational (the engine's build flags),
+    each override in the packages carrying its reason (packaging/debian/*.lintian-overrides)."""
+    lintian = required_tool("lintian", "lintian")
+    done = subprocess.run(
+        [str(lintian), "--pedantic", "--fail-on", "error,warning,pedantic", *map(str, debs)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    tags = [line for line in done.stdout.splitlines() if line[:2] in ("E:", "W:", "P:")]
+    assert tags == []
+
+
 @pytest.mark.parametrize("release", sorted(RELEASES))
 def test_the_deb_pair_serves_a_gguf_in_a_clean_release(
     release: str, debs: tuple[Path, Path], smollm2: Path, tmp_path: Path
@@ -82,6 +98,11 @@ def test_the_deb_pair_serves_a_gguf_in_a_clean_release(
         assert "systemd is not running" in installed  # it copes, and says so
         assert "engine: /usr/lib/fitbox-llama-server/llama-server" in installed
         assert (root / "opt/fitbox/venv/lib" / f"python{RELEASES[release]}").is_dir()
+        # a python3 upgrade (here reinstalled) fires the package's trigger: a venv whose
+        # Python's packages are gone is made anew
+        shutil.rmtree(root / "opt/fitbox/venv/lib" / f"python{RELEASES[release]}")
+        ok(in_root(root, "apt-get", "install", "-y", "-q", "--reinstall", "python3-minimal"))
+        ok(in_root(root, "/opt/fitbox/venv/bin/python", "-c", "import fitbox"))
         _files_and_modes(root)
         env = _env(root)
         assert env["FITBOX_PORT"].isdigit()
@@ -116,6 +137,8 @@ def _files_and_modes(root: Path) -> None:
     assert "ExecReload=/bin/kill -HUP $MAINPID" in unit  # procps, a Depends, has it
     assert (root / "bin/kill").exists() or (root / "usr/bin/kill").exists()
     assert (root / "etc/systemd/system/fitbox.socket").is_file()
+    rating = rate(root / "etc/systemd/system/fitbox.service")  # the host's systemd-analyze
+    assert rating.level in GOOD_LEVELS and unjustified(unit, rating) == [], rating
 
 
 def _unreachable_interpreters_are_refused(root: Path, python: str) -> None:
