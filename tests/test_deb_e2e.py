@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .support.chroots import clean_root, in_root
+from .support.chroots import booted, clean_root, in_root, inside
 from .support.paths import REPO
 from .support.tools import required_tool
 from .support.unit_security import GOOD_LEVELS, rate, unjustified
@@ -256,3 +256,58 @@ def _remove_and_purge(root: Path) -> None:
     ):
         assert not (root / gone).exists(), gone
     assert (root / "var/lib/fitbox/models/kept.gguf").read_bytes() == b"GGUF"  # always kept
+
+
+def test_the_sandboxed_unit_serves_under_a_real_systemd(
+    debs: tuple[Path, Path], smollm2: Path, tmp_path: Path
+) -> None:
+    """The unit as the package writes it, run by Debian 12's own systemd (the tree booted
+    by systemd-nspawn): postinst starts it through fitbox.socket, llama-server runs in its
+    cgroup under its seccomp filter, with no capability; its state is written (a key, the
+    calls), and a reload re-executes it keeping the engine."""
+    required_tool("systemd-nspawn", "systemd-container")
+    with clean_root("bookworm", tmp_path) as root:
+        for deb in debs:
+            shutil.copy(deb, root / "srv" / deb.name)
+        ok(in_root(root, "apt-get", "update", "-q"))
+        ok(in_root(root, "apt-get", "install", "-y", "-q", "systemd", "systemd-sysv", "dbus"))
+        with booted(root, tmp_path / "boot.log") as init:
+            names = [f"/srv/{deb.name}" for deb in debs]
+            installed = ok(inside(init, "apt-get", "install", "-y", "-q", *names))
+            assert "(answering)" in installed, installed
+            shutil.copy(smollm2, root / "var/lib/fitbox/models" / smollm2.name)
+            ok(inside(init, "chown", "fitbox:fitbox", f"/var/lib/fitbox/models/{smollm2.name}"))
+            env = _env(root)
+            url = f"http://{env['FITBOX_HOST']}:{env['FITBOX_PORT']}"
+            made = json.loads(
+                ok(inside(init, "fitbox", "keys", "create", "--name", "ops", "--json"))
+            )
+            auth = {"authorization": f"Bearer {made['key']}"}
+            first = _chat(url, auth)
+            main = ok(inside(init, "systemctl", "show", "-p", "MainPID", "--value", "fitbox"))
+            status = ok(inside(init, "cat", f"/proc/{main.strip()}/status"))
+            assert "\nNoNewPrivs:\t1\n" in status and "\nSeccomp:\t2\n" in status, status
+            assert "\nCapBnd:\t0000000000000000\n" in status, status
+            tree = ok(inside(init, "systemctl", "status", "--no-pager", "-l", "fitbox"))
+            assert "/usr/lib/fitbox-llama-server/llama-server -m" in tree, tree  # its child
+            assert "load;dur=0" not in first.headers["server-timing"]
+            ok(inside(init, "systemctl", "reload", "fitbox"))  # SIGHUP: re-executes in place
+            again = _chat(url, auth)
+            assert "load;dur=0.0" in again.headers["server-timing"]  # the engine was kept
+            after = ok(inside(init, "systemctl", "show", "-p", "MainPID", "--value", "fitbox"))
+            assert after == main
+
+
+def _chat(url: str, headers: dict[str, str]) -> httpx.Response:
+    reply = httpx.post(
+        f"{url}/v1/chat/completions",
+        headers=headers,
+        json={
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "Hi."}],
+            "max_tokens": 4,
+        },
+        timeout=300,
+    )
+    assert reply.status_code == 200, reply.text
+    return reply

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,3 +140,48 @@ def _locked(path: Path) -> Iterator[None]:
     with path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+@contextlib.contextmanager
+def booted(root: Path, log: Path) -> Iterator[int]:
+    """``root`` booted by systemd-nspawn: its own systemd as PID 1, the host's network.
+    Yields that init's pid (for ``inside``); powered off, or killed, however the test ends.
+    The host's /proc, /sys and /dev that ``clean_root`` mounted are unmounted first: nspawn
+    mounts the container's own."""
+    for kernel in ("dev/pts", "dev", "sys", "proc"):
+        if os.path.ismount(root / kernel):
+            subprocess.run(["umount", str(root / kernel)], check=True)
+    nspawn = ["systemd-nspawn", "-D", str(root), "--boot", "--register=no", "--keep-unit"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen([*nspawn, "--console=passive"], stdout=out, stderr=out)
+        try:
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+            while not children.read_text().split():
+                assert proc.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.1)
+            init = int(children.read_text().split()[0])
+            # "running", or "degraded" where a unit the container cannot run failed: up
+            inside(init, "systemctl", "is-system-running", "--wait", timeout=300)
+            yield init
+        finally:
+            proc.terminate()  # nspawn powers the container off
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def inside(init: int, *argv: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """``argv`` in every namespace of the booted tree whose init is ``init``."""
+    return subprocess.run(
+        ["nsenter", "-t", str(init), "-a", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "LANG": "C.UTF-8",
+            "DEBIAN_FRONTEND": "noninteractive",
+        },
+    )
