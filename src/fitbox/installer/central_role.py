@@ -22,6 +22,7 @@ from fitbox.installer.install import (
     Step,
     carry_out,
     read_env,
+    refuse_unreachable,
     render_env,
     service_env,
     start_or_say_how,
@@ -94,6 +95,7 @@ def _hand_over(target: CentralLayout) -> None:
 def plan_central_install(
     target: CentralLayout, *, host: str | None, port: str | None, extra_env: dict[str, str]
 ) -> Plan:
+    refuse_unreachable(target.kind, target.root)
     # a free port, not the box's usual one: a box installed beside it takes that one
     env = service_env(
         target.env_file, target.home.path, target.root, host, port, extra_env, usual_port=None

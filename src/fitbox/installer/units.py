@@ -10,6 +10,7 @@ from pathlib import Path
 import platformdirs
 
 from fitbox.home import Home, default_home
+from fitbox.installer.hardening import sandbox
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ def render_unit(target: ServiceLayout, python: str = sys.executable) -> str:
         "fitbox",
         cache="fitbox",
         socket=target.socket_file.name,
+        gpus=True,
     )
 
 
@@ -108,9 +110,11 @@ def unit_text(
     state: str,
     cache: str | None = None,
     socket: str | None = None,
+    gpus: bool = False,
 ) -> str:
     """A service unit: restarted on failure, its children stopped with it; a system one
-    runs as the fitbox user, hardened, with its state in /var/lib/``state``. With a
+    runs as the fitbox user, sandboxed (hardening.py; ``gpus``: its engines may open GPU
+    device nodes), with its state in /var/lib/``state``. With a
     ``socket`` unit it is handed its listening socket, and a reload sends SIGHUP (`fitbox
     serve` re-executes itself, keeping the socket and its loaded engines)."""
     lines = [
@@ -134,8 +138,6 @@ def unit_text(
         # systemd's default soft limit is 1,024 open files: about as many idle sockets would
         # take the box offline (fitbox also raises its soft limit to the hard one at start)
         f"LimitNOFILE={OPEN_FILES}",
-        "NoNewPrivileges=yes",
-        "PrivateTmp=yes",
     ]
     if kind == "system":
         lines += [
@@ -144,14 +146,10 @@ def unit_text(
             f"StateDirectory={state}",
             *([f"CacheDirectory={cache}"] if cache else []),
             "ConfigurationDirectory=fitbox",
-            "UMask=0027",
-            "ProtectSystem=strict",
-            "ProtectHome=read-only",
-            "ProtectKernelTunables=yes",
-            "ProtectControlGroups=yes",
-            "RestrictSUIDSGID=yes",
-            "LockPersonality=yes",
+            *sandbox(gpus),
         ]
+    else:  # a user manager cannot build most of the sandbox without a user namespace
+        lines += ["NoNewPrivileges=yes", "PrivateTmp=yes"]
     lines += [
         "",
         "[Install]",
