@@ -27,6 +27,7 @@ import sys
 import threading
 import tomllib
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, requires
 from pathlib import Path
 from typing import IO
@@ -45,7 +46,16 @@ class EnvBuildFailed(RuntimeError):
     pass
 
 
+@lru_cache(maxsize=16)  # asked by each call while an environment is not ready
+def _extra(extra: str) -> tuple[str, ...]:
+    return tuple(_read_extra(extra))
+
+
 def extra_requirements(extra: str) -> list[str]:
+    return list(_extra(extra))
+
+
+def _read_extra(extra: str) -> list[str]:
     """The ``extra`` list of fitbox's optional dependencies: a source tree's pyproject.toml
     first (an editable install's metadata misses an extra edited since), else the
     installed metadata."""
