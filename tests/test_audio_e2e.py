@@ -92,6 +92,12 @@ def test_speech_then_its_transcript_whole_through_the_sdk(box: FitboxProcess) ->
     assert heard_row["audio_in_s"] == pytest.approx(spoken["audio_out_s"], rel=1e-2)
     assert (box.home / "artifacts" / files[1]["name"]).read_bytes() == wav
     assert spool_is_empty(box)
+    # what the child holds after its load (its RSS) prices the voice's next placement
+    plan = httpx.get(f"{box.url}/v1/plan", params={"model": VOICE}, timeout=60).json()
+    residents = httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"]
+    resident = next(r for r in residents if r["model"] == VOICE)
+    assert resident["basis"] == "measured" and plan["basis"] == "measured"
+    assert plan["devices"][0]["total_bytes"] == resident["bytes"]
 
 
 def test_speech_and_transcript_streamed(box: FitboxProcess) -> None:
@@ -107,10 +113,10 @@ def test_speech_and_transcript_streamed(box: FitboxProcess) -> None:
     )
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
     done = [e for e in events if e.type == "transcript.text.done"]
-    assert deltas and len(done) == 1 and events[-1] is done[0]
-    assert heard(done[0].text) and "".join(deltas).strip() == done[0].text
+    assert deltas and len(done) == 1 and events[-1] is done[0], events
+    assert heard(done[0].text) and "".join(deltas).strip() == done[0].text, events
     row = rows(box, "/v1/audio/transcriptions")[-1]
-    assert row["stream"] == 1 and row["outcome"] == "ok"
+    assert row["stream"] == 1 and row["outcome"] == "ok", row
     with httpx.stream(
         "POST",
         f"{box.url}/v1/audio/speech",
@@ -124,7 +130,7 @@ def test_speech_and_transcript_streamed(box: FitboxProcess) -> None:
         },
     ) as response:
         sse = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
-    assert [e["type"] for e in sse][-1] == "speech.audio.done"
+    assert [e["type"] for e in sse][-1] == "speech.audio.done", sse[-1]
     audio = b"".join(base64.b64decode(e["audio"]) for e in sse if e["type"] == "speech.audio.delta")
     text = translated(box, audio).json()["text"]
     assert heard(text), text
@@ -136,7 +142,7 @@ def test_speech_and_transcript_streamed(box: FitboxProcess) -> None:
         files={"file": ("said.wav", audio)},
     ) as response:
         said = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
-    assert said[-1]["type"] == "transcript.text.done" and heard(said[-1]["text"])
+    assert said[-1]["type"] == "transcript.text.done" and heard(said[-1]["text"]), said
 
 
 def test_every_transcript_format(box: FitboxProcess) -> None:
