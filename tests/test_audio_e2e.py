@@ -24,7 +24,6 @@ from .support.clients import assert_error, openai_client
 from .support.processes import FitboxProcess, running_fitbox
 from .support.task_engines import VOICE, WHISPER, engine_dir, piper_voice, whisper_folder
 
-pytestmark = pytest.mark.engine
 SAID = "The quick brown fox jumps over the lazy dog."
 WORDS = ("quick", "brown", "fox", "lazy", "dog")
 
