@@ -163,8 +163,9 @@ def build(engines: Path, spec: RunnerSpec, python: str = sys.executable) -> Path
     reqs = extra_requirements(spec.extra)
     building = target.with_name(f"{target.name}.building-{os.getpid()}")
     log = target.with_name(f"{target.name}.build.log")
-    shutil.rmtree(building, ignore_errors=True)
     building.parent.mkdir(parents=True, exist_ok=True)
+    for left in target.parent.glob(f"{target.name}.building-*"):  # a build cut off by its
+        shutil.rmtree(left, ignore_errors=True)  # process's end (only one builds: the state)
     _failed_file(target).unlink(missing_ok=True)
     try:
         with log.open("w") as out:
