@@ -164,8 +164,10 @@ def build(engines: Path, spec: RunnerSpec, python: str = sys.executable) -> Path
     building = target.with_name(f"{target.name}.building-{os.getpid()}")
     log = target.with_name(f"{target.name}.build.log")
     building.parent.mkdir(parents=True, exist_ok=True)
+    if (other := _building_pid(target)) not in (None, os.getpid()):
+        raise EnvBuildFailed(f"process {other} is building {target} now")
     for left in target.parent.glob(f"{target.name}.building-*"):  # a build cut off by its
-        shutil.rmtree(left, ignore_errors=True)  # process's end (only one builds: the state)
+        shutil.rmtree(left, ignore_errors=True)  # process's end
     _failed_file(target).unlink(missing_ok=True)
     try:
         with log.open("w") as out:
