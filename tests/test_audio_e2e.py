@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from .support.clients import assert_error, openai_client
@@ -38,6 +39,12 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FitboxProcess]:
     env = {"FITBOX_ENGINE_DIR": str(engine_dir(tmp / "engines")), "FITBOX_UPLOAD_MAX": "1MiB"}
     with running_fitbox(tmp / "home", [root], env=env) as running:
         yield running
+
+
+@pytest.fixture
+def client(box: FitboxProcess) -> Iterator[openai.OpenAI]:
+    with openai_client(box.url, timeout=300) as made:
+        yield made
 
 
 def spool_is_empty(box: FitboxProcess) -> bool:
@@ -64,8 +71,9 @@ def heard(text: str) -> bool:
     return all(word in text.lower() for word in WORDS)
 
 
-def test_speech_then_its_transcript_whole_through_the_sdk(box: FitboxProcess) -> None:
-    client = openai_client(box.url, timeout=300)
+def test_speech_then_its_transcript_whole_through_the_sdk(
+    box: FitboxProcess, client: openai.OpenAI
+) -> None:
     wav = client.audio.speech.create(
         model=VOICE, voice="joe", input=SAID, response_format="wav"
     ).content
@@ -99,8 +107,7 @@ def test_speech_then_its_transcript_whole_through_the_sdk(box: FitboxProcess) ->
     assert plan["devices"][0]["total_bytes"] == resident["bytes"]
 
 
-def test_speech_and_transcript_streamed(box: FitboxProcess) -> None:
-    client = openai_client(box.url, timeout=300)
+def test_speech_and_transcript_streamed(box: FitboxProcess, client: openai.OpenAI) -> None:
     with client.audio.speech.with_streaming_response.create(
         model=VOICE, voice="joe", input=SAID + " " + SAID, response_format="wav"
     ) as streamed:
@@ -144,8 +151,7 @@ def test_speech_and_transcript_streamed(box: FitboxProcess) -> None:
     assert said[-1]["type"] == "transcript.text.done" and heard(said[-1]["text"]), said
 
 
-def test_every_transcript_format(box: FitboxProcess) -> None:
-    client = openai_client(box.url, timeout=300)
+def test_every_transcript_format(box: FitboxProcess, client: openai.OpenAI) -> None:
     wav = client.audio.speech.create(model=VOICE, voice="joe", input=SAID, response_format="wav")
     upload = ("said.wav", wav.content)
     verbose = client.audio.transcriptions.create(

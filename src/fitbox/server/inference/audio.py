@@ -20,7 +20,8 @@ from fitbox.errors import FitboxError, InvalidRequest
 from fitbox.models.task_models import PIPER, voices
 from fitbox.server.door.bodies import json_object
 from fitbox.server.door.uploads import Form, read_form
-from fitbox.server.inference.tasks import Task, refuse, serve_task
+from fitbox.server.inference.openai import refused
+from fitbox.server.inference.tasks import Task, serve_task
 
 TRANSCRIBED = ("json", "text", "verbose_json", "srt", "vtt")
 SPOKEN = ("wav", "pcm", "flac", "mp3", "opus")
@@ -106,7 +107,7 @@ async def _transcribe(request: Request, path: str) -> Response:
     except FitboxError as error:
         if form is not None:
             form.remove()
-        refuse(request, path, body, error)
+        refused(request, path, body, error)
         raise
     upload = form.files["file"]
     inputs = [{"role": "input", "name": "file", "bytes": upload.size, "sha256": upload.sha256}]
@@ -187,7 +188,7 @@ async def speech(request: Request, engine: str) -> Response:
         _, body = await json_object(request)
         body = _speech_body(request, body)
     except FitboxError as error:
-        refuse(request, engine, body, error)
+        refused(request, engine, body, error)
         raise
     fmt = body["response_format"]
     ext = "sse" if body["stream_format"] == "sse" else fmt

@@ -35,7 +35,7 @@ from fitbox.server.door.artifacts import Artifacts, Output
 from fitbox.server.door.auth import is_insider
 from fitbox.server.door.errors import body_for
 from fitbox.server.inference.engine_errors import client_status, engine_error_body, retry_headers
-from fitbox.server.inference.openai import allowed_models, refused, request_id, via_central
+from fitbox.server.inference.openai import allowed_models, request_id, via_central
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,6 @@ def artifacts_of(request: Request) -> Artifacts:
         found = Artifacts(config.artifact_dir, config.artifact_max_age, config.artifact_max)
         state.artifacts = found
     return found
-
-
-def refuse(request: Request, path: str, body: dict[str, Any], error: FitboxError) -> None:
-    """A task call refused at the door (its form, its fields) gets its row too."""
-    refused(request, path, body, error)
 
 
 async def serve_task(request: Request, task: Task) -> Response:
@@ -184,7 +179,8 @@ async def _relayed(
 ) -> AsyncIterator[bytes]:
     """The child's stream as it comes, one piece behind: the last piece leaves only once
     the row (files, figures) is stored. A failure mid-stream ends an event stream with an
-    error event; an audio stream just ends (its bytes cannot carry one)."""
+    error event; an audio stream, whose bytes cannot carry one, is broken off unfinished
+    (no last chunk), so its client cannot take it for a whole file."""
     try:
         async for piece in _pieces(call, response, token, task, output, insider):
             yield piece
@@ -213,8 +209,9 @@ async def _pieces(
         await call.finished()
         if held:
             yield held
-        if response.headers.get("content-type", "").startswith("text/event-stream"):
-            yield b"data: " + json.dumps(body_for(error, insider)).encode() + b"\n\n"
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            raise
+        yield b"data: " + json.dumps(body_for(error, insider)).encode() + b"\n\n"
         return
     await _recorded(call, token, task, output)
     if held:
