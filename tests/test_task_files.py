@@ -4,6 +4,7 @@ whisper runner's subtitle stamps (the child's modules are stdlib where these run
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -160,3 +161,20 @@ def test_subtitles_stamp_their_segments() -> None:
         == "1\n00:00:00,000 --> 00:00:01,250\nHello.\n\n2\n00:00:01,250 --> 00:00:02,000\nBye.\n"
     )
     assert vtt(segments).startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.250\nHello.\n")
+
+
+def test_runner_packages_are_imported_only_in_the_task_child() -> None:
+    """piper-tts is GPL-3.0 and every runner's packages live in its own environment: no
+    module of fitbox imports them but the task child's runners (run in that environment)."""
+    src = Path(__file__).resolve().parents[1] / "src" / "fitbox"
+    child = src / "engines" / "task_child"
+    runner_packages = {"piper", "faster_whisper", "ctranslate2", "onnxruntime", "soundfile", "av"}
+    found = []
+    for path in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(n.split(".")[0] in runner_packages for n in names):
+                found.append(path)
+    assert found and all(child in p.parents for p in found), found
