@@ -39,6 +39,7 @@ LEAVES = frozenset(
         "fitbox.setting_api",
         "fitbox.setting_table",
         "fitbox.setting_connections",
+        "fitbox.setting_tasks",
         "fitbox.setting_central",
         "fitbox.listening",
         "fitbox.quiet_server",

@@ -13,6 +13,7 @@ from starlette.routing import BaseRoute, Route
 
 from fitbox.central.app import ROUTES as CENTRAL_ROUTES
 from fitbox.engines import llama_server, tf
+from fitbox.engines.task_runners import RUNNERS
 from fitbox.server.door.auth import Access
 from fitbox.server.routes import ACCESS, ENDPOINTS, PATHS, ROUTES, SESSION_ROUTES, Endpoint
 from fitbox.server.views.mcp_tools import MIRRORED, build
@@ -112,7 +113,7 @@ def test_the_guide_names_no_route_the_table_lacks() -> None:
 
 
 def test_every_engine_route_is_one_an_engine_kind_serves_and_back() -> None:
-    served = llama_server.ROUTES | tf.ROUTES
+    served = llama_server.ROUTES | tf.ROUTES | {r for spec in RUNNERS for r in spec.routes}
     forwarded = {e.engine for e in ENDPOINTS if e.engine is not None}
     assert forwarded <= served, forwarded - served
     assert served <= forwarded, served - forwarded

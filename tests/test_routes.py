@@ -314,9 +314,13 @@ def test_a_route_the_models_engine_kind_lacks_is_refused_before_loading() -> Non
     from types import SimpleNamespace
 
     from fitbox.box.serving import check_served
-    from fitbox.errors import InvalidRequest, RouteNotServed
+    from fitbox.errors import EngineEnvBuilding, InvalidRequest, RouteNotServed
 
-    kind = SimpleNamespace(name="a-chat-engine", routes=lambda: frozenset({"/v1/chat/completions"}))
+    kind = SimpleNamespace(
+        name="a-chat-engine",
+        routes=lambda: frozenset({"/v1/chat/completions"}),
+        unavailable=lambda: None,
+    )
     artifact = SimpleNamespace(facts=SimpleNamespace(is_reranker=False))
     named: Any = SimpleNamespace(asked="m", artifacts=(artifact,))
     engines: Any = SimpleNamespace(for_artifact=lambda a: kind)
@@ -326,3 +330,8 @@ def test_a_route_the_models_engine_kind_lacks_is_refused_before_loading() -> Non
     kind.routes = lambda: frozenset({"/v1/rerank"})
     with pytest.raises(InvalidRequest, match="not a reranker"):
         check_served(named, "/v1/rerank", engines)
+    # an engine whose environment is being built: refused as its own error, nothing placed
+    kind.routes = lambda: frozenset({"/v1/audio/speech"})
+    kind.unavailable = lambda: EngineEnvBuilding("being built", retry_after=30)
+    with pytest.raises(EngineEnvBuilding, match="being built"):
+        check_served(named, "/v1/audio/speech", engines)

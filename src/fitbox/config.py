@@ -71,6 +71,9 @@ class Config:
     central_db: str = ""
     central_long_poll: float = 25.0
     max_image: int = 20 << 20
+    upload_max: int = 25 << 20
+    artifact_max_age: float = 3600.0
+    artifact_max: int = 1 << 30
     request_head_max: int = 64 << 10
     request_headers_max: int = 100
     request_head_timeout: float = 30.0
@@ -98,6 +101,14 @@ class Config:
     @property
     def central_secret_file(self) -> Path:
         return Home(self.home).central_secret
+
+    @property
+    def spool_dir(self) -> Path:
+        return Home(self.home).spool
+
+    @property
+    def artifact_dir(self) -> Path:
+        return Home(self.home).artifacts
 
     @property
     def log_dir(self) -> Path:

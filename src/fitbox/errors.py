@@ -350,3 +350,39 @@ class TooManyConnections(FitboxError):
     remedy = "Retry: close idle connections, or raise FITBOX_CONNECTIONS_MAX."
     retry = True
     closes = True
+
+
+class EngineEnvBuilding(FitboxError):
+    """The model's engine environment is not built yet; its build has started (off the
+    request path: engines/task_envs.py)."""
+
+    status = 503
+    type = "server_error"
+    code = "engine_env_building"
+    remedy = (
+        "Retry after Retry-After: the engine's environment is being built (`fitbox engines` "
+        "shows its state); or build it ahead with `fitbox install --tasks`."
+    )
+    retry = True
+
+
+class EngineEnvFailed(FitboxError):
+    """The model's engine environment failed to build; calls do not build it again."""
+
+    status = 503
+    type = "server_error"
+    code = "engine_env_failed"
+    remedy = (
+        "Fix what the message says (the build log is beside the environment), then run "
+        "`fitbox install --tasks` to build it again."
+    )
+
+
+class UploadTooLarge(FitboxError):
+    """An upload over the box's limit, refused before it was read whole."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "upload_too_large"
+    remedy = "Send a smaller file, or raise FITBOX_UPLOAD_MAX on the box."
+    closes = True

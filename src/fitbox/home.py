@@ -44,6 +44,16 @@ class Home:
         return self.path / "logs"
 
     @property
+    def spool(self) -> Path:
+        """Task calls' uploads while their call runs (removed after it, whatever happens)."""
+        return self.path / "spool"
+
+    @property
+    def artifacts(self) -> Path:
+        """Task calls' outputs, pruned by age and size (FITBOX_ARTIFACT_MAX_AGE, _MAX)."""
+        return self.path / "artifacts"
+
+    @property
     def engines(self) -> Path:
         """Engine environments fitbox builds when no engine dir is set (``tf/``: the
         transformers engine's venv, from ``fitbox install --tf``)."""

@@ -14,6 +14,7 @@ from fitbox import setting_values as values
 from fitbox.networks import DEFAULT_TRUSTED_NETWORKS, parse_networks
 from fitbox.setting_central import CENTRAL
 from fitbox.setting_connections import CONNECTIONS
+from fitbox.setting_tasks import TASKS
 from fitbox.setting_values import BOX, KEY, LIMITS, PAIR, Setting
 
 SETTINGS: tuple[Setting, ...] = (
@@ -409,6 +410,7 @@ SETTINGS: tuple[Setting, ...] = (
         values.positive_size,
     ),
     *CONNECTIONS,  # what one connection may cost the box (setting_connections.py)
+    *TASKS,  # task calls' uploads and outputs (setting_tasks.py)
     Setting(
         "cors_origins",
         "FITBOX_CORS_ORIGINS",

@@ -164,6 +164,8 @@ class Asks:
         """The core's ask for a call on ``named``; ``all_kv`` adds the common quantized
         caches after the configured ones (for verdicts: a band per K/V type)."""
         parallel = choose(parallel or self.config.parallel).count  # as the child gets it
+        if all(a.task for a in named.artifacts):  # a task child runs one call at a time
+            parallel = 1  # (engines/tasks.py): the others wait at the door, in the queue
         eff = self.knobs(named)
         kv_types = ((kv, kv),) if kv else tuple((k, k) for k in eff["kv_types"])
         if all_kv:

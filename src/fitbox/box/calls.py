@@ -401,6 +401,12 @@ class Call:
             "decode_per_token_ms": timings.decode_per_token_ms,
         }
 
+    def files_recorded(self, files: list[dict[str, Any]], figures: dict[str, float]) -> None:
+        """A task call's files (role, name, bytes, sha256: never their content) and what
+        its runner measured (``audio_in_s``, ``audio_out_s``), on its row."""
+        known = {k: v for k, v in figures.items() if k in ("audio_in_s", "audio_out_s")}
+        self._record(files=files, **known)
+
     # -- other ends ------------------------------------------------------------------------
 
     def failed(self, error: FitboxError) -> None:

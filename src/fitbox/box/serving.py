@@ -217,6 +217,10 @@ def check_served(named: Named, path: str, engines: EngineKinds, images: int = 0)
         raise RouteNotServed(
             f"'{name}' runs on {served_by}, which does not serve {path}.", param="model"
         )
+    serving = [kind for kind in kinds if path in kind.routes()]
+    waits = [kind.unavailable() for kind in serving]
+    if all(waits) and waits[0] is not None:  # nothing is placed for a child that cannot start
+        raise waits[0]
     if path == "/v1/rerank" and not any(a.facts.is_reranker for a in artifacts):
         raise InvalidRequest(
             f"'{name}' is not a reranker (its GGUF's pooling type is not rank), so it cannot "

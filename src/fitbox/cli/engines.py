@@ -7,7 +7,10 @@ import sys
 
 from fitbox import config as settings
 
-HELP = "every engine fitbox can see (llama-server, transformers), and the one of each kind it uses"
+HELP = (
+    "every engine fitbox can see (llama-server, transformers, the task runners), and the one "
+    "of each kind it uses"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +42,7 @@ def list_engines(config: settings.Config) -> int:
             detail = f"not runnable: {exc}"
         print(f"{mark} {candidate.path}  ({candidate.source}; {detail})")
     list_tf_engines(config)
+    list_task_engines(config)
     return 0 if chosen else 1
 
 
@@ -68,3 +72,19 @@ def list_tf_engines(config: settings.Config) -> bool:
     if not selected:
         print(f"  none usable: build one with '{INSTALL_COMMAND}' or set FITBOX_TF_PYTHON")
     return selected
+
+
+def list_task_engines(config: settings.Config) -> None:
+    """Each task runner's environment and its state: ready, building (by which process),
+    failed (and why), or missing (a call builds it, or `fitbox install --tasks`)."""
+    from fitbox.engines.kinds import engines_home
+    from fitbox.engines.task_envs import state_of
+    from fitbox.engines.task_runners import RUNNERS
+
+    where = engines_home(config.engine_dir, config.home)
+    assert where is not None  # a config always has a home
+    print("task runners (speech, transcription):")
+    for spec in RUNNERS:
+        found = state_of(where, spec)
+        why = f": {found.reason}" if found.reason else ""
+        print(f"  {spec.name} ({spec.format}) {found.path}  {found.state}{why}")

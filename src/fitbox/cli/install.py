@@ -57,6 +57,14 @@ def add_install_arguments(install: argparse.ArgumentParser) -> None:
         help="only build the transformers engine's venv (<engine dir>/tf: "
         "FITBOX_ENGINE_DIR, else <home>/engines)",
     )
+    install.add_argument(
+        "--tasks",
+        nargs="?",
+        const="all",
+        metavar="RUNNER",
+        help="only build the task runners' environments (<engine dir>/<runner>), every one "
+        "or the one named (faster-whisper, piper); one that failed is built again",
+    )
 
 
 def add_uninstall_arguments(uninstall: argparse.ArgumentParser) -> None:
@@ -140,12 +148,17 @@ def check_central(central: str) -> str:
 def run(config: Config, args: argparse.Namespace) -> int:
     """install or uninstall: the box's service, its central's (--central-role), or only the
     transformers engine's venv (install --tf)."""
-    if getattr(args, "tf", False):
+    if getattr(args, "tf", False) or getattr(args, "tasks", None):
         from fitbox.engines.kinds import engines_home
-        from fitbox.installer.tf_engine import install_tf
 
         where = engines_home(config.engine_dir, config.home)
         assert where is not None  # a config always has a home
+        if getattr(args, "tasks", None):
+            from fitbox.installer.task_engines import install_tasks
+
+            return install_tasks(where, args.tasks)
+        from fitbox.installer.tf_engine import install_tf
+
         return install_tf(where)
     return _run_service(args)
 

@@ -38,6 +38,7 @@ def list_models(config: settings.Config, as_json: bool) -> int:
             "weights_bytes": a.facts.shape.weights_bytes,
             "context_length": a.facts.shape.n_ctx_train,
             "vision": a.vision,  # reads images: a vision-language folder, or an mmproj beside
+            "task": a.task,  # transcription, speech…: a task model (models/task_models.py)
             "mmproj": str(a.mmproj) if a.mmproj else None,
         }
         for a in catalog.artifacts()
@@ -57,6 +58,7 @@ def list_models(config: settings.Config, as_json: bool) -> int:
     for row in rows:
         aliases = f" (aka {', '.join(row['aliases'])})" if row["aliases"] else ""
         vision = " vision" if row["vision"] else ""
+        vision += f" task {row['task']}" if row["task"] else ""
         print(
             f"{row['name']}{aliases}  {row['architecture']} ({row['format']}){vision}  "
             f"{format_bytes(int(row['weights_bytes']))}  ctx {row['context_length']}  "

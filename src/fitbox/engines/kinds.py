@@ -1,7 +1,8 @@
 """The engine kinds this fitbox can run, and which one loads an artifact.
 
 The box asks here for the engine of each artifact it places, so it never names one; a new
-kind (the transformers child, a task runner) is one more entry in ``on_this_box``.
+kind (the transformers child) is one more entry, a task runner one entry of
+``engines/task_runners.py`` in ``on_this_box``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Protocol
 
 from fitbox.engines.llama_server import LlamaServer
 from fitbox.engines.seam import Engine
+from fitbox.engines.task_runners import RUNNERS
+from fitbox.engines.tasks import TaskEngine
 from fitbox.engines.tf import Transformers
 from fitbox.errors import EngineFailed
 from fitbox.home import Home
@@ -53,4 +56,6 @@ def engines_home(engine_dir: str, home: Path | None) -> Path | None:
 
 def on_this_box(engine_dir: str = "", home: Path | None = None) -> EngineKinds:
     """Every engine kind fitbox knows, in the order it prefers them."""
-    return EngineKinds([LlamaServer(engine_dir), Transformers(engines_home(engine_dir, home))])
+    engines = engines_home(engine_dir, home)
+    tasks: list[Engine] = [TaskEngine(spec, engines) for spec in RUNNERS]
+    return EngineKinds([LlamaServer(engine_dir), Transformers(engines), *tasks])

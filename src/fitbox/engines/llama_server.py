@@ -42,6 +42,7 @@ from fitbox.engines.seam import (
     LaunchIntent,
     LaunchSpec,
 )
+from fitbox.errors import FitboxError
 
 __all__ = [  # LaunchIntent and EngineNotFound are the seam's, the binary's abilities
     # llama_binary.py's: all kept importable from here
@@ -260,6 +261,9 @@ class LlamaServer:
         with self._locating:  # prepare's thread, a load's thread and info() may ask at once
             if self._info is None:
                 self._info = inspect(find_binary(self.engine_dir).path)
+
+    def unavailable(self) -> FitboxError | None:
+        return None  # a missing engine is found at launch (locate): its fix is named there
 
     async def prepare(self) -> None:
         """Find the binary and read it (``--help``, ``--version``, ``--list-devices`` and a

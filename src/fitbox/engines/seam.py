@@ -17,6 +17,7 @@ from typing import Protocol
 from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
 from fitbox.engines.http1 import EnginePool
+from fitbox.errors import FitboxError
 
 
 class EngineNotFound(RuntimeError):
@@ -100,7 +101,8 @@ class CallTimings:
 
 
 class Engine(Protocol):
-    """One engine kind. Implementations: ``engines.llama_server.LlamaServer``."""
+    """One engine kind. Implementations: ``engines.llama_server.LlamaServer``,
+    ``engines.tf.Transformers``, ``engines.tasks.TaskEngine`` (one per task runner)."""
 
     name: str  # what an operator calls it, in messages ("llama-server")
 
@@ -114,6 +116,12 @@ class Engine(Protocol):
 
     def locate(self) -> None:
         """Find a runnable engine now (cached); raises ``EngineNotFound`` with the fix."""
+        ...
+
+    def unavailable(self) -> FitboxError | None:
+        """Why no call can be placed on this kind now, at once and without blocking (its
+        environment is being built, or its build failed); None: place it. Asked before a
+        call is placed, so nothing is evicted for a child that cannot start."""
         ...
 
     async def prepare(self) -> None:

@@ -35,6 +35,7 @@ from fitbox.engines.seam import (
     LaunchIntent,
     LaunchSpec,
 )
+from fitbox.errors import FitboxError
 
 NAME = "transformers"
 ROUTES = frozenset({"/v1/chat/completions", "/v1/embeddings"})
@@ -286,6 +287,9 @@ class Transformers:
         with self._locating:
             if self._probe is None:
                 self._probe, _ = select(self.engine_dir)
+
+    def unavailable(self) -> FitboxError | None:
+        return None  # a missing engine is found at launch (locate): its fix is named there
 
     async def prepare(self) -> None:
         """Nothing before a decision: its probe (torch imported, up to minutes) starts off

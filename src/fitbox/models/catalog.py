@@ -4,7 +4,8 @@ A file is a model if it starts with the GGUF magic, whatever its name, and is no
 projector (mmproj). Its name is the file stem. A vision projector in a model's folder is
 launched beside it (``--mmproj``; models/vision.py pairs them): the model reads images. A
 Hugging Face folder (config.json and safetensors) is a model of the transformers engine,
-named by models/hf_folders.py (a cache snapshot is ``owner/repo``). ``aliases.toml`` adds
+named by models/hf_folders.py (a cache snapshot is ``owner/repo``). A task model (a whisper
+folder, a piper voice) is recognised by models/task_models.py. ``aliases.toml`` adds
 other names:
 
     [aliases]
@@ -32,6 +33,14 @@ from fitbox.models.hf_folders import FORMAT as FOLDER_FORMAT
 from fitbox.models.hf_folders import folder_facts, folder_name, is_snapshot_entry
 from fitbox.models.identity import Identity, identity_of
 from fitbox.models.readable import is_unreadable, unreadable_reason
+from fitbox.models.task_models import (
+    PIPER,
+    WHISPER,
+    is_piper_voice,
+    is_whisper_dir,
+    task_facts,
+    task_of,
+)
 from fitbox.models.transformers_facts import BadModelDir
 from fitbox.models.vision import pair_projectors
 
@@ -73,6 +82,12 @@ class Artifact:
         return self.mmproj is not None or self.facts.vision
 
     @property
+    def task(self) -> str | None:
+        """What a task model does (transcription, speech…: models/task_models.py); None
+        for a chat, embedding or reranking model."""
+        return task_of(self.format)
+
+    @property
     def key(self) -> str:
         return str(self.path)
 
@@ -106,7 +121,8 @@ def _is_transformers_dir(dirpath: Path, filenames: list[str]) -> bool:
 
 def _walk(root: Path, refused: list[OSError]) -> Iterator[tuple[str, Path]]:
     """("gguf?", file) for every candidate file, ("dir", path) for a transformers model
-    directory (not descended into). In a Hugging Face cache, ``blobs/`` is skipped: the
+    directory (not descended into), (its format, path) for a task model (a whisper folder,
+    not descended into; a piper voice). In a Hugging Face cache, ``blobs/`` is skipped: the
     files are reached, with their real names, through ``snapshots/``. A folder that cannot
     be listed lands in ``refused``."""
     seen: set[tuple[int, int]] = set()
@@ -120,6 +136,10 @@ def _walk(root: Path, refused: list[OSError]) -> Iterator[tuple[str, Path]]:
             continue
         seen.add((st.st_dev, st.st_ino))
         here = Path(dirpath)
+        if is_whisper_dir(filenames):
+            dirnames.clear()
+            yield WHISPER, here
+            continue
         if _is_transformers_dir(here, filenames):
             dirnames.clear()
             yield "dir", here
@@ -131,6 +151,9 @@ def _walk(root: Path, refused: list[OSError]) -> Iterator[tuple[str, Path]]:
         )
         for filename in sorted(filenames):
             if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES):
+                continue
+            if is_piper_voice(here / filename):
+                yield PIPER, here / filename
                 continue
             yield "file", here / filename
 
@@ -197,6 +220,9 @@ def scan(
             if kind == "dir":
                 _add_folder(path, found, rejected)
                 continue
+            if kind != "file":
+                _add_task(path, kind, found, rejected)
+                continue
             name = _model_name(path)
             if name is None or not _opened(path, name, rejected):
                 continue
@@ -253,6 +279,23 @@ def _add_folder(path: Path, found: dict[str, Artifact], rejected: list[Unservabl
         log.warning("%s: name %r already taken by %s", path, name, found[name].path)
         return
     found[name] = Artifact(name=name, path=facts.path, facts=facts, format=FOLDER_FORMAT)
+
+
+def _add_task(
+    path: Path, artifact_format: str, found: dict[str, Artifact], rejected: list[Unservable]
+) -> None:
+    """A task model (models/task_models.py), or the reason it cannot be served."""
+    try:
+        facts = task_facts(path, artifact_format)
+    except OSError as exc:
+        rejected.append(Unservable(path, f"not readable: {exc}"))
+        return
+    if facts.name in found:
+        log.warning("%s: name %r already taken by %s", path, facts.name, found[facts.name].path)
+        return
+    found[facts.name] = Artifact(
+        name=facts.name, path=path, facts=facts, format=artifact_format, seen=identity_of(path)
+    )
 
 
 def _folder_refused(exc: OSError) -> Unservable:

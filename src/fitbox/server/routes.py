@@ -21,7 +21,7 @@ from starlette.routing import Route, request_response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fitbox.server.door.auth import Access, AccessMap
-from fitbox.server.inference import models, openai
+from fitbox.server.inference import audio, models, openai
 from fitbox.server.manage import facts, logs, manage, operate, settings, telemetry, transfer
 from fitbox.server.views import calls_page, login, openapi
 from fitbox.server.views.dashboard import dashboard, events
@@ -63,9 +63,12 @@ from fitbox.server.views.openapi_shapes import (
     ROWS,
     SCOUT,
     SINCE,
+    SPEECH,
     STATE,
     TOKENIZE,
+    TRANSCRIPTION,
     TRANSFER_FILE,
+    TRANSLATION,
 )
 
 # a request handler, or an ASGI app of its own (MCP's door); a route a child answers is
@@ -147,6 +150,21 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/rerank", openai.rerank, INFERENCE, {
         "post": Op("Rerank documents: /v1/rerank's alias", RERANK, MODEL_QUERY)},
         engine="/v1/rerank"),
+    Endpoint("/v1/audio/transcriptions", audio.transcriptions, INFERENCE, {
+        "post": Op("Speech to text (multipart: file, model; response_format json, text, "
+                   "verbose_json, srt, vtt; stream=true as transcript.text.delta events)",
+                   TRANSCRIPTION, media="multipart/form-data")},
+        engine="/v1/audio/transcriptions", json_api=False),
+    Endpoint("/v1/audio/translations", audio.translations, INFERENCE, {
+        "post": Op("Speech to English text (multipart, as transcriptions without language)",
+                   TRANSLATION, media="multipart/form-data")},
+        engine="/v1/audio/translations", json_api=False),
+    Endpoint("/v1/audio/speech", audio.speech, INFERENCE, {
+        "post": Op("Text to speech: the audio as it is made (chunked), or speech.audio.delta "
+                   "events with stream_format sse", SPEECH)},
+        engine="/v1/audio/speech", json_api=False),
+    Endpoint("/v1/audio/voices", audio.list_voices, INFERENCE, {
+        "get": Op("Every speech model's voices")}),
     Endpoint("/tokenize", openai.tokenize, INFERENCE, {
         "post": Op("The model's tokens for content", TOKENIZE, MODEL_QUERY)},
         engine="/tokenize"),

@@ -81,6 +81,9 @@ _CALL_COLUMNS = frozenset(
         "prompt_per_token_ms",
         "decode_ms",
         "decode_per_token_ms",
+        "files",  # a task call's inputs and outputs: role, name, bytes, sha256 (JSON)
+        "audio_in_s",
+        "audio_out_s",
     }
 )
 
@@ -242,7 +245,7 @@ class Store(History, FactRows):
         unknown = set(values) - _CALL_COLUMNS
         if unknown:
             raise ValueError(f"not call_log columns: {sorted(unknown)}")
-        for column in ("evicted", "devices", "tensor_split", "cores"):
+        for column in ("evicted", "devices", "tensor_split", "cores", "files"):
             if column in values and not isinstance(values[column], str | None):
                 values[column] = json.dumps(values[column])
         assignments = ", ".join(f"{column} = ?" for column in values)

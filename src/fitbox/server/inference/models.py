@@ -49,6 +49,7 @@ def _entry(box: Box, artifact: Artifact, r: Resident | None, insider: bool) -> d
         "size_bytes": shape.weights_bytes,
         "architecture": artifact.facts.architecture,
         "vision": artifact.vision,  # reads image_url parts (server/door/bodies.py)
+        "task": artifact.task,  # transcription, speech…: a task model (models/task_models.py)
         "meta": {
             "n_ctx": r.window if r else None,
             "n_ctx_train": shape.n_ctx_train,
@@ -107,6 +108,7 @@ def helper_entry() -> dict[str, Any]:
         "size_bytes": 0,
         "architecture": None,
         "vision": False,
+        "task": None,
         "meta": None,
     }
 

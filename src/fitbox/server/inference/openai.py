@@ -53,7 +53,7 @@ from fitbox.store.db import CentralKey, Store
 from fitbox.store.waits import problems as store_problems
 
 log = logging.getLogger(__name__)
-__all__ = ["allowed_models", "engine_error_body", "forward", "refused"]
+__all__ = ["allowed_models", "engine_error_body", "forward", "refused", "request_id", "via_central"]
 CHAT = "/v1/chat/completions"
 
 
@@ -69,11 +69,11 @@ _ID_PREFIX = os.urandom(8).hex()
 _ID_COUNTER = itertools.count(1)
 
 
-def _request_id(request: Request) -> str:
+def request_id(request: Request) -> str:
     return request.headers.get("x-request-id") or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
-def _central_key(request: Request) -> CentralKey | None:
+def via_central(request: Request) -> CentralKey | None:
     """The central key a call through this box's central was made with (its word is taken
     only on a request made with the box's own key: joining.central_key_of)."""
     return central_key_of(request.headers, getattr(request.state, "api_key", None))
@@ -95,8 +95,8 @@ def refused(request: Request, path: str, body: dict[str, Any], error: FitboxErro
         path,
         model if isinstance(model, str) else "",
         body.get("stream") is True,
-        _request_id(request),
-        _central_key(request),
+        request_id(request),
+        via_central(request),
     )
     setattr(request.state, timing.STAMPS_STATE, call.stamps)
     call.failed(error)
@@ -113,20 +113,20 @@ async def forward(
     """Open the call on ``body["model"]``, have the box serve it (box/serving.py), frame
     its answer: a stream, a whole reply, or a stream that waits for its model's load."""
     if body.get("model") == HELPER and path == CHAT:  # a menu, not weights: no placement
-        return await helper_reply(request, path, body, _request_id(request))
+        return await helper_reply(request, path, body, request_id(request))
     box: Box = request.app.state.box
     field = thinking_for(request, path, body)
     order = Order(
         path,
         body,
         request_body(raw, field),
-        _request_id(request),
+        request_id(request),
         allowed_models(request),
         images,
         request.headers.get("accept", "*/*"),
         method,
         _query(request),
-        _central_key(request),
+        via_central(request),
     )
     served = box.serving.open(order)
     call = served.call

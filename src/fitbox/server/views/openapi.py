@@ -29,6 +29,7 @@ def operation(
     params: list[dict[str, Any]] | None = None,
     ok: tuple[int, ...] = (200,),
     body_optional: bool = False,
+    media: str = "application/json",
 ) -> dict[str, Any]:
     """One operation: each status it answers with on success (``ok``), and an OpenAI error
     body for any other. ``body_optional``: no body reads as ``{}``."""
@@ -48,7 +49,7 @@ def operation(
     if body is not None:
         operation["requestBody"] = {
             "required": not body_optional,
-            "content": {"application/json": {"schema": body}},
+            "content": {media: {"schema": body}},
         }
     if params:
         operation["parameters"] = params
@@ -75,6 +76,7 @@ class Op:
     who: str | None = None
     ok: tuple[int, ...] = (200,)  # the statuses of a success (201 for a created key)
     body_optional: bool = False  # no body reads as {} (server/door/bodies.py ``empty``)
+    media: str = "application/json"  # the body's media type (an upload: multipart/form-data)
 
 
 class Documented(Protocol):
@@ -94,7 +96,13 @@ def paths(endpoints: Iterable[Documented]) -> dict[str, dict[str, Any]]:
     for endpoint in endpoints:
         for method, op in endpoint.ops.items():
             found.setdefault(endpoint.doc_path, {})[method] = operation(
-                op.summary, op.who or endpoint.who, op.body, op.params, op.ok, op.body_optional
+                op.summary,
+                op.who or endpoint.who,
+                op.body,
+                op.params,
+                op.ok,
+                op.body_optional,
+                op.media,
             )
     return found
 

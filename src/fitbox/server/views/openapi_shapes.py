@@ -97,6 +97,36 @@ TOKENIZE = body({"model": NAME, "content": TEXT_OR_LIST})
 DETOKENIZE = body({"model": NAME, "tokens": LIST})
 APPLY_TEMPLATE = body({"model": NAME, "messages": LIST})
 INFILL = body({"model": NAME})  # the rest is llama-server's to read
+TRANSCRIPTION = body(
+    {"model": NAME, "file": {"type": "string", "format": "binary"}},
+    {
+        "language": {"type": "string"},
+        "prompt": {"type": "string"},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        "response_format": {
+            "type": "string",
+            "enum": ["json", "text", "verbose_json", "srt", "vtt"],
+        },
+        "stream": {"type": "boolean"},
+        "timestamp_granularities[]": {"type": "array", "items": {"enum": ["segment", "word"]}},
+    },
+)
+TRANSLATION = body(
+    {"model": NAME, "file": {"type": "string", "format": "binary"}},
+    {
+        k: v
+        for k, v in TRANSCRIPTION["properties"].items()
+        if k not in ("model", "file", "language")
+    },
+)
+SPEECH = body(
+    {"model": NAME, "input": {"type": "string", "minLength": 1, "maxLength": 4096}, "voice": NAME},
+    {
+        "response_format": {"type": "string", "enum": ["wav", "pcm", "flac", "mp3", "opus"]},
+        "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0},
+        "stream_format": {"type": "string", "enum": ["audio", "sse"]},
+    },
+)
 MODEL_QUERY = [  # instead of the body's model
     query_param("model", {"type": "string"})
     | {"description": "The model, where the body names none (llama-server's own bodies)"}
