@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import re
 from hashlib import sha256
 from typing import Any
@@ -28,13 +29,14 @@ from starlette.responses import Response
 from fitbox.box.box import Box
 from fitbox.engines.task_child.diffusers import MAX_STEPS, rule_from_folder
 from fitbox.engines.task_child.replies import BadRequest
-from fitbox.errors import EngineFailed, FitboxError, ImageExpired, InvalidRequest
+from fitbox.errors import EngineFailed, FitboxError, ImageExpired, InvalidRequest, StorageFailed
 from fitbox.models.task_models import DIFFUSERS
 from fitbox.server.door.artifacts import Artifacts
 from fitbox.server.door.bodies import json_object
 from fitbox.server.inference.openai import refused
 from fitbox.server.inference.tasks import Keeper, Task, artifacts_of, serve_task
 
+log = logging.getLogger(__name__)
 FIELDS = frozenset({"model", "prompt", "n", "size", "response_format", "seed", "steps", "user"})
 FORMATS = ("b64_json", "url")
 N_MAX = 10  # OpenAI's own bound on n
@@ -119,24 +121,30 @@ def _keeper(request: Request, fmt: str) -> Keeper:
     base = str(request.base_url).rstrip("/") + FILES_PATH
 
     def keep(content: bytes, artifacts: Artifacts) -> tuple[bytes, list[dict[str, Any]]]:
-        reply = json.loads(content)
+        try:
+            reply = json.loads(content)
+            items = [
+                (item["b64_json"], base64.b64decode(item["b64_json"], validate=True))
+                for item in reply["data"]
+            ]
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise EngineFailed("the image runner's reply holds no base64 PNGs") from None
         records, data = [], []
-        for index, item in enumerate(reply.get("data") or []):
-            try:
-                png = base64.b64decode(item["b64_json"], validate=True)
-            except (KeyError, TypeError, binascii.Error):
-                raise EngineFailed("the image runner's reply holds no base64 PNG") from None
+        for index, (b64, png) in enumerate(items):
             output = artifacts.unguessable("png")
             output.write(png)
             record = output.close()
             if fmt == "url" and output.path is None:
-                raise EngineFailed(
-                    f"the image could not be kept in {artifacts.root} for a URL; ask "
-                    "response_format b64_json, or free or fix that dir"
+                log.warning("%s cannot be written: an image URL was refused", artifacts.root)
+                raise StorageFailed(  # its path is the operator's: the log says it
+                    "The image could not be kept in the box's artifact dir, so it has no "
+                    "URL; ask response_format b64_json, or free or fix that drive.",
+                    param="response_format",
+                    code="artifact_dir_unwritable",
                 )
             url = base + output.name
             records.append({**record, "name": f"image-{index + 1}.png"})
-            data.append({"url": url} if fmt == "url" else {"b64_json": item["b64_json"]})
+            data.append({"url": url} if fmt == "url" else {"b64_json": b64})
         return json.dumps({"created": reply.get("created"), "data": data}).encode(), records
 
     return keep

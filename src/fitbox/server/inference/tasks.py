@@ -162,15 +162,22 @@ async def _kept(
     artifacts: Artifacts,
 ) -> Response:
     """A whole reply whose files ``task.outputs`` keeps one by one; the client gets the
-    reply it made, once the row holds every file and figure."""
+    reply it made, once the row holds every file and figure (or the reason it could not be
+    made, the call failed: a reply the child garbled, a URL with no dir to keep it in)."""
     assert task.outputs is not None
     content = await call.read(response)
-    call.answered(response.status, content)
-    content, kept = task.outputs(content, artifacts)
+    try:
+        reply, kept = task.outputs(content, artifacts)
+    except FitboxError as error:
+        call.failed(error)
+        call.files_recorded(task.inputs, {})
+        await call.finished()
+        raise
+    call.answered(response.status, content)  # the child's own reply: its timings
     call.files_recorded([*task.inputs, *kept], await _measured(call, token))
     await call.finished()
     media_type = response.headers.get("content-type", "application/json")
-    return Response(content, status_code=response.status, headers=headers, media_type=media_type)
+    return Response(reply, status_code=response.status, headers=headers, media_type=media_type)
 
 
 async def _recorded(call: Call, token: str, task: Task, output: Output) -> None:
