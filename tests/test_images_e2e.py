@@ -22,7 +22,6 @@ from .support.png import decode
 from .support.processes import FitboxProcess, running_fitbox
 from .support.task_engines import engine_dir
 
-pytestmark = pytest.mark.engine
 MODEL = "tiny-sd"
 FAST = {"steps": 2}  # two denoising steps: a random pipeline draws noise either way
 
