@@ -232,7 +232,9 @@ class Images:
         if not isinstance(prompt, str):
             raise BadRequest("prompt must be the text of the image to make", "prompt")
         size = self.runner.sizes.parse(body.get("size"))
-        n = _int_field(body, "n", 1, 10) or 1
+        # n_images from fitbox's door (its n is not the box's to read as slots), n from a
+        # client calling the child directly (the bench)
+        n = _int_field(body, "n_images", 1, 10) or _int_field(body, "n", 1, 10) or 1
         started = time.perf_counter()
         pngs = self.runner.generate(
             prompt,

@@ -93,7 +93,11 @@ def _checked(box: Box, body: dict[str, Any]) -> dict[str, Any]:
             code="unsupported_response_format",
         )
     _check_size(box, body["model"], body.get("size"))
-    body["n_images"] = n  # what the box's ETA counts (box/serving.py max_tokens)
+    # the child's body says n as n_images: the box reads a body's n as the slots a chat call's
+    # choices take (box/needs.py choices), and a task child has one; n_images is what the
+    # box's ETA counts instead (box/serving.py max_tokens)
+    body.pop("n", None)
+    body["n_images"] = n
     return body
 
 
