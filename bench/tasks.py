@@ -1,11 +1,14 @@
-"""Task calls: fitbox's added latency per audio route over the runner called directly, and
-the first audio byte of streamed speech against the whole file, in one run.
+"""Task calls: fitbox's added latency per route (speech, transcription, images) over the
+runner called directly, and the first audio byte of streamed speech against the whole file,
+in one run.
 
 Both paths hit the *same* task children (the ones fitbox launched for the piper voice and
-whisper tiny.en, in the runner environments the tests build: tests/support/task_engines.py),
+whisper tiny.en, and the tiny random diffusers pipeline of tests/support/diffusers_engine.py,
+in the runner environments the tests build: tests/support/task_engines.py),
 interleaved, so runner, model and machine load are shared and only the door differs: for
 transcription, the door's multipart parse, spool, hash and row against the child reading a
-file already on disk.
+file already on disk; for images, the door's field checks, its size rule read from the
+folder, and keeping each PNG (decoded, hashed, written) against the child's base64 reply.
 
     python bench/tasks.py [--calls 20]
 
@@ -34,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.proxy_overhead import percentile, start_fitbox_argv  # noqa: E402
+from tests.support.diffusers_engine import diffusers_python, tiny_pipeline  # noqa: E402
 from tests.support.task_engines import (  # noqa: E402
     VOICE,
     WHISPER,
@@ -43,11 +47,12 @@ from tests.support.task_engines import (  # noqa: E402
 )
 
 SHORT = "The quick brown fox jumps over the lazy dog."
+IMAGE = {"prompt": "a lighthouse at dusk", "size": "64x64", "n": 1, "seed": 1, "steps": 2}
 LONG = " ".join(f"This is sentence number {n} of a longer reading." for n in range(1, 9))
 
 
 def children(fitbox_pid: int) -> dict[str, str]:
-    """Each task child's URL by its runner module (whisper, piper)."""
+    """Each task child's URL by its runner module (whisper, piper, diffusers)."""
     found = {}
     for child in psutil.Process(fitbox_pid).children(recursive=True):
         argv = child.cmdline()
@@ -93,6 +98,7 @@ def main() -> None:
         models.mkdir()
         (models / WHISPER).symlink_to(whisper_folder())
         (models / "joe").symlink_to(piper_voice().parent)
+        (models / "tiny-sd").symlink_to(tiny_pipeline(diffusers_python()))
         env = dict(os.environ) | {"FITBOX_ENGINE_DIR": str(engine_dir(Path(tmp) / "engines"))}
         proc, url = start_fitbox_argv([sys.executable, "-m", "fitbox"], home, models, env)
         try:
@@ -109,6 +115,7 @@ def run(url: str, pid: int, calls: int, tmp: Path) -> None:
     (tmp / "said.wav").write_bytes(wav)
     form = {"model": WHISPER}
     http.post(f"{url}/v1/audio/transcriptions", data=form, files={"file": ("a.wav", wav)})
+    http.post(f"{url}/v1/images/generations", json={"model": "tiny-sd", **IMAGE})  # loads it
     child = children(pid)
 
     def direct_transcription() -> httpx.Response:
@@ -125,6 +132,13 @@ def run(url: str, pid: int, calls: int, tmp: Path) -> None:
             lambda: http.post(
                 f"{url}/v1/audio/transcriptions", data=form, files={"file": ("a.wav", wav)}
             ),
+        ),
+        "/v1/images/generations": (
+            lambda: http.post(
+                f"{child['diffusers']}/v1/images/generations",
+                json={**IMAGE, "call": secrets.token_hex(4)},
+            ),
+            lambda: http.post(f"{url}/v1/images/generations", json={"model": "tiny-sd", **IMAGE}),
         ),
     }
     for route, (direct, door) in paths.items():

@@ -378,6 +378,18 @@ class EngineEnvFailed(FitboxError):
     )
 
 
+class ImageExpired(FitboxError):
+    """An image URL whose image is no longer kept (or never was)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "image_expired"
+    remedy = (
+        "Generate the image again, and fetch its URL within FITBOX_ARTIFACT_MAX_AGE seconds; "
+        "or ask response_format b64_json to get its bytes in the reply."
+    )
+
+
 class UploadTooLarge(FitboxError):
     """An upload over the box's limit, refused before it was read whole."""
 

@@ -403,8 +403,10 @@ class Call:
 
     def files_recorded(self, files: list[dict[str, Any]], figures: dict[str, float]) -> None:
         """A task call's files (role, name, bytes, sha256: never their content) and what
-        its runner measured (``audio_in_s``, ``audio_out_s``), on its row."""
+        its runner measured (``audio_in_s``, ``audio_out_s``, ``pixels``), on its row."""
         known = {k: v for k, v in figures.items() if k in ("audio_in_s", "audio_out_s")}
+        if "pixels" in figures:
+            known["image_pixels"] = int(figures["pixels"])
         self._record(files=files, **known)
 
     # -- other ends ------------------------------------------------------------------------

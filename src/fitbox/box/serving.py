@@ -359,7 +359,16 @@ class Served:
 
 
 def max_tokens(body: dict[str, Any]) -> int:
-    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict"):
+    """What the call asks its engine to make, in the unit its speed is measured in: tokens,
+    or images for an image call (``n_images``, written by server/inference/images.py: the
+    diffusers runner's timings count images, so the ETA is images over images a second)."""
+    for key in (
+        "max_completion_tokens",
+        "max_tokens",
+        "max_output_tokens",
+        "n_predict",
+        "n_images",
+    ):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 TRANSLATIONS = "/v1/audio/translations"
 SPEECH = "/v1/audio/speech"
+IMAGES = "/v1/images/generations"
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,14 @@ RUNNERS: tuple[RunnerSpec, ...] = (
         modules=("piper", "onnxruntime", "soundfile"),
         module="piper",
         license_note="GPL-3.0: only ever in its own child process and environment",
+    ),
+    RunnerSpec(
+        name="diffusers",
+        format="diffusers",
+        routes=frozenset({IMAGES}),
+        extra="diffusers-engine",
+        modules=("diffusers", "torch", "transformers", "PIL"),
+        module="diffusers",
     ),
 )
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from fitbox.core.repack import CpuFeatures
 from fitbox.engines.child import Child
 from fitbox.engines.http1 import EngineConnectionError, EnginePool
+from fitbox.engines.llama_server import parse_timings
 from fitbox.engines.seam import (
     Abilities,
     CallTimings,
@@ -193,7 +194,10 @@ class TaskEngine:
         return props if isinstance(props, dict) else None
 
     def timings(self, tail: bytes) -> CallTimings | None:
-        return None  # a task's figures are its audio seconds (the call row's own columns)
+        """llama-server's ``timings`` object where a runner writes one (diffusers: its
+        images as the "tokens", so the speed book holds ms an image and the queue's ETA
+        reads images per second); a task's other figures are its row's own columns."""
+        return parse_timings(tail)
 
     def out_of_memory(self, lines: Sequence[str]) -> str | None:
         return next((ln for ln in reversed(lines) if any(s in ln for s in _OOM)), None)

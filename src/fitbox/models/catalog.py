@@ -5,8 +5,8 @@ projector (mmproj). Its name is the file stem. A vision projector in a model's f
 launched beside it (``--mmproj``; models/vision.py pairs them): the model reads images. A
 Hugging Face folder (config.json and safetensors) is a model of the transformers engine,
 named by models/hf_folders.py (a cache snapshot is ``owner/repo``). A task model (a whisper
-folder, a piper voice) is recognised by models/task_models.py. ``aliases.toml`` adds
-other names:
+folder, a piper voice, a diffusers pipeline) is recognised by models/task_models.py.
+``aliases.toml`` adds other names:
 
     [aliases]
     smol = "SmolLM2-135M-Instruct.Q4_1"
@@ -34,8 +34,10 @@ from fitbox.models.hf_folders import folder_facts, folder_name, is_snapshot_entr
 from fitbox.models.identity import Identity, identity_of
 from fitbox.models.readable import is_unreadable, unreadable_reason
 from fitbox.models.task_models import (
+    DIFFUSERS,
     PIPER,
     WHISPER,
+    is_diffusers_dir,
     is_piper_voice,
     is_whisper_dir,
     task_facts,
@@ -121,10 +123,10 @@ def _is_transformers_dir(dirpath: Path, filenames: list[str]) -> bool:
 
 def _walk(root: Path, refused: list[OSError]) -> Iterator[tuple[str, Path]]:
     """("gguf?", file) for every candidate file, ("dir", path) for a transformers model
-    directory (not descended into), (its format, path) for a task model (a whisper folder,
-    not descended into; a piper voice). In a Hugging Face cache, ``blobs/`` is skipped: the
-    files are reached, with their real names, through ``snapshots/``. A folder that cannot
-    be listed lands in ``refused``."""
+    directory (not descended into), (its format, path) for a task model (a whisper or a
+    diffusers folder, not descended into; a piper voice). In a Hugging Face cache,
+    ``blobs/`` is skipped: the files are reached, with their real names, through
+    ``snapshots/``. A folder that cannot be listed lands in ``refused``."""
     seen: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(root, onerror=refused.append, followlinks=True):
         try:
@@ -139,6 +141,10 @@ def _walk(root: Path, refused: list[OSError]) -> Iterator[tuple[str, Path]]:
         if is_whisper_dir(filenames):
             dirnames.clear()
             yield WHISPER, here
+            continue
+        if is_diffusers_dir(filenames):
+            dirnames.clear()
+            yield DIFFUSERS, here
             continue
         if _is_transformers_dir(here, filenames):
             dirnames.clear()

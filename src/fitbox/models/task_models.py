@@ -3,7 +3,10 @@
 - a CTranslate2 whisper folder: ``model.bin`` + ``config.json`` + a tokenizer
   (``tokenizer.json`` or ``vocabulary.*``), named by its folder; task ``transcription``;
 - a piper voice: ``NAME.onnx`` with ``NAME.onnx.json`` beside it, named ``NAME``; task
-  ``speech``; its voices are its speakers (``speaker_id_map``), or its dataset's name.
+  ``speech``; its voices are its speakers (``speaker_id_map``), or its dataset's name;
+- a diffusers pipeline folder: ``model_index.json`` (the pipeline's class) with its parts in
+  folders below it (``unet/``, ``vae/``, ``text_encoder/``…), named by its folder; task
+  ``image``.
 
 Placement prices a task model by its files plus what its runner's process holds beside
 them (``RUNNER_BYTES``), until its first load measures the process (engines/tasks.py):
@@ -24,6 +27,7 @@ from fitbox.models.gguf_facts import GGUFFacts
 
 WHISPER = "whisper-ct2"
 PIPER = "piper-onnx"
+DIFFUSERS = "diffusers"
 MIB = 1024 * 1024
 
 
@@ -34,10 +38,12 @@ class TaskFormat:
 
 
 # runner_bytes: a child's RSS after load less its files, measured on this project's test
-# models (whisper tiny.en: 247 MB for 78 MB of files; piper joe-medium: 154 MB for 63 MB)
+# models (whisper tiny.en: 247 MB for 78 MB of files; piper joe-medium: 154 MB for 63 MB;
+# diffusers: 397 MiB for the tests' 0.5 MB random pipeline, torch and diffusers imported)
 FORMATS: dict[str, TaskFormat] = {
     WHISPER: TaskFormat("transcription", 170 * MIB),
     PIPER: TaskFormat("speech", 90 * MIB),
+    DIFFUSERS: TaskFormat("image", 400 * MIB),
 }
 
 
@@ -50,6 +56,12 @@ def is_whisper_dir(filenames: list[str]) -> bool:
     names = set(filenames)
     tokenizer = "tokenizer.json" in names or any(n.startswith("vocabulary.") for n in names)
     return "model.bin" in names and "config.json" in names and tokenizer
+
+
+def is_diffusers_dir(filenames: list[str]) -> bool:
+    """A diffusers pipeline's folder (its parts are below it: not descended into, or its
+    text encoder would be taken for a transformers model of its own)."""
+    return "model_index.json" in filenames
 
 
 def is_piper_voice(path: Path) -> bool:
@@ -77,6 +89,9 @@ def task_facts(path: Path, artifact_format: str) -> GGUFFacts:
     if artifact_format == WHISPER:
         files = [p for p in path.iterdir() if p.is_file()]
         name, architecture = path.name, "whisper"
+    elif artifact_format == DIFFUSERS:
+        files = [p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        name, architecture = path.name, _pipeline_class(path)
     else:
         files = [path, path.with_name(path.name + ".json")]
         name, architecture = path.name.removesuffix(".onnx"), "piper"
@@ -91,6 +106,17 @@ def task_facts(path: Path, artifact_format: str) -> GGUFFacts:
         is_embedding=False,
         shape=_shape(total, artifact_format),
     )
+
+
+def _pipeline_class(path: Path) -> str:
+    """The pipeline's class as ``model_index.json`` names it (raises OSError, as a folder
+    whose index cannot be read is not a model fitbox can serve)."""
+    try:
+        index = json.loads((path / "model_index.json").read_text())
+    except ValueError as exc:
+        raise OSError(f"model_index.json is not JSON: {exc}") from None
+    found = index.get("_class_name") if isinstance(index, dict) else None
+    return found if isinstance(found, str) else "diffusers"
 
 
 def voices(path: Path) -> tuple[str, ...]:

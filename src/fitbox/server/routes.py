@@ -21,7 +21,7 @@ from starlette.routing import Route, request_response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fitbox.server.door.auth import Access, AccessMap
-from fitbox.server.inference import audio, models, openai
+from fitbox.server.inference import audio, images, models, openai
 from fitbox.server.manage import facts, logs, manage, operate, settings, telemetry, transfer
 from fitbox.server.views import calls_page, login, openapi
 from fitbox.server.views.dashboard import dashboard, events
@@ -40,6 +40,8 @@ from fitbox.server.views.openapi_shapes import (
     EMBEDDING,
     FACTS_BODY,
     HELPER_CHAT,
+    IMAGE_FILE,
+    IMAGES,
     INFILL,
     KEY,
     KEY_BODY,
@@ -165,6 +167,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         engine="/v1/audio/speech", json_api=False),
     Endpoint("/v1/audio/voices", audio.list_voices, INFERENCE, {
         "get": Op("Every speech model's voices")}),
+    Endpoint("/v1/images/generations", images.generations, INFERENCE, {
+        "post": Op("Images from a prompt (diffusers models): n PNGs of size WIDTHxHEIGHT, as "
+                   "b64_json or as a url fitbox serves until FITBOX_ARTIFACT_MAX_AGE passes; "
+                   "seed and steps where the runner takes them", IMAGES)},
+        engine="/v1/images/generations"),
+    Endpoint("/v1/images/files/{name}", images.image_file, INFERENCE, {
+        "get": Op("An image a generation kept, by the unguessable name its url carries "
+                  "(404 image_expired once it is no longer kept)", params=IMAGE_FILE)}),
     Endpoint("/tokenize", openai.tokenize, INFERENCE, {
         "post": Op("The model's tokens for content", TOKENIZE, MODEL_QUERY)},
         engine="/tokenize"),

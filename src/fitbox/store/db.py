@@ -84,6 +84,7 @@ _CALL_COLUMNS = frozenset(
         "files",  # a task call's inputs and outputs: role, name, bytes, sha256 (JSON)
         "audio_in_s",
         "audio_out_s",
+        "image_pixels",
     }
 )
 

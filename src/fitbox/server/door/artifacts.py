@@ -3,8 +3,9 @@
 Each output is written as it is sent (``Output``: hashed and counted on the way, so its
 sha256 and bytes go on the call row), named by its call. The dir is pruned whenever an
 output is added: files older than ``FITBOX_ARTIFACT_MAX_AGE``, then the oldest until the
-rest fit ``FITBOX_ARTIFACT_MAX``. A route that hands out a URL to an output (images) reads
-it back by its name (``path_of``) while it is kept.
+rest fit ``FITBOX_ARTIFACT_MAX``. A route that hands out a URL to an output (images) names
+it by 128 random bits (``unguessable``: the name is the capability the URL carries) and reads
+it back by that name (``path_of``) while it is kept and younger than the age limit.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import secrets
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -54,7 +56,13 @@ class Artifacts:
     def output(self, call_id: int, ext: str) -> Output:
         """A new output of call ``call_id`` (its file ``call-<id>.<ext>``); the dir is
         pruned first. A dir that cannot be written keeps nothing: the output still goes."""
-        name = f"call-{call_id}.{ext}"
+        return self._opened(f"call-{call_id}.{ext}")
+
+    def unguessable(self, ext: str) -> Output:
+        """A new output named by 128 random bits (``image-<32 hex>.<ext>``), for a URL."""
+        return self._opened(f"image-{secrets.token_hex(16)}.{ext}")
+
+    def _opened(self, name: str) -> Output:
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.prune()
@@ -62,11 +70,19 @@ class Artifacts:
         except OSError:
             return Output(None, name)
 
-    def path_of(self, name: str) -> Path | None:
-        """A kept output by its name; None when it is not (or no longer) kept."""
+    def path_of(self, name: str, now: float | None = None) -> Path | None:
+        """A kept output by its name; None when it is not (or no longer) kept: an output
+        past its age is gone, whether or not a prune has removed its file yet."""
         if not _NAME.match(name):
             return None
         path = self.root / name
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return None
+        if (time.time() if now is None else now) - mtime > self.max_age:
+            path.unlink(missing_ok=True)
+            return None
         return path if path.is_file() else None
 
     def prune(self, now: float | None = None) -> list[Path]:

@@ -8,8 +8,10 @@ the handler wrote: the client's fields, ``file`` the spooled upload, ``call`` a 
 child files its figures under. The reply is relayed as the child makes it (a stream of
 audio, SSE events) or whole, hashed and counted on the way, and kept in the artifact dir
 (server/door/artifacts.py). Once it ended, the call row gets every input's and output's
-bytes and sha256 and the runner's figures (audio seconds in or out), before its last byte
-leaves.
+bytes and sha256 and the runner's figures (audio seconds in or out, pixels), before its last
+byte leaves. A task whose reply holds several files (images) says how to keep them
+(``Task.outputs``): each is kept and recorded on its own, and the client gets the reply
+that function made (a URL in place of a file's bytes).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from fitbox.server.inference.engine_errors import client_status, engine_error_bo
 from fitbox.server.inference.openai import allowed_models, request_id, via_central
 
 log = logging.getLogger(__name__)
+# a whole reply made into the client's, and the records of the outputs kept from it
+Keeper = Callable[[bytes, Artifacts], tuple[bytes, list[dict[str, Any]]]]
 
 
 @dataclass
@@ -51,6 +55,7 @@ class Task:
     inputs: list[dict[str, Any]] = field(default_factory=list)  # role, name, bytes, sha256
     cleanup: Callable[[], None] = lambda: None  # its spooled uploads removed: called once,
     # when its reply has ended (or failed), however it ended
+    outputs: Keeper | None = None  # a whole reply's files kept one by one (else: as one)
 
     def done(self) -> None:
         cleanup, self.cleanup = self.cleanup, lambda: None
@@ -109,6 +114,8 @@ async def _served(request: Request, task: Task) -> Response:
     }
     if response.status >= 400:
         return await _refused(call, response, headers, task)
+    if task.outputs is not None:
+        return await _kept(call, response, token, task, headers, artifacts_of(request))
     output = artifacts_of(request).output(call.id, task.ext)
     media_type = response.headers.get("content-type", "application/octet-stream")
     if "chunked" not in response.headers.get("transfer-encoding", "").lower():
@@ -144,6 +151,33 @@ async def _refused(
     call.files_recorded(task.inputs, {})
     await call.finished()
     return JSONResponse(body, status_code=status, headers={**headers, **retry_headers(status)})
+
+
+async def _kept(
+    call: Call,
+    response: EngineResponse,
+    token: str,
+    task: Task,
+    headers: dict[str, str],
+    artifacts: Artifacts,
+) -> Response:
+    """A whole reply whose files ``task.outputs`` keeps one by one; the client gets the
+    reply it made, once the row holds every file and figure (or the reason it could not be
+    made, the call failed: a reply the child garbled, a URL with no dir to keep it in)."""
+    assert task.outputs is not None
+    content = await call.read(response)
+    try:
+        reply, kept = task.outputs(content, artifacts)
+    except FitboxError as error:
+        call.failed(error)
+        call.files_recorded(task.inputs, {})
+        await call.finished()
+        raise
+    call.answered(response.status, content)  # the child's own reply: its timings
+    call.files_recorded([*task.inputs, *kept], await _measured(call, token))
+    await call.finished()
+    media_type = response.headers.get("content-type", "application/json")
+    return Response(reply, status_code=response.status, headers=headers, media_type=media_type)
 
 
 async def _recorded(call: Call, token: str, task: Task, output: Output) -> None:

@@ -127,6 +127,18 @@ SPEECH = body(
         "stream_format": {"type": "string", "enum": ["audio", "sse"]},
     },
 )
+IMAGES = body(
+    {"model": NAME, "prompt": {"type": "string", "minLength": 1, "maxLength": 32000}},
+    {
+        "n": {"type": "integer", "minimum": 1, "maximum": 10},
+        "size": {"type": "string", "description": "WIDTHxHEIGHT, or auto (the native size)"},
+        "response_format": {"type": "string", "enum": ["b64_json", "url"]},
+        "seed": {"type": "integer", "minimum": 0},
+        "steps": {"type": "integer", "minimum": 1, "maximum": 150},
+        "user": {"type": "string"},
+    },
+)
+IMAGE_FILE = [path_param("name")]
 MODEL_QUERY = [  # instead of the body's model
     query_param("model", {"type": "string"})
     | {"description": "The model, where the body names none (llama-server's own bodies)"}
