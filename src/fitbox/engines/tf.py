@@ -339,8 +339,11 @@ class Transformers:
             env["CUDA_VISIBLE_DEVICES"] = ""  # a placement in RAM touches no GPU
         return LaunchSpec(tuple(argv), intent.port, env)
 
-    def slots(self, intent: LaunchIntent) -> int:
+    def slots(self, parallel: int) -> int:
         return 1  # one generation at a time; more calls wait at fitbox's door
+
+    def slots_for(self, n: int) -> int:
+        return 1  # its n choices are rows of one batch, in the one call (tf_child/chat.py)
 
     async def held(self, child: Child) -> Held | None:
         props = await self._props(child)
