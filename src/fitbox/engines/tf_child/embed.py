@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .request import BadRequest
+from .refusal import BadRequest
 
 
 @dataclass(frozen=True)

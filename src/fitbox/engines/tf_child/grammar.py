@@ -1,6 +1,6 @@
 """Constrained decoding: each step's logits masked to the tokens a grammar allows.
 
-llguidance (guidance-ai's Rust parser, the one vLLM, SGLang and llama.cpp use) compiles a
+llguidance (guidance-ai's Rust parser; vLLM and SGLang use it as a backend) compiles a
 JSON schema, or a Lark grammar with JSON schemas inside it, against the folder's own fast
 tokenizer, and gives one bitmask per step in about a millisecond with no warm-up per
 schema; it has no dependencies and ships wheels for CPU torch. A matcher per choice follows

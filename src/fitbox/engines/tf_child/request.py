@@ -14,13 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .refusal import BadRequest
+from .tools import read_response_format, read_tools
 
-class BadRequest(ValueError):
-    """A call this child cannot serve as asked; the message says what to change."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+__all__ = ["BadRequest", "Request", "Sampling", "folder_defaults", "read"]
 
 
 MAX_N = 16  # choices made side by side in one batch: each is a row of the cache
@@ -165,8 +162,6 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
 
 def read(body: dict[str, Any], content: Callable[[Any], Any], defaults: dict[str, Any]) -> Request:
     """The chat call in ``body``; ``content`` reads one message's content (text, or images)."""
-    from .tools import read_response_format, read_tools
-
     for name, why in REFUSED.items():
         if body.get(name) is not None:
             raise BadRequest(why, name)

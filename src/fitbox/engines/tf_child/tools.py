@@ -20,7 +20,7 @@ import re
 import secrets
 from typing import Any
 
-from .request import BadRequest
+from .refusal import BadRequest
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
