@@ -106,6 +106,8 @@ def test_langchain_bind_tools(box: FitboxProcess) -> None:
         api_key=SecretStr("unused"),
         max_retries=0,
         timeout=300,
+        temperature=0,  # a 135M model sampling at 1.0 may write a city name for pages
+        max_completion_tokens=60,
     )
     for choice in ("get_weather", "any"):
         bound = chat.bind_tools([get_weather], tool_choice=choice)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import socket
 import struct
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,6 +130,45 @@ def test_n_choices_logprobs_and_a_seed(box: FitboxProcess) -> None:
     )
     finishes = {c.choices[0].index: c.choices[0].finish_reason for c in streamed if c.choices}
     assert set(finishes) == {0, 1} and all(finishes.values())
+
+
+GENERATE = """
+import sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+folder, question, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+tokenizer = AutoTokenizer.from_pretrained(folder)
+model = AutoModelForCausalLM.from_pretrained(folder).eval()
+ids = tokenizer.apply_chat_template(
+    [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt",
+    return_dict=True,
+)["input_ids"]
+out = model.generate(ids, max_new_tokens=n, do_sample=False)
+print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+"""
+
+
+def test_greedy_choices_are_generates_token_for_token(
+    box: FitboxProcess, tf_python: Path, smol_tf: Path
+) -> None:
+    """The decode loop (each choice a row of one batch) against transformers' own
+    ``generate`` at temperature 0, run in the engine venv on the same folder."""
+    question = "Name three rivers of Europe."
+    reply = client_for(box).chat.completions.create(
+        model=SMOL,
+        messages=[{"role": "user", "content": question}],
+        max_tokens=16,
+        temperature=0,
+        n=2,
+    )
+    own = subprocess.run(
+        [str(tf_python), "-c", GENERATE, str(smol_tf), question, "16"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"},
+    ).stdout.removesuffix("\n")
+    assert [c.message.content for c in reply.choices] == [own, own]
 
 
 def test_tools_reach_the_template_and_come_back_as_tool_calls(box: FitboxProcess) -> None:
@@ -273,6 +314,8 @@ def test_a_second_call_waits_in_the_queue_and_an_abandoned_one_stops(
     )
     queued = until(lambda: httpx.get(f"{box.url}/v1/queue").json()["data"], "B in the queue")
     assert [(q["model"], q["blocked_by"]) for q in queued] == [(TOOLS_MODEL, [TOOLS_MODEL])]
+    etas = httpx.get(f"{box.url}/v1/telemetry/state", timeout=30).json()["queue_eta"]
+    assert TOOLS_MODEL in etas  # its one slot, priced for the next call (None: unmeasured)
     assert child_props(box, TOOLS_MODEL)["calls"] == before["calls"] + 1  # B is not in it
     sock.close()  # A's client leaves
     left = time.monotonic()
@@ -286,6 +329,32 @@ def test_a_second_call_waits_in_the_queue_and_an_abandoned_one_stops(
     assert 10 <= made_for_a < 500
     rows = [r for r in box.calls() if r["model_asked"] == TOOLS_MODEL]
     assert [r["outcome"] for r in rows[-2:]] == ["abandoned", "ok"]
+
+
+def test_a_stream_whose_client_leaves_stops_in_the_child(box: FitboxProcess) -> None:
+    """Closed after 10 tokens of 500: the child's own count stops short of the 500 and the
+    next call is answered."""
+    client = client_for(box)
+    client.chat.completions.create(model=TOOLS_MODEL, messages=HELLO, max_tokens=1)  # loaded
+    before = child_props(box, TOOLS_MODEL)["tokens_made"]
+    body = {
+        "model": TOOLS_MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": 500,
+        "logit_bias": {str(EOS): -100},
+        "stream": True,
+    }
+    url = f"{box.url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=300) as response:
+        for _ in response.iter_lines():
+            if child_props(box, TOOLS_MODEL)["tokens_made"] >= before + 10:
+                break  # leaving the block closes the connection
+    until(lambda: not child_props(box, TOOLS_MODEL)["generating"], "the child stopped")
+    made = child_props(box, TOOLS_MODEL)["tokens_made"] - before
+    print(f"the stream's call made {made} tokens of 500")
+    assert 10 <= made < 500
+    again = client.chat.completions.create(model=TOOLS_MODEL, messages=HELLO, max_tokens=2)
+    assert again.choices[0].message.content
 
 
 def test_two_prompts_that_fit_the_window_alone_but_not_together_are_both_answered(

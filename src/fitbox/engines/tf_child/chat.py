@@ -125,7 +125,8 @@ class Chat:
         self.cache_arg = "cache" if "cache" in named else "past_key_values"  # renamed in 5.x
         self.cache: Any = None  # the cache of the generation running now (for /props)
         self.defaults = folder_defaults(folder) if folder is not None else {}
-        vocab = model.get_output_embeddings().weight.shape[0]
+        head = model.get_output_embeddings()  # the logits' width (a padded vocabulary)
+        vocab = head.weight.shape[0] if head is not None else len(tokenizer)
         self.grammars = Grammars(tokenizer, vocab, self.eos)
         self.made_total = 0  # tokens made since the child started (/props: a report)
         self.generating = False
