@@ -35,7 +35,7 @@ from openai.types.chat import (
 from pydantic import BaseModel
 
 from .support.clients import openai_client
-from .support.holds import HOLD_IDLE_TIMEOUT, Background, engine_stopped, resident, until
+from .support.holds import HOLD_IDLE_TIMEOUT, Background, resident, until
 from .support.processes import FitboxProcess, running_fitbox
 from .support.tf_engine import MINILM_DIM, engine_env, matryoshka_folder, tool_folder
 
@@ -360,26 +360,37 @@ def test_a_stream_whose_client_leaves_stops_in_the_child(box: FitboxProcess) -> 
 def test_two_prompts_that_fit_the_window_alone_but_not_together_are_both_answered(
     box: FitboxProcess,
 ) -> None:
-    """With the child stopped, both are sent: one is on it, the other waits in the queue
-    for its one slot; both are answered, whole and streamed."""
+    """While a long call holds the child's one slot, both are sent: each is counted by the
+    child (its byte bound overflows the window, its count does not) and waits in fitbox's
+    queue, not in the child; the long call's client leaves, and both are answered, whole
+    and streamed."""
     client = client_for(box)
     long = " ".join(["the quick brown fox jumps over the lazy dog"] * 60)  # ~600 tokens
     ask: list[ChatCompletionMessageParam] = [{"role": "user", "content": long}]
-    client.chat.completions.create(model=SMOL, messages=HELLO, max_tokens=1)  # loaded
+    client.chat.completions.create(model=TOOLS_MODEL, messages=HELLO, max_tokens=1)  # loaded
 
     def whole() -> int:
-        reply = client.chat.completions.create(model=SMOL, messages=ask, max_tokens=4)
-        assert reply.usage is not None and reply.usage.prompt_tokens * 2 > WINDOW
+        reply = client.chat.completions.create(model=TOOLS_MODEL, messages=ask, max_tokens=4)
+        assert reply.usage is not None
         return reply.usage.prompt_tokens
 
     def streamed() -> str:
-        chunks = client.chat.completions.create(model=SMOL, messages=ask, max_tokens=4, stream=True)
+        chunks = client.chat.completions.create(
+            model=TOOLS_MODEL, messages=ask, max_tokens=4, stream=True
+        )
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
-    with engine_stopped(box, SMOL):
-        first, second = Background(whole), Background(streamed)
-        queued = until(lambda: httpx.get(f"{box.url}/v1/queue").json()["data"], "one waits")
-        assert [q["blocked_by"] for q in queued] == [[SMOL]]
-    assert first.result() * 2 > WINDOW and second.result()
-    rows = [r for r in box.calls() if r["model_asked"] == SMOL][-2:]
-    assert [r["outcome"] for r in rows] == ["ok", "ok"]
+    before = child_props(box, TOOLS_MODEL)
+    holder = long_call_socket(box, 500)
+    until(lambda: child_props(box, TOOLS_MODEL)["generating"], "the long call on the child")
+    first, second = Background(whole), Background(streamed)
+    queued = until(
+        lambda: len(q := httpx.get(f"{box.url}/v1/queue").json()["data"]) == 2 and q, "both wait"
+    )
+    assert [q["blocked_by"] for q in queued] == [[TOOLS_MODEL], [TOOLS_MODEL]]
+    holder.close()
+    prompt_tokens = first.result()
+    assert WINDOW / 2 < prompt_tokens < WINDOW and second.result()
+    assert child_props(box, TOOLS_MODEL)["calls"] == before["calls"] + 3  # no reload
+    rows = [r for r in box.calls() if r["model_asked"] == TOOLS_MODEL][-3:]
+    assert sorted(r["outcome"] for r in rows) == ["abandoned", "ok", "ok"]

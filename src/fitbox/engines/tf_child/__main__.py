@@ -31,6 +31,8 @@ from .embed import Embedder, embedding_request
 from .placing import load_options
 from .vision import VisionChat
 
+COUNT = "/v1/chat/completions/count"  # a chat body's prompt tokens (tf.py count_prompt)
+
 
 class Loaded:
     """The model once loaded (``ready`` set), or why it failed."""
@@ -156,6 +158,9 @@ class Handler(BaseHTTPRequestHandler):
             if not self.loaded.ready.is_set():
                 self._send(503, error_body("Loading model", "unavailable_error", "loading"))
                 return
+            if self.path == COUNT and self.loaded.chat is not None:
+                self._count(body)  # never behind the call running: fitbox asks to place one
+                return
             with self.loaded.busy:
                 if self.path == "/v1/chat/completions" and self.loaded.chat is not None:
                     self._chat(body)
@@ -205,6 +210,16 @@ class Handler(BaseHTTPRequestHandler):
                 self._stream(request, _chain(first, pieces), base, timings, cancelled)
             finally:
                 pieces.close()
+
+    def _count(self, body: dict[str, Any]) -> None:
+        chat = self.loaded.chat
+        assert chat is not None
+        try:
+            tokens = chat.count(body)
+        except NotImplementedError:
+            self._send(501, error_body("not counted here", "not_implemented_error", "no_count"))
+            return
+        self._send(200, json.dumps({"input_tokens": tokens}).encode())
 
     def _stream(
         self,

@@ -141,7 +141,15 @@ class Chat:
             check_template(self.template())
         return request
 
+    def count(self, body: dict[str, Any]) -> int:
+        """The tokens the call's prompt is, as this child will read it (fitbox places a
+        long prompt by it; one longer than the window is counted all the same)."""
+        return int(self.unbounded_ids(self.request(body)).shape[1])
+
     def prompt_ids(self, request: Request) -> Any:
+        return self.bounded(self.unbounded_ids(request))
+
+    def unbounded_ids(self, request: Request) -> Any:
         if not self.template():
             raise BadRequest(
                 "this model's folder has no chat template; use "
@@ -158,8 +166,7 @@ class Chat:
                 f"the model's chat template refused the messages: {exc}", "messages"
             ) from None
 
-        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-        return self.bounded(ids)
+        return self.tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
 
     def bounded(self, ids: Any) -> Any:
         if ids.shape[1] >= self.window:
@@ -217,7 +224,8 @@ class Chat:
                     yield from self._advance(request, rows, tokens, entries, matchers)
                     if all(r.finish is not None for r in rows) or step >= budget:
                         break
-                    logits = self._forward(torch.tensor([[t] for t in tokens]), {})
+                    step_ids = torch.tensor([[t] for t in tokens], device=self.device)
+                    logits = self._forward(step_ids, {})
         finally:
             timings.predicted_ms = (time.perf_counter() - started) * 1000
             self.cache, self.generating = None, False

@@ -61,7 +61,6 @@ class Request:
     tool_choice: str | dict[str, Any] = "auto"  # auto, none, required, or one tool named
     response_format: dict[str, Any] | None = None  # json_object / json_schema
     stream: bool = False
-    include_usage: bool = False
 
     @property
     def forced_tool(self) -> str | None:
@@ -194,7 +193,6 @@ def read(body: dict[str, Any], content: Callable[[Any], Any], defaults: dict[str
         tool_choice=choice,
         response_format=read_response_format(body),
         stream=bool(stream),
-        include_usage=bool(options.get("include_usage")),
     )
 
 

@@ -77,6 +77,9 @@ class VisionChat(Chat):
         self.processor = processor
         self.dtype = next(model.parameters()).dtype
 
+    def count(self, body: dict[str, Any]) -> int:
+        raise NotImplementedError  # images: the processor's count, not made here yet
+
     def template(self) -> str | None:
         return getattr(self.processor, "chat_template", None)
 
