@@ -61,7 +61,11 @@ def test_the_transformers_kind_serves_folders_and_the_child_gets_its_placement()
     assert (Path(argv[3]) / "tf_child" / "__main__.py").is_file()
     pairs = dict(zip(argv[4::2], argv[5::2], strict=False))
     assert pairs["--device"] == "cpu" and pairs["--threads"] == "2" and pairs["--window"] == "512"
-    assert kinds.for_format("transformers").slots(intent) == 1  # one call at a time
+    tf = kinds.for_format("transformers")
+    assert tf.slots(intent.parallel) == 1  # one call at a time, whatever FITBOX_PARALLEL
+    assert tf.slots_for(3) == 1  # its n choices are one batch, in one call
+    llama = kinds.for_format("gguf")
+    assert (llama.slots(4), llama.slots_for(3)) == (4, 3)  # a slot per choice
 
 
 def test_props_become_held_bytes_with_the_windows_kv_budget() -> None:

@@ -271,6 +271,32 @@ def minilm_folder() -> Path:
     return out
 
 
+TOOL_TEMPLATE = Path(__file__).with_name("tool_template.jinja")
+
+
+def tool_folder(base: Path, out: Path) -> Path:
+    """``base``'s weights and tokenizer under a Hermes/Qwen-style chat template that lists
+    the call's tools and asks for ``<tool_call>{json}</tool_call>`` blocks (Qwen2.5's, less
+    its system default): a chat folder that takes tools, made from SmolLM2 with no build."""
+    out.mkdir(parents=True)
+    for item in base.iterdir():
+        if item.name != "chat_template.jinja":
+            (out / item.name).symlink_to(item)
+    (out / "chat_template.jinja").write_text(TOOL_TEMPLATE.read_text())
+    return out
+
+
+def matryoshka_folder(base: Path, out: Path) -> Path:
+    """``base``'s files under a model card that names Matryoshka training: the folder says
+    its vectors may be cut shorter (tf_child/embed.py reads the card)."""
+    out.mkdir(parents=True)
+    for item in base.iterdir():
+        if item.name != "README.md":
+            (out / item.name).symlink_to(item)
+    (out / "README.md").write_text("Trained with sentence-transformers' MatryoshkaLoss.\n")
+    return out
+
+
 def engine_env(python: Path, home: Path) -> dict[str, str]:
     """Only the named interpreter: no venv of the test machine is a candidate."""
     return {

@@ -176,7 +176,7 @@ class Box:
             ]
             ends += [None] * max(0, resident.calls - len(ends))  # a call not yet priced
             ahead = [w.output for w in waiting if w.model == resident.artifact.name]
-            free = resident.parallel - resident.slots_taken
+            free = resident.at_once - resident.slots_taken
             etas[resident.artifact.name] = slot_wait(ends, free, ahead)
         return etas
 

@@ -34,6 +34,7 @@ from fitbox.core.prompts import image_payloads, prompt_bound
 from fitbox.core.slots import Demand, choose
 from fitbox.core.types import ResidentState
 from fitbox.engines.http1 import EngineConnectionError
+from fitbox.engines.seam import Engine
 from fitbox.errors import ContextExceeded, InvalidRequest
 from fitbox.models.catalog import Artifact
 from fitbox.models.templates import chat_template_bytes
@@ -93,8 +94,9 @@ class Needs:
         self.asks, self.admission = asks, admission
         self.uncounted: set[str] = set()  # models logged as bounding images by their bytes
 
-    def choices(self, body: dict[str, Any]) -> int:
-        """The slots a call takes: its ``n``. More than a child has is refused here."""
+    def choices(self, body: dict[str, Any], engine: Engine) -> int:
+        """The slots a call takes: its ``n`` on an engine that runs each choice on a slot
+        of its own (``slots_for``). More than a child has is refused here."""
         n = body.get("n", 1)
         if n is None:
             return 1
@@ -104,7 +106,8 @@ class Needs:
                 param="n",
                 code="invalid_n",
             )
-        if n > self.slots.count:
+        taken = engine.slots_for(n)
+        if taken > self.slots.count:
             raise InvalidRequest(
                 f"'n' is {n}; a model on this box serves at most {self.slots.count} choices "
                 f"at once (its slots, FITBOX_PARALLEL={self.slots.count}). Ask for fewer, "
@@ -112,7 +115,7 @@ class Needs:
                 param="n",
                 code="n_above_slots",
             )
-        return n
+        return taken
 
     async def prompt(
         self, named: Named, path: str, raw: bytes, body: dict[str, Any], reply: int = 0

@@ -126,7 +126,13 @@ class Resident:
     def has_slots(self, wanted: int) -> bool:
         """Whether a call wanting ``wanted`` slots may start on it now (else it waits at
         fitbox's door, never in the engine's queue)."""
-        return self.slots_taken + wanted <= self.parallel
+        return self.slots_taken + wanted <= self.at_once
+
+    @property
+    def at_once(self) -> int:
+        """The calls its child truly runs at once: its engine's slots of ``parallel`` (a
+        transformers child runs one; llama-server all of them)."""
+        return self.engine.slots(self.parallel)
 
     def cells_for(self, demand: Demand | None) -> int:
         """The cells of its shared pool a call of ``demand`` holds; 0 where its slots have

@@ -109,7 +109,8 @@ class Serving:
         try:
             served.named, served.headers = self._routed(order, asked)
             check_conversation(order)
-            served.slots = self.needs.choices(order.body)  # an n no child gives: before any 200
+            engine = self.engines.for_artifact(served.named.first)
+            served.slots = self.needs.choices(order.body, engine)  # an n no child gives: now
             served.waits = call.stream and self.must_load(served.named)
         except FitboxError as refusal:
             call.failed(refusal)

@@ -303,8 +303,11 @@ class LlamaServer:
     def launch(self, intent: LaunchIntent) -> LaunchSpec:
         return LaunchSpec(tuple(build_argv(self.info(), intent)), intent.port, visible_gpus(intent))
 
-    def slots(self, intent: LaunchIntent) -> int:
-        return intent.parallel  # -np
+    def slots(self, parallel: int) -> int:
+        return parallel  # -np
+
+    def slots_for(self, n: int) -> int:
+        return n  # each choice is a task of its own, on a slot of its own
 
     async def held(self, child: Child) -> Held | None:
         report = parse_load_log(child.load_log())

@@ -143,8 +143,13 @@ class Engine(Protocol):
         """The launch spec of a child for this intent (only flags the engine has)."""
         ...
 
-    def slots(self, intent: LaunchIntent) -> int:
-        """How many calls a child launched for ``intent`` serves at once."""
+    def slots(self, parallel: int) -> int:
+        """How many calls a child given ``parallel`` slots (FITBOX_PARALLEL) truly runs at
+        once: fitbox admits no more, so a call beyond them waits in its queue, seen."""
+        ...
+
+    def slots_for(self, n: int) -> int:
+        """How many of those one call asking for ``n`` choices takes."""
         ...
 
     async def held(self, child: Child) -> Held | None:

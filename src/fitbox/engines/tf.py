@@ -67,6 +67,7 @@ BOOT = (
     "import sys; sys.path.append(sys.argv[1]); "
     "from tf_child.__main__ import main; main(sys.argv[2:])"
 )
+COUNT = "/v1/chat/completions/count"  # tf_child/__main__.py
 _OOM = ("CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory")
 
 
@@ -343,8 +344,11 @@ class Transformers:
             env["CUDA_VISIBLE_DEVICES"] = ""  # a placement in RAM touches no GPU
         return LaunchSpec(tuple(argv), intent.port, env)
 
-    def slots(self, intent: LaunchIntent) -> int:
+    def slots(self, parallel: int) -> int:
         return 1  # one generation at a time; more calls wait at fitbox's door
+
+    def slots_for(self, n: int) -> int:
+        return 1  # its n choices are rows of one batch, in the one call (tf_child/chat.py)
 
     async def held(self, child: Child) -> Held | None:
         props = await self._props(child)
@@ -377,7 +381,22 @@ class Transformers:
         return path, body  # the child speaks the OpenAI shapes
 
     async def count_prompt(self, pool: EnginePool, path: str, body: bytes) -> int | None:
-        return None  # the child has no tokenize route yet: the bound places its calls
+        """A chat prompt's tokens by the child's own template and tokenizer (it answers
+        while a call runs: a long prompt is placed by its count, not reloaded for its byte
+        bound); None for another route, or a vision folder (its images are not counted)."""
+        if path != "/v1/chat/completions":
+            return None
+        headers = {"Content-Type": "application/json"}
+        response = await pool.request("POST", COUNT, body, headers)
+        try:
+            content = await response.read()
+        finally:
+            response.close()
+        try:
+            tokens = json.loads(content).get("input_tokens") if response.status == 200 else None
+        except (json.JSONDecodeError, AttributeError):
+            return None
+        return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
 
     def sends_on_bound(self, path: str) -> bool:
         return False  # the child refuses a long prompt without its count (tf_child/chat.py)

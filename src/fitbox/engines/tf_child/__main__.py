@@ -10,20 +10,28 @@ box serves this child one slot, so a second call waits at fitbox's door, not her
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import select
+import socket
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from .chat import BadRequest, Chat, parse
+from . import replies
+from .chat import BadRequest, Chat, Timings
 from .counts import cache_bytes, counted_weights, resident_bytes
-from .embed import Embedder, inputs
+from .embed import Embedder, embedding_request
 from .placing import load_options
 from .vision import VisionChat
+
+COUNT = "/v1/chat/completions/count"  # a chat body's prompt tokens (tf.py count_prompt)
 
 
 class Loaded:
@@ -37,6 +45,7 @@ class Loaded:
         self.weights: dict[str, Any] = {}
         self.rss_after_load = 0
         self.busy = threading.Lock()
+        self.calls = 0  # chat calls begun since the child started (/props: a report)
 
     def load(self) -> None:
         import torch
@@ -82,10 +91,11 @@ class Loaded:
         if self.args.vision:
             from transformers import AutoProcessor
 
-            return VisionChat(model, AutoProcessor.from_pretrained(folder), self.args.window)
+            processor = AutoProcessor.from_pretrained(folder)
+            return VisionChat(model, processor, self.args.window, folder)
         from transformers import AutoTokenizer
 
-        return Chat(model, AutoTokenizer.from_pretrained(folder), self.args.window)
+        return Chat(model, AutoTokenizer.from_pretrained(folder), self.args.window, folder)
 
     def props(self) -> dict[str, Any]:
         chat = self.chat
@@ -97,6 +107,10 @@ class Loaded:
             "default_generation_settings": {"n_ctx": self.args.window},
             "weights": self.weights,
             "kv_bytes_now": cache_bytes(chat.cache) if chat is not None else 0,
+            # what the child did, as it counts it: a call stopped by a cancel shows here
+            "tokens_made": chat.made_total if chat is not None else 0,
+            "generating": chat.generating if chat is not None else False,
+            "calls": self.calls,
             "rss_bytes_after_load": self.rss_after_load,
             "rss_bytes": resident_bytes(),
         }
@@ -144,6 +158,9 @@ class Handler(BaseHTTPRequestHandler):
             if not self.loaded.ready.is_set():
                 self._send(503, error_body("Loading model", "unavailable_error", "loading"))
                 return
+            if self.path == COUNT and self.loaded.chat is not None:
+                self._count(body)  # never behind the call running: fitbox asks to place one
+                return
             with self.loaded.busy:
                 if self.path == "/v1/chat/completions" and self.loaded.chat is not None:
                     self._chat(body)
@@ -158,9 +175,10 @@ class Handler(BaseHTTPRequestHandler):
                             "wrong_route",
                         ),
                     )
-        except (BadRequest, json.JSONDecodeError, ValueError, TypeError) as exc:
-            param = exc.param if isinstance(exc, BadRequest) else None
-            self._send(400, error_body(str(exc), "invalid_request_error", "bad_request", param))
+        except BadRequest as exc:
+            self._send(400, error_body(str(exc), "invalid_request_error", "bad_request", exc.param))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            self._send(400, error_body("the body is not JSON", "invalid_request_error", "bad_json"))
         except Exception as exc:  # torch failed mid-call: say so, if no reply has begun
             traceback.print_exc()
             if self.streaming:
@@ -172,55 +190,90 @@ class Handler(BaseHTTPRequestHandler):
     def _chat(self, body: dict[str, Any]) -> None:
         chat = self.loaded.chat
         assert chat is not None
-        gen = parse(body, chat.window, chat.content)
-        made = f"chatcmpl-tf{time.time_ns()}"
-        base = {"id": made, "created": int(time.time()), "model": self.loaded.args.alias}
-        pieces = chat.run(gen)
-        if not body.get("stream"):
-            text, finish = "", None
-            for piece in pieces:
-                text, finish = text + piece.text, piece.finish_reason or finish
-            reply = {
-                **base,
-                "object": "chat.completion",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": finish,
-                    }
-                ],
-                "usage": _usage(gen),
-                "timings": gen.timings.as_dict(),
-            }
-            self._send(200, json.dumps(reply).encode())
+        request = chat.request(body)
+        timings = Timings()
+        base = {
+            "id": f"chatcmpl-tf{time.time_ns()}",
+            "created": int(time.time()),
+            "model": self.loaded.args.alias,
+        }
+        self.loaded.calls += 1
+        with self._watching() as cancelled:
+            pieces = chat.run(request, timings, cancelled)
+            try:
+                if not request.stream:
+                    reply = replies.whole(request, pieces, base, timings)
+                    if not cancelled.is_set():
+                        self._send(200, json.dumps(reply).encode())
+                    return
+                first = next(pieces)  # a bad prompt fails here, before any header is sent
+                self._stream(request, _chain(first, pieces), base, timings, cancelled)
+            finally:
+                pieces.close()
+
+    def _count(self, body: dict[str, Any]) -> None:
+        chat = self.loaded.chat
+        assert chat is not None
+        try:
+            tokens = chat.count(body)
+        except NotImplementedError:
+            self._send(501, error_body("not counted here", "not_implemented_error", "no_count"))
             return
-        first = next(pieces)  # a bad prompt fails here, before any header is sent
+        self._send(200, json.dumps({"input_tokens": tokens}).encode())
+
+    def _stream(
+        self,
+        request: Any,
+        pieces: Any,
+        base: dict[str, Any],
+        timings: Timings,
+        cancelled: threading.Event,
+    ) -> None:
         self.streaming = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        chunk = {**base, "object": "chat.completion.chunk"}
+        role = {"role": "assistant", "content": ""}
         try:
-            self._event(
-                {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-            )
-            for piece in _chain(first, pieces):
-                delta = {"content": piece.text} if piece.text else {}
-                event = {
-                    **chunk,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": piece.finish_reason}],
-                }
-                if piece.finish_reason:
-                    event |= {"usage": _usage(gen), "timings": gen.timings.as_dict()}
+            for i in range(request.n):
+                choice = {"index": i, "delta": role, "finish_reason": None}
+                self._event({**base, "object": "chat.completion.chunk", "choices": [choice]})
+            for event in replies.events(request, pieces, base, timings):
                 self._event(event)
             self._write_chunk(b"data: [DONE]\n\n")
             self._write_chunk(b"")
         except (BrokenPipeError, ConnectionResetError):
-            chat.cancelled.set()  # the client went away: stop making tokens for nobody
+            cancelled.set()  # the client went away: stop making tokens for nobody
+
+    @contextlib.contextmanager
+    def _watching(self) -> Iterator[threading.Event]:
+        """An event set as soon as the caller closes its connection while the call runs
+        (a whole reply's caller sends nothing more, so a readable socket that reads empty
+        is a close): the decode loop stops at its next token, and the child is free."""
+        cancelled = threading.Event()
+        wake_r, wake_w = os.pipe()
+        sock = self.connection
+
+        def watch() -> None:
+            ready, _, _ = select.select([sock, wake_r], [], [])
+            if sock in ready:
+                try:
+                    closed = sock.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    closed = True
+                if closed:
+                    cancelled.set()
+
+        watcher = threading.Thread(target=watch, name="disconnect-watch", daemon=True)
+        watcher.start()
+        try:
+            yield cancelled
         finally:
-            pieces.close()
+            os.write(wake_w, b"x")
+            watcher.join()
+            os.close(wake_r)
+            os.close(wake_w)
 
     def _event(self, event: dict[str, Any]) -> None:
         self._write_chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
@@ -232,13 +285,16 @@ class Handler(BaseHTTPRequestHandler):
     def _embeddings(self, body: dict[str, Any]) -> None:
         embedder = self.loaded.embedder
         assert embedder is not None
-        vectors, tokens = embedder.embed(inputs(body))
+        asked = embedding_request(body)
+        vectors, tokens = embedder.embed(asked.texts)
+        data = [
+            {"object": "embedding", "index": i, "embedding": embedder.shaped(v, asked)}
+            for i, v in enumerate(vectors)
+        ]
         reply = {
             "object": "list",
             "model": self.loaded.args.alias,
-            "data": [
-                {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)
-            ],
+            "data": data,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
         self._send(200, json.dumps(reply).encode())
@@ -247,15 +303,6 @@ class Handler(BaseHTTPRequestHandler):
 def _chain(first: Any, rest: Any) -> Any:
     yield first
     yield from rest
-
-
-def _usage(gen: Any) -> dict[str, int]:
-    t = gen.timings
-    return {
-        "prompt_tokens": t.prompt_n,
-        "completion_tokens": t.predicted_n,
-        "total_tokens": t.prompt_n + t.predicted_n,
-    }
 
 
 def arguments(argv: list[str]) -> argparse.Namespace:

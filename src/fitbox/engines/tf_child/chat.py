@@ -1,33 +1,39 @@
 """Chat completions: the model's own chat template, then a token-by-token decode loop.
 
 The loop is written out (not ``generate``) so that each token can be sent as it is made,
-stop strings cut the text where they begin, a client that went away ends the work, and the
-cache it holds can be counted while it runs (``/props``).
+stop strings cut the text where they begin, a client that went away ends the work at the
+next token (``cancelled``, set by the handler when the connection closes), and the cache it
+holds can be counted while it runs (``/props``). ``n`` choices are rows of one batch: the
+prompt is read once and its cache repeated per row. Each step's logits go through the
+call's penalties, logit bias and grammar (sampling.py, grammar.py) before a token is drawn.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from .grammar import Grammars
+from .request import BadRequest, Request, folder_defaults, read
+from .sampling import Penalties, choose, entry
+from .tools import check_template
 
-class BadRequest(ValueError):
-    """A call this child cannot serve as asked; the message says what to change."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+__all__ = ["BadRequest", "Chat", "Piece", "Request"]
 
 
 @dataclass
 class Piece:
-    """One step of a generation: new text, and at the end why it stopped."""
+    """One step of one choice: new text, its tokens' logprobs, and at the end why it
+    stopped."""
 
+    index: int
     text: str
     finish_reason: str | None = None
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -49,16 +55,15 @@ class Timings:
 
 
 @dataclass
-class Generation:
-    """What one call asked for, read from its body."""
+class Row:
+    """One choice as it is made."""
 
-    messages: list[dict[str, Any]]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop: tuple[str, ...]
-    timings: Timings = field(default_factory=Timings)
+    index: int
+    made: list[int] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0
+    finish: str | None = None
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # not yet sent
 
 
 def _text_content(content: Any) -> str:
@@ -93,33 +98,6 @@ def _text_content(content: Any) -> str:
     raise BadRequest("message content must be a string or a list of text parts", "messages")
 
 
-def parse(
-    body: dict[str, Any], window: int, content: Callable[[Any], Any] = _text_content
-) -> Generation:
-    """``content`` reads one message's content: text only, or (vision.py) text and images."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list", "messages")
-    plain = []
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BadRequest("every message needs a 'role'", "messages")
-        plain.append({"role": m["role"], "content": content(m.get("content"))})
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or window
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop if s)
-    temperature = body.get("temperature")
-    seed = body.get("seed")
-    return Generation(
-        messages=plain,
-        max_tokens=int(max_tokens),
-        temperature=1.0 if temperature is None else float(temperature),
-        top_p=float(body.get("top_p") or 1.0),
-        seed=int(seed) if seed is not None else None,
-        stop=stop,
-    )
-
-
 def _first_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
     """Where the earliest stop string begins in ``text`` (searched from ``start``)."""
     found = [i for s in stops if (i := text.find(s, start)) >= 0]
@@ -130,10 +108,12 @@ class Chat:
     """One causal LM and its tokenizer; one generation at a time (the caller holds a lock)."""
 
     def content(self, content: Any) -> Any:
-        """How one message's content is read (parse()): text only."""
+        """How one message's content is read (request.read()): text only."""
         return _text_content(content)
 
-    def __init__(self, model: Any, tokenizer: Any, window: int) -> None:
+    def __init__(self, model: Any, tokenizer: Any, window: int, folder: Path | None = None):
+        import inspect
+
         import torch
 
         self.torch = torch
@@ -141,24 +121,52 @@ class Chat:
         self.device = next(model.parameters()).device
         eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
-        import inspect
-
         named = inspect.signature(model.forward).parameters
         self.cache_arg = "cache" if "cache" in named else "past_key_values"  # renamed in 5.x
         self.cache: Any = None  # the cache of the generation running now (for /props)
-        self.cancelled = threading.Event()
+        self.defaults = folder_defaults(folder) if folder is not None else {}
+        head = model.get_output_embeddings()  # the logits' width (a padded vocabulary)
+        vocab = head.weight.shape[0] if head is not None else len(tokenizer)
+        self.grammars = Grammars(tokenizer, vocab, self.eos)
+        self.made_total = 0  # tokens made since the child started (/props: a report)
+        self.generating = False
 
-    def prompt_ids(self, gen: Generation) -> Any:
-        if not getattr(self.tokenizer, "chat_template", None):
+    def template(self) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None)
+
+    def request(self, body: dict[str, Any]) -> Request:
+        """The call as asked, every field checked (a refusal names the field)."""
+        request = read(body, self.content, self.defaults)
+        if request.tools is not None and request.tool_choice != "none":
+            check_template(self.template())
+        return request
+
+    def count(self, body: dict[str, Any]) -> int:
+        """The tokens the call's prompt is, as this child will read it (fitbox places a
+        long prompt by it; one longer than the window is counted all the same)."""
+        return int(self.unbounded_ids(self.request(body)).shape[1])
+
+    def prompt_ids(self, request: Request) -> Any:
+        return self.bounded(self.unbounded_ids(request))
+
+    def unbounded_ids(self, request: Request) -> Any:
+        if not self.template():
             raise BadRequest(
                 "this model's folder has no chat template; use "
                 "/v1/completions-style models through another engine"
             )
-        text = self.tokenizer.apply_chat_template(
-            gen.messages, tokenize=False, add_generation_prompt=True
-        )
-        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-        return self.bounded(ids)
+        from jinja2 import TemplateError
+
+        try:
+            text = self.tokenizer.apply_chat_template(
+                request.messages, tools=request.tools, tokenize=False, add_generation_prompt=True
+            )
+        except TemplateError as exc:  # the template's own raise_exception says why
+            raise BadRequest(
+                f"the model's chat template refused the messages: {exc}", "messages"
+            ) from None
+
+        return self.tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
 
     def bounded(self, ids: Any) -> Any:
         if ids.shape[1] >= self.window:
@@ -169,72 +177,131 @@ class Chat:
             )
         return ids.to(self.device)
 
-    def prompt(self, gen: Generation) -> tuple[Any, dict[str, Any]]:
+    def prompt(self, request: Request) -> tuple[Any, dict[str, Any]]:
         """The prompt's token ids, and what else the first forward pass takes (images)."""
-        return self.prompt_ids(gen), {}
+        return self.prompt_ids(request), {}
 
-    def _next_token(self, logits: Any, gen: Generation, rng: Any) -> int:
-        torch = self.torch
-        if gen.temperature <= 0:
-            return int(torch.argmax(logits).item())
-        probs = torch.softmax(logits.float() / gen.temperature, dim=-1)
-        if gen.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < gen.top_p
-            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-        return int(torch.multinomial(probs.cpu(), 1, generator=rng).item())
+    def _forward(self, step: Any, extra: dict[str, Any]) -> Any:
+        out = self.model(input_ids=step, use_cache=True, **{self.cache_arg: self.cache}, **extra)
+        return out.logits[:, -1, :].float()
 
-    def run(self, gen: Generation) -> Generator[Piece, None, None]:
-        """Text pieces as tokens are made; the last piece carries the finish reason."""
+    def run(
+        self, request: Request, timings: Timings, cancelled: threading.Event
+    ) -> Generator[Piece, None, None]:
+        """Pieces as tokens are made; each choice's last piece carries its finish reason."""
         torch = self.torch
         from transformers import DynamicCache
 
-        ids, extra = self.prompt(gen)
+        ids, extra = self.prompt(request)
+        matchers = self.grammars.matchers(request)  # a schema it cannot enforce: before work
         rng = torch.Generator()
-        rng.manual_seed(gen.seed if gen.seed is not None else int(time.time_ns() % 2**63))
-        budget = min(gen.max_tokens, self.window - ids.shape[1])
-        made: list[int] = []
-        sent = 0
-        hold = max((len(s) for s in gen.stop), default=1) - 1  # a stop string may be arriving
-        self.cache, self.cancelled = DynamicCache(), threading.Event()
+        seed = request.sampling.seed
+        rng.manual_seed(seed % 2**63 if seed is not None else int(time.time_ns() % 2**63))
+        room = self.window - ids.shape[1]
+        budget = room if request.max_tokens < 0 else min(request.max_tokens, room)
+        rows = [Row(i) for i in range(request.n)]
+        penalties = Penalties(request.sampling, ids, request.n, torch)
+        self.cache, self.generating = DynamicCache(), True
+        timings.prompt_n = int(ids.shape[1])
         started = time.perf_counter()
-        gen.timings.prompt_n = int(ids.shape[1])
-        step_input = ids
-        finish, text = "length", ""
         try:
             with torch.inference_mode():
-                while len(made) < budget and not self.cancelled.is_set():
-                    out = self.model(
-                        input_ids=step_input,
-                        use_cache=True,
-                        **{self.cache_arg: self.cache},
-                        **extra,
-                    )
-                    extra = {}  # the images are in the cache after the first pass
-                    if not made:
-                        gen.timings.prompt_ms = (time.perf_counter() - started) * 1000
-                        started = time.perf_counter()
-                    token = self._next_token(out.logits[0, -1], gen, rng)
-                    if token in self.eos:
-                        finish = "stop"
+                logits = self._forward(ids, extra)
+                timings.prompt_ms = (time.perf_counter() - started) * 1000
+                started = time.perf_counter()
+                if request.n > 1:  # the prompt is read once; each choice is a row of its cache
+                    self.cache.batch_repeat_interleave(request.n)
+                    logits = logits.expand(request.n, -1)
+                step = 0
+                while step < budget and not cancelled.is_set():
+                    live = [r.index for r in rows if r.finish is None]
+                    if not live:
                         break
-                    made.append(token)
-                    gen.timings.predicted_n = len(made)
-                    step_input = torch.tensor([[token]], device=self.device)
-                    text = self.tokenizer.decode(made, skip_special_tokens=True)
-                    cut = _first_stop(text, gen.stop, max(sent - hold, 0))
-                    if cut is not None:
-                        text, finish = text[:cut], "stop"
+                    tokens, entries = self._draw(request, logits, live, penalties, matchers, rng)
+                    step += 1
+                    timings.predicted_n += len(live)
+                    self.made_total += len(live)
+                    yield from self._advance(request, rows, tokens, entries, matchers)
+                    if all(r.finish is not None for r in rows) or step >= budget:
                         break
-                    ready = len(text) - hold if gen.stop else len(text)
-                    if text.endswith("\ufffd"):  # half a character: wait for its other bytes
-                        ready = min(ready, len(text) - 1)
-                    if ready > sent:
-                        yield Piece(text[sent:ready])
-                        sent = ready
-            if len(text) > sent:  # what was held back for a stop string that never came
-                yield Piece(text[sent:])
+                    step_ids = torch.tensor([[t] for t in tokens], device=self.device)
+                    logits = self._forward(step_ids, {})
         finally:
-            gen.timings.predicted_ms = (time.perf_counter() - started) * 1000
-            self.cache = None
-        yield Piece("", finish)
+            timings.predicted_ms = (time.perf_counter() - started) * 1000
+            self.cache, self.generating = None, False
+        yield from self._ends(rows, request, "length")
+
+    def _draw(
+        self,
+        request: Request,
+        logits: Any,
+        live: list[int],
+        penalties: Penalties,
+        matchers: list[Any] | None,
+        rng: Any,
+    ) -> tuple[list[int], dict[int, list[dict[str, Any]]]]:
+        """One token per row (a row already finished gets one it never shows), and each live
+        row's logprobs entry when they were asked for (of the model's own distribution)."""
+        scores = penalties.apply(logits.clone())
+        if matchers is not None:
+            self.grammars.mask(matchers, scores, live)
+        tokens = choose(scores, request.sampling, rng)
+        entries: dict[int, list[dict[str, Any]]] = {i: [] for i in live}
+        if request.logprobs:
+            logprobs = self.torch.log_softmax(logits, dim=-1)
+            for i in live:
+                entries[i].append(
+                    entry(self.tokenizer, logprobs[i], tokens[i], request.top_logprobs)
+                )
+        penalties.saw(tokens, live)
+        return tokens, entries
+
+    def _advance(
+        self,
+        request: Request,
+        rows: list[Row],
+        tokens: list[int],
+        entries: dict[int, list[dict[str, Any]]],
+        matchers: list[Any] | None,
+    ) -> Generator[Piece, None, None]:
+        """Each live row takes its token: its text grows, a stop string or the grammar's
+        end finishes it, and what is ready to show goes out."""
+        for i, made in entries.items():
+            row, token = rows[i], tokens[i]
+            row.logprobs += made
+            if matchers is not None:
+                matchers[i].consume_token(token)
+            if token in self.eos:
+                row.finish = "stop"
+                continue
+            row.made.append(token)
+            piece = self._shown(row, request.stop)
+            if matchers is not None and matchers[i].is_stopped():
+                row.finish = "stop"  # the grammar is complete: nothing more may follow
+            if piece is not None:
+                yield piece
+
+    def _shown(self, row: Row, stops: tuple[str, ...]) -> Piece | None:
+        """The row's new text that is ready (a stop string's start is held back)."""
+        hold = max((len(s) for s in stops), default=1) - 1
+        row.text = self.tokenizer.decode(row.made, skip_special_tokens=True)
+        cut = _first_stop(row.text, stops, max(row.sent - hold, 0))
+        if cut is not None:
+            row.text, row.finish = row.text[:cut], "stop"
+            return None
+        ready = len(row.text) - hold if stops else len(row.text)
+        if row.text.endswith("\ufffd"):  # half a character: wait for its other bytes
+            ready = min(ready, len(row.text) - 1)
+        if ready <= row.sent and not row.logprobs:
+            return None
+        piece = Piece(row.index, row.text[row.sent : max(ready, row.sent)], logprobs=row.logprobs)
+        row.sent, row.logprobs = max(ready, row.sent), []
+        return piece
+
+    def _ends(
+        self, rows: list[Row], request: Request, cut_short: str
+    ) -> Generator[Piece, None, None]:
+        """What each row held back, and its finish reason (``length`` for one the budget
+        or a cancel ended)."""
+        for row in rows:
+            yield Piece(row.index, row.text[row.sent :], row.finish or cut_short, row.logprobs)

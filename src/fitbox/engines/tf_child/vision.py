@@ -14,7 +14,7 @@ import binascii
 import io
 from typing import Any
 
-from .chat import BadRequest, Chat, Generation
+from .chat import BadRequest, Chat, Request
 
 MAX_PIXELS = 64 << 20  # a decompression bomb (a few KB of PNG, gigapixels) is refused
 
@@ -72,25 +72,31 @@ class VisionChat(Chat):
     def content(self, content: Any) -> Any:
         return vision_content(content)
 
-    def __init__(self, model: Any, processor: Any, window: int) -> None:
-        super().__init__(model, processor.tokenizer, window)
+    def __init__(self, model: Any, processor: Any, window: int, folder: Any = None) -> None:
+        super().__init__(model, processor.tokenizer, window, folder)
         self.processor = processor
         self.dtype = next(model.parameters()).dtype
 
-    def prompt(self, gen: Generation) -> tuple[Any, dict[str, Any]]:
-        if not getattr(self.processor, "chat_template", None):
+    def count(self, body: dict[str, Any]) -> int:
+        raise NotImplementedError  # images: the processor's count, not made here yet
+
+    def template(self) -> str | None:
+        return getattr(self.processor, "chat_template", None)
+
+    def prompt(self, gen: Request) -> tuple[Any, dict[str, Any]]:
+        if not self.template():
             raise BadRequest(
                 "this model's folder has no chat template for its processor (chat_template.json)"
             )
         images = [p["image"] for m in gen.messages for p in m["content"] if p["type"] == "image"]
         plain = [
-            {
-                "role": m["role"],
-                "content": [{"type": "image"} if p["type"] == "image" else p for p in m["content"]],
-            }
+            m
+            | {"content": [{"type": "image"} if p["type"] == "image" else p for p in m["content"]]}
             for m in gen.messages
         ]
-        text = self.processor.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+        text = self.processor.apply_chat_template(
+            plain, tools=gen.tools, tokenize=False, add_generation_prompt=True
+        )
         inputs = self.processor(text=[text], images=images or None, return_tensors="pt")
         ids = self.bounded(inputs.pop("input_ids"))
         inputs.pop("attention_mask", None)  # one sequence, no padding: all ones
