@@ -94,9 +94,9 @@ class Needs:
         self.asks, self.admission = asks, admission
         self.uncounted: set[str] = set()  # models logged as bounding images by their bytes
 
-    def choices(self, body: dict[str, Any], engine: Engine) -> int:
-        """The slots a call takes: its ``n`` on an engine that runs each choice on a slot
-        of its own (``slots_for``). More than a child has is refused here."""
+    @staticmethod
+    def asked(body: dict[str, Any]) -> int:
+        """The choices a call asks for (``n``, 1 when left out)."""
         n = body.get("n", 1)
         if n is None:
             return 1
@@ -106,6 +106,12 @@ class Needs:
                 param="n",
                 code="invalid_n",
             )
+        return n
+
+    def choices(self, body: dict[str, Any], engine: Engine) -> int:
+        """The slots a call takes: its ``n`` on an engine that runs each choice on a slot
+        of its own (``slots_for``). More than a child has is refused here."""
+        n = self.asked(body)
         taken = engine.slots_for(n)
         if taken > self.slots.count:
             raise InvalidRequest(
@@ -152,7 +158,7 @@ class Needs:
         choices; None for a call that writes no reply (embeddings, tokenize)."""
         if path not in GENERATES:
             return None
-        return Demand(size.tokens, reply or None, self.choices(body))
+        return Demand(size.tokens, reply or None, self.asked(body))
 
     def holds_much(
         self, bound: PromptSize, resident: Resident, path: str, body: dict[str, Any], reply: int

@@ -175,8 +175,11 @@ class TaskEngine:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in intent.gpus)
         return LaunchSpec(tuple(build_argv(self._python, self.spec, intent)), intent.port, env)
 
-    def slots(self, intent: LaunchIntent) -> int:
+    def slots(self, parallel: int) -> int:
         return 1  # one task at a time; more calls wait at fitbox's door
+
+    def slots_for(self, n: int) -> int:
+        return 1  # a call's n (images) is one batch in the runner
 
     async def held(self, child: Child) -> Held | None:
         props = await self._props(child)
