@@ -95,6 +95,10 @@ class Config:
         return Home(self.home).facts_cache
 
     @property
+    def tf_support(self) -> Path:
+        return Home(self.home).tf_support
+
+    @property
     def box_key_file(self) -> Path:
         return Home(self.home).box_key
 

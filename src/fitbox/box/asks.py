@@ -93,6 +93,7 @@ def candidate(
         cpu=cpu,
         projector=artifact.projector,
         four_bit_weights=artifact.facts.four_bit_weights if can.four_bit_in_place else None,
+        no_four_bit=can.four_bit_problem,
         partial_offload=can.partial_offload,
         on_gpus=can.gpus,
     )

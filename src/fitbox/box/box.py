@@ -29,7 +29,7 @@ from fitbox.core.decision import Place
 from fitbox.core.repack import CpuFeatures
 from fitbox.core.types import ResidentState, Snapshot
 from fitbox.engines.kinds import EngineKinds, on_this_box
-from fitbox.engines.seam import Abilities
+from fitbox.engines.seam import Abilities, EngineNotFound
 from fitbox.errors import FitboxError, InvalidRequest
 from fitbox.models.catalog import Artifact, Catalog
 from fitbox.probe.gpus import GpuProbe
@@ -337,6 +337,7 @@ class Box:
     def start(self) -> None:
         """Background work: preload and pinned models, the idle-TTL unloader, the sensors."""
         self.tasks.spawn(self.engines.prepare())  # probed before the first call asks
+        self.tasks.spawn(self.judge_folders())
         self.tasks.spawn(self.warmth.warm_up())
         self.tasks.spawn(self.warmth.unload_idle())
         self.tasks.spawn(
@@ -349,6 +350,15 @@ class Box:
                 self.snapshots.busy,
             )
         )
+
+    async def judge_folders(self) -> None:
+        """Each engine located off the loop (the transformers engine's probe imports torch
+        once and records what its transformers loads); then the catalog scans again if that
+        changed, so a folder it cannot load is refused before a call evicts anything."""
+        for kind in self.engines.kinds:
+            with contextlib.suppress(EngineNotFound, FitboxError, OSError):
+                await asyncio.to_thread(kind.locate)
+        self.catalog.rejudge()
 
     async def close(self) -> None:
         """Stop every child, each bounded by the stop ladder; before a re-exec

@@ -46,28 +46,47 @@ def list_engines(config: settings.Config) -> int:
     return 0 if chosen else 1
 
 
+# What each module of the engine environment gives (``fitbox engines`` imports each one).
+CAPABILITIES = (
+    ("torch", "runs every model"),
+    ("transformers", "loads the folders"),
+    ("safetensors", "reads their weights"),
+    ("accelerate", "splits a model over GPUs, experts in RAM"),
+    ("peft", "LoRA adapters (fitbox.json adapter_dir)"),
+    ("sentence_transformers", "embedding folders with modules.json"),
+    ("PIL", "images for vision-language folders"),
+    ("bitsandbytes", "the 4bit rung (@4bit), on CUDA and on the CPU"),
+)
+
+
 def list_tf_engines(config: settings.Config) -> bool:
     """The transformers engine's candidate interpreters, each probed; the first usable one
-    (in discovery order) is selected. Returns whether one is."""
+    (in discovery order) is selected, every capability imported in it and reported, and
+    what its transformers loads recorded for the catalog. Returns whether one is."""
     from fitbox.engines.kinds import engines_home
-    from fitbox.engines.tf import INSTALL_COMMAND, candidates, probe
+    from fitbox.engines.tf import INSTALL_COMMAND, candidates, probe, write_support
 
     print("transformers (Hugging Face folders):")
     selected = False
     for candidate in candidates(engines_home(config.engine_dir, config.home)):
-        found = probe(candidate.python)
+        found = probe(candidate.python, full=not selected)
         mark = "*" if found.usable and not selected else " "
-        if found.usable:
-            why = "selected: first usable in discovery order" if not selected else "usable"
-            selected = True
-            mods = found.modules
-            detail = (
-                f"{why}; torch {mods.get('torch')}, transformers {mods.get('transformers')}"
-                f", 4-bit {'yes' if found.four_bit else 'no (no bitsandbytes with CUDA)'}"
-                f", GPU {'yes' if found.cuda else 'no'}"
+        if found.usable and not selected:
+            print(
+                f"{mark} {candidate.python}  ({candidate.source}; selected: first usable "
+                f"in discovery order; GPU {'yes' if found.cuda else 'no'})"
             )
-        else:
-            detail = str(found.problem)
+            for module, gives in CAPABILITIES:
+                version = found.modules.get(module)
+                said = found.failed.get(module) or ("not installed" if not version else "")
+                state = f"ok {version}" if version else f"NO ({said})"
+                print(f"    {module:<22} {state}: {gives}")
+            if not found.four_bit:
+                print(f"    4bit rung not offered: {found.four_bit_problem()}")
+            write_support(config.tf_support, found)
+            selected = True
+            continue
+        detail = "usable" if found.usable else str(found.problem)
         print(f"{mark} {candidate.python}  ({candidate.source}; {detail})")
     if not selected:
         print(f"  none usable: build one with '{INSTALL_COMMAND}' or set FITBOX_TF_PYTHON")

@@ -159,7 +159,7 @@ def run(config: Config, args: argparse.Namespace) -> int:
             return install_tasks(where, args.tasks)
         from fitbox.installer.tf_engine import install_tf
 
-        return install_tf(where)
+        return install_tf(where, config.tf_support)
     return _run_service(args)
 
 

@@ -27,7 +27,7 @@ def run(config: settings.Config, args: argparse.Namespace) -> int:
 def list_models(config: settings.Config, as_json: bool) -> int:
     from fitbox.models.catalog import Catalog
 
-    catalog = Catalog(config.models, config.aliases, config.facts_cache)
+    catalog = Catalog(config.models, config.aliases, config.facts_cache, config.tf_support)
     rows: list[dict[str, Any]] = [
         {
             "name": a.name,

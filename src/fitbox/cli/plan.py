@@ -52,7 +52,7 @@ def run(config: settings.Config, args: argparse.Namespace) -> int:
     if report is None:
         box = Box(
             config,
-            Catalog(config.models, config.aliases, config.facts_cache),
+            Catalog(config.models, config.aliases, config.facts_cache, config.tf_support),
             open_gpu_probe(config.simulated_gpus),
             measured=read_measured(config.store_path),
         )

@@ -56,6 +56,7 @@ class Candidate:
     # cannot, the 4bit rung needs a Q4-class variant (core/fourbit.py)
     four_bit_weights: int | None = None
     load_in_4bit: bool = False  # this candidate is that load: launched quantized
+    no_four_bit: str = ""  # why its engine cannot quantize it as it loads ("": it can, or n/a)
     partial_offload: bool = True  # its engine can put some layers on a GPU, the rest in RAM
     on_gpus: bool = True  # its engine can load onto a GPU at all (a GPU backend is built in)
 

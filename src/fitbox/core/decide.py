@@ -87,12 +87,18 @@ def rung_jobs(ask: Ask, goal: Goal) -> Iterator[tuple[int, Candidate, Candidate,
             yield q, owner, artifact, rung
 
 
+def _because(reason: str) -> str:
+    return f" ({reason})" if reason else ""
+
+
 def _sets(
     search: Search, rung: Rung, candidate: Candidate
 ) -> tuple[GpuSets, GpuSets] | RejectReason | None:
     """The device sets a rung may use (``[[()]]``: host RAM); None: a partial offload,
     whose layer count ``fitting.partial`` searches."""
     room = search.room
+    if _four_bit_in_ram(search, rung, candidate):
+        return ([[()]], [[]])
     if rung is not Rung.RAM_ONLY and room.gpus and not (candidate.on_gpus or room.declared_gpus):
         # priced on a GPU, it would load in RAM: RAM the room never charged
         return RejectReason.NO_GPU_BACKEND
@@ -115,6 +121,21 @@ def _sets(
     if candidate.layout is None:
         return RejectReason.NEEDS_LAYOUT
     return None
+
+
+def _four_bit_in_ram(search: Search, rung: Rung, candidate: Candidate) -> bool:
+    """A folder its engine quantizes as it loads (bitsandbytes runs on the CPU too), asked
+    for on the 4bit rung alone (``@4bit``) where no GPU can take it: loaded in host RAM.
+    Never offered beside other rungs: a box without a GPU keeps loading folders whole."""
+    room = search.room
+    no_gpu = not room.gpus or not (candidate.on_gpus or room.declared_gpus)
+    return (
+        rung is Rung.FOUR_BIT
+        and candidate.load_in_4bit
+        and search.ask.rungs == (Rung.FOUR_BIT,)
+        and no_gpu
+        and room.has_host
+    )
 
 
 def _seconds(ask: Ask, candidate: Candidate, rung: Rung) -> float | None:
@@ -304,12 +325,13 @@ def _admit(search: Search, q: int, candidate: Candidate, rung: Rung, attempt: At
     assert chosen is not None, "fits room.most, so the idle residents cover it"
     leaving = {v.key for v in chosen}
     speeds = candidate.speeds_on(rung)
+    in_ram = rung in WEIGHTS_IN_RAM or _four_bit_in_ram(search, rung, candidate)
     claim = claims.claim(
         snapshot.cores,
         snapshot.busy_cores,
         snapshot.residents,
         leaving,
-        weights_in_ram=rung in WEIGHTS_IN_RAM,
+        weights_in_ram=in_ram,
         floor=search.ask.cpu_floor,
         threads=speeds.threads if speeds else (),
         lend=snapshot.lend_reserved,
@@ -319,7 +341,7 @@ def _admit(search: Search, q: int, candidate: Candidate, rung: Rung, attempt: At
         free, idle_cores = claims.claimable(
             snapshot.cores, snapshot.busy_cores, snapshot.residents, leaving
         )
-        floor = search.ask.cpu_floor if rung in WEIGHTS_IN_RAM else 1
+        floor = search.ask.cpu_floor if in_ram else 1
         detail = f"{len(free) + len(idle_cores)} free physical core(s); needs {floor}"
         search.rejected.append(
             Rejected(candidate.key, rung, f"{type_k}/{type_v}", RejectReason.NO_CORES, detail)
@@ -372,7 +394,7 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
                     "already 4-bit"
                     if owner.four_bit
                     else "no approved Q4-class variant, and its engine cannot "
-                    "quantize it to 4-bit as it loads",
+                    f"quantize it to 4-bit as it loads{_because(owner.no_four_bit)}",
                 )
             )
             continue

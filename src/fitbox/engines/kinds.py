@@ -57,5 +57,6 @@ def engines_home(engine_dir: str, home: Path | None) -> Path | None:
 def on_this_box(engine_dir: str = "", home: Path | None = None) -> EngineKinds:
     """Every engine kind fitbox knows, in the order it prefers them."""
     engines = engines_home(engine_dir, home)
+    support = Home(home).tf_support if home is not None else None
     tasks: list[Engine] = [TaskEngine(spec, engines) for spec in RUNNERS]
-    return EngineKinds([LlamaServer(engine_dir), Transformers(engines), *tasks])
+    return EngineKinds([LlamaServer(engine_dir), Transformers(engines, support), *tasks])

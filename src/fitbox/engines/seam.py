@@ -57,6 +57,7 @@ class Abilities:
     """What an engine kind can do with an artifact beyond loading it whole as it is."""
 
     four_bit_in_place: bool = False  # quantizes full-precision weights to 4-bit as it loads
+    four_bit_problem: str = ""  # why it cannot ("": it can, or the kind has no such thing)
     partial_offload: bool = True  # some layers on a GPU, the rest in RAM (-ngl N)
     # it can put weights on a GPU at all: a llama-server built without a GPU backend, or a
     # CPU-only torch, loads everything in RAM whatever -ngl or the device map asks

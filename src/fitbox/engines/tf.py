@@ -19,7 +19,7 @@ import os
 import subprocess
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,26 +41,47 @@ NAME = "transformers"
 ROUTES = frozenset({"/v1/chat/completions", "/v1/embeddings"})
 INSTALL_COMMAND = "fitbox install --tf"
 PROBE_S = 180  # importing torch and transformers cold: ~5-15 s alone, minutes on a busy box
-# The probe imports what every child imports, and only looks for the rest (an import of
-# peft or sentence-transformers costs seconds more and is needed by some folders only).
+# The probe imports what every child imports and what decides a rung (bitsandbytes: the
+# 4bit rung, on CUDA or on the CPU), and only looks for the rest (an import of peft or
+# sentence-transformers costs seconds more and is needed by some folders only); ``full``
+# (fitbox engines) imports every one, so a package that is there but broken is named.
+# It also lists what the engine's transformers loads (its model classes and config
+# types): the catalog judges folders by it (models/folder_judge.py).
 PROBE = """
-import importlib, importlib.util, json
-found = {}
-for name in ("torch", "transformers", "safetensors"):
+import importlib, importlib.util, json, sys
+full = sys.argv[1:] == ["full"]
+found, failed = {}, {}
+for name in ("torch", "transformers", "safetensors", "bitsandbytes", "PIL",
+             "accelerate", "peft", "sentence_transformers"):
+    if not full and name in ("accelerate", "peft", "sentence_transformers"):
+        found[name] = "present" if importlib.util.find_spec(name) else None
+        continue
     try:
-        found[name] = getattr(importlib.import_module(name), "__version__", "?")
-    except Exception:
+        found[name] = str(getattr(importlib.import_module(name), "__version__", "?"))
+    except Exception as exc:
         found[name] = None
-for name in ("accelerate", "peft", "sentence_transformers", "bitsandbytes"):
-    found[name] = "present" if importlib.util.find_spec(name) else None
+        if importlib.util.find_spec(name) is not None:
+            failed[name] = f"{type(exc).__name__}: {exc}"[:300]
 cuda = False
 try:
     import torch
     cuda = torch.cuda.is_available()
 except Exception:
     pass
-print(json.dumps({"modules": found, "four_bit": cuda and bool(found["bitsandbytes"]),
-                  "cuda": cuda}))
+support = None
+try:
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    support = {
+        "transformers": transformers.__version__,
+        "architectures": sorted(n for n in dir(transformers)
+                                if n[:1].isupper() and ("For" in n or n.endswith("Model"))),
+        "model_types": sorted(CONFIG_MAPPING_NAMES),
+    }
+except Exception:
+    pass
+print(json.dumps({"modules": found, "failed": failed, "four_bit": bool(found["bitsandbytes"]),
+                  "cuda": cuda, "support": support}))
 """
 NEEDED = ("torch", "transformers", "safetensors")
 BOOT = (
@@ -83,13 +104,23 @@ class Probe:
 
     python: Path
     modules: dict[str, str | None]
-    four_bit: bool
+    four_bit: bool  # bitsandbytes imports: the 4bit rung loads, on CUDA or on the CPU
     cuda: bool
     problem: str | None = None  # None: it can run a child
+    failed: dict[str, str] = field(default_factory=dict)  # a module there that fails to import
+    support: dict[str, object] | None = None  # what its transformers loads (folder_judge.py)
 
     @property
     def usable(self) -> bool:
         return self.problem is None
+
+    def four_bit_problem(self) -> str | None:
+        """Why the 4bit rung is not offered by this interpreter, or None when it is."""
+        if self.four_bit:
+            return None
+        if "bitsandbytes" in self.failed:
+            return f"bitsandbytes failed to import in {self.python}: {self.failed['bitsandbytes']}"
+        return f"bitsandbytes is not in the engine environment ({self.python})"
 
 
 def venv_dir(engine_dir: Path) -> Path:
@@ -130,10 +161,10 @@ def candidates(engine_dir: Path | None, env: dict[str, str] | None = None) -> li
 
 
 @lru_cache(maxsize=16)
-def _probe(python: Path, mtime_ns: int) -> Probe:
+def _probe(python: Path, mtime_ns: int, full: bool = False) -> Probe:
     try:
         run = subprocess.run(
-            [str(python), "-c", PROBE],
+            [str(python), "-c", PROBE, *(["full"] if full else [])],
             capture_output=True,
             text=True,
             timeout=PROBE_S,
@@ -150,16 +181,39 @@ def _probe(python: Path, mtime_ns: int) -> Probe:
     modules = dict(said.get("modules", {}))
     missing = [m for m in NEEDED if not modules.get(m)]
     problem = f"cannot import {', '.join(missing)}" if missing else None
-    return Probe(python, modules, bool(said.get("four_bit")), bool(said.get("cuda")), problem)
+    failed = {str(k): str(v) for k, v in dict(said.get("failed") or {}).items()}
+    support = said.get("support") if isinstance(said.get("support"), dict) else None
+    four_bit, cuda = bool(said.get("four_bit")), bool(said.get("cuda"))
+    return Probe(python, modules, four_bit, cuda, problem, failed, support)
 
 
-def probe(python: Path) -> Probe:
-    """Import the engine's modules in ``python`` (once per interpreter file and mtime)."""
+def probe(python: Path, full: bool = False) -> Probe:
+    """Import the engine's modules in ``python`` (once per interpreter file and mtime);
+    ``full``: every module the engine may need is imported, not only looked for."""
     try:
         mtime = python.stat().st_mtime_ns
     except OSError as exc:
         return Probe(python, {}, False, False, f"not there: {exc.strerror}")
-    return _probe(python, mtime)
+    return _probe(python, mtime, full)
+
+
+def write_support(path: Path | None, found: Probe) -> None:
+    """Record what the selected interpreter's transformers loads, for the catalog's scan
+    (models/folder_judge.py; fitbox's own venv never imports transformers). Replaced
+    whole, and only when it changed: a scan never reads half a file."""
+    if path is None or found.support is None:
+        return
+    data = json.dumps({**found.support, "python": str(found.python)}, sort_keys=True)
+    with contextlib.suppress(OSError):
+        if path.read_text() == data:
+            return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f".{path.name}.{os.getpid()}")
+        part.write_text(data)
+        os.replace(part, path)
+    except OSError:
+        pass  # a home fitbox may not write: folders are judged without it
 
 
 def _child_env() -> dict[str, str]:
@@ -267,8 +321,10 @@ class Transformers:
 
     name = NAME
 
-    def __init__(self, engine_dir: Path | None = None) -> None:
-        self.engine_dir = engine_dir
+    def __init__(self, engine_dir: Path | None = None, support: Path | None = None) -> None:
+        """``support``: where the selected interpreter's probe records what its
+        transformers loads (models/folder_judge.py reads it at every scan)."""
+        self.engine_dir, self.support = engine_dir, support
         self._probe: Probe | None = None
         self._probing: threading.Thread | None = None  # abilities() asks it once, off the loop
         # one probe at a time: a load's locate (a worker thread) and abilities()' probe
@@ -288,13 +344,15 @@ class Transformers:
         with self._locating:
             if self._probe is None:
                 self._probe, _ = select(self.engine_dir)
+                write_support(self.support, self._probe)
 
     def unavailable(self) -> FitboxError | None:
         return None  # a missing engine is found at launch (locate): its fix is named there
 
     async def prepare(self) -> None:
         """Nothing before a decision: its probe (torch imported, up to minutes) starts off
-        the loop when a decision first asks its abilities."""
+        the loop when a decision first asks its abilities, or when the box starts
+        (box/box.py ``judge_folders``)."""
 
     def selected(self) -> Probe:
         self.locate()
@@ -305,8 +363,9 @@ class Transformers:
         return None  # torch keeps weights as loaded: nothing is repacked
 
     def abilities(self) -> Abilities:
-        """4-bit when the selected interpreter has bitsandbytes with CUDA (its probe); a
-        folder loads whole, on a GPU or in RAM: the child has no per-layer offload."""
+        """4-bit when the selected interpreter imports bitsandbytes (its probe; it loads
+        4-bit on CUDA and on the CPU); a folder loads whole, on a GPU or in RAM: the child
+        has no per-layer offload."""
         if self._probe is None:  # a cold probe imports torch (up to minutes): never on the
             # event loop that asked. Until it answers, no 4-bit rung is offered (a whole load
             # still is), and the probe's answer is ready for the next decision.
@@ -315,10 +374,18 @@ class Transformers:
                     target=self._locate_quietly, daemon=True, name="tf-probe"
                 )
                 self._probing.start()
-            return Abilities(four_bit_in_place=False, partial_offload=False)
+            return Abilities(
+                four_bit_in_place=False,
+                four_bit_problem="the transformers engine's probe has not answered yet "
+                "(it imports torch once); ask again in a moment",
+                partial_offload=False,
+            )
         # a CPU-only torch loads on no GPU, whatever the device map asks
         return Abilities(
-            four_bit_in_place=self._probe.four_bit, partial_offload=False, gpus=self._probe.cuda
+            four_bit_in_place=self._probe.four_bit,
+            four_bit_problem=self._probe.four_bit_problem() or "",
+            partial_offload=False,
+            gpus=self._probe.cuda,
         )
 
     def _locate_quietly(self) -> None:

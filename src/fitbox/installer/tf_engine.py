@@ -3,8 +3,9 @@
 The requirements are the ``tf-engine`` extra of fitbox's own package (pyproject.toml), read
 from the installed metadata (or, in a source tree installed before the extra existed, from
 pyproject.toml beside it). The venv is built beside its final place and renamed into it, so
-a half-built one is never found by the engine's discovery. bitsandbytes (4-bit) is tried
-on its own afterwards: where it has no build, the engine runs without the 4-bit rung.
+a half-built one is never found by the engine's discovery. bitsandbytes (the 4bit rung, on
+CUDA and on the CPU) is in the extra where it has wheels; `fitbox engines` says whether it
+imports.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pathlib import Path
 
 EXTRA = "tf-engine"
 BUILT_FROM = "fitbox-requirements.txt"  # in the venv: the list it was built from
-FOUR_BIT = "bitsandbytes"
 PIP_TIMEOUT_S = 1800
 _EXTRA_MARKER = re.compile(r";\s*extra\s*==\s*['\"]" + re.escape(EXTRA) + r"['\"]\s*$")
 
@@ -66,9 +66,7 @@ def _run(argv: list[str], what: str) -> None:
         )
 
 
-def build_venv(
-    target: Path, reqs: list[str], *, four_bit: bool = True, python: str = sys.executable
-) -> Path:
+def build_venv(target: Path, reqs: list[str], *, python: str = sys.executable) -> Path:
     """Build a venv at ``target`` holding ``reqs``; returns its interpreter."""
     building = target.with_name(f"{target.name}.building-{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
@@ -77,11 +75,6 @@ def build_venv(
         _run([python, "-m", "venv", str(building)], "creating the venv")
         pip = [str(building / "bin" / "python"), "-m", "pip", "install", "--quiet"]
         _run([*pip, *reqs], "installing the engine's packages")
-        if four_bit:
-            try:
-                _run([*pip, FOUR_BIT], f"installing {FOUR_BIT}")
-            except EngineBuildFailed as exc:
-                print(f"note: {exc}; the engine runs without 4-bit", flush=True)
         (building / BUILT_FROM).write_text("\n".join(reqs) + "\n")
         shutil.rmtree(target, ignore_errors=True)
         os.rename(building, target)
@@ -98,10 +91,11 @@ def built_from(target: Path) -> list[str] | None:
         return None
 
 
-def install_tf(engines_dir: Path) -> int:
+def install_tf(engines_dir: Path, support: Path | None = None) -> int:
     """``fitbox install --tf``: build ``<engines dir>/tf`` (kept when it was built from the
-    same requirements and still imports them: a re-run is safe), then probe it."""
-    from fitbox.engines.tf import probe, venv_dir
+    same requirements and still imports them: a re-run is safe), then probe it and record
+    what its transformers loads at ``support`` (the catalog judges folders by it)."""
+    from fitbox.engines.tf import probe, venv_dir, write_support
 
     target = venv_dir(engines_dir)
     reqs = requirements()
@@ -114,11 +108,12 @@ def install_tf(engines_dir: Path) -> int:
     except (EngineBuildFailed, OSError, subprocess.TimeoutExpired) as exc:
         print(f"fitbox install --tf: {exc}", file=sys.stderr)
         return 1
-    found = probe(python)
+    found = probe(python, full=True)
     if not found.usable:
         print(f"fitbox install --tf: {python} was built but {found.problem}", file=sys.stderr)
         return 1
-    four = "yes" if found.four_bit else "no"
+    write_support(support, found)
+    four = "yes" if found.four_bit else f"no: {found.four_bit_problem()}"
     print(
         f"transformers engine ready: {python} (torch {found.modules.get('torch')}, "
         f"transformers {found.modules.get('transformers')}; 4-bit: {four})"

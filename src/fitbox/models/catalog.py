@@ -27,10 +27,11 @@ from fitbox.core.projector import ProjectorShape
 from fitbox.core.shard_names import shard_of_stem
 from fitbox.errors import ModelNotFound, ModelNotServable
 from fitbox.models.facts_cache import FactsCache
+from fitbox.models.folder_judge import EngineSupport, read_support
 from fitbox.models.gguf_facts import GGUFFacts
 from fitbox.models.gguf_header import MAGIC, NotGGUF
 from fitbox.models.hf_folders import FORMAT as FOLDER_FORMAT
-from fitbox.models.hf_folders import folder_facts, folder_name, is_snapshot_entry
+from fitbox.models.hf_folders import folder_facts, folder_name, folder_problem, is_snapshot_entry
 from fitbox.models.identity import Identity, identity_of
 from fitbox.models.readable import is_unreadable, unreadable_reason
 from fitbox.models.task_models import (
@@ -211,9 +212,10 @@ def _root_refused(root: Path, rejected: list[Unservable]) -> bool:
 
 
 def scan(
-    roots: Iterable[Path], cache: FactsCache | None = None
+    roots: Iterable[Path], cache: FactsCache | None = None, support: EngineSupport | None = None
 ) -> tuple[list[Artifact], list[Unservable]]:
-    """Every servable GGUF under the roots, and every GGUF-looking file that is not."""
+    """Every servable GGUF and folder under the roots, and every one that looks like a model
+    and is not (``support``: what the transformers engine loads, when a probe said)."""
     cache = cache or FactsCache(None)
     found: dict[str, Artifact] = {}
     rejected: list[Unservable] = []
@@ -224,7 +226,7 @@ def scan(
         refused: list[OSError] = []
         for kind, path in _walk(root, refused):
             if kind == "dir":
-                _add_folder(path, found, rejected)
+                _add_folder(path, found, rejected, support)
                 continue
             if kind != "file":
                 _add_task(path, kind, found, rejected)
@@ -264,14 +266,23 @@ def scan(
     return sorted(found.values(), key=lambda a: a.name), rejected
 
 
-def _add_folder(path: Path, found: dict[str, Artifact], rejected: list[Unservable]) -> None:
-    """A transformers folder, sized from its headers, or the reason it cannot be served."""
+def _add_folder(
+    path: Path,
+    found: dict[str, Artifact],
+    rejected: list[Unservable],
+    support: EngineSupport | None,
+) -> None:
+    """A transformers folder, sized from its headers and judged from its files
+    (models/folder_judge.py), or the reason it cannot be served: listed under its name, so
+    a call naming it gets that reason, before anything is loaded or evicted."""
     try:
         if is_snapshot_entry(path):
             return  # an older revision of a cached model: refs/main (or the newest) serves
         facts = folder_facts(path)
+        problem = folder_problem(facts.path, support)
     except (BadModelDir, ValueError, RecursionError) as exc:  # never stops discovery
-        rejected.append(Unservable(path, f"not a usable transformers model: {exc}"))
+        reason = f"not a usable transformers model: {exc}"
+        rejected.append(Unservable(path, reason, folder_name(path)))
         return
     except OSError as exc:
         if is_unreadable(exc):
@@ -281,6 +292,10 @@ def _add_folder(path: Path, found: dict[str, Artifact], rejected: list[Unservabl
             rejected.append(Unservable(path, f"not readable: {exc}"))
         return
     name = folder_name(path)
+    if problem is not None:
+        reason = f"not servable by the transformers engine: {problem}"
+        rejected.append(Unservable(path, reason, name))
+        return
     if name in found:
         log.warning("%s: name %r already taken by %s", path, name, found[name].path)
         return
@@ -325,9 +340,17 @@ class Catalog:
     """Names to artifacts. Rescans the roots when a name is not known yet."""
 
     def __init__(
-        self, roots: tuple[Path, ...], aliases_file: Path, facts_cache: Path | None = None
+        self,
+        roots: tuple[Path, ...],
+        aliases_file: Path,
+        facts_cache: Path | None = None,
+        support: Path | None = None,
     ) -> None:
+        """``support``: the file a probe of the transformers engine writes (what it loads;
+        models/folder_judge.py), read at every scan."""
         self.roots = roots
+        self.support_file = support
+        self._support: EngineSupport | None = None
         self.aliases_file = aliases_file
         self._cache = FactsCache(facts_cache)
         self._by_name: dict[str, Artifact] = {}
@@ -346,7 +369,8 @@ class Catalog:
         if now - self._scanned_at < max_age:
             return
         self._scanned_at = now
-        artifacts, self.rejected = scan(self.roots, self._cache)
+        self._support = support = read_support(self.support_file)
+        artifacts, self.rejected = scan(self.roots, self._cache, support)
         self._by_name, self._problems = self._kept({a.name: a for a in artifacts})
         # what `fitbox pull NAME` fetched answers to NAME; the aliases file may override
         self._aliases = {**builtin_aliases(), **read_aliases(self.aliases_file)}
@@ -364,6 +388,12 @@ class Catalog:
             if reason is not None:
                 by_name[name], problems[name] = known, reason
         return dict(sorted(by_name.items())), problems
+
+    def rejudge(self) -> None:
+        """Scan again when what the transformers engine loads changed since the last scan
+        (a probe of its interpreter wrote it): folders are judged by it."""
+        if read_support(self.support_file) != self._support:
+            self.refresh()
 
     def artifacts(self) -> list[Artifact]:
         return list(self._by_name.values())

@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from fitbox.core.sizing import ModelShape
+from fitbox.models.folder_judge import EngineSupport, judge
 from fitbox.models.gguf_facts import GGUFFacts
+from fitbox.models.safetensors_header import read_safetensors_header
 from fitbox.models.transformers_facts import (
     BadModelDir,
     _get,
     _load_json,
     _need,
     _text_config,
+    _weight_files,
     adapter_bytes,
     read_transformers_facts,
 )
@@ -124,3 +127,11 @@ def folder_facts(path: Path) -> GGUFFacts:
         layout=placed if any(placed.routed_bytes) else None,
         four_bit_weights=four_bit_bytes(tensors) + extra if full_precision else None,
     )
+
+
+def folder_problem(root: Path, support: EngineSupport | None) -> str | None:
+    """Why the folder ``root`` (priced by ``folder_facts``) cannot be served: its code, its
+    architecture, its tokenizer or its weights (models/folder_judge.py); None: it can."""
+    config = _load_json(root / "config.json")
+    headers = [read_safetensors_header(f) for f in _weight_files(root, below=False)]
+    return judge(root, config, headers, support)

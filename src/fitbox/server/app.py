@@ -70,7 +70,7 @@ async def _serving(
 ) -> AsyncIterator[None]:
     """The store, catalog, box and gate of one serve, on ``app.state``; closed at its end."""
     store = opened or Store(config.store_path)
-    catalog = Catalog(config.models, config.aliases, config.facts_cache)
+    catalog = Catalog(config.models, config.aliases, config.facts_cache, config.tf_support)
     gpus = open_gpu_probe(config.simulated_gpus)
     _log_gpus(gpus.read())
     box = Box(config, catalog, gpus, store)
