@@ -15,6 +15,7 @@ from fitbox.errors import ModelNotFound
 from fitbox.models import catalog as catalog_module
 from fitbox.models.catalog import Artifact, Catalog, Unservable, scan
 from fitbox.models.facts_cache import FactsCache
+from fitbox.models.folder_judge import EngineSupport
 from fitbox.models.gguf_facts import read_facts
 from fitbox.models.gguf_header import NotGGUF, read_header
 
@@ -132,10 +133,10 @@ def test_misses_rescan_at_most_once_a_second(
     real = catalog_module.scan
 
     def counting(
-        roots: Iterable[Path], cache: FactsCache | None = None
+        roots: Iterable[Path], cache: FactsCache | None = None, support: EngineSupport | None = None
     ) -> tuple[list[Artifact], list[Unservable]]:
         scans.append(1)
-        return real(roots, cache)
+        return real(roots, cache, support)
 
     monkeypatch.setattr(catalog_module, "scan", counting)  # what a refresh runs
 
@@ -243,7 +244,7 @@ def test_transformers_folders_are_artifacts_and_hf_caches_are_named_once(
     (hf / "blobs").mkdir()
     llama_dir(hf / "blobs" / "x")
     new.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
         (new / name).symlink_to(hf / "blobs" / "x" / name)
     (hf / "refs").mkdir()
     (hf / "refs" / "main").write_text("new")

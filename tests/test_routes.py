@@ -321,7 +321,7 @@ def test_a_route_the_models_engine_kind_lacks_is_refused_before_loading() -> Non
         routes=lambda: frozenset({"/v1/chat/completions"}),
         unavailable=lambda: None,
     )
-    artifact = SimpleNamespace(facts=SimpleNamespace(is_reranker=False))
+    artifact = SimpleNamespace(facts=SimpleNamespace(is_reranker=False, is_embedding=False))
     named: Any = SimpleNamespace(asked="m", artifacts=(artifact,))
     engines: Any = SimpleNamespace(for_artifact=lambda a: kind)
     check_served(named, "/v1/chat/completions", engines)

@@ -29,7 +29,13 @@ from fitbox.server.door.bodies import check_images, images
 from fitbox.store.db import Store
 
 from .support.ggufs import write_tiny_llama, write_vision_projector
-from .support.hf_models import LLAMA, LLAMA_TENSORS, write_config, write_safetensors
+from .support.hf_models import (
+    LLAMA,
+    LLAMA_TENSORS,
+    write_config,
+    write_safetensors,
+    write_tokenizer,
+)
 from .support.images import RED, STRIPES, data_url, noise
 
 LIMIT = 64 << 10
@@ -253,6 +259,8 @@ def test_a_vision_language_folder_is_a_vision_model_and_a_plain_one_is_not(
     plain.mkdir()
     write_config(plain, LLAMA)
     write_safetensors(plain / "model.safetensors", LLAMA_TENSORS)
+    write_tokenizer(llava)
+    write_tokenizer(plain)
     assert folder_facts(llava).vision and not folder_facts(plain).vision
     found = {a.name: a for a in scan([tmp_path])[0]}
     assert found["llava"].vision and not found["plain"].vision

@@ -75,7 +75,14 @@ LLAMA_TENSORS = {
 LLAMA_BYTES = 1000 * 512 * 2 + 128 * 512 * 2 + 512 * 4 + 1000 * 512 * 2
 
 
+def write_tokenizer(directory: Path) -> None:
+    """A tokenizer file, as a folder fit to serve has one (the scan looks for its name)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE"}}')
+
+
 def llama_dir(tmp_path: Path) -> Path:
     write_config(tmp_path, LLAMA)
     write_safetensors(tmp_path / "model.safetensors", LLAMA_TENSORS, {"format": "pt"})
+    write_tokenizer(tmp_path)
     return tmp_path

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from fitbox.config import Config
 from fitbox.core.ask import Ask
@@ -27,7 +28,7 @@ from fitbox.engines.kinds import EngineKinds
 from fitbox.errors import EngineFailed, ModelBusy, ShuttingDown
 from fitbox.models.catalog import Artifact
 
-from . import planning
+from . import launches, planning
 from .asks import Asks, Named
 from .lease import Lease
 from .resident import Resident
@@ -233,6 +234,8 @@ class Admission:
         """Under the lock: join a resident, place a new one, or say who blocks."""
         slots, need, max_tokens = asked.slots, asked.need, asked.max_tokens
         existing = self.joinable(named)
+        if existing is not None and self.settings_changed(existing):
+            return None, [existing.artifact.name]  # loaded again as its settings say now
         if existing is not None:  # the hot path: no pricing for a model already loaded
             if existing.state is S.STOPPING or self._outgrown(existing, max(need - max_tokens, 0)):
                 return None, [existing.artifact.name]
@@ -327,7 +330,9 @@ class Admission:
                 list(kept),
             )
             self.registry.move(holder, S.STOPPING)  # no call joins it while it relaunches
-            successor = holder.relaunched(replace(holder.place, cores=kept), holder.cpus)
+            successor = holder.relaunched(
+                replace(holder.place, cores=kept), holder.cpus, self._embeddings(holder)
+            )
             self.tasks.spawn(self.supervisor.relaunch(holder, successor))
         else:
             holder.cpus = self.snapshots.cpus_of(holder.place.cores if holder.place else ())
@@ -372,8 +377,42 @@ class Admission:
         )
         self.registry.move(resident, S.STOPPING)  # no call joins it while it relaunches
         cpus = self.snapshots.cpus_of(cores)
-        successor = resident.relaunched(replace(resident.place, cores=cores), cpus)
+        successor = resident.relaunched(
+            replace(resident.place, cores=cores), cpus, self._embeddings(resident)
+        )
         self.tasks.spawn(self.supervisor.relaunch(resident, successor))
+
+    def _knobs_of(self, resident: Resident) -> Any:
+        return self.asks.settings_for(resident.asked or resident.artifact.name, [resident.artifact])
+
+    def _embeddings(self, resident: Resident) -> bool:
+        """Whether a relaunch of ``resident`` serves embeddings: as its settings say now,
+        not as it was launched (one turned off stays off across a thread change)."""
+        return launches.embeddings_wanted(resident, self._knobs_of(resident))
+
+    def settings_changed(self, resident: Resident) -> bool:
+        """Under the lock: a ready, idle ``resident`` whose settings now give another launch
+        is loaded again, and True (a call for it waits for that): in place when only the
+        engine's flags change (``embeddings``), else it leaves and the next call places it
+        again (``rungs``, ``kv_types``, ``quant``; a pinned one stays until unpinned). One
+        serving a call is never touched: it runs on, and is loaded again once idle."""
+        if resident.state is not S.READY or resident.calls or resident.place is None:
+            return False
+        knobs = self._knobs_of(resident)
+        why = launches.in_place(resident, knobs)
+        if why is not None:
+            log.info("%s starts again: %s", resident.artifact.name, why)
+            self.registry.move(resident, S.STOPPING)  # no call joins it while it relaunches
+            place = replace(resident.place, cores=resident.cores or resident.place.cores)
+            wanted = launches.embeddings_wanted(resident, knobs)
+            successor = resident.relaunched(place, resident.cpus, wanted)
+            self.tasks.spawn(self.supervisor.relaunch(resident, successor))
+            return True
+        why = launches.placed(resident, knobs)
+        if why is None or resident.pinned:
+            return False
+        self._reload_when_idle(resident, f"{why}: placing it again")
+        return True
 
     def _outgrown(self, resident: Resident, prompt: int) -> bool:
         """A prompt larger than a slot of the loaded window needs the model loaded again with a

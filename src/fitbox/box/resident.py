@@ -81,10 +81,11 @@ class Resident:
     def state(self) -> ResidentState:
         return self._state
 
-    def relaunched(self, place: Place, cpus: frozenset[int]) -> Resident:
+    def relaunched(self, place: Place, cpus: frozenset[int], embeddings: bool) -> Resident:
         """The same file under the same contract (window, slots, caches, bytes, pin, idle
         clock) launched again on ``place``'s cores: what an idle engine a claim would crowd
-        starts again as, a thread per core it keeps (box/admit.py)."""
+        starts again as, a thread per core it keeps (box/admit.py); ``embeddings`` as its
+        settings say now (box/launches.py), never as recorded."""
         return Resident(
             artifact=self.artifact,
             device=self.device,
@@ -99,7 +100,7 @@ class Resident:
             place=place,
             asked=self.asked,
             band=self.band,
-            embeddings=self.embeddings,
+            embeddings=embeddings,
             held=dict(self.held),
             cpus=cpus,
         )

@@ -135,7 +135,8 @@ class Serving:
         named = self.loadable(named)
         if named.asked != asked:
             self.check_allowed(order.allowed, named.asked)  # a key's limit holds for what serves
-        check_served(named, order.endpoint, self.engines, order.images)
+        embeds = bool(self.asks.knobs(named)["embeddings"])
+        check_served(named, order.endpoint, self.engines, order.images, embeds)
         return named, headers
 
     def check_allowed(self, allowed: tuple[str, ...] | None, name: str) -> None:
@@ -207,10 +208,14 @@ def check_conversation(order: Order) -> None:
         )
 
 
-def check_served(named: Named, path: str, engines: EngineKinds, images: int = 0) -> None:
-    """Refuse, before anything is loaded, a route no variant of ``named`` can serve: its
-    engine kind has no such route, ``/v1/rerank`` on a model that is not a reranker, or
-    images for a model that reads none."""
+def check_served(
+    named: Named, path: str, engines: EngineKinds, images: int = 0, embeddings: bool = False
+) -> None:
+    """Refuse, before anything is loaded (or evicted for it), a route no variant of
+    ``named`` can serve: its engine kind has no such route, a task its files say it cannot
+    do (text from an embedding model, embeddings from a decoder whose ``embeddings``
+    setting is off), ``/v1/rerank`` on a model that is not a reranker, or images for a
+    model that reads none."""
     name, artifacts = named.asked, named.artifacts
     kinds = [engines.for_artifact(a) for a in artifacts]
     if not any(path in kind.routes() for kind in kinds):
@@ -218,6 +223,7 @@ def check_served(named: Named, path: str, engines: EngineKinds, images: int = 0)
         raise RouteNotServed(
             f"'{name}' runs on {served_by}, which does not serve {path}.", param="model"
         )
+    check_task(name, artifacts, path, embeddings)
     serving = [kind for kind in kinds if path in kind.routes()]
     waits = [kind.unavailable() for kind in serving]
     if all(waits) and waits[0] is not None:  # nothing is placed for a child that cannot start
@@ -230,6 +236,45 @@ def check_served(named: Named, path: str, engines: EngineKinds, images: int = 0)
             code="not_a_reranker",
         )
     check_vision(name, artifacts, path, images)
+
+
+# Routes whose answer is text the model writes: an embedding model (or a reranker) has none.
+WRITING = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/infill",
+    }
+)
+EMBEDDINGS_FIX = (
+    ' POST /v1/settings/pair {{"model": "{model}", "embeddings": true}} makes a decoder '
+    "serve mean-pooled embeddings from its next load."
+)
+
+
+def check_task(name: str, artifacts: Sequence[Artifact], path: str, embeddings: bool) -> None:
+    """A task its files say the model cannot do, refused by name (the codes the engine's own
+    refusal gets, server/inference/engine_errors.py) before a load that would evict."""
+    if path in WRITING and all(a.facts.is_embedding for a in artifacts):
+        raise InvalidRequest(
+            f"'{name}' is an embedding model (its files say so): it serves /v1/embeddings, "
+            f"not {path}. Name a chat model (GET /v1/models lists them).",
+            param="model",
+            code="not_a_chat_model",
+        )
+    if (
+        path == "/v1/embeddings"
+        and not embeddings
+        and not any(a.facts.is_embedding for a in artifacts)
+    ):
+        raise InvalidRequest(
+            f"'{name}' is not an embeddings model on this box, so it does not serve "
+            f"{path}; its embeddings setting is off.{EMBEDDINGS_FIX.format(model=name)}",
+            param="model",
+            code="not_an_embeddings_model",
+        )
 
 
 def check_vision(name: str, artifacts: Sequence[Artifact], path: str, images: int) -> None:

@@ -113,6 +113,12 @@ class Warmth:
                 widened += 1
         return widened
 
+    def settings_changed(self) -> int:
+        """Under the lock: idle residents whose settings now give another launch are loaded
+        again (box/launches.py), so a setting takes effect without a call or an unload.
+        How many were."""
+        return sum(self.admission.settings_changed(r) for r in list(self.registry))
+
     def over_caps(self) -> list[Resident]:
         """Under the lock: idle residents that leave because a cap was lowered below what
         the residents hold (``/v1/limits``, a central's allotment), marked stopping; what
@@ -161,6 +167,7 @@ class Warmth:
                 expired = self.idle_expired(time.monotonic())
                 grow = self.to_grow()
                 self.widen_idle()
+                self.settings_changed()
             for resident, window in grow:
                 log.info(
                     "%s: room for a %d-token window has lasted; rebuilding it (was %d)",
