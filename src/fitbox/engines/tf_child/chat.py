@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .grammar import Grammars
+from .refusal import NonFinite
 from .request import BadRequest, Request, folder_defaults, read
 from .sampling import Penalties, choose, entry
 from .tools import check_template
@@ -183,7 +184,10 @@ class Chat:
 
     def _forward(self, step: Any, extra: dict[str, Any]) -> Any:
         out = self.model(input_ids=step, use_cache=True, **{self.cache_arg: self.cache}, **extra)
-        return out.logits[:, -1, :].float()
+        logits = out.logits[:, -1, :].float()
+        if not bool(self.torch.isfinite(logits).all()):
+            raise NonFinite("logits")  # corrupt weights: never a token drawn from NaN
+        return logits
 
     def run(
         self, request: Request, timings: Timings, cancelled: threading.Event

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .refusal import BadRequest
+from .refusal import BadRequest, NonFinite
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Embedder:
         tokens = sum(len(self.tokenizer(t)["input_ids"]) for t in texts)
         if self.sentence is not None:
             vectors = self.sentence.encode(texts, convert_to_tensor=True)
-            return vectors.float().cpu().tolist(), tokens
+            return _finite(vectors).float().cpu().tolist(), tokens
         device = next(self.model.parameters()).device
         batch = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True)
         batch = {k: v.to(device) for k, v in batch.items()}
@@ -87,7 +87,7 @@ class Embedder:
             hidden = self.model(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
-        return mean.float().cpu().tolist(), tokens
+        return _finite(mean).float().cpu().tolist(), tokens
 
     def shaped(self, vector: list[float], asked: EmbeddingRequest) -> list[float] | str:
         """One vector as the call asked for it: cut to ``dimensions``, as floats or base64."""
@@ -110,3 +110,11 @@ class Embedder:
         if asked.base64:
             return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
         return vector
+
+
+def _finite(vectors: Any) -> Any:
+    import torch
+
+    if not bool(torch.isfinite(vectors).all()):
+        raise NonFinite("vectors")  # corrupt weights: never a vector of NaN as JSON
+    return vectors

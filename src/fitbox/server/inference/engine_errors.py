@@ -100,3 +100,20 @@ def _not_served(message: str, model: str) -> tuple[str, str | None]:
             )
             return said, code
     return f"'{model}' does not serve this route on this box (engine: {message})", None
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(name)
+
+
+def non_finite(content: bytes) -> bool:
+    """Whether an engine's JSON body holds a bare NaN or Infinity (Python's json writes
+    them; strict parsers refuse the whole body): corrupt weights, seen as they run. A
+    search of the bytes first, so a body without the words costs no parse."""
+    if b"NaN" not in content and b"Infinity" not in content:
+        return False
+    try:
+        json.loads(content, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        return str(exc) in ("NaN", "Infinity", "-Infinity")
+    return False

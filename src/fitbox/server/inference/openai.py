@@ -32,7 +32,7 @@ from fitbox.box.calls import Call
 from fitbox.box.resident import Resident
 from fitbox.box.serving import Answer, Order, Served
 from fitbox.engines.http1 import EngineResponse
-from fitbox.errors import FitboxError, InvalidRequest, PermissionDenied
+from fitbox.errors import EngineFailed, FitboxError, InvalidRequest, PermissionDenied
 from fitbox.server.door import timing
 from fitbox.server.door.auth import is_insider
 from fitbox.server.door.bodies import IMAGE_ROUTES, Kinds, check_fields, check_images, json_object
@@ -41,6 +41,7 @@ from fitbox.server.inference import progress
 from fitbox.server.inference.engine_errors import (
     client_status,
     engine_error_body,
+    non_finite,
     retry_headers,
 )
 from fitbox.server.inference.helper import HELPER, helper_reply
@@ -240,6 +241,15 @@ async def _whole(
         await call.finished()
         headers.update(retry_headers(status))
         return JSONResponse(body, status_code=status, headers=headers)
+    if non_finite(content):  # never leaves as JSON: strict parsers refuse a literal NaN
+        error = EngineFailed(
+            f"'{call.resident.artifact.name}' answered NaN or infinity where numbers go (its "
+            "weights are likely corrupt: a bad conversion or download); fetch them again",
+            code="engine_failed",
+        )
+        call.failed(error)
+        await call.finished()
+        raise error
     call.answered(response.status, content)
     content = Reshape(call.endpoint, call.resident.artifact.name, asked, field).whole(content)
     await call.finished()  # a whole reply's first byte is its last: it leaves once stored
