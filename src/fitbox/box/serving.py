@@ -258,8 +258,10 @@ def check_task(name: str, artifacts: Sequence[Artifact], path: str, embeddings: 
     """A task its files say the model cannot do, refused by name (the codes the engine's own
     refusal gets, server/inference/engine_errors.py) before a load that would evict."""
     if path in WRITING and all(a.facts.is_embedding for a in artifacts):
+        ranks = all(a.facts.is_reranker for a in artifacts)
+        what, serves = ("a reranker", "/v1/rerank") if ranks else ("an embedding model", "")
         raise InvalidRequest(
-            f"'{name}' is an embedding model (its files say so): it serves /v1/embeddings, "
+            f"'{name}' is {what} (its files say so): it serves {serves or '/v1/embeddings'}, "
             f"not {path}. Name a chat model (GET /v1/models lists them).",
             param="model",
             code="not_a_chat_model",
