@@ -225,6 +225,7 @@ class Resident:
             "cores": list(self.cores),
             "calls": self.calls,
             "pinned": self.pinned,
+            "embeddings": self.embeddings and not self.artifact.facts.is_embedding,
             "idle_for_s": round(time.monotonic() - self.last_used, 3) if not self.calls else 0,
             "pid": self.child.pid if self.child else None,
             "port": self.child.port if self.child else None,
