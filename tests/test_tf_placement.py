@@ -156,6 +156,30 @@ def test_without_four_bit_in_the_engine_the_rung_is_not_offered_and_says_why() -
     }
 
 
+def test_at_4bit_a_folder_loads_quantized_in_ram_where_no_gpu_can_take_it() -> None:
+    """bitsandbytes quantizes on the CPU too: asked for the 4bit rung alone (``@4bit``) on
+    a box without a GPU, the folder is placed in host RAM at its 4-bit bytes, with a RAM
+    claim of cores. Offered beside other rungs it is not: such a box loads folders whole."""
+    snap = Snapshot((host(64 * GiB),), (), cores=CORES)
+    folder = replace(tf_folder("tf", 12 * GiB, four_bit=True), on_gpus=False)
+    pinned = place(snap, Ask("m", (folder,), rungs=(Rung.FOUR_BIT,)))
+    assert (pinned.rung, pinned.device, pinned.load_in_4bit) == (Rung.FOUR_BIT, "host", True)
+    assert pinned.gpu_layers == 0 and dict(pinned.footprint)["host"].weights == 3 * GiB
+    assert len(pinned.cores) > 1  # weights in RAM: a claim of cores, not one for a GPU
+    whole = place(snap, Ask("m", (folder,)))
+    assert whole.rung is Rung.RAM_ONLY and not whole.load_in_4bit
+
+
+def test_at_4bit_refused_says_why_the_engine_cannot_quantize() -> None:
+    snap = Snapshot((host(64 * GiB),), (), cores=CORES)
+    why = "bitsandbytes is not in the engine environment (/e/bin/python)"
+    folder = replace(tf_folder("tf", 12 * GiB, four_bit=False), on_gpus=False, no_four_bit=why)
+    refused = decide(snap, Ask("m", (folder,), rungs=(Rung.FOUR_BIT,)))
+    assert isinstance(refused, Refuse)
+    (rejected,) = refused.rejected
+    assert rejected.reason.value == "no_four_bit_variant" and why in rejected.detail
+
+
 def test_a_measured_four_bit_load_prices_the_next_four_bit_decision() -> None:
     from fitbox.core.ask import MeasuredFit
     from fitbox.core.types import Footprint

@@ -131,7 +131,8 @@ class Admission:
         max_wait = float(self.asks.knobs(named)["max_wait"])
         deadline = time.monotonic() + max_wait
         if not any(a.key in self.registry for a in named.artifacts):  # crash-loop backoff
-            await self.engines.prepare()  # a decision reads the engine's CPU features
+            # a decision reads the engine's CPU features and abilities (4-bit)
+            await self.engines.prepare(named.artifacts)
             delay = self.supervisor.restart_delay(named.first)
             if delay > 0:
                 await asyncio.sleep(min(delay, max_wait))

@@ -419,7 +419,8 @@ def decide(snapshot: Snapshot, ask: Ask) -> Decision:
             RefuseReason.NO_CANDIDATE,
             0,
             0,
-            detail="no approved variant or rung is left by the pins and settings",
+            detail="no approved variant or rung is left by the pins and settings"
+            + "".join(f"; {r.rung.value}: {r.detail}" for r in search.rejected),
             rejected=tuple(search.rejected),
         )
     return conclude(search)

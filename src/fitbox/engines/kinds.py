@@ -41,9 +41,15 @@ class EngineKinds:
     def for_artifact(self, artifact: HasFormat) -> Engine:
         return self.for_format(artifact.format)
 
-    async def prepare(self) -> None:
-        """Every kind's probes, off the event loop (engines/seam.py ``prepare``)."""
-        for kind in self.kinds:
+    async def prepare(self, artifacts: Sequence[HasFormat] = ()) -> None:
+        """The probes of the kinds that serve ``artifacts`` (every kind when none are
+        named), off the event loop (engines/seam.py ``prepare``): a call waits for its own
+        engine's, never another kind's."""
+        kinds = self.kinds
+        if artifacts:
+            formats = {a.format for a in artifacts}
+            kinds = tuple(k for k in self.kinds if any(k.serves(f) for f in formats))
+        for kind in kinds:
             await kind.prepare()
 
 

@@ -12,6 +12,7 @@ engine's own packages.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import json
@@ -350,9 +351,12 @@ class Transformers:
         return None  # a missing engine is found at launch (locate): its fix is named there
 
     async def prepare(self) -> None:
-        """Nothing before a decision: its probe (torch imported, up to minutes) starts off
-        the loop when a decision first asks its abilities, or when the box starts
-        (box/box.py ``judge_folders``)."""
+        """Its probe (torch imported, up to minutes), in a thread: a decision to load a
+        folder waits for it, as the load would (it runs the interpreter the probe
+        selects), so the 4bit rung is judged by what the engine can do, not by a probe
+        still running. Called for its own folders only (engines/kinds.py)."""
+        if self._probe is None:
+            await asyncio.to_thread(self._locate_quietly)
 
     def selected(self) -> Probe:
         self.locate()
