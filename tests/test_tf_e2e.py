@@ -147,7 +147,12 @@ def test_fitbox_engines_names_the_selected_interpreter(tf_python: Path, tmp_path
         check=False,
     ).stdout
     line = next(ln for ln in out.splitlines() if str(tf_python) in ln)
-    assert line.startswith("*") and "selected" in line and "4-bit no" in line
+    assert line.startswith("*") and "selected" in line
+    imported = {ln.split()[0]: ln.split()[1] for ln in out.splitlines() if ln.startswith("    ")}
+    for module in ("torch", "transformers", "sentence_transformers", "PIL", "bitsandbytes"):
+        assert imported[module] == "ok", out  # each imported in the engine's interpreter
+    support = json.loads((tmp_path / "home" / "tf-capabilities.json").read_text())
+    assert "LlamaForCausalLM" in support["architectures"]
     missing = tmp_path / "home" / "engines" / "tf" / "bin" / "python"
     assert f"  {missing}  (engine dir (fitbox install --tf); not there" in out
 

@@ -84,9 +84,10 @@ def build_venv(target: Path, reqs: list[str], *, python: str = sys.executable) -
 
 
 def built_from(target: Path) -> list[str] | None:
-    """The requirement list a venv fitbox built holds; None: not one of fitbox's."""
+    """The requirement list a venv fitbox built holds, one a line (a requirement with an
+    environment marker has spaces); None: not one of fitbox's."""
     try:
-        return (target / BUILT_FROM).read_text().split()
+        return [ln.strip() for ln in (target / BUILT_FROM).read_text().splitlines() if ln.strip()]
     except OSError:
         return None
 
