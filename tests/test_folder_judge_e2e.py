@@ -204,3 +204,19 @@ def test_nan_weights_the_scan_missed_fail_as_an_engine_error_never_as_json_nan(
     assert error["code"] == "engine_failed" and "vectors hold NaN or infinity" in error["message"]
     rows = [r for r in box.calls() if r["model_asked"] == "nan-deep"]
     assert [r["outcome"] for r in rows] != [] and all(r["outcome"] != "ok" for r in rows)
+
+
+def test_a_box_whose_engine_was_never_probed_judges_by_its_own_probe(
+    tmp_path: Path, tf_python: Path, smol_tf: Path
+) -> None:
+    """No `fitbox engines` ran: the first call to a folder of an unknown architecture waits
+    for the engine's probe (as its load would) and gets the reason, with no load; the
+    probe's record is left for the next scan."""
+    root = tmp_path / "models"
+    broken.unknown_architecture(broken.tiny_tf_folder(tf_python, smol_tf), root / "unknown-arch")
+    with running_fitbox(tmp_path / "home", [root], env=engine_env(tf_python, tmp_path)) as box:
+        refused = call(box, "/v1/chat/completions", "unknown-arch")
+        assert refused.status_code == 503, refused.text
+        assert BROKEN["unknown-arch"] in strict(refused.text)["error"]["message"]
+        assert (tmp_path / "home" / "tf-capabilities.json").is_file()
+        assert httpx.get(f"{box.url}/v1/residents", timeout=30).json()["data"] == []

@@ -133,6 +133,8 @@ class Admission:
         if not any(a.key in self.registry for a in named.artifacts):  # crash-loop backoff
             # a decision reads the engine's CPU features and abilities (4-bit)
             await self.engines.prepare(named.artifacts)
+            if self.asks.catalog.rejudge():  # that probe told the scan what the engine loads
+                named = self.asks.named(named.asked)  # a folder it cannot: refused, its reason
             delay = self.supervisor.restart_delay(named.first)
             if delay > 0:
                 await asyncio.sleep(min(delay, max_wait))

@@ -389,11 +389,13 @@ class Catalog:
                 by_name[name], problems[name] = known, reason
         return dict(sorted(by_name.items())), problems
 
-    def rejudge(self) -> None:
+    def rejudge(self) -> bool:
         """Scan again when what the transformers engine loads changed since the last scan
-        (a probe of its interpreter wrote it): folders are judged by it."""
-        if read_support(self.support_file) != self._support:
-            self.refresh()
+        (a probe of its interpreter wrote it): folders are judged by it. Whether it did."""
+        if read_support(self.support_file) == self._support:
+            return False
+        self.refresh()
+        return True
 
     def artifacts(self) -> list[Artifact]:
         return list(self._by_name.values())
