@@ -96,13 +96,14 @@ def test_the_embeddings_setting_takes_effect_without_an_unload(box: FitboxProces
 
 @pytest.mark.skipif(len(physical_cores()) < 2, reason="needs two physical cores")
 def test_a_thread_change_restart_launches_as_the_settings_say_now(tmp_path: Path) -> None:
-    """tiny-a loads alone with embeddings on (two threads: it borrows the reserved core);
-    the setting is turned off; tiny-b's claim takes a core of idle tiny-a, which starts
-    again with one thread: without --embeddings, as its setting says now."""
+    """tiny-a loads with embeddings on; the setting is turned off; then it is started
+    again on another number of threads (box/admit.py ``widen``, the relaunch a claim's
+    change of cores makes): the successor runs without --embeddings, as its setting says
+    now. No call joins it meanwhile (and no warmth loop runs), so nothing but that restart
+    could have launched it so."""
     root = tmp_path / "models"
     root.mkdir()
     write_tiny_llama(root / "tiny-a.gguf", seed=1)
-    write_tiny_llama(root / "tiny-b.gguf", seed=2)
     config = settings.load(
         {"home": str(tmp_path / "home"), "models": str(root)}, env={"FITBOX_WAIT_TIMEOUT": "120"}
     )
@@ -116,14 +117,18 @@ def test_a_thread_change_restart_launches_as_the_settings_say_now(tmp_path: Path
             first = lease.resident
             lease.release()
             assert first.child is not None and "--embeddings" in first.child.argv
-            threads = first.threads
             await box.update_settings("pair", "tiny-a", {"embeddings": False})
-            other = await box.acquire("tiny-b")  # its claim takes a core of idle tiny-a
-            other.release()
-            again = await box.acquire("tiny-a")
-            successor = again.resident
-            again.release()
-            assert successor is not first and successor.threads < threads  # the thread change
+            every = tuple(sorted(box.physical_cores()))
+            cores = every[:1] if first.threads > 1 else every  # another thread count
+            async with box.registry.lock:
+                box.admission.widen(first, cores)
+            successor = box.registry.get(first.key)
+            while successor is first or successor is None:  # swapped in by the relaunch
+                changed = box.registry.change()
+                await changed.wait()
+                successor = box.registry.get(first.key)
+            await asyncio.shield(successor.ready)
+            assert successor.threads == len(cores) != first.threads
             assert successor.child is not None and "--embeddings" not in successor.child.argv
             assert successor.embeddings is False
         finally:
