@@ -248,9 +248,11 @@ WRITING = frozenset(
         "/infill",
     }
 )
+# no double quotes: an SDK that shows the body's repr would escape the model's quotes
 EMBEDDINGS_FIX = (
-    ' POST /v1/settings/pair {{"model": "{model}", "embeddings": true}} makes a decoder '
-    "serve mean-pooled embeddings from its next load."
+    " Turn its embeddings setting on (POST /v1/settings/pair with model {model} and "
+    "embeddings true): a decoder then serves mean-pooled embeddings, loaded again as soon "
+    "as it is idle."
 )
 
 
