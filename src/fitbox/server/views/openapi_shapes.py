@@ -35,6 +35,12 @@ def body(required: dict[str, Any], optional: dict[str, Any] | None = None) -> di
     }
 
 
+def closed(shape: dict[str, Any]) -> dict[str, Any]:
+    """``shape`` with no other fields: its route refuses any other by name
+    (``unsupported_field``), so the document says so."""
+    return {**shape, "additionalProperties": False}
+
+
 def query_param(name: str, shape: dict[str, Any], required: bool = False) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": required, "schema": shape}
 
@@ -119,24 +125,32 @@ TRANSLATION = body(
         if k not in ("model", "file", "language")
     },
 )
-SPEECH = body(
-    {"model": NAME, "input": {"type": "string", "minLength": 1, "maxLength": 4096}, "voice": NAME},
-    {
-        "response_format": {"type": "string", "enum": ["wav", "pcm", "flac", "mp3", "opus"]},
-        "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0},
-        "stream_format": {"type": "string", "enum": ["audio", "sse"]},
-    },
+SPEECH = closed(
+    body(
+        {
+            "model": NAME,
+            "input": {"type": "string", "minLength": 1, "maxLength": 4096},
+            "voice": NAME,
+        },
+        {
+            "response_format": {"type": "string", "enum": ["wav", "pcm", "flac", "mp3", "opus"]},
+            "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0},
+            "stream_format": {"type": "string", "enum": ["audio", "sse"]},
+        },
+    )
 )
-IMAGES = body(
-    {"model": NAME, "prompt": {"type": "string", "minLength": 1, "maxLength": 32000}},
-    {
-        "n": {"type": "integer", "minimum": 1, "maximum": 10},
-        "size": {"type": "string", "description": "WIDTHxHEIGHT, or auto (the native size)"},
-        "response_format": {"type": "string", "enum": ["b64_json", "url"]},
-        "seed": {"type": "integer", "minimum": 0},
-        "steps": {"type": "integer", "minimum": 1, "maximum": 150},
-        "user": {"type": "string"},
-    },
+IMAGES = closed(
+    body(
+        {"model": NAME, "prompt": {"type": "string", "minLength": 1, "maxLength": 32000}},
+        {
+            "n": {"type": "integer", "minimum": 1, "maximum": 10},
+            "size": {"type": "string", "description": "WIDTHxHEIGHT, or auto (the native size)"},
+            "response_format": {"type": "string", "enum": ["b64_json", "url"]},
+            "seed": {"type": "integer", "minimum": 0},
+            "steps": {"type": "integer", "minimum": 1, "maximum": 150},
+            "user": {"type": "string"},
+        },
+    )
 )
 IMAGE_FILE = [path_param("name")]
 MODEL_QUERY = [  # instead of the body's model
