@@ -76,6 +76,7 @@ def _resident_row(r: dict[str, Any], view: View) -> list[str]:
         )
     row = [
         _e(r["model"]),
+        _e(r.get("task") or ""),
         state,
         _e(r["device"]),
         _e(r["rung"]),
@@ -96,7 +97,8 @@ def _resident_row(r: dict[str, Any], view: View) -> list[str]:
 def residents(view: View) -> str:
     rows = [_resident_row(r, view) for r in view.residents]
     css = [f"resident {r['state']}" for r in view.residents]
-    heads = ["model", "state", "device", "rung", "window", "bytes", "basis", "calls", "pinned"]
+    heads = ["model", "task", "state", "device", "rung", "window", "bytes", "basis", "calls"]
+    heads += ["pinned"]
     heads += ["load", "idle", *(["actions"] if view.admin else [])]
     return "<h2>Residents</h2>" + _table(heads, rows, "Nothing is loaded.", css)
 
@@ -124,6 +126,16 @@ def queue(view: View) -> str:
     )
 
 
+def _audio(call: dict[str, Any]) -> str:
+    """A task call's audio seconds: transcribed (in) or spoken (out)."""
+    said = [
+        f"{call[k]:.1f} s {way}"
+        for k, way in (("audio_in_s", "in"), ("audio_out_s", "out"))
+        if call.get(k) is not None
+    ]
+    return ", ".join(said)
+
+
 def calls(view: View) -> str:
     rows, css = [], []
     for c in view.calls:
@@ -132,6 +144,7 @@ def calls(view: View) -> str:
                 _e(c["id"]),
                 _e(_when(c["received_at"])),
                 _e(c.get("model_asked")),
+                _e(c.get("endpoint")),
                 _e(c.get("outcome")),
                 _e(c.get("http_status")),
                 _e(c.get("error_code")),
@@ -141,6 +154,7 @@ def calls(view: View) -> str:
                 _e(_ms(c["received_at"], c.get("last_byte_at"))),
                 _e(c.get("prompt_tokens")),
                 _e(c.get("completion_tokens")),
+                _e(_audio(c)),
             ]
         )
         css.append("call" + ("" if c.get("outcome") in ("ok", "pending") else " error"))
@@ -149,6 +163,7 @@ def calls(view: View) -> str:
             "#",
             "received",
             "model",
+            "route",
             "outcome",
             "status",
             "error",
@@ -158,6 +173,7 @@ def calls(view: View) -> str:
             "total",
             "prompt",
             "output",
+            "audio",
         ],
         rows,
         "No calls yet.",
