@@ -76,11 +76,11 @@ def _resident_row(r: dict[str, Any], view: View) -> list[str]:
         )
     row = [
         _e(r["model"]),
-        _e(r.get("task") or ""),
         state,
         _e(r["device"]),
         _e(r["rung"]),
-        _e(r["window"]),
+        _e("" if r.get("task") else r["window"]),
+        _e(r.get("task") or ""),  # a task model's (it has no window)
         _e(format_bytes(r["bytes"])),
         _e(r["basis"]),
         _e(r["calls"]),
@@ -97,7 +97,7 @@ def _resident_row(r: dict[str, Any], view: View) -> list[str]:
 def residents(view: View) -> str:
     rows = [_resident_row(r, view) for r in view.residents]
     css = [f"resident {r['state']}" for r in view.residents]
-    heads = ["model", "task", "state", "device", "rung", "window", "bytes", "basis", "calls"]
+    heads = ["model", "state", "device", "rung", "window", "task", "bytes", "basis", "calls"]
     heads += ["pinned"]
     heads += ["load", "idle", *(["actions"] if view.admin else [])]
     return "<h2>Residents</h2>" + _table(heads, rows, "Nothing is loaded.", css)
@@ -144,7 +144,6 @@ def calls(view: View) -> str:
                 _e(c["id"]),
                 _e(_when(c["received_at"])),
                 _e(c.get("model_asked")),
-                _e(c.get("endpoint")),
                 _e(c.get("outcome")),
                 _e(c.get("http_status")),
                 _e(c.get("error_code")),
@@ -155,6 +154,7 @@ def calls(view: View) -> str:
                 _e(c.get("prompt_tokens")),
                 _e(c.get("completion_tokens")),
                 _e(_audio(c)),
+                _e(c.get("endpoint")),
             ]
         )
         css.append("call" + ("" if c.get("outcome") in ("ok", "pending") else " error"))
@@ -163,7 +163,6 @@ def calls(view: View) -> str:
             "#",
             "received",
             "model",
-            "route",
             "outcome",
             "status",
             "error",
@@ -174,6 +173,7 @@ def calls(view: View) -> str:
             "prompt",
             "output",
             "audio",
+            "route",
         ],
         rows,
         "No calls yet.",

@@ -73,6 +73,23 @@ def _call_times(registry: CollectorRegistry) -> dict[str, Histogram]:
     }
 
 
+def _task_counters(registry: CollectorRegistry) -> tuple[Counter, Counter]:
+    """What task calls did: their audio seconds, and every figure by its unit."""
+    audio = Counter(
+        "fitbox_audio_seconds",
+        "Audio seconds of finished task calls: transcribed (in) or spoken (out).",
+        ["model", "endpoint", "direction"],
+        registry=registry,
+    )
+    units = Counter(
+        "fitbox_task_units",
+        "What finished task calls did, by the unit their runner measures it in.",
+        ["model", "endpoint", "unit"],
+        registry=registry,
+    )
+    return audio, units
+
+
 class Tally:
     def __init__(self, store: Store, registry: CollectorRegistry) -> None:
         self.store = store
@@ -106,18 +123,7 @@ class Tally:
             registry=registry,
         )
         self.times = _call_times(registry)
-        self.audio = Counter(
-            "fitbox_audio_seconds",
-            "Audio seconds of finished task calls: transcribed (in) or spoken (out).",
-            [*by_model, "endpoint", "direction"],
-            registry=registry,
-        )
-        self.units = Counter(
-            "fitbox_task_units",
-            "What finished task calls did, by the unit their runner measures it in.",
-            [*by_model, "endpoint", "unit"],
-            registry=registry,
-        )
+        self.audio, self.units = _task_counters(registry)
         self.loads = Counter(
             "fitbox_loads", "Engine children started, by model.", by_model, registry=registry
         )
