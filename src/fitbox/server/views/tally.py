@@ -38,7 +38,11 @@ REFUSALS = {
 }
 # a task call's figures on its row (migrations/0026), as the unit they count: a new figure
 # (an image's pixels) is one entry here
-TASK_UNITS = {"audio_in_s": "audio_in_seconds", "audio_out_s": "audio_out_seconds"}
+TASK_UNITS = {
+    "audio_in_s": "audio_in_seconds",
+    "audio_out_s": "audio_out_seconds",
+    "image_pixels": "pixels",
+}
 KEEP_COUNTED = 4096  # call ids already counted, in case a finished row changes again
 BATCH = 5000  # rows read per table per scrape
 
