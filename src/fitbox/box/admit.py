@@ -63,6 +63,7 @@ class _Asked:
     max_tokens: int
     slots: int
     demand: Demand | None
+    work: float | None = None  # a task call's units of work (box/task_speeds.py)
 
 
 class Admission:
@@ -95,18 +96,21 @@ class Admission:
         max_tokens: int = 0,
         slots: int = 1,
         demand: Demand | None = None,
+        work: float | None = None,
     ) -> Lease:
         """Find or load the model ``name`` and hold ``slots`` of its slots for one call (a
         call asking for ``n`` choices takes ``n``), and the cells of its shared pool
         ``demand`` may come to hold (None: a call that generates nothing). A load that
         runs out of memory refuses its window; the call is placed once more against that
         fact (a smaller window or the next rung), in the same request. ``name`` comes
-        parsed (``Named``) from a call that resolved it when it opened (box/serving.py)."""
+        parsed (``Named``) from a call that resolved it when it opened (box/serving.py);
+        ``work``: a task call's units, its ETA while it waits (box/task_speeds.py)."""
+        asked = _Asked(need, max_tokens, slots, demand, work)
         named = name if isinstance(name, Named) else self.asks.named(name)
         if self.before_load is not None and self.joinable(named) is None:
             named = await self.before_load(named, call_id)
         try:
-            lease = await self._acquire(named, call_id, need, max_tokens, slots, demand)
+            lease = await self._acquire(named, call_id, asked)
             if lease.loaded and self.after_load is not None:
                 self.after_load(lease.resident.artifact)
             return lease
@@ -114,17 +118,9 @@ class Admission:
             if not exc.detail.get("out_of_memory"):
                 raise
             log.warning("placing '%s' again after an out-of-memory load", named.asked)
-            return await self._acquire(named, call_id, need, max_tokens, slots, demand)
+            return await self._acquire(named, call_id, asked)
 
-    async def _acquire(
-        self,
-        named: Named,
-        call_id: int | None,
-        need: int,
-        max_tokens: int,
-        slots: int,
-        demand: Demand | None,
-    ) -> Lease:
+    async def _acquire(self, named: Named, call_id: int | None, asked: _Asked) -> Lease:
         if self.closing:
             raise ShuttingDown("fitbox is shutting down; retry against the restarted service")
         self.supervisor.refuse_if_failed(named.first)
@@ -139,7 +135,6 @@ class Admission:
             if delay > 0:
                 await asyncio.sleep(min(delay, max_wait))
                 self.supervisor.refuse_if_failed(named.first)
-        asked = _Asked(need, max_tokens, slots, demand)
         lease = await self._admitted(named, call_id, asked, deadline, max_wait)
         try:
             async with asyncio.timeout(self.config.load_timeout + READY_SLACK_S):
@@ -177,7 +172,11 @@ class Admission:
                     )
                 if waiter is None:
                     eta = waiter_eta(
-                        self.asks.speeds, self.asks.facts, named.first, asked.max_tokens
+                        self.asks.speeds,
+                        self.asks.facts,
+                        named.first,
+                        asked.max_tokens,
+                        asked.work,
                     )
                     waiter = self.waiting.enter(named.first.name, call_id, remaining, max_wait, eta)
                 waiter.blocked_by = blockers

@@ -56,6 +56,7 @@ from .speeds import SpeedBook
 from .supervision import Supervisor, Watchdog
 from .supervision.crashes import CrashLedger
 from .supervision.logs import LogFile, LogPiece
+from .task_plans import task_plan
 from .tasks import Tasks
 from .waiting import slot_wait
 from .warmth import Warmth
@@ -290,7 +291,7 @@ class Box:
                 self.facts.refusals(chosen).items(), key=lambda found: found[0]
             )
         ]
-        return {
+        planned = {
             "model": chosen.name,
             "asked": name,
             "artifact": str(chosen.path),
@@ -303,6 +304,9 @@ class Box:
             "variants": [a.name for a in named.artifacts],
             **report,
         }
+        if chosen.task is None:
+            return planned
+        return task_plan(planned, chosen, self.engines.for_artifact(chosen), self.speeds.tasks)
 
     def _measured_by(self, artifact: Artifact, parallel: int, place: Place) -> dict[str, Any]:
         """Where a measured placement's bytes come from: a load here (its call), or another

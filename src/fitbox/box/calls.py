@@ -40,7 +40,9 @@ from .supervision import Watchdog
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 KEEP_TAIL = 16 * 1024  # the end of a reply kept for its usage and timings
 ROW_WAIT_S = 5.0  # the longest a response waits for its row to be committed
-Acquire = Callable[[str | Named, int | None, int, int, int, Demand | None], Awaitable[Lease]]
+Acquire = Callable[
+    [str | Named, int | None, int, int, int, Demand | None, float | None], Awaitable[Lease]
+]
 
 
 # The last event of the streams that end without ``data: [DONE]``: the Responses API's and
@@ -159,6 +161,7 @@ class Call:
         self._row = desk.store.barrier()  # set once the row above is committed
         self.lease: Lease | None = None
         self.prompt_tokens: int | None = None  # the prompt's tokens, once counted exactly
+        self.work: float | None = None  # a task call's units of work (box/task_speeds.py)
 
     async def written(self) -> None:
         """Wait until the call's row exists in the store file. The response's first byte
@@ -212,10 +215,13 @@ class Call:
         what a generating call may hold of a shared pool of cells (core/slots.py)."""
         self.prompt_tokens = prompt_tokens if counted else None
         self.lease = lease = await self.desk.acquire(
-            named or self.model, self.id, need, max_tokens, slots, demand
+            named or self.model, self.id, need, max_tokens, slots, demand, self.work
         )
         r = lease.resident
-        lease.expect(self.desk.speeds.of(r.artifact, r.rung.value), prompt_tokens, max_tokens)
+        if self.work is not None:
+            lease.expect_in(self.desk.speeds.tasks.seconds(r.artifact, self.work))
+        else:
+            lease.expect(self.desk.speeds.of(r.artifact, r.rung.value), prompt_tokens, max_tokens)
         self._record(
             artifact=str(r.artifact.path),
             admitted_at=time.time(),
@@ -408,6 +414,16 @@ class Call:
         if "pixels" in figures:
             known["image_pixels"] = int(figures["pixels"])
         self._record(files=files, **known)
+
+    def worked(self, units: float | None) -> None:
+        """A task call that ended whole did ``units`` of work (its own measure, else the
+        work it opened with): over its engine's seconds since it was admitted, a measured
+        speed of its file (box/task_speeds.py)."""
+        units = self.work if units is None else units
+        admitted = self.stamps.get("admitted_at")
+        if units is None or admitted is None or self.lease is None:
+            return
+        self.desk.speeds.tasks.record(self.resident.artifact, units, time.time() - admitted)
 
     # -- other ends ------------------------------------------------------------------------
 

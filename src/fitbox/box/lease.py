@@ -39,6 +39,11 @@ class Lease:
         seconds = None
         if speeds.decode_ms is not None and speeds.prompt_ms is not None and max_tokens:
             seconds = (prompt_tokens * speeds.prompt_ms + max_tokens * speeds.decode_ms) / 1000
+        self.expect_in(seconds)
+
+    def expect_in(self, seconds: float | None) -> None:
+        """This call should be done in ``seconds`` (None: unknown): a task call's work at
+        its model's measured units per second (box/task_speeds.py)."""
         self.resident.expected_ends[id(self)] = (
             None if seconds is None else time.monotonic() + seconds
         )

@@ -13,6 +13,8 @@ from fitbox.errors import DoesNotFit, EngineFailed, InvalidRequest
 from fitbox.models.catalog import Artifact
 from fitbox.units import format_bytes
 
+from .task_plans import task_lines
+
 
 def footprint_row(device: str, footprint: Footprint) -> dict[str, int | str]:
     return {
@@ -213,12 +215,15 @@ def lines(report: Mapping[str, Any]) -> list[str]:
         f"{report['model']} ({report['architecture']}, {report['quant']}): {label}, "
         f"{report['basis']}"
     )
-    band = report.get("band")
-    band_text = f", band {band['kind']} {band['min']}..{band['max']}" if band else ""
-    out.append(
-        f"  window {report['window']} x {report['parallel']} slot(s), "
-        f"K {report['type_k']} / V {report['type_v']}{band_text}"
-    )
+    if report.get("task"):  # no window, slots or cache: its runner and speed instead
+        out += task_lines(report)
+    else:
+        band = report.get("band")
+        band_text = f", band {band['kind']} {band['min']}..{band['max']}" if band else ""
+        out.append(
+            f"  window {report['window']} x {report['parallel']} slot(s), "
+            f"K {report['type_k']} / V {report['type_v']}{band_text}"
+        )
     if report.get("device_counts"):  # the window each GPU count would have given
         counts = [
             f"{c['count']} -> {c['window'] or 'none'} ({c['reason']})"
@@ -234,6 +239,9 @@ def lines(report: Mapping[str, Any]) -> list[str]:
     for row in report["devices"]:
         tag = " (SIMULATED)" if row["device"] in simulated else ""
         b = {k: format_bytes(v) for k, v in row.items() if k.endswith("_bytes")}
+        if report.get("task"):  # one process: its files and its runner, as one figure
+            out.append(f"  {row['device']}{tag}: {b['total_bytes']} held by its process")
+            continue
         out.append(
             f"  {row['device']}{tag}: weights {b['weights_bytes']} + kv {b['kv_bytes']} + "
             f"compute {b['compute_bytes']} + output {b['output_bytes']} = "

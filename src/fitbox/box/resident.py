@@ -198,6 +198,7 @@ class Resident:
         return {
             "model": self.artifact.name,
             "artifact": str(self.artifact.path),
+            "task": self.artifact.task,  # None: a chat, embedding or reranking model
             "state": self.state.value,
             "device": self.device,
             "simulated": self.simulated,

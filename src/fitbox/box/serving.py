@@ -65,6 +65,7 @@ class Order:
     method: str = "POST"
     query: str = ""  # the client's query string, passed on
     central_key: CentralKey | None = None  # the central's key the call came through with
+    work: float | None = None  # a task call's units of work, its ETA (box/task_speeds.py)
 
 
 @dataclass(slots=True)
@@ -105,6 +106,7 @@ class Serving:
             order.request_id,
             order.central_key,
         )
+        call.work = order.work
         served = Served(self, call, order)
         try:
             served.named, served.headers = self._routed(order, asked)

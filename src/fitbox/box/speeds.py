@@ -22,6 +22,7 @@ from fitbox.models.identity import Identity
 from fitbox.store.db import MeasuredSpeed, Store
 
 from .resident import Resident
+from .task_speeds import TaskRates
 
 SPEED_WINDOW = 20  # measured speeds kept per (file, rung)
 CURVE_WINDOW = 60  # decode rates kept per (file, rung) for the curve, all core counts together
@@ -70,6 +71,7 @@ class SpeedBook:
         # the same, measured by other boxes on files with the same bytes (imported)
         self._imported: dict[SpeedKey, deque[MeasuredSpeed]] = {}
         self._imported_curves: dict[SpeedKey, deque[tuple[int, float]]] = {}
+        self.tasks = TaskRates()  # task models' units per second (box/task_speeds.py)
         for speed in store.recent_speeds() if store else []:
             self._keep(speed)
         for key, cores, decode_ms, origin in store.recent_curve() if store else []:

@@ -104,9 +104,13 @@ class WaitingRoom:
 
 
 def waiter_eta(
-    speeds: SpeedBook, facts: Facts, artifact: Artifact, max_tokens: int
+    speeds: SpeedBook, facts: Facts, artifact: Artifact, max_tokens: int, work: float | None = None
 ) -> tuple[float | None, float | None]:
-    """A waiting call's (load, output) seconds, from measured rates only."""
+    """A waiting call's (load, output) seconds, from measured rates only; a task call's
+    output from its ``work`` at its model's measured units per second."""
+    if work is not None:
+        output = speeds.tasks.seconds(artifact, work)
+        return (None, None) if output is None else (facts.load_seconds(artifact), output)
     rates = speeds.by_rung(artifact)
     rate = next(
         (

@@ -11,6 +11,7 @@ load serves a batch instead of swapping back and forth.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -86,3 +87,13 @@ def _keep_groups(ordered: list[Ticket]) -> list[Ticket]:
         for i, ticket in zip(positions, members, strict=True):
             result[i] = ticket
     return result
+
+
+def task_seconds(work: float | None, rates: Sequence[float]) -> float | None:
+    """Seconds a task call (speech, transcription, images) is expected to take: its work in
+    its runner's units (audio seconds to transcribe, characters to speak, images to make)
+    over the median of its model's measured units per second; None when either is unknown."""
+    known = [r for r in rates if r > 0]
+    if work is None or work < 0 or not known:
+        return None
+    return work / statistics.median(known)

@@ -9,6 +9,7 @@ serves the call as a task (server/inference/tasks.py). An upload is spooled as i
 from __future__ import annotations
 
 from hashlib import sha256
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -16,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from fitbox.box.box import Box
 from fitbox.config import Config
+from fitbox.core.audio_header import HEAD, wav_seconds
 from fitbox.errors import FitboxError, InvalidRequest
 from fitbox.models.task_models import PIPER, voices
 from fitbox.server.door.bodies import json_object
@@ -112,9 +114,21 @@ async def _transcribe(request: Request, path: str) -> Response:
     upload = form.files["file"]
     inputs = [{"role": "input", "name": "file", "bytes": upload.size, "sha256": upload.sha256}]
     task = Task(path, body, EXT[body["response_format"]], body["stream"], inputs, form.remove)
+    task.work, task.measure = _audio_seconds(upload.path, upload.size), "audio_in_s"
     if body["stream"]:
         task.ext = "sse"
     return await serve_task(request, task)
+
+
+def _audio_seconds(path: Path, size: int) -> float | None:
+    """A WAV upload's seconds from its header (another format: unknown until its runner
+    measured it, so its call waits without an ETA)."""
+    try:
+        with path.open("rb") as spooled:
+            head = spooled.read(HEAD)
+    except OSError:
+        return None
+    return wav_seconds(head, size)
 
 
 async def transcriptions(request: Request, engine: str) -> Response:
@@ -198,7 +212,8 @@ async def speech(request: Request, engine: str) -> Response:
     ]
     # its audio is always sent as it is made: the row is a stream's (stored before its
     # first byte)
-    return await serve_task(request, Task(engine, body, ext, True, inputs))
+    task = Task(engine, body, ext, True, inputs, work=float(len(body["input"])))
+    return await serve_task(request, task)
 
 
 async def list_voices(request: Request) -> Response:

@@ -56,6 +56,10 @@ class Task:
     cleanup: Callable[[], None] = lambda: None  # its spooled uploads removed: called once,
     # when its reply has ended (or failed), however it ended
     outputs: Keeper | None = None  # a whole reply's files kept one by one (else: as one)
+    # its expected work in its runner's units (audio seconds to transcribe, characters to
+    # speak, images to make): its ETA in the queue (box/task_speeds.py); None: unknown
+    work: float | None = None
+    measure: str | None = None  # the runner's figure that measures its work once it ended
 
     def done(self) -> None:
         cleanup, self.cleanup = self.cleanup, lambda: None
@@ -97,6 +101,7 @@ async def _served(request: Request, task: Task) -> Response:
         allowed_models(request),
         accept=request.headers.get("accept", "*/*"),
         central_key=via_central(request),
+        work=task.work,
     )
     served = box.serving.open(order)
     call = served.call
@@ -184,6 +189,7 @@ async def _recorded(call: Call, token: str, task: Task, output: Output) -> None:
     """The call's files and figures on its row, committed (its last byte may go)."""
     figures = await _measured(call, token)
     call.files_recorded([*task.inputs, output.close()], figures)
+    call.worked(figures.get(task.measure) if task.measure else None)
     await call.finished()
 
 

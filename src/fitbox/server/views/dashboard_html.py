@@ -79,7 +79,8 @@ def _resident_row(r: dict[str, Any], view: View) -> list[str]:
         state,
         _e(r["device"]),
         _e(r["rung"]),
-        _e(r["window"]),
+        _e("" if r.get("task") else r["window"]),
+        _e(r.get("task") or ""),  # a task model's (it has no window)
         _e(format_bytes(r["bytes"])),
         _e(r["basis"]),
         _e(r["calls"]),
@@ -96,7 +97,8 @@ def _resident_row(r: dict[str, Any], view: View) -> list[str]:
 def residents(view: View) -> str:
     rows = [_resident_row(r, view) for r in view.residents]
     css = [f"resident {r['state']}" for r in view.residents]
-    heads = ["model", "state", "device", "rung", "window", "bytes", "basis", "calls", "pinned"]
+    heads = ["model", "state", "device", "rung", "window", "task", "bytes", "basis", "calls"]
+    heads += ["pinned"]
     heads += ["load", "idle", *(["actions"] if view.admin else [])]
     return "<h2>Residents</h2>" + _table(heads, rows, "Nothing is loaded.", css)
 
@@ -124,6 +126,16 @@ def queue(view: View) -> str:
     )
 
 
+def _audio(call: dict[str, Any]) -> str:
+    """A task call's audio seconds: transcribed (in) or spoken (out)."""
+    said = [
+        f"{call[k]:.1f} s {way}"
+        for k, way in (("audio_in_s", "in"), ("audio_out_s", "out"))
+        if call.get(k) is not None
+    ]
+    return ", ".join(said)
+
+
 def calls(view: View) -> str:
     rows, css = [], []
     for c in view.calls:
@@ -141,6 +153,8 @@ def calls(view: View) -> str:
                 _e(_ms(c["received_at"], c.get("last_byte_at"))),
                 _e(c.get("prompt_tokens")),
                 _e(c.get("completion_tokens")),
+                _e(_audio(c)),
+                _e(c.get("endpoint")),
             ]
         )
         css.append("call" + ("" if c.get("outcome") in ("ok", "pending") else " error"))
@@ -158,6 +172,8 @@ def calls(view: View) -> str:
             "total",
             "prompt",
             "output",
+            "audio",
+            "route",
         ],
         rows,
         "No calls yet.",

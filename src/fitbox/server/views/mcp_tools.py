@@ -133,14 +133,20 @@ def build() -> MCPServer:
 def _reading_tools(server: MCPServer) -> None:
     """The tools that read the box: each admitted as the GET route it mirrors."""
 
-    @server.tool(description="The models this box can serve (GET /v1/models).")
+    @server.tool(
+        description="The models this box can serve (GET /v1/models); a speech, "
+        "transcription or image model says its task."
+    )
     @mirrors("/v1/models")
     async def list_models(ctx: Context) -> dict[str, Any]:
         reply = await models.list_models(_request(ctx))
         found: dict[str, Any] = json.loads(bytes(reply.body))
         return found
 
-    @server.tool(description="What is loaded: each resident, its state, device and bytes.")
+    @server.tool(
+        description="What is loaded: each resident, its task (a task model's), state, "
+        "device and bytes."
+    )
     @mirrors("/v1/residents")
     async def residents(ctx: Context) -> dict[str, Any]:
         return _listing([r.describe() for r in _box(ctx).residents()])

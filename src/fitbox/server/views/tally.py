@@ -36,6 +36,13 @@ REFUSALS = {
     "no_candidate": "no_candidate",
     "model_busy": "model_busy",
 }
+# a task call's figures on its row (migrations/0026), as the unit they count: a new figure
+# (an image's pixels) is one entry here
+TASK_UNITS = {
+    "audio_in_s": "audio_in_seconds",
+    "audio_out_s": "audio_out_seconds",
+    "image_pixels": "pixels",
+}
 KEEP_COUNTED = 4096  # call ids already counted, in case a finished row changes again
 BATCH = 5000  # rows read per table per scrape
 
@@ -68,6 +75,23 @@ def _call_times(registry: CollectorRegistry) -> dict[str, Histogram]:
             ("total", "From a call's arrival to its last byte."),
         )
     }
+
+
+def _task_counters(registry: CollectorRegistry) -> tuple[Counter, Counter]:
+    """What task calls did: their audio seconds, and every figure by its unit."""
+    audio = Counter(
+        "fitbox_audio_seconds",
+        "Audio seconds of finished task calls: transcribed (in) or spoken (out).",
+        ["model", "endpoint", "direction"],
+        registry=registry,
+    )
+    units = Counter(
+        "fitbox_task_units",
+        "What finished task calls did, by the unit their runner measures it in.",
+        ["model", "endpoint", "unit"],
+        registry=registry,
+    )
+    return audio, units
 
 
 class Tally:
@@ -103,6 +127,7 @@ class Tally:
             registry=registry,
         )
         self.times = _call_times(registry)
+        self.audio, self.units = _task_counters(registry)
         self.loads = Counter(
             "fitbox_loads", "Engine children started, by model.", by_model, registry=registry
         )
@@ -171,6 +196,7 @@ class Tally:
                 self.refusals.labels(model, REFUSALS[code]).inc()
         self.tokens_in.labels(model).inc(row["prompt_tokens"] or 0)
         self.tokens_out.labels(model).inc(row["completion_tokens"] or 0)
+        self._count_task(row, model)
         spans = {
             "queue": _span(row, "received_at", "admitted_at"),
             "load": _span(row, "load_start_at", "load_ready_at"),
@@ -180,6 +206,18 @@ class Tally:
         for name, seconds in spans.items():
             if seconds is not None:
                 self.times[name].labels(model).observe(seconds)
+
+    def _count_task(self, row: sqlite3.Row, model: str) -> None:
+        """A task call's figures (none on a chat call's row)."""
+        columns = row.keys()
+        for column, unit in TASK_UNITS.items():
+            value = row[column] if column in columns else None
+            if value is None:
+                continue
+            self.units.labels(model, row["endpoint"], unit).inc(value)
+            if column.startswith("audio_"):
+                way = "in" if column == "audio_in_s" else "out"
+                self.audio.labels(model, row["endpoint"], way).inc(value)
 
     def _children_since(self, conn: sqlite3.Connection, names: dict[str, str]) -> None:
         for row in conn.execute(
