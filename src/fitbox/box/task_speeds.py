@@ -46,7 +46,7 @@ class TaskRates:
 
 
 # what a task's work is counted in (server/inference/tasks.py ``Task.work``)
-WORK_UNITS = {"transcription": "audio seconds", "speech": "characters", "images": "images"}
+WORK_UNITS = {"transcription": "audio seconds", "speech": "characters", "image": "images"}
 
 
 def work_units(task: str) -> str:

@@ -172,7 +172,12 @@ async def generations(request: Request, engine: str) -> Response:
         }
     ]
     task = Task(
-        engine, body, "png", inputs=inputs, outputs=_keeper(request, body["response_format"])
+        engine,
+        body,
+        "png",
+        inputs=inputs,
+        outputs=_keeper(request, body["response_format"]),
+        work=float(body["n_images"]),  # its ETA: images over the model's measured images/s
     )
     return await serve_task(request, task)
 
