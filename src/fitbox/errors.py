@@ -170,10 +170,11 @@ class LogNotFound(FitboxError):
 
 
 class RouteNotServed(FitboxError):
-    """The model's engine kind has no such route (engines/seam.py ``routes()``)."""
+    """The model's engine kind has no such route (engines/seam.py ``routes()``): the
+    caller's mistake in naming the model, as an engine's own 501 for a mismatch is."""
 
-    status = 501
-    type = "not_supported_error"
+    status = 400
+    type = "invalid_request_error"
     code = "route_not_served"
     remedy = (
         "Send the call to a model whose engine serves that route (a GGUF for the engine's own "

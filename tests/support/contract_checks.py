@@ -28,6 +28,7 @@ STATE_CODES = frozenset(
     {
         "not_a_reranker",  # rerank names a model that is none
         "not_an_embeddings_model",
+        "route_not_served",  # a task route (images, audio) names a chat model
         "no_fill_in_the_middle_tokens",
         "no_candidate",  # this run's random pins and settings left the model no variant
         "key_not_found",  # per-key settings of a key that does not exist
